@@ -1,0 +1,1 @@
+"""Measuring kernels and paths on a device. torch is imported lazily inside."""

@@ -1,0 +1,1 @@
+"""Shipped data: hardware profiles (hardware/*.toml) and tuned kernel configs (tuned/*.json)."""
