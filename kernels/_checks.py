@@ -1,0 +1,64 @@
+"""Input checks shared by the kernel launchers: every bad input is a ValueError with one clear
+line, raised before anything is launched (a wrong shape must never become an illegal access)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8_DTYPES = tuple(
+    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
+)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_tensor(name: str, t, ndim: int, dtypes=None, contiguous: bool = True) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected one of {allowed}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+
+
+def check_dim(name: str, t, dim: int, expected: int, what: str) -> None:
+    if t.shape[dim] != expected:
+        raise ValueError(
+            f"{name}.shape[{dim}] is {t.shape[dim]} but must equal {what} ({expected}); "
+            f"shape {tuple(t.shape)}"
+        )
+
+
+def check_device(**tensors) -> torch.device:
+    """All tensors on one device, and one that Triton can run on (CUDA, or the CPU interpreter)."""
+    devices = {name: t.device for name, t in tensors.items() if isinstance(t, torch.Tensor)}
+    unique = set(devices.values())
+    if len(unique) > 1:
+        listed = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise ValueError(f"inputs are on different devices: {listed}")
+    device = unique.pop()
+    if device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"Triton kernels need CUDA tensors, got {device}; set TRITON_INTERPRET=1 to run "
+            "them in Triton's CPU interpreter, or use the torch twin"
+        )
+    return device
+
+
+def check_scale(scale) -> float:
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"softmax scale must be a number, got {scale!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"softmax scale must be a positive finite number, got {scale!r}")
+    return value

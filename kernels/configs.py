@@ -1,0 +1,126 @@
+"""Tuned launch configs: one JSON file per kernel, device and cache dtype, keyed by shape bucket.
+
+File names follow the engines' convention, e.g.
+``kernel=mla_decode,device_name=NVIDIA_H200,dtype=bf16.json``. A file holds::
+
+    {"version": 1, "kernel": "mla_decode", "device_name": "NVIDIA H200", "dtype": "bf16",
+     "triton_version": "3.6.0",
+     "configs": {"B=128,H=128,S_q=1,ctx=8192": {"BLOCK_N": 64, "num_warps": 8, ...}, ...}}
+
+A bucket key is ``name=value`` pairs of positive integers joined by commas. Lookup takes the
+nearest bucket: the smallest sum of |log2(asked) - log2(bucket)| over the shared names, among
+buckets that have exactly the asked names. Files in the user folder (``$MLACTL_TUNED_DIR``, else
+``$XDG_CACHE_HOME/mlactl/tuned``, else ``~/.cache/mlactl/tuned``) win over the shipped ones in
+``profiles/tuned/``. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+
+FORMAT_VERSION = 1
+ENV_DIR = "MLACTL_TUNED_DIR"
+
+
+def user_dir() -> Path:
+    """The folder new tuned configs are written to and looked up in first."""
+    if os.environ.get(ENV_DIR):
+        return Path(os.environ[ENV_DIR]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mlactl" / "tuned"
+
+
+def shipped_dir() -> Path:
+    from importlib.resources import files
+
+    return Path(str(files("mlactl.profiles"))) / "tuned"
+
+
+def device_slug(device_name: str) -> str:
+    """'NVIDIA H200' -> 'NVIDIA_H200' (the engines' file-name spelling)."""
+    return re.sub(r"[^A-Za-z0-9.\-]+", "_", device_name.strip()).strip("_")
+
+
+def file_name(kernel: str, device_name: str, dtype: str) -> str:
+    return f"kernel={kernel},device_name={device_slug(device_name)},dtype={dtype}.json"
+
+
+def bucket_key(**shape: int) -> str:
+    """bucket_key(H=128, S_q=1) -> 'H=128,S_q=1' (names sorted, so the key is canonical)."""
+    for name, value in shape.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"bucket value {name}={value!r} must be a positive integer")
+    return ",".join(f"{name}={shape[name]}" for name in sorted(shape))
+
+
+def parse_bucket(key: str) -> dict[str, int]:
+    out = {}
+    for part in key.split(","):
+        name, sep, value = part.partition("=")
+        if not sep or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"malformed bucket key {key!r}: want name=positive_int,...")
+        out[name] = int(value)
+    return out
+
+
+def nearest(buckets: dict[str, dict], **shape: int) -> dict | None:
+    """The config of the bucket nearest to `shape` in log2 distance, or None if none matches."""
+    best, best_dist = None, math.inf
+    names = set(shape)
+    for key in sorted(buckets):
+        try:
+            bucket = parse_bucket(key)
+        except ValueError:
+            continue
+        if set(bucket) != names:
+            continue
+        dist = sum(abs(math.log2(shape[n]) - math.log2(bucket[n])) for n in names)
+        if dist < best_dist:
+            best, best_dist = buckets[key], dist
+    return best
+
+
+@lru_cache(maxsize=64)
+def _read(path: str, mtime_ns: int) -> dict:
+    del mtime_ns  # part of the cache key only: a rewritten file is read again
+    with open(path) as fh:
+        data = json.load(fh)
+    if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: not a version-{FORMAT_VERSION} mlactl tuned-config file")
+    if not isinstance(data.get("configs"), dict):
+        raise ValueError(f"{path}: has no 'configs' object")
+    return data
+
+
+def load(path: Path) -> dict:
+    """Read one tuned-config file (cached until it changes). Raises ValueError if malformed."""
+    try:
+        return _read(str(path), path.stat().st_mtime_ns)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: line {exc.lineno}: {exc.msg}") from None
+
+
+def lookup(kernel: str, device_name: str, dtype: str, **shape: int) -> dict | None:
+    """The tuned config for the nearest bucket, user folder first, then the shipped files.
+
+    Returns None when no file or bucket fits (the launcher then uses its heuristic). A malformed
+    file is skipped rather than failing a kernel launch; `mlactl tune` reports such files.
+    """
+    name = file_name(kernel, device_name, dtype)
+    for folder in (user_dir(), shipped_dir()):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = load(path)
+        except (OSError, ValueError):
+            continue
+        found = nearest(data["configs"], **shape)
+        if found is not None:
+            return dict(found)
+    return None
