@@ -1,0 +1,306 @@
+"""The expand path end to end: paged latent cache -> k_nope, v -> attention, whole or chunked.
+
+* `gather_latents` reads each request's context rows [c | k_r] out of the paged cache
+  (dequantising fp8 with kv_scale).
+* `expand_kv` up-projects latents into per-head keys and values: two plain matmuls in torch
+  (cuBLAS does them at peak; 2*r*H*(dC+dV) FLOPs per token, mlactl/cost.py "expand kv").
+* `mla_prefill_expand` expands every request's whole context and runs one causal attention.
+* `mla_prefill_chunked` bounds the expanded K/V to max(new tokens, chunk) tokens: the new
+  tokens first attend causally to themselves, then the prefix is expanded `chunk` tokens at a
+  time (non-causal: every new query sees every prefix token) and each partial is merged in by
+  its lse (merge_attn_states), as vLLM's MLA backend does for chunked context.
+
+The attention and merge functions are arguments, so the same drivers run the Triton kernels
+(the defaults) or the torch twins (`attn=mla_prefill_naive, merge=merge_attn_states_naive`,
+what `mlactl tune --backend torch` times on a CPU). This module imports triton only when a
+default is used.
+
+Requests are described like the decode kernel's: block_table [B, max_blocks] int32,
+cache_seqlens [B] int32 (context length, new tokens included: they are already in the cache),
+and new_lens [B] int32, the new tokens per request, which are the last new_lens[b] of its
+context. q holds the queries of the new tokens of all requests, packed: [sum(new_lens), H, dC+dR].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_scale, check_tensor
+from mlactl.kernels.expand_naive import check_inner_stride, check_same_device
+
+DEFAULT_DR = 64  # DeepSeek-V2/V3 and Kimi K2 RoPE dim: r = row width - 64 when r is not given
+DEFAULT_CHUNK = 8192  # prefix tokens expanded at once: 8192 x 128 heads x 256 x 2 B = 512 MiB of K/V
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _resolve_r(kv_cache: torch.Tensor, r) -> int:
+    width = kv_cache.shape[-1]
+    if r is None:
+        r = width - DEFAULT_DR
+    if isinstance(r, bool) or not isinstance(r, int) or not 0 < r < width:
+        raise ValueError(f"r must be an int in [1, {width - 1}] (kv_cache rows hold r + dR = {width}), got {r!r}")
+    return r
+
+
+def _check_paged(kv_cache, block_table, cache_seqlens) -> list[int]:
+    """Validate the paged-cache description; returns the context lengths (read to the host)."""
+    check_tensor("kv_cache", kv_cache, 3, FLOAT_DTYPES + FP8_DTYPES, contiguous=False)
+    check_tensor("block_table", block_table, 2, (torch.int32,), contiguous=False)
+    check_tensor("cache_seqlens", cache_seqlens, 1, (torch.int32,), contiguous=False)
+    check_same_device(kv_cache=kv_cache, block_table=block_table, cache_seqlens=cache_seqlens)
+    num_blocks, block_size, _ = kv_cache.shape
+    B, max_blocks = block_table.shape
+    if cache_seqlens.shape[0] != B:
+        raise ValueError(f"cache_seqlens has {cache_seqlens.shape[0]} entries but block_table has {B} rows")
+    lens = cache_seqlens.tolist()
+    for b, n in enumerate(lens):
+        if n < 0 or n > max_blocks * block_size:
+            raise ValueError(f"cache_seqlens[{b}] is {n}; it must be in [0, {max_blocks * block_size}] "
+                             f"(block_table rows of {max_blocks} blocks of {block_size})")
+    used = [-(-n // block_size) for n in lens]
+    if any(used):
+        cols = torch.arange(max_blocks, device=block_table.device)[None, :]
+        in_use = cols < torch.tensor(used, device=block_table.device)[:, None]
+        ids = block_table[in_use]
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= num_blocks:
+            raise ValueError(f"block_table holds block {lo if lo < 0 else hi} for a cached token, "
+                             f"outside kv_cache's {num_blocks} blocks")
+    return lens
+
+
+def _check_kv_scale(kv_cache, kv_scale):
+    if kv_scale is None:
+        return 1.0
+    if kv_cache.dtype not in FP8_DTYPES:
+        raise ValueError(f"kv_scale is only for fp8 caches; kv_cache is {_dtype_name(kv_cache.dtype)}")
+    if isinstance(kv_scale, torch.Tensor):
+        if kv_scale.numel() != 1:
+            raise ValueError(f"kv_scale must be a scalar (one per-tensor scale), got shape {tuple(kv_scale.shape)}")
+        return kv_scale.to(device=kv_cache.device, dtype=torch.float32).reshape(())
+    return _positive("kv_scale", kv_scale)
+
+
+def _positive(name, value) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number or a scalar tensor, got {value!r}") from None
+    if not (x > 0 and x != float("inf")):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    return x
+
+
+def _gather(kv_cache, block_table, starts, counts, r, kv_scale, dtype):
+    """Rows [c | k_r] of positions starts[b] .. starts[b]+counts[b]-1 of each request b, in order.
+
+    returns latent [N, r], k_rope [N, dR]: views into one gathered [N, r+dR] buffer (unit last
+    stride, row stride r+dR), N = sum(counts).
+    """
+    device = kv_cache.device
+    block_size = kv_cache.shape[1]
+    counts_t = torch.tensor(counts, dtype=torch.long)
+    req = torch.repeat_interleave(torch.arange(len(counts)), counts_t)                 # [N]
+    first = torch.cumsum(counts_t, 0) - counts_t                                       # [B]
+    pos = torch.arange(req.shape[0]) - first[req] + torch.tensor(starts, dtype=torch.long)[req]
+    req, pos = req.to(device), pos.to(device)
+    blocks = block_table[req, pos // block_size].long()                                # [N]
+    rows = kv_cache[blocks, pos % block_size]                                          # [N, r+dR]
+    if kv_cache.dtype in FP8_DTYPES:
+        rows = (rows.float() * kv_scale).to(dtype)
+    elif rows.dtype != dtype:
+        rows = rows.to(dtype)
+    return rows[:, :r], rows[:, r:]
+
+
+def gather_latents(kv_cache, block_table, cache_seqlens, kv_scale=None, *, r=None, dtype=None):
+    """Every request's context out of the paged cache, packed.
+
+    kv_cache:      [num_blocks, block_size, r+dR]   rows [c | k_r]; fp16/bf16/fp32 or fp8
+    block_table:   [B, max_blocks] int32             token p of request b is in block
+                                                     block_table[b, p // block_size]
+    cache_seqlens: [B] int32                         context length of each request
+    kv_scale:      per-tensor dequant scale of an fp8 cache (float or scalar tensor)
+    r:             latent rank; default row width - 64 (DeepSeek's dR)
+    dtype:         result dtype; default the cache's, bf16 for fp8
+    returns latent [T_k, r], k_rope [T_k, dR] (views of one gathered buffer), cu_seqlens_k [B+1] int32.
+    """
+    lens = _check_paged(kv_cache, block_table, cache_seqlens)
+    r = _resolve_r(kv_cache, r)
+    scale = _check_kv_scale(kv_cache, kv_scale)
+    dtype = _result_dtype(kv_cache, dtype)
+    latent, k_rope = _gather(kv_cache, block_table, [0] * len(lens), lens, r, scale, dtype)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.long), 0)
+    return latent, k_rope, cu.to(kv_cache.device)
+
+
+def _result_dtype(kv_cache, dtype):
+    if dtype is None:
+        return torch.bfloat16 if kv_cache.dtype in FP8_DTYPES else kv_cache.dtype
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype must be one of float16, bfloat16, float32, got {dtype!r}")
+    return dtype
+
+
+def _check_weights(w_uk, w_uv, r=None, H=None):
+    check_tensor("w_uk", w_uk, 3, FLOAT_DTYPES, contiguous=False)
+    check_tensor("w_uv", w_uv, 3, FLOAT_DTYPES, contiguous=False)
+    if w_uv.dtype != w_uk.dtype:
+        raise ValueError(f"w_uv has dtype {_dtype_name(w_uv.dtype)} but w_uk has {_dtype_name(w_uk.dtype)}")
+    if w_uv.shape[0] != w_uk.shape[0]:
+        raise ValueError(f"w_uv has {w_uv.shape[0]} heads but w_uk has {w_uk.shape[0]}; shapes [H, dV, r], [H, dC, r]")
+    if w_uv.shape[2] != w_uk.shape[2]:
+        raise ValueError(f"w_uv.shape[2] is {w_uv.shape[2]} but w_uk.shape[2] is {w_uk.shape[2]}; both are r")
+    if r is not None and w_uk.shape[2] != r:
+        raise ValueError(f"w_uk.shape[2] is {w_uk.shape[2]} but the latent has r = {r}")
+    if H is not None and w_uk.shape[0] != H:
+        raise ValueError(f"w_uk has {w_uk.shape[0]} heads but q has {H}")
+
+
+def expand_kv(latent, w_uk, w_uv):
+    """Up-project latents into per-head keys and values (two torch matmuls; cuBLAS on a GPU).
+
+    latent: [T, r]; w_uk: [H, dC, r]; w_uv: [H, dV, r]
+    returns k_nope [T, H, dC] = W_UK[h] c, v [T, H, dV] = W_UV[h] c, in latent's dtype.
+    """
+    check_tensor("latent", latent, 2, FLOAT_DTYPES, contiguous=False)
+    _check_weights(w_uk, w_uv, r=latent.shape[1])
+    if latent.dtype != w_uk.dtype:
+        raise ValueError(f"latent has dtype {_dtype_name(latent.dtype)} but w_uk has {_dtype_name(w_uk.dtype)}")
+    check_same_device(latent=latent, w_uk=w_uk, w_uv=w_uv)
+    T = latent.shape[0]
+    H, dC, r = w_uk.shape
+    dV = w_uv.shape[1]
+    k_nope = (latent @ w_uk.reshape(H * dC, r).T).view(T, H, dC)   # [T, H*dC] -> [T, H, dC]
+    v = (latent @ w_uv.reshape(H * dV, r).T).view(T, H, dV)        # [T, H*dV] -> [T, H, dV]
+    return k_nope, v
+
+
+def _default_attn(attn):
+    if attn is None:
+        from mlactl.kernels.expand import mla_prefill as attn
+    return attn
+
+
+def _default_merge(merge):
+    if merge is None:
+        from mlactl.kernels.merge import merge_attn_states as merge
+    return merge
+
+
+def _validate_driver(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, kv_scale, r):
+    lens = _check_paged(kv_cache, block_table, cache_seqlens)
+    check_tensor("q", q, 3, FLOAT_DTYPES, contiguous=False)
+    check_inner_stride("q", q)
+    check_tensor("new_lens", new_lens, 1, (torch.int32,), contiguous=False)
+    check_same_device(q=q, kv_cache=kv_cache, new_lens=new_lens, w_uk=w_uk, w_uv=w_uv)
+    r = _resolve_r(kv_cache, r)
+    dR = kv_cache.shape[2] - r
+    _check_weights(w_uk, w_uv, r=r, H=q.shape[1])
+    if w_uk.dtype != q.dtype:
+        raise ValueError(f"w_uk has dtype {_dtype_name(w_uk.dtype)} but q has {_dtype_name(q.dtype)}; they must match")
+    if q.shape[2] != w_uk.shape[1] + dR:
+        raise ValueError(f"q.shape[2] is {q.shape[2]} but must equal dC + dR = {w_uk.shape[1]} + {dR} "
+                         "(w_uk, kv_cache row width - r)")
+    if kv_cache.dtype not in FP8_DTYPES and kv_cache.dtype != q.dtype:
+        raise ValueError(f"kv_cache has dtype {_dtype_name(kv_cache.dtype)} but q has {_dtype_name(q.dtype)}; "
+                         "they must match (or the cache must be fp8)")
+    if new_lens.shape[0] != len(lens):
+        raise ValueError(f"new_lens has {new_lens.shape[0]} entries but cache_seqlens has {len(lens)}")
+    news = new_lens.tolist()
+    for b, (n, ctx) in enumerate(zip(news, lens)):
+        if n < 0 or n > ctx:
+            raise ValueError(f"new_lens[{b}] is {n}; it must be in [0, cache_seqlens[{b}] = {ctx}]")
+    if sum(news) != q.shape[0]:
+        raise ValueError(f"new_lens sums to {sum(news)} but q has {q.shape[0]} tokens; they must match")
+    return check_scale(scale), _check_kv_scale(kv_cache, kv_scale), r, lens, news
+
+
+def _cu(lengths, device) -> torch.Tensor:
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int32, device=device)
+
+
+def mla_prefill_expand(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, *,
+                       kv_scale=None, r=None, attn=None):
+    """The unchunked expand path: expand each request's whole context, one causal attention.
+
+    q:             [T_q, H, dC+dR]   queries of the new tokens, packed (T_q = sum(new_lens))
+    kv_cache:      [num_blocks, block_size, r+dR]; block_table [B, max_blocks] int32;
+    cache_seqlens: [B] int32 context lengths (new tokens included); new_lens [B] int32
+    w_uk:          [H, dC, r]; w_uv [H, dV, r] (q's dtype)
+    attn:          mla_prefill (default) or a function with its signature, e.g. mla_prefill_naive
+    returns (out [T_q, H, dV] in q's dtype, lse [T_q, H] fp32). Expanded K/V: all context tokens.
+    """
+    scale, kv_scale, r, lens, news = _validate_driver(q, kv_cache, block_table, cache_seqlens, new_lens,
+                                                      w_uk, w_uv, scale, kv_scale, r)
+    attn = _default_attn(attn)
+    ctx = [c if n else 0 for c, n in zip(lens, news)]  # a request with no new token needs no keys
+    latent, k_rope = _gather(kv_cache, block_table, [0] * len(ctx), ctx, r, kv_scale, q.dtype)
+    k_nope, v = expand_kv(latent, w_uk, w_uv)
+    return attn(q, k_nope, k_rope, v, _cu(news, q.device), _cu(ctx, q.device), scale, causal=True,
+                max_seqlen_q=max(news, default=0), max_seqlen_k=max(ctx, default=0))
+
+
+def mla_prefill_chunked(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, *,
+                        chunk=DEFAULT_CHUNK, kv_scale=None, r=None, attn=None, merge=None):
+    """The expand path with the prefix expanded `chunk` tokens at a time, merged by lse.
+
+    Arguments as mla_prefill_expand, plus
+    chunk: prefix tokens (over the whole batch) expanded per step, >= 1
+    merge: merge_attn_states (default) or merge_attn_states_naive
+    returns (out [T_q, H, dV] in q's dtype, lse [T_q, H] fp32).
+
+    Step 0: the new tokens of each request attend causally to their own expanded K/V.
+    Steps 1..: the prefixes of all requests, laid end to end, are cut into windows of `chunk`
+    tokens; a window covers a run of consecutive requests, so their queries are one slice of q.
+    Those queries attend (non-causally) to the window's expanded K/V and the partial result is
+    merged into out/lse in place. Peak expanded K/V: max(T_q, chunk) tokens.
+    """
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be an int >= 1 (prefix tokens expanded per step), got {chunk!r}")
+    scale, kv_scale, r, lens, news = _validate_driver(q, kv_cache, block_table, cache_seqlens, new_lens,
+                                                      w_uk, w_uv, scale, kv_scale, r)
+    attn, merge = _default_attn(attn), _default_merge(merge)
+    device = q.device
+    cu_new = _cu(news, device)
+    cu_new_host = cu_new.tolist()
+    prefix = [c - n if n else 0 for c, n in zip(lens, news)]
+
+    # step 0: new tokens against themselves, causal (len_q == len_k: the plain diagonal)
+    latent, k_rope = _gather(kv_cache, block_table, prefix, news, r, kv_scale, q.dtype)
+    k_nope, v = expand_kv(latent, w_uk, w_uv)
+    max_new = max(news, default=0)
+    out, lse = attn(q, k_nope, k_rope, v, cu_new, cu_new, scale, causal=True,
+                    max_seqlen_q=max_new, max_seqlen_k=max_new)
+    del latent, k_rope, k_nope, v
+
+    # steps 1..: prefix windows [w0, w1) of the concatenated prefixes
+    starts = [0]
+    for p in prefix:
+        starts.append(starts[-1] + p)
+    total = starts[-1]
+    b0 = 0
+    for w0 in range(0, total, chunk):
+        w1 = min(w0 + chunk, total)
+        while starts[b0 + 1] <= w0:  # first request whose prefix reaches into the window
+            b0 += 1
+        b1 = b0
+        while b1 + 1 < len(prefix) and starts[b1 + 1] < w1:  # last one that starts before w1
+            b1 += 1
+        firsts = [max(w0, starts[b]) - starts[b] for b in range(b0, b1 + 1)]
+        counts = [min(w1, starts[b + 1]) - starts[b] - f for b, f in zip(range(b0, b1 + 1), firsts)]
+        latent, k_rope = _gather(kv_cache, block_table[b0:b1 + 1], firsts, counts, r, kv_scale, q.dtype)
+        k_nope, v = expand_kv(latent, w_uk, w_uv)
+        rows = slice(cu_new_host[b0], cu_new_host[b1 + 1])
+        o_w, lse_w = attn(q[rows], k_nope, k_rope, v, cu_new[b0:b1 + 2] - cu_new[b0], _cu(counts, device),
+                          scale, causal=False, max_seqlen_q=max(news[b0:b1 + 1]), max_seqlen_k=max(counts))
+        _, lse_m = merge(out[rows], lse[rows], o_w, lse_w, out=out[rows])
+        lse[rows] = lse_m
+    return out, lse
