@@ -1,0 +1,434 @@
+"""Absorb-path MLA attention (decode, MTP, short extends) over a paged latent cache, in Triton.
+
+An MQA over the latent cache: every cache row is ``[c (r) | k_r (dR)]``, the key is the whole
+row and the value its latent part, so each row is read once and feeds both dot products.
+The plain-torch twin, to read first, is `absorb_naive.mla_decode_naive`; FLOPs and bytes are
+counted in `mlactl.cost` (``2·H·(r+dR) + 2·H·r`` FLOPs per (query, key) pair).
+
+Design (flash-decoding with grouped heads):
+
+* A program owns one request ``b``, one tile of BLOCK_H rows and one split of the request's keys.
+  Rows are (new token, head) pairs of that request flattened, so the heads of every new token
+  share each KV tile the program loads: H·S_q rows per cache read instead of one.
+* Stage 1 (`_mla_decode_split_kernel`) streams the split's keys in tiles of BLOCK_N through the
+  block table with an online softmax in base 2, and writes a normalised partial output (fp32)
+  and its natural-log LSE. With one split it writes the final output directly.
+* Stage 2 (`_mla_decode_merge_kernel`) merges the splits of each row by their LSE; empty splits
+  carry LSE -inf and weigh nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from functools import lru_cache
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from . import configs
+from ._checks import check_device, check_dim, check_scale, check_tensor
+from .absorb_naive import latent_rank
+
+# ---- tuning defaults (H200 / sm_90; design arguments until `mlactl tune` measures them) ----
+BLOCK_H_WIDE = 64  # 64-row tiles are the smallest M for which Triton emits Hopper wgmma
+BLOCK_H_MIN = 16  # tl.dot needs >= 16 rows; fewer (new token, head) rows are masked padding
+BLOCK_N_CHOICES = ((64, 2), (32, 3), (32, 2), (16, 2), (16, 1))  # (BLOCK_N, num_stages), best first
+SMEM_BUDGET = 227 * 1024  # Hopper's opt-in shared memory per CTA (228 KiB/SM less 1 KiB reserved)
+ACC_PER_THREAD_4_WARPS = 64  # most fp32 accumulator numbers per thread at 4 warps, else 8 warps:
+# [64, 512] fp32 is 256 registers/thread at 4 warps (spills), 128 at 8
+WAVES = 2  # split-KV aims at ~2 waves of programs over the SMs (one wave leaves SMs idle at its tail)
+MIN_SPLIT_TOKENS = 256  # under 256 keys a split spends as much writing its [rows, r] fp32 partial
+# as reading its keys, and the merge rereads it
+MAX_SPLITS = 64  # the merge loops over splits; beyond 64 it costs more than the parallelism buys
+INTERPRETER_SMS = 8  # stand-in SM count under TRITON_INTERPRET=1 (only shapes the heuristic)
+
+LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2: exp2 is one MUFU op
+LN2 = tl.constexpr(0.6931471805599453)  # lse is returned in natural log
+CONFIG_KEYS = ("BLOCK_H", "BLOCK_N", "num_splits", "num_warps", "num_stages")
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_FP8 = (torch.float8_e4m3fn,) if hasattr(torch, "float8_e4m3fn") else ()
+_FITTED: dict = {}  # launch key -> (BLOCK_N, num_stages) that fit shared memory on this GPU
+
+
+@triton.jit
+def _mla_decode_split_kernel(
+    q, kv, block_table, seqlens, kv_scale_ptr, o, lse,
+    qk_scale, kv_scale,
+    stride_qb, stride_qs, stride_qh,
+    stride_kv_blk, stride_kv_tok, stride_bt,
+    stride_ob, stride_os, stride_oh, stride_o_split,
+    stride_lb, stride_ls, stride_lh, stride_l_split,
+    num_pages, max_pages,
+    H: tl.constexpr, S_Q: tl.constexpr, R: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    CAUSAL: tl.constexpr, KV_FP8: tl.constexpr, KV_SCALE_FROM_PTR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One (row tile, split, request): online softmax over the split's keys, normalised output.
+
+    qk_scale = softmax scale * kv_scale * log2(e), so scores are in base 2 and exp2 is exact.
+    """
+    pid_h = tl.program_id(0)
+    pid_split = tl.program_id(1)
+    pid_b = tl.program_id(2).to(tl.int64)  # B x rows x splits x r partials can pass 2**31
+    if KV_SCALE_FROM_PTR:
+        kv_scale = tl.load(kv_scale_ptr).to(tl.float32)
+        qk_scale = qk_scale * kv_scale
+    seqlen = tl.load(seqlens + pid_b)
+
+    # rows of this tile: (new token s, head h) flattened as s * H + h, padded to BLOCK_H
+    o_row = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_row = o_row < S_Q * H
+    o_s = o_row // H
+    o_hh = o_row % H
+    o_r = tl.arange(0, R)
+    o_dr = tl.arange(0, DR)
+
+    p_q = q + pid_b * stride_qb + o_s * stride_qs + o_hh * stride_qh  # [BLOCK_H]
+    b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
+    b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, DR]
+
+    # keys at positions < limit are visible to a row (new token s sits at seqlen - S_Q + s)
+    if CAUSAL:
+        limit = seqlen - S_Q + 1 + o_s  # [BLOCK_H]
+    else:
+        limit = tl.zeros([BLOCK_H], dtype=tl.int32) + seqlen  # [BLOCK_H]
+
+    # this split's keys: a contiguous run of whole BLOCK_N tiles, the last one cut at seqlen
+    n_tiles = tl.cdiv(seqlen, BLOCK_N)
+    tiles_per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+    start = pid_split * tiles_per_split * BLOCK_N
+    end = tl.minimum(start + tiles_per_split * BLOCK_N, seqlen)
+
+    m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)  # running max, base 2
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)  # running sum of exp2
+    acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)  # one [64, 512] fp32 accumulator over 8 warps:
+    # Triton splits its columns across the two warpgroups (128 registers/thread); splitting the
+    # value dim across programs instead would recompute the scores (53% of the FLOPs) twice.
+    for n0 in range(start, end, BLOCK_N):
+        o_n = n0 + tl.arange(0, BLOCK_N)  # key positions
+        m_n = o_n < end
+        o_page = o_n // PAGE
+        b_page = tl.load(block_table + pid_b * stride_bt + o_page, mask=m_n & (o_page < max_pages),
+                         other=0)  # [BLOCK_N]
+        # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
+        m_n = m_n & (b_page >= 0) & (b_page < num_pages)
+        p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
+        b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
+        b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
+        if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
+            b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
+            b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
+
+        b_s = tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
+        b_s = tl.dot(b_q, tl.trans(b_kv), b_s, input_precision=DOT_PRECISION)
+        b_s = b_s * qk_scale
+        b_s = tl.where(o_n[None, :] < limit[:, None], b_s, -float("inf"))
+
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))
+        m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet: no NaN
+        b_p = tl.exp2(b_s - m_use[:, None])  # [BLOCK_H, BLOCK_N]
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(b_p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
+        m_i = m_new
+
+    has_keys = l_i > 0
+    b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
+    b_lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2,
+                     -float("inf"))  # [BLOCK_H], natural log of the scaled scores
+    p_o = o + pid_b * stride_ob + o_s * stride_os + o_hh * stride_oh + pid_split * stride_o_split
+    tl.store(p_o[:, None] + o_r[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
+    p_lse = lse + pid_b * stride_lb + o_s * stride_ls + o_hh * stride_lh + pid_split * stride_l_split
+    tl.store(p_lse, b_lse, mask=m_row)
+
+
+@triton.jit
+def _mla_decode_merge_kernel(
+    o_part, lse_part, o, lse,
+    stride_pb, stride_ps, stride_ph, stride_p_split,
+    stride_qb, stride_qs, stride_qh, stride_q_split,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_ls, stride_lh,
+    H: tl.constexpr, R: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+):
+    """One (request, new token, head) row: LSE-weighted sum of its splits' partial outputs."""
+    pid_row = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    i_s = pid_row // H
+    i_h = pid_row % H
+    o_k = tl.arange(0, SPLITS_P2)
+    o_r = tl.arange(0, R)
+
+    p_lse = lse_part + pid_b * stride_qb + i_s * stride_qs + i_h * stride_qh
+    b_lse = tl.load(p_lse + o_k * stride_q_split, mask=o_k < NUM_SPLITS, other=-float("inf"))  # [SPLITS_P2]
+    m = tl.max(b_lse, 0)
+    m_use = tl.where(m == -float("inf"), 0.0, m)  # every split empty: all weights 0, no NaN
+    w_sum = tl.sum(tl.exp2((b_lse - m_use) * LOG2E), 0)
+
+    p_o = o_part + pid_b * stride_pb + i_s * stride_ps + i_h * stride_ph
+    acc = tl.zeros([R], dtype=tl.float32)
+    for k in range(NUM_SPLITS):
+        w_k = tl.exp2((tl.load(p_lse + k * stride_q_split) - m_use) * LOG2E)
+        acc += w_k * tl.load(p_o + k * stride_p_split + o_r)  # [R]; an empty split wrote zeros
+
+    has_keys = w_sum > 0
+    b_o = acc / tl.where(has_keys, w_sum, 1.0)
+    b_lse_out = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
+    tl.store(o + pid_b * stride_ob + i_s * stride_os + i_h * stride_oh + o_r, b_o.to(o.dtype.element_ty))
+    tl.store(lse + pid_b * stride_lb + i_s * stride_ls + i_h * stride_lh, b_lse_out)
+
+
+def _empty(shape, dtype, device):
+    """Every buffer the launcher allocates comes from here (tests poison it with NaN)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _is_pow2_at_least(x, low):
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low and x & (x - 1) == 0
+
+
+@lru_cache(maxsize=16)
+def _device_info(device: torch.device) -> tuple[str, int]:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return torch.cuda.get_device_name(device), props.multi_processor_count
+    return "cpu", INTERPRETER_SMS
+
+
+def _smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8):
+    """Shared memory of one program: the query tile, the pipelined KV tiles, the widened KV
+    tile an fp8 cache needs for the dots, and scratch for the score tile's layout changes."""
+    widened = block_n * row * q_bytes if fp8 else 0
+    return block_h * row * q_bytes + stages * block_n * row * kv_bytes + widened + block_h * block_n * 4
+
+
+def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_sms):
+    """The launch config without a tuned one: wide tiles, smem-fitting KV tiles, split-KV to
+    ~WAVES waves, never more splits than pages or tiles of the longest context."""
+    rows = S_q * H
+    block_h = BLOCK_H_WIDE if rows >= BLOCK_H_WIDE else max(BLOCK_H_MIN, triton.next_power_of_2(rows))
+    row = r + dR
+    q_bytes = torch.finfo(q_dtype).bits // 8
+    kv_bytes = torch.finfo(kv_dtype).bits // 8
+    fp8 = kv_dtype in _FP8
+    block_n, stages = BLOCK_N_CHOICES[-1]
+    for bn, st in BLOCK_N_CHOICES:
+        if _smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8) <= SMEM_BUDGET:
+            block_n, stages = bn, st
+            break
+    num_warps = 8 if block_h * r > ACC_PER_THREAD_4_WARPS * 4 * 32 else 4
+    programs = B * triton.cdiv(rows, block_h)
+    most = min(MAX_SPLITS, triton.cdiv(ctx, block_size), triton.cdiv(ctx, block_n),
+               triton.cdiv(ctx, MIN_SPLIT_TOKENS))
+    splits = max(1, min(most, round(WAVES * num_sms / max(programs, 1))))
+    return {"BLOCK_H": block_h, "BLOCK_N": block_n, "num_splits": splits, "num_warps": num_warps,
+            "num_stages": stages}
+
+
+def _check_config(config, source):
+    unknown = set(config) - set(CONFIG_KEYS)
+    if unknown:
+        raise ValueError(f"{source} has unknown keys {sorted(unknown)}; allowed: {', '.join(CONFIG_KEYS)}")
+    for key, low in (("BLOCK_H", 16), ("BLOCK_N", 16), ("num_warps", 1)):
+        if key in config and not _is_pow2_at_least(config[key], low):
+            raise ValueError(f"{source}[{key!r}] must be a power of two >= {low}, got {config[key]!r}")
+    for key in ("num_splits", "num_stages"):
+        value = config.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{source}[{key!r}] must be a positive integer, got {value!r}")
+
+
+def _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal, kv_scale, validate):
+    """Shape, dtype and device checks; returns (kv_cache as 3-D, r, dR, max context)."""
+    check_tensor("q", q, 4, tuple(_DTYPE_NAMES), contiguous=False)
+    if isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 4:
+        if kv_cache.shape[2] != 1:
+            raise ValueError(
+                f"kv_cache has {kv_cache.shape[2]} heads (shape {tuple(kv_cache.shape)}); the latent "
+                "cache is shared by all H query heads, so it must have 1 (MQA)"
+            )
+        kv_cache = kv_cache.squeeze(2)
+    check_tensor("kv_cache", kv_cache, 3, tuple(_DTYPE_NAMES) + _FP8, contiguous=False)
+    check_tensor("block_table", block_table, 2, (torch.int32,), contiguous=False)
+    check_tensor("cache_seqlens", cache_seqlens, 1, (torch.int32,))
+    for name, t in (("q", q), ("kv_cache", kv_cache), ("block_table", block_table)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (stride {t.stride(-1)})")
+    check_device(q=q, kv_cache=kv_cache, block_table=block_table, cache_seqlens=cache_seqlens)
+    B, S_q, H, row = q.shape
+    r = latent_rank(row, r)
+    dR = row - r
+    for name, value in (("r", r), ("dR", dR)):
+        if not _is_pow2_at_least(value, 16):
+            raise ValueError(f"{name}={value} must be a power of two >= 16 (r + dR = {row}, r = {r})")
+    check_dim("kv_cache", kv_cache, 2, row, "q.shape[-1] = r + dR")
+    check_dim("block_table", block_table, 0, B, "the batch size q.shape[0]")
+    check_dim("cache_seqlens", cache_seqlens, 0, B, "the batch size q.shape[0]")
+    fp8 = kv_cache.dtype in _FP8
+    if not fp8 and kv_cache.dtype != q.dtype:
+        raise ValueError(f"kv_cache has dtype {kv_cache.dtype} but q has {q.dtype}; they must match "
+                         "(or the cache is fp8 e4m3 with kv_scale)")
+    if fp8 and kv_scale is None:
+        raise ValueError("kv_scale is required with an fp8 kv_cache (real value = fp8 value * kv_scale)")
+    if isinstance(kv_scale, torch.Tensor):
+        if kv_scale.numel() != 1 or not kv_scale.dtype.is_floating_point:
+            raise ValueError(f"kv_scale must be a float or a 1-element float tensor, got shape "
+                             f"{tuple(kv_scale.shape)} {kv_scale.dtype}")
+        if kv_scale.device != q.device:
+            raise ValueError(f"kv_scale is on {kv_scale.device} but q on {q.device}")
+        if validate:
+            check_scale_named("kv_scale", kv_scale.item())
+    elif kv_scale is not None:
+        check_scale_named("kv_scale", kv_scale)
+
+    block_size = kv_cache.shape[1]
+    if not validate:
+        return kv_cache, r, dR, block_table.shape[1] * block_size
+    lens = cache_seqlens.tolist()  # one device sync
+    if any(n < 0 for n in lens):
+        raise ValueError(f"cache_seqlens has negative lengths: {lens}")
+    if causal and any(0 < n < S_q for n in lens):
+        raise ValueError(f"cache_seqlens {lens} has a length below S_q={S_q}: causal new tokens "
+                         "must all be in the cache (0 marks an empty request)")
+    need = max((triton.cdiv(n, block_size) for n in lens), default=0)
+    if need > block_table.shape[1]:
+        raise ValueError(f"block_table has {block_table.shape[1]} columns but cache_seqlens needs "
+                         f"{need} blocks of {block_size} (max length {max(lens)})")
+    if need:
+        used = torch.arange(need, device=block_table.device)[None, :] < torch.tensor(
+            [triton.cdiv(n, block_size) for n in lens], device=block_table.device)[:, None]
+        ids = block_table[:, :need][used]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= kv_cache.shape[0]):
+            raise ValueError(f"block_table has block ids outside [0, {kv_cache.shape[0]}) "
+                             f"(min {int(ids.min())}, max {int(ids.max())}) in the used entries")
+    return kv_cache, r, dR, max(lens, default=0)
+
+
+def check_scale_named(name, value):
+    try:
+        return check_scale(value)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("softmax scale", name)) from None
+
+
+def mla_decode(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, kv_scale=None,
+               r=None, num_splits=None, config=None, validate=True, out=None):
+    """Absorb-path MLA attention of S_q new tokens per request against a paged latent cache.
+
+    Args:
+        q: [B, S_q, H, r + dR] fp16/bf16/fp32, RoPE part last; last dim contiguous.
+        kv_cache: [num_blocks, block_size, r + dR] (or [num_blocks, block_size, 1, r + dR]) in
+            q's dtype, or float8_e4m3fn with `kv_scale`; last dim contiguous.
+        block_table: [B, max_blocks] int32 page ids, in token order (any page order).
+        cache_seqlens: [B] int32 context lengths including the S_q new tokens (0: empty request).
+        scale: softmax scale of the model, 1/sqrt(dC + dR).
+        causal: new token i sits at cache_seqlens[b] - S_q + i and sees keys up to there.
+        kv_scale: float or 1-element tensor on q's device; real cache value = stored * kv_scale.
+        r: latent rank; default 512 for a 576-wide row.
+        num_splits: split-KV factor (wins over `config`); else tuned config, else heuristic.
+        config: dict with any of BLOCK_H, BLOCK_N, num_splits, num_warps, num_stages.
+        validate: read cache_seqlens and block_table to check them (one device sync). With False
+            the heuristic sizes splits by block_table's width instead of the longest context.
+        out: optional [B, S_q, H, r] tensor in q's dtype to write the output into.
+
+    Returns:
+        (out [B, S_q, H, r] in q's dtype, lse [B, S_q, H] fp32 natural-log LSE of scaled scores).
+    """
+    scale = check_scale(scale)
+    kv_cache, r, dR, ctx = _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal,
+                                         kv_scale, validate)
+    B, S_q, H, _ = q.shape
+    device = q.device
+    if out is None:
+        out = _empty((B, S_q, H, r), q.dtype, device)
+    else:
+        check_tensor("out", out, 4, (q.dtype,), contiguous=False)
+        if tuple(out.shape) != (B, S_q, H, r) or out.stride(-1) != 1 or out.device != device:
+            raise ValueError(f"out must be [B, S_q, H, r] = {(B, S_q, H, r)} on {device} with a "
+                             f"contiguous last dim, got {tuple(out.shape)} on {out.device}")
+    lse = _empty((B, S_q, H), torch.float32, device)
+    if B == 0 or H == 0 or S_q == 0:
+        return out, lse
+
+    device_name, num_sms = _device_info(device)
+    cfg = heuristic_config(B, H, S_q, r, dR, max(ctx, 1), kv_cache.shape[1], q.dtype, kv_cache.dtype,
+                           num_sms)
+    tuned = None
+    if config is None:
+        dtype_name = "fp8" if kv_cache.dtype in _FP8 else _DTYPE_NAMES[kv_cache.dtype]
+        tuned = configs.lookup("mla_decode", device_name, dtype_name, B=B, H=H, S_q=S_q,
+                               ctx=max(ctx, 1))
+        if tuned is not None:
+            _check_config(tuned, "tuned config")
+    else:
+        if not isinstance(config, dict):
+            raise ValueError(f"config must be a dict, got {type(config).__name__}")
+        _check_config(config, "config")
+    cfg.update(config or tuned or {})
+    if num_splits is not None:
+        _check_config({"num_splits": num_splits}, "num_splits")
+        cfg["num_splits"] = num_splits
+    # a tile taller than the (new token, head) rows of one request only multiplies padding
+    cfg["BLOCK_H"] = min(cfg["BLOCK_H"], max(BLOCK_H_MIN, triton.next_power_of_2(S_q * H)))
+
+    fp8 = kv_cache.dtype in _FP8
+    kv_arg = kv_cache.view(torch.uint8) if fp8 else kv_cache
+    if isinstance(kv_scale, torch.Tensor):
+        scale_ptr, kv_scale_val, from_ptr = kv_scale.reshape(1), 1.0, True
+    else:
+        scale_ptr, kv_scale_val, from_ptr = cache_seqlens, float(1.0 if kv_scale is None else kv_scale), False
+    splits = cfg["num_splits"]
+    if splits == 1:  # one split: stage 1 writes the final output, no merge
+        o1, lse1 = out, lse
+        o1_strides = (*out.stride()[:3], 0)
+        lse1_strides = (*lse.stride(), 0)
+    else:
+        o1 = _empty((B, S_q, H, splits, r), torch.float32, device)
+        lse1 = _empty((B, S_q, H, splits), torch.float32, device)
+        o1_strides = o1.stride()[:4]
+        lse1_strides = lse1.stride()
+    grid = (triton.cdiv(S_q * H, cfg["BLOCK_H"]), splits, B)
+    args = (q, kv_arg, block_table, cache_seqlens, scale_ptr, o1, lse1,
+            scale * kv_scale_val * LOG2E.value, kv_scale_val,
+            q.stride(0), q.stride(1), q.stride(2),
+            kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+            *o1_strides, *lse1_strides,
+            kv_cache.shape[0], block_table.shape[1])
+    constants = dict(H=H, S_Q=S_q, R=r, DR=dR, PAGE=kv_cache.shape[1], BLOCK_H=cfg["BLOCK_H"],
+                     NUM_SPLITS=splits, CAUSAL=bool(causal), KV_FP8=fp8, KV_SCALE_FROM_PTR=from_ptr,
+                     DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    _launch_split(grid, args, constants, cfg, device)
+    if splits > 1:
+        _mla_decode_merge_kernel[(S_q * H, B)](
+            o1, lse1, out, lse,
+            *o1.stride()[:4], *lse1.stride(), *out.stride()[:3], *lse.stride(),
+            H=H, R=r, NUM_SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=4,
+        )
+    return out, lse
+
+
+def _launch_split(grid, args, constants, cfg, device):
+    """Launch stage 1; if the GPU lacks the shared memory for (BLOCK_N, num_stages), step down
+    BLOCK_N_CHOICES and remember what fit (the heuristic's estimate can be a little short)."""
+    key = (device, *sorted(constants.items()), cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"])
+    tries = [_FITTED.get(key, (cfg["BLOCK_N"], cfg["num_stages"]))]
+    tries += [c for c in BLOCK_N_CHOICES if c < tries[0]]
+    for i, (block_n, stages) in enumerate(tries):
+        try:
+            _mla_decode_split_kernel[grid](*args, **constants, BLOCK_N=block_n, num_warps=cfg["num_warps"],
+                                           num_stages=stages)
+        except OutOfResources:
+            if i == len(tries) - 1:
+                raise
+            continue
+        if key not in _FITTED and (block_n, stages) != tries[0]:
+            warnings.warn(f"mla_decode: BLOCK_N={cfg['BLOCK_N']}, num_stages={cfg['num_stages']} "
+                          f"exceed shared memory here; using BLOCK_N={block_n}, num_stages={stages}",
+                          stacklevel=3)
+        _FITTED[key] = (block_n, stages)
+        return
