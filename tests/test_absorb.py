@@ -1,0 +1,417 @@
+"""Absorb-path attention: the torch twin against a hand loop, the Triton kernel against the twin
+(CPU interpreter: small shapes, fp16/fp32/fp8 cache), bad inputs, launch-config choice, and
+DeepSeek-V3 shapes on a GPU (bf16, fp8)."""
+
+import math
+
+import pytest
+import torch
+from triton.runtime.errors import OutOfResources
+
+from mlactl.kernels import absorb
+from mlactl.kernels.absorb import heuristic_config, mla_decode
+from mlactl.kernels.absorb_naive import mla_decode_naive
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FP8 = torch.float8_e4m3fn
+SCALE = 0.15
+
+# out is compared elementwise; lse (fp32, from fp32-accumulated scores) much tighter
+F32 = dict(atol=1e-5, rtol=1e-5, lse=1e-5)
+F16 = dict(atol=2e-3, rtol=4e-3, lse=1e-4)
+BF16 = dict(atol=1.2e-2, rtol=1.6e-2, lse=1e-3)
+
+
+def paged_case(lens, H, S_q, r, dR, block_size, dtype, kv_dtype=None, seed=0, device=DEVICE):
+    """Random q and a paged cache whose pages are scattered: each request's pages are a shuffled
+    draw from the pool, unused table entries are -1 and a few pages belong to no request."""
+    gen = torch.Generator().manual_seed(seed)
+    B, D = len(lens), r + dR
+    pages = [math.ceil(n / block_size) for n in lens]
+    num_blocks = sum(pages) + 3
+    order = torch.randperm(num_blocks, generator=gen)
+    block_table = torch.full((B, max(pages) + 1), -1, dtype=torch.int32)
+    taken = 0
+    for b, n in enumerate(pages):
+        block_table[b, :n] = order[taken:taken + n]
+        taken += n
+    q = torch.randn(B, S_q, H, D, generator=gen).to(dtype)
+    kv = torch.randn(num_blocks, block_size, D, generator=gen)
+    kv_scale = None
+    if kv_dtype == FP8:  # store kv / kv_scale in fp8; the real cache is fp8 value * kv_scale
+        kv_scale = 0.125
+        kv = (kv / kv_scale).to(FP8)
+    else:
+        kv = kv.to(dtype)
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    to = dict(device=device)
+    return q.to(**to), kv.to(**to), block_table.to(**to), seqlens.to(**to), kv_scale
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every buffer the launcher allocates (out, lse, split partials) starts as NaN, so an
+    element the kernels forget to write fails the comparison."""
+
+    def empty(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(absorb, "_empty", empty)
+
+
+def assert_close(got, want, tol):
+    out, lse = got
+    out_ref, lse_ref = want
+    assert out.dtype == out_ref.dtype and lse.dtype == torch.float32
+    torch.testing.assert_close(out.float(), out_ref.float(), atol=tol["atol"], rtol=tol["rtol"])
+    # -inf where a row has no key; assert_close treats equal infinities as equal
+    torch.testing.assert_close(lse, lse_ref, atol=tol["lse"], rtol=tol["lse"])
+
+
+# ---- the twin against a hand-written, non-paged computation -------------------------------------
+
+def hand_attention(q, keys, causal, scale, r):
+    """q: [S_q, H, D] list-of-lists math, keys: [n, D] contiguous; explicit loops, floats."""
+    S_q, H = len(q), len(q[0])
+    n = len(keys)
+    out = [[[0.0] * r for _ in range(H)] for _ in range(S_q)]
+    lse = [[-math.inf] * H for _ in range(S_q)]
+    for s in range(S_q):
+        seen = range(n - S_q + s + 1) if causal else range(n)
+        for h in range(H):
+            scores = [scale * sum(a * b for a, b in zip(q[s][h], keys[t])) for t in seen]
+            if not scores:
+                continue
+            top = max(scores)
+            total = sum(math.exp(x - top) for x in scores)
+            lse[s][h] = top + math.log(total)
+            for t, x in zip(seen, scores):
+                w = math.exp(x - top) / total
+                for i in range(r):
+                    out[s][h][i] += w * keys[t][i]
+    return out, lse
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("kv_scale", [None, 0.5], ids=["noscale", "kvscale0.5"])
+def test_twin_matches_hand_loop(causal, kv_scale):
+    # odd sizes on purpose: the twin has no power-of-two or tile constraints
+    r, dR, block_size, S_q, H = 6, 2, 2, 2, 3
+    lens = [5, 0, 2, 4]
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(len(lens), S_q, H, r + dR, generator=gen, dtype=torch.float64).float()
+    contiguous = [torch.randn(n, r + dR, generator=gen).float() for n in lens]  # per request
+    # page the contiguous caches into a shuffled pool
+    num_blocks = sum(math.ceil(n / block_size) for n in lens) + 1
+    pool = torch.zeros(num_blocks, block_size, r + dR)
+    table = torch.full((len(lens), 3), -1, dtype=torch.int32)
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    for b, keys in enumerate(contiguous):
+        for j in range(math.ceil(len(keys) / block_size)):
+            page = free.pop()
+            chunk = keys[j * block_size:(j + 1) * block_size]
+            pool[page, :len(chunk)] = chunk
+            table[b, j] = page
+    out, lse = mla_decode_naive(q, pool, table, torch.tensor(lens, dtype=torch.int32), SCALE,
+                                causal=causal, kv_scale=kv_scale, r=r)
+    assert out.shape == (len(lens), S_q, H, r) and lse.shape == (len(lens), S_q, H)
+    factor = 1.0 if kv_scale is None else kv_scale
+    for b, keys in enumerate(contiguous):
+        want_out, want_lse = hand_attention(q[b].tolist(), (keys * factor).tolist(), causal,
+                                            SCALE, r)
+        torch.testing.assert_close(out[b], torch.tensor(want_out), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse[b], torch.tensor(want_lse), atol=1e-5, rtol=1e-5)
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)  # the empty request
+
+
+def test_twin_defaults_r_for_deepseek_rows_only():
+    q = torch.zeros(1, 1, 1, 48)
+    with pytest.raises(ValueError, match="r .latent rank. cannot be inferred"):
+        mla_decode_naive(q, torch.zeros(1, 16, 48), torch.zeros(1, 1, dtype=torch.int32),
+                         torch.ones(1, dtype=torch.int32), SCALE)
+    out, _ = mla_decode_naive(torch.zeros(1, 1, 1, 576), torch.zeros(1, 16, 576),
+                              torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
+                              SCALE)
+    assert out.shape[-1] == 512
+
+
+# ---- the kernel against the twin (CPU interpreter) ---------------------------------------------
+
+# (lens, H, S_q, r, dR, block_size, dtype, kv_dtype, causal, num_splits, config, tol)
+KERNEL_CASES = [
+    pytest.param((1, 17, 300), 4, 1, 32, 16, 16, torch.float16, None, True, 1, None, F16,
+                 id="B3-H4-Sq1-r32-bs16-len1,17,300-fp16-split1"),
+    pytest.param((1, 17, 300), 4, 1, 32, 16, 16, torch.float16, None, True, 4, None, F16,
+                 id="B3-H4-Sq1-r32-bs16-len1,17,300-fp16-split4-empty-splits"),
+    pytest.param((1, 31, 33, 100), 2, 1, 64, 16, 32, torch.float32, None, True, 3, None, F32,
+                 id="B4-H2-Sq1-r64-bs32-len1,31,33,100-fp32-split3"),
+    pytest.param((64, 65), 16, 1, 32, 16, 64, torch.float16, None, True, 2, None, F16,
+                 id="B2-H16-Sq1-r32-bs64-len64,65-fp16-split2"),
+    pytest.param((17, 40), 1, 1, 32, 16, 16, torch.float32, None, True, 1, None, F32,
+                 id="B2-H1-Sq1-r32-bs16-len17,40-fp32"),
+    pytest.param((3, 100), 5, 3, 32, 16, 16, torch.float16, None, True, 2, None, F16,
+                 id="B2-H5-Sq3-r32-bs16-len3,100-fp16-causal-split2"),
+    pytest.param((4, 70), 3, 4, 32, 16, 32, torch.float32, None, False, 3, None, F32,
+                 id="B2-H3-Sq4-r32-bs32-len4,70-fp32-noncausal-split3"),
+    pytest.param((20, 90), 24, 3, 32, 16, 16, torch.float16, None, True, 1, None, F16,
+                 id="B2-H24-Sq3-r32-bs16-len20,90-fp16-causal-rows72-of-BLOCK_H64"),
+    pytest.param((10, 130), 2, 2, 32, 16, 64, torch.float32, None, True, 2, {"BLOCK_N": 16}, F32,
+                 id="B2-H2-Sq2-r32-bs64-BLOCK_N16-len10,130-fp32"),
+    pytest.param((5, 200), 4, 1, 32, 16, 16, torch.float16, None, True, 2, {"BLOCK_N": 64}, F16,
+                 id="B2-H4-Sq1-r32-bs16-BLOCK_N64-len5,200-fp16"),
+    pytest.param((0, 1, 50), 4, 1, 32, 16, 16, torch.float16, None, True, 2, None, F16,
+                 id="B3-H4-Sq1-r32-bs16-len0,1,50-fp16-empty-request"),
+    pytest.param((0, 9), 2, 2, 32, 16, 16, torch.float32, None, False, 1, None, F32,
+                 id="B2-H2-Sq2-r32-bs16-len0,9-fp32-noncausal-empty-request-split1"),
+    pytest.param((300, 1000), 4, 1, 32, 16, 32, torch.float16, None, True, None, None, F16,
+                 id="B2-H4-Sq1-r32-bs32-len300,1000-fp16-default-config"),
+    pytest.param((7, 45), 2, 2, 16, 32, 16, torch.float32, None, True, 2, {"BLOCK_H": 32}, F32,
+                 id="B2-H2-Sq2-r16-dR32-bs16-len7,45-fp32-BLOCK_H32"),
+    pytest.param((1, 17, 300), 4, 1, 32, 16, 16, torch.float16, FP8, True, 3, None, F16,
+                 id="B3-H4-Sq1-r32-bs16-len1,17,300-fp8cache-qfp16-split3"),
+    pytest.param((2, 64, 97), 3, 2, 32, 16, 32, torch.float32, FP8, True, 1, None, F32,
+                 id="B3-H3-Sq2-r32-bs32-len2,64,97-fp8cache-qfp32-split1"),
+]
+
+
+@pytest.mark.parametrize(
+    "lens, H, S_q, r, dR, block_size, dtype, kv_dtype, causal, num_splits, config, tol", KERNEL_CASES
+)
+def test_kernel_matches_twin(poisoned, lens, H, S_q, r, dR, block_size, dtype, kv_dtype, causal,
+                             num_splits, config, tol):
+    q, kv, table, seqlens, kv_scale = paged_case(lens, H, S_q, r, dR, block_size, dtype, kv_dtype)
+    got = mla_decode(q, kv, table, seqlens, SCALE, causal=causal, kv_scale=kv_scale, r=r,
+                     num_splits=num_splits, config=config)
+    want = mla_decode_naive(q, kv, table, seqlens, SCALE, causal=causal, kv_scale=kv_scale, r=r)
+    assert got[0].shape == (len(lens), S_q, H, r) and got[1].shape == (len(lens), S_q, H)
+    assert_close(got, want, tol)
+    empty = [b for b, n in enumerate(lens) if n == 0]
+    assert torch.all(got[0][empty] == 0) and torch.all(got[1][empty] == -math.inf)
+
+
+def test_kernel_kv_scale_tensor_4d_cache_strided_q_and_out(poisoned):
+    """kv_scale as a device tensor (no sync), FlashMLA's [blocks, page, 1, D] cache, a q that is
+    a slice of a wider buffer, and an out= buffer poisoned by the caller."""
+    lens, H, S_q, r, dR = (9, 70), 3, 2, 32, 16
+    q, kv, table, seqlens, kv_scale = paged_case(lens, H, S_q, r, dR, 16, torch.float16, FP8)
+    wide = torch.full((2, S_q, H, r + dR + 8), float("nan"), dtype=q.dtype, device=q.device)
+    wide[..., : r + dR] = q
+    q_strided = wide[..., : r + dR]
+    assert not q_strided.is_contiguous()
+    out = torch.full((2, S_q, H, r), float("nan"), dtype=q.dtype, device=q.device)
+    scale_t = torch.tensor([kv_scale], device=q.device)
+    got = mla_decode(q_strided, kv.unsqueeze(2), table, seqlens, SCALE, kv_scale=scale_t, r=r,
+                     num_splits=2, out=out)
+    assert got[0] is out
+    assert_close(got, mla_decode_naive(q, kv, table, seqlens, SCALE, kv_scale=kv_scale, r=r), F16)
+
+
+def test_kernel_unvalidated_matches(poisoned):
+    q, kv, table, seqlens, _ = paged_case((33, 5), 4, 1, 32, 16, 16, torch.float32)
+    got = mla_decode(q, kv, table, seqlens, SCALE, r=32, validate=False)
+    assert_close(got, mla_decode_naive(q, kv, table, seqlens, SCALE, r=32), F32)
+
+
+# ---- launch-config choice ----------------------------------------------------------------------
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Record (grid, constants, cfg) of every stage-1 launch, then launch for real."""
+    seen = []
+    real = absorb._launch_split
+
+    def record(grid, args, constants, cfg, device):
+        seen.append((grid, constants, dict(cfg)))
+        return real(grid, args, constants, cfg, device)
+
+    monkeypatch.setattr(absorb, "_launch_split", record)
+    return seen
+
+
+def test_config_precedence(monkeypatch, launches):
+    asked = []
+
+    def lookup(kernel, device_name, dtype, **shape):
+        asked.append((kernel, device_name, dtype, shape))
+        return {"num_splits": 3, "BLOCK_N": 16}
+
+    monkeypatch.setattr(absorb.configs, "lookup", lookup)
+    q, kv, table, seqlens, _ = paged_case((40, 100), 4, 1, 32, 16, 16, torch.float16)
+    mla_decode(q, kv, table, seqlens, SCALE, r=32)
+    device_name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
+    assert asked == [("mla_decode", device_name, "fp16", dict(B=2, H=4, S_q=1, ctx=100))]
+    assert launches[-1][0][1] == 3 and launches[-1][2]["BLOCK_N"] == 16  # tuned config used
+    mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"num_splits": 2})
+    assert len(asked) == 1 and launches[-1][0][1] == 2  # an explicit config skips the lookup
+    mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"num_splits": 2}, num_splits=5)
+    assert launches[-1][0][1] == 5  # num_splits= wins over everything
+    mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_H": 64})
+    assert launches[-1][2]["BLOCK_H"] == 16  # never taller than one request's rows need
+
+
+def test_heuristic_deepseek_shapes():
+    bf16 = torch.bfloat16
+    wide = heuristic_config(128, 128, 1, 512, 64, 8192, 64, bf16, bf16, 132)
+    assert wide["BLOCK_H"] == 64 and wide["num_warps"] == 8 and wide["num_splits"] == 1
+    assert absorb._smem_bytes(64, wide["BLOCK_N"], wide["num_stages"], 576, 2, 2, False) <= absorb.SMEM_BUDGET
+    narrow = heuristic_config(128, 16, 1, 512, 64, 8192, 64, bf16, bf16, 132)
+    assert narrow["BLOCK_H"] == 16 and narrow["num_warps"] == 4 and narrow["num_splits"] == 2
+    mtp = heuristic_config(8, 16, 4, 512, 64, 8192, 64, bf16, FP8, 132)
+    assert mtp["BLOCK_H"] == 64 and mtp["num_splits"] > 1  # 4 new tokens x 16 heads fill a tile
+    lone = heuristic_config(1, 128, 1, 512, 64, 8192, 64, bf16, bf16, 132)
+    assert 2 <= lone["num_splits"] <= min(absorb.MAX_SPLITS, 8192 // absorb.MIN_SPLIT_TOKENS)
+    short = heuristic_config(1, 16, 1, 512, 64, 100, 64, bf16, bf16, 132)
+    assert short["num_splits"] == 1  # 100 keys: under one split's worth
+    assert heuristic_config(1, 16, 1, 512, 64, 1000, 64, bf16, bf16, 132)["num_splits"] <= 16
+
+
+def test_shared_memory_fallback(monkeypatch, poisoned):
+    """A GPU that rejects a (BLOCK_N, num_stages) for shared memory gets the next smaller one."""
+    real = absorb._mla_decode_split_kernel
+    tried = []
+
+    class Picky:
+        def __getitem__(self, grid):
+            def launch(*args, BLOCK_N, num_stages, **kwargs):
+                tried.append((BLOCK_N, num_stages))
+                if BLOCK_N > 16:
+                    raise OutOfResources(300_000, 232_448, "shared memory")
+                return real[grid](*args, BLOCK_N=BLOCK_N, num_stages=num_stages, **kwargs)
+            return launch
+
+    monkeypatch.setattr(absorb, "_mla_decode_split_kernel", Picky())
+    monkeypatch.setattr(absorb, "_FITTED", {})
+    q, kv, table, seqlens, _ = paged_case((30, 50), 2, 1, 32, 16, 16, torch.float32)
+    with pytest.warns(UserWarning, match="shared memory"):
+        got = mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2})
+    assert tried == [(64, 2), (32, 3), (32, 2), (16, 2)]
+    assert_close(got, mla_decode_naive(q, kv, table, seqlens, SCALE, r=32), F32)
+    tried.clear()
+    mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2})
+    assert tried == [(16, 2)]  # remembered
+
+
+# ---- bad inputs: one ValueError each, naming the argument, before any launch -------------------
+
+def _valid():
+    q, kv, table, seqlens, _ = paged_case((5, 20), 2, 1, 32, 16, 16, torch.float16)
+    return dict(q=q, kv_cache=kv, block_table=table, cache_seqlens=seqlens, scale=SCALE, r=32)
+
+
+def _with(**changes):
+    def make():
+        args = _valid()
+        for key, value in changes.items():
+            args[key] = value(args) if callable(value) else value
+        return args
+    return make
+
+
+BAD_INPUTS = [
+    pytest.param(_with(q=lambda a: a["q"][0]), "q must have 4 dimensions", id="q-rank3"),
+    pytest.param(_with(q=lambda a: a["q"].to(torch.int32)), "q has dtype int32", id="q-int"),
+    pytest.param(_with(q=lambda a: a["q"].transpose(2, 3).contiguous().transpose(2, 3)),
+                 "q must be contiguous in its last", id="q-last-dim-strided"),
+    pytest.param(_with(kv_cache=lambda a: a["kv_cache"].float()), "kv_cache has dtype .*float32 but q",
+                 id="kv-dtype-mismatch"),
+    pytest.param(_with(kv_cache=lambda a: a["kv_cache"][..., :40]), r"kv_cache.shape\[2\] is 40",
+                 id="kv-row-width-mismatch"),
+    pytest.param(_with(kv_cache=lambda a: a["kv_cache"].unsqueeze(2).expand(-1, -1, 2, -1)),
+                 "kv_cache has 2 heads", id="kv-2-heads"),
+    pytest.param(_with(kv_cache=lambda a: a["kv_cache"][0]), "kv_cache must have 3 dimensions",
+                 id="kv-rank2"),
+    pytest.param(_with(block_table=lambda a: a["block_table"].long()), "block_table has dtype int64",
+                 id="table-int64"),
+    pytest.param(_with(block_table=lambda a: a["block_table"][:1]), r"block_table.shape\[0\] is 1",
+                 id="table-batch-mismatch"),
+    pytest.param(_with(block_table=lambda a: a["block_table"][:, :1]), "block_table has 1 columns",
+                 id="table-too-short"),
+    pytest.param(_with(block_table=lambda a: a["block_table"].clone().index_fill_(1, torch.tensor([0], device=a["q"].device), 99)),
+                 "block_table has block ids outside", id="table-id-too-big"),
+    pytest.param(_with(block_table=lambda a: a["block_table"].clone().index_fill_(1, torch.tensor([1], device=a["q"].device), -1)),
+                 "block_table has block ids outside", id="table-id-negative-in-use"),
+    pytest.param(_with(cache_seqlens=lambda a: a["cache_seqlens"].long()), "cache_seqlens has dtype int64",
+                 id="seqlens-int64"),
+    pytest.param(_with(cache_seqlens=lambda a: a["cache_seqlens"][:1]), r"cache_seqlens.shape\[0\] is 1",
+                 id="seqlens-batch-mismatch"),
+    pytest.param(_with(cache_seqlens=lambda a: torch.stack([a["cache_seqlens"]] * 2, 1)[:, 0]),
+                 "cache_seqlens must be contiguous", id="seqlens-strided"),
+    pytest.param(_with(cache_seqlens=lambda a: a["cache_seqlens"] - 6), "cache_seqlens has negative",
+                 id="seqlens-negative"),
+    pytest.param(_with(q=lambda a: a["q"].expand(-1, 3, -1, -1).contiguous(),
+                       cache_seqlens=lambda a: torch.full_like(a["cache_seqlens"], 2)),
+                 "cache_seqlens .* below S_q=3", id="seqlens-below-Sq-causal"),
+    pytest.param(_with(scale=0.0), "softmax scale must be a positive", id="scale-zero"),
+    pytest.param(_with(scale=-0.1), "softmax scale must be a positive", id="scale-negative"),
+    pytest.param(_with(scale=float("nan")), "softmax scale must be a positive", id="scale-nan"),
+    pytest.param(_with(kv_cache=lambda a: a["kv_cache"].to(FP8)), "kv_scale is required",
+                 id="fp8-without-kv_scale"),
+    pytest.param(_with(kv_scale=-1.0), "kv_scale must be a positive", id="kv_scale-negative"),
+    pytest.param(_with(kv_scale=lambda a: torch.ones(2, device=a["q"].device)),
+                 "kv_scale must be a float or a 1-element", id="kv_scale-2-elements"),
+    pytest.param(_with(r=None), r"r \(latent rank\) cannot be inferred", id="r-not-inferable"),
+    pytest.param(_with(r=24, q=lambda a: a["q"], kv_cache=lambda a: a["kv_cache"]),
+                 "r=24 must be a power of two", id="r-not-pow2"),
+    pytest.param(_with(q=lambda a: a["q"][..., :40], kv_cache=lambda a: a["kv_cache"][..., :40]),
+                 "dR=8 must be a power of two >= 16", id="dR-8"),
+    pytest.param(_with(num_splits=0), "num_splits.* must be a positive integer", id="num_splits-0"),
+    pytest.param(_with(config={"BLOCK_M": 64}), "config has unknown keys", id="config-unknown-key"),
+    pytest.param(_with(config={"BLOCK_H": 24}), r"config\['BLOCK_H'\] must be a power of two",
+                 id="config-BLOCK_H-24"),
+    pytest.param(_with(out=lambda a: torch.empty(2, 1, 2, 16, dtype=a["q"].dtype, device=a["q"].device)),
+                 "out must be", id="out-wrong-shape"),
+    pytest.param(_with(block_table=lambda a: a["block_table"].to("meta")), "inputs are on different devices",
+                 id="devices-mixed"),
+]
+
+
+@pytest.mark.parametrize("make, message", BAD_INPUTS)
+def test_bad_input_raises(monkeypatch, make, message):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("launched despite bad input")
+
+    monkeypatch.setattr(absorb, "_launch_split", no_launch)
+    args = make()
+    with pytest.raises(ValueError, match=message):
+        mla_decode(**args)
+
+
+def test_cpu_tensors_refused_without_interpreter(monkeypatch):
+    args = _valid()
+    args = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="Triton kernels need CUDA tensors"):
+        mla_decode(**args)
+
+
+# ---- GPU: DeepSeek-V3 shapes (r=512, dR=64, page 64) --------------------------------------------
+
+DSV3_SCALE = 1 / math.sqrt(128 + 64)
+GPU_CASES = [
+    pytest.param(128, 1, torch.bfloat16, None, None, BF16, id="H128-Sq1-bf16-len1,777,4096,8192"),
+    pytest.param(16, 1, torch.bfloat16, None, None, BF16, id="H16-Sq1-bf16-len1,777,4096,8192"),
+    pytest.param(128, 1, torch.bfloat16, FP8, None, BF16, id="H128-Sq1-fp8-len1,777,4096,8192"),
+    pytest.param(16, 1, torch.bfloat16, FP8, None, BF16, id="H16-Sq1-fp8-len1,777,4096,8192"),
+    pytest.param(16, 4, torch.bfloat16, None, None, BF16, id="H16-Sq4-MTP-bf16-len4,777,4096,8192"),
+    pytest.param(128, 2, torch.bfloat16, FP8, 7, BF16, id="H128-Sq2-fp8-split7-len2,777,4096,8192"),
+    pytest.param(128, 1, torch.float16, None, 64, F16, id="H128-Sq1-fp16-split64-len1,777,4096,8192"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H, S_q, dtype, kv_dtype, num_splits, tol", GPU_CASES)
+def test_gpu_deepseek_v3(poisoned, H, S_q, dtype, kv_dtype, num_splits, tol):
+    lens = (max(1, S_q), 777, 4096, 8192)
+    q, kv, table, seqlens, kv_scale = paged_case(lens, H, S_q, 512, 64, 64, dtype, kv_dtype)
+    got = mla_decode(q, kv, table, seqlens, DSV3_SCALE, kv_scale=kv_scale, num_splits=num_splits)
+    torch.cuda.synchronize()
+    want = mla_decode_naive(q, kv, table, seqlens, DSV3_SCALE, kv_scale=kv_scale)
+    assert_close(got, want, tol)
+
+
+@pytest.mark.gpu
+def test_gpu_unvalidated_big_batch(poisoned):
+    lens = tuple(range(1000, 1000 + 64 * 97, 97))  # B=64, no sync, splits sized by the table
+    q, kv, table, seqlens, _ = paged_case(lens, 128, 1, 512, 64, 64, torch.bfloat16)
+    got = mla_decode(q, kv, table, seqlens, DSV3_SCALE, validate=False)
+    assert_close(got, mla_decode_naive(q, kv, table, seqlens, DSV3_SCALE), BF16)
