@@ -10,8 +10,8 @@ File names follow the engines' convention, e.g.
 A bucket key is ``name=value`` pairs of positive integers joined by commas. Lookup takes the
 nearest bucket: the smallest sum of |log2(asked) - log2(bucket)| over the shared names, among
 buckets that have exactly the asked names. Files in the user folder (``$MLACTL_TUNED_DIR``, else
-``$XDG_CACHE_HOME/mlactl/tuned``, else ``~/.cache/mlactl/tuned``) win over the shipped ones in
-``profiles/tuned/``. Nothing here imports torch.
+``$MLACTL_HOME/tuned``, see mlactl.paths) win over the shipped ones in ``profiles/tuned/``.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from mlactl.paths import home
+
 FORMAT_VERSION = 1
 ENV_DIR = "MLACTL_TUNED_DIR"
 
@@ -31,8 +33,7 @@ def user_dir() -> Path:
     """The folder new tuned configs are written to and looked up in first."""
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "mlactl" / "tuned"
+    return home() / "tuned"
 
 
 def shipped_dir() -> Path:

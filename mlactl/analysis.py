@@ -1,0 +1,209 @@
+"""`mlactl analyze` as a library call: every path timed on a grid, the choices, the crossover.
+
+Everything here is arrays over the grid's points; report.py turns an Analysis into JSON, CSV or
+rows for a table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlactl.cost import MLA_PATHS, PATHS, CostModel
+from mlactl.errors import MlactlError
+from mlactl.hardware import HardwareProfile
+from mlactl.model import MLAConfig
+from mlactl.policy import DEFAULT_THRESHOLD, argmin_path, fixed_threshold
+from mlactl.roofline import PathTime, crossover_by_time, path_time
+
+MAX_CROSSOVER_PREFIXES = 256  # per-prefix crossovers are solved for at most this many (batch, prefix)
+DEFAULT_MAX_NEW = 1 << 17  # how far the roofline crossover search goes
+
+
+@dataclass(frozen=True)
+class CrossoverRow:
+    batch: int
+    prefix: int
+    by_flops: int | None  # smallest new count where expand takes fewer FLOPs than absorb
+    by_time: int | None  # ... where expand is faster by roofline time
+    by_time_chunked: int | None  # ... where expand_chunked is faster by roofline time
+
+
+@dataclass(frozen=True)
+class Crossover:
+    asymptotic_new: float | None
+    rows: list[CrossoverRow]
+    max_new: int
+    note: str = ""
+
+
+@dataclass
+class Analysis:
+    cost: CostModel
+    hw: HardwareProfile
+    layers: int
+    threshold: int
+    batch: np.ndarray
+    new: np.ndarray
+    prefix: np.ndarray
+    paths: dict[str, PathTime]
+    peak_expanded: dict[str, np.ndarray]
+    kv_cache_bytes: np.ndarray
+    mha_cache_bytes: np.ndarray
+    best: np.ndarray
+    best_by_flops: np.ndarray
+    fixed: np.ndarray
+    fixed_time_lost: np.ndarray
+    crossover: Crossover
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cfg(self) -> MLAConfig:
+        return self.cost.cfg
+
+    @property
+    def context(self) -> np.ndarray:
+        return self.prefix + self.new
+
+    def __len__(self) -> int:
+        return len(self.new)
+
+
+def _scaled(cost: CostModel, path: str, batch, new, prefix, layers: int):
+    ops = cost.ops(path, batch, new, prefix)
+    if layers == 1:
+        return ops
+    return [type(op)(op.name, op.flops * layers, op.bytes * layers, op.weight_bytes * layers) for op in ops]
+
+
+def notes_for(cost: CostModel, layers: int) -> list[str]:
+    cfg = cost.cfg
+    notes = []
+    if cfg.tp > 1:
+        notes.append(
+            f"tensor parallel {cfg.tp}: {cfg.H} heads per GPU; the latent cache "
+            f"({cost.latent_row_bytes()} bytes per token and layer) is replicated on every GPU, "
+            "so its bytes do not shrink with --tp"
+        )
+    if layers > 1:
+        notes.append(f"figures cover {layers} layers; peak expanded K/V is per layer (freed between layers)")
+    return notes
+
+
+def crossover_table(cost: CostModel, hw: HardwareProfile, batch_prefix, max_new: int = DEFAULT_MAX_NEW) -> Crossover:
+    """Crossovers for each (batch, prefix) pair given."""
+    pairs = sorted(set((int(b), int(p)) for b, p in batch_prefix))
+    note = ""
+    if len(pairs) > MAX_CROSSOVER_PREFIXES:
+        note = (f"{len(pairs)} (batch, prefix) pairs: per-prefix crossovers solved for none; "
+                f"use `mlactl crossover` on at most {MAX_CROSSOVER_PREFIXES}")
+        pairs = []
+    rows = []
+    for b in sorted(set(b for b, _ in pairs)):
+        prefixes = [p for bb, p in pairs if bb == b]
+        by_time = crossover_by_time(cost, hw, prefixes, batch=b, path="expand", max_new=max_new)
+        chunked = crossover_by_time(cost, hw, prefixes, batch=b, path="expand_chunked", max_new=max_new)
+        for p, t, c in zip(prefixes, by_time, chunked):
+            rows.append(CrossoverRow(b, p, cost.crossover_by_flops(p), t, c))
+    return Crossover(cost.asymptotic_crossover(), rows, max_new, note)
+
+
+def analyze(cfg: MLAConfig, hw: HardwareProfile, batch, new, prefix, *, kv_dtype: str = "bf16",
+            dtype: str = "bf16", chunk: int = 8192, layers: int = 1,
+            threshold: int = DEFAULT_THRESHOLD, max_new: int = DEFAULT_MAX_NEW) -> Analysis:
+    """Cost, roofline time, choice and crossover of every path at every (batch, new, prefix)."""
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise MlactlError(f"--layers must be a positive integer or 'all', got {layers!r}")
+    cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
+    hw.peak_flops(dtype)  # fail early, with the profile's name, if it lacks this dtype
+    batch, new, prefix = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (batch, new, prefix))
+    batch, new, prefix = np.broadcast_arrays(batch, new, prefix)
+    paths = {p: path_time(_scaled(cost, p, batch, new, prefix, layers), hw, dtype, p) for p in PATHS}
+    best = argmin_path({p: paths[p].time_s for p in MLA_PATHS})
+    fixed = fixed_threshold(prefix, threshold)
+    times = np.stack([paths[p].time_s for p in MLA_PATHS])
+    fixed_time = sum(np.where(fixed == p, times[i], 0.0) for i, p in enumerate(MLA_PATHS))
+    batch_prefix = np.unique(np.stack([batch, prefix], axis=1), axis=0) if len(batch) else []
+    return Analysis(
+        cost=cost, hw=hw, layers=layers, threshold=threshold,
+        batch=batch, new=new, prefix=prefix, paths=paths,
+        peak_expanded={p: cost.peak_expanded_bytes(p, batch, new, prefix) for p in PATHS},
+        kv_cache_bytes=cost.kv_cache_bytes(batch, new, prefix) * layers,
+        mha_cache_bytes=cost.mha_cache_bytes(batch, new, prefix) * layers,
+        best=best,
+        best_by_flops=argmin_path({p: paths[p].flops for p in MLA_PATHS}),
+        fixed=fixed,
+        fixed_time_lost=fixed_time - times.min(axis=0),
+        crossover=crossover_table(cost, hw, batch_prefix, max_new),
+        notes=notes_for(cost, layers),
+    )
+
+
+# -- mixed batches --------------------------------------------------------------------------------
+
+STRATEGIES = ("per_request", "all_expand", "all_expand_chunked", "all_absorb", "fixed")
+
+
+@dataclass
+class BatchAnalysis:
+    """A mixed batch of requests: the path of each, and the batch's time under each strategy.
+
+    Requests on the same path run as one launch per op, so they share one read of the weights;
+    everything else adds up. `per_request` gives each request the path with the least time of
+    its own (weights left out, since the batch shares them); the model's choice is the strategy
+    with the least total.
+    """
+    cost: CostModel
+    hw: HardwareProfile
+    new: np.ndarray
+    prefix: np.ndarray
+    count: np.ndarray
+    own_time: dict[str, np.ndarray]  # per request row, weights left out
+    assignments: dict[str, np.ndarray]  # strategy -> path of each request row
+    totals: dict[str, float]  # strategy -> batch time in seconds
+    threshold: int
+
+    @property
+    def best_strategy(self) -> str:
+        return min(STRATEGIES, key=lambda s: (self.totals[s], STRATEGIES.index(s)))
+
+
+def batch_time(cost: CostModel, hw: HardwareProfile, new, prefix, count, paths) -> float:
+    """Roofline time of a batch whose request rows run `paths` (an array of names)."""
+    peak, bandwidth = hw.peak_flops(cost.dtype), hw.bandwidth
+    total = 0.0
+    for path in MLA_PATHS:
+        rows = paths == path
+        if not rows.any():
+            continue
+        for op in cost.ops(path, count[rows], new[rows], prefix[rows]):
+            flops = op.flops.sum()
+            nbytes = (op.bytes - op.weight_bytes).sum() + op.weight_bytes.max()
+            total += max(flops / peak, nbytes / bandwidth)
+    return float(total)
+
+
+def analyze_batch(cfg: MLAConfig, hw: HardwareProfile, new, prefix, count=None, *,
+                  kv_dtype: str = "bf16", dtype: str = "bf16", chunk: int = 8192,
+                  threshold: int = DEFAULT_THRESHOLD) -> BatchAnalysis:
+    cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
+    new = np.asarray(new, dtype=np.int64)
+    prefix = np.asarray(prefix, dtype=np.int64)
+    count = np.ones_like(new) if count is None else np.asarray(count, dtype=np.int64)
+    if len(new) == 0:
+        raise MlactlError("the batch has no requests")
+    peak, bandwidth = hw.peak_flops(dtype), hw.bandwidth
+    own = {}
+    for path in MLA_PATHS:
+        own[path] = sum(np.maximum(op.flops / peak, (op.bytes - op.weight_bytes) / bandwidth)
+                        for op in cost.ops(path, count, new, prefix))
+    assignments = {
+        "per_request": argmin_path(own),
+        "all_expand": np.full(len(new), "expand"),
+        "all_expand_chunked": np.full(len(new), "expand_chunked"),
+        "all_absorb": np.full(len(new), "absorb"),
+        "fixed": fixed_threshold(prefix, threshold),
+    }
+    totals = {s: batch_time(cost, hw, new, prefix, count, a) for s, a in assignments.items()}
+    return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, threshold)

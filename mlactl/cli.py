@@ -1,0 +1,332 @@
+"""The mlactl command line: parse, call the library, render. No math here.
+
+Bad input anywhere becomes one line on stderr, `Error: ...`, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mlactl import __version__
+from mlactl.errors import MlactlError
+
+app = typer.Typer(
+    help="Expand or absorb? Exact cost model, Triton kernels and autotuner for Multi-head Latent "
+    "Attention (DeepSeek-V2/V3/R1, Kimi K2).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+FORMATS = ("table", "json", "csv")
+
+# -- options shared by several commands (defined once) ------------------------------------------
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name (see `mlactl list`) or path to a Hugging Face config.json.")]
+HardwareOpt = Annotated[str, typer.Option("--hardware", "-g", help="Hardware profile name (see `mlactl list`) or path to a .toml profile.")]
+MeasuredOpt = Annotated[bool, typer.Option("--measured", help="Use the ceilings `mlactl tune ceilings` measured instead of the datasheet's.")]
+TpOpt = Annotated[str, typer.Option("--tp", help="Tensor-parallel degree: divides the heads per GPU (the latent cache is replicated).")]
+BatchOpt = Annotated[str, typer.Option("--batch", "-b", help="Requests per batch: list or range, e.g. 1,32,128 or 1:256:*2.")]
+NewOpt = Annotated[str, typer.Option("--new", "-n", help="New tokens per request: list or range, e.g. 1,64,512 or 1:4096:*2.")]
+PrefixOpt = Annotated[Optional[str], typer.Option("--prefix", "-p", help="Cached tokens before the new ones: list or range, e.g. 0:32K:4K (K = 1024).")]
+ContextOpt = Annotated[Optional[str], typer.Option("--context", "-c", help="Instead of --prefix: total context including the new tokens.")]
+KvDtypeOpt = Annotated[str, typer.Option("--kv-dtype", help="Cache dtype: bf16, fp16 or fp8 (fp8 halves the cache bytes).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="Activation, weight and compute dtype: bf16 or fp16.")]
+ChunkOpt = Annotated[str, typer.Option("--chunk", help="Prefix tokens per chunk of the expand_chunked path.")]
+LayersOpt = Annotated[str, typer.Option("--layers", help="Layers to count: a number, or 'all' for the model's.")]
+ThresholdOpt = Annotated[str, typer.Option("--threshold", help="Prefix from which the fixed-threshold policy picks expand_chunked.")]
+FormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help="table, json or csv (default: from --output's extension, else table).")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")]
+
+
+def cli_errors(fn):
+    """Turn a library error into one line on stderr and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except MlactlError as exc:
+            typer.echo(f"Error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except OSError as exc:
+            where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+            typer.echo(f"Error:{where} {exc.strerror or exc}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def one_int(text: str, option: str, minimum: int = 1) -> int:
+    from mlactl.shapes import parse_sizes
+
+    values = parse_sizes(text, option, minimum)
+    if len(values) != 1:
+        raise MlactlError(f"{option} takes one value, got {text!r}")
+    return values[0]
+
+
+def choice(text: str, option: str, choices) -> str:
+    if text not in choices:
+        raise MlactlError(f"{option} must be one of {', '.join(choices)}, got {text!r}")
+    return text
+
+
+def output_format(fmt: Optional[str], output: Optional[Path]) -> str:
+    if fmt is None:
+        suffix = output.suffix.lower().lstrip(".") if output else ""
+        return suffix if suffix in ("json", "csv") else "table"
+    return choice(fmt, "--format", FORMATS)
+
+
+def load_model(model: str, tp: str):
+    from mlactl import model as models
+
+    return models.resolve(model).with_tp(one_int(tp, "--tp"))
+
+
+def load_hardware(hardware: str, measured: bool):
+    from mlactl import hardware as hw
+
+    return hw.resolve(hardware, measured=measured)
+
+
+def console(output: Optional[Path] = None):
+    from rich.console import Console
+
+    if output is None:
+        con = Console()
+        if not con.is_terminal:  # piped: rich would assume 80 columns and fold the tables
+            con = Console(width=max(con.width, 132))
+        return con
+    return Console(record=True, file=io.StringIO(), width=132)
+
+
+def emit(fmt: str, output: Optional[Path], *, json_data=None, write_csv=None, tables=()):
+    """Write json/csv/table output to stdout or, atomically, to a file."""
+    from mlactl.io import atomic_open
+
+    if fmt == "json":
+        from mlactl.report import dumps
+
+        text = dumps(json_data())
+        if output is None:
+            sys.stdout.write(text)
+        else:
+            with atomic_open(output, "w") as fh:
+                fh.write(text)
+    elif fmt == "csv":
+        if output is None:
+            sys.stdout.flush()
+            write_csv(sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        else:
+            with atomic_open(output, "wb") as fh:
+                write_csv(fh)
+    else:
+        con = console(output)
+        for item in tables:
+            con.print(item)
+        if output is not None:
+            with atomic_open(output, "w") as fh:
+                fh.write(con.export_text())
+
+
+def version_callback(value: bool):
+    if value:
+        typer.echo(f"mlactl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+):
+    """Expand or absorb? Exact cost model, Triton kernels and autotuner for MLA attention."""
+
+
+@app.command()
+@cli_errors
+def analyze(
+    model: ModelOpt = "deepseek-v3",
+    hardware: HardwareOpt = "h800",
+    measured: MeasuredOpt = False,
+    tp: TpOpt = "1",
+    batch: BatchOpt = "1",
+    new: NewOpt = "1,64,128,256,1024,4096",
+    prefix: PrefixOpt = None,
+    context: ContextOpt = None,
+    kv_dtype: KvDtypeOpt = "bf16",
+    dtype: DtypeOpt = "bf16",
+    chunk: ChunkOpt = "8192",
+    layers: LayersOpt = "1",
+    threshold: ThresholdOpt = "8192",
+    ops: Annotated[bool, typer.Option("--ops", help="Also show every op (table) or add op columns (csv).")] = False,
+    crossover: Annotated[bool, typer.Option("--crossover", help="Also print the crossover table (always in JSON).")] = False,
+    fmt: FormatOpt = None,
+    output: OutputOpt = None,
+):
+    """FLOPs, bytes, intensity and roofline time of each path, op by op; the best path; the crossover.
+
+    Example: mlactl analyze --model deepseek-v3 --hardware h200 --new 1:4096:*2 --prefix 0,32K
+    """
+    from mlactl import analysis, render, report
+    from mlactl.shapes import grid, parse_sizes
+
+    fmt = output_format(fmt, output)
+    cfg = load_model(model, tp)
+    hw = load_hardware(hardware, measured)
+    if prefix is not None and context is not None:
+        raise MlactlError("give either --prefix or --context, not both")
+    b, n, p = grid(
+        parse_sizes(batch, "--batch"),
+        parse_sizes(new, "--new"),
+        prefix=None if context is not None else parse_sizes(prefix or "0,8K,32K", "--prefix", minimum=0),
+        context=parse_sizes(context, "--context") if context is not None else None,
+    )
+    n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
+    result = analysis.analyze(
+        cfg, hw, b, n, p, kv_dtype=choice(kv_dtype, "--kv-dtype", ("bf16", "fp16", "fp8")),
+        dtype=choice(dtype, "--dtype", ("bf16", "fp16")), chunk=one_int(chunk, "--chunk"),
+        layers=n_layers, threshold=one_int(threshold, "--threshold"),
+    )
+    tables = [render.header(result), *result.notes, render.analysis_table(result)]
+    if ops:
+        tables.append(render.ops_table(result))
+    if crossover:
+        tables.append(render.crossover_table(result.crossover))
+    else:
+        asym = result.crossover.asymptotic_new
+        tables.append(f"Crossover (asymptotic, by FLOPs): {'none' if asym is None else f'{asym:.1f}'} "
+                      "new tokens; --crossover for the table per prefix")
+    emit(fmt, output, json_data=lambda: report.to_json(result),
+         write_csv=lambda fh: report.write_analysis_csv(fh, result, ops=ops), tables=tables)
+
+
+@app.command(name="crossover")
+@cli_errors
+def crossover_cmd(
+    model: ModelOpt = "deepseek-v3",
+    hardware: HardwareOpt = "h800",
+    measured: MeasuredOpt = False,
+    tp: TpOpt = "1",
+    batch: BatchOpt = "1",
+    prefix: Annotated[str, typer.Option("--prefix", "-p", help="Prefixes to solve for: list or range.")] = "0,1K,4K,8K,16K,32K,64K,128K",
+    kv_dtype: KvDtypeOpt = "bf16",
+    dtype: DtypeOpt = "bf16",
+    chunk: ChunkOpt = "8192",
+    max_new: Annotated[str, typer.Option("--max-new", help="Search the roofline crossover up to this many new tokens.")] = "128K",
+    fmt: FormatOpt = None,
+    output: OutputOpt = None,
+):
+    """For each prefix, the new-token count from which expand beats absorb, by FLOPs and by roofline.
+
+    Example: mlactl crossover --hardware h200 --batch 1,64 --prefix 0:64K:8K
+    """
+    from mlactl import analysis, cost, render, report
+    from mlactl.csvout import write_csv
+    from mlactl.shapes import parse_sizes
+
+    fmt = output_format(fmt, output)
+    cfg = load_model(model, tp)
+    hw = load_hardware(hardware, measured)
+    model_cost = cost.CostModel(cfg, kv_dtype=choice(kv_dtype, "--kv-dtype", ("bf16", "fp16", "fp8")),
+                                dtype=choice(dtype, "--dtype", ("bf16", "fp16")), chunk=one_int(chunk, "--chunk"))
+    hw.peak_flops(model_cost.dtype)
+    pairs = [(b, p) for b in parse_sizes(batch, "--batch") for p in parse_sizes(prefix, "--prefix", minimum=0)]
+    if len(pairs) > analysis.MAX_CROSSOVER_PREFIXES:
+        raise MlactlError(f"{len(pairs)} (batch, prefix) pairs; at most {analysis.MAX_CROSSOVER_PREFIXES} at once")
+    result = analysis.crossover_table(model_cost, hw, pairs, max_new=one_int(max_new, "--max-new"))
+
+    def json_data():
+        return {"schema": "mlactl.crossover", "schema_version": report.SCHEMA_VERSION,
+                "model": dict(cfg.to_dict(), softmax_scale=cfg.softmax_scale),
+                "hardware": hw.to_dict(), "kv_dtype": model_cost.kv_dtype, "dtype": model_cost.dtype,
+                "chunk": model_cost.chunk, "crossover": report.crossover_json(result)}
+
+    def csv_data(fh):
+        import numpy as np
+
+        rows = result.rows
+        cols = [[r.batch for r in rows], [r.prefix for r in rows]] + [
+            [np.nan if v is None else v for v in (getattr(r, k) for r in rows)]
+            for k in ("by_flops", "by_time", "by_time_chunked")]
+        write_csv(fh, ["batch", "prefix", "by_flops", "by_time", "by_time_chunked"],
+                  [np.asarray(c, dtype=np.float64) for c in cols])
+
+    header = (f"[bold]{cfg.name}[/] on [bold]{hw.display}[/] ({'measured' if hw.using_measured else 'nominal'}), "
+              f"kv cache {model_cost.kv_dtype}")
+    emit(fmt, output, json_data=json_data, write_csv=csv_data, tables=[header, render.crossover_table(result)])
+
+
+@app.command(name="batch")
+@cli_errors
+def batch_cmd(
+    requests: Annotated[Path, typer.Argument(help="CSV with a header and columns new,prefix (and optionally count).")],
+    model: ModelOpt = "deepseek-v3",
+    hardware: HardwareOpt = "h800",
+    measured: MeasuredOpt = False,
+    tp: TpOpt = "1",
+    kv_dtype: KvDtypeOpt = "bf16",
+    dtype: DtypeOpt = "bf16",
+    chunk: ChunkOpt = "8192",
+    threshold: ThresholdOpt = "8192",
+    fmt: FormatOpt = None,
+    output: OutputOpt = None,
+):
+    """A mixed batch from a CSV of requests: the path of each, and the batch total per strategy.
+
+    Example: mlactl batch requests.csv --hardware h200   (requests.csv: new,prefix / 1,8000 / 512,0 ...)
+    """
+    from mlactl import analysis, render, report
+    from mlactl.requests import read_requests
+
+    fmt = output_format(fmt, output)
+    cfg = load_model(model, tp)
+    hw = load_hardware(hardware, measured)
+    new, prefix, count = read_requests(requests)
+    result = analysis.analyze_batch(
+        cfg, hw, new, prefix, count, kv_dtype=choice(kv_dtype, "--kv-dtype", ("bf16", "fp16", "fp8")),
+        dtype=choice(dtype, "--dtype", ("bf16", "fp16")), chunk=one_int(chunk, "--chunk"),
+        threshold=one_int(threshold, "--threshold"))
+    emit(fmt, output, json_data=lambda: report.batch_json(result),
+         write_csv=lambda fh: report.write_batch_csv(fh, result), tables=render.batch_tables(result))
+
+
+@app.command(name="list")
+@cli_errors
+def list_cmd(
+    fmt: FormatOpt = None,
+    output: OutputOpt = None,
+):
+    """The models and the hardware profiles mlactl knows.
+
+    Example: mlactl list --format json
+    """
+    from mlactl import hardware, model, render
+
+    fmt = output_format(fmt, output)
+    if fmt == "csv":
+        raise MlactlError("mlactl list writes table or json")
+    models = [(name, model.from_name(name)) for name in model.preset_names()]
+    profiles = hardware.all_profiles()
+    emit(fmt, output,
+         json_data=lambda: {"models": {n: c.to_dict() for n, c in models},
+                            "hardware": {h.name: h.to_dict() for h in profiles}},
+         tables=[render.models_table(models), render.hardware_table(profiles)])
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

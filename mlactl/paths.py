@@ -1,0 +1,24 @@
+"""Where mlactl keeps what a user measured: one folder, $MLACTL_HOME, default
+$XDG_DATA_HOME/mlactl or ~/.local/share/mlactl. Not a cache: nothing here is thrown away."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_HOME = "MLACTL_HOME"
+
+
+def home() -> Path:
+    if os.environ.get(ENV_HOME):
+        return Path(os.environ[ENV_HOME]).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "mlactl"
+
+
+def user_hardware_dir() -> Path:
+    return home() / "hardware"
+
+
+def results_dir() -> Path:
+    return home() / "results"

@@ -1,0 +1,74 @@
+"""Path-selection policies: which path each request runs.
+
+roofline  the fastest MLA path by roofline time on a hardware profile (the model's choice)
+flops     the path with the fewest FLOPs (machine-independent)
+fixed     what inference engines ship today: prefix 0 -> expand (plain prefill); prefix at or
+          above a threshold (8192) -> expand_chunked; anything else -> absorb
+measured  per prefix, the crossover `mlactl tune paths` measured: absorb below it, expand from it
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlactl.cost import MLA_PATHS, CostModel
+from mlactl.errors import MlactlError
+from mlactl.hardware import HardwareProfile
+from mlactl.roofline import path_times
+
+POLICIES = ("roofline", "flops", "fixed", "measured")
+DEFAULT_THRESHOLD = 8192
+
+
+def fixed_threshold(prefix, threshold: int = DEFAULT_THRESHOLD) -> np.ndarray:
+    """The engines' rule, vectorised: an array of path names."""
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+        raise MlactlError(f"--threshold must be a positive integer, got {threshold!r}")
+    p = np.asarray(prefix)
+    return np.where(p == 0, "expand", np.where(p >= threshold, "expand_chunked", "absorb"))
+
+
+def argmin_path(values: dict[str, np.ndarray], paths=MLA_PATHS) -> np.ndarray:
+    """Name of the smallest value per point; ties go to the earlier path in `paths`."""
+    stacked = np.stack([np.broadcast_to(values[p], np.shape(values[paths[0]])) for p in paths])
+    return np.asarray(paths)[stacked.argmin(axis=0)]
+
+
+def measured_paths(crossovers: dict[int, int | None], prefix, new) -> np.ndarray:
+    """Path names from measured crossovers {prefix: first new count where expand won}.
+
+    A prefix between measured ones takes the nearest measured prefix (in log2(1 + prefix)); where
+    expand never won within what was measured, absorb is kept.
+    """
+    if not crossovers:
+        raise MlactlError("no measured crossovers: run `mlactl tune paths` first")
+    known = np.array(sorted(crossovers), dtype=np.float64)
+    limits = np.array([np.inf if crossovers[int(p)] is None else crossovers[int(p)] for p in known])
+    p = np.asarray(prefix, dtype=np.float64)
+    nearest = np.abs(np.log2(1 + p[..., None]) - np.log2(1 + known)).argmin(axis=-1)
+    return np.where(np.asarray(new) >= limits[nearest], "expand", "absorb")
+
+
+def select_paths(cost: CostModel, hw: HardwareProfile | None, new, prefix, *, batch=1,
+                 policy: str = "roofline", threshold: int = DEFAULT_THRESHOLD,
+                 crossovers: dict[int, int | None] | None = None) -> np.ndarray:
+    """The path each (new, prefix) request runs under `policy`; an array of names.
+
+    This is what `mla_attention(path="auto")` calls. `hw` may be None only for the flops and
+    fixed policies; `crossovers` is needed by the measured one.
+    """
+    new = np.asarray(new)
+    prefix = np.asarray(prefix)
+    if policy == "fixed":
+        return fixed_threshold(prefix, threshold)
+    if policy == "measured":
+        return measured_paths(crossovers or {}, prefix, new)
+    if policy == "flops":
+        flops = {p: sum(op.flops for op in cost.ops(p, batch, new, prefix)) for p in MLA_PATHS}
+        return argmin_path(flops)
+    if policy == "roofline":
+        if hw is None:
+            raise MlactlError("the roofline policy needs a hardware profile")
+        times = path_times(cost, hw, MLA_PATHS, batch, new, prefix)
+        return argmin_path({p: t.time_s for p, t in times.items()})
+    raise MlactlError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")

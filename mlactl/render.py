@@ -1,0 +1,156 @@
+"""Rich tables for eyes. Nothing here computes a figure: it only formats what analysis made."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from mlactl.analysis import Analysis, BatchAnalysis, Crossover
+from mlactl.cost import MLA_PATHS, PATHS
+
+SHORT = {"expand": "expand", "expand_chunked": "chunked", "absorb": "absorb", "mha": "mha"}
+
+
+def si(x: float, unit: str = "", digits: int = 3) -> str:
+    """1.23e12 -> '1.23 T' + unit (decimal prefixes)."""
+    x = float(x)
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.{digits}g} {prefix}{unit}"
+    return f"{x:.{digits}g} {unit}".rstrip()
+
+
+def seconds(t: float) -> str:
+    t = float(t)
+    if t >= 1:
+        return f"{t:.3g}s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3g}ms"
+    if t >= 1e-6 or t == 0:
+        return f"{t * 1e6:.3g}µs"
+    return f"{t * 1e9:.3g}ns"
+
+
+def header(analysis: Analysis) -> str:
+    cfg, hw, cost = analysis.cfg, analysis.hw, analysis.cost
+    tp = f", tp {cfg.tp}" if cfg.tp > 1 else ""
+    ceilings = "measured" if hw.using_measured else "nominal"
+    return (
+        f"[bold]{cfg.name}[/]: H={cfg.H}{tp} r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}, "
+        f"kv cache {cost.kv_dtype}, {cost.dtype} compute, {analysis.layers} layer(s)\n"
+        f"[bold]{hw.display}[/] ({ceilings}): {hw.peak_tflops[cost.dtype]:g} TFLOP/s {cost.dtype}, "
+        f"{hw.bandwidth_tbs:g} TB/s, ridge {hw.ridge(cost.dtype):.1f} FLOP/byte"
+    )
+
+
+def _time_cell(time_s: float, compute_bound: bool, best: bool) -> Text:
+    text = Text(f"{seconds(time_s)} {'C' if compute_bound else 'M'}")
+    if best:
+        text.stylize("bold green")
+    return text
+
+
+def analysis_table(analysis: Analysis, max_rows: int = 200) -> Table:
+    table = Table(title="Roofline time per path (C compute-bound, M memory-bound; best in green; "
+                        "mha* is the reference with an expanded cache)")
+    for col in ("batch", "new", "prefix"):
+        table.add_column(col, justify="right")
+    for p in PATHS:
+        table.add_column(SHORT[p] + ("*" if p == "mha" else ""), justify="right", no_wrap=True)
+    table.add_column("best", no_wrap=True)
+    table.add_column("by FLOPs", no_wrap=True)
+    table.add_column("fixed", no_wrap=True)
+    table.add_column("fixed loses", justify="right", no_wrap=True)
+    paths = analysis.paths
+    for i in range(min(len(analysis), max_rows)):
+        best = analysis.best[i]
+        cells = [str(analysis.batch[i]), str(analysis.new[i]), str(analysis.prefix[i])]
+        cells += [_time_cell(paths[p].time_s[i], paths[p].compute_bound[i], p == best) for p in PATHS]
+        lost = analysis.fixed_time_lost[i]
+        cells += [SHORT[best], SHORT[analysis.best_by_flops[i]], SHORT[analysis.fixed[i]],
+                  Text(seconds(lost), style="red") if lost > 0 else Text("—", style="dim")]
+        table.add_row(*cells)
+    if len(analysis) > max_rows:
+        table.caption = f"first {max_rows} of {len(analysis)} rows; use --format csv or json for all"
+    return table
+
+
+def ops_table(analysis: Analysis, max_rows: int = 200) -> Table:
+    table = Table(title="Ops per path")
+    for col, justify in (("batch", "right"), ("new", "right"), ("prefix", "right"), ("path", "left"),
+                         ("op", "left"), ("FLOPs", "right"), ("bytes", "right"),
+                         ("FLOP/byte", "right"), ("time", "right"), ("bound", "left")):
+        table.add_column(col, justify=justify)
+    shown = min(len(analysis), max_rows)
+    for i in range(shown):
+        for p in MLA_PATHS:
+            pt = analysis.paths[p]
+            for op in pt.ops:
+                ai = op.flops[i] / op.bytes[i] if op.bytes[i] else float("nan")
+                table.add_row(str(analysis.batch[i]), str(analysis.new[i]), str(analysis.prefix[i]), SHORT[p],
+                              op.name, si(op.flops[i]), si(op.bytes[i], "B"), f"{ai:.1f}",
+                              seconds(op.time_s[i]), "compute" if op.compute_bound[i] else "memory")
+        if i + 1 < shown:
+            table.add_section()
+    return table
+
+
+def crossover_table(crossover: Crossover) -> Table:
+    asym = "none" if crossover.asymptotic_new is None else f"{crossover.asymptotic_new:.1f}"
+    table = Table(title=f"Crossover: new tokens from which expand beats absorb "
+                        f"(asymptotic, by FLOPs: {asym})")
+    for col in ("batch", "prefix", "by FLOPs", "by roofline", "chunked, by roofline"):
+        table.add_column(col, justify="right")
+    limit = f"> {crossover.max_new}"
+    for r in crossover.rows:
+        table.add_row(str(r.batch), str(r.prefix),
+                      *(limit if v is None else str(v) for v in (r.by_flops, r.by_time, r.by_time_chunked)))
+    if crossover.note:
+        table.caption = crossover.note
+    return table
+
+
+def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list[Table]:
+    per = ba.assignments["per_request"]
+    fixed = ba.assignments["fixed"]
+    rows = Table(title="Requests (own time leaves out the weights the batch shares)")
+    for col in ("row", "count", "new", "prefix", "expand", "chunked", "absorb", "per request", "fixed"):
+        rows.add_column(col, justify="right" if col not in ("per request", "fixed") else "left")
+    for i in range(min(len(ba.new), max_rows)):
+        rows.add_row(str(i + 1), str(ba.count[i]), str(ba.new[i]), str(ba.prefix[i]),
+                     *(seconds(ba.own_time[p][i]) for p in MLA_PATHS), SHORT[per[i]], SHORT[fixed[i]])
+    if len(ba.new) > max_rows:
+        rows.caption = f"first {max_rows} of {len(ba.new)} rows"
+    totals = Table(title="Batch total by strategy")
+    totals.add_column("strategy")
+    totals.add_column("time", justify="right")
+    totals.add_column("vs best", justify="right")
+    best = ba.best_strategy
+    for s, t in ba.totals.items():
+        ratio = t / ba.totals[best] if ba.totals[best] else 1.0
+        style = "bold green" if s == best else ""
+        totals.add_row(Text(s, style=style), seconds(t), f"{ratio:.2f}x")
+    return [rows, totals]
+
+
+def models_table(models) -> Table:
+    table = Table(title="Models (presets; or --model path/to/config.json)")
+    for col in ("name", "hidden", "H", "q_lora_rank", "r", "dC", "dR", "dV", "layers"):
+        table.add_column(col, justify="left" if col == "name" else "right")
+    for name, cfg in models:
+        label = name if name == cfg.name else f"{name} → {cfg.name}"
+        table.add_row(label, *(str(v) for v in (cfg.hidden, cfg.H, cfg.q_lora_rank or "—", cfg.r,
+                                                 cfg.dC, cfg.dR, cfg.dV, cfg.layers)))
+    return table
+
+
+def hardware_table(profiles) -> Table:
+    table = Table(title="Hardware (profiles; or --hardware path/to/profile.toml)")
+    for col in ("name", "device", "bf16 TFLOP/s", "fp8 TFLOP/s", "TB/s", "GB", "SMs", "measured"):
+        table.add_column(col, justify="left" if col in ("name", "device") else "right")
+    for hw in profiles:
+        table.add_row(hw.name, hw.display, f"{hw.peak_tflops.get('bf16', float('nan')):g}",
+                      f"{hw.peak_tflops['fp8']:g}" if "fp8" in hw.peak_tflops else "—",
+                      f"{hw.bandwidth_tbs:g}", f"{hw.memory_gb:g}", str(hw.sm_count or "—"),
+                      "yes" if hw.measured else "")
+    return table

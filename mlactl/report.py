@@ -1,0 +1,202 @@
+"""An Analysis as the documented JSON schema (version 1) and as its CSV flattening.
+
+JSON numbers are raw SI units: FLOPs, bytes, seconds, FLOP/byte. Integral figures are written as
+integers. See README.md, "JSON schema", for every field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from mlactl import __version__
+from mlactl.analysis import Analysis, Crossover
+from mlactl.cost import OPS, PATHS
+from mlactl.csvout import write_csv
+
+SCHEMA = "mlactl.analysis"
+SCHEMA_VERSION = 1
+
+
+def number(x):
+    """A float as JSON wants it: int when integral, None when not finite."""
+    x = float(x)
+    if not math.isfinite(x):
+        return None
+    if x.is_integer() and abs(x) < 2**63:
+        return int(x)
+    return x
+
+
+def bound_name(compute_bound) -> str:
+    return "compute" if compute_bound else "memory"
+
+
+def model_json(analysis: Analysis) -> dict:
+    return dict(analysis.cfg.to_dict(), softmax_scale=analysis.cfg.softmax_scale)
+
+
+def hardware_json(analysis: Analysis) -> dict:
+    hw = analysis.hw
+    out = hw.to_dict()
+    out["ridge"] = {d: hw.ridge(d) for d in sorted(hw.peak_tflops)}
+    return out
+
+
+def crossover_json(crossover: Crossover) -> dict:
+    return {
+        "asymptotic_new": crossover.asymptotic_new,
+        "max_new": crossover.max_new,
+        "by_prefix": [
+            {"batch": r.batch, "prefix": r.prefix, "by_flops": r.by_flops, "by_time": r.by_time,
+             "by_time_chunked": r.by_time_chunked}
+            for r in crossover.rows
+        ],
+        "note": crossover.note,
+    }
+
+
+def header_json(analysis: Analysis) -> dict:
+    cost = analysis.cost
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "mlactl_version": __version__,
+        "model": model_json(analysis),
+        "hardware": hardware_json(analysis),
+        "kv_dtype": cost.kv_dtype,
+        "dtype": cost.dtype,
+        "chunk": cost.chunk,
+        "layers": analysis.layers,
+        "threshold": analysis.threshold,
+        "notes": analysis.notes,
+    }
+
+
+def to_json(analysis: Analysis) -> dict:
+    """The whole analysis as one JSON-ready dict."""
+    cols = {k: v.tolist() for k, v in {
+        "batch": analysis.batch, "new": analysis.new, "prefix": analysis.prefix,
+        "kv": analysis.kv_cache_bytes, "mha": analysis.mha_cache_bytes,
+        "best": analysis.best, "best_by_flops": analysis.best_by_flops,
+        "fixed": analysis.fixed, "lost": analysis.fixed_time_lost,
+    }.items()}
+    paths = {}
+    for name, pt in analysis.paths.items():
+        paths[name] = {
+            "flops": pt.flops.tolist(), "bytes": pt.bytes.tolist(), "time_s": pt.time_s.tolist(),
+            "intensity": pt.intensity.tolist(), "cb": pt.compute_bound.tolist(),
+            "peak": analysis.peak_expanded[name].tolist(),
+            "ops": [(o.name, o.flops.tolist(), o.bytes.tolist(), o.time_s.tolist(),
+                     o.compute_bound.tolist()) for o in pt.ops],
+        }
+    rows = []
+    for i in range(len(analysis)):
+        row_paths = {}
+        for name, p in paths.items():
+            row_paths[name] = {
+                "flops": number(p["flops"][i]),
+                "bytes": number(p["bytes"][i]),
+                "intensity": number(p["intensity"][i]),
+                "time_s": p["time_s"][i],
+                "bound": bound_name(p["cb"][i]),
+                "peak_expanded_bytes": number(p["peak"][i]),
+                "ops": [{"name": op, "flops": number(f[i]), "bytes": number(b[i]), "time_s": t[i],
+                         "bound": bound_name(cb[i])} for op, f, b, t, cb in p["ops"]],
+            }
+        rows.append({
+            "batch": cols["batch"][i],
+            "new": cols["new"][i],
+            "prefix": cols["prefix"][i],
+            "context": cols["prefix"][i] + cols["new"][i],
+            "paths": row_paths,
+            "best": cols["best"][i],
+            "best_by_flops": cols["best_by_flops"][i],
+            "kv_cache_bytes": number(cols["kv"][i]),
+            "mha_cache_bytes": number(cols["mha"][i]),
+            "fixed_threshold": {"path": cols["fixed"][i], "time_lost_s": cols["lost"][i]},
+        })
+    out = header_json(analysis)
+    out["rows"] = rows
+    out["crossover"] = crossover_json(analysis.crossover)
+    return out
+
+
+def dumps(data: dict) -> str:
+    return json.dumps(data, indent=1) + "\n"
+
+
+def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[np.ndarray]]:
+    """The CSV flattening: one row per point; path columns `expand.time_s`, and with `ops`
+    also op columns `expand.kv_expand.flops`."""
+    cols: dict[str, np.ndarray] = {
+        "batch": analysis.batch,
+        "new": analysis.new,
+        "prefix": analysis.prefix,
+        "context": analysis.context,
+        "best": analysis.best,
+        "best_by_flops": analysis.best_by_flops,
+        "fixed_threshold.path": analysis.fixed,
+        "fixed_threshold.time_lost_s": analysis.fixed_time_lost,
+        "kv_cache_bytes": analysis.kv_cache_bytes,
+        "mha_cache_bytes": analysis.mha_cache_bytes,
+    }
+    bounds = np.array(["memory", "compute"])
+    for name in PATHS:
+        pt = analysis.paths[name]
+        cols[f"{name}.flops"] = pt.flops
+        cols[f"{name}.bytes"] = pt.bytes
+        cols[f"{name}.intensity"] = pt.intensity
+        cols[f"{name}.time_s"] = pt.time_s
+        cols[f"{name}.bound"] = bounds[pt.compute_bound.astype(np.intp)]
+        cols[f"{name}.peak_expanded_bytes"] = analysis.peak_expanded[name]
+        if ops:
+            for op in pt.ops:
+                assert op.name in OPS[name]
+                cols[f"{name}.{op.name}.flops"] = op.flops
+                cols[f"{name}.{op.name}.bytes"] = op.bytes
+                cols[f"{name}.{op.name}.time_s"] = op.time_s
+                cols[f"{name}.{op.name}.bound"] = bounds[op.compute_bound.astype(np.intp)]
+    return list(cols), list(cols.values())
+
+
+def write_analysis_csv(fh, analysis: Analysis, ops: bool = False) -> None:
+    header, columns = csv_columns(analysis, ops)
+    write_csv(fh, header, columns)
+
+
+def batch_json(ba) -> dict:
+    """A mixed batch (analysis.BatchAnalysis) as JSON: requests, then totals per strategy."""
+    from mlactl.cost import MLA_PATHS
+
+    return {
+        "schema": "mlactl.batch",
+        "schema_version": SCHEMA_VERSION,
+        "mlactl_version": __version__,
+        "model": dict(ba.cost.cfg.to_dict(), softmax_scale=ba.cost.cfg.softmax_scale),
+        "hardware": ba.hw.to_dict(),
+        "kv_dtype": ba.cost.kv_dtype,
+        "dtype": ba.cost.dtype,
+        "chunk": ba.cost.chunk,
+        "threshold": ba.threshold,
+        "requests": [
+            {"new": int(ba.new[i]), "prefix": int(ba.prefix[i]), "count": int(ba.count[i]),
+             "own_time_s": {p: float(ba.own_time[p][i]) for p in MLA_PATHS},
+             "path": str(ba.assignments["per_request"][i]),
+             "fixed_path": str(ba.assignments["fixed"][i])}
+            for i in range(len(ba.new))
+        ],
+        "totals": {s: {"time_s": t} for s, t in ba.totals.items()},
+        "best_strategy": ba.best_strategy,
+    }
+
+
+def write_batch_csv(fh, ba) -> None:
+    from mlactl.cost import MLA_PATHS
+
+    header = ["new", "prefix", "count"] + [f"{p}.own_time_s" for p in MLA_PATHS] + ["path", "fixed_path"]
+    columns = [ba.new, ba.prefix, ba.count] + [ba.own_time[p] for p in MLA_PATHS] + [
+        ba.assignments["per_request"], ba.assignments["fixed"]]
+    write_csv(fh, header, columns)
