@@ -36,6 +36,7 @@ _CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 # Heuristic configs that failed with OutOfResources, replaced by a smaller one: key -> config.
 _FALLBACKS: dict[tuple, dict] = {}
+_SMEM_BY_ARCH = {(8, 0): 163 * 1024, (8, 7): 163 * 1024, (9, 0): 227 * 1024, (10, 0): 227 * 1024}
 
 
 @triton.jit
@@ -199,7 +200,8 @@ def _heuristic_config(device: torch.device, d_qk: int, dV: int, elt: int, max_le
     if interpreting() or device.type != "cuda":
         return {"BLOCK_M": INTERPRET_BLOCK_M, "BLOCK_N": INTERPRET_BLOCK_N, "num_warps": 4, "num_stages": 1}
     props = torch.cuda.get_device_properties(device)
-    smem = getattr(props, "shared_memory_per_block_optin", 0) or 99 * 1024
+    # opt-in shared memory per block; older torch lacks the field: take it from the arch
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or _SMEM_BY_ARCH.get((props.major, props.minor), 99 * 1024)
     cfg = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
     if max_len_q <= 64:  # short query runs (chunks, near-decode) waste half of a 128-row block
         cfg.update(BLOCK_M=64, num_warps=4)
