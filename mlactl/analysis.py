@@ -124,7 +124,9 @@ def analyze(cfg: MLAConfig, hw: HardwareProfile, batch, new, prefix, *, kv_dtype
     fixed = fixed_threshold(prefix, threshold)
     times = np.stack([paths[p].time_s for p in MLA_PATHS])
     fixed_time = sum(np.where(fixed == p, times[i], 0.0) for i, p in enumerate(MLA_PATHS))
-    batch_prefix = np.unique(np.stack([batch, prefix], axis=1), axis=0) if len(batch) else []
+    span = int(prefix.max()) + 1 if len(prefix) else 1
+    keys = np.unique(batch * span + prefix)  # distinct (batch, prefix) pairs, one int each
+    batch_prefix = list(zip((keys // span).tolist(), (keys % span).tolist()))
     return Analysis(
         cost=cost, hw=hw, layers=layers, threshold=threshold,
         batch=batch, new=new, prefix=prefix, paths=paths,

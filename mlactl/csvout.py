@@ -21,28 +21,30 @@ CHUNK = 32768  # rows per block: bounds memory at about rows * line width * 2 by
 _ZERO = ord("0")
 # every 4-digit group as 4 ASCII bytes: one divide per 4 digits instead of one per digit
 _GROUPS = np.array([[ord(c) for c in f"{i:04d}"] for i in range(10000)], dtype=np.uint8)
+_GROUPS32 = _GROUPS.copy().view(np.uint32).reshape(-1)  # the same, one 4-byte word per group
+_POW10 = 10.0 ** np.arange(1, 17)
 
 
 def _digits(v: np.ndarray, width: int) -> np.ndarray:
     """[n, width] ASCII digits of non-negative integral v (< 2**53), zero-padded on the left.
 
-    Float arithmetic is exact below 2**53 and vectorises, where int64 division does not.
+    Float arithmetic is exact below 2**53 and vectorises, where int64 division does not; every
+    group of 4 digits is one table lookup written as one 4-byte word.
     """
     groups = -(-width // 4)
-    out = np.empty((len(v), groups * 4), np.uint8)
+    out = np.empty((len(v), groups), np.uint32)
     rest = np.asarray(v, dtype=np.float64)
     for g in range(groups - 1, -1, -1):
-        high = np.floor(rest / 10000.0)
-        out[:, 4 * g: 4 * g + 4] = _GROUPS[(rest - high * 10000.0).astype(np.intp)]
+        high = np.floor(rest * 1e-4)
+        out[:, g] = _GROUPS32[(rest - high * 10000.0).astype(np.intp)]
         rest = high
-    return out[:, groups * 4 - width:]
+    return out.view(np.uint8)[:, groups * 4 - width:]
 
 
-def _significant(digits: np.ndarray) -> np.ndarray:
-    """Keep-mask dropping leading zeros of zero-padded digits; the last digit always stays."""
-    keep = np.maximum.accumulate(digits != _ZERO, axis=1)
-    keep[:, -1] = True
-    return keep
+def _significant(v: np.ndarray, width: int) -> np.ndarray:
+    """Keep-mask over `width` zero-padded digits of v that drops the leading zeros."""
+    ndigits = 1 + np.searchsorted(_POW10, v, side="right")
+    return np.arange(width)[None, :] >= (width - ndigits)[:, None]
 
 
 def _int_width(x: np.ndarray) -> int:
@@ -52,26 +54,29 @@ def _int_width(x: np.ndarray) -> int:
 
 def _format_int(x: np.ndarray, mat: np.ndarray, keep: np.ndarray) -> None:
     """x: float64 integral values with |x| < INT_LIMIT, into mat/keep [n, _int_width(x)]."""
-    digits = _digits(np.abs(x), mat.shape[1] - 1)
+    v = np.abs(x)
+    width = mat.shape[1] - 1
     mat[:, 0] = ord("-")
     keep[:, 0] = x < 0
-    mat[:, 1:] = digits
-    keep[:, 1:] = _significant(digits)
+    mat[:, 1:] = _digits(v, width)
+    keep[:, 1:] = _significant(v, width)
 
 
 FLOAT_WIDTH = 1 + SIG + 1 + 2 + 3  # sign, mantissa, point, 'e' and exponent sign, 3 exponent digits
 
 
 def _format_float(x: np.ndarray, mat: np.ndarray, keep: np.ndarray) -> None:
-    """x: finite non-zero float64 -> -d.ddddddddde-XXX with trailing fraction zeros dropped."""
+    """x: finite float64 -> -d.ddddddddde-XXX with trailing fraction zeros dropped; 0 -> 0."""
     y = np.abs(x)
+    zero = y == 0
+    y = np.where(zero, 1.0, y)
     tiny = y < 1e-290  # 10.0 ** e underflows for subnormals: scale them up first
     y = np.where(tiny, np.where(tiny, y, 0.0) * 1e300, y)
     e = np.floor(np.log10(y)).astype(np.int64)
     scaled = y / 10.0 ** e
     e = e + (scaled >= 10) - (scaled < 1)
     scaled = y / 10.0 ** e
-    m = np.rint(scaled * 10 ** (SIG - 1))
+    m = np.where(zero, 0.0, np.rint(scaled * 10 ** (SIG - 1)))
     over = m >= 10**SIG  # rounding carried into a new digit
     m = np.where(over, np.rint(m / 10), m)
     e = e + over - np.where(tiny, 300, 0)
@@ -89,15 +94,34 @@ def _format_float(x: np.ndarray, mat: np.ndarray, keep: np.ndarray) -> None:
     keep[:, 3: SIG + 2] = np.arange(SIG - 1)[None, :] <= last[:, None]
     mat[:, SIG + 2] = ord("e")
     mat[:, SIG + 3] = np.where(e < 0, ord("-"), ord("+"))
-    keep[:, SIG + 2: SIG + 4] = True
+    keep[:, SIG + 2: SIG + 4] = ~zero[:, None]
     mat[:, SIG + 4:] = _digits(exp_abs, 3)
-    keep[:, SIG + 4] = exp_abs >= 100
-    keep[:, SIG + 5:] = True
+    keep[:, SIG + 4] = (exp_abs >= 100) & ~zero
+    keep[:, SIG + 5:] = ~zero[:, None]
 
 
-def _text_table(values: np.ndarray):
-    uniq, inverse = np.unique(np.asarray(values).astype(str), return_inverse=True)
-    encoded = [u.encode() for u in uniq]
+class Labels:
+    """A text column given as small integer codes into a list of labels (path names, bounds):
+    formatting it is one table lookup per row, with no sorting of strings."""
+
+    def __init__(self, codes, labels):
+        self.codes = np.asarray(codes, dtype=np.intp)
+        self.labels = [str(label) for label in labels]
+
+    def __len__(self):
+        return len(self.codes)
+
+    def __getitem__(self, rows):
+        return Labels(self.codes[rows], self.labels)
+
+    @classmethod
+    def of(cls, values) -> Labels:
+        labels, codes = np.unique(np.asarray(values).astype(str), return_inverse=True)
+        return cls(codes.reshape(-1), labels.tolist())
+
+
+def _label_table(labels: list[str]):
+    encoded = [u.encode() for u in labels]
     for u in encoded:
         if b"," in u or b'"' in u or b"\n" in u:
             raise ValueError(f"text value {u!r} needs quoting, which this writer does not do")
@@ -107,74 +131,84 @@ def _text_table(values: np.ndarray):
     for i, u in enumerate(encoded):
         table[i, : len(u)] = np.frombuffer(u, np.uint8)
         table_keep[i, : len(u)] = True
-    return table, table_keep, inverse.reshape(-1)
+    return table, table_keep
 
 
 class _Column:
     """How one column of one block is formatted: its width, then filling a slice of the block."""
 
     def __init__(self, values):
-        values = np.asarray(values)
-        self.text = values.dtype.kind not in "biuf"
-        if self.text:
-            self.table, self.table_keep, self.inverse = _text_table(values)
+        if not isinstance(values, Labels):
+            values = np.asarray(values)
+            if values.dtype.kind not in "biuf":
+                values = Labels.of(values)
+        if isinstance(values, Labels):
+            self.kind = "text"
+            self.table, self.table_keep = _label_table(values.labels)
+            self.codes = values.codes
             self.width = self.table.shape[1]
             return
         x = values.astype(np.float64, copy=False)
         self.x = x
         finite = np.isfinite(x)
-        self.is_int = finite & (np.abs(x) < INT_LIMIT) & (x == np.floor(x))
-        self.all_int = bool(self.is_int.all())
-        self.special = ~finite
-        self.is_float = finite & ~self.is_int
-        self.width = _int_width(np.where(self.is_int, x, 0.0))
-        if self.is_float.any():
-            self.width = max(self.width, FLOAT_WIDTH)
-        if self.special.any():
-            self.width = max(self.width, 4)
+        all_finite = bool(finite.all())
+        integral = (np.abs(x) < INT_LIMIT) & (x == np.floor(x))
+        if all_finite and integral.all():
+            self.kind = "int"
+            self.width = _int_width(x)
+        elif all_finite and not (integral & (x != 0)).any():
+            self.kind = "float"  # zeros are fine: they print as 0
+            self.width = FLOAT_WIDTH
+        else:
+            self.kind = "mixed"
+            self.is_int = finite & integral
+            self.is_float = finite & ~integral
+            self.special = ~finite
+            self.width = max(_int_width(np.where(self.is_int, x, 0.0)), FLOAT_WIDTH, 4)
 
     def fill(self, mat: np.ndarray, keep: np.ndarray) -> None:
-        if self.text:
-            mat[:, : self.width] = self.table[self.inverse]
-            keep[:, : self.width] = self.table_keep[self.inverse]
+        if self.kind == "text":
+            mat[:] = self.table[self.codes]
+            keep[:] = self.table_keep[self.codes]
             return
         x = self.x
-        if self.all_int:
-            w = _int_width(x)
-            _format_int(x, mat[:, :w], keep[:, :w])
-            keep[:, w:] = False
+        if self.kind == "int":
+            _format_int(x, mat, keep)
+            return
+        if self.kind == "float":
+            _format_float(x, mat, keep)
             return
         keep[:] = False
-        if self.is_int.any():
-            rows = self.is_int
-            w = _int_width(x[rows])
-            m = np.zeros((rows.sum(), w), np.uint8)
-            k = np.zeros((rows.sum(), w), bool)
-            _format_int(x[rows], m, k)
-            mat[rows, :w], keep[rows, :w] = m, k
-        if self.is_float.any():
-            rows = self.is_float
-            m = np.zeros((rows.sum(), FLOAT_WIDTH), np.uint8)
-            k = np.zeros((rows.sum(), FLOAT_WIDTH), bool)
-            _format_float(x[rows], m, k)
-            mat[rows, :FLOAT_WIDTH], keep[rows, :FLOAT_WIDTH] = m, k
+        for rows, width, formatter in ((self.is_int, None, _format_int),
+                                       (self.is_float, FLOAT_WIDTH, _format_float)):
+            if rows.any():
+                width = width or _int_width(x[rows])
+                m = np.zeros((rows.sum(), width), np.uint8)
+                k = np.zeros((rows.sum(), width), bool)
+                formatter(x[rows], m, k)
+                mat[rows, :width], keep[rows, :width] = m, k
         if self.special.any():
             rows = self.special
-            words = np.where(np.isnan(x[rows]), "nan", np.where(x[rows] > 0, "inf", "-inf"))
-            table, table_keep, inverse = _text_table(words)
-            mat[rows, : table.shape[1]] = table[inverse]
-            keep[rows, : table.shape[1]] = table_keep[inverse]
+            words = ["nan", "inf", "-inf"]
+            codes = np.where(np.isnan(x[rows]), 0, np.where(x[rows] > 0, 1, 2))
+            table, table_keep = _label_table(words)
+            mat[rows, : table.shape[1]] = table[codes]
+            keep[rows, : table.shape[1]] = table_keep[codes]
 
 
-def write_csv(fh, header: list[str], columns: list[np.ndarray], chunk: int = CHUNK) -> None:
-    """Write a header and equal-length columns to a binary file object."""
+def write_csv(fh, header: list[str], columns: list, chunk: int = CHUNK) -> None:
+    """Write a header and equal-length columns (numeric arrays, text arrays or Labels) to a
+    binary file object."""
     if len(header) != len(columns):
         raise ValueError("one header name per column")
     fh.write((",".join(header) + "\n").encode())
+    columns = [c if isinstance(c, Labels) else np.asarray(c) for c in columns]
+    columns = [Labels.of(c) if not isinstance(c, Labels) and c.dtype.kind not in "biuf" else c
+               for c in columns]  # label text columns once, not once per block
     n = len(columns[0]) if columns else 0
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
-        cols = [_Column(np.asarray(c)[start:stop]) for c in columns]
+        cols = [_Column(c[start:stop]) for c in columns]
         total = sum(c.width + 1 for c in cols)
         mat = np.empty((stop - start, total), np.uint8)
         keep = np.empty((stop - start, total), bool)

@@ -14,7 +14,7 @@ import numpy as np
 from mlactl import __version__
 from mlactl.analysis import Analysis, Crossover
 from mlactl.cost import OPS, PATHS
-from mlactl.csvout import write_csv
+from mlactl.csvout import Labels, write_csv
 
 SCHEMA = "mlactl.analysis"
 SCHEMA_VERSION = 1
@@ -131,26 +131,29 @@ def dumps(data: dict) -> str:
 def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[np.ndarray]]:
     """The CSV flattening: one row per point; path columns `expand.time_s`, and with `ops`
     also op columns `expand.kv_expand.flops`."""
+    def path_labels(names):
+        return Labels(sum(i * (names == p) for i, p in enumerate(PATHS)), PATHS)
+
     cols: dict[str, np.ndarray] = {
         "batch": analysis.batch,
         "new": analysis.new,
         "prefix": analysis.prefix,
         "context": analysis.context,
-        "best": analysis.best,
-        "best_by_flops": analysis.best_by_flops,
-        "fixed_threshold.path": analysis.fixed,
+        "best": path_labels(analysis.best),
+        "best_by_flops": path_labels(analysis.best_by_flops),
+        "fixed_threshold.path": path_labels(analysis.fixed),
         "fixed_threshold.time_lost_s": analysis.fixed_time_lost,
         "kv_cache_bytes": analysis.kv_cache_bytes,
         "mha_cache_bytes": analysis.mha_cache_bytes,
     }
-    bounds = np.array(["memory", "compute"])
+    bounds = ["memory", "compute"]
     for name in PATHS:
         pt = analysis.paths[name]
         cols[f"{name}.flops"] = pt.flops
         cols[f"{name}.bytes"] = pt.bytes
         cols[f"{name}.intensity"] = pt.intensity
         cols[f"{name}.time_s"] = pt.time_s
-        cols[f"{name}.bound"] = bounds[pt.compute_bound.astype(np.intp)]
+        cols[f"{name}.bound"] = Labels(pt.compute_bound, bounds)
         cols[f"{name}.peak_expanded_bytes"] = analysis.peak_expanded[name]
         if ops:
             for op in pt.ops:
@@ -158,7 +161,7 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
                 cols[f"{name}.{op.name}.flops"] = op.flops
                 cols[f"{name}.{op.name}.bytes"] = op.bytes
                 cols[f"{name}.{op.name}.time_s"] = op.time_s
-                cols[f"{name}.{op.name}.bound"] = bounds[op.compute_bound.astype(np.intp)]
+                cols[f"{name}.{op.name}.bound"] = Labels(op.compute_bound, bounds)
     return list(cols), list(cols.values())
 
 

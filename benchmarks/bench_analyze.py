@@ -1,0 +1,84 @@
+"""How fast `mlactl analyze` starts, and how fast it writes a million points as CSV.
+
+    python benchmarks/bench_analyze.py [--repeats 7] [--points 1000000] [--json out.json]
+
+Prints medians with min/max and saves JSON (default benchmarks/results/analyze-<host>.json).
+Issue targets: one shape within about 2x of `python -c "import typer, rich"`; a 1,000,000-point
+grid written as CSV in a few seconds on one core. Nothing here asserts: timings are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def timed(cmd: list[str], repeats: int, **kwargs) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, **kwargs)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def summary(times: list[float]) -> dict:
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs": len(times)}
+
+
+def show(name: str, s: dict) -> None:
+    print(f"{name:<44} median {s['median_s'] * 1e3:9.1f} ms   (min {s['min_s'] * 1e3:.1f}, "
+          f"max {s['max_s'] * 1e3:.1f}, {s['runs']} runs)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--points", type=int, default=1_000_000, help="grid size for the CSV run")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    py = sys.executable
+    results: dict = {"host": platform.node(), "python": platform.python_version(),
+                     "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    timed([py, "-c", "import typer, rich"], 2)  # warm the file cache
+    base = summary(timed([py, "-c", "import typer, rich"], args.repeats))
+    one = summary(timed([py, "-m", "mlactl.cli", "analyze", "--new", "1", "--prefix", "4096"], args.repeats))
+    results["import_typer_rich"] = base
+    results["analyze_one_shape"] = one
+    results["startup_ratio"] = one["median_s"] / base["median_s"]
+    show('python -c "import typer, rich"', base)
+    show("mlactl analyze --new 1 --prefix 4096", one)
+    print(f"{'ratio (target about 2x)':<44} {results['startup_ratio']:.2f}x")
+
+    # a grid of `points`: 10 batches x 1000 new counts x points/10000 prefixes
+    prefixes = max(1, args.points // 10_000)
+    grid = ["--batch", "1:10", "--new", "1:1000", "--prefix", f"0:{(prefixes - 1) * 1024}:1024"]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "grid.csv"
+        for label, extra in (("csv", []), ("csv_with_ops", ["--ops"])):
+            runs = summary(timed([py, "-m", "mlactl.cli", "analyze", *grid, "--format", "csv", *extra,
+                                  "--output", str(out)], max(1, args.repeats // 3)))
+            runs["points"] = prefixes * 10_000
+            runs["bytes"] = out.stat().st_size
+            results[f"grid_{label}"] = runs
+            show(f"{runs['points']:,} points -> {label} ({runs['bytes'] / 1e6:.0f} MB)", runs)
+
+    path = args.json or HERE / "results" / f"analyze-{platform.node() or 'host'}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

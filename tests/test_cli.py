@@ -1,0 +1,237 @@
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+from mlactl.cli import app
+
+runner = CliRunner()
+
+
+def run(*args, ok=True):
+    result = runner.invoke(app, list(args))
+    if ok:
+        assert result.exit_code == 0, result.output
+    return result
+
+
+def command_paths():
+    """Every command and sub-command of the app, as argument lists."""
+    def walk(cmd, prefix):
+        yield prefix
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from walk(sub, prefix + [name])
+    return list(walk(typer.main.get_command(app), []))
+
+
+@pytest.mark.parametrize("path", command_paths(), ids=lambda p: " ".join(p) or "mlactl")
+def test_help_for_every_command(path):
+    result = run(*path, "--help")
+    assert "Usage" in result.output
+    if path:  # every command's help carries an example
+        assert "Example" in result.output, path
+
+
+def test_version():
+    assert run("--version").output.startswith("mlactl ")
+
+
+def analyze_json(*args):
+    return json.loads(run("analyze", "--format", "json", *args).output)
+
+
+def test_json_schema():
+    data = analyze_json("--new", "1,256", "--prefix", "0,4K")
+    assert data["schema"] == "mlactl.analysis" and data["schema_version"] == 1
+    for key in ("model", "hardware", "kv_dtype", "rows", "crossover"):
+        assert key in data
+    assert data["model"]["name"] == "deepseek-v3" and data["hardware"]["name"] == "h800"
+    assert len(data["rows"]) == 4
+    row = data["rows"][3]
+    assert (row["batch"], row["new"], row["prefix"], row["context"]) == (1, 256, 4096, 4352)
+    assert set(row["paths"]) == {"expand", "expand_chunked", "absorb", "mha"}
+    for name, p in row["paths"].items():
+        assert set(p) >= {"flops", "bytes", "intensity", "time_s", "bound", "ops"}
+        assert p["bound"] in ("compute", "memory")
+        assert p["flops"] == sum(op["flops"] for op in p["ops"])
+        assert p["bytes"] == sum(op["bytes"] for op in p["ops"])
+        assert p["time_s"] == pytest.approx(sum(op["time_s"] for op in p["ops"]))
+        for op in p["ops"]:
+            assert set(op) == {"name", "flops", "bytes", "time_s", "bound"}
+    assert [op["name"] for op in row["paths"]["absorb"]["ops"]] == ["q_absorb", "attention", "out_absorb"]
+    assert row["best"] in ("expand", "expand_chunked", "absorb")
+    assert row["best_by_flops"] in ("expand", "expand_chunked", "absorb")
+    assert row["kv_cache_bytes"] == 4352 * 576 * 2
+    assert row["mha_cache_bytes"] == 4352 * 128 * 320 * 2
+    assert data["crossover"]["asymptotic_new"] == pytest.approx(170.667, abs=1e-3)
+    # the attention core's FLOPs per pair, from the JSON alone: 279K vs 82K
+    pairs = 256 * 4352 - 256 * 255 // 2
+    assert row["paths"]["absorb"]["ops"][1]["flops"] == 278_528 * pairs
+    assert row["paths"]["expand"]["ops"][1]["flops"] == 81_920 * pairs
+
+
+def test_fp8_halves_cache_bytes():
+    bf16 = analyze_json("--new", "1", "--prefix", "1000")["rows"][0]
+    fp8 = analyze_json("--new", "1", "--prefix", "1000", "--kv-dtype", "fp8")["rows"][0]
+    assert fp8["kv_cache_bytes"] * 2 == bf16["kv_cache_bytes"]
+
+
+def test_layers_all_multiplies():
+    one = analyze_json("--new", "64", "--prefix", "1000")["rows"][0]
+    every = analyze_json("--new", "64", "--prefix", "1000", "--layers", "all")["rows"][0]
+    assert every["paths"]["absorb"]["flops"] == 61 * one["paths"]["absorb"]["flops"]
+    assert every["kv_cache_bytes"] == 61 * one["kv_cache_bytes"]
+
+
+def test_tp_note():
+    data = analyze_json("--tp", "8", "--new", "1", "--prefix", "0")
+    assert data["model"]["H"] == 16 and data["model"]["tp"] == 8
+    assert any("replicated" in note for note in data["notes"])
+    assert "replicated" in run("analyze", "--tp", "8").output
+
+
+def test_context_alternative():
+    data = analyze_json("--new", "10", "--context", "100")
+    assert (data["rows"][0]["prefix"], data["rows"][0]["context"]) == (90, 100)
+
+
+def test_fixed_threshold_policy_and_loss():
+    data = analyze_json("--new", "1", "--prefix", "0,4K,8K")
+    fixed = [r["fixed_threshold"]["path"] for r in data["rows"]]
+    assert fixed == ["expand", "absorb", "expand_chunked"]
+    decode_8k = data["rows"][2]
+    assert decode_8k["best"] == "absorb"
+    lost = decode_8k["paths"]["expand_chunked"]["time_s"] - decode_8k["paths"]["absorb"]["time_s"]
+    assert decode_8k["fixed_threshold"]["time_lost_s"] == pytest.approx(lost)
+
+
+def test_csv_is_the_json_flattened():
+    args = ["--new", "1,171,1024", "--prefix", "0,4K", "--batch", "1,8"]
+    data = analyze_json(*args)
+    text = run("analyze", "--format", "csv", "--ops", *args).output
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert len(rows) == len(data["rows"])
+    for j, c in zip(data["rows"], rows):
+        assert int(c["new"]) == j["new"] and int(c["prefix"]) == j["prefix"]
+        assert c["best"] == j["best"]
+        for name, p in j["paths"].items():
+            assert float(c[f"{name}.flops"]) == p["flops"]
+            assert float(c[f"{name}.time_s"]) == pytest.approx(p["time_s"], rel=1e-9)
+            assert c[f"{name}.bound"] == p["bound"]
+            for op in p["ops"]:
+                assert float(c[f"{name}.{op['name']}.bytes"]) == op["bytes"]
+
+
+def test_output_file_and_format_from_extension(tmp_path):
+    out = tmp_path / "a.json"
+    run("analyze", "--new", "1", "--output", str(out))
+    assert json.loads(out.read_text())["rows"]
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]  # no temporary file left behind
+    table = tmp_path / "a.txt"
+    run("analyze", "--new", "1", "--output", str(table))
+    assert "Roofline time per path" in table.read_text()
+
+
+def test_crossover_command():
+    data = json.loads(run("crossover", "--prefix", "0,4K,32K", "--format", "json").output)
+    rows = {r["prefix"]: r for r in data["crossover"]["by_prefix"]}
+    assert rows[0]["by_flops"] == 1
+    assert rows[4096]["by_flops"] == 168 and rows[32768]["by_flops"] == 171
+    assert "170.7" in run("crossover").output
+    text = run("crossover", "--prefix", "0,4K", "--format", "csv").output
+    assert text.splitlines()[0] == "batch,prefix,by_flops,by_time,by_time_chunked"
+
+
+def test_batch_command(tmp_path):
+    path = tmp_path / "requests.csv"
+    path.write_text("new,prefix,count\n1,8000,64\n1,30000,16\n4096,0,1\n200,20000,2\n")
+    data = json.loads(run("batch", str(path), "--format", "json").output)
+    paths = [r["path"] for r in data["requests"]]
+    assert paths[0] == "absorb" and paths[1] == "absorb" and paths[2] == "expand"
+    totals = {s: t["time_s"] for s, t in data["totals"].items()}
+    assert data["best_strategy"] == min(totals, key=totals.get)
+    assert totals["per_request"] <= totals["all_absorb"] and totals["per_request"] <= totals["all_expand"]
+    assert "Batch total by strategy" in run("batch", str(path)).output
+
+
+def test_list():
+    out = run("list").output
+    for name in ("deepseek-v3", "kimi-k2", "teaching", "h200", "mi300x", "b200"):
+        assert name in out
+    data = json.loads(run("list", "--format", "json").output)
+    assert data["models"]["deepseek-r1"]["name"] == "deepseek-v3"
+
+
+BAD = [
+    (["analyze", "--new", "0"], "--new: 0 must be a positive integer"),
+    (["analyze", "--new", "-3"], "--new: '-3' is not a whole number"),
+    (["analyze", "--batch", "1.5"], "--batch: '1.5' is not a whole number"),
+    (["analyze", "--prefix", "10:1"], "ends before it starts"),
+    (["analyze", "--prefix", "0:8K:x"], "is not a whole number"),
+    (["analyze", "--new", "128", "--context", "100"], "--context 100 is shorter than --new 128"),
+    (["analyze", "--prefix", "0", "--context", "100"], "either --prefix or --context"),
+    (["analyze", "--model", "llama"], "unknown model 'llama'; presets: deepseek-v2"),
+    (["analyze", "--hardware", "tpu"], "unknown hardware 'tpu'; known: a100-sxm"),
+    (["analyze", "--chunk", "0"], "--chunk: 0 must be a positive integer"),
+    (["analyze", "--tp", "3"], "--tp 3 does not divide the 128 heads"),
+    (["analyze", "--kv-dtype", "int4"], "--kv-dtype must be one of bf16, fp16, fp8"),
+    (["analyze", "--format", "xml"], "--format must be one of table, json, csv"),
+    (["analyze", "--layers", "zero"], "--layers: 'zero' is not a whole number"),
+    (["analyze", "--measured"], "no measured ceilings"),
+    (["analyze", "--hardware", "a100-sxm", "--dtype", "bf16", "--kv-dtype", "fp8"], None),  # fine: fp8 cache, bf16 math
+    (["crossover", "--prefix", "-1"], "is not a whole number"),
+    (["batch", "/nonexistent.csv"], "cannot read requests"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_line(args, message):
+    result = runner.invoke(app, args)
+    if message is None:
+        assert result.exit_code == 0, result.output
+        return
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert message in lines[0]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("prefix\n1\n", "line 1: the header must name new"),
+    ("new,prefix\n1,abc\n", "line 2: prefix 'abc' is not a whole number"),
+    ("new,prefix\n1,2\n0,5\n", "line 3: new must be at least 1"),
+    ("new,prefix\n1,2,3\n", "line 2: 3 fields, the header has 2"),
+    ("new,context\n10,5\n", "line 2: context 5 is shorter than new 10"),
+    ("new,prefix\n", "no requests after the header"),
+])
+def test_bad_batch_csv(tmp_path, content, message):
+    path = tmp_path / "r.csv"
+    path.write_text(content)
+    result = runner.invoke(app, ["batch", str(path)])
+    assert result.exit_code == 2
+    assert "Error: " in result.output and message in result.output
+
+
+def test_bad_hardware_file_via_cli(tmp_path):
+    path = tmp_path / "gpu.toml"
+    path.write_text('name = "x"\nmemory_gb = 1\nbandwidth_tbs = 0\n[peak_tflops]\nbf16 = 1\n')
+    result = runner.invoke(app, ["analyze", "--hardware", str(path)])
+    assert result.exit_code == 2 and "bandwidth_tbs must be a positive number, got 0" in result.output
+
+
+def test_analyze_and_import_do_not_load_torch_or_triton():
+    code = (
+        "import sys, mlactl, mlactl.cli, mlactl.analysis, mlactl.report, mlactl.render\n"
+        "from typer.testing import CliRunner\n"
+        "r = CliRunner().invoke(mlactl.cli.app, ['analyze', '--crossover', '--format', 'json'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "loaded = [m for m in ('torch', 'triton', 'matplotlib', 'pandas') if m in sys.modules]\n"
+        "print(','.join(loaded))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
