@@ -28,7 +28,7 @@ import torch
 from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_scale, check_tensor
 from mlactl.kernels.expand_naive import check_inner_stride, check_same_device
 
-DEFAULT_DR = 64  # DeepSeek-V2/V3 and Kimi K2 RoPE dim: r = row width - 64 when r is not given
+DEEPSEEK_ROW, DEEPSEEK_R = 576, 512  # r may be left out only for DeepSeek's [c (512) | k_r (64)] rows
 DEFAULT_CHUNK = 8192  # prefix tokens expanded at once: 8192 x 128 heads x 256 x 2 B = 512 MiB of K/V
 
 
@@ -37,9 +37,13 @@ def _dtype_name(dtype) -> str:
 
 
 def _resolve_r(kv_cache: torch.Tensor, r) -> int:
+    """The latent rank: `r` if given, 512 for a 576-wide row (the same rule as mla_decode)."""
     width = kv_cache.shape[-1]
     if r is None:
-        r = width - DEFAULT_DR
+        if width != DEEPSEEK_ROW:
+            raise ValueError(f"r (latent rank) cannot be inferred from kv_cache rows of {width} numbers; "
+                             f"pass r= (only a {DEEPSEEK_ROW}-wide row defaults to r={DEEPSEEK_R})")
+        return DEEPSEEK_R
     if isinstance(r, bool) or not isinstance(r, int) or not 0 < r < width:
         raise ValueError(f"r must be an int in [1, {width - 1}] (kv_cache rows hold r + dR = {width}), got {r!r}")
     return r
@@ -73,14 +77,18 @@ def _check_paged(kv_cache, block_table, cache_seqlens) -> list[int]:
 
 
 def _check_kv_scale(kv_cache, kv_scale):
+    """The dequant scale (real value = stored value * kv_scale, as in mla_decode); required for fp8."""
     if kv_scale is None:
-        return 1.0
-    if kv_cache.dtype not in FP8_DTYPES:
-        raise ValueError(f"kv_scale is only for fp8 caches; kv_cache is {_dtype_name(kv_cache.dtype)}")
+        if kv_cache.dtype in FP8_DTYPES:
+            raise ValueError("kv_scale is required with an fp8 kv_cache (real value = fp8 value * kv_scale)")
+        return None
     if isinstance(kv_scale, torch.Tensor):
-        if kv_scale.numel() != 1:
-            raise ValueError(f"kv_scale must be a scalar (one per-tensor scale), got shape {tuple(kv_scale.shape)}")
-        return kv_scale.to(device=kv_cache.device, dtype=torch.float32).reshape(())
+        if kv_scale.numel() != 1 or not kv_scale.dtype.is_floating_point:
+            raise ValueError(f"kv_scale must be a float or a 1-element float tensor, got shape "
+                             f"{tuple(kv_scale.shape)} {_dtype_name(kv_scale.dtype)}")
+        if kv_scale.device != kv_cache.device:
+            raise ValueError(f"kv_scale is on {kv_scale.device} but kv_cache on {kv_cache.device}")
+        return kv_scale.to(torch.float32).reshape(())
     return _positive("kv_scale", kv_scale)
 
 
@@ -108,8 +116,11 @@ def _gather(kv_cache, block_table, starts, counts, r, kv_scale, dtype):
     pos = torch.arange(req.shape[0]) - first[req] + torch.tensor(starts, dtype=torch.long)[req]
     req, pos = req.to(device), pos.to(device)
     blocks = block_table[req, pos // block_size].long()                                # [N]
-    rows = kv_cache[blocks, pos % block_size]                                          # [N, r+dR]
-    if kv_cache.dtype in FP8_DTYPES:
+    if kv_cache.dtype in FP8_DTYPES:  # gather fp8 as bytes: index kernels need not know fp8
+        rows = kv_cache.view(torch.uint8)[blocks, pos % block_size].view(kv_cache.dtype)  # [N, r+dR]
+    else:
+        rows = kv_cache[blocks, pos % block_size]                                      # [N, r+dR]
+    if kv_scale is not None:
         rows = (rows.float() * kv_scale).to(dtype)
     elif rows.dtype != dtype:
         rows = rows.to(dtype)
@@ -123,8 +134,9 @@ def gather_latents(kv_cache, block_table, cache_seqlens, kv_scale=None, *, r=Non
     block_table:   [B, max_blocks] int32             token p of request b is in block
                                                      block_table[b, p // block_size]
     cache_seqlens: [B] int32                         context length of each request
-    kv_scale:      per-tensor dequant scale of an fp8 cache (float or scalar tensor)
-    r:             latent rank; default row width - 64 (DeepSeek's dR)
+    kv_scale:      per-tensor scale, real value = stored * kv_scale (float or 1-element tensor);
+                   required for an fp8 cache
+    r:             latent rank; may be left out only for 576-wide rows (r = 512)
     dtype:         result dtype; default the cache's, bf16 for fp8
     returns latent [T_k, r], k_rope [T_k, dR] (views of one gathered buffer), cu_seqlens_k [B+1] int32.
     """

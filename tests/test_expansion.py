@@ -60,10 +60,20 @@ def test_gather_latents_reads_each_context_in_order(block_size):
     torch.testing.assert_close(torch.cat([latent, k_rope], -1).cpu(), torch.cat(rows))
 
 
-def test_gather_latents_default_r_is_width_minus_64():
-    kv, table, lens = R.build_paged_cache([torch.randn(3, 96).to(DEVICE)], 4)
+def test_gather_latents_default_r_only_for_deepseek_rows():
+    kv, table, lens = R.build_paged_cache([torch.randn(3, 576).to(DEVICE)], 4)
     latent, k_rope, _ = gather_latents(kv, table, lens)
-    assert latent.shape == (3, 32) and k_rope.shape == (3, 64)
+    assert latent.shape == (3, 512) and k_rope.shape == (3, 64)
+    kv, table, lens = R.build_paged_cache([torch.randn(3, 96).to(DEVICE)], 4)
+    with pytest.raises(ValueError, match="pass r="):
+        gather_latents(kv, table, lens)
+
+
+def test_gather_latents_applies_kv_scale_to_any_cache():
+    rows = torch.randn(9, 48).to(DEVICE)
+    kv, table, lens = R.build_paged_cache([rows], 4)
+    latent, k_rope, _ = gather_latents(kv, table, lens, kv_scale=0.5, r=32)
+    torch.testing.assert_close(torch.cat([latent, k_rope], -1), rows * 0.5)
 
 
 @pytest.mark.skipif(not FP8_DTYPES, reason="torch without fp8")
@@ -90,8 +100,10 @@ def _paged():
     pytest.param(lambda a: a.update(block_table=a["block_table"].long()), "block_table has dtype", id="table-int64"),
     pytest.param(lambda a: a.update(cache_seqlens=a["cache_seqlens"] + 100), r"cache_seqlens\[0\]", id="seqlen-too-long"),
     pytest.param(lambda a: a.update(cache_seqlens=a["cache_seqlens"][:1]), "cache_seqlens has 1 entries", id="seqlens-batch"),
-    pytest.param(lambda a: a.update(kv_scale=0.5), "kv_scale is only for fp8", id="kv-scale-not-fp8"),
+    pytest.param(lambda a: a.update(kv_scale=-0.5), "kv_scale", id="kv-scale-negative"),
+    pytest.param(lambda a: a.update(kv_scale=torch.ones(2)), "kv_scale must be", id="kv-scale-shape"),
     pytest.param(lambda a: a.update(r=48), "r must be", id="r-whole-row"),
+    pytest.param(lambda a: a.update(r=None), "pass r=", id="r-not-inferable"),
     pytest.param(lambda a: a.update(kv_cache=a["kv_cache"][0]), "kv_cache must have 3", id="cache-2d"),
 ])
 def test_gather_latents_bad_inputs(mutate, match):
@@ -195,6 +207,14 @@ def test_fp8_cache_with_kv_scale(backend):
     torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(not FP8_DTYPES, reason="torch without fp8")
+def test_fp8_cache_needs_kv_scale():
+    args, _, _ = batch(CTX, NEW)
+    args["kv_cache"] = args["kv_cache"].to(FP8_DTYPES[0])
+    with pytest.raises(ValueError, match="kv_scale is required"):
+        mla_prefill_chunked(**args, attn=mla_prefill_naive)
+
+
 def test_no_new_tokens_at_all():
     args, _, _ = batch([5, 3], [0, 0])
     out, lse = mla_prefill_chunked(**args, chunk=2, **BACKENDS["twin"])
@@ -211,7 +231,7 @@ def test_no_new_tokens_at_all():
     pytest.param(lambda a: a.update(q=a["q"][..., :40]), r"q.shape\[2\]", id="q-width"),
     pytest.param(lambda a: a.update(w_uk=a["w_uk"].half(), w_uv=a["w_uv"].half()), "w_uk has dtype", id="w-dtype"),
     pytest.param(lambda a: a.update(w_uk=a["w_uk"][:1]), "heads", id="w-heads"),
-    pytest.param(lambda a: a.update(kv_scale=0.5), "kv_scale is only for fp8", id="kv-scale-not-fp8"),
+    pytest.param(lambda a: a.update(kv_scale=float("nan")), "kv_scale", id="kv-scale-nan"),
     pytest.param(lambda a: a.update(scale=0.0), "scale", id="scale-zero"),
     pytest.param(lambda a: a.update(scale=float("nan")), "scale", id="scale-nan"),
 ])
