@@ -15,11 +15,16 @@ Design (flash-decoding with grouped heads):
   and its natural-log LSE. With one split it writes the final output directly.
 * Stage 2 (`_mla_decode_merge_kernel`) merges the splits of each row by their LSE; empty splits
   carry LSE -inf and weigh nothing.
+
+Known limit on Hopper: the [64, r] fp32 accumulator needs 8 warps (two warpgroups, each owning
+r/2 columns), and Triton gives every warp of a dot that feeds another dot to M, so both
+warpgroups compute the whole [64, BLOCK_N] score tile (sm_90 PTX: each issues all 72 m64n32k16
+per 64 keys). The score work, (r+dR)/(2r+dR) = 53% of the FLOPs, is done twice; tensor-core
+time is capped near 65% of peak. FlashMLA avoids this with hand-assigned warpgroup roles.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from functools import lru_cache
 
@@ -32,14 +37,20 @@ from . import configs
 from ._checks import check_device, check_dim, check_scale, check_tensor
 from .absorb_naive import latent_rank
 
-# ---- tuning defaults (H200 / sm_90; design arguments until `mlactl tune` measures them) ----
+# ---- tuning defaults (H200 / sm_90) ----
+# Figures marked "sm_90 compile" come from compiling these kernels offline for sm_90 with Triton
+# 3.9 (shared memory from the compiler, registers and spills from ptxas, loop size from SASS);
+# none is a timing yet. `mlactl tune` measures and stores better ones per shape bucket.
 BLOCK_H_WIDE = 64  # 64-row tiles are the smallest M for which Triton emits Hopper wgmma
 BLOCK_H_MIN = 16  # tl.dot needs >= 16 rows; fewer (new token, head) rows are masked padding
-BLOCK_N_CHOICES = ((64, 2), (32, 3), (32, 2), (16, 2), (16, 1))  # (BLOCK_N, num_stages), best first
+BLOCK_N_CHOICES = ((64, 3), (32, 3), (16, 3), (16, 1))  # (BLOCK_N, num_stages), best first;
+# 64 keys: scores as m64n32 wgmma, 22 loop instructions per key vs 34 at 32 keys (sm_90 compile);
+# num_stages 3: two KV tiles in flight, 112 B of spills vs 320 B at num_stages 2 (sm_90 compile)
 SMEM_BUDGET = 227 * 1024  # Hopper's opt-in shared memory per CTA (228 KiB/SM less 1 KiB reserved)
-ACC_PER_THREAD_4_WARPS = 64  # most fp32 accumulator numbers per thread at 4 warps, else 8 warps:
-# [64, 512] fp32 is 256 registers/thread at 4 warps (spills), 128 at 8
-WAVES = 2  # split-KV aims at ~2 waves of programs over the SMs (one wave leaves SMs idle at its tail)
+WARPS_8_FROM = 64 * 128  # 8 warps once the [BLOCK_H, r] fp32 accumulator has 8K numbers:
+# [64, 512] is 256 registers/thread at 4 warps, 128 at 8; [16, 512] at 8 warps: 128 registers,
+# no spills, 2 CTAs/SM, where 4 warps take 216-255 registers (sm_90 compile)
+WAVES = 2  # split-KV aims at ~2 waves of programs over the SMs (1 wave idles SMs at its tail)
 MIN_SPLIT_TOKENS = 256  # under 256 keys a split spends as much writing its [rows, r] fp32 partial
 # as reading its keys, and the merge rereads it
 MAX_SPLITS = 64  # the merge loops over splits; beyond 64 it costs more than the parallelism buys
@@ -69,7 +80,10 @@ def _mla_decode_split_kernel(
 ):
     """One (row tile, split, request): online softmax over the split's keys, normalised output.
 
-    qk_scale = softmax scale * kv_scale * log2(e), so scores are in base 2 and exp2 is exact.
+    qk_scale = softmax scale * kv_scale * log2(e): the softmax runs in base 2 (exp2).
+    Traffic: reads the tile's queries once ([BLOCK_H, r + dR]), every cache row of the split once
+    (r + dR numbers, used as key and, its first r, as value) and the split's block-table entries;
+    writes [BLOCK_H, r] outputs and BLOCK_H LSEs (fp32 partials when there are several splits).
     """
     pid_h = tl.program_id(0)
     pid_split = tl.program_id(1)
@@ -89,7 +103,8 @@ def _mla_decode_split_kernel(
 
     p_q = q + pid_b * stride_qb + o_s * stride_qs + o_hh * stride_qh  # [BLOCK_H]
     b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
-    b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, DR]
+    b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None],
+                    other=0.0)  # [BLOCK_H, DR]
 
     # keys at positions < limit are visible to a row (new token s sits at seqlen - S_Q + s)
     if CAUSAL:
@@ -112,13 +127,14 @@ def _mla_decode_split_kernel(
         o_n = n0 + tl.arange(0, BLOCK_N)  # key positions
         m_n = o_n < end
         o_page = o_n // PAGE
-        b_page = tl.load(block_table + pid_b * stride_bt + o_page, mask=m_n & (o_page < max_pages),
-                         other=0)  # [BLOCK_N]
+        b_page = tl.load(block_table + pid_b * stride_bt + o_page,
+                         mask=m_n & (o_page < max_pages), other=0)  # [BLOCK_N]
         # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
         m_n = m_n & (b_page >= 0) & (b_page < num_pages)
         p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
         b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
-        b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
+        b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None],
+                        other=0)  # [BLOCK_N, DR]
         if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
             b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
             b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
@@ -143,8 +159,8 @@ def _mla_decode_split_kernel(
                      -float("inf"))  # [BLOCK_H], natural log of the scaled scores
     p_o = o + pid_b * stride_ob + o_s * stride_os + o_hh * stride_oh + pid_split * stride_o_split
     tl.store(p_o[:, None] + o_r[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
-    p_lse = lse + pid_b * stride_lb + o_s * stride_ls + o_hh * stride_lh + pid_split * stride_l_split
-    tl.store(p_lse, b_lse, mask=m_row)
+    p_lse = lse + pid_b * stride_lb + o_s * stride_ls + o_hh * stride_lh
+    tl.store(p_lse + pid_split * stride_l_split, b_lse, mask=m_row)
 
 
 @triton.jit
@@ -165,7 +181,8 @@ def _mla_decode_merge_kernel(
     o_r = tl.arange(0, R)
 
     p_lse = lse_part + pid_b * stride_qb + i_s * stride_qs + i_h * stride_qh
-    b_lse = tl.load(p_lse + o_k * stride_q_split, mask=o_k < NUM_SPLITS, other=-float("inf"))  # [SPLITS_P2]
+    b_lse = tl.load(p_lse + o_k * stride_q_split, mask=o_k < NUM_SPLITS,
+                    other=-float("inf"))  # [SPLITS_P2]
     m = tl.max(b_lse, 0)
     m_use = tl.where(m == -float("inf"), 0.0, m)  # every split empty: all weights 0, no NaN
     w_sum = tl.sum(tl.exp2((b_lse - m_use) * LOG2E), 0)
@@ -179,7 +196,8 @@ def _mla_decode_merge_kernel(
     has_keys = w_sum > 0
     b_o = acc / tl.where(has_keys, w_sum, 1.0)
     b_lse_out = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
-    tl.store(o + pid_b * stride_ob + i_s * stride_os + i_h * stride_oh + o_r, b_o.to(o.dtype.element_ty))
+    p_out = o + pid_b * stride_ob + i_s * stride_os + i_h * stride_oh
+    tl.store(p_out + o_r, b_o.to(o.dtype.element_ty))
     tl.store(lse + pid_b * stride_lb + i_s * stride_ls + i_h * stride_lh, b_lse_out)
 
 
@@ -201,17 +219,18 @@ def _device_info(device: torch.device) -> tuple[str, int]:
 
 
 def _smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8):
-    """Shared memory of one program: the query tile, the pipelined KV tiles, the widened KV
-    tile an fp8 cache needs for the dots, and scratch for the score tile's layout changes."""
-    widened = block_n * row * q_bytes if fp8 else 0
-    return block_h * row * q_bytes + stages * block_n * row * kv_bytes + widened + block_h * block_n * 4
+    """Shared memory of one program as Triton 3.9 lays it out for sm_90 (checked against the
+    compiler for the DeepSeek shapes): the query tile, two KV tiles in flight from num_stages 2
+    on, one more cache-dtype tile for an fp8 cache's widening, and 1 KiB of scratch."""
+    in_flight = min(stages, 2) + (1 if fp8 else 0)
+    return block_h * row * q_bytes + in_flight * block_n * row * kv_bytes + 1024
 
 
 def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_sms):
     """The launch config without a tuned one: wide tiles, smem-fitting KV tiles, split-KV to
     ~WAVES waves, never more splits than pages or tiles of the longest context."""
     rows = S_q * H
-    block_h = BLOCK_H_WIDE if rows >= BLOCK_H_WIDE else max(BLOCK_H_MIN, triton.next_power_of_2(rows))
+    block_h = min(BLOCK_H_WIDE, max(BLOCK_H_MIN, triton.next_power_of_2(rows)))
     row = r + dR
     q_bytes = torch.finfo(q_dtype).bits // 8
     kv_bytes = torch.finfo(kv_dtype).bits // 8
@@ -221,7 +240,7 @@ def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_s
         if _smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8) <= SMEM_BUDGET:
             block_n, stages = bn, st
             break
-    num_warps = 8 if block_h * r > ACC_PER_THREAD_4_WARPS * 4 * 32 else 4
+    num_warps = 8 if block_h * r >= WARPS_8_FROM else 4
     programs = B * triton.cdiv(rows, block_h)
     most = min(MAX_SPLITS, triton.cdiv(ctx, block_size), triton.cdiv(ctx, block_n),
                triton.cdiv(ctx, MIN_SPLIT_TOKENS))
@@ -233,10 +252,12 @@ def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_s
 def _check_config(config, source):
     unknown = set(config) - set(CONFIG_KEYS)
     if unknown:
-        raise ValueError(f"{source} has unknown keys {sorted(unknown)}; allowed: {', '.join(CONFIG_KEYS)}")
+        raise ValueError(f"{source} has unknown keys {sorted(unknown)}; "
+                         f"allowed: {', '.join(CONFIG_KEYS)}")
     for key, low in (("BLOCK_H", 16), ("BLOCK_N", 16), ("num_warps", 1)):
         if key in config and not _is_pow2_at_least(config[key], low):
-            raise ValueError(f"{source}[{key!r}] must be a power of two >= {low}, got {config[key]!r}")
+            raise ValueError(f"{source}[{key!r}] must be a power of two >= {low}, "
+                             f"got {config[key]!r}")
     for key in ("num_splits", "num_stages"):
         value = config.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -282,34 +303,36 @@ def _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal, kv_scale, 
         if kv_scale.device != q.device:
             raise ValueError(f"kv_scale is on {kv_scale.device} but q on {q.device}")
         if validate:
-            check_scale_named("kv_scale", kv_scale.item())
+            _check_positive("kv_scale", kv_scale.item())
     elif kv_scale is not None:
-        check_scale_named("kv_scale", kv_scale)
+        _check_positive("kv_scale", kv_scale)
 
     block_size = kv_cache.shape[1]
     if not validate:
         return kv_cache, r, dR, block_table.shape[1] * block_size
     lens = cache_seqlens.tolist()  # one device sync
-    if any(n < 0 for n in lens):
-        raise ValueError(f"cache_seqlens has negative lengths: {lens}")
-    if causal and any(0 < n < S_q for n in lens):
-        raise ValueError(f"cache_seqlens {lens} has a length below S_q={S_q}: causal new tokens "
-                         "must all be in the cache (0 marks an empty request)")
-    need = max((triton.cdiv(n, block_size) for n in lens), default=0)
+    for b, n in enumerate(lens):
+        if n < 0:
+            raise ValueError(f"cache_seqlens[{b}] = {n} is negative")
+        if causal and 0 < n < S_q:
+            raise ValueError(f"cache_seqlens[{b}] = {n} is below S_q={S_q}: causal new tokens must "
+                             "all be in the cache (0 marks an empty request)")
+    need = triton.cdiv(max(lens, default=0), block_size)
     if need > block_table.shape[1]:
         raise ValueError(f"block_table has {block_table.shape[1]} columns but cache_seqlens needs "
                          f"{need} blocks of {block_size} (max length {max(lens)})")
     if need:
-        used = torch.arange(need, device=block_table.device)[None, :] < torch.tensor(
-            [triton.cdiv(n, block_size) for n in lens], device=block_table.device)[:, None]
+        pages = (cache_seqlens.long() + block_size - 1) // block_size  # [B] pages in use
+        used = torch.arange(need, device=block_table.device)[None, :] < pages[:, None]  # [B, need]
         ids = block_table[:, :need][used]
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= kv_cache.shape[0]):
-            raise ValueError(f"block_table has block ids outside [0, {kv_cache.shape[0]}) "
-                             f"(min {int(ids.min())}, max {int(ids.max())}) in the used entries")
+        low, high = torch.stack([ids.min(), ids.max()]).tolist()  # one more sync
+        if low < 0 or high >= kv_cache.shape[0]:
+            raise ValueError(f"block_table has block ids outside [0, {kv_cache.shape[0]}) in the "
+                             f"entries cache_seqlens uses (min {low}, max {high})")
     return kv_cache, r, dR, max(lens, default=0)
 
 
-def check_scale_named(name, value):
+def _check_positive(name, value):
     try:
         return check_scale(value)
     except ValueError as exc:
@@ -356,8 +379,8 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, k
         return out, lse
 
     device_name, num_sms = _device_info(device)
-    cfg = heuristic_config(B, H, S_q, r, dR, max(ctx, 1), kv_cache.shape[1], q.dtype, kv_cache.dtype,
-                           num_sms)
+    cfg = heuristic_config(B, H, S_q, r, dR, max(ctx, 1), kv_cache.shape[1], q.dtype,
+                           kv_cache.dtype, num_sms)
     tuned = None
     if config is None:
         dtype_name = "fp8" if kv_cache.dtype in _FP8 else _DTYPE_NAMES[kv_cache.dtype]
@@ -379,9 +402,10 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, k
     fp8 = kv_cache.dtype in _FP8
     kv_arg = kv_cache.view(torch.uint8) if fp8 else kv_cache
     if isinstance(kv_scale, torch.Tensor):
-        scale_ptr, kv_scale_val, from_ptr = kv_scale.reshape(1), 1.0, True
+        scale_ptr, kv_scale_val, from_ptr = kv_scale.reshape(1), 1.0, True  # read on device
     else:
-        scale_ptr, kv_scale_val, from_ptr = cache_seqlens, float(1.0 if kv_scale is None else kv_scale), False
+        kv_scale_val = 1.0 if kv_scale is None else float(kv_scale)
+        scale_ptr, from_ptr = cache_seqlens, False  # the pointer is unused: any tensor will do
     splits = cfg["num_splits"]
     if splits == 1:  # one split: stage 1 writes the final output, no merge
         o1, lse1 = out, lse
@@ -420,15 +444,15 @@ def _launch_split(grid, args, constants, cfg, device):
     tries += [c for c in BLOCK_N_CHOICES if c < tries[0]]
     for i, (block_n, stages) in enumerate(tries):
         try:
-            _mla_decode_split_kernel[grid](*args, **constants, BLOCK_N=block_n, num_warps=cfg["num_warps"],
-                                           num_stages=stages)
+            _mla_decode_split_kernel[grid](*args, **constants, BLOCK_N=block_n,
+                                           num_warps=cfg["num_warps"], num_stages=stages)
         except OutOfResources:
             if i == len(tries) - 1:
                 raise
             continue
         if key not in _FITTED and (block_n, stages) != tries[0]:
             warnings.warn(f"mla_decode: BLOCK_N={cfg['BLOCK_N']}, num_stages={cfg['num_stages']} "
-                          f"exceed shared memory here; using BLOCK_N={block_n}, num_stages={stages}",
-                          stacklevel=3)
+                          f"exceed shared memory here; using BLOCK_N={block_n}, "
+                          f"num_stages={stages}", stacklevel=3)
         _FITTED[key] = (block_n, stages)
         return
