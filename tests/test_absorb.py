@@ -2,7 +2,11 @@
 (CPU interpreter: small shapes, fp16/fp32/fp8 cache), bad inputs, launch-config choice, and
 DeepSeek-V3 shapes on a GPU (bf16, fp8)."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -290,6 +294,65 @@ def test_shared_memory_fallback(monkeypatch, poisoned):
     tried.clear()
     mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2})
     assert tried == [(16, 3)]  # remembered
+
+
+# ---- the GPU path compiles for sm_90 and fits its shared memory (no GPU needed) ---------------
+
+SM90_COMPILE = r"""
+import json, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from mlactl.kernels import absorb
+
+def compile_split(q, kv, H, S_q):
+    cfg = absorb.heuristic_config(128, H, S_q, 512, 64, 8192, 64, q, kv, 132)
+    fn = absorb._mla_decode_split_kernel
+    fp8 = kv == torch.float8_e4m3fn
+    name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q]
+    types = dict(q="*" + name, kv="*u8" if fp8 else "*" + name, block_table="*i32",
+                 seqlens="*i32", kv_scale_ptr="*fp32", o="*fp32", lse="*fp32",
+                 qk_scale="fp32", kv_scale="fp32")
+    const = dict(H=H, S_Q=S_q, R=512, DR=64, PAGE=64, BLOCK_H=cfg["BLOCK_H"],
+                 BLOCK_N=cfg["BLOCK_N"], NUM_SPLITS=4, CAUSAL=True, KV_FP8=fp8,
+                 KV_SCALE_FROM_PTR=fp8, DOT_PRECISION="tf32")
+    sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}
+    aligned = ("q", "kv", "o", "lse", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk",
+               "stride_kv_tok", "stride_ob", "stride_os", "stride_oh", "stride_o_split")
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    row, qb, kb = 576, torch.finfo(q).bits // 8, torch.finfo(kv).bits // 8
+    estimate = absorb._smem_bytes(cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["num_stages"], row, qb, kb,
+                                  fp8)
+    return dict(shared=k.metadata.shared, estimate=estimate, block_h=cfg["BLOCK_H"],
+                wgmma="warp_group_dot" in k.asm["ttgir"])
+
+merge = absorb._mla_decode_merge_kernel
+sig = {n: "constexpr" if n in ("H", "R", "NUM_SPLITS", "SPLITS_P2") else "i32"
+       for n in merge.arg_names}
+sig.update(o_part="*fp32", lse_part="*fp32", o="*bf16", lse="*fp32")
+triton.compile(ASTSource(merge, sig, dict(H=128, R=512, NUM_SPLITS=7, SPLITS_P2=8)),
+               target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+bf16, fp16, fp8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
+print(json.dumps([compile_split(*case) for case in
+                  [(bf16, bf16, 128, 1), (bf16, fp8, 128, 1), (fp16, fp16, 16, 1), (bf16, fp8, 16, 1)]]))
+"""
+
+
+@pytest.mark.slow
+def test_sm90_compile_fits_shared_memory():
+    """Compile the default configs of DeepSeek-V3 shapes for sm_90 (Triton's own compiler and
+    ptxas; no GPU): they must compile, fit Hopper's shared memory, and a 64-row tile must use
+    wgmma. Runs in a subprocess because the interpreter, set for this session, patches tl."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", SM90_COMPILE], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for case in json.loads(run.stdout.strip().splitlines()[-1]):
+        assert case["shared"] <= absorb.SMEM_BUDGET, case
+        assert case["shared"] <= case["estimate"], case  # the heuristic's estimate is not short
+        assert case["wgmma"] == (case["block_h"] == 64), case
 
 
 # ---- bad inputs: one ValueError each, naming the argument, before any launch -------------------
