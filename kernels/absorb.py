@@ -76,7 +76,7 @@ def _mla_decode_split_kernel(
     H: tl.constexpr, S_Q: tl.constexpr, R: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr, KV_FP8: tl.constexpr, KV_SCALE_FROM_PTR: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     """One (row tile, split, request): online softmax over the split's keys, normalised output.
 
@@ -105,6 +105,9 @@ def _mla_decode_split_kernel(
     b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
     b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None],
                     other=0.0)  # [BLOCK_H, DR]
+    if DOT_FP32:  # Triton's interpreter multiplies bf16 bit patterns in tl.dot: widen to fp32
+        b_q = b_q.to(tl.float32)
+        b_qpe = b_qpe.to(tl.float32)
 
     # keys at positions < limit are visible to a row (new token s sits at seqlen - S_Q + s)
     if CAUSAL:
@@ -138,6 +141,9 @@ def _mla_decode_split_kernel(
         if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
             b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
             b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
+        if DOT_FP32:
+            b_kv = b_kv.to(tl.float32)
+            b_kpe = b_kpe.to(tl.float32)
 
         b_s = tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
         b_s = tl.dot(b_q, tl.trans(b_kv), b_s, input_precision=DOT_PRECISION)
@@ -425,7 +431,8 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, k
             kv_cache.shape[0], block_table.shape[1])
     constants = dict(H=H, S_Q=S_q, R=r, DR=dR, PAGE=kv_cache.shape[1], BLOCK_H=cfg["BLOCK_H"],
                      NUM_SPLITS=splits, CAUSAL=bool(causal), KV_FP8=fp8, KV_SCALE_FROM_PTR=from_ptr,
-                     DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+                     DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                     DOT_FP32=q.dtype == torch.bfloat16 and device.type != "cuda")
     _launch_split(grid, args, constants, cfg, device)
     if splits > 1:
         _mla_decode_merge_kernel[(S_q * H, B)](

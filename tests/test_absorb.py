@@ -171,6 +171,8 @@ KERNEL_CASES = [
                  id="B2-H4-Sq1-r32-bs32-len300,1000-fp16-default-config"),
     pytest.param((7, 45), 2, 2, 16, 32, 16, torch.float32, None, True, 2, {"BLOCK_H": 32}, F32,
                  id="B2-H2-Sq2-r16-dR32-bs16-len7,45-fp32-BLOCK_H32"),
+    pytest.param((2, 17, 300), 4, 2, 32, 16, 16, torch.bfloat16, None, True, 3, None, BF16,
+                 id="B3-H4-Sq2-r32-bs16-len2,17,300-bf16-split3"),
     pytest.param((1, 17, 300), 4, 1, 32, 16, 16, torch.float16, FP8, True, 3, None, F16,
                  id="B3-H4-Sq1-r32-bs16-len1,17,300-fp8cache-qfp16-split3"),
     pytest.param((2, 64, 97), 3, 2, 32, 16, 32, torch.float32, FP8, True, 1, None, F32,
@@ -314,7 +316,7 @@ def compile_split(q, kv, H, S_q):
                  qk_scale="fp32", kv_scale="fp32")
     const = dict(H=H, S_Q=S_q, R=512, DR=64, PAGE=64, BLOCK_H=cfg["BLOCK_H"],
                  BLOCK_N=cfg["BLOCK_N"], NUM_SPLITS=4, CAUSAL=True, KV_FP8=fp8,
-                 KV_SCALE_FROM_PTR=fp8, DOT_PRECISION="tf32")
+                 KV_SCALE_FROM_PTR=fp8, DOT_PRECISION="tf32", DOT_FP32=False)
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}
     aligned = ("q", "kv", "o", "lse", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk",
                "stride_kv_tok", "stride_ob", "stride_os", "stride_oh", "stride_o_split")
