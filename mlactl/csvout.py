@@ -20,7 +20,7 @@ CHUNK = 32768  # rows per block: bounds memory at about rows * line width * 2 by
 
 _ZERO = ord("0")
 # every 4-digit group as 4 ASCII bytes: one divide per 4 digits instead of one per digit
-_GROUPS = np.array([[ord(c) for c in f"{i:04d}"] for i in range(10000)], dtype=np.uint8)
+_GROUPS = (np.arange(10000)[:, None] // np.array([1000, 100, 10, 1]) % 10 + _ZERO).astype(np.uint8)
 _GROUPS32 = _GROUPS.copy().view(np.uint32).reshape(-1)  # the same, one 4-byte word per group
 _POW10 = 10.0 ** np.arange(1, 17)
 

@@ -1,0 +1,112 @@
+"""The results store: what `mlactl tune` measured, as one versioned JSON file per run.
+
+`mlactl plot`, `analyze --policy measured` and `mla_attention(path="auto")` read these files;
+nothing here imports torch. Schema version 1 (README.md, "Results files"):
+
+    {
+      "schema": "mlactl.results", "schema_version": 1,
+      "run_id": "20261130-064500-NVIDIA_H200-deepseek-v3", "created": "2026-11-30T06:45:00Z",
+      "mlactl_version": "0.1.0",
+      "device": {"name": "NVIDIA H200", "type": "cuda", "hardware": "h200", "sm_count": 132},
+      "versions": {"python": "3.12.3", "torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0"},
+      "backend": "triton" | "torch" | "interpret",
+      "timing": {"method": "cuda-graph" | "cuda-events" | "wall-clock", "l2": "cold" | "warm",
+                 "warmup": 5, "repeats": 50, "meaningful": true},
+      "model": {... MLAConfig fields ...}, "kv_dtype": "bf16", "dtype": "bf16", "chunk": 8192,
+      "kernels": [                          # `mlactl tune kernels`
+        {"kernel": "mla_decode", "bucket": "B=128,H=128,S_q=1,ctx=8192",
+         "shape": {"B": 128, "H": 128, "S_q": 1, "ctx": 8192},
+         "flops": 2.9e14, "bytes": 1.2e9,
+         "configs": [{"config": {"BLOCK_N": 64, "num_warps": 8}, "status": "ok" | "failed" | "wrong",
+                      "reason": "", "median_s": 1e-4, "p10_s": 9e-5, "p90_s": 1.1e-4}],
+         "best": {"BLOCK_N": 64, "num_warps": 8}, "best_median_s": 1e-4,
+         "default_median_s": 1.2e-4, "twin_median_s": 9e-3}
+      ],
+      "paths": [                            # `mlactl tune paths`: one row per measured point
+        {"batch": 1, "new": 64, "prefix": 4096, "path": "absorb",
+         "median_s": 1e-4, "p10_s": 9e-5, "p90_s": 1.1e-4, "flops": 1e10, "bytes": 1e8,
+         "predicted_s": 8e-5}
+      ],
+      "crossovers": [                       # per (batch, prefix) measured by `tune paths`
+        {"batch": 1, "prefix": 4096, "measured": 180, "predicted": 175, "predicted_by_flops": 168}
+      ],
+      "ceilings": {"peak_tflops": {"bf16": 780.0}, "bandwidth_tbs": 4.3}   # `tune ceilings`
+    }
+
+Every section but the header is optional: a run that only measured ceilings has no "paths".
+Times are seconds, FLOPs and bytes raw counts (from cost.py), as everywhere in mlactl.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlactl.errors import MlactlError
+
+SCHEMA = "mlactl.results"
+SCHEMA_VERSION = 1
+SECTIONS = ("kernels", "paths", "crossovers", "ceilings")
+
+
+def validate(data, where: str) -> dict:
+    """Check the header and the shape of each section; return `data`. Raises MlactlError."""
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise MlactlError(f"{where} is not an mlactl results file (no \"schema\": \"{SCHEMA}\")")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise MlactlError(
+            f"{where} has results schema version {version!r}; this mlactl reads version "
+            f"{SCHEMA_VERSION} (re-run `mlactl tune`, or use the mlactl that wrote it)"
+        )
+    for key in ("device", "backend", "timing", "model"):
+        if key not in data:
+            raise MlactlError(f"{where}: missing {key!r}")
+    if not isinstance(data["device"], dict) or "name" not in data["device"]:
+        raise MlactlError(f"{where}: 'device' must be an object with a 'name'")
+    for section in ("kernels", "paths", "crossovers"):
+        if not isinstance(data.get(section, []), list):
+            raise MlactlError(f"{where}: {section!r} must be a list")
+    for i, row in enumerate(data.get("paths", [])):
+        missing = [k for k in ("batch", "new", "prefix", "path", "median_s") if k not in row]
+        if missing:
+            raise MlactlError(f"{where}: paths[{i}] lacks {', '.join(missing)}")
+    return data
+
+
+def load(path: str | Path) -> dict:
+    """Read and validate one results file; one clear line on any problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise MlactlError(f"cannot read results {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MlactlError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg}); the file is "
+                          "corrupt or was cut short") from None
+    return validate(data, str(path))
+
+
+def check_matches(data: dict, where: str, model_name: str | None = None,
+                  hardware_name: str | None = None) -> None:
+    """A results file measured for another model or device than asked is an error."""
+    model = data.get("model", {}).get("name")
+    if model_name is not None and model != model_name:
+        raise MlactlError(f"{where} was measured for model {model!r}, not {model_name!r} "
+                          "(pass --model to match, or another results file)")
+    device = data["device"]
+    if hardware_name is not None and device.get("hardware") not in (None, hardware_name):
+        raise MlactlError(f"{where} was measured on {device['name']} ({device.get('hardware')}), "
+                          f"not {hardware_name} (pass --hardware to match, or another results file)")
+
+
+def measured_crossovers(data: dict, batch: int | None = None) -> dict[int, int | None]:
+    """{prefix: measured crossover} for one batch size (the smallest measured if None)."""
+    rows = data.get("crossovers", [])
+    if not rows:
+        return {}
+    batches = sorted({r["batch"] for r in rows})
+    pick = batch if batch in batches else batches[0]
+    return {int(r["prefix"]): r.get("measured") for r in rows if r["batch"] == pick}
