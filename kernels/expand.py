@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from mlactl.kernels import configs
 from mlactl.kernels._checks import check_device, interpreting
@@ -57,20 +58,19 @@ def _load_tile(ptrs, m_rows, m_cols, MASK_ROWS: tl.constexpr, MASK_COLS: tl.cons
 
 @triton.jit
 def _attend_keys(acc, l_i, m_i, b_qn, b_qr, p_kn, p_kr, p_v, s_kn_t, s_kr_t, s_v_t,
-                 o_m, o_n, o_dc, o_dr, o_dv, m_dc, m_dr, m_dv, lo, hi, len_k, delta, qk_scale,
+                 o_m, o_n, m_dc, m_dr, m_dv, lo, hi, len_k, delta, qk_scale,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAD_DC: tl.constexpr,
                  PAD_DR: tl.constexpr, PAD_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                  PRECISION: tl.constexpr):
     """Online softmax over the key blocks [lo, hi). MASKED blocks apply the key bound and, with
-    CAUSAL, the diagonal; the others are wholly visible to every row and load without masks."""
+    CAUSAL, the diagonal; the others are wholly visible to every row and load without masks.
+    p_kn, p_kr, p_v are pointer tiles at key 0 of the request ([BLOCK_N, BLOCK_D*])."""
     for start_n in range(lo, hi, BLOCK_N):
         off_n = tl.cast(start_n, tl.int64)
         o_k = start_n + o_n
         m_k = o_k < len_k
-        b_kn = _load_tile(p_kn + off_n * s_kn_t + o_n[:, None] * s_kn_t + o_dc[None, :], m_k, m_dc,
-                          MASKED, PAD_DC)  # [BLOCK_N, BLOCK_DC]
-        b_kr = _load_tile(p_kr + off_n * s_kr_t + o_n[:, None] * s_kr_t + o_dr[None, :], m_k, m_dr,
-                          MASKED, PAD_DR)  # [BLOCK_N, BLOCK_DR]
+        b_kn = _load_tile(p_kn + off_n * s_kn_t, m_k, m_dc, MASKED, PAD_DC)  # [BLOCK_N, BLOCK_DC]
+        b_kr = _load_tile(p_kr + off_n * s_kr_t, m_k, m_dr, MASKED, PAD_DR)  # [BLOCK_N, BLOCK_DR]
         b_s = tl.dot(b_qn, tl.trans(b_kn), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
         b_s = tl.dot(b_qr, tl.trans(b_kr), b_s, input_precision=PRECISION)
         b_s = b_s * qk_scale  # log2 units: exp2 below is exp of the scaled score
@@ -80,14 +80,14 @@ def _attend_keys(acc, l_i, m_i, b_qn, b_qr, p_kn, p_kr, p_v, s_kn_t, s_kr_t, s_v
                 m_s = m_s & (o_k[None, :] <= o_m[:, None] + delta)  # [BLOCK_M, BLOCK_N]
             b_s = tl.where(m_s, b_s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
+        m_shift = m_new
         if MASKED:
-            # a row that has seen no key yet keeps m = -inf; shift by 0 so that no -inf - -inf NaN
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        b_p = tl.math.exp2(b_s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
-        alpha = tl.math.exp2(m_i - m_new)
+            # a row that has seen no key yet keeps m = -inf; shift it by 0, not -inf (-inf - -inf = NaN)
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        b_p = tl.math.exp2(b_s - m_shift[:, None])  # [BLOCK_M, BLOCK_N]
+        alpha = tl.math.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(b_p, 1)
-        b_v = _load_tile(p_v + off_n * s_v_t + o_n[:, None] * s_v_t + o_dv[None, :], m_k, m_dv,
-                         MASKED, PAD_DV)  # [BLOCK_N, BLOCK_DV]
+        b_v = _load_tile(p_v + off_n * s_v_t, m_k, m_dv, MASKED, PAD_DV)  # [BLOCK_N, BLOCK_DV]
         acc = acc * alpha[:, None]
         acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision=PRECISION)  # [BLOCK_M, BLOCK_DV]
         m_i = m_new
@@ -103,9 +103,10 @@ def _mla_prefill_kernel(
     BLOCK_DC: tl.constexpr, BLOCK_DR: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    # grid (query block, head, request): block 0 is each request's LAST query block, the one
-    # that sees the most keys, and requests come longest first (p_order), so the long causal
-    # blocks are scheduled first and the short ones fill the tail.
+    # grid (query block, head, request), query blocks fastest. Block 0 is a request's LAST
+    # query block, the one that sees the most keys, and requests come longest first (p_order):
+    # each head's long causal blocks start first and its short ones fill the tail, while the
+    # programs in flight together share the K/V of a few heads in L2 (4 MB per head at 8K tokens).
     i_j = tl.program_id(0)
     i_h = tl.program_id(1)
     i_b = tl.load(p_order + tl.program_id(2))
@@ -134,9 +135,10 @@ def _mla_prefill_kernel(
     b_qn = _load_tile(p_q + r_q + o_dc[None, :], m_m, m_dc, True, BLOCK_DC != DC)       # [BLOCK_M, BLOCK_DC]
     b_qr = _load_tile(p_q + DC + r_q + o_dr[None, :], m_m, m_dr, True, BLOCK_DR != DR)  # [BLOCK_M, BLOCK_DR]
 
-    p_kn = p_kn + k_start.to(tl.int64) * s_kn_t + i_h * s_kn_h
-    p_kr = p_kr + k_start.to(tl.int64) * s_kr_t
-    p_v = p_v + k_start.to(tl.int64) * s_v_t + i_h * s_v_h
+    # pointer tiles at the request's key 0; the key loop adds start_n * stride
+    p_kn = p_kn + k_start.to(tl.int64) * s_kn_t + i_h * s_kn_h + o_n[:, None] * s_kn_t + o_dc[None, :]  # [BLOCK_N, BLOCK_DC]
+    p_kr = p_kr + k_start.to(tl.int64) * s_kr_t + o_n[:, None] * s_kr_t + o_dr[None, :]                 # [BLOCK_N, BLOCK_DR]
+    p_v = p_v + k_start.to(tl.int64) * s_v_t + i_h * s_v_h + o_n[:, None] * s_v_t + o_dv[None, :]        # [BLOCK_N, BLOCK_DV]
 
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -151,11 +153,11 @@ def _mla_prefill_kernel(
         hi = len_k
     mid = (n_full // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _attend_keys(acc, l_i, m_i, b_qn, b_qr, p_kn, p_kr, p_v, s_kn_t, s_kr_t, s_v_t,
-                                 o_m, o_n, o_dc, o_dr, o_dv, m_dc, m_dr, m_dv, 0, mid, len_k, delta,
+                                 o_m, o_n, m_dc, m_dr, m_dv, 0, mid, len_k, delta,
                                  qk_scale, False, CAUSAL, BLOCK_DC != DC, BLOCK_DR != DR,
                                  BLOCK_DV != DV, BLOCK_N, PRECISION)
     acc, l_i, m_i = _attend_keys(acc, l_i, m_i, b_qn, b_qr, p_kn, p_kr, p_v, s_kn_t, s_kr_t, s_v_t,
-                                 o_m, o_n, o_dc, o_dr, o_dv, m_dc, m_dr, m_dv, mid, hi, len_k, delta,
+                                 o_m, o_n, m_dc, m_dr, m_dv, mid, hi, len_k, delta,
                                  qk_scale, True, CAUSAL, BLOCK_DC != DC, BLOCK_DR != DR,
                                  BLOCK_DV != DV, BLOCK_N, PRECISION)
 
@@ -311,7 +313,7 @@ def mla_prefill(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, *, caus
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             )
             return out, lse
-        except triton.runtime.errors.OutOfResources as exc:
+        except OutOfResources as exc:
             smaller = _smaller(cfg) if heuristic else None
             if smaller is None:
                 raise ValueError(f"config {cfg} does not fit this GPU: {exc}") from None

@@ -5,10 +5,11 @@
 * `expand_kv` up-projects latents into per-head keys and values: two plain matmuls in torch
   (cuBLAS does them at peak; 2*r*H*(dC+dV) FLOPs per token, mlactl/cost.py "expand kv").
 * `mla_prefill_expand` expands every request's whole context and runs one causal attention.
-* `mla_prefill_chunked` bounds the expanded K/V to max(new tokens, chunk) tokens: the new
-  tokens first attend causally to themselves, then the prefix is expanded `chunk` tokens at a
+* `mla_prefill_chunked` bounds the expanded K/V to max(new, chunk) tokens per request: the new
+  tokens first attend causally to themselves, then each prefix is expanded `chunk` tokens at a
   time (non-causal: every new query sees every prefix token) and each partial is merged in by
-  its lse (merge_attn_states), as vLLM's MLA backend does for chunked context.
+  its lse (merge_attn_states), as vLLM's MLA backend does for chunked context. The step count
+  and memory are those of mlactl/cost.py's expand_chunked.
 
 The attention and merge functions are arguments, so the same drivers run the Triton kernels
 (the defaults) or the torch twins (`attn=mla_prefill_naive, merge=merge_attn_states_naive`,
@@ -29,7 +30,7 @@ from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_scale, check_
 from mlactl.kernels.expand_naive import check_inner_stride, check_same_device
 
 DEEPSEEK_ROW, DEEPSEEK_R = 576, 512  # r may be left out only for DeepSeek's [c (512) | k_r (64)] rows
-DEFAULT_CHUNK = 8192  # prefix tokens expanded at once: 8192 x 128 heads x 256 x 2 B = 512 MiB of K/V
+DEFAULT_CHUNK = 8192  # prefix tokens per request and step: 8192 x 128 heads x 256 x 2 B = 512 MiB of K/V
 
 
 def _dtype_name(dtype) -> str:
@@ -262,18 +263,19 @@ def mla_prefill_expand(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, 
 
 def mla_prefill_chunked(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, *,
                         chunk=DEFAULT_CHUNK, kv_scale=None, r=None, attn=None, merge=None):
-    """The expand path with the prefix expanded `chunk` tokens at a time, merged by lse.
+    """The expand path with each prefix expanded `chunk` tokens at a time, merged by lse.
 
     Arguments as mla_prefill_expand, plus
-    chunk: prefix tokens (over the whole batch) expanded per step, >= 1
+    chunk: prefix tokens per request expanded per step, >= 1 (mlactl/cost.py's expand_chunked)
     merge: merge_attn_states (default) or merge_attn_states_naive
     returns (out [T_q, H, dV] in q's dtype, lse [T_q, H] fp32).
 
     Step 0: the new tokens of each request attend causally to their own expanded K/V.
-    Steps 1..: the prefixes of all requests, laid end to end, are cut into windows of `chunk`
-    tokens; a window covers a run of consecutive requests, so their queries are one slice of q.
-    Those queries attend (non-causally) to the window's expanded K/V and the partial result is
-    merged into out/lse in place. Peak expanded K/V: max(T_q, chunk) tokens.
+    Step c >= 1: prefix tokens [(c-1)*chunk, c*chunk) of every request whose prefix reaches that
+    far are expanded; the queries of those requests (one slice of q, from the first to the last
+    of them) attend to them non-causally, and the partial result is merged into out/lse in place.
+    Expanded K/V held at once: the new tokens (step 0), then at most `chunk` tokens per request,
+    so per request max(new, min(prefix, chunk)) tokens instead of new + prefix.
     """
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be an int >= 1 (prefix tokens expanded per step), got {chunk!r}")
@@ -283,7 +285,7 @@ def mla_prefill_chunked(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk,
     device = q.device
     cu_new = _cu(news, device)
     cu_new_host = cu_new.tolist()
-    prefix = [c - n if n else 0 for c, n in zip(lens, news)]
+    prefix = [c - n if n else 0 for c, n in zip(lens, news)]  # no new token: nothing to attend
 
     # step 0: new tokens against themselves, causal (len_q == len_k: the plain diagonal)
     latent, k_rope = _gather(kv_cache, block_table, prefix, news, r, kv_scale, q.dtype)
@@ -293,26 +295,17 @@ def mla_prefill_chunked(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk,
                     max_seqlen_q=max_new, max_seqlen_k=max_new)
     del latent, k_rope, k_nope, v
 
-    # steps 1..: prefix windows [w0, w1) of the concatenated prefixes
-    starts = [0]
-    for p in prefix:
-        starts.append(starts[-1] + p)
-    total = starts[-1]
-    b0 = 0
-    for w0 in range(0, total, chunk):
-        w1 = min(w0 + chunk, total)
-        while starts[b0 + 1] <= w0:  # first request whose prefix reaches into the window
-            b0 += 1
-        b1 = b0
-        while b1 + 1 < len(prefix) and starts[b1 + 1] < w1:  # last one that starts before w1
-            b1 += 1
-        firsts = [max(w0, starts[b]) - starts[b] for b in range(b0, b1 + 1)]
-        counts = [min(w1, starts[b + 1]) - starts[b] - f for b, f in zip(range(b0, b1 + 1), firsts)]
-        latent, k_rope = _gather(kv_cache, block_table[b0:b1 + 1], firsts, counts, r, kv_scale, q.dtype)
+    # steps 1..: prefix positions [lo, lo + chunk) of every request
+    for lo in range(0, max(prefix, default=0), chunk):
+        part = [b for b, p in enumerate(prefix) if p > lo]
+        b0, b1 = part[0], part[-1]  # requests in between with shorter prefixes get no keys
+        counts = [max(0, min(p, lo + chunk) - lo) for p in prefix[b0:b1 + 1]]
+        latent, k_rope = _gather(kv_cache, block_table[b0:b1 + 1], [lo] * len(counts), counts, r,
+                                 kv_scale, q.dtype)
         k_nope, v = expand_kv(latent, w_uk, w_uv)
         rows = slice(cu_new_host[b0], cu_new_host[b1 + 1])
-        o_w, lse_w = attn(q[rows], k_nope, k_rope, v, cu_new[b0:b1 + 2] - cu_new[b0], _cu(counts, device),
+        o_c, lse_c = attn(q[rows], k_nope, k_rope, v, cu_new[b0:b1 + 2] - cu_new[b0], _cu(counts, device),
                           scale, causal=False, max_seqlen_q=max(news[b0:b1 + 1]), max_seqlen_k=max(counts))
-        _, lse_m = merge(out[rows], lse[rows], o_w, lse_w, out=out[rows])
+        _, lse_m = merge(out[rows], lse[rows], o_c, lse_c, out=out[rows])
         lse[rows] = lse_m
     return out, lse

@@ -155,8 +155,9 @@ def test_unchunked_equals_reference(backend):
     check(*mla_prefill_expand(**args, attn=BACKENDS[backend].get("attn")), ref_out, ref_lse, torch.float32)
 
 
-# chunk 1, 31 (divides the 62 prefix tokens), 8 and 17 (do not), 1000 (more than the prefix)
-@pytest.mark.parametrize("chunk", [1, 8, 17, 31, 1000])
+# prefixes 23 and 39: chunk 1, 8 and 17 (divide neither), 13 (divides 39), 23 (divides 23),
+# 1000 (more than either)
+@pytest.mark.parametrize("chunk", [1, 8, 13, 17, 23, 1000])
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_chunked_equals_unchunked_equals_reference(backend, chunk):
     args, ref_out, ref_lse = batch(CTX, NEW)
@@ -179,18 +180,19 @@ def test_chunked_fp16_with_the_kernels():
     check(*mla_prefill_chunked(**args, chunk=20), ref_out, ref_lse, torch.float16)
 
 
-def test_expanded_kv_never_exceeds_max_new_chunk():
-    """The memory contract: every attention call sees at most max(T_q, chunk) expanded keys."""
-    seen = []
+def test_expanded_kv_is_max_new_chunk_per_request():
+    """The memory contract: after the new tokens, each step expands <= chunk tokens per request."""
+    steps = []
 
-    def attn(q, k_nope, k_rope, v, *a, **kw):
-        seen.append(k_nope.shape[0])
-        return mla_prefill_naive(q, k_nope, k_rope, v, *a, **kw)
+    def attn(q, k_nope, k_rope, v, cu_q, cu_k, *a, **kw):
+        steps.append((k_nope.shape[0], (cu_k[1:] - cu_k[:-1]).tolist()))
+        return mla_prefill_naive(q, k_nope, k_rope, v, cu_q, cu_k, *a, **kw)
 
     args, ref_out, _ = batch(CTX, NEW)
     out, _ = mla_prefill_chunked(**args, chunk=10, attn=attn, merge=merge_attn_states_naive)
-    assert seen[0] == sum(NEW) and max(seen[1:]) <= 10 and sum(seen[1:]) == 62
-    assert len(seen) == 1 + 7  # new tokens, then ceil(62 / 10) windows
+    # prefixes 23, 0, 0, 39, 0: new tokens, then ceil(39 / 10) steps over requests 0..3
+    assert steps == [(sum(NEW), NEW), (20, [10, 0, 0, 10]), (20, [10, 0, 0, 10]), (13, [3, 0, 0, 10]),
+                     (9, [9])]
     torch.testing.assert_close(out.double(), ref_out, **TOL[torch.float32])
 
 
