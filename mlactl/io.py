@@ -40,3 +40,23 @@ def atomic_open(path: str | Path, mode: str = "wb"):
 def atomic_write(path: str | Path, data: str | bytes) -> None:
     with atomic_open(path, "wb") as fh:
         fh.write(data.encode() if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def locked(path: str | Path):
+    """Hold an exclusive lock on `path`.lock while reading, merging and rewriting `path`, so two
+    processes updating one file take turns instead of losing each other's entries. POSIX only;
+    elsewhere it does not lock."""
+    lock_path = Path(str(path) + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as fh:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            yield
+            return
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)

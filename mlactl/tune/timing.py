@@ -1,0 +1,112 @@
+"""One timing harness for kernels, paths and ceilings.
+
+On CUDA: CUDA events around each call, after a warm-up; by default the L2 is flushed before every
+repetition (a buffer twice the L2 is overwritten outside the timed region), so each call reads
+its operands from HBM as it would inside a model ("cold"); `warm=True` skips the flush. On a CPU:
+wall-clock time around each call ("wall-clock"). The number of repetitions adapts to the call's
+length so that a measurement takes about `budget_s`. Figures are the median and the 10th/90th
+percentiles of the repetitions.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Timing:
+    median_s: float
+    p10_s: float
+    p90_s: float
+    repeats: int
+    method: str  # "cuda-events" | "wall-clock"
+    l2: str  # "cold" | "warm"
+    times_s: list[float] = field(default_factory=list)
+
+    def to_dict(self, keep_times: bool = False) -> dict:
+        out = asdict(self)
+        if not keep_times:
+            out.pop("times_s")
+        return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def summarize(times: list[float], method: str, l2: str) -> Timing:
+    return Timing(statistics.median(times), _percentile(times, 0.1), _percentile(times, 0.9),
+                  len(times), method, l2, list(times))
+
+
+class _Flusher:
+    """Overwrites a buffer twice the L2's size: evicts whatever the last call left there."""
+
+    def __init__(self, device):
+        import torch
+
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20) or (64 << 20)
+        self.buffer = torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
+
+    def __call__(self):
+        self.buffer.zero_()
+
+
+_flushers: dict = {}
+
+
+def time_call(fn, *, device=None, warm: bool = False, warmup: int = 3, budget_s: float = 0.1,
+              min_repeats: int = 5, max_repeats: int = 200) -> Timing:
+    """Time `fn()` (no arguments; it must do the whole measured work each call)."""
+    import torch
+
+    cuda = device is not None and torch.device(device).type == "cuda"
+    if not cuda:
+        for _ in range(warmup):
+            fn()
+        start = time.perf_counter()
+        fn()
+        once = max(time.perf_counter() - start, 1e-9)
+        repeats = int(min(max_repeats, max(min_repeats, budget_s / once)))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return summarize(times, "wall-clock", "warm")
+
+    device = torch.device(device)
+    flush = None
+    if not warm:
+        flush = _flushers.get(device)
+        if flush is None:
+            flush = _flushers[device] = _Flusher(device)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    once = max(start.elapsed_time(end) / 1e3, 1e-7)
+    repeats = int(min(max_repeats, max(min_repeats, budget_s / once)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    for i in range(repeats):
+        if flush is not None:
+            flush()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    times = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+    return summarize(times, "cuda-events", "warm" if warm else "cold")
