@@ -416,7 +416,7 @@ BAD_INPUTS = [
     pytest.param(_with(kv_scale=lambda a: torch.ones(2, device=a["q"].device)),
                  "kv_scale must be a float or a 1-element", id="kv_scale-2-elements"),
     pytest.param(_with(r=None), r"r \(latent rank\) cannot be inferred", id="r-not-inferable"),
-    pytest.param(_with(r=24, q=lambda a: a["q"], kv_cache=lambda a: a["kv_cache"]),
+    pytest.param(_with(r=24),
                  "r=24 must be a power of two", id="r-not-pow2"),
     pytest.param(_with(q=lambda a: a["q"][..., :40], kv_cache=lambda a: a["kv_cache"][..., :40]),
                  "dR=8 must be a power of two >= 16", id="dR-8"),
@@ -453,22 +453,27 @@ def test_cpu_tensors_refused_without_interpreter(monkeypatch):
 # ---- GPU: DeepSeek-V3 shapes (r=512, dR=64, page 64) --------------------------------------------
 
 DSV3_SCALE = 1 / math.sqrt(128 + 64)
-GPU_CASES = [
-    pytest.param(128, 1, torch.bfloat16, None, None, BF16, id="H128-Sq1-bf16-len1,777,4096,8192"),
-    pytest.param(16, 1, torch.bfloat16, None, None, BF16, id="H16-Sq1-bf16-len1,777,4096,8192"),
-    pytest.param(128, 1, torch.bfloat16, FP8, None, BF16, id="H128-Sq1-fp8-len1,777,4096,8192"),
-    pytest.param(16, 1, torch.bfloat16, FP8, None, BF16, id="H16-Sq1-fp8-len1,777,4096,8192"),
-    pytest.param(16, 4, torch.bfloat16, None, None, BF16, id="H16-Sq4-MTP-bf16-len4,777,4096,8192"),
-    pytest.param(128, 2, torch.bfloat16, FP8, 7, BF16, id="H128-Sq2-fp8-split7-len2,777,4096,8192"),
-    pytest.param(128, 1, torch.float16, None, 64, F16, id="H128-Sq1-fp16-split64-len1,777,4096,8192"),
+GPU_CASES = [  # (H, S_q, block_size, dtype, kv_dtype, num_splits, tol); lens 1|S_q, 777, 4096, 8192
+    pytest.param(128, 1, 64, torch.bfloat16, None, None, BF16, id="H128-Sq1-bs64-bf16"),
+    pytest.param(16, 1, 64, torch.bfloat16, None, None, BF16, id="H16-Sq1-bs64-bf16"),
+    pytest.param(128, 1, 64, torch.bfloat16, FP8, None, BF16, id="H128-Sq1-bs64-fp8"),
+    pytest.param(16, 1, 64, torch.bfloat16, FP8, None, BF16, id="H16-Sq1-bs64-fp8"),
+    pytest.param(16, 4, 64, torch.bfloat16, None, None, BF16, id="H16-Sq4-MTP-bs64-bf16"),
+    pytest.param(128, 2, 64, torch.bfloat16, FP8, 7, BF16, id="H128-Sq2-bs64-fp8-split7"),
+    pytest.param(128, 1, 64, torch.float16, None, 64, F16, id="H128-Sq1-bs64-fp16-split64"),
+    pytest.param(64, 1, 16, torch.bfloat16, None, None, BF16, id="H64-Sq1-bs16-bf16"),
+    pytest.param(32, 3, 32, torch.bfloat16, None, 3, BF16, id="H32-Sq3-bs32-bf16-rows96"),
+    pytest.param(8, 2, 64, torch.bfloat16, FP8, None, BF16, id="H8-Sq2-bs64-fp8"),
+    pytest.param(2, 1, 64, torch.float16, None, 5, F16, id="H2-Sq1-bs64-fp16-split5"),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("H, S_q, dtype, kv_dtype, num_splits, tol", GPU_CASES)
-def test_gpu_deepseek_v3(poisoned, H, S_q, dtype, kv_dtype, num_splits, tol):
-    lens = (max(1, S_q), 777, 4096, 8192)
-    q, kv, table, seqlens, kv_scale = paged_case(lens, H, S_q, 512, 64, 64, dtype, kv_dtype)
+@pytest.mark.parametrize("H, S_q, block_size, dtype, kv_dtype, num_splits, tol", GPU_CASES)
+def test_gpu_deepseek_v3(poisoned, H, S_q, block_size, dtype, kv_dtype, num_splits, tol):
+    lens = (S_q, 777, 4096, 8192)
+    q, kv, table, seqlens, kv_scale = paged_case(lens, H, S_q, 512, 64, block_size, dtype,
+                                                 kv_dtype)
     got = mla_decode(q, kv, table, seqlens, DSV3_SCALE, kv_scale=kv_scale, num_splits=num_splits)
     torch.cuda.synchronize()
     want = mla_decode_naive(q, kv, table, seqlens, DSV3_SCALE, kv_scale=kv_scale)
