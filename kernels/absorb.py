@@ -296,6 +296,8 @@ def _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal, kv_scale, 
     check_dim("kv_cache", kv_cache, 2, row, "q.shape[-1] = r + dR")
     check_dim("block_table", block_table, 0, B, "the batch size q.shape[0]")
     check_dim("cache_seqlens", cache_seqlens, 0, B, "the batch size q.shape[0]")
+    if kv_cache.shape[1] < 1:
+        raise ValueError(f"kv_cache has block_size 0 (shape {tuple(kv_cache.shape)})")
     fp8 = kv_cache.dtype in _FP8
     if not fp8 and kv_cache.dtype != q.dtype:
         raise ValueError(f"kv_cache has dtype {kv_cache.dtype} but q has {q.dtype}; they must match "
@@ -303,7 +305,7 @@ def _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal, kv_scale, 
     if fp8 and kv_scale is None:
         raise ValueError("kv_scale is required with an fp8 kv_cache (real value = fp8 value * kv_scale)")
     if isinstance(kv_scale, torch.Tensor):
-        if kv_scale.numel() != 1 or not kv_scale.dtype.is_floating_point:
+        if kv_scale.numel() != 1 or kv_scale.dtype not in _DTYPE_NAMES:
             raise ValueError(f"kv_scale must be a float or a 1-element float tensor, got shape "
                              f"{tuple(kv_scale.shape)} {kv_scale.dtype}")
         if kv_scale.device != q.device:
@@ -393,7 +395,11 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, k
         tuned = configs.lookup("mla_decode", device_name, dtype_name, B=B, H=H, S_q=S_q,
                                ctx=max(ctx, 1))
         if tuned is not None:
-            _check_config(tuned, "tuned config")
+            try:
+                _check_config(tuned, "tuned config")
+            except ValueError as exc:  # like a malformed file: never fail a launch over it
+                warnings.warn(f"mla_decode: ignoring {exc}", stacklevel=2)
+                tuned = None
     else:
         if not isinstance(config, dict):
             raise ValueError(f"config must be a dict, got {type(config).__name__}")

@@ -253,6 +253,10 @@ def test_config_precedence(monkeypatch, launches):
     assert launches[-1][0][1] == 5  # num_splits= wins over everything
     mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_H": 64})
     assert launches[-1][2]["BLOCK_H"] == 16  # never taller than one request's rows need
+    monkeypatch.setattr(absorb.configs, "lookup", lambda *a, **k: {"BLOCK_N": 24})
+    with pytest.warns(UserWarning, match="ignoring tuned config"):
+        mla_decode(q, kv, table, seqlens, SCALE, r=32)
+    assert launches[-1][2]["BLOCK_N"] == 64  # a bad tuned entry falls back to the heuristic
 
 
 def test_heuristic_deepseek_shapes():
@@ -386,6 +390,8 @@ BAD_INPUTS = [
                  "kv_cache has 2 heads", id="kv-2-heads"),
     pytest.param(_with(kv_cache=lambda a: a["kv_cache"][0]), "kv_cache must have 3 dimensions",
                  id="kv-rank2"),
+    pytest.param(_with(kv_cache=lambda a: a["kv_cache"][:, :0]), "kv_cache has block_size 0",
+                 id="kv-block-size-0"),
     pytest.param(_with(block_table=lambda a: a["block_table"].long()), "block_table has dtype int64",
                  id="table-int64"),
     pytest.param(_with(block_table=lambda a: a["block_table"][:1]), r"block_table.shape\[0\] is 1",
