@@ -268,3 +268,75 @@ def test_gpu_deepseek_other_dtypes(dtype, causal):
 def test_gpu_deepseek_configs(config):
     args = make([777, 128], [2000, 128], dtype=torch.bfloat16, device="cuda", **DSV3)
     assert_matches_twin(args, True, torch.bfloat16, config=config)
+
+
+# ---- Hopper code generation without a GPU -------------------------------------------------------
+
+_COMPILE_SM90 = r"""
+import json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from mlactl.kernels.expand import _mla_prefill_kernel, BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES
+from mlactl.kernels.merge import _merge_kernel, NUM_WARPS as MERGE_WARPS
+
+target = GPUTarget("cuda", 90, 32)
+bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+def build(fn, sig, consts, aligned, num_warps, num_stages):
+    # integer and pointer arguments that are multiples of 16, as the launcher's specialisation sees them
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    k = triton.compile(ASTSource(fn, sig, consts, attrs), target=target,
+                       options=dict(num_warps=num_warps, num_stages=num_stages))
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(k.asm["cubin"])
+    usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", f.name],
+                           capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+).*?STACK:(\d+).*?LOCAL:(\d+)", usage, re.S)
+    ptx = k.asm["ptx"]
+    return dict(shared=k.metadata.shared, regs=int(m.group(1)), stack=int(m.group(2)), local=int(m.group(3)),
+                wgmma=ptx.count("wgmma.mma_async"), cp_async=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"))
+
+names = _mla_prefill_kernel.arg_names
+ptrs = ["p_q", "p_kn", "p_kr", "p_v", "p_o"]
+sig = {n: ("*bf16" if n in ptrs else "*fp32" if n == "p_lse" else "*i32" if n.startswith("p_")
+           else "fp32" if n == "qk_scale" else "i32" if n.startswith("s_") else "constexpr") for n in names}
+aligned = [n for n in names if n.startswith("p_") or (n.startswith("s_") and n != "s_lse_h")]
+dims = dict(DC=128, DR=64, DV=128, BLOCK_DC=128, BLOCK_DR=64, BLOCK_DV=128, PRECISION="tf32")
+out = {}
+for name, (bm, bn, w, s, causal) in {"default-causal": (BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES, True),
+                                     "default-full": (BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES, False),
+                                     "short-q": (64, BLOCK_N, 4, NUM_STAGES, True)}.items():
+    out[name] = build(_mla_prefill_kernel, sig, dict(dims, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal), aligned, w, s)
+mn = _merge_kernel.arg_names
+msig = {n: ("*bf16" if n in ("p_oa", "p_ob", "p_o") else "*fp32" if n.startswith("p_") else "i32"
+            if n == "H" or n.startswith("s_") else "constexpr") for n in mn}
+maligned = [n for n in mn if n.startswith("p_") or n in ("s_oa_t", "s_oa_h", "s_ob_t", "s_ob_h", "s_o_t", "s_o_h")]
+out["merge-D512"] = build(_merge_kernel, msig, dict(D=512, BLOCK_H=8, BLOCK_D=512), maligned, MERGE_WARPS, 1)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_compiles_for_hopper(tmp_path):
+    """The Hopper defaults compile for sm_90 (ptxas from the triton wheel, no GPU needed): they fit
+    in shared memory, do not spill, and use wgmma with cp.async pipelining."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    triton = pytest.importorskip("triton")
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
+        pytest.skip("triton wheel without the NVIDIA tools (ptxas, cuobjdump)")
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    run = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True, env=env, timeout=300)
+    if run.returncode and ("ImportError" in run.stderr or "TypeError" in run.stderr):
+        pytest.skip(f"this triton's compile API differs: {run.stderr.strip().splitlines()[-1]}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    for name, k in got.items():
+        assert k["shared"] <= 227 * 1024, (name, k)
+        assert k["stack"] == 0 and k["local"] == 0, (name, k)  # no register spills
+    for name in ("default-causal", "default-full", "short-q"):
+        assert got[name]["wgmma"] > 0 and got[name]["cp_async"] > 0, (name, got[name])
