@@ -334,6 +334,10 @@ def list_cmd(
          tables=[render.models_table(models), render.hardware_table(profiles)])
 
 
+from mlactl.cli_plot import plot_app  # noqa: E402
+app.add_typer(plot_app, name="plot")
+
+
 def main() -> None:
     if sys.argv[1:2] != ["tune"]:
         # Outside tune, mlactl's arithmetic is elementwise numpy: starting OpenBLAS's thread pool

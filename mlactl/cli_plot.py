@@ -1,0 +1,253 @@
+"""`mlactl plot`: the charts of mlactl.plot from the command line. Parse, call, save; no math here.
+
+matplotlib is imported only when a chart is drawn (inside mlactl.plot), so `mlactl --help` and
+`mlactl analyze` never load it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+# Made before importing mlactl.cli: cli.py imports this module at its end, to register plot_app,
+# and either module may be imported first.
+plot_app = typer.Typer(
+    help="Charts: roofline, crossover, path map and tune sweep, predicted and measured.\n\n"
+    "Example: mlactl plot crossover --hardware h200 --results run.json -o crossover.png",
+    no_args_is_help=True,
+)
+
+from mlactl.cli import (  # noqa: E402
+    BatchOpt,
+    ChunkOpt,
+    ContextOpt,
+    DtypeOpt,
+    HardwareOpt,
+    KvDtypeOpt,
+    MeasuredOpt,
+    ModelOpt,
+    NewOpt,
+    PrefixOpt,
+    ThresholdOpt,
+    TpOpt,
+    choice,
+    cli_errors,
+    load_hardware,
+    load_model,
+    one_int,
+)
+from mlactl.errors import MlactlError  # noqa: E402
+
+ResultsOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--results", "-r", help="A results file `mlactl tune` wrote; repeat for several. Adds the measurements.")]
+DpiOpt = Annotated[str, typer.Option("--dpi", help="Resolution of a .png (dots per inch).")]
+
+
+def output_opt(chart: str):
+    return typer.Option("--output", "-o", help=f"Image file, format from the extension: .png, .svg or .pdf "
+                                               f"(default: {chart}.png).")
+
+
+# Roofline defaults: decode after 4K and 32K cached tokens, and a 4K-token prefill (new, prefix).
+ROOFLINE_SHAPES = ((1, 4096), (1, 32768), (4096, 0))
+# Path-map defaults, filled in to four log-spaced steps per doubling by geometric_fill.
+PATHMAP_NEW = "1:16K:*2"
+PATHMAP_PREFIX = "0,64:128K:*2"
+
+
+def geometric_fill(values: list[int], per_octave: int = 4) -> list[int]:
+    """The given sizes plus `per_octave` log-spaced integers between consecutive ones: a smooth
+    map from a short default list. User-given lists are drawn as given."""
+    import numpy as np
+
+    positive = [v for v in values if v > 0]
+    filled = set(values)
+    for lo, hi in zip(positive, positive[1:]):
+        steps = max(1, round(np.log2(hi / lo) * per_octave))
+        filled.update(int(round(v)) for v in np.geomspace(lo, hi, steps + 1))
+    return sorted(filled)
+
+
+def dtypes(kv_dtype: str, dtype: str) -> dict:
+    return {"kv_dtype": choice(kv_dtype, "--kv-dtype", ("bf16", "fp16", "fp8")),
+            "dtype": choice(dtype, "--dtype", ("bf16", "fp16"))}
+
+
+def run_analysis(model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, threshold):
+    from mlactl import analysis
+
+    return analysis.analyze(load_model(model, tp), load_hardware(hardware, measured), batch, new, prefix,
+                            **dtypes(kv_dtype, dtype), chunk=one_int(chunk, "--chunk"),
+                            threshold=one_int(threshold, "--threshold"))
+
+
+def load_results(paths: Optional[list[Path]], result) -> list[dict]:
+    """Read, validate and check each --results file against the model and machine analysed."""
+    from mlactl import plot, results
+
+    loaded = []
+    for path in paths or ():
+        data = results.load(path)
+        plot.check_results(data, str(path), result.cost, result.hw)
+        loaded.append(data)
+    return loaded
+
+
+def write(fig, output: Path, dpi: str) -> None:
+    from mlactl import plot
+
+    plot.save(fig, output, dpi=one_int(dpi, "--dpi"))
+    typer.echo(f"Wrote {output}")
+
+
+def check_output(output: Path) -> None:
+    """Fail on a bad extension before any work is done."""
+    from mlactl.plot import image_format
+
+    image_format(output)
+
+
+@plot_app.command()
+@cli_errors
+def roofline(
+    model: ModelOpt = "deepseek-v3",
+    hardware: HardwareOpt = "h800",
+    measured: MeasuredOpt = False,
+    tp: TpOpt = "1",
+    batch: BatchOpt = "1",
+    new: Annotated[Optional[str], typer.Option("--new", "-n", help="New tokens per request: list or range (default: decode after 4K and 32K, and a 4K prefill).")] = None,
+    prefix: PrefixOpt = None,
+    context: ContextOpt = None,
+    kv_dtype: KvDtypeOpt = "bf16",
+    dtype: DtypeOpt = "bf16",
+    chunk: ChunkOpt = "8192",
+    results: ResultsOpt = None,
+    output: Annotated[Path, output_opt("roofline")] = Path("roofline.png"),
+    dpi: DpiOpt = "100",
+):
+    """Roofline: each path and its attention op against the machine's ceilings and ridge.
+
+    FLOP/s against FLOP/byte, log-log. Measured path times from --results are drawn against
+    their predicted points, with the fraction of the roofline time they reach.
+
+    Example: mlactl plot roofline --hardware h200 --results run.json -o roofline.svg
+    """
+    import numpy as np
+
+    from mlactl.shapes import grid, parse_sizes
+
+    check_output(output)
+    if prefix is not None and context is not None:
+        raise MlactlError("give either --prefix or --context, not both")
+    batches = parse_sizes(batch, "--batch")
+    if new is None and prefix is None and context is None:
+        shapes = np.array([(b, n, p) for b in batches for n, p in ROOFLINE_SHAPES])
+        b, n, p = shapes.T
+    else:
+        b, n, p = grid(batches, parse_sizes(new or "1", "--new"),
+                       prefix=None if context is not None else parse_sizes(prefix or "4K,32K", "--prefix", minimum=0),
+                       context=parse_sizes(context, "--context") if context is not None else None)
+    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192")
+    from mlactl import plot
+
+    fig, _ = plot.roofline(result, load_results(results, result))
+    write(fig, output, dpi)
+
+
+@plot_app.command()
+@cli_errors
+def crossover(
+    model: ModelOpt = "deepseek-v3",
+    hardware: HardwareOpt = "h800",
+    measured: MeasuredOpt = False,
+    tp: TpOpt = "1",
+    batch: Annotated[str, typer.Option("--batch", "-b", help="Requests per batch (one value).")] = "1",
+    new: Annotated[str, typer.Option("--new", "-n", help="New tokens along the x axis: list or range.")] = "1:4096",
+    prefix: Annotated[str, typer.Option("--prefix", "-p", help="One panel per prefix: list or range (K = 1024).")] = "0,4K,32K",
+    kv_dtype: KvDtypeOpt = "bf16",
+    dtype: DtypeOpt = "bf16",
+    chunk: ChunkOpt = "8192",
+    results: ResultsOpt = None,
+    output: Annotated[Path, output_opt("crossover")] = Path("crossover.png"),
+    dpi: DpiOpt = "100",
+):
+    """Time against new tokens per prefix, with the predicted and measured crossovers.
+
+    One panel per prefix: expand, expand_chunked and absorb predicted by the roofline, measured
+    times from --results, and the crossovers marked with their values.
+
+    Example: mlactl plot crossover --hardware h200 --prefix 0,4K,32K --results run.json -o crossover.png
+    """
+    from mlactl import plot
+    from mlactl.shapes import grid, parse_sizes
+
+    check_output(output)
+    b, n, p = grid([one_int(batch, "--batch")], parse_sizes(new, "--new"),
+                   prefix=parse_sizes(prefix, "--prefix", minimum=0))
+    if len(set(p.tolist())) > plot.MAX_CROSSOVER_PANELS:
+        raise MlactlError(f"--prefix: at most {plot.MAX_CROSSOVER_PANELS} prefixes (one panel each)")
+    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192")
+    fig, _ = plot.crossover(result, load_results(results, result))
+    write(fig, output, dpi)
+
+
+@plot_app.command()
+@cli_errors
+def pathmap(
+    model: ModelOpt = "deepseek-v3",
+    hardware: HardwareOpt = "h800",
+    measured: MeasuredOpt = False,
+    tp: TpOpt = "1",
+    batch: Annotated[str, typer.Option("--batch", "-b", help="Requests per batch (one value).")] = "1",
+    new: Annotated[Optional[str], typer.Option("--new", "-n", help=f"New tokens: list or range (default: {PATHMAP_NEW}, four steps per doubling).")] = None,
+    prefix: Annotated[Optional[str], typer.Option("--prefix", "-p", help=f"Prefixes: list or range (default: {PATHMAP_PREFIX}, four steps per doubling).")] = None,
+    kv_dtype: KvDtypeOpt = "bf16",
+    dtype: DtypeOpt = "bf16",
+    chunk: ChunkOpt = "8192",
+    threshold: ThresholdOpt = "8192",
+    results: ResultsOpt = None,
+    output: Annotated[Path, output_opt("pathmap")] = Path("pathmap.png"),
+    dpi: DpiOpt = "100",
+):
+    """Which path is fastest over a (new tokens, prefix) grid, and by how much.
+
+    The colour is the speedup of the best path over the best of the other kind (absorb against
+    expand); on top, the fixed-threshold policy's boundary, the cells where it picks a slower
+    path, and the measured crossovers from --results.
+
+    Example: mlactl plot pathmap --hardware h200 --threshold 8K --results run.json -o pathmap.pdf
+    """
+    from mlactl import plot
+    from mlactl.shapes import grid, parse_sizes
+
+    check_output(output)
+    news = parse_sizes(new, "--new") if new is not None else geometric_fill(parse_sizes(PATHMAP_NEW, "--new"))
+    prefixes = (parse_sizes(prefix, "--prefix", minimum=0) if prefix is not None
+                else geometric_fill(parse_sizes(PATHMAP_PREFIX, "--prefix", minimum=0)))
+    b, n, p = grid([one_int(batch, "--batch")], news, prefix=prefixes)
+    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, threshold)
+    fig, _ = plot.pathmap(result, load_results(results, result))
+    write(fig, output, dpi)
+
+
+@plot_app.command()
+@cli_errors
+def tune(
+    results: Annotated[Path, typer.Option("--results", "-r", help="The results file `mlactl tune kernels` wrote.")],
+    kernel: Annotated[Optional[str], typer.Option("--kernel", "-k", help="Kernel whose sweep to draw (default: the first).")] = None,
+    bucket: Annotated[Optional[str], typer.Option("--bucket", help="Shape bucket of that kernel, as in the results file (default: the first).")] = None,
+    output: Annotated[Path, output_opt("tune")] = Path("tune.png"),
+    dpi: DpiOpt = "100",
+):
+    """Every launch config tried for one tuned shape: median times, failures, the best.
+
+    Example: mlactl plot tune --results run.json --kernel mla_decode --bucket "B=128,H=128,S_q=1,ctx=8192"
+    """
+    from mlactl import plot
+    from mlactl import results as results_store
+
+    check_output(output)
+    fig, _ = plot.tune(results_store.load(results), kernel=kernel, bucket=bucket)
+    write(fig, output, dpi)
