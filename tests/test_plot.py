@@ -1,0 +1,404 @@
+"""`mlactl plot`: every chart from the analysis alone and with a results file, checked through the
+data each chart function returns (never pixels); image files by their magic bytes; errors.
+
+Figures for DeepSeek-V3 (DESIGN.md): 81,920 FLOPs per (query, key) pair on the expand path's
+attention, 278,528 on absorb's; 33,554,432 FLOPs to expand one cached token, the same for
+absorb's two projections of one new token; asymptotic crossover 170.67 new tokens.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from mlactl import analysis, hardware, model, plot, policy
+from mlactl.cli import app
+from mlactl.cost import CostModel, causal_pairs
+from mlactl.errors import MlactlError
+from mlactl.shapes import grid
+
+runner = CliRunner()
+
+ABSORB_PAIR = 278_528
+EXPAND_PAIR = 81_920
+PER_TOKEN = 33_554_432  # expand one cached token; absorb's projections of one new token
+H200_BF16, H200_BW = 989e12, 4.8e12
+MAGIC = {"png": b"\x89PNG", "svg": b"<svg", "pdf": b"%PDF"}
+
+
+# -- a results file as the torch backend's tune writes one on a CPU --------------------------------
+
+def torch_cpu_results(**overrides) -> dict:
+    """A small results file laid out as `mlactl tune --backend torch` on a CPU writes it, made by
+    hand until that tune lands; an end-to-end test can then run it and reuse the checks below.
+    Times are placeholders: the checks are of placement, not of speed."""
+    data = {
+        "schema": "mlactl.results", "schema_version": 1,
+        "run_id": "20261130-064500-cpu-deepseek-v3", "created": "2026-11-30T06:45:00Z",
+        "mlactl_version": "0.1.0",
+        "device": {"name": "cpu", "type": "cpu", "hardware": None},
+        "versions": {"python": "3.11.2", "torch": "2.5.1"},
+        "backend": "torch",
+        "timing": {"method": "wall-clock", "l2": "warm", "warmup": 1, "repeats": 3, "meaningful": False},
+        "model": model.from_name("deepseek-v3").to_dict(), "kv_dtype": "bf16", "dtype": "bf16", "chunk": 8192,
+        "kernels": [
+            {"kernel": "mla_decode", "bucket": "B=1,H=128,S_q=1,ctx=4096",
+             "shape": {"B": 1, "H": 128, "S_q": 1, "ctx": 4096},
+             "configs": [
+                 {"config": {"BLOCK_N": 32, "num_warps": 4}, "status": "ok", "reason": "", "median_s": 2e-3},
+                 {"config": {"BLOCK_N": 64, "num_warps": 4}, "status": "ok", "reason": "", "median_s": 1.5e-3},
+                 {"config": {"BLOCK_N": 128, "num_warps": 8}, "status": "failed",
+                  "reason": "out of shared memory", "median_s": None},
+                 {"config": {"BLOCK_N": 256, "num_warps": 8}, "status": "wrong", "reason": "max error 0.3",
+                  "median_s": None}],
+             "best": {"BLOCK_N": 64, "num_warps": 4}, "best_median_s": 1.5e-3,
+             "default_median_s": 1.8e-3, "twin_median_s": 9e-3},
+            {"kernel": "mla_prefill", "bucket": "B=1,H=128,S_q=256,ctx=4352",
+             "configs": [{"config": {"BLOCK_M": 64}, "status": "ok", "reason": "", "median_s": 4e-3}],
+             "best": {"BLOCK_M": 64}, "best_median_s": 4e-3},
+        ],
+        "paths": [
+            {"batch": 1, "new": 1, "prefix": 4095, "path": "absorb", "median_s": 1e-4},
+            {"batch": 1, "new": 1, "prefix": 4095, "path": "expand", "median_s": 2e-3},
+            {"batch": 1, "new": 256, "prefix": 4096, "path": "expand", "median_s": 6e-4},
+            {"batch": 1, "new": 256, "prefix": 4096, "path": "absorb", "median_s": 9e-4},
+        ],
+        "crossovers": [
+            {"batch": 1, "prefix": 0, "measured": 1, "predicted": 1},
+            {"batch": 1, "prefix": 4096, "measured": 190, "predicted": 160},
+            {"batch": 1, "prefix": 32768, "measured": None, "predicted": 169},
+            {"batch": 8, "prefix": 4096, "measured": 64, "predicted": 60},
+        ],
+        "ceilings": {"peak_tflops": {"bf16": 700.0}, "bandwidth_tbs": 4.0},
+    }
+    data.update(overrides)
+    return data
+
+
+@pytest.fixture
+def results_file(tmp_path):
+    path = tmp_path / "torch-cpu.json"
+    path.write_text(json.dumps(torch_cpu_results()))
+    return path
+
+
+def v3_analysis(new, prefix, batch=(1,), hw="h200", **kw):
+    b, n, p = grid(list(batch), list(new), prefix=list(prefix))
+    return analysis.analyze(model.from_name("deepseek-v3"), hardware.from_name(hw), b, n, p, **kw)
+
+
+def decode_analysis():
+    """The roofline's default shapes: decode after 4K and 32K, a 4K prefill."""
+    return analysis.analyze(model.from_name("deepseek-v3"), hardware.from_name("h200"),
+                            [1, 1, 1], [1, 1, 4096], [4096, 32768, 0])
+
+
+def find(points, **match):
+    hits = [pt for pt in points if all(pt[k] == v for k, v in match.items())]
+    assert len(hits) == 1, (match, hits)
+    return hits[0]
+
+
+# -- roofline ------------------------------------------------------------------------------------
+
+def test_roofline_ridge_ceilings_and_analytic_points():
+    fig, data = plot.roofline(decode_analysis())
+    assert data["analytic_only"] and "analytic only" in data["title"]
+    for word in ("deepseek-v3", "NVIDIA H200", "kv cache bf16"):
+        assert word in data["title"]
+    assert data["ridge"] == {"intensity": pytest.approx(H200_BF16 / H200_BW), "flops_per_s": H200_BF16}
+    nominal = {c["dtype"]: c for c in data["ceilings"] if c["label"] == "nominal"}
+    assert set(nominal) == {"bf16", "fp16", "fp8", "fp32"}
+    assert nominal["fp8"]["peak_flops"] == 1979e12 and nominal["fp8"]["ridge"] == pytest.approx(1979e12 / H200_BW)
+    assert len(data["ceilings"]) == 4  # no measured ceilings anywhere
+    # three shapes x three paths x (path, attention op)
+    assert len(data["points"]) == 18
+    k = 4097  # decode after 4096 cached tokens
+    attention = find(data["points"], path="absorb", op="attention", new=1, prefix=4096)
+    assert attention["flops"] == ABSORB_PAIR * k
+    # FlashMLA's convention: the bf16 latent cache + the latent queries + the latent outputs
+    assert attention["bytes"] == k * 576 * 2 + 128 * 576 * 2 + 128 * 512 * 2
+    long = find(data["points"], path="absorb", op="attention", new=1, prefix=32768)
+    assert long["intensity"] == pytest.approx(242, rel=0.01)  # DESIGN: decode ~242 FLOP/byte
+    # an op alone sits on the roofline: min(peak, bandwidth * intensity)
+    assert attention["flops_per_s"] == pytest.approx(min(H200_BF16, H200_BW * attention["intensity"]))
+    whole = find(data["points"], path="absorb", op=None, new=1, prefix=4096)
+    assert whole["flops"] == ABSORB_PAIR * k + PER_TOKEN
+    expand = find(data["points"], path="expand", op=None, new=1, prefix=4096)
+    assert expand["flops"] == PER_TOKEN * k + EXPAND_PAIR * k
+    assert fig.axes[0].get_xscale() == "log" and fig.axes[0].get_yscale() == "log"
+
+
+def test_roofline_measured_points_come_from_cost_over_median():
+    cpu = torch_cpu_results()
+    _, data = plot.roofline(decode_analysis(), [cpu])
+    assert not data["analytic_only"]
+    assert "measured: cpu, torch backend, torch 2.5.1, wall-clock" in data["title"]
+    assert len(data["measured"]) == 4
+    decode = find(data["measured"], path="absorb", new=1, prefix=4095)
+    flops = ABSORB_PAIR * 4096 + PER_TOKEN  # computed here, not read back from cost.py
+    assert decode["flops"] == flops
+    assert decode["flops_per_s"] == pytest.approx(flops / 1e-4)
+    cost = CostModel(model.from_name("deepseek-v3"))
+    nbytes = sum(float(op.bytes) for op in cost.ops("absorb", 1, 1, 4095))
+    assert decode["intensity"] == pytest.approx(flops / nbytes)
+    assert decode["fraction"] == pytest.approx(decode["predicted_s"] / 1e-4)
+    prefill = find(data["measured"], path="expand", new=256, prefix=4096)
+    pairs = causal_pairs(256, 4096)
+    assert prefill["flops"] == PER_TOKEN * (4096 + 256) + EXPAND_PAIR * pairs
+    assert prefill["flops_per_s"] == pytest.approx(prefill["flops"] / 6e-4)
+    # the results' measured ceilings, beside the datasheet's
+    measured = [c for c in data["ceilings"] if c["label"] == "measured (cpu)"]
+    assert measured == [{"label": "measured (cpu)", "dtype": "bf16", "peak_flops": 700e12,
+                         "bandwidth": 4e12, "ridge": pytest.approx(175)}]
+
+
+def test_roofline_profile_with_measured_ceilings(tmp_path):
+    toml = (hardware.shipped_dir() / "h200.toml").read_text()
+    path = tmp_path / "h200.toml"
+    path.write_text(toml + '\n[measured]\nbandwidth_tbs = 4.3\ndevice = "NVIDIA H200"\n'
+                           '[measured.peak_tflops]\nbf16 = 780\n')
+    for use_measured in (False, True):
+        hw = hardware.resolve(str(path), measured=use_measured)
+        result = analysis.analyze(model.from_name("deepseek-v3"), hw, [1], [1], [4096])
+        _, data = plot.roofline(result)
+        labels = {(c["label"], c["dtype"]): c for c in data["ceilings"]}
+        # the datasheet's roof is drawn either way; the measured one beside it
+        assert labels[("nominal", "bf16")]["peak_flops"] == H200_BF16
+        assert labels[("measured (NVIDIA H200)", "bf16")]["ridge"] == pytest.approx(780 / 4.3)
+        ridge = 780 / 4.3 if use_measured else H200_BF16 / H200_BW
+        assert data["ridge"]["intensity"] == pytest.approx(ridge)
+
+
+# -- crossover -----------------------------------------------------------------------------------
+
+def test_crossover_markers_sit_at_the_analysis_crossover():
+    prefixes = (0, 4096, 32768)
+    result = v3_analysis(range(1, 513), prefixes)
+    _, data = plot.crossover(result)
+    assert data["analytic_only"] and data["asymptotic_new"] == pytest.approx(170.667, abs=1e-3)
+    hw, cost = hardware.from_name("h200"), CostModel(model.from_name("deepseek-v3"))
+    solved = analysis.crossover_table(cost, hw, [(1, p) for p in prefixes])
+    assert [panel["prefix"] for panel in data["panels"]] == list(prefixes)
+    for panel, row in zip(data["panels"], solved.rows):
+        assert panel["predicted"] == {"expand": row.by_time, "expand_chunked": row.by_time_chunked}
+        assert panel["new"] == list(range(1, 513))
+        # curves are the analysis's roofline times
+        at = (result.prefix == panel["prefix"]) & (result.new == 64)
+        assert panel["time_s"]["absorb"][63] == result.paths["absorb"].time_s[at][0]
+    assert data["panels"][1]["predicted"]["expand"] == 160  # H200, prefix 4K: 160 new tokens
+
+
+def test_crossover_with_results():
+    result = v3_analysis(range(1, 257), (0, 4096, 32768))
+    _, data = plot.crossover(result, [torch_cpu_results()])
+    by_prefix = {panel["prefix"]: panel for panel in data["panels"]}
+    # batch 8's measured crossover is for another batch size: not drawn here
+    assert by_prefix[4096]["measured_crossovers"] == [{"source": 0, "new": 190}]
+    assert by_prefix[32768]["measured_crossovers"] == [{"source": 0, "new": None}]
+    points = by_prefix[4096]["measured"]
+    assert {(m["path"], m["new"], m["median_s"]) for m in points} == {("expand", 256, 6e-4), ("absorb", 256, 9e-4)}
+    assert by_prefix[0]["measured"] == []
+
+
+def test_crossover_too_many_panels():
+    with pytest.raises(MlactlError, match="at most 12"):
+        plot.crossover(v3_analysis([1, 2], range(13)))
+
+
+# -- path map ------------------------------------------------------------------------------------
+
+NEW = [1, 16, 64, 256, 1024, 4096]
+PREFIX = [0, 1024, 4096, 8192, 32768]
+
+
+def test_pathmap_best_speedup_and_fixed_boundary():
+    result = v3_analysis(NEW, PREFIX, threshold=8192)
+    _, data = plot.pathmap(result)
+    assert data["new"] == NEW and data["prefix"] == PREFIX and data["analytic_only"]
+    assert data["fixed_boundary"] == {"threshold": 8192, "prefixes": [0, 8192]}
+    fixed = np.array(data["fixed"])
+    assert (fixed == policy.fixed_threshold(np.array(PREFIX)[:, None] + 0 * np.array(NEW), 8192)).all()
+    best, speedup = np.array(data["best"]), np.array(data["speedup"])
+    at = {(n, p): i for i, (n, p) in enumerate(zip(result.new.tolist(), result.prefix.tolist()))}
+    for r, p in enumerate(PREFIX):
+        for c, n in enumerate(NEW):
+            i = at[(n, p)]
+            assert best[r, c] == result.best[i]
+            t = {path: result.paths[path].time_s[i] for path in ("expand", "expand_chunked", "absorb")}
+            other = min(t["expand"], t["expand_chunked"]) if best[r, c] == "absorb" else t["absorb"]
+            assert speedup[r, c] == pytest.approx(other / t[best[r, c]])
+    assert (speedup >= 1).all()
+    wrong = np.array(data["fixed_wrong"])
+    assert wrong[PREFIX.index(32768), NEW.index(1)]  # decode after 32K: fixed expands, absorb is far faster
+    assert not wrong[PREFIX.index(0)].any()  # prefix 0: both pick expand
+    assert wrong[PREFIX.index(1024), NEW.index(4096)]  # long prefill after 1K: fixed absorbs
+    # the fixed policy's expand_chunked where expand is faster costs only the chunking (<5%)
+    assert not wrong[PREFIX.index(32768), NEW.index(4096)]
+
+
+def test_pathmap_measured_boundary_and_threshold():
+    result = v3_analysis(NEW, PREFIX, threshold=4096)
+    _, data = plot.pathmap(result, [torch_cpu_results()])
+    assert data["fixed_boundary"]["threshold"] == 4096
+    assert data["measured_boundary"] == [
+        {"source": 0, "batch": 1, "prefix": 0, "new": 1},
+        {"source": 0, "batch": 1, "prefix": 4096, "new": 190},
+        {"source": 0, "batch": 1, "prefix": 32768, "new": None},
+    ]
+    _, batch8 = plot.pathmap(v3_analysis(NEW, PREFIX, batch=(8,)), [torch_cpu_results()])
+    assert [m["new"] for m in batch8["measured_boundary"]] == [64]
+
+
+@pytest.mark.parametrize("new, prefix, batch, message", [
+    pytest.param([1], PREFIX, (1,), "at least two", id="one-new"),
+    pytest.param(NEW, [0], (1,), "at least two", id="one-prefix"),
+    pytest.param(NEW, PREFIX, (1, 8), "one batch size", id="two-batches"),
+])
+def test_pathmap_bad_grids(new, prefix, batch, message):
+    with pytest.raises(MlactlError, match=message):
+        plot.pathmap(v3_analysis(new, prefix, batch=batch))
+
+
+# -- tune ----------------------------------------------------------------------------------------
+
+def test_tune_configs_failures_and_best():
+    _, data = plot.tune(torch_cpu_results())
+    assert data["kernel"] == "mla_decode" and data["bucket"] == "B=1,H=128,S_q=1,ctx=4096"
+    assert [(c["label"], c["status"], c["median_s"]) for c in data["configs"]] == [
+        ("BLOCK_N=32, num_warps=4", "ok", 2e-3),
+        ("BLOCK_N=64, num_warps=4", "ok", 1.5e-3),
+        ("BLOCK_N=128, num_warps=8", "failed", None),
+        ("BLOCK_N=256, num_warps=8", "wrong", None),
+    ]
+    assert data["configs"][2]["reason"] == "out of shared memory"
+    assert data["best"] == "BLOCK_N=64, num_warps=4" and data["best_median_s"] == 1.5e-3
+    assert data["default_median_s"] == 1.8e-3 and data["twin_median_s"] == 9e-3
+    assert "cpu, torch backend" in data["title"]
+
+
+def test_tune_picks_kernel_and_bucket():
+    _, data = plot.tune(torch_cpu_results(), kernel="mla_prefill")
+    assert data["bucket"] == "B=1,H=128,S_q=256,ctx=4352" and data["best_median_s"] == 4e-3
+    _, data = plot.tune(torch_cpu_results(), bucket="B=1,H=128,S_q=256,ctx=4352")
+    assert data["kernel"] == "mla_prefill"
+    with pytest.raises(MlactlError, match="no sweep of kernel 'mla_nope'"):
+        plot.tune(torch_cpu_results(), kernel="mla_nope")
+    with pytest.raises(MlactlError, match="bucket 'B=2' is not in the results"):
+        plot.tune(torch_cpu_results(), kernel="mla_decode", bucket="B=2")
+    with pytest.raises(MlactlError, match="no kernel sweeps"):
+        plot.tune(torch_cpu_results(kernels=[]))
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["png", "svg", "pdf"])
+def test_save_writes_the_format_of_the_extension(tmp_path, fmt):
+    fig, _ = plot.tune(torch_cpu_results())
+    path = tmp_path / f"chart.{fmt.upper() if fmt == 'pdf' else fmt}"
+    plot.save(fig, path)
+    head = path.read_bytes()[:400]
+    assert MAGIC[fmt] in head
+    first = path.read_bytes()
+    plot.save(fig, path)  # no date in the file: regenerating gives the same bytes
+    assert path.read_bytes() == first
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left behind
+
+
+def test_save_rejects_other_extensions(tmp_path):
+    fig, _ = plot.tune(torch_cpu_results())
+    with pytest.raises(MlactlError, match=r"'\.jpg'; use \.png, \.svg or \.pdf"):
+        plot.save(fig, tmp_path / "chart.jpg")
+    assert not list(tmp_path.iterdir())
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+def run(*args):
+    return runner.invoke(app, ["plot", *map(str, args)])
+
+
+@pytest.mark.parametrize("chart, fmt, extra", [
+    pytest.param("roofline", "svg", [], id="roofline-svg"),
+    pytest.param("crossover", "pdf", ["--new", "1:512:*2", "--prefix", "0,4K"], id="crossover-pdf"),
+    pytest.param("pathmap", "png", ["--new", "1:4K:*4", "--prefix", "0,1K,8K,32K"], id="pathmap-png"),
+])
+@pytest.mark.parametrize("measured", [False, True], ids=["analytic", "measured"])
+def test_cli_charts(tmp_path, results_file, chart, fmt, extra, measured):
+    out = tmp_path / f"{chart}.{fmt}"
+    args = [chart, "--hardware", "h200", *extra, "--output", out]
+    if measured:
+        args += ["--results", results_file, "--results", results_file]  # several files are fine
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert result.output == f"Wrote {out}\n"
+    assert MAGIC[fmt] in out.read_bytes()[:400]
+
+
+def test_cli_tune_and_default_output(tmp_path, results_file, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run("tune", "--results", results_file, "--kernel", "mla_decode",
+                 "--bucket", "B=1,H=128,S_q=1,ctx=4096", "--dpi", "50")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "tune.png").read_bytes().startswith(MAGIC["png"])
+
+
+def write_results(tmp_path, name, **overrides):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(torch_cpu_results(**overrides)))
+    return path
+
+
+@pytest.mark.parametrize("args, message", [
+    pytest.param(["roofline", "-o", "{tmp}/chart.jpg"], "'.jpg'; use .png, .svg or .pdf", id="extension"),
+    pytest.param(["crossover", "-o", "{tmp}/chart"], "no extension; use .png", id="no-extension"),
+    pytest.param(["roofline", "-r", "{tmp}/missing.json", "-o", "{tmp}/x.png"], "cannot read results", id="missing"),
+    pytest.param(["roofline", "-r", "{tmp}/corrupt.json", "-o", "{tmp}/x.png"], "not valid JSON", id="corrupt"),
+    pytest.param(["roofline", "-r", "{kimi}", "-o", "{tmp}/x.png"],
+                 "was measured for model 'kimi-k2', not 'deepseek-v3'", id="other-model"),
+    pytest.param(["pathmap", "--hardware", "h200", "-r", "{h100}", "-o", "{tmp}/x.png"],
+                 "was measured on NVIDIA H100 (h100-sxm), not h200", id="other-device"),
+    pytest.param(["crossover", "--kv-dtype", "fp8", "-r", "{cpu}", "-o", "{tmp}/x.png"],
+                 "measured with kv_dtype bf16, not fp8 (pass --kv-dtype bf16", id="other-kv-dtype"),
+    pytest.param(["crossover", "--tp", "8", "-r", "{cpu}", "-o", "{tmp}/x.png"],
+                 "measured with 128 heads per GPU, not 16", id="other-tp"),
+    pytest.param(["tune", "-r", "{cpu}", "--bucket", "B=9", "-o", "{tmp}/x.png"],
+                 "bucket 'B=9' is not in the results", id="bucket"),
+    pytest.param(["tune", "-r", "{cpu}", "--kernel", "nope", "-o", "{tmp}/x.png"],
+                 "no sweep of kernel 'nope'", id="kernel"),
+    pytest.param(["pathmap", "--new", "1,", "-o", "{tmp}/x.png"], "--new: empty item", id="empty-grid"),
+    pytest.param(["pathmap", "--new", "64", "-o", "{tmp}/x.png"], "at least two --new values", id="one-column"),
+    pytest.param(["crossover", "--batch", "1,8", "-o", "{tmp}/x.png"], "--batch takes one value", id="two-batches"),
+    pytest.param(["crossover", "--prefix", "0:13", "-o", "{tmp}/x.png"], "at most 12 prefixes", id="many-panels"),
+    pytest.param(["roofline", "--new", "1:64", "-o", "{tmp}/x.png"], "at most 24 shapes", id="many-shapes"),
+    pytest.param(["roofline", "--prefix", "0", "--context", "8", "-o", "{tmp}/x.png"], "not both", id="prefix-and-context"),
+])
+def test_cli_errors_are_one_line(tmp_path, args, message):
+    (tmp_path / "corrupt.json").write_text('{"schema": "mlactl.res')
+    names = {
+        "tmp": tmp_path,
+        "cpu": write_results(tmp_path, "cpu"),
+        "kimi": write_results(tmp_path, "kimi", model=model.from_name("kimi-k2").to_dict()),
+        "h100": write_results(tmp_path, "h100", device={"name": "NVIDIA H100", "type": "cuda", "hardware": "h100-sxm"}),
+    }
+    result = run(*(a.format(**names) for a in args))
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("Error: ") and result.output.count("\n") == 1, result.output
+    assert message in result.output
+    assert not list(tmp_path.glob("x.png"))
+
+
+def test_plot_does_not_load_torch_or_triton(tmp_path):
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from mlactl.cli import app\n"
+        f"r = CliRunner().invoke(app, ['plot', 'crossover', '--new', '1:64:*2', '-o', {str(tmp_path / 'c.png')!r}])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print(','.join(m for m in ('torch', 'triton') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
