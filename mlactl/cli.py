@@ -27,6 +27,8 @@ app = typer.Typer(
 )
 
 FORMATS = ("table", "json", "csv")
+KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")  # as mlactl.cost, without importing numpy at start
+DTYPES = ("bf16", "fp16", "fp32")
 
 # -- options shared by several commands (defined once) ------------------------------------------
 
@@ -38,8 +40,8 @@ BatchOpt = Annotated[str, typer.Option("--batch", "-b", help="Requests per batch
 NewOpt = Annotated[str, typer.Option("--new", "-n", help="New tokens per request: list or range, e.g. 1,64,512 or 1:4096:*2.")]
 PrefixOpt = Annotated[Optional[str], typer.Option("--prefix", "-p", help="Cached tokens before the new ones: list or range, e.g. 0:32K:4K (K = 1024).")]
 ContextOpt = Annotated[Optional[str], typer.Option("--context", "-c", help="Instead of --prefix: total context including the new tokens.")]
-KvDtypeOpt = Annotated[str, typer.Option("--kv-dtype", help="Cache dtype: bf16, fp16 or fp8 (fp8 halves the cache bytes).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="Activation, weight and compute dtype: bf16 or fp16.")]
+KvDtypeOpt = Annotated[str, typer.Option("--kv-dtype", help="Cache dtype: bf16, fp16, fp8 (half the bytes of bf16) or fp32.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="Activation, weight and compute dtype: bf16, fp16 or fp32 (CPU measurements).")]
 ChunkOpt = Annotated[str, typer.Option("--chunk", help="Prefix tokens per chunk of the expand_chunked path.")]
 LayersOpt = Annotated[str, typer.Option("--layers", help="Layers to count: a number, or 'all' for the model's.")]
 ThresholdOpt = Annotated[str, typer.Option("--threshold", help="Prefix from which the fixed-threshold policy picks expand_chunked.")]
@@ -195,8 +197,8 @@ def analyze(
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
     result = analysis.analyze(
-        cfg, hw, b, n, p, kv_dtype=choice(kv_dtype, "--kv-dtype", ("bf16", "fp16", "fp8")),
-        dtype=choice(dtype, "--dtype", ("bf16", "fp16")), chunk=one_int(chunk, "--chunk"),
+        cfg, hw, b, n, p, kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        dtype=choice(dtype, "--dtype", DTYPES), chunk=one_int(chunk, "--chunk"),
         layers=n_layers, threshold=one_int(threshold, "--threshold"),
     )
     tables = [render.header(result), *result.notes, render.analysis_table(result)]
@@ -248,8 +250,8 @@ def crossover_cmd(
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
-    model_cost = cost.CostModel(cfg, kv_dtype=choice(kv_dtype, "--kv-dtype", ("bf16", "fp16", "fp8")),
-                                dtype=choice(dtype, "--dtype", ("bf16", "fp16")), chunk=one_int(chunk, "--chunk"))
+    model_cost = cost.CostModel(cfg, kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+                                dtype=choice(dtype, "--dtype", DTYPES), chunk=one_int(chunk, "--chunk"))
     hw.peak_flops(model_cost.dtype)
     pairs = [(b, p) for b in parse_sizes(batch, "--batch") for p in parse_sizes(prefix, "--prefix", minimum=0)]
     if len(pairs) > analysis.MAX_CROSSOVER_PREFIXES:
@@ -304,8 +306,8 @@ def batch_cmd(
     hw = load_hardware(hardware, measured)
     new, prefix, count = read_requests(requests)
     result = analysis.analyze_batch(
-        cfg, hw, new, prefix, count, kv_dtype=choice(kv_dtype, "--kv-dtype", ("bf16", "fp16", "fp8")),
-        dtype=choice(dtype, "--dtype", ("bf16", "fp16")), chunk=one_int(chunk, "--chunk"),
+        cfg, hw, new, prefix, count, kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        dtype=choice(dtype, "--dtype", DTYPES), chunk=one_int(chunk, "--chunk"),
         threshold=one_int(threshold, "--threshold"))
     emit(fmt, output, json_data=lambda: report.batch_json(result),
          write_csv=lambda fh: report.write_batch_csv(fh, result), tables=render.batch_tables(result))

@@ -23,6 +23,8 @@ from mlactl.cli import (  # noqa: E402
     BatchOpt,
     ChunkOpt,
     ContextOpt,
+    DTYPES,
+    KV_DTYPES,
     DtypeOpt,
     HardwareOpt,
     KvDtypeOpt,
@@ -71,8 +73,8 @@ def geometric_fill(values: list[int], per_octave: int = 4) -> list[int]:
 
 
 def dtypes(kv_dtype: str, dtype: str) -> dict:
-    return {"kv_dtype": choice(kv_dtype, "--kv-dtype", ("bf16", "fp16", "fp8")),
-            "dtype": choice(dtype, "--dtype", ("bf16", "fp16"))}
+    return {"kv_dtype": choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+            "dtype": choice(dtype, "--dtype", DTYPES)}
 
 
 def run_analysis(model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, threshold):

@@ -33,8 +33,8 @@ from mlactl.errors import MlactlError
 from mlactl.model import MLAConfig
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-KV_DTYPES = ("bf16", "fp16", "fp8")
-ACT_DTYPES = ("bf16", "fp16")
+KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
+ACT_DTYPES = ("bf16", "fp16", "fp32")  # fp32: CPU measurements
 LSE_BYTES = 4  # softmax statistics are fp32
 PATHS = ("expand", "expand_chunked", "absorb", "mha")
 # The paths that can serve an MLA latent cache; `mha` needs a different cache and is a baseline.

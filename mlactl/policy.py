@@ -72,3 +72,35 @@ def select_paths(cost: CostModel, hw: HardwareProfile | None, new, prefix, *, ba
         times = path_times(cost, hw, MLA_PATHS, batch, new, prefix)
         return argmin_path({p: t.time_s for p, t in times.items()})
     raise MlactlError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+
+
+class AutoPolicy:
+    """What `mla_attention(path="auto")` asks: the path of each request, by the best policy the
+    machine has. In order: the crossovers `mlactl tune paths` measured on this device for these
+    model dims and cache dtype; the roofline of the device's hardware profile; FLOPs.
+
+    `source` says which one it is, for logs and tests.
+    """
+
+    def __init__(self, cost: CostModel, device_name: str, *, results_folder=None,
+                 use_measured: bool = True):
+        from mlactl import hardware, results
+
+        self.cost = cost
+        self.device_name = device_name
+        self.crossovers = None
+        self.hw = hardware.detect(device_name)
+        if use_measured:
+            dims = {k: getattr(cost.cfg, k) for k in ("H", "r", "dC", "dR", "dV")}
+            self.crossovers, where = results.find_crossovers(device_name, dims, cost.kv_dtype, results_folder)
+            if self.crossovers:
+                self.kind, self.source = "measured", f"measured crossovers from {where}"
+                return
+        if self.hw is not None:
+            self.kind, self.source = "roofline", f"roofline on the {self.hw.name} profile"
+        else:
+            self.kind, self.source = "flops", f"FLOPs (no hardware profile matches {device_name!r})"
+
+    def __call__(self, new, prefix) -> np.ndarray:
+        return select_paths(self.cost, self.hw, new, prefix, batch=1, policy=self.kind,
+                            crossovers=self.crossovers)

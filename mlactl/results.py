@@ -103,10 +103,42 @@ def check_matches(data: dict, where: str, model_name: str | None = None,
 
 
 def measured_crossovers(data: dict, batch: int | None = None) -> dict[int, int | None]:
-    """{prefix: measured crossover} for one batch size (the smallest measured if None)."""
+    """{prefix: measured crossover} for the measured batch size nearest `batch` (in log2; the
+    smallest measured one if None)."""
+    import math
+
     rows = data.get("crossovers", [])
     if not rows:
         return {}
     batches = sorted({r["batch"] for r in rows})
-    pick = batch if batch in batches else batches[0]
+    pick = batches[0] if batch is None else min(batches, key=lambda b: abs(math.log2(b) - math.log2(max(batch, 1))))
     return {int(r["prefix"]): r.get("measured") for r in rows if r["batch"] == pick}
+
+
+def find_crossovers(device_name: str, dims: dict, kv_dtype: str, folder: Path | None = None,
+                    batch: int | None = None):
+    """The measured crossovers of the newest results file for this device whose model has these
+    dims {H, r, dC, dR, dV} and cache dtype: ({prefix: crossover}, path), or (None, None).
+
+    This is how `mla_attention(path="auto")` finds the measured policy `mlactl tune paths` left.
+    """
+    from mlactl import paths
+    from mlactl.kernels.configs import device_slug
+
+    folder = folder or paths.results_dir() / device_slug(device_name)
+    best, best_created, best_path = None, "", None
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = load(path)
+        except MlactlError:
+            continue
+        model = data.get("model", {})
+        if any(model.get(k) != v for k, v in dims.items()) or data.get("kv_dtype") != kv_dtype:
+            continue
+        if data["device"].get("name") != device_name or not data.get("crossovers"):
+            continue
+        if data.get("created", "") >= best_created:
+            best, best_created, best_path = data, data.get("created", ""), path
+    if best is None:
+        return None, None
+    return measured_crossovers(best, batch), best_path
