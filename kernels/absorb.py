@@ -224,7 +224,7 @@ def _device_info(device: torch.device) -> tuple[str, int]:
     return "cpu", INTERPRETER_SMS
 
 
-def _smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8):
+def smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8):
     """Shared memory of one program as Triton 3.9 lays it out for sm_90 (checked against the
     compiler for the DeepSeek shapes): the query tile, two KV tiles in flight from num_stages 2
     on, one more cache-dtype tile for an fp8 cache's widening, and 1 KiB of scratch."""
@@ -243,7 +243,7 @@ def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_s
     fp8 = kv_dtype in _FP8
     block_n, stages = BLOCK_N_CHOICES[-1]
     for bn, st in BLOCK_N_CHOICES:
-        if _smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8) <= SMEM_BUDGET:
+        if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8) <= SMEM_BUDGET:
             block_n, stages = bn, st
             break
     num_warps = 8 if block_h * r >= WARPS_8_FROM else 4

@@ -10,7 +10,8 @@ File names follow the engines' convention, e.g.
 A bucket key is ``name=value`` pairs of positive integers joined by commas. Lookup takes the
 nearest bucket: the smallest sum of |log2(asked) - log2(bucket)| over the shared names, among
 buckets that have exactly the asked names. Files in the user folder (``$MLACTL_TUNED_DIR``, else
-``$MLACTL_HOME/tuned``, see mlactl.paths) win over the shipped ones in ``profiles/tuned/``.
+``$MLACTL_HOME/tuned``, see mlactl.paths) win over the shipped ones in ``profiles/tuned/``;
+``MLACTL_NO_TUNED=1`` turns lookups off.
 Nothing here imports torch.
 """
 
@@ -27,6 +28,7 @@ from mlactl.paths import home
 
 FORMAT_VERSION = 1
 ENV_DIR = "MLACTL_TUNED_DIR"
+ENV_OFF = "MLACTL_NO_TUNED"  # set to 1: every lookup misses (launchers use their heuristics)
 
 
 def user_dir() -> Path:
@@ -112,6 +114,8 @@ def lookup(kernel: str, device_name: str, dtype: str, **shape: int) -> dict | No
     Returns None when no file or bucket fits (the launcher then uses its heuristic). A malformed
     file is skipped rather than failing a kernel launch; `mlactl tune` reports such files.
     """
+    if os.environ.get(ENV_OFF, "0") not in ("", "0"):
+        return None
     name = file_name(kernel, device_name, dtype)
     for folder in (user_dir(), shipped_dir()):
         path = folder / name

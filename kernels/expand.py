@@ -195,7 +195,7 @@ def _check_config(config) -> dict:
     return cfg
 
 
-def _smem_bytes(cfg: dict, d_qk: int, dV: int, elt: int) -> int:
+def smem_bytes(cfg: dict, d_qk: int, dV: int, elt: int) -> int:
     """Rough shared memory of one program: the Q block plus num_stages buffers of K and V."""
     return elt * (cfg["BLOCK_M"] * d_qk + cfg["num_stages"] * cfg["BLOCK_N"] * (d_qk + dV))
 
@@ -215,7 +215,7 @@ def _heuristic_config(device: torch.device, d_qk: int, dV: int, elt: int, max_le
     if props.major < 9:
         cfg["num_stages"] = 2  # no TMA/wgmma pipeline to feed; Ampere-class smem is 100-164 KB
     # shrink until the estimate fits, leaving 8 KB for Triton's own scratch
-    while _smem_bytes(cfg, d_qk, dV, elt) > smem - 8 * 1024:
+    while smem_bytes(cfg, d_qk, dV, elt) > smem - 8 * 1024:
         if cfg["num_stages"] > 2:
             cfg["num_stages"] -= 1
         elif cfg["BLOCK_N"] > 32:

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mlactl.kernels import configs
 from mlactl.kernels._checks import FLOAT_DTYPES, check_device, check_tensor
 from mlactl.kernels.expand_naive import check_inner_stride, check_same_device
 
@@ -85,16 +86,37 @@ def _validate(o_a, lse_a, o_b, lse_b, out):
     check_same_device(o_a=o_a, lse_a=lse_a, o_b=o_b, lse_b=lse_b, out=out)
 
 
-def merge_attn_states(o_a, lse_a, o_b, lse_b, *, out=None):
+CONFIG_KEYS = ("BLOCK_H", "num_warps")
+
+
+def default_config(H: int, D: int) -> dict:
+    """Heads per program from TILE_ELEMENTS; what runs without a config or a tuned one."""
+    block_d = triton.next_power_of_2(D)
+    return {"BLOCK_H": min(triton.next_power_of_2(H), max(1, TILE_ELEMENTS // block_d)), "num_warps": NUM_WARPS}
+
+
+def _check_config(config) -> dict:
+    if not isinstance(config, dict) or set(config) - set(CONFIG_KEYS):
+        raise ValueError(f"config must be a dict with keys from {', '.join(CONFIG_KEYS)}, got {config!r}")
+    for key, value in config.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+            raise ValueError(f"config {key} must be a power of two >= 1, got {value!r}")
+    return config
+
+
+def merge_attn_states(o_a, lse_a, o_b, lse_b, *, out=None, config=None):
     """Merge two partial attention outputs over disjoint key sets by their lse (Triton).
 
     o_a, o_b:     [T, H, D]  partial outputs (fp16, bf16 or fp32; may differ), unit last stride
     lse_a, lse_b: [T, H]     fp32 natural-log sums of exp of the scaled scores; -inf = no key
     out:          optional [T, H, D] buffer; its dtype is the result's (default o_a's). It may be
                   o_a or o_b itself: every element is read before it is written.
+    config:       optional {"BLOCK_H": heads per program, "num_warps": ...} (mlactl tune)
     returns (o [T, H, D], lse [T, H] fp32); computed in fp32.
     """
     _validate(o_a, lse_a, o_b, lse_b, out)
+    if config is not None:
+        _check_config(config)
     device = check_device(o_a=o_a, lse_a=lse_a, o_b=o_b, lse_b=lse_b, out=out)
     T, H, D = o_a.shape
     if out is None:
@@ -102,15 +124,24 @@ def merge_attn_states(o_a, lse_a, o_b, lse_b, *, out=None):
     lse = torch.empty(T, H, dtype=torch.float32, device=device)
     if T == 0:
         return out, lse
+    cfg = default_config(H, D)
+    if config is None and device.type == "cuda":
+        dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(o_a.dtype, "fp32")
+        tuned = configs.lookup("merge_attn_states", torch.cuda.get_device_name(device), dtype, H=max(H, 1), T=T)
+        try:
+            cfg.update(_check_config(tuned) if tuned else {})
+        except ValueError:
+            pass  # a malformed tuned entry must not fail a launch
+    cfg.update(config or {})
     BLOCK_D = triton.next_power_of_2(D)
-    BLOCK_H = min(triton.next_power_of_2(H), max(1, TILE_ELEMENTS // BLOCK_D))
+    BLOCK_H = cfg["BLOCK_H"]
     grid = (T, triton.cdiv(H, BLOCK_H))
     _merge_kernel[grid](
         o_a, lse_a, o_b, lse_b, out, lse, H,
         o_a.stride(0), o_a.stride(1), lse_a.stride(0), lse_a.stride(1),
         o_b.stride(0), o_b.stride(1), lse_b.stride(0), lse_b.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        D=D, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=NUM_WARPS,
+        D=D, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=cfg["num_warps"],
     )
     return out, lse
 

@@ -57,6 +57,9 @@ class Analysis:
     fixed_time_lost: np.ndarray
     crossover: Crossover
     notes: list[str] = field(default_factory=list)
+    policy: str | None = None  # a policy shown beside the model's choice (--policy)
+    policy_path: np.ndarray | None = None
+    policy_time_lost: np.ndarray | None = None
 
     @property
     def cfg(self) -> MLAConfig:
@@ -111,8 +114,13 @@ def crossover_table(cost: CostModel, hw: HardwareProfile, batch_prefix, max_new:
 
 def analyze(cfg: MLAConfig, hw: HardwareProfile, batch, new, prefix, *, kv_dtype: str = "bf16",
             dtype: str = "bf16", chunk: int = 8192, layers: int = 1,
-            threshold: int = DEFAULT_THRESHOLD, max_new: int = DEFAULT_MAX_NEW) -> Analysis:
-    """Cost, roofline time, choice and crossover of every path at every (batch, new, prefix)."""
+            threshold: int = DEFAULT_THRESHOLD, max_new: int = DEFAULT_MAX_NEW,
+            policy: str | None = None, results_data: dict | None = None) -> Analysis:
+    """Cost, roofline time, choice and crossover of every path at every (batch, new, prefix).
+
+    `policy` (roofline, flops, fixed, measured) adds that policy's path and the time it loses;
+    measured takes its crossovers from `results_data` (a loaded results file), per batch size.
+    """
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise MlactlError(f"--layers must be a positive integer or 'all', got {layers!r}")
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
@@ -123,7 +131,13 @@ def analyze(cfg: MLAConfig, hw: HardwareProfile, batch, new, prefix, *, kv_dtype
     best = argmin_path({p: paths[p].time_s for p in MLA_PATHS})
     fixed = fixed_threshold(prefix, threshold)
     times = np.stack([paths[p].time_s for p in MLA_PATHS])
-    fixed_time = sum(np.where(fixed == p, times[i], 0.0) for i, p in enumerate(MLA_PATHS))
+    def time_of(paths_chosen):
+        return sum(np.where(paths_chosen == p, times[i], 0.0) for i, p in enumerate(MLA_PATHS))
+
+    fixed_time = time_of(fixed)
+    policy_path = None
+    if policy is not None:
+        policy_path = _policy_paths(cost, hw, batch, new, prefix, policy, threshold, results_data)
     span = int(prefix.max()) + 1 if len(prefix) else 1
     keys = np.unique(batch * span + prefix)  # distinct (batch, prefix) pairs, one int each
     batch_prefix = list(zip((keys // span).tolist(), (keys % span).tolist()))
@@ -139,7 +153,27 @@ def analyze(cfg: MLAConfig, hw: HardwareProfile, batch, new, prefix, *, kv_dtype
         fixed_time_lost=fixed_time - times.min(axis=0),
         crossover=crossover_table(cost, hw, batch_prefix, max_new),
         notes=notes_for(cost, layers),
+        policy=policy,
+        policy_path=policy_path,
+        policy_time_lost=None if policy_path is None else time_of(policy_path) - times.min(axis=0),
     )
+
+
+def _policy_paths(cost, hw, batch, new, prefix, policy, threshold, results_data):
+    from mlactl import results
+    from mlactl.policy import select_paths
+
+    if policy != "measured":
+        return select_paths(cost, hw, new, prefix, batch=batch, policy=policy, threshold=threshold)
+    if results_data is None:
+        raise MlactlError("--policy measured needs measured crossovers: pass --results FILE from "
+                          "`mlactl tune paths`, or run it for this model and hardware")
+    out = np.empty(len(new), dtype=object)
+    for b in np.unique(batch):
+        rows = batch == b
+        out[rows] = select_paths(cost, hw, new[rows], prefix[rows], policy="measured",
+                                 crossovers=results.measured_crossovers(results_data, int(b)))
+    return out.astype(str)
 
 
 # -- mixed batches --------------------------------------------------------------------------------

@@ -142,6 +142,25 @@ def emit(fmt: str, output: Optional[Path], *, json_data=None, write_csv=None, ta
                 fh.write(con.export_text())
 
 
+def measured_results(cfg, hw, kv_dtype: str, path: Optional[Path]) -> dict:
+    """The results file for --policy measured: the one given (checked against the model and
+    hardware), or the newest `mlactl tune paths` left for them."""
+    from mlactl import results
+
+    if path is not None:
+        data = results.load(path)
+        results.check_matches(data, str(path), model_name=cfg.name, hardware_name=hw.name)
+    else:
+        dims = {k: getattr(cfg, k) for k in ("H", "r", "dC", "dR", "dV")}
+        data, path = results.find_results(dims, kv_dtype, hardware_name=hw.name)
+        if data is None:
+            raise MlactlError(f"no measured crossovers for {cfg.name} (H={cfg.H}, kv {kv_dtype}) on {hw.name}: "
+                              "run `mlactl tune paths` there, or pass --results FILE")
+    if not data.get("crossovers"):
+        raise MlactlError(f"{path} has no measured crossovers (it holds no `mlactl tune paths` run)")
+    return dict(data, _path=str(path))
+
+
 def version_callback(value: bool):
     if value:
         typer.echo(f"mlactl {__version__}")
@@ -174,6 +193,8 @@ def analyze(
     threshold: ThresholdOpt = "8192",
     ops: Annotated[bool, typer.Option("--ops", help="Also show every op (table) or add op columns (csv).")] = False,
     crossover: Annotated[bool, typer.Option("--crossover", help="Also print the crossover table (always in JSON).")] = False,
+    policy: Annotated[Optional[str], typer.Option("--policy", help="Also show this policy's choice and what it loses: roofline, flops, fixed or measured.")] = None,
+    results: Annotated[Optional[Path], typer.Option("--results", help="Results file of `mlactl tune paths` for --policy measured (default: the newest for this model and hardware).")] = None,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -196,12 +217,22 @@ def analyze(
         context=parse_sizes(context, "--context") if context is not None else None,
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
+    if policy is not None:
+        choice(policy, "--policy", ("roofline", "flops", "fixed", "measured"))
+    results_data = None
+    if policy == "measured":
+        results_data = measured_results(cfg, hw, kv_dtype, results)
+    elif results is not None:
+        raise MlactlError("--results goes with --policy measured")
     result = analysis.analyze(
         cfg, hw, b, n, p, kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
         dtype=choice(dtype, "--dtype", DTYPES), chunk=one_int(chunk, "--chunk"),
         layers=n_layers, threshold=one_int(threshold, "--threshold"),
+        policy=policy, results_data=results_data,
     )
     tables = [render.header(result), *result.notes, render.analysis_table(result)]
+    if results_data is not None:
+        tables.insert(2, f"measured policy: {results_data['_path']} ({results_data['device']['name']})")
     if ops:
         tables.append(render.ops_table(result))
     if crossover:
@@ -337,6 +368,8 @@ def list_cmd(
 
 
 from mlactl.cli_plot import plot_app  # noqa: E402
+from mlactl.cli_tune import tune_app  # noqa: E402
+app.add_typer(tune_app, name="tune")
 app.add_typer(plot_app, name="plot")
 
 

@@ -50,6 +50,10 @@ def _time_cell(time_s: float, compute_bound: bool, best: bool) -> Text:
     return text
 
 
+def _lost(t: float) -> Text:
+    return Text(seconds(t), style="red") if t > 0 else Text("—", style="dim")
+
+
 def analysis_table(analysis: Analysis, max_rows: int = 200) -> Table:
     table = Table(title="Roofline time per path (C compute-bound, M memory-bound; best in green; "
                         "mha* is the reference with an expanded cache)")
@@ -61,14 +65,18 @@ def analysis_table(analysis: Analysis, max_rows: int = 200) -> Table:
     table.add_column("by FLOPs", no_wrap=True)
     table.add_column("fixed", no_wrap=True)
     table.add_column("fixed loses", justify="right", no_wrap=True)
+    if analysis.policy is not None:
+        table.add_column(analysis.policy, no_wrap=True)
+        table.add_column(f"{analysis.policy} loses", justify="right", no_wrap=True)
     paths = analysis.paths
     for i in range(min(len(analysis), max_rows)):
         best = analysis.best[i]
         cells = [str(analysis.batch[i]), str(analysis.new[i]), str(analysis.prefix[i])]
         cells += [_time_cell(paths[p].time_s[i], paths[p].compute_bound[i], p == best) for p in PATHS]
         lost = analysis.fixed_time_lost[i]
-        cells += [SHORT[best], SHORT[analysis.best_by_flops[i]], SHORT[analysis.fixed[i]],
-                  Text(seconds(lost), style="red") if lost > 0 else Text("—", style="dim")]
+        cells += [SHORT[best], SHORT[analysis.best_by_flops[i]], SHORT[analysis.fixed[i]], _lost(lost)]
+        if analysis.policy is not None:
+            cells += [SHORT[analysis.policy_path[i]], _lost(analysis.policy_time_lost[i])]
         table.add_row(*cells)
     if len(analysis) > max_rows:
         table.caption = f"first {max_rows} of {len(analysis)} rows; use --format csv or json for all"

@@ -71,6 +71,7 @@ def header_json(analysis: Analysis) -> dict:
         "chunk": cost.chunk,
         "layers": analysis.layers,
         "threshold": analysis.threshold,
+        "policy": analysis.policy,
         "notes": analysis.notes,
     }
 
@@ -93,6 +94,8 @@ def to_json(analysis: Analysis) -> dict:
                      o.compute_bound.tolist()) for o in pt.ops],
         }
     rows = []
+    if analysis.policy is not None:
+        policy_paths, policy_lost = analysis.policy_path.tolist(), analysis.policy_time_lost.tolist()
     for i in range(len(analysis)):
         row_paths = {}
         for name, p in paths.items():
@@ -118,6 +121,9 @@ def to_json(analysis: Analysis) -> dict:
             "mha_cache_bytes": number(cols["mha"][i]),
             "fixed_threshold": {"path": cols["fixed"][i], "time_lost_s": cols["lost"][i]},
         })
+        if analysis.policy is not None:
+            rows[-1]["policy"] = {"name": analysis.policy, "path": policy_paths[i],
+                                  "time_lost_s": policy_lost[i]}
     out = header_json(analysis)
     out["rows"] = rows
     out["crossover"] = crossover_json(analysis.crossover)
@@ -146,6 +152,9 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
         "kv_cache_bytes": analysis.kv_cache_bytes,
         "mha_cache_bytes": analysis.mha_cache_bytes,
     }
+    if analysis.policy is not None:
+        cols["policy.path"] = path_labels(analysis.policy_path)
+        cols["policy.time_lost_s"] = analysis.policy_time_lost
     bounds = ["memory", "compute"]
     for name in PATHS:
         pt = analysis.paths[name]

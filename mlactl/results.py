@@ -115,30 +115,44 @@ def measured_crossovers(data: dict, batch: int | None = None) -> dict[int, int |
     return {int(r["prefix"]): r.get("measured") for r in rows if r["batch"] == pick}
 
 
-def find_crossovers(device_name: str, dims: dict, kv_dtype: str, folder: Path | None = None,
-                    batch: int | None = None):
-    """The measured crossovers of the newest results file for this device whose model has these
-    dims {H, r, dC, dR, dV} and cache dtype: ({prefix: crossover}, path), or (None, None).
-
-    This is how `mla_attention(path="auto")` finds the measured policy `mlactl tune paths` left.
-    """
+def find_results(dims: dict, kv_dtype: str, *, device_name: str | None = None,
+                 hardware_name: str | None = None, folder: Path | None = None):
+    """The newest results file with measured crossovers for a model with these dims {H, r, dC,
+    dR, dV} and cache dtype, measured on this device (by CUDA name) or this hardware profile:
+    (data, path), or (None, None)."""
     from mlactl import paths
     from mlactl.kernels.configs import device_slug
 
-    folder = folder or paths.results_dir() / device_slug(device_name)
+    root = folder or paths.results_dir()
+    if folder is None and device_name is not None:
+        root = root / device_slug(device_name)
     best, best_created, best_path = None, "", None
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    files = sorted(root.rglob("*.json")) if root.is_dir() else []
+    for path in files:
         try:
             data = load(path)
         except MlactlError:
             continue
-        model = data.get("model", {})
+        model, device = data.get("model", {}), data["device"]
         if any(model.get(k) != v for k, v in dims.items()) or data.get("kv_dtype") != kv_dtype:
             continue
-        if data["device"].get("name") != device_name or not data.get("crossovers"):
+        if device_name is not None and device.get("name") != device_name:
+            continue
+        if hardware_name is not None and device.get("hardware") != hardware_name:
+            continue
+        if not any(r.get("measured") is not None for r in data.get("crossovers", [])):
             continue
         if data.get("created", "") >= best_created:
             best, best_created, best_path = data, data.get("created", ""), path
-    if best is None:
+    return best, best_path
+
+
+def find_crossovers(device_name: str, dims: dict, kv_dtype: str, folder: Path | None = None,
+                    batch: int | None = None):
+    """The measured crossovers of the newest matching results file for this device:
+    ({prefix: crossover}, path), or (None, None). How `mla_attention(path="auto")` finds the
+    measured policy `mlactl tune paths` left."""
+    data, path = find_results(dims, kv_dtype, device_name=device_name, folder=folder)
+    if data is None:
         return None, None
-    return measured_crossovers(best, batch), best_path
+    return measured_crossovers(data, batch), path

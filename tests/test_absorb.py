@@ -264,7 +264,7 @@ def test_heuristic_deepseek_shapes():
     wide = heuristic_config(128, 128, 1, 512, 64, 8192, 64, bf16, bf16, 132)
     assert wide["BLOCK_H"] == 64 and wide["num_warps"] == 8 and wide["num_splits"] == 1
     assert (wide["BLOCK_N"], wide["num_stages"]) == (64, 3)
-    assert absorb._smem_bytes(64, wide["BLOCK_N"], wide["num_stages"], 576, 2, 2, False) <= absorb.SMEM_BUDGET
+    assert absorb.smem_bytes(64, wide["BLOCK_N"], wide["num_stages"], 576, 2, 2, False) <= absorb.SMEM_BUDGET
     narrow = heuristic_config(128, 16, 1, 512, 64, 8192, 64, bf16, bf16, 132)
     assert narrow["BLOCK_H"] == 16 and narrow["num_warps"] == 8 and narrow["num_splits"] == 2
     mtp = heuristic_config(8, 16, 4, 512, 64, 8192, 64, bf16, FP8, 132)
@@ -328,7 +328,7 @@ def compile_split(q, kv, H, S_q):
     k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
     row, qb, kb = 576, torch.finfo(q).bits // 8, torch.finfo(kv).bits // 8
-    estimate = absorb._smem_bytes(cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["num_stages"], row, qb, kb,
+    estimate = absorb.smem_bytes(cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["num_stages"], row, qb, kb,
                                   fp8)
     return dict(shared=k.metadata.shared, estimate=estimate, block_h=cfg["BLOCK_H"],
                 wgmma="warp_group_dot" in k.asm["ttgir"])

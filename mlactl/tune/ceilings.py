@@ -89,12 +89,11 @@ def measure(device, quick: bool = False, on_step=None) -> dict:
 
 
 def device_name(device) -> str:
+    """The CUDA device's name, or "cpu": what results, tuned configs and profiles are keyed by."""
     import torch
 
     device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine() or "cpu"
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def _toml_value(value) -> str:
@@ -147,7 +146,10 @@ def write_measured_profile(name_of_device: str, measured: dict, folder: Path | N
         profile["peak_tflops"] = dict(base.peak_tflops)
     else:
         slug = re.sub(r"[^a-z0-9]+", "-", name_of_device.lower()).strip("-") or "device"
-        profile = {"name": slug, "display": name_of_device, "match": [name_of_device],
+        display = name_of_device
+        if name_of_device == "cpu":
+            display = f"CPU ({platform.processor() or platform.machine()})"
+        profile = {"name": slug, "display": display, "match": [name_of_device],
                    "memory_gb": round(measured.get("memory_gb", 1.0), 1),
                    "bandwidth_tbs": table["bandwidth_tbs"],
                    "sources": [f"no datasheet profile: nominal = measured by mlactl tune ceilings, {stamp}"],

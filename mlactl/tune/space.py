@@ -1,0 +1,189 @@
+"""What `mlactl tune kernels` searches: per kernel, its shape buckets and its launch space.
+
+Each kernel is a KernelSpec: the buckets of a model (shapes as the launcher's tuned-config lookup
+keys them), inputs for a bucket, how to run it with a config and as its twin, the launcher's own
+default, the candidate configs pruned before compiling (shared memory against the device's
+limit, tile rows against the rows there are), and its FLOPs and bytes, from cost.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable
+
+from mlactl.cost import CostModel
+from mlactl.tune import inputs
+
+HOPPER_SMEM = 227 * 1024  # opt-in shared memory per block when the device does not say
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str  # as in tuned-config file names and the launcher's lookup
+    buckets: Callable  # (cfg, quick, device_type) -> [shape dict]
+    make_inputs: Callable  # (cfg, shape, kv_dtype, dtype, device) -> kwargs
+    run: Callable  # (kwargs, config | None) -> output tensor
+    twin: Callable  # (kwargs) -> output tensor
+    space: Callable  # (cfg, shape, kv_dtype, dtype, smem) -> [config]
+    cost_op: Callable  # (cost_model, shape) -> cost.Op
+    dtype_name: Callable  # (kv_dtype, dtype) -> the tuned-config file's dtype
+
+
+def _pow2_at_least(x: int, low: int = 1) -> int:
+    p = low
+    while p < x:
+        p *= 2
+    return p
+
+
+# -- absorb decode --------------------------------------------------------------------------------
+
+def _decode_buckets(cfg, quick, device_type):
+    if device_type != "cuda":  # the interpreter / a CPU: pipeline checks on tiny shapes
+        return [{"B": 2, "H": cfg.H, "S_q": 1, "ctx": 100}]
+    batches, contexts = ((32, 128), (8192,)) if quick else ((1, 32, 128), (1024, 8192, 32768))
+    shapes = [{"B": b, "H": cfg.H, "S_q": 1, "ctx": c} for b in batches for c in contexts]
+    if not quick:  # multi-token prediction / short extends
+        shapes.append({"B": 32, "H": cfg.H, "S_q": 4, "ctx": 8192})
+    return shapes
+
+
+def _decode_inputs(cfg, shape, kv_dtype, dtype, device):
+    page = inputs.PAGE if device.type == "cuda" else 16
+    return inputs.decode_inputs(cfg, shape["B"], shape["S_q"], shape["ctx"], kv_dtype, dtype, device, page=page)
+
+
+def _decode_run(kwargs, config):
+    from mlactl.kernels.absorb import mla_decode
+
+    return mla_decode(**kwargs, config=config)[0]
+
+
+def _decode_twin(kwargs):
+    from mlactl.kernels.absorb_naive import mla_decode_naive
+
+    return mla_decode_naive(**kwargs)[0]
+
+
+def _decode_space(cfg, shape, kv_dtype, dtype, smem):
+    from mlactl.kernels.absorb import smem_bytes
+
+    rows = shape["S_q"] * shape["H"]
+    most_rows = max(16, _pow2_at_least(rows))
+    row = cfg.r + cfg.dR
+    q_bytes = inputs.torch_dtype(dtype).itemsize
+    kv_bytes = 1 if kv_dtype == "fp8" else q_bytes
+    found = []
+    for block_h, block_n, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (1, 2, 3)):
+        if block_h > most_rows:
+            continue  # taller tiles than rows are padding only
+        if smem is not None and smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, kv_dtype == "fp8") > smem:
+            continue
+        found.append({"BLOCK_H": block_h, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
+    return found
+
+
+def decode_split_space(shape, page: int) -> list[int]:
+    """Split counts worth trying for a bucket: powers of two up to its pages (at most 64)."""
+    pages = max(1, -(-shape["ctx"] // page))
+    return [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= pages]
+
+
+# -- expand prefill -------------------------------------------------------------------------------
+
+def _prefill_buckets(cfg, quick, device_type):
+    if device_type != "cuda":
+        return [{"H": cfg.H, "L": 64}]
+    lengths = (4096,) if quick else (1024, 4096, 8192)
+    return [{"H": cfg.H, "L": n} for n in lengths]
+
+
+def _prefill_inputs(cfg, shape, kv_dtype, dtype, device):
+    return inputs.prefill_inputs(cfg, shape["L"], dtype, device)
+
+
+def _prefill_run(kwargs, config):
+    from mlactl.kernels.expand import mla_prefill
+
+    return mla_prefill(**kwargs, config=config)[0]
+
+
+def _prefill_twin(kwargs):
+    from mlactl.kernels.expand_naive import mla_prefill_naive
+
+    return mla_prefill_naive(**kwargs)[0]
+
+
+def _prefill_space(cfg, shape, kv_dtype, dtype, smem):
+    from mlactl.kernels.expand import smem_bytes
+
+    elt = inputs.torch_dtype(dtype).itemsize
+    found = []
+    for block_m, block_n, warps, stages in itertools.product((64, 128), (32, 64, 128), (4, 8), (1, 2, 3)):
+        config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+        if smem is not None and smem_bytes(config, cfg.dC + cfg.dR, cfg.dV, elt) > smem - 8 * 1024:
+            continue
+        if block_m == 128 and warps == 4 and block_n == 128:
+            continue  # a [128, 128] fp32 score tile on 4 warps spills
+        found.append(config)
+    return found
+
+
+# -- lse merge ------------------------------------------------------------------------------------
+
+def _merge_buckets(cfg, quick, device_type):
+    if device_type != "cuda":
+        return [{"H": cfg.H, "T": 64}]
+    return [{"H": cfg.H, "T": t} for t in ((4096,) if quick else (512, 8192))]
+
+
+def _merge_inputs(cfg, shape, kv_dtype, dtype, device):
+    return inputs.merge_inputs(shape["T"], shape["H"], cfg.dV, dtype, device)
+
+
+def _merge_run(kwargs, config):
+    from mlactl.kernels.merge import merge_attn_states
+
+    return merge_attn_states(**kwargs, config=config)[0]
+
+
+def _merge_twin(kwargs):
+    from mlactl.kernels.merge import merge_attn_states_naive
+
+    return merge_attn_states_naive(**kwargs)[0]
+
+
+def _merge_space(cfg, shape, kv_dtype, dtype, smem):
+    block_d = _pow2_at_least(cfg.dV)
+    heads = _pow2_at_least(shape["H"])
+    return [{"BLOCK_H": h, "num_warps": w} for h, w in itertools.product((1, 2, 4, 8, 16, 32), (1, 2, 4, 8))
+            if h <= heads and h * block_d <= 16384 and w * 32 <= h * block_d]
+
+
+def _file_dtype(kv_dtype, dtype):
+    return "fp8" if kv_dtype == "fp8" else dtype
+
+
+KERNELS = {
+    "mla_decode": KernelSpec(
+        "mla_decode", _decode_buckets, _decode_inputs, _decode_run, _decode_twin, _decode_space,
+        # the absorb path's attention op: S_q new tokens after ctx - S_q cached
+        lambda cost, s: cost.ops("absorb", s["B"], s["S_q"], s["ctx"] - s["S_q"])[1],
+        _file_dtype),
+    "mla_prefill": KernelSpec(
+        "mla_prefill", _prefill_buckets, _prefill_inputs, _prefill_run, _prefill_twin, _prefill_space,
+        # the expand path's attention op over one causal sequence, no prefix
+        lambda cost, s: cost.ops("expand", 1, s["L"], 0)[1],
+        lambda kv_dtype, dtype: dtype),
+    "merge_attn_states": KernelSpec(
+        "merge_attn_states", _merge_buckets, _merge_inputs, _merge_run, _merge_twin, _merge_space,
+        # one merge of two partials: expand_chunked's lse_merge with a prefix of one chunk
+        lambda cost, s: cost.ops("expand_chunked", 1, s["T"], 1)[2],
+        lambda kv_dtype, dtype: dtype),
+}
+
+
+def cost_model(cfg, kernel: str, kv_dtype: str, dtype: str) -> CostModel:
+    """Prefill and merge read expanded operands in the activation dtype, whatever the cache's."""
+    return CostModel(cfg, kv_dtype=kv_dtype if kernel == "mla_decode" else dtype, dtype=dtype)
