@@ -10,7 +10,6 @@ from typing import Annotated, Optional
 import typer
 
 tune_app = typer.Typer(
-    help="Run the kernels for real: autotune launch configs, time both paths, measure ceilings.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -212,9 +211,11 @@ def tune_all(
     results_file: ResultsFileOpt = None,
     warm: WarmOpt = False,
 ):
-    """Ceilings, then kernel configs, then both paths, in one run and one results file.
+    """Run the kernels for real: autotune launch configs, time both paths, measure ceilings.
 
-    Example: mlactl tune --quick          (on a CUDA GPU; --backend torch on a laptop)
+    With no sub-command: ceilings, then kernel configs, then both paths, in one run and one results file.
+
+    Example: mlactl tune --quick   (on a CUDA GPU; --backend torch on a laptop)
     """
     if ctx.invoked_subcommand is not None:
         return
