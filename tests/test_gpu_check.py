@@ -1,0 +1,182 @@
+"""benchmarks/gpu_check.py --smoke: its plumbing on tiny shapes in Triton's CPU interpreter.
+
+Every FLOP and byte figure of the JSON is recomputed here by hand from DESIGN.md's formulas (not
+through mlactl.cost), and every roofline time from the "teaching" profile's round numbers
+(100 TFLOP/s fp16, 3 TB/s). Nothing here looks at how fast anything ran.
+"""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+# the smoke dims, and the teaching profile the smoke run uses for its roofline
+R, DR, DC, DV = 32, 16, 16, 16
+PEAK, BANDWIDTH = 100e12, 3e12
+BYTES = {"fp16": 2, "fp8": 1}
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    return load_script()
+
+
+@pytest.fixture(scope="module")
+def smoke(gpu_check, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check")
+    rc = gpu_check.main(["--smoke", "--skip-tests", "--out", str(out)])
+    files = list(out.glob("gpu-check-*.json"))
+    assert len(files) == 1, files
+    return rc, json.loads(files[0].read_text())
+
+
+def pairs(new, prefix):
+    k = new + prefix
+    return new * k - new * (new - 1) // 2
+
+
+def absorb_attention(B, new, prefix, H, a, kv):
+    nq, nk = B * new, B * (new + prefix)
+    flops = B * pairs(new, prefix) * (2 * H * (R + DR) + 2 * H * R)
+    nbytes = nk * (R + DR) * kv + nq * H * (R + DR) * a + nq * H * R * a
+    return [(flops, nbytes)]
+
+
+def expand_attention(B, new, prefix, H, a, kv):
+    nq, nk = B * new, B * (new + prefix)
+    flops = B * pairs(new, prefix) * (2 * H * (DC + DR) + 2 * H * DV)
+    nbytes = nq * H * (DC + DR) * a + nk * H * (DC + DV) * a + nk * DR * kv + nq * H * DV * a
+    return [(flops, nbytes)]
+
+
+def absorb_path(B, new, prefix, H, a, kv):
+    nq = B * new
+    q_absorb = (2 * H * DC * R * nq, nq * H * DC * a + H * DC * R * a + nq * H * R * a)
+    out_absorb = (2 * H * R * DV * nq, nq * H * R * a + H * R * DV * a + nq * H * DV * a)
+    return [q_absorb, *absorb_attention(B, new, prefix, H, a, kv), out_absorb]
+
+
+def expand_path(B, new, prefix, H, a, kv):
+    nk = B * (new + prefix)
+    kv_expand = (2 * R * H * (DC + DV) * nk, nk * R * kv + H * (DC + DV) * R * a + nk * H * (DC + DV) * a)
+    return [kv_expand, *expand_attention(B, new, prefix, H, a, kv)]
+
+
+HAND = {("absorb", "attention"): absorb_attention, ("expand", "attention"): expand_attention,
+        ("absorb", "all ops"): absorb_path, ("expand", "all ops"): expand_path}
+
+
+def test_smoke_run_succeeds(smoke):
+    rc, doc = smoke
+    assert rc == 0, [r.get("error") for r in doc["rows"]]
+    assert doc["schema"] == "mlactl-gpu-check" and doc["schema_version"] == 1
+    assert doc["smoke"] is True and doc["timings_meaningful"] is False
+    assert doc["tests"] == {"status": "not run", "reason": "--skip-tests"}
+    assert doc["hardware_profile"]["name"] == "teaching"
+    assert "teaching" in doc["hardware_profile"]["note"]
+    for key in ("torch", "triton", "cuda", "python"):
+        assert key in doc["versions"]
+    assert doc["device"]["name"] and doc["date"]
+    assert doc["summary"]["rows_ok"] == doc["summary"]["rows"] == len(doc["rows"])
+
+
+def test_smoke_rows_cover_the_issue(smoke):
+    _, doc = smoke
+    ids = [r["id"] for r in doc["rows"]]
+    assert ids == [
+        "decode-absorb-H4-fp16", "decode-absorb-H2-fp16",
+        "prefill-expand-L160-H4", "prefill-expand-L96-H4",
+        "decode-absorb-H4-fp8", "decode-absorb-H2-fp8",
+        "path-absorb-decode-H2", "path-expand-decode-H2",
+        "path-absorb-extend-H2", "path-expand-extend-H2",
+    ]
+    rows = {r["id"]: r for r in doc["rows"]}
+    assert rows["decode-absorb-H4-fp16"]["target"]["metric"] == "flops_per_s"
+    assert rows["decode-absorb-H2-fp16"]["target"]["metric"] == "bytes_per_s"
+    assert rows["prefill-expand-L160-H4"]["target"]["min"] == 350e12
+    assert "twin" not in rows["prefill-expand-L160-H4"]  # compared in the twin-size row
+    assert "L96" in rows["prefill-expand-L160-H4"]["note"]
+    for r in doc["rows"]:
+        if r["id"] != "prefill-expand-L160-H4":
+            assert r["twin"]["status"] == "ok", r["twin"]
+            assert r["twin"]["outputs_agree"] is True, r["twin"]["rel_err"]
+            assert r["twin"]["speedup"] == pytest.approx(r["twin"]["timing"]["median_s"] / r["timing"]["median_s"])
+        assert r["output_finite"] is True
+
+
+@pytest.mark.parametrize("row_id", [
+    "decode-absorb-H4-fp16", "decode-absorb-H2-fp16", "decode-absorb-H4-fp8", "decode-absorb-H2-fp8",
+    "prefill-expand-L160-H4", "prefill-expand-L96-H4",
+    "path-absorb-decode-H2", "path-expand-decode-H2", "path-absorb-extend-H2", "path-expand-extend-H2",
+])
+def test_smoke_counts_by_hand(smoke, row_id):
+    _, doc = smoke
+    row = next(r for r in doc["rows"] if r["id"] == row_id)
+    s = row["shape"]
+    assert f"H{s['H']}" in row_id
+    ops = HAND[row["cost_path"], row["cost_op"]](s["batch"], s["new"], s["prefix"], s["H"],
+                                                 BYTES[row["dtype"]], BYTES[row["kv_dtype"]])
+    assert row["flops"] == sum(f for f, _ in ops)
+    assert row["bytes"] == sum(b for _, b in ops)
+    # roofline: max per op, summed over the path's ops
+    roof = sum(max(f / PEAK, b / BANDWIDTH) for f, b in ops)
+    assert row["roofline_s"] == pytest.approx(roof, rel=1e-12)
+    median = row["timing"]["median_s"]
+    assert row["achieved_flops_per_s"] == pytest.approx(row["flops"] / median)
+    assert row["achieved_bytes_per_s"] == pytest.approx(row["bytes"] / median)
+    assert 0 < row["roofline_fraction"] < math.inf
+    assert row["roofline_fraction"] == pytest.approx(roof / median)
+
+
+def test_decode_kernel_row_counts_one_pair_per_cached_token(smoke):
+    _, doc = smoke
+    row = next(r for r in doc["rows"] if r["id"] == "decode-absorb-H4-fp16")
+    B, ctx = row["shape"]["batch"], row["shape"]["context"]
+    assert (row["shape"]["new"], row["cost_path"], row["cost_op"]) == (1, "absorb", "attention")
+    assert row["flops"] == B * ctx * (2 * 4 * (R + DR) + 2 * 4 * R)
+
+
+def test_a_broken_row_is_recorded_and_the_others_still_run(gpu_check, tmp_path, monkeypatch):
+    real = gpu_check.row_specs
+
+    def specs(plan, model):
+        keep = [s for s in real(plan, model) if s[0] == "path-absorb-decode-H2"]
+
+        def broken(bench):
+            raise RuntimeError("boom")
+
+        return [("broken-row", broken), *keep]
+
+    monkeypatch.setattr(gpu_check, "row_specs", specs)
+    rc = gpu_check.main(["--smoke", "--skip-tests", "--out", str(tmp_path)])
+    doc = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
+    assert rc == 1
+    assert [r["status"] for r in doc["rows"]] == ["error", "ok"]
+    assert doc["rows"][0]["error"] == "RuntimeError: boom"
+    assert doc["summary"]["rows_error"] == 1
+
+
+@pytest.mark.parametrize("text, want", [
+    pytest.param("..F.s\nFAILED tests/x.py::t - assert 0\n1 failed, 3 passed, 1 skipped, 40 deselected in 9.12s\n",
+                 dict(passed=3, failed=1, skipped=1, errors=0, deselected=40), id="failed"),
+    pytest.param("ss\n2 skipped, 9 deselected in 0.5s\n",
+                 dict(passed=0, failed=0, skipped=2, errors=0, deselected=9), id="skipped"),
+    pytest.param("E\n1 error in 0.1s\n", dict(passed=0, failed=0, skipped=0, errors=1, deselected=0),
+                 id="error"),
+    pytest.param("", dict(passed=0, failed=0, skipped=0, errors=0, deselected=0), id="empty"),
+])
+def test_parse_pytest(gpu_check, text, want):
+    got = gpu_check.parse_pytest(text)
+    assert {k: got[k] for k in want} == want
