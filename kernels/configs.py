@@ -8,8 +8,9 @@ File names follow the engines' convention, e.g.
      "configs": {"B=128,H=128,S_q=1,ctx=8192": {"BLOCK_N": 64, "num_warps": 8, ...}, ...}}
 
 A bucket key is ``name=value`` pairs of positive integers joined by commas. Lookup takes the
-nearest bucket: the smallest sum of |log2(asked) - log2(bucket)| over the shared names, among
-buckets that have exactly the asked names. Files in the user folder (``$MLACTL_TUNED_DIR``, else
+nearest bucket: the smallest sum of |log2(asked) - log2(bucket)| over the names, among buckets
+that have exactly the asked names; the heads ``H`` count 4 times (they set the tile shapes, and
+come from the model and its tensor parallelism, not from the traffic). Files in the user folder (``$MLACTL_TUNED_DIR``, else
 ``$MLACTL_HOME/tuned``, see mlactl.paths) win over the shipped ones in ``profiles/tuned/``;
 ``MLACTL_NO_TUNED=1`` turns lookups off.
 Nothing here imports torch.
@@ -28,7 +29,8 @@ from mlactl.paths import home
 
 FORMAT_VERSION = 1
 ENV_DIR = "MLACTL_TUNED_DIR"
-ENV_OFF = "MLACTL_NO_TUNED"  # set to 1: every lookup misses (launchers use their heuristics)
+ENV_OFF = "MLACTL_NO_TUNED"
+WEIGHTS = {"H": 4.0}  # per-name weights of the log2 distance  # set to 1: every lookup misses (launchers use their heuristics)
 
 
 def user_dir() -> Path:
@@ -82,7 +84,7 @@ def nearest(buckets: dict[str, dict], **shape: int) -> dict | None:
             continue
         if set(bucket) != names:
             continue
-        dist = sum(abs(math.log2(shape[n]) - math.log2(bucket[n])) for n in names)
+        dist = sum(WEIGHTS.get(n, 1.0) * abs(math.log2(shape[n]) - math.log2(bucket[n])) for n in names)
         if dist < best_dist:
             best, best_dist = buckets[key], dist
     return best

@@ -44,10 +44,11 @@ def atomic_write(path: str | Path, data: str | bytes) -> None:
 
 @contextlib.contextmanager
 def locked(path: str | Path):
-    """Hold an exclusive lock on `path`.lock while reading, merging and rewriting `path`, so two
-    processes updating one file take turns instead of losing each other's entries. POSIX only;
-    elsewhere it does not lock."""
-    lock_path = Path(str(path) + ".lock")
+    """Hold an exclusive lock on a hidden `.NAME.lock` beside `path` while reading, merging and
+    rewriting `path`, so two processes updating one file take turns instead of losing each
+    other's entries. POSIX only; elsewhere it does not lock."""
+    path = Path(path)
+    lock_path = path.parent / f".{path.name}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a") as fh:
         try:

@@ -1,0 +1,293 @@
+"""mlactl tune on a CPU: the torch backend end to end, the interpreter backend with a failing
+config, resume, corrupt files, concurrent writers, nearest-bucket lookup, and the errors.
+
+No assertion here depends on a timing: where a result is a measurement, the test checks its
+structure; the logic that turns timings into a crossover is tested on given times."""
+
+import json
+import multiprocessing
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from mlactl import results
+from mlactl.cli import app
+from mlactl.errors import MlactlError
+from mlactl.kernels import configs
+from mlactl.model import from_hf_config
+from mlactl.tune import store as store_mod
+from mlactl.tune import sweep
+
+runner = CliRunner()
+
+# Small enough for a CPU, with absorb much costlier per pair than expand (as in DeepSeek):
+# pair_absorb / pair_expand = 2176 / 384, so expand wins from a few dozen new tokens.
+SMALL = {"model_type": "small-mla", "hidden_size": 256, "num_attention_heads": 4, "kv_lora_rank": 128,
+         "q_lora_rank": None, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
+         "num_hidden_layers": 2}
+# What the interpreter can run quickly: power-of-two dims, two heads.
+TINY = dict(SMALL, model_type="tiny-mla", num_attention_heads=2, kv_lora_rank=32)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLACTL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLACTL_TUNED_DIR", raising=False)
+    return tmp_path / "home"
+
+
+def model_file(tmp_path, fields) -> str:
+    path = tmp_path / f"{fields['model_type']}.json"
+    path.write_text(json.dumps(fields))
+    return str(path)
+
+
+def invoke(*args):
+    result = runner.invoke(app, ["tune", *args])
+    return result
+
+
+def test_torch_backend_end_to_end(tmp_path, home):
+    """tune paths with the twins on a CPU: a results file with measured and predicted crossovers
+    that analyze --policy measured and every plot read."""
+    model = model_file(tmp_path, SMALL)
+    out = tmp_path / "run.json"
+    result = invoke("paths", "--backend", "torch", "--model", model, "--prefix", "0,64", "--new", "1:512:*8",
+                    "--results-file", str(out), "--quick")
+    assert result.exit_code == 0, result.output
+    data = results.load(out)
+    assert data["backend"] == "torch" and data["device"]["name"] == "cpu"
+    assert data["timing"]["method"] == "wall-clock"
+    assert {(r["prefix"], r["new"], r["path"]) for r in data["paths"]} >= {
+        (p, n, path) for p in (0, 64) for n in (1, 8, 64, 512) for path in ("expand", "absorb")}
+    for row in data["paths"]:
+        assert row["status"] == "ok" and row["median_s"] > 0 and row["p10_s"] <= row["median_s"] <= row["p90_s"]
+        assert row["agreement"] < 1e-3  # both paths computed the same function
+    cost_flops = {(r["prefix"], r["new"], r["path"]): r["flops"] for r in data["paths"]}
+    # absorb at prefix 64, new 8: pairs 8*72 - 28 = 548; 548*2176 + 8*(2*4*16*128*2) FLOPs
+    assert cost_flops[(64, 8, "absorb")] == 548 * 2176 + 8 * 32768
+    rows = {r["prefix"]: r for r in data["crossovers"]}
+    assert set(rows) == {0, 64}
+    for r in rows.values():
+        assert r["measured"] is None or r["measured"] in r["measured_new"]
+        assert r["predicted_by_flops"] == (1 if r["prefix"] == 0 else
+                                           __import__("mlactl.cost", fromlist=["CostModel"]).CostModel(
+                                               from_hf_config(model)).crossover_by_flops(64))
+
+    # the measured policy reads it; a profile of round numbers stands in for this CPU's
+    cpu = tmp_path / "cpu.toml"
+    cpu.write_text('name = "cpu"\nmemory_gb = 16\nbandwidth_tbs = 0.02\n[peak_tflops]\nfp32 = 0.2\n')
+    same = ["--model", model, "--hardware", str(cpu), "--kv-dtype", "fp32", "--dtype", "fp32"]
+    analyzed = runner.invoke(app, ["analyze", *same, "--policy", "measured", "--results", str(out),
+                                   "--new", "1,512", "--prefix", "0,64", "--format", "json"])
+    assert analyzed.exit_code == 0, analyzed.output
+    policy = [row["policy"] for row in json.loads(analyzed.output)["rows"]]
+    assert all(p["name"] == "measured" and p["path"] in ("expand", "absorb") for p in policy)
+
+    # every chart takes it
+    for chart, extra in (("crossover", ["--prefix", "0,64"]), ("roofline", []),
+                         ("pathmap", ["--prefix", "0,64,512", "--new", "1:512:*2"])):
+        png = tmp_path / f"{chart}.png"
+        shown = runner.invoke(app, ["plot", chart, *same, "--results", str(out), "-o", str(png), *extra])
+        assert shown.exit_code == 0, (chart, shown.output)
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_measured_crossover_logic():
+    t = {1: {"expand": 3, "absorb": 1}, 8: {"expand": 2, "absorb": 1}, 64: {"expand": 1, "absorb": 2},
+         512: {"expand": 1, "absorb": 9}}
+    assert sweep.measured_crossover(t) == 64
+    t[1] = {"expand": 0.5, "absorb": 1}  # a noisy win below a loss does not move it
+    assert sweep.measured_crossover(t) == 64
+    t[8] = {"expand": 0.5, "absorb": 1}  # wins from 1 up: the crossover is 1
+    assert sweep.measured_crossover(t) == 1
+    assert sweep.measured_crossover({1: {"expand": 2, "absorb": 1}}) is None
+    assert sweep.measured_crossover({1: {"expand": 1, "absorb": 2}, 4: {"expand": 1, "absorb": 2}}) == 1
+
+
+def test_bisection_finds_the_exact_crossover(monkeypatch):
+    """With times from a function whose crossover is 37, the refinement between 8 and 64 lands on it."""
+    calls = []
+
+    def fake_point(ctx, cost, b, n, p, chunk):
+        calls.append(n)
+        return {"expand": 1.0, "absorb": 2.0} if n >= 37 else {"expand": 2.0, "absorb": 1.0}
+
+    monkeypatch.setattr(sweep, "_measure_point", fake_point)
+    monkeypatch.setattr(sweep, "REFINE_STEPS", 10)
+    times = {n: fake_point(None, None, 1, n, 0, 0) for n in (1, 8, 64)}
+    sweep._refine(_Ctx(), None, 1, 0, 8192, times)
+    assert sweep.measured_crossover(times) == 37
+    assert len(calls) <= 3 + 6  # log2(56) bisection steps
+
+
+class _Ctx:
+    def out_of_time(self):
+        return False
+
+
+def test_interpreter_backend_records_a_failing_config(tmp_path, home):
+    model = model_file(tmp_path, TINY)
+    space = tmp_path / "space.json"
+    # BLOCK_H 24 is not a power of two: the launcher refuses it; the sweep must record and go on
+    space.write_text(json.dumps([{"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+                                 {"BLOCK_H": 24, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+                                 {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}]))
+    out = tmp_path / "interp.json"
+    result = invoke("kernels", "--interpret", "--model", model, "--kernel", "mla_decode", "--space", str(space),
+                    "--dtype", "fp16", "--results-file", str(out))
+    assert result.exit_code == 0, result.output
+    assert "times mean nothing" in result.output
+    data = results.load(out)
+    assert data["backend"] == "interpret" and data["timing"]["meaningful"] is False
+    (entry,) = data["kernels"]
+    status = {json.dumps(c["config"], sort_keys=True): c for c in entry["configs"]}
+    bad = status[json.dumps({"BLOCK_H": 24, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}, sort_keys=True)]
+    assert bad["status"] == "failed" and "BLOCK_H" in bad["reason"]
+    good = [c for c in entry["configs"] if c["status"] == "ok"]
+    assert len(good) == 2 and all(c["rel_error"] < 1e-2 for c in good)
+    assert entry["best"] in [c["config"] for c in good]
+    assert entry["default_median_s"] > 0 and entry["twin_median_s"] > 0
+    # flops of the bucket from the cost model: B=2 decode at context 100, H=2, r=32, dR=16:
+    # 2 requests * 100 pairs * (2*2*48 + 2*2*32)
+    assert entry["flops"] == 2 * 100 * 320
+
+
+class Killed(BaseException):
+    """Like a KeyboardInterrupt or SIGTERM: not an Exception, so nothing on the way catches it."""
+
+
+def test_resume_after_interruption(tmp_path, home, monkeypatch):
+    model = from_hf_config(model_file(tmp_path, SMALL))
+    out = tmp_path / "resume.json"
+    header = {"schema": "mlactl.results", "schema_version": 1, "device": {"name": "cpu"}, "backend": "torch",
+              "timing": {}, "model": model.to_dict(), "kv_dtype": "fp32", "dtype": "fp32",
+              "versions": {"torch": "x"}}
+    measured, kill_at = [], [5]
+
+    def fake_time(self, fn):
+        measured.append(1)
+        if len(measured) == kill_at[0]:
+            raise Killed  # killed in the middle of the sweep
+        return sweep.time_call(lambda: None, device=None, budget_s=0.001, warmup=0, min_repeats=1, max_repeats=1)
+
+    monkeypatch.setattr(sweep.Context, "time", fake_time)
+    import torch
+
+    ctx = sweep.Context(model, torch.device("cpu"), "torch", "fp32", "fp32", store_mod.ResultsStore(out, header), None)
+    with pytest.raises(Killed):
+        sweep.tune_paths(ctx, [1], [1, 2, 4], [0, 16], 8192, refine=False)
+    kept = results.load(out)
+    assert len(kept["paths"]) == 4  # two full points (expand + absorb each) were saved before the kill
+
+    measured.clear()
+    kill_at[0] = None
+    ctx = sweep.Context(model, torch.device("cpu"), "torch", "fp32", "fp32", store_mod.ResultsStore(out, header), None)
+    sweep.tune_paths(ctx, [1], [1, 2, 4], [0, 16], 8192, refine=False)
+    assert len(measured) == 12 - 4  # only what was missing
+    assert len(results.load(out)["paths"]) == 12
+
+
+def test_corrupt_results_file(tmp_path, home):
+    out = tmp_path / "bad.json"
+    out.write_text('{"schema": "mlactl.results", "schema_version": 1,\n "paths": [')
+    model = model_file(tmp_path, SMALL)
+    args = ("paths", "--backend", "torch", "--model", model, "--prefix", "0", "--new", "1", "--results-file", str(out))
+    result = invoke(*args)
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "line 2: not valid JSON" in lines[0] and "--force" in lines[0]
+    result = invoke(*args, "--force")
+    assert result.exit_code == 0, result.output
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("bad.") and p.name != "bad.json"]
+    assert len(kept) == 1 and kept[0].read_text().endswith('"paths": [')  # the old file is kept as it was
+    assert results.load(out)["paths"]
+
+
+def test_foreign_version_results_file(tmp_path):
+    out = tmp_path / "old.json"
+    out.write_text(json.dumps({"schema": "mlactl.results", "schema_version": 0}))
+    with pytest.raises(MlactlError, match="schema version 0; this mlactl reads version 1"):
+        results.load(out)
+
+
+def _writer(path, tag, count):
+    header = {"schema": "mlactl.results", "schema_version": 1, "device": {"name": "cpu"}, "backend": "torch",
+              "timing": {}, "model": {"name": "m"}, "kv_dtype": "fp32", "dtype": "fp32", "versions": {}}
+    store = store_mod.ResultsStore(path, header)
+    for i in range(count):
+        store.add("paths", {"batch": tag, "new": i, "prefix": 0, "path": "absorb", "median_s": 1.0})
+
+
+def test_two_concurrent_writers_lose_nothing(tmp_path):
+    path = tmp_path / "shared.json"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(path, tag, 40)) for tag in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    data = results.load(path)
+    assert {(r["batch"], r["new"]) for r in data["paths"]} == {(t, i) for t in (1, 2) for i in range(40)}
+
+
+def test_nearest_bucket_lookup(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLACTL_TUNED_DIR", str(tmp_path))
+    buckets = {"B=1,H=128,S_q=1,ctx=1024": {"BLOCK_N": 16}, "B=128,H=128,S_q=1,ctx=8192": {"BLOCK_N": 64},
+               "B=32,H=16,S_q=1,ctx=8192": {"BLOCK_N": 32}}
+    assert configs.nearest(buckets, B=100, H=128, S_q=1, ctx=16384) == {"BLOCK_N": 64}
+    assert configs.nearest(buckets, B=2, H=128, S_q=1, ctx=512) == {"BLOCK_N": 16}
+    assert configs.nearest(buckets, B=2, H=16, S_q=1, ctx=512) == {"BLOCK_N": 32}
+    assert configs.nearest(buckets, B=2, H=16) is None  # other names: no match
+    store_mod.write_tuned_config("mla_decode", "NVIDIA H200", "bf16", "B=128,H=128,S_q=1,ctx=8192",
+                                 {"BLOCK_N": 64}, "3.6.0", folder=tmp_path)
+    store_mod.write_tuned_config("mla_decode", "NVIDIA H200", "bf16", "B=1,H=128,S_q=1,ctx=1024",
+                                 {"BLOCK_N": 16}, "3.6.0", folder=tmp_path)
+    assert (tmp_path / "kernel=mla_decode,device_name=NVIDIA_H200,dtype=bf16.json").is_file()
+    assert configs.lookup("mla_decode", "NVIDIA H200", "bf16", B=64, H=128, S_q=1, ctx=8000) == {"BLOCK_N": 64}
+    assert configs.lookup("mla_decode", "NVIDIA H200", "bf16", B=1, H=128, S_q=1, ctx=900) == {"BLOCK_N": 16}
+    assert configs.lookup("mla_decode", "NVIDIA H100", "bf16", B=1, H=128, S_q=1, ctx=900) is None
+    monkeypatch.setenv("MLACTL_NO_TUNED", "1")
+    assert configs.lookup("mla_decode", "NVIDIA H200", "bf16", B=1, H=128, S_q=1, ctx=900) is None
+
+
+def test_triton_backend_without_cuda_is_one_line(tmp_path, home):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    for args in (("kernels",), ("paths",), ()):
+        result = invoke(*args, "--backend", "triton")
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(lines) == 1
+        assert "--backend triton needs a CUDA GPU" in lines[0] and "--backend torch" in lines[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("kernels", "--interpret", "--kernel", "flash"), "--kernel 'flash' is unknown"),
+    (("paths", "--backend", "jax"), "--backend must be one of triton, torch, interpret"),
+    (("paths", "--backend", "torch", "--new", "0"), "--new: 0 must be a positive integer"),
+    (("paths", "--backend", "torch", "--dtype", "int8"), "--dtype must be one of"),
+    (("kernels", "--interpret", "--device", "cuda"), "--device cuda"),
+])
+def test_tune_bad_input(tmp_path, home, args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_ceilings_on_cpu_write_a_measured_profile(tmp_path, home):
+    result = invoke("ceilings", "--device", "cpu", "--quick")
+    assert result.exit_code == 0, result.output
+    profile = home / "hardware" / "cpu.toml"
+    assert profile.is_file()
+    from mlactl import hardware
+
+    hw = hardware.resolve("cpu", measured=True)
+    assert hw.using_measured and hw.bandwidth > 0 and hw.peak_flops("fp32") > 0
+    analyzed = runner.invoke(app, ["analyze", "--hardware", "cpu", "--measured", "--dtype", "fp32",
+                                   "--kv-dtype", "fp32", "--model", "teaching", "--new", "1"])
+    assert analyzed.exit_code == 0, analyzed.output
+    assert os.listdir(home / "results" / "cpu")  # the run's results file too
