@@ -80,9 +80,11 @@ class Run:
         hw = None
         if on_gpu and info["hardware"]:
             hw = hardware.from_name(info["hardware"])
-        elif not on_gpu:
+        elif not on_gpu and backend != "interpret":  # the interpreter's times predict nothing
             hw = hardware.detect("cpu")  # a profile `mlactl tune ceilings` wrote for this CPU
             hw = hw.with_measured() if hw is not None and hw.measured else None
+        if hw is not None and dtype not in hw.peak_tflops:
+            hw = None  # no ceiling for this dtype: measure without predicting
         path = results_file or store.default_path(device_slug(info["name"]), run_name or self.cfg.name,
                                                   self.cfg.tp, dtype, kv_dtype, backend)
         header = {
@@ -139,7 +141,9 @@ def run_ceilings(run: Run) -> None:
     if run.device.type != "cuda" and run.backend != "interpret":
         from mlactl import hardware
 
-        run.ctx.hw = run.hw = hardware.detect("cpu").with_measured()  # predict with what was just measured
+        measured = hardware.detect("cpu").with_measured()  # predict with what was just measured
+        if run.ctx.dtype in measured.peak_tflops:
+            run.ctx.hw = run.hw = measured
     if result.get("profile"):
         run.say(f"measured profile: {result['profile']} (use it: mlactl analyze --hardware "
                 f"{Path(result['profile']).stem} --measured)")

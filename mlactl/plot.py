@@ -81,6 +81,21 @@ def check_results(data: dict, where: str, cost: CostModel, hw: HardwareProfile) 
                               f"(pass {option} {value} to match)")
 
 
+MAX_LABELS = 12  # beyond this many measured points, label only each path's best and worst
+
+
+def _labelled(measured: list[dict]) -> set[int]:
+    """Indices of the measured points that get a text label."""
+    if len(measured) <= MAX_LABELS:
+        return set(range(len(measured)))
+    keep = set()
+    for path in {m["path"] for m in measured}:
+        mine = [i for i, m in enumerate(measured) if m["path"] == path]
+        keep.add(min(mine, key=lambda i: measured[i]["fraction"]))
+        keep.add(max(mine, key=lambda i: measured[i]["fraction"]))
+    return keep
+
+
 def measured_label(data: dict) -> str:
     """Device, backend, versions and timing method of a results file, for titles."""
     versions = ", ".join(f"{k} {v}" for k, v in data.get("versions", {}).items() if k != "python")
@@ -280,12 +295,14 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
         small = pt["path"] == "expand_chunked"  # drawn inside expand's marker, which it nearly equals
         ax.plot(pt["intensity"], pt["flops_per_s"], marker, ms=5 if small else 9, color=colour,
                 mfc=colour if pt["op"] is None else "none", mew=1.2 if small else 1.6)
-    for m in measured:
+    labelled = _labelled(measured)
+    for i, m in enumerate(measured):
         colour = PATH_COLOURS.get(m["path"], "black")
         ax.plot([m["intensity"]] * 2, [m["predicted_flops_per_s"], m["flops_per_s"]], color=colour, lw=0.8)
         ax.plot(m["intensity"], m["flops_per_s"], "*", ms=11, color=colour, mec="black", mew=0.6)
-        ax.annotate(f"{m['label']} {m['path']}: {m['fraction']:.0%}", (m["intensity"], m["flops_per_s"]),
-                    xytext=(5, -3), textcoords="offset points", fontsize=7, color=colour)
+        if i in labelled:
+            ax.annotate(f"{m['label']} {m['path']}: {m['fraction']:.0%}", (m["intensity"], m["flops_per_s"]),
+                        xytext=(5, -3), textcoords="offset points", fontsize=7, color=colour)
 
     from matplotlib.lines import Line2D
 
