@@ -150,8 +150,6 @@ def run_ceilings(run: Run) -> None:
 
 
 def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None:
-    import json
-
     from mlactl.tune import report, space as spaces, sweep
 
     names = None
@@ -162,12 +160,9 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
             raise MlactlError(f"--kernel {unknown[0]!r} is unknown; kernels: {', '.join(spaces.KERNELS)}")
     override = None
     if space is not None:
-        try:
-            override = json.loads(Path(space).read_text())
-        except OSError as exc:
-            raise MlactlError(f"cannot read --space {space}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise MlactlError(f"{space}: line {exc.lineno}: not valid JSON ({exc.msg})") from None
+        from mlactl.io import read_json
+
+        override = read_json(space, "--space file")
         if not isinstance(override, list) or not all(isinstance(c, dict) for c in override):
             raise MlactlError(f"{space}: --space must hold a JSON list of config objects")
     with run.progress() as progress:

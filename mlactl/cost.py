@@ -130,14 +130,15 @@ class CostModel:
         H, r, dC, dR, dV = c.H, c.r, c.dC, c.dR, c.dV
         kv_weights = H * (dC + dV) * r * a  # W_UK and W_UV together
 
+        def kv_expand(weight_reads):
+            w = weight_reads * kv_weights + zero
+            # read latents, read W_UK/W_UV (once per launch), write k_nope and v
+            return Op("kv_expand", flops=self.expand_token_flops() * nk,
+                      bytes=nk * r * kv + w + nk * H * (dC + dV) * a, weight_bytes=w)
+
         if path == "expand":
-            w = zero + kv_weights
             return [
-                Op("kv_expand",
-                   flops=self.expand_token_flops() * nk,
-                   # read latents, read W_UK/W_UV, write k_nope and v
-                   bytes=nk * r * kv + w + nk * H * (dC + dV) * a,
-                   weight_bytes=w),
+                kv_expand(1),
                 Op("attention",
                    flops=self.pair_flops(path) * pairs,
                    # read q, k_nope, v, the shared RoPE key; write out
@@ -146,17 +147,13 @@ class CostModel:
                    weight_bytes=zero),
             ]
         if path == "expand_chunked":
-            m = self.num_partials(p)
-            w = m * kv_weights  # each chunk's expansion is its own launch
+            m = self.num_partials(p)  # each chunk's expansion is its own launch
             merged = m > 1
             # each pass reads all new queries and writes a partial output (+ lse when merged)
             partial_out = np.where(merged, m * nq * H * (dV * a + LSE_BYTES), nq * H * dV * a)
             merge_rows = (m - 1) * nq * H  # pairwise merges, one (query, head) row each
             return [
-                Op("kv_expand",
-                   flops=self.expand_token_flops() * nk,
-                   bytes=nk * r * kv + w + nk * H * (dC + dV) * a,
-                   weight_bytes=w),
+                kv_expand(m),
                 Op("attention",
                    flops=self.pair_flops(path) * pairs,
                    bytes=m * nq * H * (dC + dR) * a + nk * H * (dC + dV) * a + nk * dR * kv

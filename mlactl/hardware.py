@@ -141,14 +141,12 @@ def parse_profile(data: dict, where: str) -> HardwareProfile:
 
 
 def load_profile(path: str | Path) -> HardwareProfile:
-    path = Path(path)
+    from mlactl.io import read_text
+
+    text = read_text(path, "hardware profile")
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise MlactlError(f"cannot read hardware profile {path}: {exc.strerror or exc}") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise MlactlError(f"{path}: invalid TOML: {exc}") from None
     return parse_profile(data, str(path))
 

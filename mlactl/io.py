@@ -37,6 +37,24 @@ def atomic_open(path: str | Path, mode: str = "wb"):
         raise
 
 
+def read_text(path: str | Path, what: str) -> str:
+    """A file's text, or one line saying which file could not be read and why."""
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MlactlError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def read_json(path: str | Path, what: str, hint: str = ""):
+    """Parsed JSON, or one line naming the file and the line where it stops being JSON."""
+    import json
+
+    try:
+        return json.loads(read_text(path, what))
+    except json.JSONDecodeError as exc:
+        raise MlactlError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg}){hint}") from None
+
+
 def atomic_write(path: str | Path, data: str | bytes) -> None:
     with atomic_open(path, "wb") as fh:
         fh.write(data.encode() if isinstance(data, str) else data)

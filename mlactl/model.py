@@ -6,12 +6,12 @@ dV = v_head_dim.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mlactl.errors import MlactlError
+from mlactl.io import read_json
 
 
 @dataclass(frozen=True)
@@ -87,14 +87,7 @@ def from_hf_config(path: str | Path) -> MLAConfig:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise MlactlError(f"cannot read model config {path}: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MlactlError(f"{path}: line {exc.lineno}: invalid JSON: {exc.msg}") from None
+    data = read_json(path, "model config")
     if not isinstance(data, dict):
         raise MlactlError(f"{path}: expected a JSON object, got {type(data).__name__}")
     # Multimodal wrappers (e.g. Kimi-VL) keep the language model's fields under text_config.

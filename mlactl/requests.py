@@ -10,11 +10,10 @@ from mlactl.errors import MlactlError
 
 
 def read_requests(path: str | Path) -> tuple[list[int], list[int], list[int]]:
+    from mlactl.io import read_text
+
     path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MlactlError(f"cannot read requests {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    text = read_text(path, "requests")
     rows = list(csv.reader(text.splitlines()))
     if not rows:
         raise MlactlError(f"{path}: empty file; expected a header such as new,prefix")

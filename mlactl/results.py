@@ -39,7 +39,6 @@ Times are seconds, FLOPs and bytes raw counts (from cost.py), as everywhere in m
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mlactl.errors import MlactlError
@@ -76,16 +75,9 @@ def validate(data, where: str) -> dict:
 
 def load(path: str | Path) -> dict:
     """Read and validate one results file; one clear line on any problem."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise MlactlError(f"cannot read results {path}: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MlactlError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg}); the file is "
-                          "corrupt or was cut short") from None
+    from mlactl.io import read_json
+
+    data = read_json(path, "results", "; the file is corrupt or was cut short")
     return validate(data, str(path))
 
 

@@ -70,7 +70,7 @@ def test_hf_config_not_mla_names_missing_fields(tmp_path):
 def test_hf_config_malformed_json_says_line(tmp_path):
     path = tmp_path / "config.json"
     path.write_text('{\n "hidden_size": 7168,\n "kv_lora_rank": ,\n}')
-    with pytest.raises(MlactlError, match=r"config.json: line 3: invalid JSON"):
+    with pytest.raises(MlactlError, match=r"config.json: line 3: not valid JSON"):
         model.resolve(str(path))
 
 
