@@ -42,7 +42,7 @@ def _pow2_at_least(x: int, low: int = 1) -> int:
 def _decode_buckets(cfg, quick, device_type):
     if device_type != "cuda":  # the interpreter / a CPU: pipeline checks on tiny shapes
         return [{"B": 2, "H": cfg.H, "S_q": 1, "ctx": 100}]
-    batches, contexts = ((32, 128), (8192,)) if quick else ((1, 32, 128), (1024, 8192, 32768))
+    batches, contexts = ((128,), (8192,)) if quick else ((1, 32, 128), (1024, 8192, 32768))
     shapes = [{"B": b, "H": cfg.H, "S_q": 1, "ctx": c} for b in batches for c in contexts]
     if not quick:  # multi-token prediction / short extends
         shapes.append({"B": 32, "H": cfg.H, "S_q": 4, "ctx": 8192})
