@@ -13,11 +13,34 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+import typer.core
+import typer.main
 
 from mlactl import __version__
 from mlactl.errors import MlactlError
 
+class LazyGroup(typer.core.TyperGroup):
+    """The root command group, building `tune` and `plot` only when they are asked for: their
+    options take ~30 ms to import and introspect, which `mlactl analyze` should not pay."""
+
+    LAZY = {"tune": ("mlactl.cli_tune", "tune_app"), "plot": ("mlactl.cli_plot", "plot_app")}
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.LAZY))
+
+    def get_command(self, ctx, name):
+        if name in self.LAZY and name not in self.commands:
+            import importlib
+
+            module, attr = self.LAZY[name]
+            command = typer.main.get_command(getattr(importlib.import_module(module), attr))
+            command.name = name
+            self.commands[name] = command
+        return super().get_command(ctx, name)
+
+
 app = typer.Typer(
+    cls=LazyGroup,
     help="Expand or absorb? Exact cost model, Triton kernels and autotuner for Multi-head Latent "
     "Attention (DeepSeek-V2/V3/R1, Kimi K2).",
     no_args_is_help=True,
@@ -367,10 +390,6 @@ def list_cmd(
          tables=[render.models_table(models), render.hardware_table(profiles)])
 
 
-from mlactl.cli_plot import plot_app  # noqa: E402
-from mlactl.cli_tune import tune_app  # noqa: E402
-app.add_typer(tune_app, name="tune")
-app.add_typer(plot_app, name="plot")
 
 
 def main() -> None:

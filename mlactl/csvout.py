@@ -70,16 +70,20 @@ def _format_float(x: np.ndarray, mat: np.ndarray, keep: np.ndarray) -> None:
     y = np.abs(x)
     zero = y == 0
     y = np.where(zero, 1.0, y)
-    tiny = y < 1e-290  # 10.0 ** e underflows for subnormals: scale them up first
-    y = np.where(tiny, np.where(tiny, y, 0.0) * 1e300, y)
+    shift = 0
+    if y.min() < 1e-290:  # 10.0 ** e underflows for subnormals: scale those up first
+        tiny = y < 1e-290
+        y = np.where(tiny, np.where(tiny, y, 0.0) * 1e300, y)
+        shift = np.where(tiny, 300, 0)
     e = np.floor(np.log10(y)).astype(np.int64)
-    scaled = y / 10.0 ** e
-    e = e + (scaled >= 10) - (scaled < 1)
-    scaled = y / 10.0 ** e
+    scaled = y / np.power(10.0, e)
+    high, low = scaled >= 10, scaled < 1  # log10 rounding can miss by one
+    scaled = np.where(high, scaled / 10, np.where(low, scaled * 10, scaled))
+    e = e + high - low
     m = np.where(zero, 0.0, np.rint(scaled * 10 ** (SIG - 1)))
     over = m >= 10**SIG  # rounding carried into a new digit
     m = np.where(over, np.rint(m / 10), m)
-    e = e + over - np.where(tiny, 300, 0)
+    e = e + over - shift
     mant = _digits(m, SIG)
     nonzero = mant[:, 1:] != _ZERO
     last = np.where(nonzero.any(axis=1), SIG - 2 - np.argmax(nonzero[:, ::-1], axis=1), -1)

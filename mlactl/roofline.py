@@ -71,7 +71,7 @@ def crossover_by_time(cost: CostModel, hw: HardwareProfile, prefixes, batch: int
     prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
     found: list[int | None] = [None] * len(prefixes)
     todo = np.arange(len(prefixes))
-    start, block = 1, 4096
+    start, block = 1, 256  # most crossovers lie in the hundreds: start small, double
     while len(todo) and start <= max_new:
         stop = min(start + block, max_new + 1)
         n = np.arange(start, stop, dtype=np.float64)[None, :]
