@@ -14,7 +14,7 @@ from mlactl.cost import MLA_PATHS, PATHS, CostModel
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 from mlactl.model import MLAConfig
-from mlactl.policy import DEFAULT_THRESHOLD, argmin_path, fixed_threshold
+from mlactl.policy import DEFAULT_THRESHOLD, argmin_path, fitting_times, fixed_threshold
 from mlactl.roofline import PathTime, crossover_by_time, path_time
 
 MAX_CROSSOVER_PREFIXES = 256  # per-prefix crossovers are solved for at most this many (batch, prefix)
@@ -49,6 +49,7 @@ class Analysis:
     prefix: np.ndarray
     paths: dict[str, PathTime]
     peak_expanded: dict[str, np.ndarray]
+    fits_memory: dict[str, np.ndarray]  # expanded K/V within the GPU's memory (per layer)
     kv_cache_bytes: np.ndarray
     mha_cache_bytes: np.ndarray
     best: np.ndarray
@@ -128,11 +129,13 @@ def analyze(cfg: MLAConfig, hw: HardwareProfile, batch, new, prefix, *, kv_dtype
     batch, new, prefix = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (batch, new, prefix))
     batch, new, prefix = np.broadcast_arrays(batch, new, prefix)
     paths = {p: path_time(_scaled(cost, p, batch, new, prefix, layers), hw, dtype, p) for p in PATHS}
-    best = argmin_path({p: paths[p].time_s for p in MLA_PATHS})
+    fitting = fitting_times(cost, hw, {p: paths[p].time_s for p in PATHS}, batch, new, prefix)
+    best = argmin_path(fitting)
+    best_time = np.min(np.stack([fitting[p] for p in MLA_PATHS]), axis=0)  # absorb always fits
     fixed = fixed_threshold(prefix, threshold)
-    times = np.stack([paths[p].time_s for p in MLA_PATHS])
-    def time_of(paths_chosen):
-        return sum(np.where(paths_chosen == p, times[i], 0.0) for i, p in enumerate(MLA_PATHS))
+
+    def time_of(paths_chosen):  # +inf where the chosen path's expanded K/V would not fit
+        return sum(np.where(paths_chosen == p, fitting[p], 0.0) for p in MLA_PATHS)
 
     fixed_time = time_of(fixed)
     policy_path = None
@@ -145,17 +148,18 @@ def analyze(cfg: MLAConfig, hw: HardwareProfile, batch, new, prefix, *, kv_dtype
         cost=cost, hw=hw, layers=layers, threshold=threshold,
         batch=batch, new=new, prefix=prefix, paths=paths,
         peak_expanded={p: cost.peak_expanded_bytes(p, batch, new, prefix) for p in PATHS},
+        fits_memory={p: np.isfinite(fitting[p]) for p in PATHS},
         kv_cache_bytes=cost.kv_cache_bytes(batch, new, prefix) * layers,
         mha_cache_bytes=cost.mha_cache_bytes(batch, new, prefix) * layers,
         best=best,
         best_by_flops=argmin_path({p: paths[p].flops for p in MLA_PATHS}),
         fixed=fixed,
-        fixed_time_lost=fixed_time - times.min(axis=0),
+        fixed_time_lost=fixed_time - best_time,
         crossover=crossover_table(cost, hw, batch_prefix, max_new),
         notes=notes_for(cost, layers),
         policy=policy,
         policy_path=policy_path,
-        policy_time_lost=None if policy_path is None else time_of(policy_path) - times.min(axis=0),
+        policy_time_lost=None if policy_path is None else time_of(policy_path) - best_time,
     )
 
 

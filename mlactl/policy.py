@@ -1,6 +1,7 @@
 """Path-selection policies: which path each request runs.
 
-roofline  the fastest MLA path by roofline time on a hardware profile (the model's choice)
+roofline  the fastest MLA path by roofline time on a hardware profile (the model's choice),
+          among those whose expanded K/V fits in the GPU's memory
 flops     the path with the fewest FLOPs (machine-independent)
 fixed     what inference engines ship today: prefix 0 -> expand (plain prefill); prefix at or
           above a threshold (8192) -> expand_chunked; anything else -> absorb
@@ -32,6 +33,14 @@ def argmin_path(values: dict[str, np.ndarray], paths=MLA_PATHS) -> np.ndarray:
     """Name of the smallest value per point; ties go to the earlier path in `paths`."""
     stacked = np.stack([np.broadcast_to(values[p], np.shape(values[paths[0]])) for p in paths])
     return np.asarray(paths)[stacked.argmin(axis=0)]
+
+
+def fitting_times(cost: CostModel, hw: HardwareProfile, times: dict, batch, new, prefix) -> dict:
+    """Times with +inf where a path's expanded K/V alone would not fit in the GPU's memory, so no
+    choice lands on it (absorb expands nothing and always fits)."""
+    memory = hw.memory_gb * 1e9
+    return {p: np.where(cost.peak_expanded_bytes(p, batch, new, prefix) <= memory, t, np.inf)
+            for p, t in times.items()}
 
 
 def measured_paths(crossovers: dict[int, int | None], prefix, new) -> np.ndarray:
@@ -70,7 +79,7 @@ def select_paths(cost: CostModel, hw: HardwareProfile | None, new, prefix, *, ba
         if hw is None:
             raise MlactlError("the roofline policy needs a hardware profile")
         times = path_times(cost, hw, MLA_PATHS, batch, new, prefix)
-        return argmin_path({p: t.time_s for p, t in times.items()})
+        return argmin_path(fitting_times(cost, hw, {p: t.time_s for p, t in times.items()}, batch, new, prefix))
     raise MlactlError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
 
 

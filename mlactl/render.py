@@ -43,7 +43,9 @@ def header(analysis: Analysis) -> str:
     )
 
 
-def _time_cell(time_s: float, compute_bound: bool, best: bool) -> Text:
+def _time_cell(time_s: float, compute_bound: bool, best: bool, fits: bool = True) -> Text:
+    if not fits:  # its expanded K/V alone would overflow the GPU's memory
+        return Text(f"{seconds(time_s)} ✗", style="dim")
     text = Text(f"{seconds(time_s)} {'C' if compute_bound else 'M'}")
     if best:
         text.stylize("bold green")
@@ -51,12 +53,14 @@ def _time_cell(time_s: float, compute_bound: bool, best: bool) -> Text:
 
 
 def _lost(t: float) -> Text:
+    if t == float("inf"):
+        return Text("does not fit", style="red")
     return Text(seconds(t), style="red") if t > 0 else Text("—", style="dim")
 
 
 def analysis_table(analysis: Analysis, max_rows: int = 200) -> Table:
-    table = Table(title="Roofline time per path (C compute-bound, M memory-bound; best in green; "
-                        "mha* is the reference with an expanded cache)")
+    table = Table(title="Roofline time per path (C compute-bound, M memory-bound, ✗ expanded K/V "
+                        "exceeds the GPU's memory; best in green; mha* is the reference with an expanded cache)")
     for col in ("batch", "new", "prefix"):
         table.add_column(col, justify="right")
     for p in PATHS:
@@ -72,7 +76,8 @@ def analysis_table(analysis: Analysis, max_rows: int = 200) -> Table:
     for i in range(min(len(analysis), max_rows)):
         best = analysis.best[i]
         cells = [str(analysis.batch[i]), str(analysis.new[i]), str(analysis.prefix[i])]
-        cells += [_time_cell(paths[p].time_s[i], paths[p].compute_bound[i], p == best) for p in PATHS]
+        cells += [_time_cell(paths[p].time_s[i], paths[p].compute_bound[i], p == best,
+                             analysis.fits_memory[p][i]) for p in PATHS]
         lost = analysis.fixed_time_lost[i]
         cells += [SHORT[best], SHORT[analysis.best_by_flops[i]], SHORT[analysis.fixed[i]], _lost(lost)]
         if analysis.policy is not None:

@@ -30,6 +30,11 @@ def number(x):
     return x
 
 
+def number_or_none(x: float):
+    """A float for JSON; None where it is not finite (a chosen path that does not fit)."""
+    return x if math.isfinite(x) else None
+
+
 def bound_name(compute_bound) -> str:
     return "compute" if compute_bound else "memory"
 
@@ -90,6 +95,7 @@ def to_json(analysis: Analysis) -> dict:
             "flops": pt.flops.tolist(), "bytes": pt.bytes.tolist(), "time_s": pt.time_s.tolist(),
             "intensity": pt.intensity.tolist(), "cb": pt.compute_bound.tolist(),
             "peak": analysis.peak_expanded[name].tolist(),
+            "fits": analysis.fits_memory[name].tolist(),
             "ops": [(o.name, o.flops.tolist(), o.bytes.tolist(), o.time_s.tolist(),
                      o.compute_bound.tolist()) for o in pt.ops],
         }
@@ -106,6 +112,7 @@ def to_json(analysis: Analysis) -> dict:
                 "time_s": p["time_s"][i],
                 "bound": bound_name(p["cb"][i]),
                 "peak_expanded_bytes": number(p["peak"][i]),
+                "fits_memory": p["fits"][i],
                 "ops": [{"name": op, "flops": number(f[i]), "bytes": number(b[i]), "time_s": t[i],
                          "bound": bound_name(cb[i])} for op, f, b, t, cb in p["ops"]],
             }
@@ -119,11 +126,11 @@ def to_json(analysis: Analysis) -> dict:
             "best_by_flops": cols["best_by_flops"][i],
             "kv_cache_bytes": number(cols["kv"][i]),
             "mha_cache_bytes": number(cols["mha"][i]),
-            "fixed_threshold": {"path": cols["fixed"][i], "time_lost_s": cols["lost"][i]},
+            "fixed_threshold": {"path": cols["fixed"][i], "time_lost_s": number_or_none(cols["lost"][i])},
         })
         if analysis.policy is not None:
             rows[-1]["policy"] = {"name": analysis.policy, "path": policy_paths[i],
-                                  "time_lost_s": policy_lost[i]}
+                                  "time_lost_s": number_or_none(policy_lost[i])}
     out = header_json(analysis)
     out["rows"] = rows
     out["crossover"] = crossover_json(analysis.crossover)
@@ -164,6 +171,7 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
         cols[f"{name}.time_s"] = pt.time_s
         cols[f"{name}.bound"] = Labels(pt.compute_bound, bounds)
         cols[f"{name}.peak_expanded_bytes"] = analysis.peak_expanded[name]
+        cols[f"{name}.fits_memory"] = Labels(analysis.fits_memory[name], ["false", "true"])
         if ops:
             for op in pt.ops:
                 assert op.name in OPS[name]

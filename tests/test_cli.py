@@ -235,3 +235,20 @@ def test_analyze_and_import_do_not_load_torch_or_triton():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_paths_that_do_not_fit_are_never_chosen():
+    """DeepSeek-V3 on an H800 (80 GB), batch 64, 512 new tokens after 128K: expanding the whole
+    context needs 64 * 131,584 tokens * 65,536 bytes = 551.9 GB; chunked needs one 8K chunk per
+    request, 64 * 8,192 * 65,536 = 34.4 GB. At prefix 0 and 128K new tokens every expand path
+    needs 550 GB, so only absorb runs, and the fixed policy's expand 'does not fit'."""
+    rows = analyze_json("--batch", "64", "--new", "512,128K", "--prefix", "0,128K")["rows"]
+    far = next(r for r in rows if r["new"] == 512 and r["prefix"] == 131072)
+    assert far["paths"]["expand"]["peak_expanded_bytes"] == 64 * 131584 * 65536
+    assert far["paths"]["expand"]["fits_memory"] is False
+    assert far["paths"]["expand_chunked"]["peak_expanded_bytes"] == 64 * 8192 * 65536
+    assert far["paths"]["expand_chunked"]["fits_memory"] is True
+    assert far["best"] == "expand_chunked"
+    assert far["paths"]["expand"]["time_s"] < far["paths"]["expand_chunked"]["time_s"]  # faster, but too big
+    huge = next(r for r in rows if r["new"] == 131072 and r["prefix"] == 0)
+    assert huge["best"] == "absorb" and huge["fixed_threshold"] == {"path": "expand", "time_lost_s": None}
