@@ -21,11 +21,13 @@ def run(*args, ok=True):
 
 
 def command_paths():
-    """Every command and sub-command of the app, as argument lists."""
+    """Every command and sub-command of the app (lazily built ones too), as argument lists."""
     def walk(cmd, prefix):
         yield prefix
-        for name, sub in getattr(cmd, "commands", {}).items():
-            yield from walk(sub, prefix + [name])
+        if hasattr(cmd, "list_commands"):
+            ctx = cmd.context_class(cmd)
+            for name in cmd.list_commands(ctx):
+                yield from walk(cmd.get_command(ctx, name), prefix + [name])
     return list(walk(typer.main.get_command(app), []))
 
 
