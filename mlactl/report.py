@@ -220,3 +220,17 @@ def write_batch_csv(fh, ba) -> None:
     columns = [ba.new, ba.prefix, ba.count] + [ba.own_time[p] for p in MLA_PATHS] + [
         ba.assignments["per_request"], ba.assignments["fixed"]]
     write_csv(fh, header, columns)
+
+
+def to_frame(analysis: Analysis, ops: bool = False):
+    """The CSV flattening as a pandas DataFrame, for notebooks (pandas is imported here only)."""
+    import pandas as pd
+
+    header, columns = csv_columns(analysis, ops)
+    data = {}
+    for name, col in zip(header, columns):
+        if isinstance(col, Labels):
+            data[name] = pd.Categorical.from_codes(col.codes, categories=col.labels)
+        else:
+            data[name] = np.asarray(col)
+    return pd.DataFrame(data)

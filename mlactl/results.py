@@ -148,3 +148,14 @@ def find_crossovers(device_name: str, dims: dict, kv_dtype: str, folder: Path | 
     if data is None:
         return None, None
     return measured_crossovers(data, batch), path
+
+
+def paths_frame(data: dict):
+    """A results file's path measurements as a pandas DataFrame, one row per (point, path),
+    with the measured-to-predicted ratio where a prediction was made."""
+    import pandas as pd
+
+    frame = pd.DataFrame(data.get("paths", []))
+    if "predicted_s" in frame and "median_s" in frame:
+        frame["measured_over_predicted"] = frame["median_s"] / frame["predicted_s"]
+    return frame

@@ -254,3 +254,15 @@ def test_paths_that_do_not_fit_are_never_chosen():
     assert far["paths"]["expand"]["time_s"] < far["paths"]["expand_chunked"]["time_s"]  # faster, but too big
     huge = next(r for r in rows if r["new"] == 131072 and r["prefix"] == 0)
     assert huge["best"] == "absorb" and huge["fixed_threshold"] == {"path": "expand", "time_lost_s": None}
+
+
+def test_analysis_as_a_dataframe():
+    from mlactl import analysis, hardware, model
+    from mlactl.report import to_frame
+    from mlactl.shapes import grid
+
+    result = analysis.analyze(model.from_name("deepseek-v3"), hardware.from_name("h200"), *grid([1, 8], [1, 256], [0, 4096]))
+    frame = to_frame(result, ops=True)
+    assert len(frame) == 8 and list(frame["best"].cat.categories) == ["expand", "expand_chunked", "absorb", "mha"]
+    assert frame["absorb.attention.flops"].iloc[2] == 278_528 * 4097  # batch 1, new 1, prefix 4096
+    assert (frame["expand.time_s"] > 0).all()

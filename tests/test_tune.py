@@ -67,6 +67,8 @@ def test_torch_backend_end_to_end(tmp_path, home):
     cost_flops = {(r["prefix"], r["new"], r["path"]): r["flops"] for r in data["paths"]}
     # absorb at prefix 64, new 8: pairs 8*72 - 28 = 548; 548*2176 + 8*(2*4*16*128*2) FLOPs
     assert cost_flops[(64, 8, "absorb")] == 548 * 2176 + 8 * 32768
+    frame = results.paths_frame(data)
+    assert len(frame) == len(data["paths"]) and {"median_s", "flops", "path"} <= set(frame.columns)
     rows = {r["prefix"]: r for r in data["crossovers"]}
     assert set(rows) == {0, 64}
     for r in rows.values():
