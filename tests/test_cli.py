@@ -43,8 +43,15 @@ def test_version():
     assert run("--version").output.startswith("mlactl ")
 
 
+def strict_json(text):
+    """JSON as the standard has it: NaN and Infinity are not numbers there."""
+    def refuse(constant):
+        raise AssertionError(f"non-standard JSON constant {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
 def analyze_json(*args):
-    return json.loads(run("analyze", "--format", "json", *args).output)
+    return strict_json(run("analyze", "--format", "json", *args).output)
 
 
 def test_json_schema():
