@@ -62,3 +62,20 @@ def check_scale(scale) -> float:
     if not value > 0 or value != value or value == float("inf"):
         raise ValueError(f"softmax scale must be a positive finite number, got {scale!r}")
     return value
+
+
+DEEPSEEK_ROW, DEEPSEEK_R = 576, 512  # r + dR of DeepSeek-V2/V3 and Kimi K2 rows: [c (512) | k_r (64)]
+
+
+def latent_rank(row: int, r) -> int:
+    """The latent rank r of a cache row of `row` numbers: `r` if given, 512 for a 576-wide row."""
+    if r is None:
+        if row != DEEPSEEK_ROW:
+            raise ValueError(
+                f"r (latent rank) cannot be inferred from a row of {row} numbers; pass r= "
+                f"(only a {DEEPSEEK_ROW}-wide row defaults to r={DEEPSEEK_R})"
+            )
+        return DEEPSEEK_R
+    if isinstance(r, bool) or not isinstance(r, int) or not 0 < r < row:
+        raise ValueError(f"r must be an integer with 0 < r < {row} (the row width r + dR), got {r!r}")
+    return r

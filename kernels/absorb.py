@@ -34,8 +34,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from . import configs
-from ._checks import check_device, check_dim, check_scale, check_tensor
-from .absorb_naive import latent_rank
+from ._checks import check_device, check_dim, check_scale, check_tensor, latent_rank
 
 # ---- tuning defaults (H200 / sm_90) ----
 # Figures marked "sm_90 compile" come from compiling these kernels offline for sm_90 with Triton

@@ -11,22 +11,7 @@ import math
 
 import torch
 
-DEEPSEEK_ROW = 576  # r + dR of DeepSeek-V2/V3 and Kimi K2 (512 + 64)
-DEEPSEEK_R = 512
-
-
-def latent_rank(row: int, r: int | None) -> int:
-    """The latent rank r of a cache row of `row` numbers: `r` if given, 512 for a 576-wide row."""
-    if r is None:
-        if row != DEEPSEEK_ROW:
-            raise ValueError(
-                f"r (latent rank) cannot be inferred from a row of {row} numbers; pass r= "
-                f"(only a {DEEPSEEK_ROW}-wide row defaults to r={DEEPSEEK_R})"
-            )
-        return DEEPSEEK_R
-    if isinstance(r, bool) or not isinstance(r, int) or not 0 < r < row:
-        raise ValueError(f"r must be an integer with 0 < r < {row} (the row width r + dR), got {r!r}")
-    return r
+from mlactl.kernels._checks import latent_rank
 
 
 def mla_decode_naive(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, kv_scale=None,

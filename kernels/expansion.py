@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_scale, check_tensor
+from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_scale, check_tensor, latent_rank
 from mlactl.kernels.expand_naive import check_inner_stride, check_same_device
 
-DEEPSEEK_ROW, DEEPSEEK_R = 576, 512  # r may be left out only for DeepSeek's [c (512) | k_r (64)] rows
 DEFAULT_CHUNK = 8192  # prefix tokens per request and step: 8192 x 128 heads x 256 x 2 B = 512 MiB of K/V
 
 
@@ -38,16 +37,8 @@ def _dtype_name(dtype) -> str:
 
 
 def _resolve_r(kv_cache: torch.Tensor, r) -> int:
-    """The latent rank: `r` if given, 512 for a 576-wide row (the same rule as mla_decode)."""
-    width = kv_cache.shape[-1]
-    if r is None:
-        if width != DEEPSEEK_ROW:
-            raise ValueError(f"r (latent rank) cannot be inferred from kv_cache rows of {width} numbers; "
-                             f"pass r= (only a {DEEPSEEK_ROW}-wide row defaults to r={DEEPSEEK_R})")
-        return DEEPSEEK_R
-    if isinstance(r, bool) or not isinstance(r, int) or not 0 < r < width:
-        raise ValueError(f"r must be an int in [1, {width - 1}] (kv_cache rows hold r + dR = {width}), got {r!r}")
-    return r
+    """The latent rank: the same rule as mla_decode's (r may be left out for 576-wide rows)."""
+    return latent_rank(kv_cache.shape[-1], r)
 
 
 def _check_paged(kv_cache, block_table, cache_seqlens) -> list[int]:
