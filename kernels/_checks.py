@@ -79,3 +79,16 @@ def latent_rank(row: int, r) -> int:
     if isinstance(r, bool) or not isinstance(r, int) or not 0 < r < row:
         raise ValueError(f"r must be an integer with 0 < r < {row} (the row width r + dR), got {r!r}")
     return r
+
+
+def check_new_lens(new_lens, contexts: list[int], tokens: int, q_name: str = "q") -> list[int]:
+    """new_lens [B] int32 against the context lengths and the packed query count; the counts."""
+    if new_lens.shape[0] != len(contexts):
+        raise ValueError(f"new_lens has {new_lens.shape[0]} entries but cache_seqlens has {len(contexts)}")
+    news = new_lens.tolist()
+    for b, (n, ctx) in enumerate(zip(news, contexts)):
+        if n < 0 or n > ctx:
+            raise ValueError(f"new_lens[{b}] is {n}; it must be in [0, cache_seqlens[{b}] = {ctx}]")
+    if sum(news) != tokens:
+        raise ValueError(f"new_lens sums to {sum(news)} but {q_name} has {tokens} tokens; they must match")
+    return news

@@ -25,7 +25,7 @@ from functools import lru_cache
 
 import torch
 
-from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_scale, check_tensor
+from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor
 
 PATHS = ("expand", "expand_chunked", "absorb")
 BACKENDS = ("triton", "torch")
@@ -93,15 +93,8 @@ def _check(q_nope, q_rope, kv_cache, block_table, cache_seqlens, new_lens, w_uk,
     if dR != q_rope.shape[2]:
         raise ValueError(f"kv_cache rows hold {kv_cache.shape[-1]} numbers but r + dR = {r} + {q_rope.shape[2]} "
                          "(w_uk, q_rope)")
-    if new_lens.shape != cache_seqlens.shape:
-        raise ValueError(f"new_lens has {new_lens.shape[0]} entries but cache_seqlens has {cache_seqlens.shape[0]}")
-    news, ctxs = new_lens.tolist(), cache_seqlens.tolist()
-    for b, (n, c) in enumerate(zip(news, ctxs)):
-        if n < 0 or n > c:
-            raise ValueError(f"new_lens[{b}] is {n}; it must be in [0, cache_seqlens[{b}] = {c}]")
-    if sum(news) != T:
-        raise ValueError(f"new_lens sums to {sum(news)} but q_nope has {T} tokens; they must match")
-    return r, news, ctxs
+    ctxs = cache_seqlens.tolist()
+    return r, check_new_lens(new_lens, ctxs, T, "q_nope"), ctxs
 
 
 def _paths_for(path, news, ctxs, policy, tensors) -> list[str]:

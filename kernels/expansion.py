@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_scale, check_tensor, latent_rank
+from mlactl.kernels._checks import (FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor,
+                                   latent_rank)
 from mlactl.kernels.expand_naive import check_inner_stride, check_same_device
 
 DEFAULT_CHUNK = 8192  # prefix tokens per request and step: 8192 x 128 heads x 256 x 2 B = 512 MiB of K/V
@@ -213,14 +214,7 @@ def _validate_driver(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_
     if kv_cache.dtype not in FP8_DTYPES and kv_cache.dtype != q.dtype:
         raise ValueError(f"kv_cache has dtype {_dtype_name(kv_cache.dtype)} but q has {_dtype_name(q.dtype)}; "
                          "they must match (or the cache must be fp8)")
-    if new_lens.shape[0] != len(lens):
-        raise ValueError(f"new_lens has {new_lens.shape[0]} entries but cache_seqlens has {len(lens)}")
-    news = new_lens.tolist()
-    for b, (n, ctx) in enumerate(zip(news, lens)):
-        if n < 0 or n > ctx:
-            raise ValueError(f"new_lens[{b}] is {n}; it must be in [0, cache_seqlens[{b}] = {ctx}]")
-    if sum(news) != q.shape[0]:
-        raise ValueError(f"new_lens sums to {sum(news)} but q has {q.shape[0]} tokens; they must match")
+    news = check_new_lens(new_lens, lens, q.shape[0])
     return check_scale(scale), _check_kv_scale(kv_cache, kv_scale), r, lens, news
 
 
