@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -567,8 +567,8 @@ def print_report(doc: dict, path: Path) -> None:
           f"{doc['versions']['triton']}  CUDA {doc['versions']['cuda']}  {doc['date']}")
     print(f"roofline: {hw['note']}")
     print(table(doc))
-    print(f"frac = roofline time / measured median; vs twin = twin median / kernel median "
-          f"('!' = not faster)")
+    print("frac = roofline time / measured median; vs twin = twin median / kernel median "
+          "('!' = not faster)")
     print(f"targets met {s['targets_met']}, missed {s['targets_missed']}; slower than twin "
           f"{s['slower_than_twin']} of {s['twin_comparisons']}; rows ok {s['rows_ok']}, errors "
           f"{s['rows_error']}, skipped {s['rows_skipped']}")

@@ -30,7 +30,6 @@ from mlactl.cli import (  # noqa: E402
     KvDtypeOpt,
     MeasuredOpt,
     ModelOpt,
-    NewOpt,
     PrefixOpt,
     ThresholdOpt,
     TpOpt,

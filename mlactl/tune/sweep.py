@@ -15,7 +15,6 @@ import warnings
 from dataclasses import dataclass, field
 
 from mlactl import __version__
-from mlactl.errors import MlactlError
 from mlactl.tune import space as spaces
 from mlactl.tune.timing import time_call
 
@@ -255,7 +254,7 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
                     ctx.store.add("kernels", entry)
     _update_best(entry)
     ctx.store.add("kernels", entry)
-    del kwargs, reference
+    kwargs = reference = None  # free the bucket's tensors before emptying the cache
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     return entry
@@ -368,7 +367,7 @@ def _measure_point(ctx: Context, cost, b: int, n: int, p: int, chunk: int) -> di
                 found.pop(path, None)
     for entry in rows.values():
         ctx.store.add("paths", entry)
-    del batch, args, outputs
+    batch = args = outputs = None  # free the point's tensors before emptying the cache
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     return found
