@@ -37,8 +37,10 @@ def summary(times: list[float]) -> dict:
 
 
 def show(name: str, s: dict) -> None:
-    print(f"{name:<44} median {s['median_s'] * 1e3:9.1f} ms   (min {s['min_s'] * 1e3:.1f}, "
-          f"max {s['max_s'] * 1e3:.1f}, {s['runs']} runs)")
+    print(
+        f"{name:<44} median {s['median_s'] * 1e3:9.1f} ms   (min {s['min_s'] * 1e3:.1f}, "
+        f"max {s['max_s'] * 1e3:.1f}, {s['runs']} runs)"
+    )
 
 
 def main() -> None:
@@ -49,13 +51,22 @@ def main() -> None:
     args = parser.parse_args()
 
     py = sys.executable
-    results: dict = {"host": platform.node(), "python": platform.python_version(),
-                     "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    results: dict = {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     timed([py, "-c", "import typer, rich"], 2)  # warm the file cache
     base = summary(timed([py, "-c", "import typer, rich"], args.repeats))
     # what any vectorised analysis printing a rich table must import, before a line of mlactl
-    floor = summary(timed([py, "-c", "import typer, rich, numpy, rich.console, rich.table"], args.repeats,
-                          env=dict(os.environ, OPENBLAS_NUM_THREADS="1")))
+    floor = summary(
+        timed(
+            [py, "-c", "import typer, rich, numpy, rich.console, rich.table"],
+            args.repeats,
+            env=dict(os.environ, OPENBLAS_NUM_THREADS="1"),
+        )
+    )
     one = summary(timed([py, "-m", "mlactl.cli", "analyze", "--new", "1", "--prefix", "4096"], args.repeats))
     results["import_typer_rich"] = base
     results["import_floor"] = floor
@@ -64,8 +75,10 @@ def main() -> None:
     show('python -c "import typer, rich"', base)
     show("floor: + numpy, rich.console, rich.table", floor)
     show("mlactl analyze --new 1 --prefix 4096", one)
-    print(f"{'ratio (target about 2x)':<44} {results['startup_ratio']:.2f}x "
-          f"(the floor alone: {floor['median_s'] / base['median_s']:.2f}x)")
+    print(
+        f"{'ratio (target about 2x)':<44} {results['startup_ratio']:.2f}x "
+        f"(the floor alone: {floor['median_s'] / base['median_s']:.2f}x)"
+    )
 
     # a grid of `points`: 10 batches x 1000 new counts x points/10000 prefixes
     prefixes = max(1, args.points // 10_000)
@@ -73,8 +86,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "grid.csv"
         for label, extra in (("csv", []), ("csv_with_ops", ["--ops"])):
-            runs = summary(timed([py, "-m", "mlactl.cli", "analyze", *grid, "--format", "csv", *extra,
-                                  "--output", str(out)], max(1, args.repeats // 3)))
+            runs = summary(
+                timed(
+                    [py, "-m", "mlactl.cli", "analyze", *grid, "--format", "csv", *extra, "--output", str(out)],
+                    max(1, args.repeats // 3),
+                )
+            )
             runs["points"] = prefixes * 10_000
             runs["bytes"] = out.stat().st_size
             results[f"grid_{label}"] = runs

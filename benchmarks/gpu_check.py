@@ -80,14 +80,36 @@ class Plan:
     kv_scale: float = 0.5  # fp8 rows: real cache value = stored fp8 value * kv_scale
 
 
-FULL = Plan(dtype="bf16", page=64, tp_narrow=8, decode_batch=128, decode_context=8192,
-            prefill_tokens=8192, prefill_twin_tokens=2048,
-            path_decode=(64, 1, 8191), path_extend=(1, 2048, 8192),
-            budget_s=0.1, warmup=3, min_repeats=5, max_repeats=100)
-SMOKE = Plan(dtype="fp16", page=16, tp_narrow=2, decode_batch=2, decode_context=300,
-             prefill_tokens=160, prefill_twin_tokens=96,
-             path_decode=(2, 1, 299), path_extend=(1, 48, 200),
-             budget_s=0.0, warmup=1, min_repeats=1, max_repeats=1)
+FULL = Plan(
+    dtype="bf16",
+    page=64,
+    tp_narrow=8,
+    decode_batch=128,
+    decode_context=8192,
+    prefill_tokens=8192,
+    prefill_twin_tokens=2048,
+    path_decode=(64, 1, 8191),
+    path_extend=(1, 2048, 8192),
+    budget_s=0.1,
+    warmup=3,
+    min_repeats=5,
+    max_repeats=100,
+)
+SMOKE = Plan(
+    dtype="fp16",
+    page=16,
+    tp_narrow=2,
+    decode_batch=2,
+    decode_context=300,
+    prefill_tokens=160,
+    prefill_twin_tokens=96,
+    path_decode=(2, 1, 299),
+    path_extend=(1, 48, 200),
+    budget_s=0.0,
+    warmup=1,
+    min_repeats=1,
+    max_repeats=1,
+)
 
 # The targets (H200, bf16): (metric, minimum in SI units), by the role of the row;
 # every twin comparison must also be > 1x. A smoke run applies them too, to exercise the code.
@@ -126,8 +148,7 @@ def run_gpu_tests(timeout_s: float) -> dict:
     start = time.perf_counter()
     try:
         with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as log:
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -137,8 +158,7 @@ def run_gpu_tests(timeout_s: float) -> dict:
             log.seek(0)
             output = log.read()
     except Exception as exc:  # noqa: BLE001 - a broken test step must not stop the benchmark
-        result.update(status="error", error=f"{type(exc).__name__}: {exc}",
-                      duration_s=time.perf_counter() - start)
+        result.update(status="error", error=f"{type(exc).__name__}: {exc}", duration_s=time.perf_counter() - start)
         return result
     counts = parse_pytest(output)
     if rc is None:
@@ -149,9 +169,14 @@ def run_gpu_tests(timeout_s: float) -> dict:
         status = "passed"
     else:
         status = "skipped" if counts["skipped"] else "no tests"
-    result.update(status=status, returncode=rc, duration_s=time.perf_counter() - start, **counts,
-                  failures=[ln for ln in output.splitlines() if ln.startswith(("FAILED ", "ERROR "))],
-                  output_tail=output[-TAIL_CHARS:])
+    result.update(
+        status=status,
+        returncode=rc,
+        duration_s=time.perf_counter() - start,
+        **counts,
+        failures=[ln for ln in output.splitlines() if ln.startswith(("FAILED ", "ERROR "))],
+        output_tail=output[-TAIL_CHARS:],
+    )
     return result
 
 
@@ -175,8 +200,7 @@ class Bench:
         self.plan = plan
         self.smoke = smoke
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.device_name = (torch.cuda.get_device_name(self.device) if self.device.type == "cuda"
-                            else "cpu")
+        self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         self.dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[plan.dtype]
         self.fp8 = getattr(torch, "float8_e4m3fn", None)
         self.model = smoke_model() if smoke else from_name("deepseek-v3")
@@ -189,11 +213,14 @@ class Bench:
             self.hw_note = f"detected: {self.hw.name}"
         elif smoke:
             self.hw = hardware.from_name("teaching")
-            self.hw_note = ("no profile for this device; smoke run: the 'teaching' profile stands in "
-                            "so the fraction column is computed (it means nothing)")
+            self.hw_note = (
+                "no profile for this device; smoke run: the 'teaching' profile stands in "
+                "so the fraction column is computed (it means nothing)"
+            )
         else:
-            self.hw_note = (self.hw_note or f"no hardware profile matches {self.device_name!r}") + \
-                "; roofline fractions skipped"
+            self.hw_note = (
+                self.hw_note or f"no hardware profile matches {self.device_name!r}"
+            ) + "; roofline fractions skipped"
         seed = torch.Generator(device=self.device)
         self.gen = seed.manual_seed(0)
 
@@ -216,7 +243,7 @@ class Bench:
         else:
             kv = kv.to(self.dt)
         order = torch.randperm(num_blocks, generator=self.gen, device=self.device)
-        table = order[:batch * pages].view(batch, pages).to(torch.int32).contiguous()
+        table = order[: batch * pages].view(batch, pages).to(torch.int32).contiguous()
         seqlens = torch.full((batch,), context, dtype=torch.int32, device=self.device)
         return kv, table, seqlens, kv_scale
 
@@ -226,8 +253,15 @@ class Bench:
         from mlactl.tune.timing import time_call
 
         p = self.plan
-        t = time_call(fn, device=self.device, warm=False, budget_s=p.budget_s, warmup=p.warmup,
-                      min_repeats=p.min_repeats, max_repeats=p.max_repeats)
+        t = time_call(
+            fn,
+            device=self.device,
+            warm=False,
+            budget_s=p.budget_s,
+            warmup=p.warmup,
+            min_repeats=p.min_repeats,
+            max_repeats=p.max_repeats,
+        )
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
         return t.to_dict()
@@ -310,37 +344,56 @@ def twin_result(bench: Bench, name: str, fn, kernel_median: float, got=None) -> 
         twin["faster_than_twin"] = twin["speedup"] > 1.0
         twin["status"] = "ok"
     except Exception as exc:  # noqa: BLE001 - a broken twin must not lose the kernel's figures
-        twin.update(status="error", error=f"{type(exc).__name__}: {exc}",
-                    traceback=traceback.format_exc()[-2000:])
+        twin.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-2000:])
     return twin
 
 
 # -- the rows: each builds its inputs, times, and lets them go when it returns -----------------
 
+
 def row_decode(bench: Bench, H: int, fp8: bool, target=None) -> dict:
-    from mlactl.kernels.absorb import mla_decode
-    from mlactl.kernels.absorb_naive import mla_decode_naive
+    from mlactl.kernels.decode import mla_decode
+    from mlactl.kernels.decode_naive import mla_decode_naive
 
     p, m = bench.plan, bench.model
     kv_dtype = "fp8" if fp8 else p.dtype
     B, ctx = p.decode_batch, p.decode_context
-    row = {"id": f"decode-absorb-H{H}-{kv_dtype}", "kind": "kernel", "fn": "mla_decode",
-           "label": f"absorb decode B{B} ctx{ctx} H{H} {kv_dtype} cache",
-           "shape": {"batch": B, "new": 1, "prefix": ctx - 1, "context": ctx, "H": H, "r": m.r,
-                     "dR": m.dR, "page": p.page},
-           "dtype": p.dtype, "kv_dtype": kv_dtype}
+    row = {
+        "id": f"decode-absorb-H{H}-{kv_dtype}",
+        "kind": "kernel",
+        "fn": "mla_decode",
+        "label": f"absorb decode B{B} ctx{ctx} H{H} {kv_dtype} cache",
+        "shape": {
+            "batch": B,
+            "new": 1,
+            "prefix": ctx - 1,
+            "context": ctx,
+            "H": H,
+            "r": m.r,
+            "dR": m.dR,
+            "page": p.page,
+        },
+        "dtype": p.dtype,
+        "kv_dtype": kv_dtype,
+    }
     row.update(bench.counts(bench.cost(H, kv_dtype), "absorb", (B, 1, ctx - 1), whole_path=False))
     kv, table, seqlens, kv_scale = bench.paged_cache(B, ctx, m.r + m.dR, fp8)
     q = bench.randn(B, 1, H, m.r + m.dR)
     scale = m.softmax_scale
     got, _ = mla_decode(q, kv, table, seqlens, scale, kv_scale=kv_scale, r=m.r)  # validated once
     row["output_finite"] = bool(bench.torch.isfinite(got).all())
-    finish(row, bench.time(lambda: mla_decode(q, kv, table, seqlens, scale, kv_scale=kv_scale,
-                                              r=m.r, validate=False)), target)
+    finish(
+        row,
+        bench.time(lambda: mla_decode(q, kv, table, seqlens, scale, kv_scale=kv_scale, r=m.r, validate=False)),
+        target,
+    )
     row["twin"] = twin_result(
-        bench, "mla_decode_naive",
+        bench,
+        "mla_decode_naive",
         lambda: mla_decode_naive(q, kv, table, seqlens, scale, kv_scale=kv_scale, r=m.r)[0],
-        row["timing"]["median_s"], got)
+        row["timing"]["median_s"],
+        got,
+    )
     return row
 
 
@@ -355,34 +408,43 @@ def prefill_inputs(bench: Bench, H: int, L: int):
 
 
 def row_prefill(bench: Bench, L: int, with_twin: bool, target=None) -> dict:
-    from mlactl.kernels.expand import mla_prefill
-    from mlactl.kernels.expand_naive import mla_prefill_naive
+    from mlactl.kernels.prefill import mla_prefill
+    from mlactl.kernels.prefill_naive import mla_prefill_naive
 
     p, m = bench.plan, bench.model
     H = m.H
-    row = {"id": f"prefill-expand-L{L}-H{H}", "kind": "kernel", "fn": "mla_prefill",
-           "label": f"expand prefill causal L{L} H{H}" + (" (twin-size row)" if with_twin else ""),
-           "shape": {"batch": 1, "new": L, "prefix": 0, "context": L, "H": H, "dC": m.dC,
-                     "dR": m.dR, "dV": m.dV},
-           "dtype": p.dtype, "kv_dtype": p.dtype}
+    row = {
+        "id": f"prefill-expand-L{L}-H{H}",
+        "kind": "kernel",
+        "fn": "mla_prefill",
+        "label": f"expand prefill causal L{L} H{H}" + (" (twin-size row)" if with_twin else ""),
+        "shape": {"batch": 1, "new": L, "prefix": 0, "context": L, "H": H, "dC": m.dC, "dR": m.dR, "dV": m.dV},
+        "dtype": p.dtype,
+        "kv_dtype": p.dtype,
+    }
     if with_twin:
-        row["note"] = (f"kernel and twin compared at {L} tokens: the twin materialises [H, L, L] "
-                       f"fp32 scores, too big at {p.prefill_tokens}")
+        row["note"] = (
+            f"kernel and twin compared at {L} tokens: the twin materialises [H, L, L] "
+            f"fp32 scores, too big at {p.prefill_tokens}"
+        )
     else:
-        row["note"] = f"twin compared at {p.prefill_twin_tokens} tokens (row prefill-expand-" \
-                      f"L{p.prefill_twin_tokens}-H{H})"
+        row["note"] = (
+            f"twin compared at {p.prefill_twin_tokens} tokens (row prefill-expand-L{p.prefill_twin_tokens}-H{H})"
+        )
     row.update(bench.counts(bench.cost(H, p.dtype), "expand", (1, L, 0), whole_path=False))
     q, k_nope, k_rope, v, cu = prefill_inputs(bench, H, L)
     scale = m.softmax_scale
     got, _ = mla_prefill(q, k_nope, k_rope, v, cu, cu, scale, causal=True)
     row["output_finite"] = bool(bench.torch.isfinite(got).all())
-    finish(row, bench.time(lambda: mla_prefill(q, k_nope, k_rope, v, cu, cu, scale, causal=True)),
-           target)
+    finish(row, bench.time(lambda: mla_prefill(q, k_nope, k_rope, v, cu, cu, scale, causal=True)), target)
     if with_twin:
         row["twin"] = twin_result(
-            bench, "mla_prefill_naive",
+            bench,
+            "mla_prefill_naive",
             lambda: mla_prefill_naive(q, k_nope, k_rope, v, cu, cu, scale, causal=True)[0],
-            row["timing"]["median_s"], got)
+            row["timing"]["median_s"],
+            got,
+        )
     return row
 
 
@@ -394,26 +456,51 @@ def row_path(bench: Bench, path: str, name: str, shape: tuple[int, int, int]) ->
     B, new, prefix = shape
     H = m.H // p.tp_narrow
     ctx = prefix + new
-    row = {"id": f"path-{path}-{name}-H{H}", "kind": "path", "fn": "mla_attention",
-           "label": f"{path} path, {name} B{B} new{new} prefix{prefix} H{H}",
-           "shape": {"batch": B, "new": new, "prefix": prefix, "context": ctx, "H": H, "r": m.r,
-                     "dC": m.dC, "dR": m.dR, "dV": m.dV, "page": p.page},
-           "dtype": p.dtype, "kv_dtype": p.dtype, "path": path}
+    row = {
+        "id": f"path-{path}-{name}-H{H}",
+        "kind": "path",
+        "fn": "mla_attention",
+        "label": f"{path} path, {name} B{B} new{new} prefix{prefix} H{H}",
+        "shape": {
+            "batch": B,
+            "new": new,
+            "prefix": prefix,
+            "context": ctx,
+            "H": H,
+            "r": m.r,
+            "dC": m.dC,
+            "dR": m.dR,
+            "dV": m.dV,
+            "page": p.page,
+        },
+        "dtype": p.dtype,
+        "kv_dtype": p.dtype,
+        "path": path,
+    }
     row.update(bench.counts(bench.cost(H, p.dtype), path, shape, whole_path=True))
     kv, table, seqlens, _ = bench.paged_cache(B, ctx, m.r + m.dR, fp8=False)
     T = B * new
-    inputs = dict(q_nope=bench.randn(T, H, m.dC), q_rope=bench.randn(T, H, m.dR), kv_cache=kv,
-                  block_table=table, cache_seqlens=seqlens,
-                  new_lens=torch.full((B,), new, dtype=torch.int32, device=bench.device),
-                  w_uk=bench.randn(H, m.dC, m.r, scale=m.r ** -0.5),
-                  w_uv=bench.randn(H, m.dV, m.r, scale=m.r ** -0.5),
-                  scale=m.softmax_scale)
+    inputs = dict(
+        q_nope=bench.randn(T, H, m.dC),
+        q_rope=bench.randn(T, H, m.dR),
+        kv_cache=kv,
+        block_table=table,
+        cache_seqlens=seqlens,
+        new_lens=torch.full((B,), new, dtype=torch.int32, device=bench.device),
+        w_uk=bench.randn(H, m.dC, m.r, scale=m.r**-0.5),
+        w_uv=bench.randn(H, m.dV, m.r, scale=m.r**-0.5),
+        scale=m.softmax_scale,
+    )
     got = mla_attention(**inputs, path=path, backend="triton")
     row["output_finite"] = bool(torch.isfinite(got).all())
     finish(row, bench.time(lambda: mla_attention(**inputs, path=path, backend="triton")))
-    row["twin"] = twin_result(bench, "mla_attention(backend='torch')",
-                              lambda: mla_attention(**inputs, path=path, backend="torch"),
-                              row["timing"]["median_s"], got)
+    row["twin"] = twin_result(
+        bench,
+        "mla_attention(backend='torch')",
+        lambda: mla_attention(**inputs, path=path, backend="torch"),
+        row["timing"]["median_s"],
+        got,
+    )
     return row
 
 
@@ -422,25 +509,32 @@ def row_specs(plan: Plan, model) -> list[tuple[str, object]]:
     wide, narrow = model.H, model.H // plan.tp_narrow
     H_path = narrow
     specs = [
-        (f"decode-absorb-H{wide}-{plan.dtype}",
-         lambda b: row_decode(b, wide, False, TARGET_DECODE_WIDE)),
-        (f"decode-absorb-H{narrow}-{plan.dtype}",
-         lambda b: row_decode(b, narrow, False, TARGET_DECODE_NARROW)),
-        (f"prefill-expand-L{plan.prefill_tokens}-H{wide}",
-         lambda b: row_prefill(b, plan.prefill_tokens, False, TARGET_PREFILL)),
-        (f"prefill-expand-L{plan.prefill_twin_tokens}-H{wide}",
-         lambda b: row_prefill(b, plan.prefill_twin_tokens, True)),
+        (f"decode-absorb-H{wide}-{plan.dtype}", lambda b: row_decode(b, wide, False, TARGET_DECODE_WIDE)),
+        (f"decode-absorb-H{narrow}-{plan.dtype}", lambda b: row_decode(b, narrow, False, TARGET_DECODE_NARROW)),
+        (
+            f"prefill-expand-L{plan.prefill_tokens}-H{wide}",
+            lambda b: row_prefill(b, plan.prefill_tokens, False, TARGET_PREFILL),
+        ),
+        (
+            f"prefill-expand-L{plan.prefill_twin_tokens}-H{wide}",
+            lambda b: row_prefill(b, plan.prefill_twin_tokens, True),
+        ),
         (f"decode-absorb-H{wide}-fp8", lambda b: row_decode(b, wide, True)),
         (f"decode-absorb-H{narrow}-fp8", lambda b: row_decode(b, narrow, True)),
     ]
     for name, shape in (("decode", plan.path_decode), ("extend", plan.path_extend)):
         for path in ("absorb", "expand"):
-            specs.append((f"path-{path}-{name}-H{H_path}",
-                          lambda b, path=path, name=name, shape=shape: row_path(b, path, name, shape)))
+            specs.append(
+                (
+                    f"path-{path}-{name}-H{H_path}",
+                    lambda b, path=path, name=name, shape=shape: row_path(b, path, name, shape),
+                )
+            )
     return specs
 
 
 # ---- report ------------------------------------------------------------------------------------
+
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
@@ -465,8 +559,12 @@ def versions() -> dict:
     except Exception:  # noqa: BLE001
         out["cuda"] = None
     try:
-        out["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, text=True,
-                                           capture_output=True, timeout=10).stdout.strip() or None
+        out["git_commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=REPO, text=True, capture_output=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
     except Exception:  # noqa: BLE001
         out["git_commit"] = None
     return out
@@ -476,8 +574,13 @@ def device_info(bench: Bench | None) -> dict:
     if bench is None or bench.device.type != "cuda":
         return {"name": "cpu" if bench else None, "type": "cpu"}
     props = bench.torch.cuda.get_device_properties(bench.device)
-    return {"name": bench.device_name, "type": "cuda", "capability": f"{props.major}.{props.minor}",
-            "sm_count": props.multi_processor_count, "memory_bytes": props.total_memory}
+    return {
+        "name": bench.device_name,
+        "type": "cuda",
+        "capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "memory_bytes": props.total_memory,
+    }
 
 
 def summarize(doc: dict) -> dict:
@@ -522,8 +625,10 @@ def _fmt(x, scale=1.0, spec=".4g", none="-"):
 
 
 def table(doc: dict) -> str:
-    head = (f"{'row':<28} {'median ms':>9} {'p10-p90 ms':>15} {'TFLOP/s':>9} {'GB/s':>9} "
-            f"{'roof ms':>9} {'frac':>7} {'target':>19} {'vs twin':>8}  status")
+    head = (
+        f"{'row':<28} {'median ms':>9} {'p10-p90 ms':>15} {'TFLOP/s':>9} {'GB/s':>9} "
+        f"{'roof ms':>9} {'frac':>7} {'target':>19} {'vs twin':>8}  status"
+    )
     lines = [head, "-" * len(head)]
     for r in doc["rows"]:
         t = r.get("timing") or {}
@@ -536,8 +641,11 @@ def table(doc: dict) -> str:
             target = f">={minimum / div:g} {unit} {verdict}"
         status = r["status"] if r["status"] == "ok" else f"{r['status'].upper()}: {r.get('error', '')[:60]}"
         twin = r.get("twin") or {}
-        vs = f"{twin['speedup']:.3g}x" if twin.get("status") == "ok" else (
-            "error" if twin.get("status") == "error" else "-")
+        vs = (
+            f"{twin['speedup']:.3g}x"
+            if twin.get("status") == "ok"
+            else ("error" if twin.get("status") == "error" else "-")
+        )
         if twin.get("status") == "ok" and not twin["faster_than_twin"]:
             vs += "!"
         if twin.get("outputs_agree") is False or r.get("output_finite") is False:
@@ -548,7 +656,8 @@ def table(doc: dict) -> str:
             f"{_fmt(r.get('achieved_flops_per_s') if t else None, TFLOPS):>9} "
             f"{_fmt(r.get('achieved_bytes_per_s') if t else None, 1e9):>9} "
             f"{_fmt(r.get('roofline_s'), 1e-3):>9} {_fmt(frac, 1.0, '.2g'):>7} "
-            f"{target:>19} {vs:>8}  {status}")
+            f"{target:>19} {vs:>8}  {status}"
+        )
     return "\n".join(lines)
 
 
@@ -557,21 +666,26 @@ def print_report(doc: dict, path: Path) -> None:
     tests = doc["tests"]
     print()
     if doc["smoke"]:
-        print("SMOKE RUN: tiny shapes" + (" in Triton's CPU interpreter"
-                                          if doc["device"].get("type") == "cpu" else "")
-              + "; the timings below mean nothing")
+        print(
+            "SMOKE RUN: tiny shapes"
+            + (" in Triton's CPU interpreter" if doc["device"].get("type") == "cpu" else "")
+            + "; the timings below mean nothing"
+        )
     if "setup_error" in doc:
         print(f"SETUP FAILED, no benchmark ran: {doc['setup_error']}")
     hw = doc["hardware_profile"]
-    print(f"device {doc['device'].get('name')}  torch {doc['versions']['torch']}  triton "
-          f"{doc['versions']['triton']}  CUDA {doc['versions']['cuda']}  {doc['date']}")
+    print(
+        f"device {doc['device'].get('name')}  torch {doc['versions']['torch']}  triton "
+        f"{doc['versions']['triton']}  CUDA {doc['versions']['cuda']}  {doc['date']}"
+    )
     print(f"roofline: {hw['note']}")
     print(table(doc))
-    print("frac = roofline time / measured median; vs twin = twin median / kernel median "
-          "('!' = not faster)")
-    print(f"targets met {s['targets_met']}, missed {s['targets_missed']}; slower than twin "
-          f"{s['slower_than_twin']} of {s['twin_comparisons']}; rows ok {s['rows_ok']}, errors "
-          f"{s['rows_error']}, skipped {s['rows_skipped']}")
+    print("frac = roofline time / measured median; vs twin = twin median / kernel median ('!' = not faster)")
+    print(
+        f"targets met {s['targets_met']}, missed {s['targets_missed']}; slower than twin "
+        f"{s['slower_than_twin']} of {s['twin_comparisons']}; rows ok {s['rows_ok']}, errors "
+        f"{s['rows_error']}, skipped {s['rows_skipped']}"
+    )
     counts = ", ".join(f"{tests.get(k, 0)} {k}" for k in ("passed", "failed", "errors", "skipped"))
     if tests_failed(tests):
         bar = "!" * 72
@@ -582,17 +696,21 @@ def print_report(doc: dict, path: Path) -> None:
             print(f"  {tests['error']}")
         print(bar)
     else:
-        print(f"GPU tests: {tests.get('status')} ({counts})" if "passed" in tests
-              else f"GPU tests: {tests.get('status')}")
+        print(
+            f"GPU tests: {tests.get('status')} ({counts})" if "passed" in tests else f"GPU tests: {tests.get('status')}"
+        )
     if s["rows_error"]:
         print(f"{s['rows_error']} benchmark row(s) raised; their errors are in the JSON")
     if s["outputs_disagree"] or s["outputs_not_finite"]:
-        print(f"WRONG OUTPUT: {s['outputs_disagree']} row(s) differ from their twin by more than "
-              f"{AGREE_REL_ERR:g} (relative L2), {s['outputs_not_finite']} with NaN/inf outputs")
+        print(
+            f"WRONG OUTPUT: {s['outputs_disagree']} row(s) differ from their twin by more than "
+            f"{AGREE_REL_ERR:g} (relative L2), {s['outputs_not_finite']} with NaN/inf outputs"
+        )
     print(f"saved {path}")
 
 
 # ---- main --------------------------------------------------------------------------------------
+
 
 def _cuda_present() -> bool:
     try:
@@ -605,16 +723,25 @@ def _cuda_present() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE / "results",
-                        help="folder for the JSON (default benchmarks/results/)")
+    parser.add_argument(
+        "--out", type=Path, default=HERE / "results", help="folder for the JSON (default benchmarks/results/)"
+    )
     parser.add_argument("--skip-tests", action="store_true", help="do not run the GPU tests")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny shapes, fp16; on a CPU in Triton's interpreter (plumbing only)")
-    parser.add_argument("--test-timeout", type=float, default=TEST_TIMEOUT_S,
-                        help=f"seconds for the GPU tests (default {TEST_TIMEOUT_S})")
-    parser.add_argument("--bench-budget", type=float, default=BENCH_BUDGET_S,
-                        help=f"seconds after which rows not yet started are skipped "
-                             f"(default {BENCH_BUDGET_S}, counted from the start)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny shapes, fp16; on a CPU in Triton's interpreter (plumbing only)"
+    )
+    parser.add_argument(
+        "--test-timeout",
+        type=float,
+        default=TEST_TIMEOUT_S,
+        help=f"seconds for the GPU tests (default {TEST_TIMEOUT_S})",
+    )
+    parser.add_argument(
+        "--bench-budget",
+        type=float,
+        default=BENCH_BUDGET_S,
+        help=f"seconds after which rows not yet started are skipped (default {BENCH_BUDGET_S}, counted from the start)",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     now = datetime.datetime.now(datetime.timezone.utc).astimezone()
@@ -629,24 +756,31 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.smoke and not _cuda_present():
         # Triton reads this when a kernel is defined: before mlactl.kernels is imported
-        if os.environ.get("TRITON_INTERPRET") != "1" and "mlactl.kernels.absorb" in sys.modules:
+        if os.environ.get("TRITON_INTERPRET") != "1" and "mlactl.kernels.decode" in sys.modules:
             print("warning: mlactl.kernels was imported before TRITON_INTERPRET=1 was set")
         os.environ["TRITON_INTERPRET"] = "1"
     plan = SMOKE if args.smoke else FULL
 
-    doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "smoke": args.smoke,
-           "timings_meaningful": not args.smoke, "date": now.isoformat(timespec="seconds"),
-           "device": {"name": None}, "versions": {}, "hardware_profile": {"note": None},
-           "timing_method": "mlactl.tune.timing.time_call, L2 flushed (cold) on CUDA",
-           "plan": {k: getattr(plan, k) for k in plan.__dataclass_fields__},
-           "tests": tests, "rows": []}
+    doc = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "smoke": args.smoke,
+        "timings_meaningful": not args.smoke,
+        "date": now.isoformat(timespec="seconds"),
+        "device": {"name": None},
+        "versions": {},
+        "hardware_profile": {"note": None},
+        "timing_method": "mlactl.tune.timing.time_call, L2 flushed (cold) on CUDA",
+        "plan": {k: getattr(plan, k) for k in plan.__dataclass_fields__},
+        "tests": tests,
+        "rows": [],
+    }
     bench = None
     try:
         bench = Bench(plan, args.smoke)
         doc["device"] = device_info(bench)
         doc["model"] = bench.model.to_dict()
-        doc["hardware_profile"] = {"note": bench.hw_note,
-                                   **(bench.hw.to_dict() if bench.hw is not None else {})}
+        doc["hardware_profile"] = {"note": bench.hw_note, **(bench.hw.to_dict() if bench.hw is not None else {})}
         if args.smoke:
             doc["timing_note"] = "smoke run: tiny shapes, timings meaningless"
     except Exception as exc:  # noqa: BLE001
@@ -660,8 +794,9 @@ def main(argv: list[str] | None = None) -> int:
     if bench is not None:
         for row_id, build in row_specs(plan, bench.model):
             if time.perf_counter() - started > args.bench_budget:
-                doc["rows"].append({"id": row_id, "status": "skipped",
-                                    "error": f"time budget of {args.bench_budget:.0f} s spent"})
+                doc["rows"].append(
+                    {"id": row_id, "status": "skipped", "error": f"time budget of {args.bench_budget:.0f} s spent"}
+                )
                 continue
             print(f"  {row_id} ...", end="", flush=True)
             t0 = time.perf_counter()
@@ -669,8 +804,12 @@ def main(argv: list[str] | None = None) -> int:
                 row = build(bench)
                 row["status"] = "ok"
             except Exception as exc:  # noqa: BLE001 - one broken row must not lose the others
-                row = {"id": row_id, "status": "error", "error": f"{type(exc).__name__}: {exc}",
-                       "traceback": traceback.format_exc()[-3000:]}
+                row = {
+                    "id": row_id,
+                    "status": "error",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc()[-3000:],
+                }
             row["wall_s"] = time.perf_counter() - t0
             doc["rows"].append(row)
             print(f" {row['status']} ({row['wall_s']:.1f} s)", flush=True)

@@ -39,8 +39,18 @@ def matching(results: Path, hardware: str | None) -> list[str]:
     """The model, tensor parallelism, dtypes and hardware options a results file was measured with."""
     data = json.loads(results.read_text())
     model = data["model"]
-    return ["--model", model["name"], "--tp", str(model.get("tp", 1)), "--kv-dtype", data["kv_dtype"],
-            "--dtype", data["dtype"], "--hardware", hardware or data["device"].get("hardware") or "h200"]
+    return [
+        "--model",
+        model["name"],
+        "--tp",
+        str(model.get("tp", 1)),
+        "--kv-dtype",
+        data["kv_dtype"],
+        "--dtype",
+        data["dtype"],
+        "--hardware",
+        hardware or data["device"].get("hardware") or "h200",
+    ]
 
 
 def main() -> None:
@@ -54,11 +64,25 @@ def main() -> None:
         plot(*chart, "--output", str(IMAGES / f"plot-{name}.png"), "--dpi", DPI)
     if args.results is not None:
         same = matching(args.results, args.hardware)
-        for name, extra in (("roofline", []), ("crossover", ["--prefix", ",".join(
-                str(r["prefix"]) for r in json.loads(args.results.read_text())["crossovers"])]),
-                            ("pathmap", [])):
-            plot(name, *same, *extra, "--results", str(args.results),
-                 "--output", str(IMAGES / f"plot-{name}-measured.png"), "--dpi", DPI)
+        for name, extra in (
+            ("roofline", []),
+            (
+                "crossover",
+                ["--prefix", ",".join(str(r["prefix"]) for r in json.loads(args.results.read_text())["crossovers"])],
+            ),
+            ("pathmap", []),
+        ):
+            plot(
+                name,
+                *same,
+                *extra,
+                "--results",
+                str(args.results),
+                "--output",
+                str(IMAGES / f"plot-{name}-measured.png"),
+                "--dpi",
+                DPI,
+            )
     if args.tune_results is not None:
         plot("tune", "--results", str(args.tune_results), "--output", str(IMAGES / "plot-tune.png"), "--dpi", DPI)
 

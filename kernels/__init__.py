@@ -15,11 +15,11 @@ the op        mla_attention: a mixed batch through expand, expand_chunked, absor
 from importlib import import_module
 
 _EXPORTS = {
-    "mla_decode": "absorb",
-    "heuristic_config": "absorb",
-    "mla_decode_naive": "absorb_naive",
-    "mla_prefill": "expand",
-    "mla_prefill_naive": "expand_naive",
+    "mla_decode": "decode",
+    "heuristic_config": "decode",
+    "mla_decode_naive": "decode_naive",
+    "mla_prefill": "prefill",
+    "mla_prefill_naive": "prefill_naive",
     "merge_attn_states": "merge",
     "merge_attn_states_naive": "merge",
     "expand_kv": "expansion",
@@ -27,7 +27,6 @@ _EXPORTS = {
     "mla_prefill_expand": "expansion",
     "mla_prefill_chunked": "expansion",
     "mla_attention": "attention",
-    "MLABatch": "attention",
 }
 
 __all__ = sorted(_EXPORTS)

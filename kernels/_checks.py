@@ -8,9 +8,7 @@ import os
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-FP8_DTYPES = tuple(
-    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name)
-)
+FP8_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name))
 
 
 def interpreting() -> bool:
@@ -33,8 +31,7 @@ def check_tensor(name: str, t, ndim: int, dtypes=None, contiguous: bool = True) 
 def check_dim(name: str, t, dim: int, expected: int, what: str) -> None:
     if t.shape[dim] != expected:
         raise ValueError(
-            f"{name}.shape[{dim}] is {t.shape[dim]} but must equal {what} ({expected}); "
-            f"shape {tuple(t.shape)}"
+            f"{name}.shape[{dim}] is {t.shape[dim]} but must equal {what} ({expected}); shape {tuple(t.shape)}"
         )
 
 

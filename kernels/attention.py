@@ -52,20 +52,23 @@ def auto_policy(q_nope, kv_cache, w_uk, w_uv):
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     H, dC = q_nope.shape[1], q_nope.shape[2]
     r = w_uk.shape[2]
-    return _auto_policy(device_name, H, r, dC, kv_cache.shape[-1] - r, w_uv.shape[1],
-                        _name(kv_cache.dtype), _name(q_nope.dtype))
+    return _auto_policy(
+        device_name, H, r, dC, kv_cache.shape[-1] - r, w_uv.shape[1], _name(kv_cache.dtype), _name(q_nope.dtype)
+    )
 
 
 def _ops(backend: str):
     if backend == "triton":
-        from mlactl.kernels.absorb import mla_decode
-        from mlactl.kernels.expand import mla_prefill
+        from mlactl.kernels.decode import mla_decode
         from mlactl.kernels.merge import merge_attn_states
+        from mlactl.kernels.prefill import mla_prefill
+
         return mla_decode, mla_prefill, merge_attn_states
     if backend == "torch":
-        from mlactl.kernels.absorb_naive import mla_decode_naive
-        from mlactl.kernels.expand_naive import mla_prefill_naive
+        from mlactl.kernels.decode_naive import mla_decode_naive
         from mlactl.kernels.merge import merge_attn_states_naive
+        from mlactl.kernels.prefill_naive import mla_prefill_naive
+
         return mla_decode_naive, mla_prefill_naive, merge_attn_states_naive
     raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
@@ -80,8 +83,9 @@ def _check(q_nope, q_rope, kv_cache, block_table, cache_seqlens, new_lens, w_uk,
     check_tensor("w_uv", w_uv, 3, FLOAT_DTYPES, contiguous=False)
     T, H, dC = q_nope.shape
     if q_rope.shape[:2] != (T, H):
-        raise ValueError(f"q_rope is {tuple(q_rope.shape)} but must be [T_q, H, dR] with T_q, H = {T}, {H} "
-                         "(from q_nope)")
+        raise ValueError(
+            f"q_rope is {tuple(q_rope.shape)} but must be [T_q, H, dR] with T_q, H = {T}, {H} (from q_nope)"
+        )
     if q_rope.dtype != q_nope.dtype:
         raise ValueError(f"q_rope has dtype {q_rope.dtype} but q_nope has {q_nope.dtype}; they must match")
     if w_uk.shape[:2] != (H, dC):
@@ -91,8 +95,9 @@ def _check(q_nope, q_rope, kv_cache, block_table, cache_seqlens, new_lens, w_uk,
         raise ValueError(f"w_uv is {tuple(w_uv.shape)} but must be [H, dV, r] with H, r = {H}, {r}")
     dR = kv_cache.shape[-1] - r
     if dR != q_rope.shape[2]:
-        raise ValueError(f"kv_cache rows hold {kv_cache.shape[-1]} numbers but r + dR = {r} + {q_rope.shape[2]} "
-                         "(w_uk, q_rope)")
+        raise ValueError(
+            f"kv_cache rows hold {kv_cache.shape[-1]} numbers but r + dR = {r} + {q_rope.shape[2]} (w_uk, q_rope)"
+        )
     ctxs = cache_seqlens.tolist()
     return r, check_new_lens(new_lens, ctxs, T, "q_nope"), ctxs
 
@@ -113,9 +118,24 @@ def _paths_for(path, news, ctxs, policy, tensors) -> list[str]:
     return chosen
 
 
-def mla_attention(q_nope, q_rope, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, *,
-                  path="auto", chunk=DEFAULT_CHUNK, kv_scale=None, backend="triton", policy=None,
-                  return_paths=False):
+def mla_attention(
+    q_nope,
+    q_rope,
+    kv_cache,
+    block_table,
+    cache_seqlens,
+    new_lens,
+    w_uk,
+    w_uv,
+    scale,
+    *,
+    path="auto",
+    chunk=DEFAULT_CHUNK,
+    kv_scale=None,
+    backend="triton",
+    policy=None,
+    return_paths=False,
+):
     """MLA attention of a mixed batch.
 
     Args:
@@ -160,19 +180,44 @@ def mla_attention(q_nope, q_rope, kv_cache, block_table, cache_seqlens, new_lens
             sub = torch.tensor(requests, dtype=torch.long, device=device)
             table, lens, new = block_table[sub], cache_seqlens[sub], new_lens[sub]
         if p == "absorb":
-            out[rows] = _absorb(q_nope[rows], q_rope[rows], kv_cache, table, lens,
-                                [news[b] for b in requests], w_uk, w_uv, scale, kv_scale, r, decode)
+            out[rows] = _absorb(
+                q_nope[rows],
+                q_rope[rows],
+                kv_cache,
+                table,
+                lens,
+                [news[b] for b in requests],
+                w_uk,
+                w_uv,
+                scale,
+                kv_scale,
+                r,
+                decode,
+            )
             continue
         q = torch.cat([q_nope[rows], q_rope[rows]], dim=-1)
         from mlactl.kernels import expansion
 
         if p == "expand":
-            o, _ = expansion.mla_prefill_expand(q, kv_cache, table, lens, new, w_uk, w_uv, scale,
-                                                kv_scale=kv_scale, r=r, attn=prefill)
+            o, _ = expansion.mla_prefill_expand(
+                q, kv_cache, table, lens, new, w_uk, w_uv, scale, kv_scale=kv_scale, r=r, attn=prefill
+            )
         else:
-            o, _ = expansion.mla_prefill_chunked(q, kv_cache, table, lens, new, w_uk, w_uv, scale,
-                                                 chunk=chunk, kv_scale=kv_scale, r=r, attn=prefill,
-                                                 merge=merge)
+            o, _ = expansion.mla_prefill_chunked(
+                q,
+                kv_cache,
+                table,
+                lens,
+                new,
+                w_uk,
+                w_uv,
+                scale,
+                chunk=chunk,
+                kv_scale=kv_scale,
+                r=r,
+                attn=prefill,
+                merge=merge,
+            )
         out[rows] = o
     return (out, chosen) if return_paths else out
 

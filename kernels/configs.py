@@ -10,8 +10,8 @@ File names follow the engines' convention, e.g.
 A bucket key is ``name=value`` pairs of positive integers joined by commas. Lookup takes the
 nearest bucket: the smallest sum of |log2(asked) - log2(bucket)| over the names, among buckets
 that have exactly the asked names; the heads ``H`` count 4 times (they set the tile shapes, and
-come from the model and its tensor parallelism, not from the traffic). Files in the user folder (``$MLACTL_TUNED_DIR``, else
-``$MLACTL_HOME/tuned``, see mlactl.paths) win over the shipped ones in ``profiles/tuned/``;
+come from the model and its tensor parallelism, not from the traffic). Files in the user folder
+(``$MLACTL_TUNED_DIR``, else ``$MLACTL_HOME/tuned``, see mlactl.dirs) win over the shipped ones in ``profiles/tuned/``;
 ``MLACTL_NO_TUNED=1`` turns lookups off.
 Nothing here imports torch.
 """
@@ -25,12 +25,14 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from mlactl.paths import home
+from mlactl.dirs import home
 
 FORMAT_VERSION = 1
 ENV_DIR = "MLACTL_TUNED_DIR"
 ENV_OFF = "MLACTL_NO_TUNED"
-WEIGHTS = {"H": 4.0}  # per-name weights of the log2 distance  # set to 1: every lookup misses (launchers use their heuristics)
+WEIGHTS = {
+    "H": 4.0
+}  # per-name weights of the log2 distance  # set to 1: every lookup misses (launchers use their heuristics)
 
 
 def user_dir() -> Path:

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from mlactl.kernels._checks import (FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor,
-                                   latent_rank)
-from mlactl.kernels.expand_naive import check_inner_stride, check_same_device
+from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor, latent_rank
+from mlactl.kernels.prefill_naive import check_inner_stride, check_same_device
 
 DEFAULT_CHUNK = 8192  # prefix tokens per request and step: 8192 x 128 heads x 256 x 2 B = 512 MiB of K/V
 
@@ -55,8 +54,10 @@ def _check_paged(kv_cache, block_table, cache_seqlens) -> list[int]:
     lens = cache_seqlens.tolist()
     for b, n in enumerate(lens):
         if n < 0 or n > max_blocks * block_size:
-            raise ValueError(f"cache_seqlens[{b}] is {n}; it must be in [0, {max_blocks * block_size}] "
-                             f"(block_table rows of {max_blocks} blocks of {block_size})")
+            raise ValueError(
+                f"cache_seqlens[{b}] is {n}; it must be in [0, {max_blocks * block_size}] "
+                f"(block_table rows of {max_blocks} blocks of {block_size})"
+            )
     used = [-(-n // block_size) for n in lens]
     if any(used):
         cols = torch.arange(max_blocks, device=block_table.device)[None, :]
@@ -64,8 +65,10 @@ def _check_paged(kv_cache, block_table, cache_seqlens) -> list[int]:
         ids = block_table[in_use]
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= num_blocks:
-            raise ValueError(f"block_table holds block {lo if lo < 0 else hi} for a cached token, "
-                             f"outside kv_cache's {num_blocks} blocks")
+            raise ValueError(
+                f"block_table holds block {lo if lo < 0 else hi} for a cached token, "
+                f"outside kv_cache's {num_blocks} blocks"
+            )
     return lens
 
 
@@ -77,8 +80,10 @@ def _check_kv_scale(kv_cache, kv_scale):
         return None
     if isinstance(kv_scale, torch.Tensor):
         if kv_scale.numel() != 1 or not kv_scale.dtype.is_floating_point:
-            raise ValueError(f"kv_scale must be a float or a 1-element float tensor, got shape "
-                             f"{tuple(kv_scale.shape)} {_dtype_name(kv_scale.dtype)}")
+            raise ValueError(
+                f"kv_scale must be a float or a 1-element float tensor, got shape "
+                f"{tuple(kv_scale.shape)} {_dtype_name(kv_scale.dtype)}"
+            )
         if kv_scale.device != kv_cache.device:
             raise ValueError(f"kv_scale is on {kv_scale.device} but kv_cache on {kv_cache.device}")
         return kv_scale.to(torch.float32).reshape(())
@@ -104,15 +109,15 @@ def _gather(kv_cache, block_table, starts, counts, r, kv_scale, dtype):
     device = kv_cache.device
     block_size = kv_cache.shape[1]
     counts_t = torch.tensor(counts, dtype=torch.long)
-    req = torch.repeat_interleave(torch.arange(len(counts)), counts_t)                 # [N]
-    first = torch.cumsum(counts_t, 0) - counts_t                                       # [B]
+    req = torch.repeat_interleave(torch.arange(len(counts)), counts_t)  # [N]
+    first = torch.cumsum(counts_t, 0) - counts_t  # [B]
     pos = torch.arange(req.shape[0]) - first[req] + torch.tensor(starts, dtype=torch.long)[req]
     req, pos = req.to(device), pos.to(device)
-    blocks = block_table[req, pos // block_size].long()                                # [N]
+    blocks = block_table[req, pos // block_size].long()  # [N]
     if kv_cache.dtype in FP8_DTYPES:  # gather fp8 as bytes: index kernels need not know fp8
         rows = kv_cache.view(torch.uint8)[blocks, pos % block_size].view(kv_cache.dtype)  # [N, r+dR]
     else:
-        rows = kv_cache[blocks, pos % block_size]                                      # [N, r+dR]
+        rows = kv_cache[blocks, pos % block_size]  # [N, r+dR]
     if kv_scale is not None:
         rows = (rows.float() * kv_scale).to(dtype)
     elif rows.dtype != dtype:
@@ -180,14 +185,14 @@ def expand_kv(latent, w_uk, w_uv):
     T = latent.shape[0]
     H, dC, r = w_uk.shape
     dV = w_uv.shape[1]
-    k_nope = (latent @ w_uk.reshape(H * dC, r).T).view(T, H, dC)   # [T, H*dC] -> [T, H, dC]
-    v = (latent @ w_uv.reshape(H * dV, r).T).view(T, H, dV)        # [T, H*dV] -> [T, H, dV]
+    k_nope = (latent @ w_uk.reshape(H * dC, r).T).view(T, H, dC)  # [T, H*dC] -> [T, H, dC]
+    v = (latent @ w_uv.reshape(H * dV, r).T).view(T, H, dV)  # [T, H*dV] -> [T, H, dV]
     return k_nope, v
 
 
 def _default_attn(attn):
     if attn is None:
-        from mlactl.kernels.expand import mla_prefill as attn
+        from mlactl.kernels.prefill import mla_prefill as attn
     return attn
 
 
@@ -209,11 +214,14 @@ def _validate_driver(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_
     if w_uk.dtype != q.dtype:
         raise ValueError(f"w_uk has dtype {_dtype_name(w_uk.dtype)} but q has {_dtype_name(q.dtype)}; they must match")
     if q.shape[2] != w_uk.shape[1] + dR:
-        raise ValueError(f"q.shape[2] is {q.shape[2]} but must equal dC + dR = {w_uk.shape[1]} + {dR} "
-                         "(w_uk, kv_cache row width - r)")
+        raise ValueError(
+            f"q.shape[2] is {q.shape[2]} but must equal dC + dR = {w_uk.shape[1]} + {dR} (w_uk, kv_cache row width - r)"
+        )
     if kv_cache.dtype not in FP8_DTYPES and kv_cache.dtype != q.dtype:
-        raise ValueError(f"kv_cache has dtype {_dtype_name(kv_cache.dtype)} but q has {_dtype_name(q.dtype)}; "
-                         "they must match (or the cache must be fp8)")
+        raise ValueError(
+            f"kv_cache has dtype {_dtype_name(kv_cache.dtype)} but q has {_dtype_name(q.dtype)}; "
+            "they must match (or the cache must be fp8)"
+        )
     news = check_new_lens(new_lens, lens, q.shape[0])
     return check_scale(scale), _check_kv_scale(kv_cache, kv_scale), r, lens, news
 
@@ -225,8 +233,9 @@ def _cu(lengths, device) -> torch.Tensor:
     return torch.tensor(cu, dtype=torch.int32, device=device)
 
 
-def mla_prefill_expand(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, *,
-                       kv_scale=None, r=None, attn=None):
+def mla_prefill_expand(
+    q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, *, kv_scale=None, r=None, attn=None
+):
     """The unchunked expand path: expand each request's whole context, one causal attention.
 
     q:             [T_q, H, dC+dR]   queries of the new tokens, packed (T_q = sum(new_lens))
@@ -236,18 +245,43 @@ def mla_prefill_expand(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, 
     attn:          mla_prefill (default) or a function with its signature, e.g. mla_prefill_naive
     returns (out [T_q, H, dV] in q's dtype, lse [T_q, H] fp32). Expanded K/V: all context tokens.
     """
-    scale, kv_scale, r, lens, news = _validate_driver(q, kv_cache, block_table, cache_seqlens, new_lens,
-                                                      w_uk, w_uv, scale, kv_scale, r)
+    scale, kv_scale, r, lens, news = _validate_driver(
+        q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, kv_scale, r
+    )
     attn = _default_attn(attn)
     ctx = [c if n else 0 for c, n in zip(lens, news)]  # a request with no new token needs no keys
     latent, k_rope = _gather(kv_cache, block_table, [0] * len(ctx), ctx, r, kv_scale, q.dtype)
     k_nope, v = expand_kv(latent, w_uk, w_uv)
-    return attn(q, k_nope, k_rope, v, _cu(news, q.device), _cu(ctx, q.device), scale, causal=True,
-                max_seqlen_q=max(news, default=0), max_seqlen_k=max(ctx, default=0))
+    return attn(
+        q,
+        k_nope,
+        k_rope,
+        v,
+        _cu(news, q.device),
+        _cu(ctx, q.device),
+        scale,
+        causal=True,
+        max_seqlen_q=max(news, default=0),
+        max_seqlen_k=max(ctx, default=0),
+    )
 
 
-def mla_prefill_chunked(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, *,
-                        chunk=DEFAULT_CHUNK, kv_scale=None, r=None, attn=None, merge=None):
+def mla_prefill_chunked(
+    q,
+    kv_cache,
+    block_table,
+    cache_seqlens,
+    new_lens,
+    w_uk,
+    w_uv,
+    scale,
+    *,
+    chunk=DEFAULT_CHUNK,
+    kv_scale=None,
+    r=None,
+    attn=None,
+    merge=None,
+):
     """The expand path with each prefix expanded `chunk` tokens at a time, merged by lse.
 
     Arguments as mla_prefill_expand, plus
@@ -264,8 +298,9 @@ def mla_prefill_chunked(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk,
     """
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be an int >= 1 (prefix tokens expanded per step), got {chunk!r}")
-    scale, kv_scale, r, lens, news = _validate_driver(q, kv_cache, block_table, cache_seqlens, new_lens,
-                                                      w_uk, w_uv, scale, kv_scale, r)
+    scale, kv_scale, r, lens, news = _validate_driver(
+        q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, kv_scale, r
+    )
     attn, merge = _default_attn(attn), _default_merge(merge)
     device = q.device
     cu_new = _cu(news, device)
@@ -276,21 +311,31 @@ def mla_prefill_chunked(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk,
     latent, k_rope = _gather(kv_cache, block_table, prefix, news, r, kv_scale, q.dtype)
     k_nope, v = expand_kv(latent, w_uk, w_uv)
     max_new = max(news, default=0)
-    out, lse = attn(q, k_nope, k_rope, v, cu_new, cu_new, scale, causal=True,
-                    max_seqlen_q=max_new, max_seqlen_k=max_new)
+    out, lse = attn(
+        q, k_nope, k_rope, v, cu_new, cu_new, scale, causal=True, max_seqlen_q=max_new, max_seqlen_k=max_new
+    )
     del latent, k_rope, k_nope, v
 
     # steps 1..: prefix positions [lo, lo + chunk) of every request
     for lo in range(0, max(prefix, default=0), chunk):
         part = [b for b, p in enumerate(prefix) if p > lo]
         b0, b1 = part[0], part[-1]  # requests in between with shorter prefixes get no keys
-        counts = [max(0, min(p, lo + chunk) - lo) for p in prefix[b0:b1 + 1]]
-        latent, k_rope = _gather(kv_cache, block_table[b0:b1 + 1], [lo] * len(counts), counts, r,
-                                 kv_scale, q.dtype)
+        counts = [max(0, min(p, lo + chunk) - lo) for p in prefix[b0 : b1 + 1]]
+        latent, k_rope = _gather(kv_cache, block_table[b0 : b1 + 1], [lo] * len(counts), counts, r, kv_scale, q.dtype)
         k_nope, v = expand_kv(latent, w_uk, w_uv)
         rows = slice(cu_new_host[b0], cu_new_host[b1 + 1])
-        o_c, lse_c = attn(q[rows], k_nope, k_rope, v, cu_new[b0:b1 + 2] - cu_new[b0], _cu(counts, device),
-                          scale, causal=False, max_seqlen_q=max(news[b0:b1 + 1]), max_seqlen_k=max(counts))
+        o_c, lse_c = attn(
+            q[rows],
+            k_nope,
+            k_rope,
+            v,
+            cu_new[b0 : b1 + 2] - cu_new[b0],
+            _cu(counts, device),
+            scale,
+            causal=False,
+            max_seqlen_q=max(news[b0 : b1 + 1]),
+            max_seqlen_k=max(counts),
+        )
         _, lse_m = merge(out[rows], lse[rows], o_c, lse_c, out=out[rows])
         lse[rows] = lse_m
     return out, lse

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from mlactl.kernels import configs
 from mlactl.kernels._checks import FLOAT_DTYPES, check_device, check_tensor
-from mlactl.kernels.expand_naive import check_inner_stride, check_same_device
+from mlactl.kernels.prefill_naive import check_inner_stride, check_same_device
 
 # Elements of o per program: 4096 (BLOCK_H x BLOCK_D) keeps 16 fp32 registers per thread at 4
 # warps, enough bytes in flight per SM for a bandwidth-bound copy without spilling.
@@ -32,9 +32,28 @@ NUM_WARPS = 4  # a [BLOCK_H, BLOCK_D] tile of 4096 elements is 32 per thread: no
 
 @triton.jit
 def _merge_kernel(
-    p_oa, p_la, p_ob, p_lb, p_o, p_l, H,
-    s_oa_t, s_oa_h, s_la_t, s_la_h, s_ob_t, s_ob_h, s_lb_t, s_lb_h, s_o_t, s_o_h, s_l_t, s_l_h,
-    D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    p_oa,
+    p_la,
+    p_ob,
+    p_lb,
+    p_o,
+    p_l,
+    H,
+    s_oa_t,
+    s_oa_h,
+    s_la_t,
+    s_la_h,
+    s_ob_t,
+    s_ob_h,
+    s_lb_t,
+    s_lb_h,
+    s_o_t,
+    s_o_h,
+    s_l_t,
+    s_l_h,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     i_t = tl.program_id(0).to(tl.int64)
     o_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -137,11 +156,29 @@ def merge_attn_states(o_a, lse_a, o_b, lse_b, *, out=None, config=None):
     BLOCK_H = cfg["BLOCK_H"]
     grid = (T, triton.cdiv(H, BLOCK_H))
     _merge_kernel[grid](
-        o_a, lse_a, o_b, lse_b, out, lse, H,
-        o_a.stride(0), o_a.stride(1), lse_a.stride(0), lse_a.stride(1),
-        o_b.stride(0), o_b.stride(1), lse_b.stride(0), lse_b.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        D=D, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, num_warps=cfg["num_warps"],
+        o_a,
+        lse_a,
+        o_b,
+        lse_b,
+        out,
+        lse,
+        H,
+        o_a.stride(0),
+        o_a.stride(1),
+        lse_a.stride(0),
+        lse_a.stride(1),
+        o_b.stride(0),
+        o_b.stride(1),
+        lse_b.stride(0),
+        lse_b.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0),
+        lse.stride(1),
+        D=D,
+        BLOCK_H=BLOCK_H,
+        BLOCK_D=BLOCK_D,
+        num_warps=cfg["num_warps"],
     )
     return out, lse
 
@@ -152,10 +189,10 @@ def merge_attn_states_naive(o_a, lse_a, o_b, lse_b, *, out=None):
     o_a, o_b: [T, H, D]; lse_a, lse_b: [T, H] fp32; returns (o [T, H, D], lse [T, H] fp32).
     """
     _validate(o_a, lse_a, o_b, lse_b, out)
-    lse = torch.logaddexp(lse_a, lse_b)                       # [T, H]; -inf when both are -inf
+    lse = torch.logaddexp(lse_a, lse_b)  # [T, H]; -inf when both are -inf
     seen = torch.isfinite(lse)
     lse_safe = torch.where(seen, lse, torch.zeros_like(lse))
-    w_a = torch.exp(lse_a - lse_safe)[..., None]              # [T, H, 1]; 0 for an empty side
+    w_a = torch.exp(lse_a - lse_safe)[..., None]  # [T, H, 1]; 0 for an empty side
     w_b = torch.exp(lse_b - lse_safe)[..., None]
     o = torch.where(w_a > 0, w_a * o_a.float(), 0.0) + torch.where(w_b > 0, w_b * o_b.float(), 0.0)
     if out is None:

@@ -33,16 +33,16 @@ import torch
 class MLAWeights:
     """Weights of one MLA layer; every projection is stored [out, in] like nn.Linear.weight."""
 
-    w_uq_nope: torch.Tensor          # [H, dC, q_in]   q_in = q_lora_rank, or hidden without W_DQ
-    w_uq_rope: torch.Tensor          # [H, dR, q_in]
-    w_dkv: torch.Tensor              # [r, hidden]
-    kv_norm: torch.Tensor            # [r]             RMSNorm weight of the latent
-    w_kr: torch.Tensor               # [dR, hidden]
-    w_uk: torch.Tensor               # [H, dC, r]
-    w_uv: torch.Tensor               # [H, dV, r]
-    w_o: torch.Tensor                # [hidden, H*dV]
-    w_dq: torch.Tensor | None = None     # [q_lora_rank, hidden]
-    q_norm: torch.Tensor | None = None   # [q_lora_rank]
+    w_uq_nope: torch.Tensor  # [H, dC, q_in]   q_in = q_lora_rank, or hidden without W_DQ
+    w_uq_rope: torch.Tensor  # [H, dR, q_in]
+    w_dkv: torch.Tensor  # [r, hidden]
+    kv_norm: torch.Tensor  # [r]             RMSNorm weight of the latent
+    w_kr: torch.Tensor  # [dR, hidden]
+    w_uk: torch.Tensor  # [H, dC, r]
+    w_uv: torch.Tensor  # [H, dV, r]
+    w_o: torch.Tensor  # [hidden, H*dV]
+    w_dq: torch.Tensor | None = None  # [q_lora_rank, hidden]
+    q_norm: torch.Tensor | None = None  # [q_lora_rank]
     rope_base: float = 10000.0
     eps: float = 1e-6
 
@@ -76,8 +76,17 @@ class MLAWeights:
         return 1.0 / math.sqrt(self.dC + self.dR)
 
 
-def random_weights(H: int, r: int, dR: int, dC: int, dV: int, hidden: int, q_lora_rank: int | None = None,
-                   seed: int = 0, dtype: torch.dtype = torch.float64) -> MLAWeights:
+def random_weights(
+    H: int,
+    r: int,
+    dR: int,
+    dC: int,
+    dV: int,
+    hidden: int,
+    q_lora_rank: int | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> MLAWeights:
     """Random weights scaled by 1/sqrt(fan_in), so activations stay O(1) at any size."""
     if dR % 2:
         raise ValueError(f"dR must be even for RoPE (pairs of features rotate), got {dR}")
@@ -91,9 +100,14 @@ def random_weights(H: int, r: int, dR: int, dC: int, dV: int, hidden: int, q_lor
 
     q_in = q_lora_rank or hidden
     return MLAWeights(
-        w_uq_nope=w(H, dC, q_in), w_uq_rope=w(H, dR, q_in),
-        w_dkv=w(r, hidden), kv_norm=norm(r), w_kr=w(dR, hidden),
-        w_uk=w(H, dC, r), w_uv=w(H, dV, r), w_o=w(hidden, H * dV),
+        w_uq_nope=w(H, dC, q_in),
+        w_uq_rope=w(H, dR, q_in),
+        w_dkv=w(r, hidden),
+        kv_norm=norm(r),
+        w_kr=w(dR, hidden),
+        w_uk=w(H, dC, r),
+        w_uv=w(H, dV, r),
+        w_o=w(hidden, H * dV),
         w_dq=w(q_lora_rank, hidden) if q_lora_rank else None,
         q_norm=norm(q_lora_rank) if q_lora_rank else None,
     )
@@ -103,11 +117,11 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> tor
     """Rotate-half RoPE. x: [T, ..., dR]; positions: [T]. Feature i pairs with i + dR/2."""
     dR = x.shape[-1]
     freqs = base ** (-torch.arange(0, dR, 2, dtype=torch.float64, device=x.device) / dR)  # [dR/2]
-    angle = positions.to(torch.float64)[:, None] * freqs[None, :]                         # [T, dR/2]
+    angle = positions.to(torch.float64)[:, None] * freqs[None, :]  # [T, dR/2]
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (dR // 2,)
     cos = angle.cos().view(shape).to(x.dtype)
     sin = angle.sin().view(shape).to(x.dtype)
-    x1, x2 = x[..., : dR // 2], x[..., dR // 2:]
+    x1, x2 = x[..., : dR // 2], x[..., dR // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
@@ -126,11 +140,11 @@ def project(w: MLAWeights, hidden: torch.Tensor, prefix_len: int = 0):
     if not 0 <= prefix_len <= T:
         raise ValueError(f"prefix_len must be in [0, {T}] (the tokens of hidden), got {prefix_len}")
     pos = torch.arange(T, device=hidden.device)
-    c = rms_norm(hidden @ w.w_dkv.T, w.kv_norm, w.eps)                               # [T, r]
-    k_r = rope(hidden @ w.w_kr.T, pos, w.rope_base)                                  # [T, dR]
-    x = hidden[prefix_len:]                                                          # [n, hidden]
-    c_q = rms_norm(x @ w.w_dq.T, w.q_norm, w.eps) if w.w_dq is not None else x       # [n, q_in]
-    q_nope = torch.einsum("tq,hcq->thc", c_q, w.w_uq_nope)                           # [n, H, dC]
+    c = rms_norm(hidden @ w.w_dkv.T, w.kv_norm, w.eps)  # [T, r]
+    k_r = rope(hidden @ w.w_kr.T, pos, w.rope_base)  # [T, dR]
+    x = hidden[prefix_len:]  # [n, hidden]
+    c_q = rms_norm(x @ w.w_dq.T, w.q_norm, w.eps) if w.w_dq is not None else x  # [n, q_in]
+    q_nope = torch.einsum("tq,hcq->thc", c_q, w.w_uq_nope)  # [n, H, dC]
     q_rope = rope(torch.einsum("tq,hdq->thd", c_q, w.w_uq_rope), pos[prefix_len:], w.rope_base)
     return q_nope, q_rope, c, k_r
 
@@ -140,15 +154,15 @@ def _softmax_attend(s: torch.Tensor, n: int, T: int):
     i = torch.arange(n, device=s.device)[:, None]
     j = torch.arange(T, device=s.device)[None, :]
     s = s.masked_fill(j > i + (T - n), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)                                                 # [H, n]
+    lse = torch.logsumexp(s, dim=-1)  # [H, n]
     return torch.exp(s - lse[..., None]), lse.transpose(0, 1)
 
 
 def attend_expand(q_nope, q_rope, c, k_r, w_uk, w_uv, scale):
     """Expand path. q_nope [n, H, dC], q_rope [n, H, dR], c [T, r], k_r [T, dR],
     w_uk [H, dC, r], w_uv [H, dV, r] -> (o [n, H, dV], lse [n, H])."""
-    k_nope = torch.einsum("tr,hcr->thc", c, w_uk)                                    # [T, H, dC]
-    v = torch.einsum("tr,hvr->thv", c, w_uv)                                         # [T, H, dV]
+    k_nope = torch.einsum("tr,hcr->thc", c, w_uk)  # [T, H, dC]
+    v = torch.einsum("tr,hvr->thv", c, w_uv)  # [T, H, dV]
     s = torch.einsum("qhc,khc->hqk", q_nope, k_nope) + torch.einsum("qhd,kd->hqk", q_rope, k_r)
     p, lse = _softmax_attend(s * scale, q_nope.shape[0], c.shape[0])
     return torch.einsum("hqk,khv->qhv", p, v), lse
@@ -156,17 +170,18 @@ def attend_expand(q_nope, q_rope, c, k_r, w_uk, w_uv, scale):
 
 def attend_absorb(q_nope, q_rope, c, k_r, w_uk, w_uv, scale):
     """Absorb path, same arguments and result as attend_expand: MQA over the latent cache."""
-    q_lat = torch.einsum("qhc,hcr->qhr", q_nope, w_uk)                               # [n, H, r]
-    q_abs = torch.cat([q_lat, q_rope], dim=-1)                                       # [n, H, r+dR]
-    kv = torch.cat([c, k_r], dim=-1)                                                 # [T, r+dR]
-    s = torch.einsum("qhe,ke->hqk", q_abs, kv)                                       # [H, n, T]
+    q_lat = torch.einsum("qhc,hcr->qhr", q_nope, w_uk)  # [n, H, r]
+    q_abs = torch.cat([q_lat, q_rope], dim=-1)  # [n, H, r+dR]
+    kv = torch.cat([c, k_r], dim=-1)  # [T, r+dR]
+    s = torch.einsum("qhe,ke->hqk", q_abs, kv)  # [H, n, T]
     p, lse = _softmax_attend(s * scale, q_nope.shape[0], c.shape[0])
-    o_lat = torch.einsum("hqk,kr->qhr", p, c)                                        # [n, H, r]
+    o_lat = torch.einsum("hqk,kr->qhr", p, c)  # [n, H, r]
     return torch.einsum("qhr,hvr->qhv", o_lat, w_uv), lse
 
 
-def mla_forward(w: MLAWeights, hidden: torch.Tensor, prefix_len: int = 0, path: str = "expand",
-                return_lse: bool = False):
+def mla_forward(
+    w: MLAWeights, hidden: torch.Tensor, prefix_len: int = 0, path: str = "expand", return_lse: bool = False
+):
     """Attention output of the new tokens after a cached prefix, causal.
 
     hidden: [T, hidden], prefix and new tokens; returns y [T - prefix_len, hidden]
@@ -177,7 +192,7 @@ def mla_forward(w: MLAWeights, hidden: torch.Tensor, prefix_len: int = 0, path: 
         raise ValueError(f"path must be 'expand' or 'absorb', got {path!r}")
     q_nope, q_rope, c, k_r = project(w, hidden, prefix_len)
     o, lse = paths[path](q_nope, q_rope, c, k_r, w.w_uk, w.w_uv, w.scale)
-    y = o.reshape(o.shape[0], -1) @ w.w_o.T                                          # [n, hidden]
+    y = o.reshape(o.shape[0], -1) @ w.w_o.T  # [n, hidden]
     return (y, lse) if return_lse else y
 
 
@@ -202,7 +217,7 @@ def build_paged_cache(rows: list[torch.Tensor], block_size: int, *, extra_blocks
             blk = perm[nxt]
             nxt += 1
             table[b, i] = blk
-            part = x[i * block_size:(i + 1) * block_size]
+            part = x[i * block_size : (i + 1) * block_size]
             kv_cache[blk, : part.shape[0]] = part
     seqlens = torch.tensor([x.shape[0] for x in rows], dtype=torch.int32)
     return kv_cache, table.to(rows[0].device), seqlens.to(rows[0].device)

@@ -100,8 +100,10 @@ def crossover_table(cost: CostModel, hw: HardwareProfile, batch_prefix, max_new:
     pairs = sorted(set((int(b), int(p)) for b, p in batch_prefix))
     note = ""
     if len(pairs) > MAX_CROSSOVER_PREFIXES:
-        note = (f"{len(pairs)} (batch, prefix) pairs: per-prefix crossovers solved for none; "
-                f"use `mlactl crossover` on at most {MAX_CROSSOVER_PREFIXES}")
+        note = (
+            f"{len(pairs)} (batch, prefix) pairs: per-prefix crossovers solved for none; "
+            f"use `mlactl crossover` on at most {MAX_CROSSOVER_PREFIXES}"
+        )
         pairs = []
     rows = []
     for b in sorted(set(b for b, _ in pairs)):
@@ -113,10 +115,22 @@ def crossover_table(cost: CostModel, hw: HardwareProfile, batch_prefix, max_new:
     return Crossover(cost.asymptotic_crossover(), rows, max_new, note)
 
 
-def analyze(cfg: MLAConfig, hw: HardwareProfile, batch, new, prefix, *, kv_dtype: str = "bf16",
-            dtype: str = "bf16", chunk: int = 8192, layers: int = 1,
-            threshold: int = DEFAULT_THRESHOLD, max_new: int = DEFAULT_MAX_NEW,
-            policy: str | None = None, results_data: dict | None = None) -> Analysis:
+def analyze(
+    cfg: MLAConfig,
+    hw: HardwareProfile,
+    batch,
+    new,
+    prefix,
+    *,
+    kv_dtype: str = "bf16",
+    dtype: str = "bf16",
+    chunk: int = 8192,
+    layers: int = 1,
+    threshold: int = DEFAULT_THRESHOLD,
+    max_new: int = DEFAULT_MAX_NEW,
+    policy: str | None = None,
+    results_data: dict | None = None,
+) -> Analysis:
     """Cost, roofline time, choice and crossover of every path at every (batch, new, prefix).
 
     `policy` (roofline, flops, fixed, measured) adds that policy's path and the time it loses;
@@ -145,8 +159,14 @@ def analyze(cfg: MLAConfig, hw: HardwareProfile, batch, new, prefix, *, kv_dtype
     keys = np.unique(batch * span + prefix)  # distinct (batch, prefix) pairs, one int each
     batch_prefix = list(zip((keys // span).tolist(), (keys % span).tolist()))
     return Analysis(
-        cost=cost, hw=hw, layers=layers, threshold=threshold,
-        batch=batch, new=new, prefix=prefix, paths=paths,
+        cost=cost,
+        hw=hw,
+        layers=layers,
+        threshold=threshold,
+        batch=batch,
+        new=new,
+        prefix=prefix,
+        paths=paths,
         peak_expanded={p: cost.peak_expanded_bytes(p, batch, new, prefix) for p in PATHS},
         fits_memory={p: np.isfinite(fitting[p]) for p in PATHS},
         kv_cache_bytes=cost.kv_cache_bytes(batch, new, prefix) * layers,
@@ -170,13 +190,21 @@ def _policy_paths(cost, hw, batch, new, prefix, policy, threshold, results_data)
     if policy != "measured":
         return select_paths(cost, hw, new, prefix, batch=batch, policy=policy, threshold=threshold)
     if results_data is None:
-        raise MlactlError("--policy measured needs measured crossovers: pass --results FILE from "
-                          "`mlactl tune paths`, or run it for this model and hardware")
+        raise MlactlError(
+            "--policy measured needs measured crossovers: pass --results FILE from "
+            "`mlactl tune paths`, or run it for this model and hardware"
+        )
     out = np.empty(len(new), dtype=object)
     for b in np.unique(batch):
         rows = batch == b
-        out[rows] = select_paths(cost, hw, new[rows], prefix[rows], policy="measured",
-                                 crossovers=results.measured_crossovers(results_data, int(b)))
+        out[rows] = select_paths(
+            cost,
+            hw,
+            new[rows],
+            prefix[rows],
+            policy="measured",
+            crossovers=results.measured_crossovers(results_data, int(b)),
+        )
     return out.astype(str)
 
 
@@ -194,6 +222,7 @@ class BatchAnalysis:
     its own (weights left out, since the batch shares them); the model's choice is the strategy
     with the least total.
     """
+
     cost: CostModel
     hw: HardwareProfile
     new: np.ndarray
@@ -224,9 +253,18 @@ def batch_time(cost: CostModel, hw: HardwareProfile, new, prefix, count, paths) 
     return float(total)
 
 
-def analyze_batch(cfg: MLAConfig, hw: HardwareProfile, new, prefix, count=None, *,
-                  kv_dtype: str = "bf16", dtype: str = "bf16", chunk: int = 8192,
-                  threshold: int = DEFAULT_THRESHOLD) -> BatchAnalysis:
+def analyze_batch(
+    cfg: MLAConfig,
+    hw: HardwareProfile,
+    new,
+    prefix,
+    count=None,
+    *,
+    kv_dtype: str = "bf16",
+    dtype: str = "bf16",
+    chunk: int = 8192,
+    threshold: int = DEFAULT_THRESHOLD,
+) -> BatchAnalysis:
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
     new = np.asarray(new, dtype=np.int64)
     prefix = np.asarray(prefix, dtype=np.int64)
@@ -236,8 +274,10 @@ def analyze_batch(cfg: MLAConfig, hw: HardwareProfile, new, prefix, count=None, 
     peak, bandwidth = hw.peak_flops(dtype), hw.bandwidth
     own = {}
     for path in MLA_PATHS:
-        own[path] = sum(np.maximum(op.flops / peak, (op.bytes - op.weight_bytes) / bandwidth)
-                        for op in cost.ops(path, count, new, prefix))
+        own[path] = sum(
+            np.maximum(op.flops / peak, (op.bytes - op.weight_bytes) / bandwidth)
+            for op in cost.ops(path, count, new, prefix)
+        )
     assignments = {
         "per_request": argmin_path(own),
         "all_expand": np.full(len(new), "expand"),

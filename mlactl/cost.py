@@ -133,18 +133,23 @@ class CostModel:
         def kv_expand(weight_reads):
             w = weight_reads * kv_weights + zero
             # read latents, read W_UK/W_UV (once per launch), write k_nope and v
-            return Op("kv_expand", flops=self.expand_token_flops() * nk,
-                      bytes=nk * r * kv + w + nk * H * (dC + dV) * a, weight_bytes=w)
+            return Op(
+                "kv_expand",
+                flops=self.expand_token_flops() * nk,
+                bytes=nk * r * kv + w + nk * H * (dC + dV) * a,
+                weight_bytes=w,
+            )
 
         if path == "expand":
             return [
                 kv_expand(1),
-                Op("attention",
-                   flops=self.pair_flops(path) * pairs,
-                   # read q, k_nope, v, the shared RoPE key; write out
-                   bytes=nq * H * (dC + dR) * a + nk * H * (dC + dV) * a + nk * dR * kv
-                   + nq * H * dV * a,
-                   weight_bytes=zero),
+                Op(
+                    "attention",
+                    flops=self.pair_flops(path) * pairs,
+                    # read q, k_nope, v, the shared RoPE key; write out
+                    bytes=nq * H * (dC + dR) * a + nk * H * (dC + dV) * a + nk * dR * kv + nq * H * dV * a,
+                    weight_bytes=zero,
+                ),
             ]
         if path == "expand_chunked":
             m = self.num_partials(p)  # each chunk's expansion is its own launch
@@ -154,46 +159,57 @@ class CostModel:
             merge_rows = (m - 1) * nq * H  # pairwise merges, one (query, head) row each
             return [
                 kv_expand(m),
-                Op("attention",
-                   flops=self.pair_flops(path) * pairs,
-                   bytes=m * nq * H * (dC + dR) * a + nk * H * (dC + dV) * a + nk * dR * kv
-                   + partial_out,
-                   weight_bytes=zero),
-                Op("lse_merge",
-                   # scale both partial outputs by their weights and add: 3 FLOPs per element
-                   flops=merge_rows * 3 * dV,
-                   # read two partials (output + lse), write one
-                   bytes=merge_rows * 3 * (dV * a + LSE_BYTES),
-                   weight_bytes=zero),
+                Op(
+                    "attention",
+                    flops=self.pair_flops(path) * pairs,
+                    bytes=m * nq * H * (dC + dR) * a + nk * H * (dC + dV) * a + nk * dR * kv + partial_out,
+                    weight_bytes=zero,
+                ),
+                Op(
+                    "lse_merge",
+                    # scale both partial outputs by their weights and add: 3 FLOPs per element
+                    flops=merge_rows * 3 * dV,
+                    # read two partials (output + lse), write one
+                    bytes=merge_rows * 3 * (dV * a + LSE_BYTES),
+                    weight_bytes=zero,
+                ),
             ]
         if path == "absorb":
             w_uk = zero + H * dC * r * a
             w_uv = zero + H * r * dV * a
             return [
-                Op("q_absorb",
-                   flops=2 * H * dC * r * nq,
-                   # read q_nope, W_UK; write the latent query
-                   bytes=nq * H * dC * a + w_uk + nq * H * r * a,
-                   weight_bytes=w_uk),
-                Op("attention",
-                   flops=self.pair_flops(path) * pairs,
-                   # read the latent cache once for all heads, the queries (latent + RoPE);
-                   # write the latent output
-                   bytes=nk * (r + dR) * kv + nq * H * (r + dR) * a + nq * H * r * a,
-                   weight_bytes=zero),
-                Op("out_absorb",
-                   flops=2 * H * r * dV * nq,
-                   # read the latent output, W_UV; write out
-                   bytes=nq * H * r * a + w_uv + nq * H * dV * a,
-                   weight_bytes=w_uv),
+                Op(
+                    "q_absorb",
+                    flops=2 * H * dC * r * nq,
+                    # read q_nope, W_UK; write the latent query
+                    bytes=nq * H * dC * a + w_uk + nq * H * r * a,
+                    weight_bytes=w_uk,
+                ),
+                Op(
+                    "attention",
+                    flops=self.pair_flops(path) * pairs,
+                    # read the latent cache once for all heads, the queries (latent + RoPE);
+                    # write the latent output
+                    bytes=nk * (r + dR) * kv + nq * H * (r + dR) * a + nq * H * r * a,
+                    weight_bytes=zero,
+                ),
+                Op(
+                    "out_absorb",
+                    flops=2 * H * r * dV * nq,
+                    # read the latent output, W_UV; write out
+                    bytes=nq * H * r * a + w_uv + nq * H * dV * a,
+                    weight_bytes=w_uv,
+                ),
             ]
         if path == "mha":
             return [
-                Op("attention",
-                   flops=self.pair_flops(path) * pairs,
-                   # read the per-head K/V cache, q; write out
-                   bytes=nk * H * (dC + dR + dV) * kv + nq * H * (dC + dR) * a + nq * H * dV * a,
-                   weight_bytes=zero),
+                Op(
+                    "attention",
+                    flops=self.pair_flops(path) * pairs,
+                    # read the per-head K/V cache, q; write out
+                    bytes=nk * H * (dC + dR + dV) * kv + nq * H * (dC + dR) * a + nq * H * dV * a,
+                    weight_bytes=zero,
+                ),
             ]
         raise MlactlError(f"unknown path {path!r}; paths: {', '.join(PATHS)}")
 

@@ -38,7 +38,7 @@ def _digits(v: np.ndarray, width: int) -> np.ndarray:
         high = np.floor(rest * 1e-4)
         out[:, g] = _GROUPS32[(rest - high * 10000.0).astype(np.intp)]
         rest = high
-    return out.view(np.uint8)[:, groups * 4 - width:]
+    return out.view(np.uint8)[:, groups * 4 - width :]
 
 
 def _significant(v: np.ndarray, width: int) -> np.ndarray:
@@ -94,14 +94,14 @@ def _format_float(x: np.ndarray, mat: np.ndarray, keep: np.ndarray) -> None:
     keep[:, 1] = True
     mat[:, 2] = ord(".")
     keep[:, 2] = last >= 0
-    mat[:, 3: SIG + 2] = mant[:, 1:]
-    keep[:, 3: SIG + 2] = np.arange(SIG - 1)[None, :] <= last[:, None]
+    mat[:, 3 : SIG + 2] = mant[:, 1:]
+    keep[:, 3 : SIG + 2] = np.arange(SIG - 1)[None, :] <= last[:, None]
     mat[:, SIG + 2] = ord("e")
     mat[:, SIG + 3] = np.where(e < 0, ord("-"), ord("+"))
-    keep[:, SIG + 2: SIG + 4] = ~zero[:, None]
-    mat[:, SIG + 4:] = _digits(exp_abs, 3)
+    keep[:, SIG + 2 : SIG + 4] = ~zero[:, None]
+    mat[:, SIG + 4 :] = _digits(exp_abs, 3)
     keep[:, SIG + 4] = (exp_abs >= 100) & ~zero
-    keep[:, SIG + 5:] = ~zero[:, None]
+    keep[:, SIG + 5 :] = ~zero[:, None]
 
 
 class Labels:
@@ -183,8 +183,7 @@ class _Column:
             _format_float(x, mat, keep)
             return
         keep[:] = False
-        for rows, width, formatter in ((self.is_int, None, _format_int),
-                                       (self.is_float, FLOAT_WIDTH, _format_float)):
+        for rows, width, formatter in ((self.is_int, None, _format_int), (self.is_float, FLOAT_WIDTH, _format_float)):
             if rows.any():
                 width = width or _int_width(x[rows])
                 m = np.zeros((rows.sum(), width), np.uint8)
@@ -207,8 +206,9 @@ def write_csv(fh, header: list[str], columns: list, chunk: int = CHUNK) -> None:
         raise ValueError("one header name per column")
     fh.write((",".join(header) + "\n").encode())
     columns = [c if isinstance(c, Labels) else np.asarray(c) for c in columns]
-    columns = [Labels.of(c) if not isinstance(c, Labels) and c.dtype.kind not in "biuf" else c
-               for c in columns]  # label text columns once, not once per block
+    columns = [
+        Labels.of(c) if not isinstance(c, Labels) and c.dtype.kind not in "biuf" else c for c in columns
+    ]  # label text columns once, not once per block
     n = len(columns[0]) if columns else 0
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
@@ -218,7 +218,7 @@ def write_csv(fh, header: list[str], columns: list, chunk: int = CHUNK) -> None:
         keep = np.empty((stop - start, total), bool)
         at = 0
         for c in cols:
-            c.fill(mat[:, at: at + c.width], keep[:, at: at + c.width])
+            c.fill(mat[:, at : at + c.width], keep[:, at : at + c.width])
             at += c.width
             mat[:, at] = ord(",")
             keep[:, at] = True

@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from mlactl import paths
+from mlactl import dirs
 from mlactl.errors import MlactlError
 
 if sys.version_info >= (3, 11):
@@ -160,7 +160,7 @@ def shipped_dir() -> Path:
 def _profile_files() -> dict[str, Path]:
     """name -> file; a user's file of the same name replaces the shipped one."""
     found = {p.stem: p for p in sorted(shipped_dir().glob("*.toml"))}
-    user = paths.user_hardware_dir()
+    user = dirs.user_hardware_dir()
     if user.is_dir():
         found.update({p.stem: p for p in sorted(user.glob("*.toml"))})
     return found
@@ -175,8 +175,7 @@ def from_name(name: str) -> HardwareProfile:
     key = name.strip().lower()
     if key not in files:
         raise MlactlError(
-            f"unknown hardware {name!r}; known: {', '.join(sorted(files))} "
-            "(or give the path of a .toml profile)"
+            f"unknown hardware {name!r}; known: {', '.join(sorted(files))} (or give the path of a .toml profile)"
         )
     return load_profile(files[key])
 

@@ -95,9 +95,7 @@ def from_hf_config(path: str | Path) -> MLAConfig:
         data = data["text_config"]
     missing = [hf for key, hf in HF_FIELDS.items() if hf not in data and key != "q_lora_rank"]
     if missing:
-        raise MlactlError(
-            f"{path} is not an MLA model config: missing {', '.join(missing)}"
-        )
+        raise MlactlError(f"{path} is not an MLA model config: missing {', '.join(missing)}")
     values = {}
     for key, hf in HF_FIELDS.items():
         value = data.get(hf)

@@ -31,8 +31,7 @@ from mlactl.hardware import HardwareProfile, load_profile
 from mlactl.roofline import path_time
 
 FORMATS = ("png", "svg", "pdf")
-PATH_COLOURS = {"expand": "tab:orange", "expand_chunked": "tab:green", "absorb": "tab:blue",
-                "mha": "tab:gray"}
+PATH_COLOURS = {"expand": "tab:orange", "expand_chunked": "tab:green", "absorb": "tab:blue", "mha": "tab:gray"}
 MAX_ROOFLINE_SHAPES = 24  # more would bury the chart in labels
 MAX_CROSSOVER_PANELS = 12
 # Dates left out of the files, so that a regenerated image is byte-for-byte the same.
@@ -40,6 +39,7 @@ NO_DATE = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDa
 
 
 # -- saving --------------------------------------------------------------------------------------
+
 
 def image_format(path) -> str:
     """The image format a file name asks for; an unsupported extension is an error."""
@@ -66,19 +66,23 @@ def save(fig, path, dpi: int = 100) -> None:
 
 # -- results -------------------------------------------------------------------------------------
 
+
 def check_results(data: dict, where: str, cost: CostModel, hw: HardwareProfile) -> None:
     """A results file must come from the model, machine and dtypes asked: its points would
     otherwise be placed with another cost model than the one they were measured with."""
     results_store.check_matches(data, where, cost.cfg.name, hw.name)
     heads = data["model"].get("H")
     if heads is not None and heads != cost.cfg.H:
-        raise MlactlError(f"{where} was measured with {heads} heads per GPU, not {cost.cfg.H} "
-                          "(pass --tp to match, or another results file)")
+        raise MlactlError(
+            f"{where} was measured with {heads} heads per GPU, not {cost.cfg.H} "
+            "(pass --tp to match, or another results file)"
+        )
     for key, option in (("kv_dtype", "--kv-dtype"), ("dtype", "--dtype"), ("chunk", "--chunk")):
         value = data.get(key)
         if value is not None and value != getattr(cost, key):
-            raise MlactlError(f"{where} was measured with {key} {value}, not {getattr(cost, key)} "
-                              f"(pass {option} {value} to match)")
+            raise MlactlError(
+                f"{where} was measured with {key} {value}, not {getattr(cost, key)} (pass {option} {value} to match)"
+            )
 
 
 MAX_LABELS = 12  # beyond this many measured points, label only each path's best and worst
@@ -125,13 +129,24 @@ def measured_points(analysis: Analysis, results: list[dict]) -> list[dict]:
             b, n, p = (int(row[k]) for k in ("batch", "new", "prefix"))
             predicted = path_time(cost.ops(row["path"], b, n, p), hw, cost.dtype, row["path"])
             flops, nbytes, predicted_s = (float(x) for x in (predicted.flops, predicted.bytes, predicted.time_s))
-            points.append({
-                "source": source, "path": row["path"], "batch": b, "new": n, "prefix": p,
-                "label": shape_label(b, n, p), "median_s": median, "predicted_s": predicted_s,
-                "flops": flops, "bytes": nbytes, "intensity": flops / nbytes,
-                "flops_per_s": flops / median, "predicted_flops_per_s": flops / predicted_s,
-                "fraction": predicted_s / median,
-            })
+            points.append(
+                {
+                    "source": source,
+                    "path": row["path"],
+                    "batch": b,
+                    "new": n,
+                    "prefix": p,
+                    "label": shape_label(b, n, p),
+                    "median_s": median,
+                    "predicted_s": predicted_s,
+                    "flops": flops,
+                    "bytes": nbytes,
+                    "intensity": flops / nbytes,
+                    "flops_per_s": flops / median,
+                    "predicted_flops_per_s": flops / predicted_s,
+                    "fraction": predicted_s / median,
+                }
+            )
     return points
 
 
@@ -143,12 +158,14 @@ def measured_crossovers(results: list[dict], batch: int) -> list[dict]:
             if not isinstance(row, dict) or "batch" not in row or "prefix" not in row:
                 raise MlactlError(f"{data['device']['name']} crossovers[{i}] lacks batch or prefix")
             if int(row["batch"]) == batch:
-                rows.append({"source": source, "batch": batch, "prefix": int(row["prefix"]),
-                             "new": row.get("measured")})
+                rows.append(
+                    {"source": source, "batch": batch, "prefix": int(row["prefix"]), "new": row.get("measured")}
+                )
     return rows
 
 
 # -- labels --------------------------------------------------------------------------------------
+
 
 def tokens(n) -> str:
     """4096 -> '4K', 32768 -> '32K', 1000 -> '1000' (K = 1024, as the CLI reads it)."""
@@ -168,8 +185,9 @@ def title(chart: str, analysis: Analysis, results: list[dict]) -> str:
     cfg, hw, cost = analysis.cfg, analysis.hw, analysis.cost
     tp = f", tp {cfg.tp}" if cfg.tp > 1 else ""
     ceilings = "measured" if hw.using_measured else "nominal"
-    head = (f"{chart}: {cfg.name}{tp} on {hw.display} ({ceilings} ceilings), "
-            f"kv cache {cost.kv_dtype}, {cost.dtype} compute")
+    head = (
+        f"{chart}: {cfg.name}{tp} on {hw.display} ({ceilings} ceilings), kv cache {cost.kv_dtype}, {cost.dtype} compute"
+    )
     if not results:
         return head + "\nanalytic only: no results file"
     return head + "\nmeasured: " + "; ".join(measured_label(d) for d in results)
@@ -185,6 +203,7 @@ def _figure(width: float, height: float, nrows: int = 1, ncols: int = 1):
 
 # -- roofline ------------------------------------------------------------------------------------
 
+
 def ceilings(hw: HardwareProfile, dtype: str, results: list[dict]) -> list[dict]:
     """Rooflines to draw: the datasheet's for every compute dtype of the profile, and measured
     ones (the profile's own, and each results file's) for the dtypes they measured -- or for the
@@ -198,23 +217,32 @@ def ceilings(hw: HardwareProfile, dtype: str, results: list[dict]) -> list[dict]
     if hw.measured:
         measured = hw if hw.using_measured else hw.with_measured()
         device = hw.measured.get("device", hw.name)
-        rooflines.append((f"measured ({device})", measured,
-                          sorted(hw.measured.get("peak_tflops", {})) or [dtype]))
+        rooflines.append((f"measured ({device})", measured, sorted(hw.measured.get("peak_tflops", {})) or [dtype]))
     for data in results:
         table = data.get("ceilings")
         if not table:
             continue
         where = f"{data['device']['name']} ceilings"
         peaks = table.get("peak_tflops", {})
-        for key, value in [*(("peak_tflops." + k, v) for k, v in peaks.items()),
-                           ("bandwidth_tbs", table.get("bandwidth_tbs", 1.0))]:
+        for key, value in [
+            *(("peak_tflops." + k, v) for k, v in peaks.items()),
+            ("bandwidth_tbs", table.get("bandwidth_tbs", 1.0)),
+        ]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise MlactlError(f"{where}: {key} must be a positive number, got {value!r}")
         measured = replace(hw, measured=table).with_measured()
         rooflines.append((f"measured ({data['device']['name']})", measured, sorted(peaks) or [dtype]))
-    return [{"label": label, "dtype": d, "peak_flops": profile.peak_flops(d),
-             "bandwidth": profile.bandwidth, "ridge": profile.ridge(d)}
-            for label, profile, dtypes in rooflines for d in dtypes]
+    return [
+        {
+            "label": label,
+            "dtype": d,
+            "peak_flops": profile.peak_flops(d),
+            "bandwidth": profile.bandwidth,
+            "ridge": profile.ridge(d),
+        }
+        for label, profile, dtypes in rooflines
+        for d in dtypes
+    ]
 
 
 def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
@@ -230,8 +258,10 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
     if len(analysis) == 0:
         raise MlactlError("no shapes to plot")
     if len(analysis) > MAX_ROOFLINE_SHAPES:
-        raise MlactlError(f"the roofline marks at most {MAX_ROOFLINE_SHAPES} shapes, got {len(analysis)}; "
-                          "give fewer --new/--prefix values")
+        raise MlactlError(
+            f"the roofline marks at most {MAX_ROOFLINE_SHAPES} shapes, got {len(analysis)}; "
+            "give fewer --new/--prefix values"
+        )
     hw, dtype = analysis.hw, analysis.cost.dtype
     lines = ceilings(hw, dtype, results)
     points = []
@@ -242,9 +272,20 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
             attention = next(op for op in timed.ops if op.name == "attention")
             for op, figures in ((None, timed), ("attention", attention)):
                 flops, nbytes, t = (float(x[i]) for x in (figures.flops, figures.bytes, figures.time_s))
-                points.append({"path": path, "op": op, "batch": b, "new": n, "prefix": p,
-                               "label": shape_label(b, n, p), "flops": flops, "bytes": nbytes,
-                               "intensity": flops / nbytes, "flops_per_s": flops / t})
+                points.append(
+                    {
+                        "path": path,
+                        "op": op,
+                        "batch": b,
+                        "new": n,
+                        "prefix": p,
+                        "label": shape_label(b, n, p),
+                        "flops": flops,
+                        "bytes": nbytes,
+                        "intensity": flops / nbytes,
+                        "flops_per_s": flops / t,
+                    }
+                )
     measured = measured_points(analysis, results)
     data = {
         "title": title("Roofline", analysis, results),
@@ -273,19 +314,41 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
             x = [lo, ridge, hi] if lo < ridge < hi else [lo, hi]
             ax.plot(x, [min(peak, bw * v) for v in x], styles[k % len(styles)], color=colour, lw=1.2, alpha=0.8)
             names = "/".join(c["dtype"] for c in same)
-            ax.annotate(f"{names} {peak / 1e12:.4g} TFLOP/s ({label})", (hi, peak), xytext=(-4, 3),
-                        textcoords="offset points", ha="right", va="bottom", fontsize=7, color=colour)
+            ax.annotate(
+                f"{names} {peak / 1e12:.4g} TFLOP/s ({label})",
+                (hi, peak),
+                xytext=(-4, 3),
+                textcoords="offset points",
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                color=colour,
+            )
         on_slope = hw.ridge(dtype) / 10  # a point of the memory roof well inside the chart
         above = k == 0  # the nominal label above its line, measured ones below theirs
-        ax.annotate(f"{bw / 1e12:.3g} TB/s ({label})", (on_slope, bw * on_slope),
-                    xytext=(-4, 2) if above else (4, -4 - 10 * (k - 1)), textcoords="offset points",
-                    ha="right" if above else "left", va="bottom" if above else "top", fontsize=7, color=colour)
+        ax.annotate(
+            f"{bw / 1e12:.3g} TB/s ({label})",
+            (on_slope, bw * on_slope),
+            xytext=(-4, 2) if above else (4, -4 - 10 * (k - 1)),
+            textcoords="offset points",
+            ha="right" if above else "left",
+            va="bottom" if above else "top",
+            fontsize=7,
+            color=colour,
+        )
     ridge = data["ridge"]
     ax.plot([ridge["intensity"]], [ridge["flops_per_s"]], "D", color="black", ms=7)
     ax.axvline(ridge["intensity"], color="gray", lw=0.6, ls=":")
-    ax.annotate(f"ridge {ridge['intensity']:.1f} FLOP/byte ({dtype})", (ridge["intensity"], 0.99),
-                xycoords=("data", "axes fraction"), xytext=(-4, 0), textcoords="offset points",
-                ha="right", va="top", fontsize=8)
+    ax.annotate(
+        f"ridge {ridge['intensity']:.1f} FLOP/byte ({dtype})",
+        (ridge["intensity"], 0.99),
+        xycoords=("data", "axes fraction"),
+        xytext=(-4, 0),
+        textcoords="offset points",
+        ha="right",
+        va="top",
+        fontsize=8,
+    )
 
     shape_markers = "osv^<>pPXh*8dH+x1234"
     shapes = list(dict.fromkeys(pt["label"] for pt in points))
@@ -293,27 +356,45 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
         marker = shape_markers[shapes.index(pt["label"]) % len(shape_markers)]
         colour = PATH_COLOURS[pt["path"]]
         small = pt["path"] == "expand_chunked"  # drawn inside expand's marker, which it nearly equals
-        ax.plot(pt["intensity"], pt["flops_per_s"], marker, ms=5 if small else 9, color=colour,
-                mfc=colour if pt["op"] is None else "none", mew=1.2 if small else 1.6)
+        ax.plot(
+            pt["intensity"],
+            pt["flops_per_s"],
+            marker,
+            ms=5 if small else 9,
+            color=colour,
+            mfc=colour if pt["op"] is None else "none",
+            mew=1.2 if small else 1.6,
+        )
     labelled = _labelled(measured)
     for i, m in enumerate(measured):
         colour = PATH_COLOURS.get(m["path"], "black")
         ax.plot([m["intensity"]] * 2, [m["predicted_flops_per_s"], m["flops_per_s"]], color=colour, lw=0.8)
         ax.plot(m["intensity"], m["flops_per_s"], "*", ms=11, color=colour, mec="black", mew=0.6)
         if i in labelled:
-            ax.annotate(f"{m['label']} {m['path']}: {m['fraction']:.0%}", (m["intensity"], m["flops_per_s"]),
-                        xytext=(5, -3), textcoords="offset points", fontsize=7, color=colour)
+            ax.annotate(
+                f"{m['label']} {m['path']}: {m['fraction']:.0%}",
+                (m["intensity"], m["flops_per_s"]),
+                xytext=(5, -3),
+                textcoords="offset points",
+                fontsize=7,
+                color=colour,
+            )
 
     from matplotlib.lines import Line2D
 
     legend = [Line2D([], [], ls="", marker="s", color=PATH_COLOURS[p], label=p) for p in paths]
-    legend += [Line2D([], [], ls="", marker="o", color="gray", mfc="gray", label="whole path"),
-               Line2D([], [], ls="", marker="o", color="gray", mfc="none", label="attention op")]
-    legend += [Line2D([], [], ls="", marker=shape_markers[k % len(shape_markers)], color="black",
-                      mfc="none", label=s) for k, s in enumerate(shapes)]
+    legend += [
+        Line2D([], [], ls="", marker="o", color="gray", mfc="gray", label="whole path"),
+        Line2D([], [], ls="", marker="o", color="gray", mfc="none", label="attention op"),
+    ]
+    legend += [
+        Line2D([], [], ls="", marker=shape_markers[k % len(shape_markers)], color="black", mfc="none", label=s)
+        for k, s in enumerate(shapes)
+    ]
     if measured:
-        legend.append(Line2D([], [], ls="", marker="*", ms=10, color="gray", mec="black",
-                             label="measured (% of roofline time)"))
+        legend.append(
+            Line2D([], [], ls="", marker="*", ms=10, color="gray", mec="black", label="measured (% of roofline time)")
+        )
     ax.legend(handles=legend, loc="lower right", fontsize=7, ncols=2)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -328,6 +409,7 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
 
 
 # -- crossover -----------------------------------------------------------------------------------
+
 
 def crossover(analysis: Analysis, results: list[dict] = ()):
     """Time against new tokens, one panel per (batch, prefix) of the analysis: the predicted
@@ -344,8 +426,9 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
         raise MlactlError("no shapes to plot")
     groups = list(dict.fromkeys(zip(analysis.batch.tolist(), analysis.prefix.tolist())))
     if len(groups) > MAX_CROSSOVER_PANELS:
-        raise MlactlError(f"the crossover chart draws at most {MAX_CROSSOVER_PANELS} (batch, prefix) "
-                          f"panels, got {len(groups)}")
+        raise MlactlError(
+            f"the crossover chart draws at most {MAX_CROSSOVER_PANELS} (batch, prefix) panels, got {len(groups)}"
+        )
     solved = {(r.batch, r.prefix): r for r in analysis.crossover.rows}
     measured = measured_points(analysis, results)
     asymptotic = analysis.crossover.asymptotic_new
@@ -354,20 +437,32 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
         idx = np.flatnonzero((analysis.batch == b) & (analysis.prefix == p))
         idx = idx[np.argsort(analysis.new[idx], kind="stable")]
         row = solved.get((b, p))
-        panels.append({
-            "batch": b, "prefix": p,
-            "new": analysis.new[idx].tolist(),
-            "time_s": {path: analysis.paths[path].time_s[idx].tolist() for path in MLA_PATHS},
-            "solved": row is not None,  # False when the analysis had too many prefixes to solve
-            "predicted": {"expand": None if row is None else row.by_time,
-                          "expand_chunked": None if row is None else row.by_time_chunked},
-            "measured_crossovers": [{"source": m["source"], "new": m["new"]}
-                                    for m in measured_crossovers(results, b) if m["prefix"] == p],
-            "measured": [m for m in measured if (m["batch"], m["prefix"]) == (b, p)
-                         and m["path"] in MLA_PATHS],
-        })
-    data = {"title": title("Crossover", analysis, results), "asymptotic_new": asymptotic,
-            "max_new": analysis.crossover.max_new, "analytic_only": not results, "panels": panels}
+        panels.append(
+            {
+                "batch": b,
+                "prefix": p,
+                "new": analysis.new[idx].tolist(),
+                "time_s": {path: analysis.paths[path].time_s[idx].tolist() for path in MLA_PATHS},
+                "solved": row is not None,  # False when the analysis had too many prefixes to solve
+                "predicted": {
+                    "expand": None if row is None else row.by_time,
+                    "expand_chunked": None if row is None else row.by_time_chunked,
+                },
+                "measured_crossovers": [
+                    {"source": m["source"], "new": m["new"]}
+                    for m in measured_crossovers(results, b)
+                    if m["prefix"] == p
+                ],
+                "measured": [m for m in measured if (m["batch"], m["prefix"]) == (b, p) and m["path"] in MLA_PATHS],
+            }
+        )
+    data = {
+        "title": title("Crossover", analysis, results),
+        "asymptotic_new": asymptotic,
+        "max_new": analysis.crossover.max_new,
+        "analytic_only": not results,
+        "panels": panels,
+    }
 
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
@@ -375,8 +470,14 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
     for k, panel in enumerate(panels):
         ax = axes.flat[k]
         for path in MLA_PATHS:
-            ax.plot(panel["new"], np.asarray(panel["time_s"][path]) * 1e6, color=PATH_COLOURS[path],
-                    lw=1.6, ls="--" if path == "expand_chunked" else "-", label=path)
+            ax.plot(
+                panel["new"],
+                np.asarray(panel["time_s"][path]) * 1e6,
+                color=PATH_COLOURS[path],
+                lw=1.6,
+                ls="--" if path == "expand_chunked" else "-",
+                label=path,
+            )
         for m in panel["measured"]:
             ax.plot(m["new"], m["median_s"] * 1e6, "o", color=PATH_COLOURS[m["path"]], mec="black", ms=6)
         markers = []  # (new, label, colour, style)
@@ -391,11 +492,18 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
                 markers.append((m["new"], f"measured: {m['new']}", "black", "-."))
         for j, (n, label, colour, style) in enumerate(markers):
             ax.axvline(n, color=colour, ls=style, lw=1.1)
-            ax.annotate(label, (n, 0.97 - 0.07 * j), xycoords=("data", "axes fraction"), xytext=(3, 0),
-                        textcoords="offset points", fontsize=7, color=colour, va="top")
+            ax.annotate(
+                label,
+                (n, 0.97 - 0.07 * j),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, 0),
+                textcoords="offset points",
+                fontsize=7,
+                color=colour,
+                va="top",
+            )
         notes = []
-        never = [path for path in ("expand", "expand_chunked")
-                 if panel["solved"] and panel["predicted"][path] is None]
+        never = [path for path in ("expand", "expand_chunked") if panel["solved"] and panel["predicted"][path] is None]
         if never:
             notes.append(f"predicted: {', '.join(never)} never faster up to {tokens(data['max_new'])} new tokens")
         if any(m["new"] is None for m in panel["measured_crossovers"]):
@@ -414,7 +522,7 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
         ax.grid(True, which="major", alpha=0.3)
         if k == 0:
             ax.legend(fontsize=7, loc="lower right")
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(data["title"], fontsize=9)
     return fig, data
@@ -469,11 +577,16 @@ def pathmap(analysis: Analysis, results: list[dict] = ()):
     threshold = analysis.threshold
     measured = measured_crossovers(results, batch)
     data = {
-        "title": title("Path map", analysis, results), "batch": batch,
-        "new": news.tolist(), "prefix": prefixes.tolist(),
-        "best": best.tolist(), "speedup": speedup.tolist(),
-        "fixed": on_grid(analysis.fixed).tolist(), "fixed_slowdown": fixed_slowdown.tolist(),
-        "fixed_wrong": fixed_wrong.tolist(), "wrong_above": WRONG_ABOVE,
+        "title": title("Path map", analysis, results),
+        "batch": batch,
+        "new": news.tolist(),
+        "prefix": prefixes.tolist(),
+        "best": best.tolist(),
+        "speedup": speedup.tolist(),
+        "fixed": on_grid(analysis.fixed).tolist(),
+        "fixed_slowdown": fixed_slowdown.tolist(),
+        "fixed_wrong": fixed_wrong.tolist(),
+        "wrong_above": WRONG_ABOVE,
         "fixed_boundary": {"threshold": threshold, "prefixes": [0, threshold]},
         "measured_boundary": measured,
         "analytic_only": not results,
@@ -534,17 +647,32 @@ def pathmap(analysis: Analysis, results: list[dict] = ()):
 
     from matplotlib.lines import Line2D
 
-    legend = [Line2D([], [], color="black", lw=1.6, label="fixed policy boundary"),
-              Line2D([], [], ls="", marker="o", ms=4, color="black", mec="white",
-                     label=f"fixed policy over {WRONG_ABOVE - 1:.0%} slower than the best")]
+    legend = [
+        Line2D([], [], color="black", lw=1.6, label="fixed policy boundary"),
+        Line2D(
+            [],
+            [],
+            ls="",
+            marker="o",
+            ms=4,
+            color="black",
+            mec="white",
+            label=f"fixed policy over {WRONG_ABOVE - 1:.0%} slower than the best",
+        ),
+    ]
     if chunked.any():
         legend.append(Line2D([], [], ls="", marker="+", color="black", label="expand_chunked best"))
     if measured:
-        legend.append(Line2D([], [], color="yellow", marker="o", mec="black", lw=2.2,
-                             label="measured crossover"))
-    fig.legend(handles=legend, loc="outside lower center", ncols=len(legend), fontsize=7,
-               title=f"fixed policy: expand at prefix 0, absorb below {tokens(threshold)}, "
-                     f"expand_chunked from {tokens(threshold)}", title_fontsize=7)
+        legend.append(Line2D([], [], color="yellow", marker="o", mec="black", lw=2.2, label="measured crossover"))
+    fig.legend(
+        handles=legend,
+        loc="outside lower center",
+        ncols=len(legend),
+        fontsize=7,
+        title=f"fixed policy: expand at prefix 0, absorb below {tokens(threshold)}, "
+        f"expand_chunked from {tokens(threshold)}",
+        title_fontsize=7,
+    )
     ticks_x = _power_ticks(news[0], news[-1])
     ax.set_xticks(np.log2(ticks_x), labels=[tokens(v) for v in ticks_x])
     ticks_y = ([0] if zero_row else []) + _power_ticks(prefixes[positive][0], prefixes[-1])
@@ -581,6 +709,7 @@ def _outline():
 
 # -- tune ----------------------------------------------------------------------------------------
 
+
 def config_label(config: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.items()) or "(default)"
 
@@ -615,8 +744,15 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
     for i, tried in enumerate(sweep.get("configs", [])):
         status = tried.get("status", "ok")
         median = _median(tried, f"{sweep.get('kernel')} configs[{i}]") if status == "ok" else None
-        configs.append({"label": config_label(tried.get("config", {})), "config": tried.get("config", {}),
-                        "status": status, "reason": tried.get("reason", ""), "median_s": median})
+        configs.append(
+            {
+                "label": config_label(tried.get("config", {})),
+                "config": tried.get("config", {}),
+                "status": status,
+                "reason": tried.get("reason", ""),
+                "median_s": median,
+            }
+        )
     ok = [c for c in configs if c["status"] == "ok"]
     if not configs:
         raise MlactlError(f"the sweep of {sweep.get('kernel')} at {sweep.get('bucket')} tried no configs")
@@ -625,12 +761,17 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
         chosen = [c for c in ok if c["config"] == sweep.get("best")]
         best = (chosen or [min(ok, key=lambda c: c["median_s"])])[0]
     out = {
-        "title": (f"Tune: {sweep.get('kernel')} at {sweep.get('bucket')}\nmeasured: {measured_label(data)}, "
-                  f"model {data['model'].get('name')}, kv cache {data.get('kv_dtype', '?')}"),
-        "kernel": sweep.get("kernel"), "bucket": sweep.get("bucket"), "configs": configs,
+        "title": (
+            f"Tune: {sweep.get('kernel')} at {sweep.get('bucket')}\nmeasured: {measured_label(data)}, "
+            f"model {data['model'].get('name')}, kv cache {data.get('kv_dtype', '?')}"
+        ),
+        "kernel": sweep.get("kernel"),
+        "bucket": sweep.get("bucket"),
+        "configs": configs,
         "best": None if best is None else best["label"],
         "best_median_s": None if best is None else best["median_s"],
-        "default_median_s": sweep.get("default_median_s"), "twin_median_s": sweep.get("twin_median_s"),
+        "default_median_s": sweep.get("default_median_s"),
+        "twin_median_s": sweep.get("twin_median_s"),
     }
 
     fig, axes = _figure(9, 1.6 + 0.28 * len(configs))
@@ -641,20 +782,46 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
     for yy, c in zip(ys, configs):
         if c["status"] != "ok":
             ax.plot(left, yy, "x", color="tab:red", ms=8, mew=2)
-            ax.annotate(f"{c['status']}: {c['reason']}".rstrip(": "), (left, yy), xytext=(8, 0),
-                        textcoords="offset points", va="center", fontsize=7, color="tab:red")
+            ax.annotate(
+                f"{c['status']}: {c['reason']}".rstrip(": "),
+                (left, yy),
+                xytext=(8, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+                color="tab:red",
+            )
             continue
         is_best = c is best
         ax.hlines(yy, left, c["median_s"], color="tab:green" if is_best else "tab:blue", lw=5 if is_best else 3)
-        ax.plot(c["median_s"], yy, "*" if is_best else "o", color="tab:green" if is_best else "tab:blue",
-                ms=13 if is_best else 5, mec="black" if is_best else None)
-        ax.annotate(seconds(c["median_s"]) + ("  best" if is_best else ""), (c["median_s"], yy),
-                    xytext=(8, 0), textcoords="offset points", va="center", fontsize=7)
+        ax.plot(
+            c["median_s"],
+            yy,
+            "*" if is_best else "o",
+            color="tab:green" if is_best else "tab:blue",
+            ms=13 if is_best else 5,
+            mec="black" if is_best else None,
+        )
+        ax.annotate(
+            seconds(c["median_s"]) + ("  best" if is_best else ""),
+            (c["median_s"], yy),
+            xytext=(8, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7,
+        )
     for key, label, style in (("default_median_s", "default config", "--"), ("twin_median_s", "torch twin", ":")):
         if out[key]:
             ax.axvline(out[key], color="gray", ls=style, lw=1.2)
-            ax.annotate(f"{label} {seconds(out[key])}", (out[key], 1.0), xycoords=("data", "axes fraction"),
-                        xytext=(3, -10), textcoords="offset points", fontsize=7, color="gray")
+            ax.annotate(
+                f"{label} {seconds(out[key])}",
+                (out[key], 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -10),
+                textcoords="offset points",
+                fontsize=7,
+                color="gray",
+            )
     ax.set_yticks(ys, labels=[c["label"] for c in configs], fontsize=7)
     ax.set_xscale("log")
     ax.set_xlim(left / 1.2, max(times or [left]) * 3)

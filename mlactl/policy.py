@@ -39,8 +39,7 @@ def fitting_times(cost: CostModel, hw: HardwareProfile, times: dict, batch, new,
     """Times with +inf where a path's expanded K/V alone would not fit in the GPU's memory, so no
     choice lands on it (absorb expands nothing and always fits)."""
     memory = hw.memory_gb * 1e9
-    return {p: np.where(cost.peak_expanded_bytes(p, batch, new, prefix) <= memory, t, np.inf)
-            for p, t in times.items()}
+    return {p: np.where(cost.peak_expanded_bytes(p, batch, new, prefix) <= memory, t, np.inf) for p, t in times.items()}
 
 
 def measured_paths(crossovers: dict[int, int | None], prefix, new) -> np.ndarray:
@@ -58,9 +57,17 @@ def measured_paths(crossovers: dict[int, int | None], prefix, new) -> np.ndarray
     return np.where(np.asarray(new) >= limits[nearest], "expand", "absorb")
 
 
-def select_paths(cost: CostModel, hw: HardwareProfile | None, new, prefix, *, batch=1,
-                 policy: str = "roofline", threshold: int = DEFAULT_THRESHOLD,
-                 crossovers: dict[int, int | None] | None = None) -> np.ndarray:
+def select_paths(
+    cost: CostModel,
+    hw: HardwareProfile | None,
+    new,
+    prefix,
+    *,
+    batch=1,
+    policy: str = "roofline",
+    threshold: int = DEFAULT_THRESHOLD,
+    crossovers: dict[int, int | None] | None = None,
+) -> np.ndarray:
     """The path each (new, prefix) request runs under `policy`; an array of names.
 
     This is what `mla_attention(path="auto")` calls. `hw` may be None only for the flops and
@@ -91,8 +98,7 @@ class AutoPolicy:
     `source` says which one it is, for logs and tests.
     """
 
-    def __init__(self, cost: CostModel, device_name: str, *, results_folder=None,
-                 use_measured: bool = True):
+    def __init__(self, cost: CostModel, device_name: str, *, results_folder=None, use_measured: bool = True):
         from mlactl import hardware, results
 
         self.cost = cost
@@ -111,5 +117,4 @@ class AutoPolicy:
             self.kind, self.source = "flops", f"FLOPs (no hardware profile matches {device_name!r})"
 
     def __call__(self, new, prefix) -> np.ndarray:
-        return select_paths(self.cost, self.hw, new, prefix, batch=1, policy=self.kind,
-                            crossovers=self.crossovers)
+        return select_paths(self.cost, self.hw, new, prefix, batch=1, policy=self.kind, crossovers=self.crossovers)

@@ -59,8 +59,10 @@ def _lost(t: float) -> Text:
 
 
 def analysis_table(analysis: Analysis, max_rows: int = 200) -> Table:
-    table = Table(title="Roofline time per path (C compute-bound, M memory-bound, ✗ expanded K/V "
-                        "exceeds the GPU's memory; best in green; mha* is the reference with an expanded cache)")
+    table = Table(
+        title="Roofline time per path (C compute-bound, M memory-bound, ✗ expanded K/V "
+        "exceeds the GPU's memory; best in green; mha* is the reference with an expanded cache)"
+    )
     for col in ("batch", "new", "prefix"):
         table.add_column(col, justify="right")
     for p in PATHS:
@@ -76,8 +78,10 @@ def analysis_table(analysis: Analysis, max_rows: int = 200) -> Table:
     for i in range(min(len(analysis), max_rows)):
         best = analysis.best[i]
         cells = [str(analysis.batch[i]), str(analysis.new[i]), str(analysis.prefix[i])]
-        cells += [_time_cell(paths[p].time_s[i], paths[p].compute_bound[i], p == best,
-                             analysis.fits_memory[p][i]) for p in PATHS]
+        cells += [
+            _time_cell(paths[p].time_s[i], paths[p].compute_bound[i], p == best, analysis.fits_memory[p][i])
+            for p in PATHS
+        ]
         lost = analysis.fixed_time_lost[i]
         cells += [SHORT[best], SHORT[analysis.best_by_flops[i]], SHORT[analysis.fixed[i]], _lost(lost)]
         if analysis.policy is not None:
@@ -90,9 +94,18 @@ def analysis_table(analysis: Analysis, max_rows: int = 200) -> Table:
 
 def ops_table(analysis: Analysis, max_rows: int = 200) -> Table:
     table = Table(title="Ops per path")
-    for col, justify in (("batch", "right"), ("new", "right"), ("prefix", "right"), ("path", "left"),
-                         ("op", "left"), ("FLOPs", "right"), ("bytes", "right"),
-                         ("FLOP/byte", "right"), ("time", "right"), ("bound", "left")):
+    for col, justify in (
+        ("batch", "right"),
+        ("new", "right"),
+        ("prefix", "right"),
+        ("path", "left"),
+        ("op", "left"),
+        ("FLOPs", "right"),
+        ("bytes", "right"),
+        ("FLOP/byte", "right"),
+        ("time", "right"),
+        ("bound", "left"),
+    ):
         table.add_column(col, justify=justify)
     shown = min(len(analysis), max_rows)
     for i in range(shown):
@@ -100,9 +113,18 @@ def ops_table(analysis: Analysis, max_rows: int = 200) -> Table:
             pt = analysis.paths[p]
             for op in pt.ops:
                 ai = op.flops[i] / op.bytes[i] if op.bytes[i] else float("nan")
-                table.add_row(str(analysis.batch[i]), str(analysis.new[i]), str(analysis.prefix[i]), SHORT[p],
-                              op.name, si(op.flops[i]), si(op.bytes[i], "B"), f"{ai:.1f}",
-                              seconds(op.time_s[i]), "compute" if op.compute_bound[i] else "memory")
+                table.add_row(
+                    str(analysis.batch[i]),
+                    str(analysis.new[i]),
+                    str(analysis.prefix[i]),
+                    SHORT[p],
+                    op.name,
+                    si(op.flops[i]),
+                    si(op.bytes[i], "B"),
+                    f"{ai:.1f}",
+                    seconds(op.time_s[i]),
+                    "compute" if op.compute_bound[i] else "memory",
+                )
         if i + 1 < shown:
             table.add_section()
     return table
@@ -110,14 +132,16 @@ def ops_table(analysis: Analysis, max_rows: int = 200) -> Table:
 
 def crossover_table(crossover: Crossover) -> Table:
     asym = "none" if crossover.asymptotic_new is None else f"{crossover.asymptotic_new:.1f}"
-    table = Table(title=f"Crossover: new tokens from which expand beats absorb "
-                        f"(asymptotic, by FLOPs: {asym})")
+    table = Table(title=f"Crossover: new tokens from which expand beats absorb (asymptotic, by FLOPs: {asym})")
     for col in ("batch", "prefix", "by FLOPs", "by roofline", "chunked, by roofline"):
         table.add_column(col, justify="right")
     limit = f"> {crossover.max_new}"
     for r in crossover.rows:
-        table.add_row(str(r.batch), str(r.prefix),
-                      *(limit if v is None else str(v) for v in (r.by_flops, r.by_time, r.by_time_chunked)))
+        table.add_row(
+            str(r.batch),
+            str(r.prefix),
+            *(limit if v is None else str(v) for v in (r.by_flops, r.by_time, r.by_time_chunked)),
+        )
     if crossover.note:
         table.caption = crossover.note
     return table
@@ -130,8 +154,15 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list[Table]:
     for col in ("row", "count", "new", "prefix", "expand", "chunked", "absorb", "per request", "fixed"):
         rows.add_column(col, justify="right" if col not in ("per request", "fixed") else "left")
     for i in range(min(len(ba.new), max_rows)):
-        rows.add_row(str(i + 1), str(ba.count[i]), str(ba.new[i]), str(ba.prefix[i]),
-                     *(seconds(ba.own_time[p][i]) for p in MLA_PATHS), SHORT[per[i]], SHORT[fixed[i]])
+        rows.add_row(
+            str(i + 1),
+            str(ba.count[i]),
+            str(ba.new[i]),
+            str(ba.prefix[i]),
+            *(seconds(ba.own_time[p][i]) for p in MLA_PATHS),
+            SHORT[per[i]],
+            SHORT[fixed[i]],
+        )
     if len(ba.new) > max_rows:
         rows.caption = f"first {max_rows} of {len(ba.new)} rows"
     totals = Table(title="Batch total by strategy")
@@ -152,8 +183,10 @@ def models_table(models) -> Table:
         table.add_column(col, justify="left" if col == "name" else "right")
     for name, cfg in models:
         label = name if name == cfg.name else f"{name} → {cfg.name}"
-        table.add_row(label, *(str(v) for v in (cfg.hidden, cfg.H, cfg.q_lora_rank or "—", cfg.r,
-                                                 cfg.dC, cfg.dR, cfg.dV, cfg.layers)))
+        table.add_row(
+            label,
+            *(str(v) for v in (cfg.hidden, cfg.H, cfg.q_lora_rank or "—", cfg.r, cfg.dC, cfg.dR, cfg.dV, cfg.layers)),
+        )
     return table
 
 
@@ -162,8 +195,14 @@ def hardware_table(profiles) -> Table:
     for col in ("name", "device", "bf16 TFLOP/s", "fp8 TFLOP/s", "TB/s", "GB", "SMs", "measured"):
         table.add_column(col, justify="left" if col in ("name", "device") else "right")
     for hw in profiles:
-        table.add_row(hw.name, hw.display, f"{hw.peak_tflops.get('bf16', float('nan')):g}",
-                      f"{hw.peak_tflops['fp8']:g}" if "fp8" in hw.peak_tflops else "—",
-                      f"{hw.bandwidth_tbs:g}", f"{hw.memory_gb:g}", str(hw.sm_count or "—"),
-                      "yes" if hw.measured else "")
+        table.add_row(
+            hw.name,
+            hw.display,
+            f"{hw.peak_tflops.get('bf16', float('nan')):g}",
+            f"{hw.peak_tflops['fp8']:g}" if "fp8" in hw.peak_tflops else "—",
+            f"{hw.bandwidth_tbs:g}",
+            f"{hw.memory_gb:g}",
+            str(hw.sm_count or "—"),
+            "yes" if hw.measured else "",
+        )
     return table

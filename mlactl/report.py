@@ -55,8 +55,13 @@ def crossover_json(crossover: Crossover) -> dict:
         "asymptotic_new": crossover.asymptotic_new,
         "max_new": crossover.max_new,
         "by_prefix": [
-            {"batch": r.batch, "prefix": r.prefix, "by_flops": r.by_flops, "by_time": r.by_time,
-             "by_time_chunked": r.by_time_chunked}
+            {
+                "batch": r.batch,
+                "prefix": r.prefix,
+                "by_flops": r.by_flops,
+                "by_time": r.by_time,
+                "by_time_chunked": r.by_time_chunked,
+            }
             for r in crossover.rows
         ],
         "note": crossover.note,
@@ -83,21 +88,34 @@ def header_json(analysis: Analysis) -> dict:
 
 def to_json(analysis: Analysis) -> dict:
     """The whole analysis as one JSON-ready dict."""
-    cols = {k: v.tolist() for k, v in {
-        "batch": analysis.batch, "new": analysis.new, "prefix": analysis.prefix,
-        "kv": analysis.kv_cache_bytes, "mha": analysis.mha_cache_bytes,
-        "best": analysis.best, "best_by_flops": analysis.best_by_flops,
-        "fixed": analysis.fixed, "lost": analysis.fixed_time_lost,
-    }.items()}
+    cols = {
+        k: v.tolist()
+        for k, v in {
+            "batch": analysis.batch,
+            "new": analysis.new,
+            "prefix": analysis.prefix,
+            "kv": analysis.kv_cache_bytes,
+            "mha": analysis.mha_cache_bytes,
+            "best": analysis.best,
+            "best_by_flops": analysis.best_by_flops,
+            "fixed": analysis.fixed,
+            "lost": analysis.fixed_time_lost,
+        }.items()
+    }
     paths = {}
     for name, pt in analysis.paths.items():
         paths[name] = {
-            "flops": pt.flops.tolist(), "bytes": pt.bytes.tolist(), "time_s": pt.time_s.tolist(),
-            "intensity": pt.intensity.tolist(), "cb": pt.compute_bound.tolist(),
+            "flops": pt.flops.tolist(),
+            "bytes": pt.bytes.tolist(),
+            "time_s": pt.time_s.tolist(),
+            "intensity": pt.intensity.tolist(),
+            "cb": pt.compute_bound.tolist(),
             "peak": analysis.peak_expanded[name].tolist(),
             "fits": analysis.fits_memory[name].tolist(),
-            "ops": [(o.name, o.flops.tolist(), o.bytes.tolist(), o.time_s.tolist(),
-                     o.compute_bound.tolist()) for o in pt.ops],
+            "ops": [
+                (o.name, o.flops.tolist(), o.bytes.tolist(), o.time_s.tolist(), o.compute_bound.tolist())
+                for o in pt.ops
+            ],
         }
     rows = []
     if analysis.policy is not None:
@@ -113,24 +131,37 @@ def to_json(analysis: Analysis) -> dict:
                 "bound": bound_name(p["cb"][i]),
                 "peak_expanded_bytes": number(p["peak"][i]),
                 "fits_memory": p["fits"][i],
-                "ops": [{"name": op, "flops": number(f[i]), "bytes": number(b[i]), "time_s": t[i],
-                         "bound": bound_name(cb[i])} for op, f, b, t, cb in p["ops"]],
+                "ops": [
+                    {
+                        "name": op,
+                        "flops": number(f[i]),
+                        "bytes": number(b[i]),
+                        "time_s": t[i],
+                        "bound": bound_name(cb[i]),
+                    }
+                    for op, f, b, t, cb in p["ops"]
+                ],
             }
-        rows.append({
-            "batch": cols["batch"][i],
-            "new": cols["new"][i],
-            "prefix": cols["prefix"][i],
-            "context": cols["prefix"][i] + cols["new"][i],
-            "paths": row_paths,
-            "best": cols["best"][i],
-            "best_by_flops": cols["best_by_flops"][i],
-            "kv_cache_bytes": number(cols["kv"][i]),
-            "mha_cache_bytes": number(cols["mha"][i]),
-            "fixed_threshold": {"path": cols["fixed"][i], "time_lost_s": number_or_none(cols["lost"][i])},
-        })
+        rows.append(
+            {
+                "batch": cols["batch"][i],
+                "new": cols["new"][i],
+                "prefix": cols["prefix"][i],
+                "context": cols["prefix"][i] + cols["new"][i],
+                "paths": row_paths,
+                "best": cols["best"][i],
+                "best_by_flops": cols["best_by_flops"][i],
+                "kv_cache_bytes": number(cols["kv"][i]),
+                "mha_cache_bytes": number(cols["mha"][i]),
+                "fixed_threshold": {"path": cols["fixed"][i], "time_lost_s": number_or_none(cols["lost"][i])},
+            }
+        )
         if analysis.policy is not None:
-            rows[-1]["policy"] = {"name": analysis.policy, "path": policy_paths[i],
-                                  "time_lost_s": number_or_none(policy_lost[i])}
+            rows[-1]["policy"] = {
+                "name": analysis.policy,
+                "path": policy_paths[i],
+                "time_lost_s": number_or_none(policy_lost[i]),
+            }
     out = header_json(analysis)
     out["rows"] = rows
     out["crossover"] = crossover_json(analysis.crossover)
@@ -144,6 +175,7 @@ def dumps(data: dict) -> str:
 def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[np.ndarray]]:
     """The CSV flattening: one row per point; path columns `expand.time_s`, and with `ops`
     also op columns `expand.kv_expand.flops`."""
+
     def path_labels(names):
         return Labels(sum(i * (names == p) for i, p in enumerate(PATHS)), PATHS)
 
@@ -202,10 +234,14 @@ def batch_json(ba) -> dict:
         "chunk": ba.cost.chunk,
         "threshold": ba.threshold,
         "requests": [
-            {"new": int(ba.new[i]), "prefix": int(ba.prefix[i]), "count": int(ba.count[i]),
-             "own_time_s": {p: float(ba.own_time[p][i]) for p in MLA_PATHS},
-             "path": str(ba.assignments["per_request"][i]),
-             "fixed_path": str(ba.assignments["fixed"][i])}
+            {
+                "new": int(ba.new[i]),
+                "prefix": int(ba.prefix[i]),
+                "count": int(ba.count[i]),
+                "own_time_s": {p: float(ba.own_time[p][i]) for p in MLA_PATHS},
+                "path": str(ba.assignments["per_request"][i]),
+                "fixed_path": str(ba.assignments["fixed"][i]),
+            }
             for i in range(len(ba.new))
         ],
         "totals": {s: {"time_s": t} for s, t in ba.totals.items()},
@@ -217,8 +253,11 @@ def write_batch_csv(fh, ba) -> None:
     from mlactl.cost import MLA_PATHS
 
     header = ["new", "prefix", "count"] + [f"{p}.own_time_s" for p in MLA_PATHS] + ["path", "fixed_path"]
-    columns = [ba.new, ba.prefix, ba.count] + [ba.own_time[p] for p in MLA_PATHS] + [
-        ba.assignments["per_request"], ba.assignments["fixed"]]
+    columns = (
+        [ba.new, ba.prefix, ba.count]
+        + [ba.own_time[p] for p in MLA_PATHS]
+        + [ba.assignments["per_request"], ba.assignments["fixed"]]
+    )
     write_csv(fh, header, columns)
 
 

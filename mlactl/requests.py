@@ -19,7 +19,9 @@ def read_requests(path: str | Path) -> tuple[list[int], list[int], list[int]]:
         raise MlactlError(f"{path}: empty file; expected a header such as new,prefix")
     header = [h.strip().lower() for h in rows[0]]
     if "new" not in header or ("prefix" not in header) == ("context" not in header):
-        raise MlactlError(f"{path}: line 1: the header must name new and one of prefix or context, got {','.join(rows[0])!r}")
+        raise MlactlError(
+            f"{path}: line 1: the header must name new and one of prefix or context, got {','.join(rows[0])!r}"
+        )
     col = {name: header.index(name) for name in ("new", "prefix", "context", "count") if name in header}
     new, prefix, count = [], [], []
     for line, row in enumerate(rows[1:], start=2):
@@ -39,7 +41,9 @@ def read_requests(path: str | Path) -> tuple[list[int], list[int], list[int]]:
             raise MlactlError(f"{path}: line {line}: count must be at least 1")
         if "context" in values:
             if values["context"] < values["new"]:
-                raise MlactlError(f"{path}: line {line}: context {values['context']} is shorter than new {values['new']}")
+                raise MlactlError(
+                    f"{path}: line {line}: context {values['context']} is shorter than new {values['new']}"
+                )
             values["prefix"] = values["context"] - values["new"]
         new.append(values["new"])
         prefix.append(values["prefix"])

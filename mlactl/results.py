@@ -51,7 +51,7 @@ SECTIONS = ("kernels", "paths", "crossovers", "ceilings")
 def validate(data, where: str) -> dict:
     """Check the header and the shape of each section; return `data`. Raises MlactlError."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise MlactlError(f"{where} is not an mlactl results file (no \"schema\": \"{SCHEMA}\")")
+        raise MlactlError(f'{where} is not an mlactl results file (no "schema": "{SCHEMA}")')
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise MlactlError(
@@ -81,17 +81,20 @@ def load(path: str | Path) -> dict:
     return validate(data, str(path))
 
 
-def check_matches(data: dict, where: str, model_name: str | None = None,
-                  hardware_name: str | None = None) -> None:
+def check_matches(data: dict, where: str, model_name: str | None = None, hardware_name: str | None = None) -> None:
     """A results file measured for another model or device than asked is an error."""
     model = data.get("model", {}).get("name")
     if model_name is not None and model != model_name:
-        raise MlactlError(f"{where} was measured for model {model!r}, not {model_name!r} "
-                          "(pass --model to match, or another results file)")
+        raise MlactlError(
+            f"{where} was measured for model {model!r}, not {model_name!r} "
+            "(pass --model to match, or another results file)"
+        )
     device = data["device"]
     if hardware_name is not None and device.get("hardware") not in (None, hardware_name):
-        raise MlactlError(f"{where} was measured on {device['name']} ({device.get('hardware')}), "
-                          f"not {hardware_name} (pass --hardware to match, or another results file)")
+        raise MlactlError(
+            f"{where} was measured on {device['name']} ({device.get('hardware')}), "
+            f"not {hardware_name} (pass --hardware to match, or another results file)"
+        )
 
 
 def measured_crossovers(data: dict, batch: int | None = None) -> dict[int, int | None]:
@@ -107,15 +110,21 @@ def measured_crossovers(data: dict, batch: int | None = None) -> dict[int, int |
     return {int(r["prefix"]): r.get("measured") for r in rows if r["batch"] == pick}
 
 
-def find_results(dims: dict, kv_dtype: str, *, device_name: str | None = None,
-                 hardware_name: str | None = None, folder: Path | None = None):
+def find_results(
+    dims: dict,
+    kv_dtype: str,
+    *,
+    device_name: str | None = None,
+    hardware_name: str | None = None,
+    folder: Path | None = None,
+):
     """The newest results file with measured crossovers for a model with these dims {H, r, dC,
     dR, dV} and cache dtype, measured on this device (by CUDA name) or this hardware profile:
     (data, path), or (None, None)."""
-    from mlactl import paths
+    from mlactl import dirs
     from mlactl.kernels.configs import device_slug
 
-    root = folder or paths.results_dir()
+    root = folder or dirs.results_dir()
     if folder is None and device_name is not None:
         root = root / device_slug(device_name)
     best, best_created, best_path = None, "", None
@@ -139,8 +148,7 @@ def find_results(dims: dict, kv_dtype: str, *, device_name: str | None = None,
     return best, best_path
 
 
-def find_crossovers(device_name: str, dims: dict, kv_dtype: str, folder: Path | None = None,
-                    batch: int | None = None):
+def find_crossovers(device_name: str, dims: dict, kv_dtype: str, folder: Path | None = None, batch: int | None = None):
     """The measured crossovers of the newest matching results file for this device:
     ({prefix: crossover}, path), or (None, None). How `mla_attention(path="auto")` finds the
     measured policy `mlactl tune paths` left."""

@@ -43,8 +43,7 @@ class PathTime:
 def op_time(op: Op, peak: float, bandwidth: float) -> OpTime:
     t_compute = op.flops / peak
     t_memory = op.bytes / bandwidth
-    return OpTime(op.name, op.flops, op.bytes, op.weight_bytes,
-                  np.maximum(t_compute, t_memory), t_compute > t_memory)
+    return OpTime(op.name, op.flops, op.bytes, op.weight_bytes, np.maximum(t_compute, t_memory), t_compute > t_memory)
 
 
 def path_time(ops: list[Op], hw: HardwareProfile, dtype: str, name: str = "") -> PathTime:
@@ -52,16 +51,16 @@ def path_time(ops: list[Op], hw: HardwareProfile, dtype: str, name: str = "") ->
     timed = [op_time(op, peak, bandwidth) for op in ops]
     flops = sum(o.flops for o in timed)
     nbytes = sum(o.bytes for o in timed)
-    return PathTime(name, timed, flops, nbytes, sum(o.time_s for o in timed),
-                    flops / peak > nbytes / bandwidth)
+    return PathTime(name, timed, flops, nbytes, sum(o.time_s for o in timed), flops / peak > nbytes / bandwidth)
 
 
 def path_times(cost: CostModel, hw: HardwareProfile, paths, batch, new, prefix) -> dict[str, PathTime]:
     return {p: path_time(cost.ops(p, batch, new, prefix), hw, cost.dtype, p) for p in paths}
 
 
-def crossover_by_time(cost: CostModel, hw: HardwareProfile, prefixes, batch: int = 1,
-                      path: str = "expand", max_new: int = 1 << 17) -> list[int | None]:
+def crossover_by_time(
+    cost: CostModel, hw: HardwareProfile, prefixes, batch: int = 1, path: str = "expand", max_new: int = 1 << 17
+) -> list[int | None]:
     """For each prefix, the smallest new-token count (up to max_new) at which `path` is strictly
     faster than absorb by roofline time; None where it never is within max_new.
 

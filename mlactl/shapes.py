@@ -73,8 +73,9 @@ def parse_sizes(spec: str | int | list, option: str, minimum: int = 1) -> list[i
     return sorted(values)
 
 
-def grid(batch: list[int], new: list[int], prefix: list[int] | None = None,
-         context: list[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def grid(
+    batch: list[int], new: list[int], prefix: list[int] | None = None, context: list[int] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every combination, ordered batch, then prefix (or context), then new; int64 arrays.
 
     With `context` instead of `prefix`, prefix = context - new, and a context shorter than a new
@@ -86,8 +87,9 @@ def grid(batch: list[int], new: list[int], prefix: list[int] | None = None,
     total = len(batch) * len(outer) * len(new)
     if total > MAX_POINTS:
         raise MlactlError(f"the grid has {total:,} points; the limit is {MAX_POINTS:,}")
-    b, o, n = np.meshgrid(np.asarray(batch, np.int64), np.asarray(outer, np.int64),
-                          np.asarray(new, np.int64), indexing="ij")
+    b, o, n = np.meshgrid(
+        np.asarray(batch, np.int64), np.asarray(outer, np.int64), np.asarray(new, np.int64), indexing="ij"
+    )
     b, o, n = b.reshape(-1), o.reshape(-1), n.reshape(-1)
     if context is None:
         return b, n, o

@@ -18,8 +18,8 @@ def make_batch(news, prefixes, dtype, seed=0, fp8=False):
     """Random requests; returns kernel inputs and the fp64 expected output from reference.py."""
     g = torch.Generator().manual_seed(seed)
     rows = [torch.randn(n + p, R + DR, generator=g, dtype=torch.float64) for n, p in zip(news, prefixes)]
-    w_uk = torch.randn(H, DC, R, generator=g, dtype=torch.float64) / R ** 0.5
-    w_uv = torch.randn(H, DV, R, generator=g, dtype=torch.float64) / R ** 0.5
+    w_uk = torch.randn(H, DC, R, generator=g, dtype=torch.float64) / R**0.5
+    w_uv = torch.randn(H, DV, R, generator=g, dtype=torch.float64) / R**0.5
     T = sum(news)
     q_nope = torch.randn(T, H, DC, generator=g, dtype=torch.float64)
     q_rope = torch.randn(T, H, DR, generator=g, dtype=torch.float64)
@@ -34,16 +34,26 @@ def make_batch(news, prefixes, dtype, seed=0, fp8=False):
     w_uk_ref, w_uv_ref = cast(w_uk).double(), cast(w_uv).double()
     expected, start = [], 0
     for n, x in zip(news, rows_ref):
-        o, _ = attend_expand(q_nope_ref[start:start + n], q_rope_ref[start:start + n], x[:, :R], x[:, R:],
-                          w_uk_ref, w_uv_ref, SCALE)
+        o, _ = attend_expand(
+            q_nope_ref[start : start + n], q_rope_ref[start : start + n], x[:, :R], x[:, R:], w_uk_ref, w_uv_ref, SCALE
+        )
         expected.append(o)
         start += n
     cache_rows = [(x / kv_scale).to(torch.float8_e4m3fn) for x in rows] if fp8 else [cast(x) for x in rows]
-    kv_cache, table, seqlens = build_paged_cache(cache_rows, PAGE, seed=seed) if not fp8 else \
-        _paged_fp8(cache_rows, seed)
-    inputs = dict(q_nope=cast(q_nope), q_rope=cast(q_rope), kv_cache=kv_cache, block_table=table,
-                  cache_seqlens=seqlens, new_lens=torch.tensor(news, dtype=torch.int32),
-                  w_uk=cast(w_uk), w_uv=cast(w_uv), scale=SCALE)
+    kv_cache, table, seqlens = (
+        build_paged_cache(cache_rows, PAGE, seed=seed) if not fp8 else _paged_fp8(cache_rows, seed)
+    )
+    inputs = dict(
+        q_nope=cast(q_nope),
+        q_rope=cast(q_rope),
+        kv_cache=kv_cache,
+        block_table=table,
+        cache_seqlens=seqlens,
+        new_lens=torch.tensor(news, dtype=torch.int32),
+        w_uk=cast(w_uk),
+        w_uv=cast(w_uv),
+        scale=SCALE,
+    )
     return inputs, kv_scale, torch.cat(expected)
 
 
@@ -80,8 +90,9 @@ def test_paths_agree_with_reference(path, backend, news, prefixes, dtype):
 def test_per_request_paths_and_auto_in_one_batch():
     news, prefixes = [1, 4, 1, 30], [50, 0, 8, 30]
     inputs, _, expected = make_batch(news, prefixes, torch.float32, seed=3)
-    out, chosen = mla_attention(**inputs, path=["absorb", "expand", "expand_chunked", "absorb"],
-                                chunk=16, return_paths=True)
+    out, chosen = mla_attention(
+        **inputs, path=["absorb", "expand", "expand_chunked", "absorb"], chunk=16, return_paths=True
+    )
     assert chosen == ["absorb", "expand", "expand_chunked", "absorb"]
     assert rel_err(out, expected) < 2e-3
     out, chosen = mla_attention(**inputs, path="auto", return_paths=True)
@@ -113,10 +124,17 @@ def test_auto_policy_sources(tmp_path, monkeypatch):
 
     folder = tmp_path / "results" / "cpu"
     folder.mkdir(parents=True)
-    data = {"schema": "mlactl.results", "schema_version": 1, "created": "2026-11-30T00:00:00Z",
-            "device": {"name": "cpu", "type": "cpu"}, "backend": "torch", "timing": {},
-            "model": {"name": "tiny", "H": H, "r": R, "dC": DC, "dR": DR, "dV": DV},
-            "kv_dtype": "fp32", "crossovers": [{"batch": 1, "prefix": 100, "measured": 64, "predicted": 10}]}
+    data = {
+        "schema": "mlactl.results",
+        "schema_version": 1,
+        "created": "2026-11-30T00:00:00Z",
+        "device": {"name": "cpu", "type": "cpu"},
+        "backend": "torch",
+        "timing": {},
+        "model": {"name": "tiny", "H": H, "r": R, "dC": DC, "dR": DR, "dV": DV},
+        "kv_dtype": "fp32",
+        "crossovers": [{"batch": 1, "prefix": 100, "measured": 64, "predicted": 10}],
+    }
     (folder / "tiny.json").write_text(json.dumps(data))
     attention._auto_policy.cache_clear()
     policy = auto_policy(*args)
@@ -127,21 +145,23 @@ def test_auto_policy_sources(tmp_path, monkeypatch):
 
 def test_custom_policy_callable():
     inputs, _, expected = make_batch([2, 2], [10, 10], torch.float32)
-    out, chosen = mla_attention(**inputs, policy=lambda new, prefix: np.array(["absorb"] * len(new)),
-                                return_paths=True)
+    out, chosen = mla_attention(**inputs, policy=lambda new, prefix: np.array(["absorb"] * len(new)), return_paths=True)
     assert chosen == ["absorb", "absorb"] and rel_err(out, expected) < 2e-3
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda i: i.update(new_lens=torch.tensor([2, 2], dtype=torch.int32)), "new_lens sums to 4"),
-    (lambda i: i.update(new_lens=torch.tensor([1, 300], dtype=torch.int32)), "new_lens[1] is 300"),
-    (lambda i: i.update(q_rope=i["q_rope"][:, :1]), "q_rope is"),
-    (lambda i: i.update(w_uk=i["w_uk"][:1]), "w_uk is"),
-    (lambda i: i.update(w_uv=i["w_uv"][:, :, :8]), "w_uv is"),
-    (lambda i: i.update(scale=0.0), "softmax scale must be a positive"),
-    (lambda i: i.update(new_lens=i["new_lens"].long()), "new_lens has dtype int64"),
-    (lambda i: i.update(kv_cache=i["kv_cache"][..., :40]), "kv_cache rows hold 40 numbers"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda i: i.update(new_lens=torch.tensor([2, 2], dtype=torch.int32)), "new_lens sums to 4"),
+        (lambda i: i.update(new_lens=torch.tensor([1, 300], dtype=torch.int32)), "new_lens[1] is 300"),
+        (lambda i: i.update(q_rope=i["q_rope"][:, :1]), "q_rope is"),
+        (lambda i: i.update(w_uk=i["w_uk"][:1]), "w_uk is"),
+        (lambda i: i.update(w_uv=i["w_uv"][:, :, :8]), "w_uv is"),
+        (lambda i: i.update(scale=0.0), "softmax scale must be a positive"),
+        (lambda i: i.update(new_lens=i["new_lens"].long()), "new_lens has dtype int64"),
+        (lambda i: i.update(kv_cache=i["kv_cache"][..., :40]), "kv_cache rows hold 40 numbers"),
+    ],
+)
 def test_bad_input(change, message):
     inputs, _, _ = make_batch([1, 2], [10, 20], torch.float32)
     change(inputs)
@@ -149,12 +169,15 @@ def test_bad_input(change, message):
         mla_attention(**inputs, path="absorb")
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"path": "fast"}, "path must be one of"),
-    ({"path": ["absorb"]}, "per-request path list needs 2 entries"),
-    ({"backend": "cuda"}, "backend must be one of"),
-    ({"chunk": 0}, "chunk must be an int >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"path": "fast"}, "path must be one of"),
+        ({"path": ["absorb"]}, "per-request path list needs 2 entries"),
+        ({"backend": "cuda"}, "backend must be one of"),
+        ({"chunk": 0}, "chunk must be an int >= 1"),
+    ],
+)
 def test_bad_options(kwargs, message):
     inputs, _, _ = make_batch([1, 2], [10, 20], torch.float32)
     with pytest.raises(ValueError, match=message):
@@ -170,13 +193,17 @@ def test_deepseek_v3_mixed_batch_gpu(path):
     rows = [torch.randn(n + p, 576, generator=g, device="cuda", dtype=torch.bfloat16) for n, p in zip(news, prefixes)]
     kv, table, seqlens = build_paged_cache(rows, page)
     T = sum(news)
-    inputs = dict(q_nope=torch.randn(T, 16, 128, generator=g, device="cuda", dtype=torch.bfloat16),
-                  q_rope=torch.randn(T, 16, 64, generator=g, device="cuda", dtype=torch.bfloat16),
-                  kv_cache=kv, block_table=table, cache_seqlens=seqlens,
-                  new_lens=torch.tensor(news, dtype=torch.int32, device="cuda"),
-                  w_uk=torch.randn(16, 128, 512, generator=g, device="cuda", dtype=torch.bfloat16) / 512 ** 0.5,
-                  w_uv=torch.randn(16, 128, 512, generator=g, device="cuda", dtype=torch.bfloat16) / 512 ** 0.5,
-                  scale=1 / 192 ** 0.5)
+    inputs = dict(
+        q_nope=torch.randn(T, 16, 128, generator=g, device="cuda", dtype=torch.bfloat16),
+        q_rope=torch.randn(T, 16, 64, generator=g, device="cuda", dtype=torch.bfloat16),
+        kv_cache=kv,
+        block_table=table,
+        cache_seqlens=seqlens,
+        new_lens=torch.tensor(news, dtype=torch.int32, device="cuda"),
+        w_uk=torch.randn(16, 128, 512, generator=g, device="cuda", dtype=torch.bfloat16) / 512**0.5,
+        w_uv=torch.randn(16, 128, 512, generator=g, device="cuda", dtype=torch.bfloat16) / 512**0.5,
+        scale=1 / 192**0.5,
+    )
     out = mla_attention(**inputs, path=path, chunk=1024)
     ref = mla_attention(**inputs, path=path, chunk=1024, backend="torch")
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2

@@ -22,12 +22,14 @@ def run(*args, ok=True):
 
 def command_paths():
     """Every command and sub-command of the app (lazily built ones too), as argument lists."""
+
     def walk(cmd, prefix):
         yield prefix
         if hasattr(cmd, "list_commands"):
             ctx = cmd.context_class(cmd)
             for name in cmd.list_commands(ctx):
                 yield from walk(cmd.get_command(ctx, name), prefix + [name])
+
     return list(walk(typer.main.get_command(app), []))
 
 
@@ -45,8 +47,10 @@ def test_version():
 
 def strict_json(text):
     """JSON as the standard has it: NaN and Infinity are not numbers there."""
+
     def refuse(constant):
         raise AssertionError(f"non-standard JSON constant {constant}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -64,7 +68,7 @@ def test_json_schema():
     row = data["rows"][3]
     assert (row["batch"], row["new"], row["prefix"], row["context"]) == (1, 256, 4096, 4352)
     assert set(row["paths"]) == {"expand", "expand_chunked", "absorb", "mha"}
-    for name, p in row["paths"].items():
+    for p in row["paths"].values():
         assert set(p) >= {"flops", "bytes", "intensity", "time_s", "bound", "ops"}
         assert p["bound"] in ("compute", "memory")
         assert p["flops"] == sum(op["flops"] for op in p["ops"])
@@ -210,14 +214,17 @@ def test_bad_input_is_one_line(args, message):
     assert message in lines[0]
 
 
-@pytest.mark.parametrize("content, message", [
-    ("prefix\n1\n", "line 1: the header must name new"),
-    ("new,prefix\n1,abc\n", "line 2: prefix 'abc' is not a whole number"),
-    ("new,prefix\n1,2\n0,5\n", "line 3: new must be at least 1"),
-    ("new,prefix\n1,2,3\n", "line 2: 3 fields, the header has 2"),
-    ("new,context\n10,5\n", "line 2: context 5 is shorter than new 10"),
-    ("new,prefix\n", "no requests after the header"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("prefix\n1\n", "line 1: the header must name new"),
+        ("new,prefix\n1,abc\n", "line 2: prefix 'abc' is not a whole number"),
+        ("new,prefix\n1,2\n0,5\n", "line 3: new must be at least 1"),
+        ("new,prefix\n1,2,3\n", "line 2: 3 fields, the header has 2"),
+        ("new,context\n10,5\n", "line 2: context 5 is shorter than new 10"),
+        ("new,prefix\n", "no requests after the header"),
+    ],
+)
 def test_bad_batch_csv(tmp_path, content, message):
     path = tmp_path / "r.csv"
     path.write_text(content)
@@ -268,7 +275,9 @@ def test_analysis_as_a_dataframe():
     from mlactl.report import to_frame
     from mlactl.shapes import grid
 
-    result = analysis.analyze(model.from_name("deepseek-v3"), hardware.from_name("h200"), *grid([1, 8], [1, 256], [0, 4096]))
+    result = analysis.analyze(
+        model.from_name("deepseek-v3"), hardware.from_name("h200"), *grid([1, 8], [1, 256], [0, 4096])
+    )
     frame = to_frame(result, ops=True)
     assert len(frame) == 8 and list(frame["best"].cat.categories) == ["expand", "expand_chunked", "absorb", "mha"]
     assert frame["absorb.attention.flops"].iloc[2] == 278_528 * 4097  # batch 1, new 1, prefix 4096

@@ -21,6 +21,7 @@ V3 = model.from_name("deepseek-v3")
 
 # -- figures from DESIGN.md, by hand ----------------------------------------------------------
 
+
 def test_pair_flops_deepseek_v3():
     cost = CostModel(V3)
     # expand: 2*128*(128+64) + 2*128*128 = 49152 + 32768
@@ -40,10 +41,13 @@ def test_asymptotic_crossover_deepseek_v3():
     assert CostModel(V3).asymptotic_crossover() == pytest.approx(170 + 2 / 3, rel=1e-12)
 
 
-@pytest.mark.parametrize("kv_dtype, expected", [
-    pytest.param("bf16", 278_528 / 1_152, id="bf16-242"),  # 576 numbers * 2 bytes per token
-    pytest.param("fp8", 278_528 / 576, id="fp8-484"),
-])
+@pytest.mark.parametrize(
+    "kv_dtype, expected",
+    [
+        pytest.param("bf16", 278_528 / 1_152, id="bf16-242"),  # 576 numbers * 2 bytes per token
+        pytest.param("fp8", 278_528 / 576, id="fp8-484"),
+    ],
+)
 def test_decode_intensity_long_cache(kv_dtype, expected):
     cost = CostModel(V3, kv_dtype=kv_dtype)
     attention = cost.ops("absorb", 1, 1, 10**9)[1]
@@ -85,6 +89,7 @@ def test_crossover_by_flops_known_values():
 
 # -- a plain second implementation -------------------------------------------------------------
 
+
 def plain_pairs(n, p):
     return sum(p + i + 1 for i in range(n))  # new token i sees the prefix and tokens 0..i
 
@@ -105,37 +110,69 @@ def plain_ops(cfg, path, b, n, p, kvb, ab, chunk):
     if path in ("expand", "expand_chunked"):
         passes = (-(-p // chunk) + 1 if p else 1) if path == "expand_chunked" else 1
         expand_flops = b * matmul(k, r, H * (dC + dV))
-        expand_bytes = (size((b, k, r), kvb) + passes * size((r, H, dC + dV), ab)
-                        + size((b, k, H, dC), ab) + size((b, k, H, dV), ab))
+        expand_bytes = (
+            size((b, k, r), kvb)
+            + passes * size((r, H, dC + dV), ab)
+            + size((b, k, H, dC), ab)
+            + size((b, k, H, dV), ab)
+        )
         att_flops = pairs * H * (2 * (dC + dR) + 2 * dV)
         out = size((b, n, H, dV), ab) if passes == 1 else passes * (size((b, n, H, dV), ab) + size((b, n, H), 4))
-        att_bytes = (passes * size((b, n, H, dC + dR), ab) + size((b, k, H, dC), ab) + size((b, k, H, dV), ab)
-                     + size((b, k, dR), kvb) + out)
+        att_bytes = (
+            passes * size((b, n, H, dC + dR), ab)
+            + size((b, k, H, dC), ab)
+            + size((b, k, H, dV), ab)
+            + size((b, k, dR), kvb)
+            + out
+        )
         ops = [("kv_expand", expand_flops, expand_bytes), ("attention", att_flops, att_bytes)]
         if path == "expand_chunked":
             merges = passes - 1
-            ops.append(("lse_merge", merges * b * n * H * dV * 3,
-                        merges * 3 * (size((b, n, H, dV), ab) + size((b, n, H), 4))))
+            ops.append(
+                ("lse_merge", merges * b * n * H * dV * 3, merges * 3 * (size((b, n, H, dV), ab) + size((b, n, H), 4)))
+            )
         return ops
     if path == "absorb":
         return [
-            ("q_absorb", b * n * H * matmul(1, dC, r),
-             size((b, n, H, dC), ab) + size((H, dC, r), ab) + size((b, n, H, r), ab)),
-            ("attention", pairs * H * (2 * (r + dR) + 2 * r),
-             size((b, k, r + dR), kvb) + size((b, n, H, r + dR), ab) + size((b, n, H, r), ab)),
-            ("out_absorb", b * n * H * matmul(1, r, dV),
-             size((b, n, H, r), ab) + size((H, r, dV), ab) + size((b, n, H, dV), ab)),
+            (
+                "q_absorb",
+                b * n * H * matmul(1, dC, r),
+                size((b, n, H, dC), ab) + size((H, dC, r), ab) + size((b, n, H, r), ab),
+            ),
+            (
+                "attention",
+                pairs * H * (2 * (r + dR) + 2 * r),
+                size((b, k, r + dR), kvb) + size((b, n, H, r + dR), ab) + size((b, n, H, r), ab),
+            ),
+            (
+                "out_absorb",
+                b * n * H * matmul(1, r, dV),
+                size((b, n, H, r), ab) + size((H, r, dV), ab) + size((b, n, H, dV), ab),
+            ),
         ]
     if path == "mha":
-        return [("attention", pairs * H * (2 * (dC + dR) + 2 * dV),
-                 size((b, k, H, dC + dR + dV), kvb) + size((b, n, H, dC + dR), ab) + size((b, n, H, dV), ab))]
+        return [
+            (
+                "attention",
+                pairs * H * (2 * (dC + dR) + 2 * dV),
+                size((b, k, H, dC + dR + dV), kvb) + size((b, n, H, dC + dR), ab) + size((b, n, H, dV), ab),
+            )
+        ]
     raise AssertionError(path)
 
 
 def random_config(rng):
-    return model.MLAConfig("random", 1024, rng.choice([1, 2, 8, 16, 128]), None,
-                           rng.choice([32, 64, 512]), rng.choice([16, 64, 128]),
-                           rng.choice([16, 64]), rng.choice([16, 128]), 1)
+    return model.MLAConfig(
+        "random",
+        1024,
+        rng.choice([1, 2, 8, 16, 128]),
+        None,
+        rng.choice([32, 64, 512]),
+        rng.choice([16, 64, 128]),
+        rng.choice([16, 64]),
+        rng.choice([16, 128]),
+        1,
+    )
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -145,8 +182,7 @@ def test_every_op_against_plain_implementation(seed):
     kv_dtype = rng.choice(["bf16", "fp8"])
     chunk = rng.choice([1, 7, 64, 8192])
     cost = CostModel(cfg, kv_dtype=kv_dtype, chunk=chunk)
-    points = [(rng.randint(1, 64), rng.randint(1, 300), rng.choice([0, 1, rng.randint(2, 5000)]))
-              for _ in range(12)]
+    points = [(rng.randint(1, 64), rng.randint(1, 300), rng.choice([0, 1, rng.randint(2, 5000)])) for _ in range(12)]
     b, n, p = (np.array(x) for x in zip(*points))
     for path in ("expand", "expand_chunked", "absorb", "mha"):
         ops = cost.ops(path, b, n, p)
@@ -164,10 +200,12 @@ def test_crossover_by_flops_against_brute_force(seed):
     cfg = random_config(rng)
     cost = CostModel(cfg)
     for p in [0, 1, rng.randint(2, 300), rng.randint(300, 20000)]:
-        def expand_minus_absorb(n):
+
+        def expand_minus_absorb(n, p=p):
             e = sum(f for _, f, _ in plain_ops(cfg, "expand", 1, n, p, 2, 2, 8192))
             a = sum(f for _, f, _ in plain_ops(cfg, "absorb", 1, n, p, 2, 2, 8192))
             return e - a
+
         got = cost.crossover_by_flops(p)
         if got is None:
             assert all(expand_minus_absorb(n) >= 0 for n in range(1, 400))
@@ -214,11 +252,14 @@ def test_tp_divides_heads_not_the_latent_cache():
     assert tp8.pair_flops("absorb") * 8 == CostModel(V3).pair_flops("absorb")
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"kv_dtype": "int4"}, "unknown kv dtype"),
-    ({"dtype": "fp8"}, "unknown dtype"),
-    ({"chunk": 0}, "--chunk must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"kv_dtype": "int4"}, "unknown kv dtype"),
+        ({"dtype": "fp8"}, "unknown dtype"),
+        ({"chunk": 0}, "--chunk must be a positive integer"),
+    ],
+)
 def test_bad_cost_arguments(kwargs, message):
     with pytest.raises(MlactlError, match=message):
         CostModel(V3, **kwargs)

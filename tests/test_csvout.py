@@ -16,8 +16,28 @@ def write(columns, header=None, chunk=7):
 
 
 def test_exact_integers_and_edge_values():
-    values = np.array([0.0, 1.0, 7.0, 10.0, 999.0, 1000.0, 123456789012345.0, 999999999999999.0,
-                       -5.0, 1e15, 2.5, -0.125, 1e-300, 5e-324, 1.7e308, np.nan, np.inf, -np.inf])
+    values = np.array(
+        [
+            0.0,
+            1.0,
+            7.0,
+            10.0,
+            999.0,
+            1000.0,
+            123456789012345.0,
+            999999999999999.0,
+            -5.0,
+            1e15,
+            2.5,
+            -0.125,
+            1e-300,
+            5e-324,
+            1.7e308,
+            np.nan,
+            np.inf,
+            -np.inf,
+        ]
+    )
     rows = write([values])
     got = [r[0] for r in rows[1:]]
     assert got[:10] == ["0", "1", "7", "10", "999", "1000", "123456789012345", "999999999999999", "-5", "1e+15"]
@@ -38,8 +58,12 @@ def test_mixed_columns_and_text():
     floats = np.array([0.5, 2.0, 1e-6])
     text = np.array(["absorb", "expand", "expand_chunked"])
     rows = write([ints, floats, text], header=["n", "t", "path"], chunk=2)
-    assert rows == [["n", "t", "path"], ["3", "5e-01", "absorb"], ["12", "2", "expand"],
-                    ["7", "1e-06", "expand_chunked"]]
+    assert rows == [
+        ["n", "t", "path"],
+        ["3", "5e-01", "absorb"],
+        ["12", "2", "expand"],
+        ["7", "1e-06", "expand_chunked"],
+    ]
 
 
 def test_text_needing_quotes_is_refused():

@@ -6,22 +6,27 @@ import torch
 
 from mlactl.kernels import reference as R
 from mlactl.kernels._checks import FP8_DTYPES
-from mlactl.kernels.expand_naive import mla_prefill_naive
-from mlactl.kernels.expansion import (expand_kv, gather_latents, mla_prefill_chunked,
-                                      mla_prefill_expand)
+from mlactl.kernels.expansion import expand_kv, gather_latents, mla_prefill_chunked, mla_prefill_expand
 from mlactl.kernels.merge import merge_attn_states_naive
+from mlactl.kernels.prefill_naive import mla_prefill_naive
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=3e-3, rtol=3e-3),
-       torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=3e-3, rtol=3e-3),
+    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+}
 BACKENDS = {"kernel": dict(), "twin": dict(attn=mla_prefill_naive, merge=merge_attn_states_naive)}
 
 
 # ---- expand_kv --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("T, H, r, dC, dV", [pytest.param(1, 1, 32, 32, 32, id="T1-H1-r32"),
-                                             pytest.param(17, 3, 64, 32, 24, id="T17-H3-r64-dV24")])
+@pytest.mark.parametrize(
+    "T, H, r, dC, dV",
+    [pytest.param(1, 1, 32, 32, 32, id="T1-H1-r32"), pytest.param(17, 3, 64, 32, 24, id="T17-H3-r64-dV24")],
+)
 def test_expand_kv_is_the_per_head_projection(T, H, r, dC, dV, dtype):
     g = torch.Generator().manual_seed(T)
     latent, w_uk, w_uv = (torch.randn(*s, generator=g).to(DEVICE, dtype) for s in ((T, r), (H, dC, r), (H, dV, r)))
@@ -32,12 +37,15 @@ def test_expand_kv_is_the_per_head_projection(T, H, r, dC, dV, dtype):
         torch.testing.assert_close(v[:, h].float(), latent.float() @ w_uv[h].float().T, **TOL[dtype])
 
 
-@pytest.mark.parametrize("args, match", [
-    pytest.param(((4, 8, 2), (2, 16, 8), (2, 16, 8)), "latent must have 2", id="latent-3d"),
-    pytest.param(((4, 8), (2, 16, 4), (2, 16, 8)), r"w_uv.shape\[2\]", id="r-mismatch"),
-    pytest.param(((4, 8), (2, 16, 4), (2, 16, 4)), r"w_uk.shape\[2\]", id="latent-r"),
-    pytest.param(((4, 8), (2, 16, 8), (3, 16, 8)), "heads", id="heads"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        pytest.param(((4, 8, 2), (2, 16, 8), (2, 16, 8)), "latent must have 2", id="latent-3d"),
+        pytest.param(((4, 8), (2, 16, 4), (2, 16, 8)), r"w_uv.shape\[2\]", id="r-mismatch"),
+        pytest.param(((4, 8), (2, 16, 4), (2, 16, 4)), r"w_uk.shape\[2\]", id="latent-r"),
+        pytest.param(((4, 8), (2, 16, 8), (3, 16, 8)), "heads", id="heads"),
+    ],
+)
 def test_expand_kv_bad_shapes(args, match):
     with pytest.raises(ValueError, match=match):
         expand_kv(*(torch.zeros(*s) for s in args))
@@ -49,6 +57,7 @@ def test_expand_kv_dtype_mismatch():
 
 
 # ---- gather_latents ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("block_size", [1, 5, 16])
 def test_gather_latents_reads_each_context_in_order(block_size):
@@ -94,18 +103,31 @@ def _paged():
     return R.build_paged_cache([torch.randn(10, 48).to(DEVICE), torch.randn(3, 48).to(DEVICE)], 4)
 
 
-@pytest.mark.parametrize("mutate, match", [
-    pytest.param(lambda a: a.update(block_table=a["block_table"] + 100), "block_table holds block", id="block-out-of-range"),
-    pytest.param(lambda a: a.update(block_table=a["block_table"] - 100), "block_table holds block", id="block-negative"),
-    pytest.param(lambda a: a.update(block_table=a["block_table"].long()), "block_table has dtype", id="table-int64"),
-    pytest.param(lambda a: a.update(cache_seqlens=a["cache_seqlens"] + 100), r"cache_seqlens\[0\]", id="seqlen-too-long"),
-    pytest.param(lambda a: a.update(cache_seqlens=a["cache_seqlens"][:1]), "cache_seqlens has 1 entries", id="seqlens-batch"),
-    pytest.param(lambda a: a.update(kv_scale=-0.5), "kv_scale", id="kv-scale-negative"),
-    pytest.param(lambda a: a.update(kv_scale=torch.ones(2)), "kv_scale must be", id="kv-scale-shape"),
-    pytest.param(lambda a: a.update(r=48), "r must be", id="r-whole-row"),
-    pytest.param(lambda a: a.update(r=None), "pass r=", id="r-not-inferable"),
-    pytest.param(lambda a: a.update(kv_cache=a["kv_cache"][0]), "kv_cache must have 3", id="cache-2d"),
-])
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        pytest.param(
+            lambda a: a.update(block_table=a["block_table"] + 100), "block_table holds block", id="block-out-of-range"
+        ),
+        pytest.param(
+            lambda a: a.update(block_table=a["block_table"] - 100), "block_table holds block", id="block-negative"
+        ),
+        pytest.param(
+            lambda a: a.update(block_table=a["block_table"].long()), "block_table has dtype", id="table-int64"
+        ),
+        pytest.param(
+            lambda a: a.update(cache_seqlens=a["cache_seqlens"] + 100), r"cache_seqlens\[0\]", id="seqlen-too-long"
+        ),
+        pytest.param(
+            lambda a: a.update(cache_seqlens=a["cache_seqlens"][:1]), "cache_seqlens has 1 entries", id="seqlens-batch"
+        ),
+        pytest.param(lambda a: a.update(kv_scale=-0.5), "kv_scale", id="kv-scale-negative"),
+        pytest.param(lambda a: a.update(kv_scale=torch.ones(2)), "kv_scale must be", id="kv-scale-shape"),
+        pytest.param(lambda a: a.update(r=48), "r must be", id="r-whole-row"),
+        pytest.param(lambda a: a.update(r=None), "pass r=", id="r-not-inferable"),
+        pytest.param(lambda a: a.update(kv_cache=a["kv_cache"][0]), "kv_cache must have 3", id="cache-2d"),
+    ],
+)
 def test_gather_latents_bad_inputs(mutate, match):
     kv, table, lens = _paged()
     args = dict(kv_cache=kv, block_table=table, cache_seqlens=lens, r=32)
@@ -133,9 +155,17 @@ def batch(ctx, new, dtype=torch.float32, block_size=8, seed=0):
         outs.append(o)
         lses.append(lse)
     kv, table, lens = R.build_paged_cache([x.to(DEVICE, dtype) for x in rows], block_size, seed=seed)
-    args = dict(q=torch.cat(qs).to(DEVICE, dtype), kv_cache=kv, block_table=table, cache_seqlens=lens,
-                new_lens=torch.tensor(new, dtype=torch.int32, device=DEVICE),
-                w_uk=w.w_uk.to(DEVICE, dtype), w_uv=w.w_uv.to(DEVICE, dtype), scale=w.scale, r=r)
+    args = dict(
+        q=torch.cat(qs).to(DEVICE, dtype),
+        kv_cache=kv,
+        block_table=table,
+        cache_seqlens=lens,
+        new_lens=torch.tensor(new, dtype=torch.int32, device=DEVICE),
+        w_uk=w.w_uk.to(DEVICE, dtype),
+        w_uv=w.w_uv.to(DEVICE, dtype),
+        scale=w.scale,
+        r=r,
+    )
     return args, torch.cat(outs).to(DEVICE), torch.cat(lses).to(DEVICE)
 
 
@@ -191,8 +221,7 @@ def test_expanded_kv_is_max_new_chunk_per_request():
     args, ref_out, _ = batch(CTX, NEW)
     out, _ = mla_prefill_chunked(**args, chunk=10, attn=attn, merge=merge_attn_states_naive)
     # prefixes 23, 0, 0, 39, 0: new tokens, then ceil(39 / 10) steps over requests 0..3
-    assert steps == [(sum(NEW), NEW), (20, [10, 0, 0, 10]), (20, [10, 0, 0, 10]), (13, [3, 0, 0, 10]),
-                     (9, [9])]
+    assert steps == [(sum(NEW), NEW), (20, [10, 0, 0, 10]), (20, [10, 0, 0, 10]), (13, [3, 0, 0, 10]), (9, [9])]
     torch.testing.assert_close(out.double(), ref_out, **TOL[torch.float32])
 
 
@@ -224,19 +253,28 @@ def test_no_new_tokens_at_all():
 
 
 @pytest.mark.parametrize("fn", [mla_prefill_chunked, mla_prefill_expand], ids=["chunked", "expand"])
-@pytest.mark.parametrize("mutate, match", [
-    pytest.param(lambda a: a.update(new_lens=torch.tensor([7, 5, 0, 41, 12], dtype=torch.int32, device=DEVICE)),
-                 r"new_lens\[3\] is 41", id="new-gt-context"),
-    pytest.param(lambda a: a.update(new_lens=torch.tensor([7, 5, 0, 1, 11], dtype=torch.int32, device=DEVICE)),
-                 "new_lens sums to 24", id="new-sum"),
-    pytest.param(lambda a: a.update(new_lens=a["new_lens"].long()), "new_lens has dtype", id="new-int64"),
-    pytest.param(lambda a: a.update(q=a["q"][..., :40]), r"q.shape\[2\]", id="q-width"),
-    pytest.param(lambda a: a.update(w_uk=a["w_uk"].half(), w_uv=a["w_uv"].half()), "w_uk has dtype", id="w-dtype"),
-    pytest.param(lambda a: a.update(w_uk=a["w_uk"][:1]), "heads", id="w-heads"),
-    pytest.param(lambda a: a.update(kv_scale=float("nan")), "kv_scale", id="kv-scale-nan"),
-    pytest.param(lambda a: a.update(scale=0.0), "scale", id="scale-zero"),
-    pytest.param(lambda a: a.update(scale=float("nan")), "scale", id="scale-nan"),
-])
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        pytest.param(
+            lambda a: a.update(new_lens=torch.tensor([7, 5, 0, 41, 12], dtype=torch.int32, device=DEVICE)),
+            r"new_lens\[3\] is 41",
+            id="new-gt-context",
+        ),
+        pytest.param(
+            lambda a: a.update(new_lens=torch.tensor([7, 5, 0, 1, 11], dtype=torch.int32, device=DEVICE)),
+            "new_lens sums to 24",
+            id="new-sum",
+        ),
+        pytest.param(lambda a: a.update(new_lens=a["new_lens"].long()), "new_lens has dtype", id="new-int64"),
+        pytest.param(lambda a: a.update(q=a["q"][..., :40]), r"q.shape\[2\]", id="q-width"),
+        pytest.param(lambda a: a.update(w_uk=a["w_uk"].half(), w_uv=a["w_uv"].half()), "w_uk has dtype", id="w-dtype"),
+        pytest.param(lambda a: a.update(w_uk=a["w_uk"][:1]), "heads", id="w-heads"),
+        pytest.param(lambda a: a.update(kv_scale=float("nan")), "kv_scale", id="kv-scale-nan"),
+        pytest.param(lambda a: a.update(scale=0.0), "scale", id="scale-zero"),
+        pytest.param(lambda a: a.update(scale=float("nan")), "scale", id="scale-nan"),
+    ],
+)
 def test_driver_bad_inputs(fn, mutate, match):
     args, _, _ = batch(CTX, NEW)
     mutate(args)
@@ -253,22 +291,30 @@ def test_bad_chunk(chunk):
 
 # ---- GPU: DeepSeek-V3 shapes, bf16 ------------------------------------------------------------
 
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("ctx, new, chunk", [
-    pytest.param([8192], [1024], 2048, id="B1-ctx8192-new1024-chunk2048"),
-    pytest.param([3000, 17, 5000], [300, 17, 1], 1000, id="B3-varlen-chunk1000"),
-])
+@pytest.mark.parametrize(
+    "ctx, new, chunk",
+    [
+        pytest.param([8192], [1024], 2048, id="B1-ctx8192-new1024-chunk2048"),
+        pytest.param([3000, 17, 5000], [300, 17, 1], 1000, id="B3-varlen-chunk1000"),
+    ],
+)
 def test_gpu_deepseek_chunked_bf16(ctx, new, chunk):
     Hd, rd, dRd, dCd, dVd = 128, 512, 64, 128, 128
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = [torch.randn(c, rd + dRd, device="cuda", generator=g).bfloat16() for c in ctx]
     kv, table, lens = R.build_paged_cache(rows, 64)
-    args = dict(q=torch.randn(sum(new), Hd, dCd + dRd, device="cuda", generator=g).bfloat16(),
-                kv_cache=kv, block_table=table, cache_seqlens=lens,
-                new_lens=torch.tensor(new, dtype=torch.int32, device="cuda"),
-                w_uk=(torch.randn(Hd, dCd, rd, device="cuda", generator=g) / rd ** 0.5).bfloat16(),
-                w_uv=(torch.randn(Hd, dVd, rd, device="cuda", generator=g) / rd ** 0.5).bfloat16(),
-                scale=(dCd + dRd) ** -0.5)
+    args = dict(
+        q=torch.randn(sum(new), Hd, dCd + dRd, device="cuda", generator=g).bfloat16(),
+        kv_cache=kv,
+        block_table=table,
+        cache_seqlens=lens,
+        new_lens=torch.tensor(new, dtype=torch.int32, device="cuda"),
+        w_uk=(torch.randn(Hd, dCd, rd, device="cuda", generator=g) / rd**0.5).bfloat16(),
+        w_uv=(torch.randn(Hd, dVd, rd, device="cuda", generator=g) / rd**0.5).bfloat16(),
+        scale=(dCd + dRd) ** -0.5,
+    )
     out, lse = mla_prefill_chunked(**args, chunk=chunk)
     ref_out, ref_lse = mla_prefill_expand(**args, attn=mla_prefill_naive)
     torch.testing.assert_close(out.float(), ref_out.float(), **TOL[torch.bfloat16])

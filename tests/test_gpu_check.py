@@ -74,8 +74,12 @@ def expand_path(B, new, prefix, H, a, kv):
     return [kv_expand, *expand_attention(B, new, prefix, H, a, kv)]
 
 
-HAND = {("absorb", "attention"): absorb_attention, ("expand", "attention"): expand_attention,
-        ("absorb", "all ops"): absorb_path, ("expand", "all ops"): expand_path}
+HAND = {
+    ("absorb", "attention"): absorb_attention,
+    ("expand", "attention"): expand_attention,
+    ("absorb", "all ops"): absorb_path,
+    ("expand", "all ops"): expand_path,
+}
 
 
 def test_smoke_run_succeeds(smoke):
@@ -96,11 +100,16 @@ def test_smoke_rows_cover_the_issue(smoke):
     _, doc = smoke
     ids = [r["id"] for r in doc["rows"]]
     assert ids == [
-        "decode-absorb-H4-fp16", "decode-absorb-H2-fp16",
-        "prefill-expand-L160-H4", "prefill-expand-L96-H4",
-        "decode-absorb-H4-fp8", "decode-absorb-H2-fp8",
-        "path-absorb-decode-H2", "path-expand-decode-H2",
-        "path-absorb-extend-H2", "path-expand-extend-H2",
+        "decode-absorb-H4-fp16",
+        "decode-absorb-H2-fp16",
+        "prefill-expand-L160-H4",
+        "prefill-expand-L96-H4",
+        "decode-absorb-H4-fp8",
+        "decode-absorb-H2-fp8",
+        "path-absorb-decode-H2",
+        "path-expand-decode-H2",
+        "path-absorb-extend-H2",
+        "path-expand-extend-H2",
     ]
     rows = {r["id"]: r for r in doc["rows"]}
     assert rows["decode-absorb-H4-fp16"]["target"]["metric"] == "flops_per_s"
@@ -116,18 +125,29 @@ def test_smoke_rows_cover_the_issue(smoke):
         assert r["output_finite"] is True
 
 
-@pytest.mark.parametrize("row_id", [
-    "decode-absorb-H4-fp16", "decode-absorb-H2-fp16", "decode-absorb-H4-fp8", "decode-absorb-H2-fp8",
-    "prefill-expand-L160-H4", "prefill-expand-L96-H4",
-    "path-absorb-decode-H2", "path-expand-decode-H2", "path-absorb-extend-H2", "path-expand-extend-H2",
-])
+@pytest.mark.parametrize(
+    "row_id",
+    [
+        "decode-absorb-H4-fp16",
+        "decode-absorb-H2-fp16",
+        "decode-absorb-H4-fp8",
+        "decode-absorb-H2-fp8",
+        "prefill-expand-L160-H4",
+        "prefill-expand-L96-H4",
+        "path-absorb-decode-H2",
+        "path-expand-decode-H2",
+        "path-absorb-extend-H2",
+        "path-expand-extend-H2",
+    ],
+)
 def test_smoke_counts_by_hand(smoke, row_id):
     _, doc = smoke
     row = next(r for r in doc["rows"] if r["id"] == row_id)
     s = row["shape"]
     assert f"H{s['H']}" in row_id
-    ops = HAND[row["cost_path"], row["cost_op"]](s["batch"], s["new"], s["prefix"], s["H"],
-                                                 BYTES[row["dtype"]], BYTES[row["kv_dtype"]])
+    ops = HAND[row["cost_path"], row["cost_op"]](
+        s["batch"], s["new"], s["prefix"], s["H"], BYTES[row["dtype"]], BYTES[row["kv_dtype"]]
+    )
     assert row["flops"] == sum(f for f, _ in ops)
     assert row["bytes"] == sum(b for _, b in ops)
     # roofline: max per op, summed over the path's ops
@@ -168,15 +188,23 @@ def test_a_broken_row_is_recorded_and_the_others_still_run(gpu_check, tmp_path, 
     assert doc["summary"]["rows_error"] == 1
 
 
-@pytest.mark.parametrize("text, want", [
-    pytest.param("..F.s\nFAILED tests/x.py::t - assert 0\n1 failed, 3 passed, 1 skipped, 40 deselected in 9.12s\n",
-                 dict(passed=3, failed=1, skipped=1, errors=0, deselected=40), id="failed"),
-    pytest.param("ss\n2 skipped, 9 deselected in 0.5s\n",
-                 dict(passed=0, failed=0, skipped=2, errors=0, deselected=9), id="skipped"),
-    pytest.param("E\n1 error in 0.1s\n", dict(passed=0, failed=0, skipped=0, errors=1, deselected=0),
-                 id="error"),
-    pytest.param("", dict(passed=0, failed=0, skipped=0, errors=0, deselected=0), id="empty"),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        pytest.param(
+            "..F.s\nFAILED tests/x.py::t - assert 0\n1 failed, 3 passed, 1 skipped, 40 deselected in 9.12s\n",
+            dict(passed=3, failed=1, skipped=1, errors=0, deselected=40),
+            id="failed",
+        ),
+        pytest.param(
+            "ss\n2 skipped, 9 deselected in 0.5s\n",
+            dict(passed=0, failed=0, skipped=2, errors=0, deselected=9),
+            id="skipped",
+        ),
+        pytest.param("E\n1 error in 0.1s\n", dict(passed=0, failed=0, skipped=0, errors=1, deselected=0), id="error"),
+        pytest.param("", dict(passed=0, failed=0, skipped=0, errors=0, deselected=0), id="empty"),
+    ],
+)
 def test_parse_pytest(gpu_check, text, want):
     got = gpu_check.parse_pytest(text)
     assert {k: got[k] for k in want} == want

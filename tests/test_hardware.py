@@ -76,12 +76,21 @@ def test_user_folder_overrides_shipped(tmp_path, monkeypatch):
     assert "h200" in hardware.names()
 
 
-@pytest.mark.parametrize("text, message", [
-    pytest.param(GOOD.replace("bandwidth_tbs = 1.0", "bandwidth_tbs = 0"), "bandwidth_tbs must be a positive number, got 0", id="zero-bandwidth"),
-    pytest.param(GOOD.replace("memory_gb = 24\n", ""), "missing required key 'memory_gb'", id="missing-key"),
-    pytest.param(GOOD.replace("bf16 = 100", "bf16 = -1"), "peak_tflops.bf16 must be a positive number", id="negative-peak"),
-    pytest.param(GOOD.replace("[peak_tflops]", "[peak_tflops\n"), r"invalid TOML: .*line 5", id="malformed-toml"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        pytest.param(
+            GOOD.replace("bandwidth_tbs = 1.0", "bandwidth_tbs = 0"),
+            "bandwidth_tbs must be a positive number, got 0",
+            id="zero-bandwidth",
+        ),
+        pytest.param(GOOD.replace("memory_gb = 24\n", ""), "missing required key 'memory_gb'", id="missing-key"),
+        pytest.param(
+            GOOD.replace("bf16 = 100", "bf16 = -1"), "peak_tflops.bf16 must be a positive number", id="negative-peak"
+        ),
+        pytest.param(GOOD.replace("[peak_tflops]", "[peak_tflops\n"), r"invalid TOML: .*line 5", id="malformed-toml"),
+    ],
+)
 def test_bad_profiles(tmp_path, text, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)
@@ -89,10 +98,17 @@ def test_bad_profiles(tmp_path, text, message):
         hardware.resolve(str(path))
 
 
-@pytest.mark.parametrize("device, name", [
-    ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H800", "h800"),
-    ("NVIDIA A100-SXM4-80GB", "a100-sxm"), ("AMD Instinct MI300X", "mi300x"), ("NVIDIA GeForce RTX 4090", None),
-])
+@pytest.mark.parametrize(
+    "device, name",
+    [
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H800", "h800"),
+        ("NVIDIA A100-SXM4-80GB", "a100-sxm"),
+        ("AMD Instinct MI300X", "mi300x"),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
 def test_detect(device, name):
     found = hardware.detect(device)
     assert (found.name if found else None) == name

@@ -5,13 +5,16 @@ import math
 import pytest
 import torch
 
-from mlactl.kernels.expand_naive import mla_prefill_naive
 from mlactl.kernels.merge import merge_attn_states, merge_attn_states_naive
+from mlactl.kernels.prefill_naive import mla_prefill_naive
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INF = float("inf")
-TOL = {torch.float32: dict(atol=1e-6, rtol=1e-6), torch.float16: dict(atol=1e-3, rtol=1e-3),
-       torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
+TOL = {
+    torch.float32: dict(atol=1e-6, rtol=1e-6),
+    torch.float16: dict(atol=1e-3, rtol=1e-3),
+    torch.bfloat16: dict(atol=1e-2, rtol=1e-2),
+}
 
 
 def partials(T, H, D, dtype, seed=0, empty_a=0.0, empty_b=0.0, device=DEVICE):
@@ -39,8 +42,11 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("empty", [(0.0, 0.0), (0.3, 0.0), (0.0, 0.3), (0.4, 0.4), (1.0, 1.0)],
-                         ids=["none-empty", "a-empty", "b-empty", "both-some", "all-empty"])
+@pytest.mark.parametrize(
+    "empty",
+    [(0.0, 0.0), (0.3, 0.0), (0.0, 0.3), (0.4, 0.4), (1.0, 1.0)],
+    ids=["none-empty", "a-empty", "b-empty", "both-some", "all-empty"],
+)
 @pytest.mark.parametrize("T, H, D", SHAPES)
 def test_kernel_matches_twin(T, H, D, empty, dtype):
     o_a, lse_a, o_b, lse_b = partials(T, H, D, dtype, seed=T + H, empty_a=empty[0], empty_b=empty[1])
@@ -73,8 +79,11 @@ def test_merging_two_key_halves_gives_attention_over_all_keys(fn):
     g = torch.Generator().manual_seed(3)
     H, dC, dR, dV = 2, 16, 16, 24
     q = torch.randn(7, H, dC + dR, generator=g).to(DEVICE)
-    kn, kr, v = (torch.randn(40, H, dC, generator=g).to(DEVICE), torch.randn(40, dR, generator=g).to(DEVICE),
-                 torch.randn(40, H, dV, generator=g).to(DEVICE))
+    kn, kr, v = (
+        torch.randn(40, H, dC, generator=g).to(DEVICE),
+        torch.randn(40, dR, generator=g).to(DEVICE),
+        torch.randn(40, H, dV, generator=g).to(DEVICE),
+    )
 
     def attend(a, b):
         cu_q = torch.tensor([0, 7], dtype=torch.int32, device=DEVICE)
@@ -126,7 +135,10 @@ BAD = {
     "lse_a-fp16": (lambda a: a.update(lse_a=a["lse_a"].half()), "lse_a has dtype"),
     "lse_b-shape": (lambda a: a.update(lse_b=a["lse_b"][:, :1]), "lse_b has shape"),
     "lse_b-3d": (lambda a: a.update(lse_b=a["lse_b"][..., None]), "lse_b must have 2"),
-    "o_b-inner-stride": (lambda a: a.update(o_b=a["o_b"].transpose(1, 2).contiguous().transpose(1, 2)), "o_b must have unit stride"),
+    "o_b-inner-stride": (
+        lambda a: a.update(o_b=a["o_b"].transpose(1, 2).contiguous().transpose(1, 2)),
+        "o_b must have unit stride",
+    ),
     "out-shape": (lambda a: a.update(out=torch.empty(4, 2, 8, device=DEVICE)), "out has shape"),
     "devices": (lambda a: a.update(lse_b=a["lse_b"].to("meta")), "different devices"),
 }

@@ -6,21 +6,24 @@ from mlactl import model
 from mlactl.errors import MlactlError
 
 
-@pytest.mark.parametrize("name, fields", [
-    ("deepseek-v3", (7168, 128, 1536, 512, 128, 64, 128, 61)),
-    ("deepseek-r1", (7168, 128, 1536, 512, 128, 64, 128, 61)),
-    ("deepseek-v2", (5120, 128, 1536, 512, 128, 64, 128, 60)),
-    ("deepseek-v2-lite", (2048, 16, None, 512, 128, 64, 128, 27)),
-    ("kimi-k2", (7168, 64, 1536, 512, 128, 64, 128, 61)),
-    ("teaching", (4096, 32, 1024, 512, 128, 64, 128, 1)),
-])
+@pytest.mark.parametrize(
+    "name, fields",
+    [
+        ("deepseek-v3", (7168, 128, 1536, 512, 128, 64, 128, 61)),
+        ("deepseek-r1", (7168, 128, 1536, 512, 128, 64, 128, 61)),
+        ("deepseek-v2", (5120, 128, 1536, 512, 128, 64, 128, 60)),
+        ("deepseek-v2-lite", (2048, 16, None, 512, 128, 64, 128, 27)),
+        ("kimi-k2", (7168, 64, 1536, 512, 128, 64, 128, 61)),
+        ("teaching", (4096, 32, 1024, 512, 128, 64, 128, 1)),
+    ],
+)
 def test_presets_match_public_configs(name, fields):
     cfg = model.from_name(name)
     assert (cfg.hidden, cfg.H, cfg.q_lora_rank, cfg.r, cfg.dC, cfg.dR, cfg.dV, cfg.layers) == fields
 
 
 def test_softmax_scale_is_the_models():
-    assert model.from_name("deepseek-v3").softmax_scale == pytest.approx(1 / 192 ** 0.5)
+    assert model.from_name("deepseek-v3").softmax_scale == pytest.approx(1 / 192**0.5)
 
 
 def test_unknown_preset_lists_the_known_ones():
@@ -37,9 +40,17 @@ def test_tp():
 
 
 HF_V3 = {
-    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
-    "num_attention_heads": 128, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64, "v_head_dim": 128, "num_hidden_layers": 61, "vocab_size": 129280,
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "num_attention_heads": 128,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "num_hidden_layers": 61,
+    "vocab_size": 129280,
 }
 
 
@@ -49,7 +60,15 @@ def test_hf_config_loader(tmp_path):
     cfg = model.resolve(str(path))
     preset = model.from_name("deepseek-v3")
     assert (cfg.hidden, cfg.H, cfg.q_lora_rank, cfg.r, cfg.dC, cfg.dR, cfg.dV, cfg.layers) == (
-        preset.hidden, preset.H, preset.q_lora_rank, preset.r, preset.dC, preset.dR, preset.dV, preset.layers)
+        preset.hidden,
+        preset.H,
+        preset.q_lora_rank,
+        preset.r,
+        preset.dC,
+        preset.dR,
+        preset.dV,
+        preset.layers,
+    )
     assert model.resolve(str(tmp_path)).r == 512  # a model folder works too
 
 
@@ -62,8 +81,10 @@ def test_hf_config_null_q_lora_rank(tmp_path):
 def test_hf_config_not_mla_names_missing_fields(tmp_path):
     path = tmp_path / "llama.json"
     path.write_text(json.dumps({"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32}))
-    with pytest.raises(MlactlError, match="not an MLA model config: missing kv_lora_rank, qk_nope_head_dim, "
-                                          "qk_rope_head_dim, v_head_dim"):
+    with pytest.raises(
+        MlactlError,
+        match="not an MLA model config: missing kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim",
+    ):
         model.resolve(str(path))
 
 

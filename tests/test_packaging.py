@@ -21,31 +21,57 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_wheel_installs_and_runs_from_another_folder(tmp_path):
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(dist), str(ROOT)], check=True, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
+        check=True,
+        cwd=tmp_path,
+    )
     wheel = next(dist.glob("mlactl-*.whl"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (site / "borrowed_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
-                    str(wheel)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)], check=True
+    )
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLACTL_HOME")}
     env["MLACTL_HOME"] = str(tmp_path / "home")
     where = subprocess.run(
-        [str(python), "-c", "import mlactl, mlactl.kernels.configs as c, mlactl.profiles as p; "
-                            "print(mlactl.__file__); print(p.__file__)"],
-        capture_output=True, text=True, check=True, cwd=elsewhere, env=env).stdout.split()
+        [
+            str(python),
+            "-c",
+            "import mlactl, mlactl.kernels.configs as c, mlactl.profiles as p; "
+            "print(mlactl.__file__); print(p.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=elsewhere,
+        env=env,
+    ).stdout.split()
     assert all(str(site) in w for w in where), where
-    out = subprocess.run([str(venv / "bin" / "mlactl"), "analyze", "--hardware", "h200", "--format", "json"],
-                         capture_output=True, text=True, check=True, cwd=elsewhere, env=env).stdout
+    out = subprocess.run(
+        [str(venv / "bin" / "mlactl"), "analyze", "--hardware", "h200", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=elsewhere,
+        env=env,
+    ).stdout
     data = json.loads(out)
     assert data["hardware"]["name"] == "h200" and len(data["rows"]) == 18
-    listed = subprocess.run([str(venv / "bin" / "mlactl"), "list"], capture_output=True, text=True,
-                            check=True, cwd=elsewhere, env=env).stdout
+    listed = subprocess.run(
+        [str(venv / "bin" / "mlactl"), "list"], capture_output=True, text=True, check=True, cwd=elsewhere, env=env
+    ).stdout
     assert "mi300x" in listed

@@ -31,34 +31,58 @@ MAGIC = {"png": b"\x89PNG", "svg": b"<svg", "pdf": b"%PDF"}
 
 # -- a results file as the torch backend's tune writes one on a CPU --------------------------------
 
+
 def torch_cpu_results(**overrides) -> dict:
     """A small results file laid out as `mlactl tune --backend torch` on a CPU writes it, made by
     hand until that tune lands; an end-to-end test can then run it and reuse the checks below.
     Times are placeholders: the checks are of placement, not of speed."""
     data = {
-        "schema": "mlactl.results", "schema_version": 1,
-        "run_id": "20261130-064500-cpu-deepseek-v3", "created": "2026-11-30T06:45:00Z",
+        "schema": "mlactl.results",
+        "schema_version": 1,
+        "run_id": "20261130-064500-cpu-deepseek-v3",
+        "created": "2026-11-30T06:45:00Z",
         "mlactl_version": "0.1.0",
         "device": {"name": "cpu", "type": "cpu", "hardware": None},
         "versions": {"python": "3.11.2", "torch": "2.5.1"},
         "backend": "torch",
         "timing": {"method": "wall-clock", "l2": "warm", "warmup": 1, "repeats": 3, "meaningful": False},
-        "model": model.from_name("deepseek-v3").to_dict(), "kv_dtype": "bf16", "dtype": "bf16", "chunk": 8192,
+        "model": model.from_name("deepseek-v3").to_dict(),
+        "kv_dtype": "bf16",
+        "dtype": "bf16",
+        "chunk": 8192,
         "kernels": [
-            {"kernel": "mla_decode", "bucket": "B=1,H=128,S_q=1,ctx=4096",
-             "shape": {"B": 1, "H": 128, "S_q": 1, "ctx": 4096},
-             "configs": [
-                 {"config": {"BLOCK_N": 32, "num_warps": 4}, "status": "ok", "reason": "", "median_s": 2e-3},
-                 {"config": {"BLOCK_N": 64, "num_warps": 4}, "status": "ok", "reason": "", "median_s": 1.5e-3},
-                 {"config": {"BLOCK_N": 128, "num_warps": 8}, "status": "failed",
-                  "reason": "out of shared memory", "median_s": None},
-                 {"config": {"BLOCK_N": 256, "num_warps": 8}, "status": "wrong", "reason": "max error 0.3",
-                  "median_s": None}],
-             "best": {"BLOCK_N": 64, "num_warps": 4}, "best_median_s": 1.5e-3,
-             "default_median_s": 1.8e-3, "twin_median_s": 9e-3},
-            {"kernel": "mla_prefill", "bucket": "B=1,H=128,S_q=256,ctx=4352",
-             "configs": [{"config": {"BLOCK_M": 64}, "status": "ok", "reason": "", "median_s": 4e-3}],
-             "best": {"BLOCK_M": 64}, "best_median_s": 4e-3},
+            {
+                "kernel": "mla_decode",
+                "bucket": "B=1,H=128,S_q=1,ctx=4096",
+                "shape": {"B": 1, "H": 128, "S_q": 1, "ctx": 4096},
+                "configs": [
+                    {"config": {"BLOCK_N": 32, "num_warps": 4}, "status": "ok", "reason": "", "median_s": 2e-3},
+                    {"config": {"BLOCK_N": 64, "num_warps": 4}, "status": "ok", "reason": "", "median_s": 1.5e-3},
+                    {
+                        "config": {"BLOCK_N": 128, "num_warps": 8},
+                        "status": "failed",
+                        "reason": "out of shared memory",
+                        "median_s": None,
+                    },
+                    {
+                        "config": {"BLOCK_N": 256, "num_warps": 8},
+                        "status": "wrong",
+                        "reason": "max error 0.3",
+                        "median_s": None,
+                    },
+                ],
+                "best": {"BLOCK_N": 64, "num_warps": 4},
+                "best_median_s": 1.5e-3,
+                "default_median_s": 1.8e-3,
+                "twin_median_s": 9e-3,
+            },
+            {
+                "kernel": "mla_prefill",
+                "bucket": "B=1,H=128,S_q=256,ctx=4352",
+                "configs": [{"config": {"BLOCK_M": 64}, "status": "ok", "reason": "", "median_s": 4e-3}],
+                "best": {"BLOCK_M": 64},
+                "best_median_s": 4e-3,
+            },
         ],
         "paths": [
             {"batch": 1, "new": 1, "prefix": 4095, "path": "absorb", "median_s": 1e-4},
@@ -92,8 +116,9 @@ def v3_analysis(new, prefix, batch=(1,), hw="h200", **kw):
 
 def decode_analysis():
     """The roofline's default shapes: decode after 4K and 32K, a 4K prefill."""
-    return analysis.analyze(model.from_name("deepseek-v3"), hardware.from_name("h200"),
-                            [1, 1, 1], [1, 1, 4096], [4096, 32768, 0])
+    return analysis.analyze(
+        model.from_name("deepseek-v3"), hardware.from_name("h200"), [1, 1, 1], [1, 1, 4096], [4096, 32768, 0]
+    )
 
 
 def find(points, **match):
@@ -103,6 +128,7 @@ def find(points, **match):
 
 
 # -- roofline ------------------------------------------------------------------------------------
+
 
 def test_roofline_ridge_ceilings_and_analytic_points():
     fig, data = plot.roofline(decode_analysis())
@@ -152,15 +178,23 @@ def test_roofline_measured_points_come_from_cost_over_median():
     assert prefill["flops_per_s"] == pytest.approx(prefill["flops"] / 6e-4)
     # the results' measured ceilings, beside the datasheet's
     measured = [c for c in data["ceilings"] if c["label"] == "measured (cpu)"]
-    assert measured == [{"label": "measured (cpu)", "dtype": "bf16", "peak_flops": 700e12,
-                         "bandwidth": 4e12, "ridge": pytest.approx(175)}]
+    assert measured == [
+        {
+            "label": "measured (cpu)",
+            "dtype": "bf16",
+            "peak_flops": 700e12,
+            "bandwidth": 4e12,
+            "ridge": pytest.approx(175),
+        }
+    ]
 
 
 def test_roofline_profile_with_measured_ceilings(tmp_path):
     toml = (hardware.shipped_dir() / "h200.toml").read_text()
     path = tmp_path / "h200.toml"
-    path.write_text(toml + '\n[measured]\nbandwidth_tbs = 4.3\ndevice = "NVIDIA H200"\n'
-                           '[measured.peak_tflops]\nbf16 = 780\n')
+    path.write_text(
+        toml + '\n[measured]\nbandwidth_tbs = 4.3\ndevice = "NVIDIA H200"\n[measured.peak_tflops]\nbf16 = 780\n'
+    )
     for use_measured in (False, True):
         hw = hardware.resolve(str(path), measured=use_measured)
         result = analysis.analyze(model.from_name("deepseek-v3"), hw, [1], [1], [4096])
@@ -174,6 +208,7 @@ def test_roofline_profile_with_measured_ceilings(tmp_path):
 
 
 # -- crossover -----------------------------------------------------------------------------------
+
 
 def test_crossover_markers_sit_at_the_analysis_crossover():
     prefixes = (0, 4096, 32768)
@@ -253,17 +288,21 @@ def test_pathmap_measured_boundary_and_threshold():
     assert [m["new"] for m in batch8["measured_boundary"]] == [64]
 
 
-@pytest.mark.parametrize("new, prefix, batch, message", [
-    pytest.param([1], PREFIX, (1,), "at least two", id="one-new"),
-    pytest.param(NEW, [0], (1,), "at least two", id="one-prefix"),
-    pytest.param(NEW, PREFIX, (1, 8), "one batch size", id="two-batches"),
-])
+@pytest.mark.parametrize(
+    "new, prefix, batch, message",
+    [
+        pytest.param([1], PREFIX, (1,), "at least two", id="one-new"),
+        pytest.param(NEW, [0], (1,), "at least two", id="one-prefix"),
+        pytest.param(NEW, PREFIX, (1, 8), "one batch size", id="two-batches"),
+    ],
+)
 def test_pathmap_bad_grids(new, prefix, batch, message):
     with pytest.raises(MlactlError, match=message):
         plot.pathmap(v3_analysis(new, prefix, batch=batch))
 
 
 # -- tune ----------------------------------------------------------------------------------------
+
 
 def test_tune_configs_failures_and_best():
     _, data = plot.tune(torch_cpu_results())
@@ -295,6 +334,7 @@ def test_tune_picks_kernel_and_bucket():
 
 # -- files ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", ["png", "svg", "pdf"])
 def test_save_writes_the_format_of_the_extension(tmp_path, fmt):
     fig, _ = plot.tune(torch_cpu_results())
@@ -317,15 +357,19 @@ def test_save_rejects_other_extensions(tmp_path):
 
 # -- the command line ----------------------------------------------------------------------------
 
+
 def run(*args):
     return runner.invoke(app, ["plot", *map(str, args)])
 
 
-@pytest.mark.parametrize("chart, fmt, extra", [
-    pytest.param("roofline", "svg", [], id="roofline-svg"),
-    pytest.param("crossover", "pdf", ["--new", "1:512:*2", "--prefix", "0,4K"], id="crossover-pdf"),
-    pytest.param("pathmap", "png", ["--new", "1:4K:*4", "--prefix", "0,1K,8K,32K"], id="pathmap-png"),
-])
+@pytest.mark.parametrize(
+    "chart, fmt, extra",
+    [
+        pytest.param("roofline", "svg", [], id="roofline-svg"),
+        pytest.param("crossover", "pdf", ["--new", "1:512:*2", "--prefix", "0,4K"], id="crossover-pdf"),
+        pytest.param("pathmap", "png", ["--new", "1:4K:*4", "--prefix", "0,1K,8K,32K"], id="pathmap-png"),
+    ],
+)
 @pytest.mark.parametrize("measured", [False, True], ids=["analytic", "measured"])
 def test_cli_charts(tmp_path, results_file, chart, fmt, extra, measured):
     out = tmp_path / f"{chart}.{fmt}"
@@ -340,8 +384,17 @@ def test_cli_charts(tmp_path, results_file, chart, fmt, extra, measured):
 
 def test_cli_tune_and_default_output(tmp_path, results_file, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = run("tune", "--results", results_file, "--kernel", "mla_decode",
-                 "--bucket", "B=1,H=128,S_q=1,ctx=4096", "--dpi", "50")
+    result = run(
+        "tune",
+        "--results",
+        results_file,
+        "--kernel",
+        "mla_decode",
+        "--bucket",
+        "B=1,H=128,S_q=1,ctx=4096",
+        "--dpi",
+        "50",
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "tune.png").read_bytes().startswith(MAGIC["png"])
 
@@ -352,30 +405,53 @@ def write_results(tmp_path, name, **overrides):
     return path
 
 
-@pytest.mark.parametrize("args, message", [
-    pytest.param(["roofline", "-o", "{tmp}/chart.jpg"], "'.jpg'; use .png, .svg or .pdf", id="extension"),
-    pytest.param(["crossover", "-o", "{tmp}/chart"], "no extension; use .png", id="no-extension"),
-    pytest.param(["roofline", "-r", "{tmp}/missing.json", "-o", "{tmp}/x.png"], "cannot read results", id="missing"),
-    pytest.param(["roofline", "-r", "{tmp}/corrupt.json", "-o", "{tmp}/x.png"], "not valid JSON", id="corrupt"),
-    pytest.param(["roofline", "-r", "{kimi}", "-o", "{tmp}/x.png"],
-                 "was measured for model 'kimi-k2', not 'deepseek-v3'", id="other-model"),
-    pytest.param(["pathmap", "--hardware", "h200", "-r", "{h100}", "-o", "{tmp}/x.png"],
-                 "was measured on NVIDIA H100 (h100-sxm), not h200", id="other-device"),
-    pytest.param(["crossover", "--kv-dtype", "fp8", "-r", "{cpu}", "-o", "{tmp}/x.png"],
-                 "measured with kv_dtype bf16, not fp8 (pass --kv-dtype bf16", id="other-kv-dtype"),
-    pytest.param(["crossover", "--tp", "8", "-r", "{cpu}", "-o", "{tmp}/x.png"],
-                 "measured with 128 heads per GPU, not 16", id="other-tp"),
-    pytest.param(["tune", "-r", "{cpu}", "--bucket", "B=9", "-o", "{tmp}/x.png"],
-                 "bucket 'B=9' is not in the results", id="bucket"),
-    pytest.param(["tune", "-r", "{cpu}", "--kernel", "nope", "-o", "{tmp}/x.png"],
-                 "no sweep of kernel 'nope'", id="kernel"),
-    pytest.param(["pathmap", "--new", "1,", "-o", "{tmp}/x.png"], "--new: empty item", id="empty-grid"),
-    pytest.param(["pathmap", "--new", "64", "-o", "{tmp}/x.png"], "at least two --new values", id="one-column"),
-    pytest.param(["crossover", "--batch", "1,8", "-o", "{tmp}/x.png"], "--batch takes one value", id="two-batches"),
-    pytest.param(["crossover", "--prefix", "0:13", "-o", "{tmp}/x.png"], "at most 12 prefixes", id="many-panels"),
-    pytest.param(["roofline", "--new", "1:64", "-o", "{tmp}/x.png"], "at most 24 shapes", id="many-shapes"),
-    pytest.param(["roofline", "--prefix", "0", "--context", "8", "-o", "{tmp}/x.png"], "not both", id="prefix-and-context"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        pytest.param(["roofline", "-o", "{tmp}/chart.jpg"], "'.jpg'; use .png, .svg or .pdf", id="extension"),
+        pytest.param(["crossover", "-o", "{tmp}/chart"], "no extension; use .png", id="no-extension"),
+        pytest.param(
+            ["roofline", "-r", "{tmp}/missing.json", "-o", "{tmp}/x.png"], "cannot read results", id="missing"
+        ),
+        pytest.param(["roofline", "-r", "{tmp}/corrupt.json", "-o", "{tmp}/x.png"], "not valid JSON", id="corrupt"),
+        pytest.param(
+            ["roofline", "-r", "{kimi}", "-o", "{tmp}/x.png"],
+            "was measured for model 'kimi-k2', not 'deepseek-v3'",
+            id="other-model",
+        ),
+        pytest.param(
+            ["pathmap", "--hardware", "h200", "-r", "{h100}", "-o", "{tmp}/x.png"],
+            "was measured on NVIDIA H100 (h100-sxm), not h200",
+            id="other-device",
+        ),
+        pytest.param(
+            ["crossover", "--kv-dtype", "fp8", "-r", "{cpu}", "-o", "{tmp}/x.png"],
+            "measured with kv_dtype bf16, not fp8 (pass --kv-dtype bf16",
+            id="other-kv-dtype",
+        ),
+        pytest.param(
+            ["crossover", "--tp", "8", "-r", "{cpu}", "-o", "{tmp}/x.png"],
+            "measured with 128 heads per GPU, not 16",
+            id="other-tp",
+        ),
+        pytest.param(
+            ["tune", "-r", "{cpu}", "--bucket", "B=9", "-o", "{tmp}/x.png"],
+            "bucket 'B=9' is not in the results",
+            id="bucket",
+        ),
+        pytest.param(
+            ["tune", "-r", "{cpu}", "--kernel", "nope", "-o", "{tmp}/x.png"], "no sweep of kernel 'nope'", id="kernel"
+        ),
+        pytest.param(["pathmap", "--new", "1,", "-o", "{tmp}/x.png"], "--new: empty item", id="empty-grid"),
+        pytest.param(["pathmap", "--new", "64", "-o", "{tmp}/x.png"], "at least two --new values", id="one-column"),
+        pytest.param(["crossover", "--batch", "1,8", "-o", "{tmp}/x.png"], "--batch takes one value", id="two-batches"),
+        pytest.param(["crossover", "--prefix", "0:13", "-o", "{tmp}/x.png"], "at most 12 prefixes", id="many-panels"),
+        pytest.param(["roofline", "--new", "1:64", "-o", "{tmp}/x.png"], "at most 24 shapes", id="many-shapes"),
+        pytest.param(
+            ["roofline", "--prefix", "0", "--context", "8", "-o", "{tmp}/x.png"], "not both", id="prefix-and-context"
+        ),
+    ],
+)
 def test_cli_errors_are_one_line(tmp_path, args, message):
     (tmp_path / "corrupt.json").write_text('{"schema": "mlactl.res')
     names = {

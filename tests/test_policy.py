@@ -11,7 +11,12 @@ V3 = model.from_name("deepseek-v3")
 
 def test_fixed_threshold_rule():
     assert list(fixed_threshold([0, 1, 8191, 8192, 50000], 8192)) == [
-        "expand", "absorb", "absorb", "expand_chunked", "expand_chunked"]
+        "expand",
+        "absorb",
+        "absorb",
+        "expand_chunked",
+        "expand_chunked",
+    ]
     with pytest.raises(MlactlError, match="--threshold must be a positive integer"):
         fixed_threshold([0], 0)
 

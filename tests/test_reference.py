@@ -104,19 +104,19 @@ def test_odd_rope_dim_refused():
         R.random_weights(1, 8, 5, 8, 8, 16)
 
 
-def test_absorb_path_agrees_with_the_decode_twin():
-    """Cross-check with kernels/absorb_naive.py (another author's statement of the absorb math):
+def test_decode_path_agrees_with_the_decode_twin():
+    """Cross-check with kernels/decode_naive.py (another author's statement of the absorb math):
     its latent attention over a paged cache, projected by W_UV, is reference.py's absorb path."""
-    absorb_naive = pytest.importorskip("mlactl.kernels.absorb_naive")
+    decode_naive = pytest.importorskip("mlactl.kernels.decode_naive")
     H, r, dR, dC, dV, hidden, T, prefix = 2, 32, 16, 16, 24, 40, 19, 12
     w = R.random_weights(H, r, dR, dC, dV, hidden, q_lora_rank=20, seed=11)
     x = torch.randn(T, hidden, dtype=torch.float64, generator=torch.Generator().manual_seed(11))
     q_nope, q_rope, c, k_r = R.project(w, x, prefix)
     ref_o, ref_lse = R.attend_absorb(q_nope, q_rope, c, k_r, w.w_uk, w.w_uv, w.scale)
     kv, table, lens = R.build_paged_cache([torch.cat([c, k_r], -1).float()], block_size=4)
-    q_lat = torch.einsum("qhc,hcr->qhr", q_nope, w.w_uk)                 # [n, H, r]
-    q = torch.cat([q_lat, q_rope], -1).float()[None]                     # [1, n, H, r+dR]
-    o_lat, lse = absorb_naive.mla_decode_naive(q, kv, table, lens, w.scale, causal=True, r=r)
-    o = torch.einsum("qhr,hvr->qhv", o_lat[0].double(), w.w_uv)         # [n, H, dV]
+    q_lat = torch.einsum("qhc,hcr->qhr", q_nope, w.w_uk)  # [n, H, r]
+    q = torch.cat([q_lat, q_rope], -1).float()[None]  # [1, n, H, r+dR]
+    o_lat, lse = decode_naive.mla_decode_naive(q, kv, table, lens, w.scale, causal=True, r=r)
+    o = torch.einsum("qhr,hvr->qhv", o_lat[0].double(), w.w_uv)  # [n, H, dV]
     torch.testing.assert_close(o, ref_o, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse[0].double(), ref_lse, atol=1e-5, rtol=1e-5)

@@ -23,9 +23,17 @@ runner = CliRunner()
 
 # Small enough for a CPU, with absorb much costlier per pair than expand (as in DeepSeek):
 # pair_absorb / pair_expand = 2176 / 384, so expand wins from a few dozen new tokens.
-SMALL = {"model_type": "small-mla", "hidden_size": 256, "num_attention_heads": 4, "kv_lora_rank": 128,
-         "q_lora_rank": None, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
-         "num_hidden_layers": 2}
+SMALL = {
+    "model_type": "small-mla",
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "kv_lora_rank": 128,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 16,
+    "num_hidden_layers": 2,
+}
 # What the interpreter can run quickly: power-of-two dims, two heads.
 TINY = dict(SMALL, model_type="tiny-mla", num_attention_heads=2, kv_lora_rank=32)
 
@@ -53,14 +61,27 @@ def test_torch_backend_end_to_end(tmp_path, home):
     that analyze --policy measured and every plot read."""
     model = model_file(tmp_path, SMALL)
     out = tmp_path / "run.json"
-    result = invoke("paths", "--backend", "torch", "--model", model, "--prefix", "0,64", "--new", "1:512:*8",
-                    "--results-file", str(out), "--quick")
+    result = invoke(
+        "paths",
+        "--backend",
+        "torch",
+        "--model",
+        model,
+        "--prefix",
+        "0,64",
+        "--new",
+        "1:512:*8",
+        "--results-file",
+        str(out),
+        "--quick",
+    )
     assert result.exit_code == 0, result.output
     data = results.load(out)
     assert data["backend"] == "torch" and data["device"]["name"] == "cpu"
     assert data["timing"]["method"] == "wall-clock"
     assert {(r["prefix"], r["new"], r["path"]) for r in data["paths"]} >= {
-        (p, n, path) for p in (0, 64) for n in (1, 8, 64, 512) for path in ("expand", "absorb")}
+        (p, n, path) for p in (0, 64) for n in (1, 8, 64, 512) for path in ("expand", "absorb")
+    }
     for row in data["paths"]:
         assert row["status"] == "ok" and row["median_s"] > 0 and row["p10_s"] <= row["median_s"] <= row["p90_s"]
         assert row["agreement"] < 1e-3  # both paths computed the same function
@@ -73,23 +94,45 @@ def test_torch_backend_end_to_end(tmp_path, home):
     assert set(rows) == {0, 64}
     for r in rows.values():
         assert r["measured"] is None or r["measured"] in r["measured_new"]
-        assert r["predicted_by_flops"] == (1 if r["prefix"] == 0 else
-                                           __import__("mlactl.cost", fromlist=["CostModel"]).CostModel(
-                                               from_hf_config(model)).crossover_by_flops(64))
+        assert r["predicted_by_flops"] == (
+            1
+            if r["prefix"] == 0
+            else __import__("mlactl.cost", fromlist=["CostModel"])
+            .CostModel(from_hf_config(model))
+            .crossover_by_flops(64)
+        )
 
     # the measured policy reads it; a profile of round numbers stands in for this CPU's
     cpu = tmp_path / "cpu.toml"
     cpu.write_text('name = "cpu"\nmemory_gb = 16\nbandwidth_tbs = 0.02\n[peak_tflops]\nfp32 = 0.2\n')
     same = ["--model", model, "--hardware", str(cpu), "--kv-dtype", "fp32", "--dtype", "fp32"]
-    analyzed = runner.invoke(app, ["analyze", *same, "--policy", "measured", "--results", str(out),
-                                   "--new", "1,512", "--prefix", "0,64", "--format", "json"])
+    analyzed = runner.invoke(
+        app,
+        [
+            "analyze",
+            *same,
+            "--policy",
+            "measured",
+            "--results",
+            str(out),
+            "--new",
+            "1,512",
+            "--prefix",
+            "0,64",
+            "--format",
+            "json",
+        ],
+    )
     assert analyzed.exit_code == 0, analyzed.output
     policy = [row["policy"] for row in json.loads(analyzed.output)["rows"]]
     assert all(p["name"] == "measured" and p["path"] in ("expand", "absorb") for p in policy)
 
     # every chart takes it
-    for chart, extra in (("crossover", ["--prefix", "0,64"]), ("roofline", []),
-                         ("pathmap", ["--prefix", "0,64,512", "--new", "1:512:*2"])):
+    for chart, extra in (
+        ("crossover", ["--prefix", "0,64"]),
+        ("roofline", []),
+        ("pathmap", ["--prefix", "0,64,512", "--new", "1:512:*2"]),
+    ):
         png = tmp_path / f"{chart}.png"
         shown = runner.invoke(app, ["plot", chart, *same, "--results", str(out), "-o", str(png), *extra])
         assert shown.exit_code == 0, (chart, shown.output)
@@ -97,8 +140,12 @@ def test_torch_backend_end_to_end(tmp_path, home):
 
 
 def test_measured_crossover_logic():
-    t = {1: {"expand": 3, "absorb": 1}, 8: {"expand": 2, "absorb": 1}, 64: {"expand": 1, "absorb": 2},
-         512: {"expand": 1, "absorb": 9}}
+    t = {
+        1: {"expand": 3, "absorb": 1},
+        8: {"expand": 2, "absorb": 1},
+        64: {"expand": 1, "absorb": 2},
+        512: {"expand": 1, "absorb": 9},
+    }
     assert sweep.measured_crossover(t) == 64
     t[1] = {"expand": 0.5, "absorb": 1}  # a noisy win below a loss does not move it
     assert sweep.measured_crossover(t) == 64
@@ -133,12 +180,30 @@ def test_interpreter_backend_records_a_failing_config(tmp_path, home):
     model = model_file(tmp_path, TINY)
     space = tmp_path / "space.json"
     # BLOCK_H 24 is not a power of two: the launcher refuses it; the sweep must record and go on
-    space.write_text(json.dumps([{"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
-                                 {"BLOCK_H": 24, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
-                                 {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}]))
+    space.write_text(
+        json.dumps(
+            [
+                {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+                {"BLOCK_H": 24, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+                {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+            ]
+        )
+    )
     out = tmp_path / "interp.json"
-    result = invoke("kernels", "--interpret", "--model", model, "--kernel", "mla_decode", "--space", str(space),
-                    "--dtype", "fp16", "--results-file", str(out))
+    result = invoke(
+        "kernels",
+        "--interpret",
+        "--model",
+        model,
+        "--kernel",
+        "mla_decode",
+        "--space",
+        str(space),
+        "--dtype",
+        "fp16",
+        "--results-file",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     assert "times mean nothing" in result.output
     data = results.load(out)
@@ -163,9 +228,17 @@ class Killed(BaseException):
 def test_resume_after_interruption(tmp_path, home, monkeypatch):
     model = from_hf_config(model_file(tmp_path, SMALL))
     out = tmp_path / "resume.json"
-    header = {"schema": "mlactl.results", "schema_version": 1, "device": {"name": "cpu"}, "backend": "torch",
-              "timing": {}, "model": model.to_dict(), "kv_dtype": "fp32", "dtype": "fp32",
-              "versions": {"torch": "x"}}
+    header = {
+        "schema": "mlactl.results",
+        "schema_version": 1,
+        "device": {"name": "cpu"},
+        "backend": "torch",
+        "timing": {},
+        "model": model.to_dict(),
+        "kv_dtype": "fp32",
+        "dtype": "fp32",
+        "versions": {"torch": "x"},
+    }
     measured, kill_at = [], [5]
 
     def fake_time(self, fn):
@@ -215,8 +288,17 @@ def test_foreign_version_results_file(tmp_path):
 
 
 def _writer(path, tag, count):
-    header = {"schema": "mlactl.results", "schema_version": 1, "device": {"name": "cpu"}, "backend": "torch",
-              "timing": {}, "model": {"name": "m"}, "kv_dtype": "fp32", "dtype": "fp32", "versions": {}}
+    header = {
+        "schema": "mlactl.results",
+        "schema_version": 1,
+        "device": {"name": "cpu"},
+        "backend": "torch",
+        "timing": {},
+        "model": {"name": "m"},
+        "kv_dtype": "fp32",
+        "dtype": "fp32",
+        "versions": {},
+    }
     store = store_mod.ResultsStore(path, header)
     for i in range(count):
         store.add("paths", {"batch": tag, "new": i, "prefix": 0, "path": "absorb", "median_s": 1.0})
@@ -237,16 +319,21 @@ def test_two_concurrent_writers_lose_nothing(tmp_path):
 
 def test_nearest_bucket_lookup(tmp_path, monkeypatch):
     monkeypatch.setenv("MLACTL_TUNED_DIR", str(tmp_path))
-    buckets = {"B=1,H=128,S_q=1,ctx=1024": {"BLOCK_N": 16}, "B=128,H=128,S_q=1,ctx=8192": {"BLOCK_N": 64},
-               "B=32,H=16,S_q=1,ctx=8192": {"BLOCK_N": 32}}
+    buckets = {
+        "B=1,H=128,S_q=1,ctx=1024": {"BLOCK_N": 16},
+        "B=128,H=128,S_q=1,ctx=8192": {"BLOCK_N": 64},
+        "B=32,H=16,S_q=1,ctx=8192": {"BLOCK_N": 32},
+    }
     assert configs.nearest(buckets, B=100, H=128, S_q=1, ctx=16384) == {"BLOCK_N": 64}
     assert configs.nearest(buckets, B=2, H=128, S_q=1, ctx=512) == {"BLOCK_N": 16}
     assert configs.nearest(buckets, B=2, H=16, S_q=1, ctx=512) == {"BLOCK_N": 32}
     assert configs.nearest(buckets, B=2, H=16) is None  # other names: no match
-    store_mod.write_tuned_config("mla_decode", "NVIDIA H200", "bf16", "B=128,H=128,S_q=1,ctx=8192",
-                                 {"BLOCK_N": 64}, "3.6.0", folder=tmp_path)
-    store_mod.write_tuned_config("mla_decode", "NVIDIA H200", "bf16", "B=1,H=128,S_q=1,ctx=1024",
-                                 {"BLOCK_N": 16}, "3.6.0", folder=tmp_path)
+    store_mod.write_tuned_config(
+        "mla_decode", "NVIDIA H200", "bf16", "B=128,H=128,S_q=1,ctx=8192", {"BLOCK_N": 64}, "3.6.0", folder=tmp_path
+    )
+    store_mod.write_tuned_config(
+        "mla_decode", "NVIDIA H200", "bf16", "B=1,H=128,S_q=1,ctx=1024", {"BLOCK_N": 16}, "3.6.0", folder=tmp_path
+    )
     assert (tmp_path / "kernel=mla_decode,device_name=NVIDIA_H200,dtype=bf16.json").is_file()
     assert configs.lookup("mla_decode", "NVIDIA H200", "bf16", B=64, H=128, S_q=1, ctx=8000) == {"BLOCK_N": 64}
     assert configs.lookup("mla_decode", "NVIDIA H200", "bf16", B=1, H=128, S_q=1, ctx=900) == {"BLOCK_N": 16}
@@ -267,13 +354,16 @@ def test_triton_backend_without_cuda_is_one_line(tmp_path, home):
         assert "--backend triton needs a CUDA GPU" in lines[0] and "--backend torch" in lines[0]
 
 
-@pytest.mark.parametrize("args, message", [
-    (("kernels", "--interpret", "--kernel", "flash"), "--kernel 'flash' is unknown"),
-    (("paths", "--backend", "jax"), "--backend must be one of triton, torch, interpret"),
-    (("paths", "--backend", "torch", "--new", "0"), "--new: 0 must be a positive integer"),
-    (("paths", "--backend", "torch", "--dtype", "int8"), "--dtype must be one of"),
-    (("kernels", "--interpret", "--device", "cuda"), "--device cuda"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("kernels", "--interpret", "--kernel", "flash"), "--kernel 'flash' is unknown"),
+        (("paths", "--backend", "jax"), "--backend must be one of triton, torch, interpret"),
+        (("paths", "--backend", "torch", "--new", "0"), "--new: 0 must be a positive integer"),
+        (("paths", "--backend", "torch", "--dtype", "int8"), "--dtype must be one of"),
+        (("kernels", "--interpret", "--device", "cuda"), "--device cuda"),
+    ],
+)
 def test_tune_bad_input(tmp_path, home, args, message):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
@@ -289,7 +379,22 @@ def test_ceilings_on_cpu_write_a_measured_profile(tmp_path, home):
 
     hw = hardware.resolve("cpu", measured=True)
     assert hw.using_measured and hw.bandwidth > 0 and hw.peak_flops("fp32") > 0
-    analyzed = runner.invoke(app, ["analyze", "--hardware", "cpu", "--measured", "--dtype", "fp32",
-                                   "--kv-dtype", "fp32", "--model", "teaching", "--new", "1"])
+    analyzed = runner.invoke(
+        app,
+        [
+            "analyze",
+            "--hardware",
+            "cpu",
+            "--measured",
+            "--dtype",
+            "fp32",
+            "--kv-dtype",
+            "fp32",
+            "--model",
+            "teaching",
+            "--new",
+            "1",
+        ],
+    )
     assert analyzed.exit_code == 0, analyzed.output
     assert os.listdir(home / "results" / "cpu")  # the run's results file too

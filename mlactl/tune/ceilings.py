@@ -12,7 +12,7 @@ import re
 import time
 from pathlib import Path
 
-from mlactl import hardware, paths
+from mlactl import dirs, hardware
 from mlactl.io import atomic_write
 from mlactl.tune.timing import time_call
 
@@ -131,14 +131,24 @@ def write_measured_profile(name_of_device: str, measured: dict, folder: Path | N
     with none, the measurement itself as nominal) plus a [measured] table."""
     base = hardware.detect(name_of_device)
     stamp = time.strftime("%Y-%m-%d")
+
     def sig(x: float) -> float:  # 4 significant digits, whatever the scale (a CPU: 0.01 TFLOP/s)
         return float(f"{x:.4g}")
 
-    table = {"bandwidth_tbs": sig(measured["bandwidth_tbs"]), "device": name_of_device,
-             "date": stamp, "peak_tflops": {k: sig(v) for k, v in measured["peak_tflops"].items()}}
+    table = {
+        "bandwidth_tbs": sig(measured["bandwidth_tbs"]),
+        "device": name_of_device,
+        "date": stamp,
+        "peak_tflops": {k: sig(v) for k, v in measured["peak_tflops"].items()},
+    }
     if base is not None:
-        profile = {"name": base.name, "display": base.display, "match": list(base.match),
-                   "memory_gb": base.memory_gb, "bandwidth_tbs": base.bandwidth_tbs}
+        profile = {
+            "name": base.name,
+            "display": base.display,
+            "match": list(base.match),
+            "memory_gb": base.memory_gb,
+            "bandwidth_tbs": base.bandwidth_tbs,
+        }
         for key in ("sm_count", "smem_per_sm_kib", "l2_mib"):
             if getattr(base, key) is not None:
                 profile[key] = getattr(base, key)
@@ -149,13 +159,17 @@ def write_measured_profile(name_of_device: str, measured: dict, folder: Path | N
         display = name_of_device
         if name_of_device == "cpu":
             display = f"CPU ({platform.processor() or platform.machine()})"
-        profile = {"name": slug, "display": display, "match": [name_of_device],
-                   "memory_gb": round(measured.get("memory_gb", 1.0), 1),
-                   "bandwidth_tbs": table["bandwidth_tbs"],
-                   "sources": [f"no datasheet profile: nominal = measured by mlactl tune ceilings, {stamp}"],
-                   "peak_tflops": dict(table["peak_tflops"])}
+        profile = {
+            "name": slug,
+            "display": display,
+            "match": [name_of_device],
+            "memory_gb": round(measured.get("memory_gb", 1.0), 1),
+            "bandwidth_tbs": table["bandwidth_tbs"],
+            "sources": [f"no datasheet profile: nominal = measured by mlactl tune ceilings, {stamp}"],
+            "peak_tflops": dict(table["peak_tflops"]),
+        }
     profile["measured"] = table
-    folder = folder or paths.user_hardware_dir()
+    folder = folder or dirs.user_hardware_dir()
     path = folder / f"{profile['name']}.toml"
     atomic_write(path, profile_toml(profile))
     hardware.load_profile(path)  # what we wrote must read back

@@ -23,6 +23,7 @@ def torch_dtype(name: str) -> torch.dtype:
 @dataclass
 class PagedBatch:
     """A uniform batch: every request has `new` new tokens after `prefix` cached ones."""
+
     q_nope: torch.Tensor  # [B*new, H, dC]
     q_rope: torch.Tensor  # [B*new, H, dR]
     kv_cache: torch.Tensor  # [num_blocks, PAGE, r + dR]
@@ -35,14 +36,30 @@ class PagedBatch:
     scale: float
 
     def attention_args(self) -> dict:
-        return dict(q_nope=self.q_nope, q_rope=self.q_rope, kv_cache=self.kv_cache,
-                    block_table=self.block_table, cache_seqlens=self.cache_seqlens,
-                    new_lens=self.new_lens, w_uk=self.w_uk, w_uv=self.w_uv, scale=self.scale,
-                    kv_scale=self.kv_scale)
+        return dict(
+            q_nope=self.q_nope,
+            q_rope=self.q_rope,
+            kv_cache=self.kv_cache,
+            block_table=self.block_table,
+            cache_seqlens=self.cache_seqlens,
+            new_lens=self.new_lens,
+            w_uk=self.w_uk,
+            w_uv=self.w_uv,
+            scale=self.scale,
+            kv_scale=self.kv_scale,
+        )
 
 
-def paged_cache(B: int, context: int, width: int, kv_dtype: str, dtype: torch.dtype, device,
-                generator: torch.Generator, page: int = PAGE):
+def paged_cache(
+    B: int,
+    context: int,
+    width: int,
+    kv_dtype: str,
+    dtype: torch.dtype,
+    device,
+    generator: torch.Generator,
+    page: int = PAGE,
+):
     """(kv_cache [num_blocks, page, width], block_table [B, n] int32, kv_scale or None)."""
     per_request = max(1, -(-context // page))
     num_blocks = B * per_request
@@ -57,8 +74,9 @@ def paged_cache(B: int, context: int, width: int, kv_dtype: str, dtype: torch.dt
     return cache, order.reshape(B, per_request), kv_scale
 
 
-def paged_batch(cfg, B: int, new: int, prefix: int, kv_dtype: str, dtype: str, device, seed: int = 0,
-                page: int = PAGE) -> PagedBatch:
+def paged_batch(
+    cfg, B: int, new: int, prefix: int, kv_dtype: str, dtype: str, device, seed: int = 0, page: int = PAGE
+) -> PagedBatch:
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(seed)
     dt = torch_dtype(dtype)
@@ -76,24 +94,32 @@ def paged_batch(cfg, B: int, new: int, prefix: int, kv_dtype: str, dtype: str, d
         block_table=table,
         cache_seqlens=torch.full((B,), context, dtype=torch.int32, device=device),
         new_lens=torch.full((B,), new, dtype=torch.int32, device=device),
-        w_uk=randn(cfg.H, cfg.dC, cfg.r, scale=cfg.r ** -0.5),
-        w_uv=randn(cfg.H, cfg.dV, cfg.r, scale=cfg.r ** -0.5),
+        w_uk=randn(cfg.H, cfg.dC, cfg.r, scale=cfg.r**-0.5),
+        w_uv=randn(cfg.H, cfg.dV, cfg.r, scale=cfg.r**-0.5),
         kv_scale=kv_scale,
         scale=cfg.softmax_scale,
     )
 
 
-def decode_inputs(cfg, B: int, S_q: int, context: int, kv_dtype: str, dtype: str, device, seed: int = 0,
-                  page: int = PAGE) -> dict:
+def decode_inputs(
+    cfg, B: int, S_q: int, context: int, kv_dtype: str, dtype: str, device, seed: int = 0, page: int = PAGE
+) -> dict:
     """Arguments of mla_decode: q [B, S_q, H, r + dR] and a paged cache of `context` tokens."""
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(seed)
     dt = torch_dtype(dtype)
     kv_cache, table, kv_scale = paged_cache(B, context, cfg.r + cfg.dR, kv_dtype, dt, device, g, page)
     q = (torch.randn(B, S_q, cfg.H, cfg.r + cfg.dR, device=device, generator=g) * 0.5).to(dt)
-    return dict(q=q, kv_cache=kv_cache, block_table=table,
-                cache_seqlens=torch.full((B,), context, dtype=torch.int32, device=device),
-                scale=cfg.softmax_scale, causal=True, kv_scale=kv_scale, r=cfg.r)
+    return dict(
+        q=q,
+        kv_cache=kv_cache,
+        block_table=table,
+        cache_seqlens=torch.full((B,), context, dtype=torch.int32, device=device),
+        scale=cfg.softmax_scale,
+        causal=True,
+        kv_scale=kv_scale,
+        r=cfg.r,
+    )
 
 
 def prefill_inputs(cfg, L: int, dtype: str, device, seed: int = 0) -> dict:
@@ -106,16 +132,27 @@ def prefill_inputs(cfg, L: int, dtype: str, device, seed: int = 0) -> dict:
         return torch.randn(*shape, device=device, generator=g).to(dt)
 
     cu = torch.tensor([0, L], dtype=torch.int32, device=device)
-    return dict(q=randn(L, cfg.H, cfg.dC + cfg.dR), k_nope=randn(L, cfg.H, cfg.dC), k_rope=randn(L, cfg.dR),
-                v=randn(L, cfg.H, cfg.dV), cu_seqlens_q=cu, cu_seqlens_k=cu, scale=cfg.softmax_scale,
-                causal=True, max_seqlen_q=L, max_seqlen_k=L)
+    return dict(
+        q=randn(L, cfg.H, cfg.dC + cfg.dR),
+        k_nope=randn(L, cfg.H, cfg.dC),
+        k_rope=randn(L, cfg.dR),
+        v=randn(L, cfg.H, cfg.dV),
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        scale=cfg.softmax_scale,
+        causal=True,
+        max_seqlen_q=L,
+        max_seqlen_k=L,
+    )
 
 
 def merge_inputs(T: int, H: int, D: int, dtype: str, device, seed: int = 0) -> dict:
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(seed)
     dt = torch_dtype(dtype)
-    return dict(o_a=torch.randn(T, H, D, device=device, generator=g).to(dt),
-                lse_a=torch.randn(T, H, device=device, generator=g),
-                o_b=torch.randn(T, H, D, device=device, generator=g).to(dt),
-                lse_b=torch.randn(T, H, device=device, generator=g))
+    return dict(
+        o_a=torch.randn(T, H, D, device=device, generator=g).to(dt),
+        lse_a=torch.randn(T, H, device=device, generator=g),
+        o_b=torch.randn(T, H, D, device=device, generator=g).to(dt),
+        lse_b=torch.randn(T, H, device=device, generator=g),
+    )

@@ -9,8 +9,8 @@ limit, tile rows against the rows there are), and its FLOPs and bytes, from cost
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from mlactl.cost import CostModel
 from mlactl.tune import inputs
@@ -39,6 +39,7 @@ def _pow2_at_least(x: int, low: int = 1) -> int:
 
 # -- absorb decode --------------------------------------------------------------------------------
 
+
 def _decode_buckets(cfg, quick, device_type):
     if device_type != "cuda":  # the interpreter / a CPU: pipeline checks on tiny shapes
         return [{"B": 2, "H": cfg.H, "S_q": 1, "ctx": 100}]
@@ -55,19 +56,19 @@ def _decode_inputs(cfg, shape, kv_dtype, dtype, device):
 
 
 def _decode_run(kwargs, config):
-    from mlactl.kernels.absorb import mla_decode
+    from mlactl.kernels.decode import mla_decode
 
     return mla_decode(**kwargs, config=config)[0]
 
 
 def _decode_twin(kwargs):
-    from mlactl.kernels.absorb_naive import mla_decode_naive
+    from mlactl.kernels.decode_naive import mla_decode_naive
 
     return mla_decode_naive(**kwargs)[0]
 
 
 def _decode_space(cfg, shape, kv_dtype, dtype, smem):
-    from mlactl.kernels.absorb import smem_bytes
+    from mlactl.kernels.decode import smem_bytes
 
     rows = shape["S_q"] * shape["H"]
     most_rows = max(16, _pow2_at_least(rows))
@@ -92,6 +93,7 @@ def decode_split_space(shape, page: int) -> list[int]:
 
 # -- expand prefill -------------------------------------------------------------------------------
 
+
 def _prefill_buckets(cfg, quick, device_type):
     if device_type != "cuda":
         return [{"H": cfg.H, "L": 64}]
@@ -104,19 +106,19 @@ def _prefill_inputs(cfg, shape, kv_dtype, dtype, device):
 
 
 def _prefill_run(kwargs, config):
-    from mlactl.kernels.expand import mla_prefill
+    from mlactl.kernels.prefill import mla_prefill
 
     return mla_prefill(**kwargs, config=config)[0]
 
 
 def _prefill_twin(kwargs):
-    from mlactl.kernels.expand_naive import mla_prefill_naive
+    from mlactl.kernels.prefill_naive import mla_prefill_naive
 
     return mla_prefill_naive(**kwargs)[0]
 
 
 def _prefill_space(cfg, shape, kv_dtype, dtype, smem):
-    from mlactl.kernels.expand import smem_bytes
+    from mlactl.kernels.prefill import smem_bytes
 
     elt = inputs.torch_dtype(dtype).itemsize
     found = []
@@ -131,6 +133,7 @@ def _prefill_space(cfg, shape, kv_dtype, dtype, smem):
 
 
 # -- lse merge ------------------------------------------------------------------------------------
+
 
 def _merge_buckets(cfg, quick, device_type):
     if device_type != "cuda":
@@ -157,8 +160,11 @@ def _merge_twin(kwargs):
 def _merge_space(cfg, shape, kv_dtype, dtype, smem):
     block_d = _pow2_at_least(cfg.dV)
     heads = _pow2_at_least(shape["H"])
-    return [{"BLOCK_H": h, "num_warps": w} for h, w in itertools.product((1, 2, 4, 8, 16, 32), (1, 2, 4, 8))
-            if h <= heads and h * block_d <= 16384 and w * 32 <= h * block_d]
+    return [
+        {"BLOCK_H": h, "num_warps": w}
+        for h, w in itertools.product((1, 2, 4, 8, 16, 32), (1, 2, 4, 8))
+        if h <= heads and h * block_d <= 16384 and w * 32 <= h * block_d
+    ]
 
 
 def _file_dtype(kv_dtype, dtype):
@@ -167,20 +173,38 @@ def _file_dtype(kv_dtype, dtype):
 
 KERNELS = {
     "mla_decode": KernelSpec(
-        "mla_decode", _decode_buckets, _decode_inputs, _decode_run, _decode_twin, _decode_space,
+        "mla_decode",
+        _decode_buckets,
+        _decode_inputs,
+        _decode_run,
+        _decode_twin,
+        _decode_space,
         # the absorb path's attention op: S_q new tokens after ctx - S_q cached
         lambda cost, s: cost.ops("absorb", s["B"], s["S_q"], s["ctx"] - s["S_q"])[1],
-        _file_dtype),
+        _file_dtype,
+    ),
     "mla_prefill": KernelSpec(
-        "mla_prefill", _prefill_buckets, _prefill_inputs, _prefill_run, _prefill_twin, _prefill_space,
+        "mla_prefill",
+        _prefill_buckets,
+        _prefill_inputs,
+        _prefill_run,
+        _prefill_twin,
+        _prefill_space,
         # the expand path's attention op over one causal sequence, no prefix
         lambda cost, s: cost.ops("expand", 1, s["L"], 0)[1],
-        lambda kv_dtype, dtype: dtype),
+        lambda kv_dtype, dtype: dtype,
+    ),
     "merge_attn_states": KernelSpec(
-        "merge_attn_states", _merge_buckets, _merge_inputs, _merge_run, _merge_twin, _merge_space,
+        "merge_attn_states",
+        _merge_buckets,
+        _merge_inputs,
+        _merge_run,
+        _merge_twin,
+        _merge_space,
         # one merge of two partials: expand_chunked's lse_merge with a prefix of one chunk
         lambda cost, s: cost.ops("expand_chunked", 1, s["T"], 1)[2],
-        lambda kv_dtype, dtype: dtype),
+        lambda kv_dtype, dtype: dtype,
+    ),
 }
 
 

@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from mlactl import paths, results
+from mlactl import dirs, results
 from mlactl.errors import MlactlError
 from mlactl.io import atomic_write, locked
 
@@ -61,7 +61,7 @@ IDENTITY = ("device", "backend", "model", "kv_dtype", "dtype")
 
 
 def default_path(device_slug: str, model: str, tp: int, dtype: str, kv_dtype: str, backend: str) -> Path:
-    return paths.results_dir() / device_slug / f"{model}-tp{tp}-{dtype}-kv{kv_dtype}-{backend}.json"
+    return dirs.results_dir() / device_slug / f"{model}-tp{tp}-{dtype}-kv{kv_dtype}-{backend}.json"
 
 
 class ResultsStore:
@@ -77,8 +77,10 @@ class ResultsStore:
                 self._check_same_run(existing, header)
             except MlactlError as exc:
                 if not force:
-                    raise MlactlError(f"{exc}; pass --force to start over (the old file is kept "
-                                      "beside it) or choose another --results-file") from None
+                    raise MlactlError(
+                        f"{exc}; pass --force to start over (the old file is kept "
+                        "beside it) or choose another --results-file"
+                    ) from None
                 existing = None
             if force:
                 self.moved_aside = self._move_aside()
@@ -90,8 +92,9 @@ class ResultsStore:
     def _check_same_run(self, old: dict, header: dict) -> None:
         for key in IDENTITY + ("versions",):
             if old.get(key) != header.get(key):
-                raise MlactlError(f"{self.path} holds another run ({key} was {old.get(key)!r}, "
-                                  f"now {header.get(key)!r})")
+                raise MlactlError(
+                    f"{self.path} holds another run ({key} was {old.get(key)!r}, now {header.get(key)!r})"
+                )
 
     def _move_aside(self) -> Path:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -146,16 +149,28 @@ class ResultsStore:
         self._save()
 
 
-def write_tuned_config(kernel: str, device_name: str, dtype: str, bucket: str, config: dict,
-                       triton_version: str, folder: Path | None = None) -> Path:
+def write_tuned_config(
+    kernel: str,
+    device_name: str,
+    dtype: str,
+    bucket: str,
+    config: dict,
+    triton_version: str,
+    folder: Path | None = None,
+) -> Path:
     """Record the best config of one bucket in the user's tuned-config file (merged, locked)."""
     from mlactl.kernels import configs  # pure Python: no torch import
 
     folder = folder or configs.user_dir()
     path = folder / configs.file_name(kernel, device_name, dtype)
     with locked(path):
-        data = {"version": configs.FORMAT_VERSION, "kernel": kernel, "device_name": device_name,
-                "dtype": dtype, "configs": {}}
+        data = {
+            "version": configs.FORMAT_VERSION,
+            "kernel": kernel,
+            "device_name": device_name,
+            "dtype": dtype,
+            "configs": {},
+        }
         if path.exists():
             try:
                 old = configs.load(path)

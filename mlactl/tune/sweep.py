@@ -8,6 +8,7 @@ listed in the returned `skipped`, never silently dropped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import platform
 import time
@@ -32,6 +33,7 @@ MEMORY_SHARE = 0.5  # a point whose inputs and intermediates need more of the fr
 @dataclass
 class Context:
     """What every sweep needs: model, device, backend, dtypes, the store, a clock, a reporter."""
+
     cfg: object  # MLAConfig with H per GPU
     device: object  # torch.device
     backend: str
@@ -83,15 +85,18 @@ def environment(device, backend: str) -> tuple[dict, dict, dict]:
         name = torch.cuda.get_device_name(device)
         props = torch.cuda.get_device_properties(device)
         versions["cuda"] = torch.version.cuda
-        info = {"name": name, "type": "cuda", "sm_count": props.multi_processor_count,
-                "memory_bytes": props.total_memory}
+        info = {
+            "name": name,
+            "type": "cuda",
+            "sm_count": props.multi_processor_count,
+            "memory_bytes": props.total_memory,
+        }
     else:
         name = "cpu"
         info = {"name": name, "type": "cpu", "processor": platform.processor() or platform.machine()}
     profile = hardware.detect(name) if device.type == "cuda" else None
     info["hardware"] = profile.name if profile else None
-    timing = {"method": "cuda-events" if device.type == "cuda" else "wall-clock",
-              "meaningful": backend != "interpret"}
+    timing = {"method": "cuda-events" if device.type == "cuda" else "wall-clock", "meaningful": backend != "interpret"}
     return info, versions, timing
 
 
@@ -123,6 +128,7 @@ def _smem_limit(device, hw) -> int | None:
 
 
 # -- kernels -------------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def _heuristics_only():
@@ -187,10 +193,20 @@ def tune_kernels(ctx: Context, names=None, configs_override=None, write_configs:
                 continue
             done.append(entry)
             best = entry.get("best")
-            if (write_configs and best is not None and ctx.backend != "torch"
-                    and entry.get("best_median_s", math.inf) <= (entry.get("default_median_s") or math.inf)):
-                write_tuned_config(name, ctx.store.data["device"]["name"], file_dtype, bucket, best,
-                                   ctx.store.data["versions"].get("triton") or "")
+            if (
+                write_configs
+                and best is not None
+                and ctx.backend != "torch"
+                and entry.get("best_median_s", math.inf) <= (entry.get("default_median_s") or math.inf)
+            ):
+                write_tuned_config(
+                    name,
+                    ctx.store.data["device"]["name"],
+                    file_dtype,
+                    bucket,
+                    best,
+                    ctx.store.data["versions"].get("triton") or "",
+                )
     return done
 
 
@@ -199,8 +215,13 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
 
     op = spec.cost_op(cost, shape)
     entry = ctx.store.find("kernels", kernel=spec.name, bucket=bucket) or {
-        "kernel": spec.name, "bucket": bucket, "shape": shape, "flops": float(op.flops),
-        "bytes": float(op.bytes), "configs": []}
+        "kernel": spec.name,
+        "bucket": bucket,
+        "shape": shape,
+        "flops": float(op.flops),
+        "bytes": float(op.bytes),
+        "configs": [],
+    }
     if ctx.hw is not None:
         from mlactl.roofline import op_time
 
@@ -222,7 +243,9 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
     if "default_median_s" not in entry:
         default = _try_config(ctx, spec, kwargs, None, reference, tol)
         entry["default_median_s"] = default.get("median_s", math.inf) if default["status"] == "ok" else None
-        entry["default_status"] = default["status"] if default["status"] == "ok" else f"{default['status']}: {default['reason']}"
+        entry["default_status"] = (
+            default["status"] if default["status"] == "ok" else f"{default['status']}: {default['reason']}"
+        )
 
     if configs_override is not None:
         candidates = list(configs_override)
@@ -275,6 +298,7 @@ def _update_best(entry: dict) -> None:
 
 # -- ceilings --------------------------------------------------------------------------------------
 
+
 def tune_ceilings(ctx: Context, write_profile: bool = True) -> dict:
     """Measure the matmul and copy ceilings; keep them in the run and as a measured profile."""
     from mlactl.tune import ceilings
@@ -285,8 +309,11 @@ def tune_ceilings(ctx: Context, write_profile: bool = True) -> dict:
     with ctx.task("ceilings", 1) as advance:
         measured = ceilings.measure(ctx.device, quick=ctx.quick)
         advance()
-    result = {"peak_tflops": measured["peak_tflops"], "bandwidth_tbs": measured["bandwidth_tbs"],
-              "details": measured["details"]}
+    result = {
+        "peak_tflops": measured["peak_tflops"],
+        "bandwidth_tbs": measured["bandwidth_tbs"],
+        "details": measured["details"],
+    }
     if write_profile and ctx.backend != "interpret":
         path = ceilings.write_measured_profile(ctx.store.data["device"]["name"], measured)
         result["profile"] = str(path)
@@ -295,6 +322,7 @@ def tune_ceilings(ctx: Context, write_profile: bool = True) -> dict:
 
 
 # -- paths ---------------------------------------------------------------------------------------
+
 
 def _free_bytes(device) -> int:
     import os
@@ -339,8 +367,9 @@ def _measure_point(ctx: Context, cost, b: int, n: int, p: int, chunk: int) -> di
         ctx.skipped.append(f"paths batch {b} new {n} prefix {p}: needs more memory than is free")
         return {}
     backend = "torch" if ctx.backend == "torch" else "triton"
-    batch = paged_batch(ctx.cfg, b, n, p, ctx.kv_dtype, ctx.dtype, ctx.device,
-                        page=16 if ctx.device.type != "cuda" else 64)
+    batch = paged_batch(
+        ctx.cfg, b, n, p, ctx.kv_dtype, ctx.dtype, ctx.device, page=16 if ctx.device.type != "cuda" else 64
+    )
     args = batch.attention_args()
     outputs, found = {}, {}
     for path in wanted:
@@ -352,7 +381,8 @@ def _measure_point(ctx: Context, cost, b: int, n: int, p: int, chunk: int) -> di
             entry["predicted_s"] = float(path_time(ops, ctx.hw, ctx.dtype).time_s)
         try:
             outputs[path] = mla_attention(**args, path=path, chunk=chunk, backend=backend)
-            entry.update(ctx.time(lambda: mla_attention(**args, path=path, chunk=chunk, backend=backend)).to_dict())
+            run = functools.partial(mla_attention, **args, path=path, chunk=chunk, backend=backend)
+            entry.update(ctx.time(run).to_dict())
             found[path] = entry["median_s"]
         except Exception as exc:  # an out-of-memory or a kernel failure at one point is recorded
             entry.update(status="failed", reason=_failure(exc))
@@ -411,8 +441,13 @@ def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool =
                     advance()
             if refine:
                 _refine(ctx, cost, b, p, chunk, times)
-            row = {"batch": b, "prefix": p, "measured": measured_crossover(times),
-                   "measured_new": sorted(times), "predicted_by_flops": cost.crossover_by_flops(p)}
+            row = {
+                "batch": b,
+                "prefix": p,
+                "measured": measured_crossover(times),
+                "measured_new": sorted(times),
+                "predicted_by_flops": cost.crossover_by_flops(p),
+            }
             if ctx.hw is not None:
                 row["predicted"] = crossover_table(cost, ctx.hw, [(b, p)]).rows[0].by_time
             ctx.store.add("crossovers", row)

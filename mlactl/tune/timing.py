@@ -43,8 +43,9 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def summarize(times: list[float], method: str, l2: str) -> Timing:
-    return Timing(statistics.median(times), _percentile(times, 0.1), _percentile(times, 0.9),
-                  len(times), method, l2, list(times))
+    return Timing(
+        statistics.median(times), _percentile(times, 0.1), _percentile(times, 0.9), len(times), method, l2, list(times)
+    )
 
 
 class _Flusher:
@@ -63,8 +64,16 @@ class _Flusher:
 _flushers: dict = {}
 
 
-def time_call(fn, *, device=None, warm: bool = False, warmup: int = 3, budget_s: float = 0.1,
-              min_repeats: int = 5, max_repeats: int = 200) -> Timing:
+def time_call(
+    fn,
+    *,
+    device=None,
+    warm: bool = False,
+    warmup: int = 3,
+    budget_s: float = 0.1,
+    min_repeats: int = 5,
+    max_repeats: int = 200,
+) -> Timing:
     """Time `fn()` (no arguments; it must do the whole measured work each call)."""
     import torch
 

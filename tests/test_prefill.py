@@ -1,4 +1,4 @@
-"""kernels/expand.py (mla_prefill) against its twin, and the twin against the formula."""
+"""kernels/prefill.py (mla_prefill) against its twin, and the twin against the formula."""
 
 import math
 
@@ -6,14 +6,20 @@ import pytest
 import torch
 
 from mlactl.kernels import reference as R
-from mlactl.kernels.expand import mla_prefill
-from mlactl.kernels.expand_naive import mla_prefill_naive
+from mlactl.kernels.prefill import mla_prefill
+from mlactl.kernels.prefill_naive import mla_prefill_naive
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=3e-3, rtol=3e-3),
-       torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
-LSE_TOL = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=1e-3),
-           torch.bfloat16: dict(atol=2e-2, rtol=1e-2)}
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.float16: dict(atol=3e-3, rtol=3e-3),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+}
+LSE_TOL = {
+    torch.float32: dict(atol=2e-5, rtol=1e-5),
+    torch.float16: dict(atol=2e-3, rtol=1e-3),
+    torch.bfloat16: dict(atol=2e-2, rtol=1e-2),
+}
 
 
 def cu(lengths, device=DEVICE):
@@ -30,8 +36,15 @@ def make(lens_q, lens_k, H=2, dC=32, dR=16, dV=32, dtype=torch.float32, seed=0, 
     def rnd(*shape):
         return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
-    return dict(q=rnd(T_q, H, dC + dR), k_nope=rnd(T_k, H, dC), k_rope=rnd(T_k, dR), v=rnd(T_k, H, dV),
-                cu_seqlens_q=cu(lens_q, device), cu_seqlens_k=cu(lens_k, device), scale=1 / math.sqrt(dC + dR))
+    return dict(
+        q=rnd(T_q, H, dC + dR),
+        k_nope=rnd(T_k, H, dC),
+        k_rope=rnd(T_k, dR),
+        v=rnd(T_k, H, dV),
+        cu_seqlens_q=cu(lens_q, device),
+        cu_seqlens_k=cu(lens_k, device),
+        scale=1 / math.sqrt(dC + dR),
+    )
 
 
 def assert_matches_twin(args, causal, dtype, **kwargs):
@@ -107,8 +120,15 @@ def test_strided_views_are_read_in_place():
     kv = torch.randn(37, H, dC + dV, generator=g).to(DEVICE)
     rows = torch.randn(37, 48 + dR, generator=g).to(DEVICE)
     q = torch.randn(22, H, 2 * (dC + dR), generator=g).to(DEVICE)[..., : dC + dR]
-    args = dict(q=q, k_nope=kv[..., :dC], k_rope=rows[:, 48:], v=kv[..., dC:], cu_seqlens_q=cu(lens_q),
-                cu_seqlens_k=cu(lens_k), scale=0.1)
+    args = dict(
+        q=q,
+        k_nope=kv[..., :dC],
+        k_rope=rows[:, 48:],
+        v=kv[..., dC:],
+        cu_seqlens_q=cu(lens_q),
+        cu_seqlens_k=cu(lens_k),
+        scale=0.1,
+    )
     out, lse = mla_prefill(**args)
     contig = {k: (v.contiguous() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
     ref_out, ref_lse = mla_prefill_naive(**contig)
@@ -145,9 +165,14 @@ def test_twin_matches_a_loop_over_queries_and_heads():
             for i in range(lq):
                 for h in range(H):
                     visible = [j for j in range(lk) if not causal or j <= i + lk - lq]
-                    s = [scale * (sum(q[q0 + i, h, c].item() * kn[k0 + j, h, c].item() for c in range(dC))
-                                  + sum(q[q0 + i, h, dC + d].item() * kr[k0 + j, d].item() for d in range(dR)))
-                         for j in visible]
+                    s = [
+                        scale
+                        * (
+                            sum(q[q0 + i, h, c].item() * kn[k0 + j, h, c].item() for c in range(dC))
+                            + sum(q[q0 + i, h, dC + d].item() * kr[k0 + j, d].item() for d in range(dR))
+                        )
+                        for j in visible
+                    ]
                     z = sum(math.exp(x) for x in s)
                     assert abs(lse[q0 + i, h].item() - math.log(z)) < 1e-5
                     for e in range(3):
@@ -182,29 +207,67 @@ def _bad(name):
         "q-width": (lambda a: a.update(q=a["q"][..., :40]), r"q.shape\[2\]"),
         "v-heads": (lambda a: a.update(v=a["v"][:, :1]), r"v.shape\[1\]"),
         "k_rope-tokens": (lambda a: a.update(k_rope=a["k_rope"][:-1]), r"k_rope.shape\[0\]"),
-        "q-inner-stride": (lambda a: a.update(q=a["q"].transpose(0, 2).contiguous().transpose(0, 2)), "q must have unit stride"),
+        "q-inner-stride": (
+            lambda a: a.update(q=a["q"].transpose(0, 2).contiguous().transpose(0, 2)),
+            "q must have unit stride",
+        ),
         "cu-int64": (lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].long()), "cu_seqlens_q has dtype"),
-        "cu-not-monotone": (lambda a: a.update(cu_seqlens_q=torch.tensor([0, 9, 5, 22], dtype=T, device=DEVICE)), "cu_seqlens_q must be non-decreasing"),
+        "cu-not-monotone": (
+            lambda a: a.update(cu_seqlens_q=torch.tensor([0, 9, 5, 22], dtype=T, device=DEVICE)),
+            "cu_seqlens_q must be non-decreasing",
+        ),
         "cu-first": (lambda a: a.update(cu_seqlens_k=a["cu_seqlens_k"] + 1), r"cu_seqlens_k\[0\]"),
-        "cu-total": (lambda a: a.update(cu_seqlens_k=torch.tensor([0, 10, 30, 40], dtype=T, device=DEVICE)), r"cu_seqlens_k\[-1\]"),
-        "cu-batch": (lambda a: a.update(cu_seqlens_k=torch.tensor([0, 41], dtype=T, device=DEVICE)), "both must be B\\+1"),
-        "lq-gt-lk": (lambda a: a.update(cu_seqlens_k=torch.tensor([0, 4, 24, 41], dtype=T, device=DEVICE)), "len_q <= len_k"),
+        "cu-total": (
+            lambda a: a.update(cu_seqlens_k=torch.tensor([0, 10, 30, 40], dtype=T, device=DEVICE)),
+            r"cu_seqlens_k\[-1\]",
+        ),
+        "cu-batch": (
+            lambda a: a.update(cu_seqlens_k=torch.tensor([0, 41], dtype=T, device=DEVICE)),
+            "both must be B\\+1",
+        ),
+        "lq-gt-lk": (
+            lambda a: a.update(cu_seqlens_k=torch.tensor([0, 4, 24, 41], dtype=T, device=DEVICE)),
+            "len_q <= len_k",
+        ),
         "scale-zero": (lambda a: a.update(scale=0.0), "scale"),
         "scale-negative": (lambda a: a.update(scale=-0.1), "scale"),
         "scale-nan": (lambda a: a.update(scale=float("nan")), "scale"),
         "scale-none": (lambda a: a.update(scale=None), "scale"),
         "max-seqlen-small": (lambda a: a.update(max_seqlen_q=4), "max_seqlen_q"),
         "out-shape": (lambda a: a.update(out=torch.empty(22, 2, 31, device=DEVICE)), "out has shape"),
-        "out-dtype": (lambda a: a.update(out=torch.empty(22, 2, 32, device=DEVICE, dtype=torch.float16)), "out has dtype"),
+        "out-dtype": (
+            lambda a: a.update(out=torch.empty(22, 2, 32, device=DEVICE, dtype=torch.float16)),
+            "out has dtype",
+        ),
         "devices": (lambda a: a.update(k_rope=a["k_rope"].to("meta")), "different devices"),
     }
     return cases[name]
 
 
-BAD = ["q-2d", "q-int", "k_nope-fp16", "k_rope-per-head", "q-width", "v-heads", "k_rope-tokens",
-       "q-inner-stride", "cu-int64", "cu-not-monotone", "cu-first", "cu-total", "cu-batch", "lq-gt-lk",
-       "scale-zero", "scale-negative", "scale-nan", "scale-none", "max-seqlen-small", "out-shape",
-       "out-dtype", "devices"]
+BAD = [
+    "q-2d",
+    "q-int",
+    "k_nope-fp16",
+    "k_rope-per-head",
+    "q-width",
+    "v-heads",
+    "k_rope-tokens",
+    "q-inner-stride",
+    "cu-int64",
+    "cu-not-monotone",
+    "cu-first",
+    "cu-total",
+    "cu-batch",
+    "lq-gt-lk",
+    "scale-zero",
+    "scale-negative",
+    "scale-nan",
+    "scale-none",
+    "max-seqlen-small",
+    "out-shape",
+    "out-dtype",
+    "devices",
+]
 
 
 @pytest.mark.parametrize("fn", [mla_prefill, mla_prefill_naive], ids=["kernel", "twin"])
@@ -217,13 +280,16 @@ def test_bad_inputs_name_the_argument(case, fn):
         fn(**args)
 
 
-@pytest.mark.parametrize("config, match", [
-    pytest.param(dict(BLOCK_M=24), "config BLOCK_M", id="BLOCK_M-24"),
-    pytest.param(dict(BLOCK_N=8), "config BLOCK_N", id="BLOCK_N-8"),
-    pytest.param(dict(num_warps=3), "num_warps", id="warps-3"),
-    pytest.param(dict(BLOCK_K=32), "unknown keys", id="unknown-key"),
-    pytest.param([64, 64], "config must be a dict", id="not-a-dict"),
-])
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        pytest.param(dict(BLOCK_M=24), "config BLOCK_M", id="BLOCK_M-24"),
+        pytest.param(dict(BLOCK_N=8), "config BLOCK_N", id="BLOCK_N-8"),
+        pytest.param(dict(num_warps=3), "num_warps", id="warps-3"),
+        pytest.param(dict(BLOCK_K=32), "unknown keys", id="unknown-key"),
+        pytest.param([64, 64], "config must be a dict", id="not-a-dict"),
+    ],
+)
 def test_bad_config(config, match):
     with pytest.raises(ValueError, match=match):
         mla_prefill(**make([5], [10]), config=config)
@@ -241,12 +307,15 @@ DSV3 = dict(H=128, dC=128, dR=64, dV=128)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lens_q, lens_k", [
-    pytest.param([1], [1], id="B1-lq1-lk1"),
-    pytest.param([1000], [1000], id="B1-lq1000-lk1000"),
-    pytest.param([8192], [8192], id="B1-lq8192-lk8192"),
-    pytest.param([512, 1, 2048, 77], [4096, 3000, 2048, 8192], id="B4-varlen-prefix"),
-])
+@pytest.mark.parametrize(
+    "lens_q, lens_k",
+    [
+        pytest.param([1], [1], id="B1-lq1-lk1"),
+        pytest.param([1000], [1000], id="B1-lq1000-lk1000"),
+        pytest.param([8192], [8192], id="B1-lq8192-lk8192"),
+        pytest.param([512, 1, 2048, 77], [4096, 3000, 2048, 8192], id="B4-varlen-prefix"),
+    ],
+)
 def test_gpu_deepseek_bf16(lens_q, lens_k):
     args = make(lens_q, lens_k, dtype=torch.bfloat16, device="cuda", **DSV3)
     assert_matches_twin(args, True, torch.bfloat16)
@@ -261,10 +330,13 @@ def test_gpu_deepseek_other_dtypes(dtype, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", [
-    pytest.param(dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2), id="M128-N128-s2"),
-    pytest.param(dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3), id="M64-N64-s3"),
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2), id="M128-N128-s2"),
+        pytest.param(dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3), id="M64-N64-s3"),
+    ],
+)
 def test_gpu_deepseek_configs(config):
     args = make([777, 128], [2000, 128], dtype=torch.bfloat16, device="cuda", **DSV3)
     assert_matches_twin(args, True, torch.bfloat16, config=config)
@@ -277,7 +349,7 @@ import json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from mlactl.kernels.expand import _mla_prefill_kernel, BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES
+from mlactl.kernels.prefill import _mla_prefill_kernel, BLOCK_M, BLOCK_N, NUM_WARPS, NUM_STAGES
 from mlactl.kernels.merge import _merge_kernel, NUM_WARPS as MERGE_WARPS
 
 target = GPUTarget("cuda", 90, 32)

@@ -1,4 +1,4 @@
-"""Plain-torch twin of `mla_prefill` (kernels/expand.py): varlen attention of the expand path.
+"""Plain-torch twin of `mla_prefill` (kernels/prefill.py): varlen attention of the expand path.
 
 Read this first; the Triton kernel computes the same thing in tiles. The input checks shared by
 the twin and the kernel live here too, because this module needs only torch.
@@ -74,8 +74,7 @@ def _check_max_seqlen(name: str, given, lengths: list[int]) -> int:
     return given
 
 
-def validate_prefill(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, causal,
-                     max_seqlen_q, max_seqlen_k, out):
+def validate_prefill(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, causal, max_seqlen_q, max_seqlen_k, out):
     """Checks shared by mla_prefill and mla_prefill_naive. Returns (scale, lens_q, lens_k).
 
     Devices are compared here; whether the device can run Triton is the launcher's check.
@@ -86,12 +85,15 @@ def validate_prefill(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, ca
     check_tensor("v", v, 3, FLOAT_DTYPES, contiguous=False)
     for name, t in (("k_nope", k_nope), ("k_rope", k_rope), ("v", v)):
         if t.dtype != q.dtype:
-            raise ValueError(f"{name} has dtype {str(t.dtype).replace('torch.', '')} but q has "
-                             f"{str(q.dtype).replace('torch.', '')}; they must match")
+            raise ValueError(
+                f"{name} has dtype {str(t.dtype).replace('torch.', '')} but q has "
+                f"{str(q.dtype).replace('torch.', '')}; they must match"
+            )
     for name, t in (("q", q), ("k_nope", k_nope), ("k_rope", k_rope), ("v", v)):
         check_inner_stride(name, t)
-    check_same_device(q=q, k_nope=k_nope, k_rope=k_rope, v=v, cu_seqlens_q=cu_seqlens_q,
-                      cu_seqlens_k=cu_seqlens_k, out=out)
+    check_same_device(
+        q=q, k_nope=k_nope, k_rope=k_rope, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, out=out
+    )
 
     T_q, H, d_qk = q.shape
     T_k, _, dC = k_nope.shape
@@ -115,8 +117,9 @@ def validate_prefill(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, ca
     lens_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, T_q, "q")
     lens_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, T_k, "k_nope")
     if len(lens_q) != len(lens_k):
-        raise ValueError(f"cu_seqlens_q has {len(lens_q) + 1} offsets but cu_seqlens_k has {len(lens_k) + 1}; "
-                         "both must be B+1")
+        raise ValueError(
+            f"cu_seqlens_q has {len(lens_q) + 1} offsets but cu_seqlens_k has {len(lens_k) + 1}; both must be B+1"
+        )
     if causal:
         for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
             if lq > lk:
@@ -131,14 +134,28 @@ def validate_prefill(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, ca
         if tuple(out.shape) != (T_q, H, dV):
             raise ValueError(f"out has shape {tuple(out.shape)} but must be [T_q, H, dV] = {(T_q, H, dV)}")
         if out.dtype != q.dtype:
-            raise ValueError(f"out has dtype {str(out.dtype).replace('torch.', '')} but must have q's "
-                             f"({str(q.dtype).replace('torch.', '')})")
+            raise ValueError(
+                f"out has dtype {str(out.dtype).replace('torch.', '')} but must have q's "
+                f"({str(q.dtype).replace('torch.', '')})"
+            )
         check_inner_stride("out", out)
     return check_scale(scale), lens_q, lens_k
 
 
-def mla_prefill_naive(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, *, causal=True,
-                      max_seqlen_q=None, max_seqlen_k=None, out=None):
+def mla_prefill_naive(
+    q,
+    k_nope,
+    k_rope,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    scale,
+    *,
+    causal=True,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    out=None,
+):
     """Varlen MLA prefill attention (expand path), one request at a time, in fp32.
 
     q:            [T_q, H, dC+dR]   queries of all requests, packed
@@ -150,8 +167,9 @@ def mla_prefill_naive(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, *
     returns out [T_q, H, dV] in q's dtype, lse [T_q, H] fp32 (natural log of the scaled scores).
     max_seqlen_q/k are accepted for signature parity with the kernel and only checked.
     """
-    scale, lens_q, lens_k = validate_prefill(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale,
-                                             causal, max_seqlen_q, max_seqlen_k, out)
+    scale, lens_q, lens_k = validate_prefill(
+        q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, causal, max_seqlen_q, max_seqlen_k, out
+    )
     T_q, H, _ = q.shape
     dC = k_nope.shape[2]
     if out is None:
@@ -159,11 +177,11 @@ def mla_prefill_naive(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, *
     lse = torch.empty(T_q, H, dtype=torch.float32, device=q.device)
     q0 = k0 = 0
     for len_q, len_k in zip(lens_q, lens_k):
-        q_n = q[q0:q0 + len_q, :, :dC].float()  # [len_q, H, dC]
-        q_r = q[q0:q0 + len_q, :, dC:].float()  # [len_q, H, dR]
-        k_n = k_nope[k0:k0 + len_k].float()     # [len_k, H, dC]
-        k_r = k_rope[k0:k0 + len_k].float()     # [len_k, dR]
-        v_b = v[k0:k0 + len_k].float()          # [len_k, H, dV]
+        q_n = q[q0 : q0 + len_q, :, :dC].float()  # [len_q, H, dC]
+        q_r = q[q0 : q0 + len_q, :, dC:].float()  # [len_q, H, dR]
+        k_n = k_nope[k0 : k0 + len_k].float()  # [len_k, H, dC]
+        k_r = k_rope[k0 : k0 + len_k].float()  # [len_k, dR]
+        v_b = v[k0 : k0 + len_k].float()  # [len_k, H, dV]
         i = torch.arange(len_q, device=q.device)[:, None]
         j = torch.arange(len_k, device=q.device)[None, :]
         hidden = (j > i + (len_k - len_q)) if causal else torch.zeros(len_q, len_k, dtype=torch.bool, device=q.device)
@@ -174,11 +192,11 @@ def mla_prefill_naive(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, *
             s = (s + torch.einsum("qhd,kd->hqk", q_r[:, hs], k_r)) * scale  # [h, len_q, len_k]
             s = s.masked_fill(hidden, float("-inf"))
             lse_b = torch.logsumexp(s, dim=-1) if len_k else s.new_full(s.shape[:2], float("-inf"))
-            seen = torch.isfinite(lse_b)                                    # rows that see a key
-            p = torch.exp(s - torch.where(seen, lse_b, 0.0)[..., None])     # [h, len_q, len_k]
-            o = torch.einsum("hqk,khv->qhv", p, v_b[:, hs])                 # [len_q, h, dV]
-            out[q0:q0 + len_q, hs] = o.to(out.dtype)
-            lse[q0:q0 + len_q, hs] = lse_b.transpose(0, 1)
+            seen = torch.isfinite(lse_b)  # rows that see a key
+            p = torch.exp(s - torch.where(seen, lse_b, 0.0)[..., None])  # [h, len_q, len_k]
+            o = torch.einsum("hqk,khv->qhv", p, v_b[:, hs])  # [len_q, h, dV]
+            out[q0 : q0 + len_q, hs] = o.to(out.dtype)
+            lse[q0 : q0 + len_q, hs] = lse_b.transpose(0, 1)
         q0 += len_q
         k0 += len_k
     return out, lse

@@ -20,11 +20,11 @@ plot_app = typer.Typer(
 )
 
 from mlactl.cli import (  # noqa: E402
+    DTYPES,
+    KV_DTYPES,
     BatchOpt,
     ChunkOpt,
     ContextOpt,
-    DTYPES,
-    KV_DTYPES,
     DtypeOpt,
     HardwareOpt,
     KvDtypeOpt,
@@ -41,14 +41,19 @@ from mlactl.cli import (  # noqa: E402
 )
 from mlactl.errors import MlactlError  # noqa: E402
 
-ResultsOpt = Annotated[Optional[list[Path]], typer.Option(
-    "--results", "-r", help="A results file `mlactl tune` wrote; repeat for several. Adds the measurements.")]
+ResultsOpt = Annotated[
+    Optional[list[Path]],
+    typer.Option(
+        "--results", "-r", help="A results file `mlactl tune` wrote; repeat for several. Adds the measurements."
+    ),
+]
 DpiOpt = Annotated[str, typer.Option("--dpi", help="Resolution of a .png (dots per inch).")]
 
 
 def output_opt(chart: str):
-    return typer.Option("--output", "-o", help=f"Image file, format from the extension: .png, .svg or .pdf "
-                                               f"(default: {chart}.png).")
+    return typer.Option(
+        "--output", "-o", help=f"Image file, format from the extension: .png, .svg or .pdf (default: {chart}.png)."
+    )
 
 
 # Roofline defaults: decode after 4K and 32K cached tokens, and a 4K-token prefill (new, prefix).
@@ -72,16 +77,22 @@ def geometric_fill(values: list[int], per_octave: int = 4) -> list[int]:
 
 
 def dtypes(kv_dtype: str, dtype: str) -> dict:
-    return {"kv_dtype": choice(kv_dtype, "--kv-dtype", KV_DTYPES),
-            "dtype": choice(dtype, "--dtype", DTYPES)}
+    return {"kv_dtype": choice(kv_dtype, "--kv-dtype", KV_DTYPES), "dtype": choice(dtype, "--dtype", DTYPES)}
 
 
 def run_analysis(model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, threshold):
     from mlactl import analysis
 
-    return analysis.analyze(load_model(model, tp), load_hardware(hardware, measured), batch, new, prefix,
-                            **dtypes(kv_dtype, dtype), chunk=one_int(chunk, "--chunk"),
-                            threshold=one_int(threshold, "--threshold"))
+    return analysis.analyze(
+        load_model(model, tp),
+        load_hardware(hardware, measured),
+        batch,
+        new,
+        prefix,
+        **dtypes(kv_dtype, dtype),
+        chunk=one_int(chunk, "--chunk"),
+        threshold=one_int(threshold, "--threshold"),
+    )
 
 
 def load_results(paths: Optional[list[Path]], result) -> list[dict]:
@@ -118,7 +129,14 @@ def roofline(
     measured: MeasuredOpt = False,
     tp: TpOpt = "1",
     batch: BatchOpt = "1",
-    new: Annotated[Optional[str], typer.Option("--new", "-n", help="New tokens per request: list or range (default: decode after 4K and 32K, and a 4K prefill).")] = None,
+    new: Annotated[
+        Optional[str],
+        typer.Option(
+            "--new",
+            "-n",
+            help="New tokens per request: list or range (default: decode after 4K and 32K, and a 4K prefill).",
+        ),
+    ] = None,
     prefix: PrefixOpt = None,
     context: ContextOpt = None,
     kv_dtype: KvDtypeOpt = "bf16",
@@ -147,9 +165,12 @@ def roofline(
         shapes = np.array([(b, n, p) for b in batches for n, p in ROOFLINE_SHAPES])
         b, n, p = shapes.T
     else:
-        b, n, p = grid(batches, parse_sizes(new or "1", "--new"),
-                       prefix=None if context is not None else parse_sizes(prefix or "4K,32K", "--prefix", minimum=0),
-                       context=parse_sizes(context, "--context") if context is not None else None)
+        b, n, p = grid(
+            batches,
+            parse_sizes(new or "1", "--new"),
+            prefix=None if context is not None else parse_sizes(prefix or "4K,32K", "--prefix", minimum=0),
+            context=parse_sizes(context, "--context") if context is not None else None,
+        )
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192")
     from mlactl import plot
 
@@ -166,7 +187,9 @@ def crossover(
     tp: TpOpt = "1",
     batch: Annotated[str, typer.Option("--batch", "-b", help="Requests per batch (one value).")] = "1",
     new: Annotated[str, typer.Option("--new", "-n", help="New tokens along the x axis: list or range.")] = "1:4096",
-    prefix: Annotated[str, typer.Option("--prefix", "-p", help="One panel per prefix: list or range (K = 1024).")] = "0,4K,32K",
+    prefix: Annotated[
+        str, typer.Option("--prefix", "-p", help="One panel per prefix: list or range (K = 1024).")
+    ] = "0,4K,32K",
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
     chunk: ChunkOpt = "8192",
@@ -185,8 +208,9 @@ def crossover(
     from mlactl.shapes import grid, parse_sizes
 
     check_output(output)
-    b, n, p = grid([one_int(batch, "--batch")], parse_sizes(new, "--new"),
-                   prefix=parse_sizes(prefix, "--prefix", minimum=0))
+    b, n, p = grid(
+        [one_int(batch, "--batch")], parse_sizes(new, "--new"), prefix=parse_sizes(prefix, "--prefix", minimum=0)
+    )
     if len(set(p.tolist())) > plot.MAX_CROSSOVER_PANELS:
         raise MlactlError(f"--prefix: at most {plot.MAX_CROSSOVER_PANELS} prefixes (one panel each)")
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192")
@@ -202,8 +226,18 @@ def pathmap(
     measured: MeasuredOpt = False,
     tp: TpOpt = "1",
     batch: Annotated[str, typer.Option("--batch", "-b", help="Requests per batch (one value).")] = "1",
-    new: Annotated[Optional[str], typer.Option("--new", "-n", help=f"New tokens: list or range (default: {PATHMAP_NEW}, four steps per doubling).")] = None,
-    prefix: Annotated[Optional[str], typer.Option("--prefix", "-p", help=f"Prefixes: list or range (default: {PATHMAP_PREFIX}, four steps per doubling).")] = None,
+    new: Annotated[
+        Optional[str],
+        typer.Option(
+            "--new", "-n", help=f"New tokens: list or range (default: {PATHMAP_NEW}, four steps per doubling)."
+        ),
+    ] = None,
+    prefix: Annotated[
+        Optional[str],
+        typer.Option(
+            "--prefix", "-p", help=f"Prefixes: list or range (default: {PATHMAP_PREFIX}, four steps per doubling)."
+        ),
+    ] = None,
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
     chunk: ChunkOpt = "8192",
@@ -225,8 +259,11 @@ def pathmap(
 
     check_output(output)
     news = parse_sizes(new, "--new") if new is not None else geometric_fill(parse_sizes(PATHMAP_NEW, "--new"))
-    prefixes = (parse_sizes(prefix, "--prefix", minimum=0) if prefix is not None
-                else geometric_fill(parse_sizes(PATHMAP_PREFIX, "--prefix", minimum=0)))
+    prefixes = (
+        parse_sizes(prefix, "--prefix", minimum=0)
+        if prefix is not None
+        else geometric_fill(parse_sizes(PATHMAP_PREFIX, "--prefix", minimum=0))
+    )
     b, n, p = grid([one_int(batch, "--batch")], news, prefix=prefixes)
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, threshold)
     fig, _ = plot.pathmap(result, load_results(results, result))
@@ -237,8 +274,13 @@ def pathmap(
 @cli_errors
 def tune(
     results: Annotated[Path, typer.Option("--results", "-r", help="The results file `mlactl tune kernels` wrote.")],
-    kernel: Annotated[Optional[str], typer.Option("--kernel", "-k", help="Kernel whose sweep to draw (default: the first).")] = None,
-    bucket: Annotated[Optional[str], typer.Option("--bucket", help="Shape bucket of that kernel, as in the results file (default: the first).")] = None,
+    kernel: Annotated[
+        Optional[str], typer.Option("--kernel", "-k", help="Kernel whose sweep to draw (default: the first).")
+    ] = None,
+    bucket: Annotated[
+        Optional[str],
+        typer.Option("--bucket", help="Shape bucket of that kernel, as in the results file (default: the first)."),
+    ] = None,
     output: Annotated[Path, output_opt("tune")] = Path("tune.png"),
     dpi: DpiOpt = "100",
 ):

@@ -19,11 +19,12 @@ import typer.main
 from mlactl import __version__
 from mlactl.errors import MlactlError
 
+
 class LazyGroup(typer.core.TyperGroup):
     """The root command group, building `tune` and `plot` only when they are asked for: their
     options take ~30 ms to import and introspect, which `mlactl analyze` should not pay."""
 
-    LAZY = {"tune": ("mlactl.cli_tune", "tune_app"), "plot": ("mlactl.cli_plot", "plot_app")}
+    LAZY = {"tune": ("mlactl.cli.tune", "tune_app"), "plot": ("mlactl.cli.plot", "plot_app")}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.LAZY))
@@ -55,21 +56,51 @@ DTYPES = ("bf16", "fp16", "fp32")
 
 # -- options shared by several commands (defined once) ------------------------------------------
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name (see `mlactl list`) or path to a Hugging Face config.json.")]
-HardwareOpt = Annotated[str, typer.Option("--hardware", "-g", help="Hardware profile name (see `mlactl list`) or path to a .toml profile.")]
-MeasuredOpt = Annotated[bool, typer.Option("--measured", help="Use the ceilings `mlactl tune ceilings` measured instead of the datasheet's.")]
-TpOpt = Annotated[str, typer.Option("--tp", help="Tensor-parallel degree: divides the heads per GPU (the latent cache is replicated).")]
-BatchOpt = Annotated[str, typer.Option("--batch", "-b", help="Requests per batch: list or range, e.g. 1,32,128 or 1:256:*2.")]
-NewOpt = Annotated[str, typer.Option("--new", "-n", help="New tokens per request: list or range, e.g. 1,64,512 or 1:4096:*2.")]
-PrefixOpt = Annotated[Optional[str], typer.Option("--prefix", "-p", help="Cached tokens before the new ones: list or range, e.g. 0:32K:4K (K = 1024).")]
-ContextOpt = Annotated[Optional[str], typer.Option("--context", "-c", help="Instead of --prefix: total context including the new tokens.")]
-KvDtypeOpt = Annotated[str, typer.Option("--kv-dtype", help="Cache dtype: bf16, fp16, fp8 (half the bytes of bf16) or fp32.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="Activation, weight and compute dtype: bf16, fp16 or fp32 (CPU measurements).")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Preset name (see `mlactl list`) or path to a Hugging Face config.json.")
+]
+HardwareOpt = Annotated[
+    str, typer.Option("--hardware", "-g", help="Hardware profile name (see `mlactl list`) or path to a .toml profile.")
+]
+MeasuredOpt = Annotated[
+    bool,
+    typer.Option("--measured", help="Use the ceilings `mlactl tune ceilings` measured instead of the datasheet's."),
+]
+TpOpt = Annotated[
+    str,
+    typer.Option("--tp", help="Tensor-parallel degree: divides the heads per GPU (the latent cache is replicated)."),
+]
+BatchOpt = Annotated[
+    str, typer.Option("--batch", "-b", help="Requests per batch: list or range, e.g. 1,32,128 or 1:256:*2.")
+]
+NewOpt = Annotated[
+    str, typer.Option("--new", "-n", help="New tokens per request: list or range, e.g. 1,64,512 or 1:4096:*2.")
+]
+PrefixOpt = Annotated[
+    Optional[str],
+    typer.Option("--prefix", "-p", help="Cached tokens before the new ones: list or range, e.g. 0:32K:4K (K = 1024)."),
+]
+ContextOpt = Annotated[
+    Optional[str], typer.Option("--context", "-c", help="Instead of --prefix: total context including the new tokens.")
+]
+KvDtypeOpt = Annotated[
+    str, typer.Option("--kv-dtype", help="Cache dtype: bf16, fp16, fp8 (half the bytes of bf16) or fp32.")
+]
+DtypeOpt = Annotated[
+    str, typer.Option("--dtype", help="Activation, weight and compute dtype: bf16, fp16 or fp32 (CPU measurements).")
+]
 ChunkOpt = Annotated[str, typer.Option("--chunk", help="Prefix tokens per chunk of the expand_chunked path.")]
 LayersOpt = Annotated[str, typer.Option("--layers", help="Layers to count: a number, or 'all' for the model's.")]
-ThresholdOpt = Annotated[str, typer.Option("--threshold", help="Prefix from which the fixed-threshold policy picks expand_chunked.")]
-FormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help="table, json or csv (default: from --output's extension, else table).")]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")]
+ThresholdOpt = Annotated[
+    str, typer.Option("--threshold", help="Prefix from which the fixed-threshold policy picks expand_chunked.")
+]
+FormatOpt = Annotated[
+    Optional[str],
+    typer.Option("--format", "-f", help="table, json or csv (default: from --output's extension, else table)."),
+]
+OutputOpt = Annotated[
+    Optional[Path], typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")
+]
 
 
 def cli_errors(fn):
@@ -177,8 +208,10 @@ def measured_results(cfg, hw, kv_dtype: str, path: Optional[Path]) -> dict:
         dims = {k: getattr(cfg, k) for k in ("H", "r", "dC", "dR", "dV")}
         data, path = results.find_results(dims, kv_dtype, hardware_name=hw.name)
         if data is None:
-            raise MlactlError(f"no measured crossovers for {cfg.name} (H={cfg.H}, kv {kv_dtype}) on {hw.name}: "
-                              "run `mlactl tune paths` there, or pass --results FILE")
+            raise MlactlError(
+                f"no measured crossovers for {cfg.name} (H={cfg.H}, kv {kv_dtype}) on {hw.name}: "
+                "run `mlactl tune paths` there, or pass --results FILE"
+            )
     if not data.get("crossovers"):
         raise MlactlError(f"{path} has no measured crossovers (it holds no `mlactl tune paths` run)")
     return dict(data, _path=str(path))
@@ -192,8 +225,9 @@ def version_callback(value: bool):
 
 @app.callback()
 def main_options(
-    version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ):
     """Expand or absorb? Exact cost model, Triton kernels and autotuner for MLA attention."""
 
@@ -215,9 +249,23 @@ def analyze(
     layers: LayersOpt = "1",
     threshold: ThresholdOpt = "8192",
     ops: Annotated[bool, typer.Option("--ops", help="Also show every op (table) or add op columns (csv).")] = False,
-    crossover: Annotated[bool, typer.Option("--crossover", help="Also print the crossover table (always in JSON).")] = False,
-    policy: Annotated[Optional[str], typer.Option("--policy", help="Also show this policy's choice and what it loses: roofline, flops, fixed or measured.")] = None,
-    results: Annotated[Optional[Path], typer.Option("--results", help="Results file of `mlactl tune paths` for --policy measured (default: the newest for this model and hardware).")] = None,
+    crossover: Annotated[
+        bool, typer.Option("--crossover", help="Also print the crossover table (always in JSON).")
+    ] = False,
+    policy: Annotated[
+        Optional[str],
+        typer.Option(
+            "--policy", help="Also show this policy's choice and what it loses: roofline, flops, fixed or measured."
+        ),
+    ] = None,
+    results: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--results",
+            help="Results file of `mlactl tune paths` for --policy measured "
+            "(default: the newest for this model and hardware).",
+        ),
+    ] = None,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -248,10 +296,18 @@ def analyze(
     elif results is not None:
         raise MlactlError("--results goes with --policy measured")
     result = analysis.analyze(
-        cfg, hw, b, n, p, kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
-        dtype=choice(dtype, "--dtype", DTYPES), chunk=one_int(chunk, "--chunk"),
-        layers=n_layers, threshold=one_int(threshold, "--threshold"),
-        policy=policy, results_data=results_data,
+        cfg,
+        hw,
+        b,
+        n,
+        p,
+        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        dtype=choice(dtype, "--dtype", DTYPES),
+        chunk=one_int(chunk, "--chunk"),
+        layers=n_layers,
+        threshold=one_int(threshold, "--threshold"),
+        policy=policy,
+        results_data=results_data,
     )
     tables = [render.header(result), *result.notes, render.analysis_table(result)]
     if results_data is not None:
@@ -262,8 +318,11 @@ def analyze(
         tables.append(render.crossover_table(result.crossover))
     else:
         asym = result.crossover.asymptotic_new
-        tables.append(f"Crossover (asymptotic, by FLOPs): {'none' if asym is None else f'{asym:.1f}'} "
-                      "new tokens; --crossover for the table per prefix")
+        tables.append(
+            f"Crossover (asymptotic, by FLOPs): {'none' if asym is None else f'{asym:.1f}'} "
+            "new tokens; --crossover for the table per prefix"
+        )
+
     def json_data():
         from mlactl.report import to_json
 
@@ -285,11 +344,15 @@ def crossover_cmd(
     measured: MeasuredOpt = False,
     tp: TpOpt = "1",
     batch: BatchOpt = "1",
-    prefix: Annotated[str, typer.Option("--prefix", "-p", help="Prefixes to solve for: list or range.")] = "0,1K,4K,8K,16K,32K,64K,128K",
+    prefix: Annotated[
+        str, typer.Option("--prefix", "-p", help="Prefixes to solve for: list or range.")
+    ] = "0,1K,4K,8K,16K,32K,64K,128K",
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
     chunk: ChunkOpt = "8192",
-    max_new: Annotated[str, typer.Option("--max-new", help="Search the roofline crossover up to this many new tokens.")] = "128K",
+    max_new: Annotated[
+        str, typer.Option("--max-new", help="Search the roofline crossover up to this many new tokens.")
+    ] = "128K",
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -304,8 +367,12 @@ def crossover_cmd(
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
-    model_cost = cost.CostModel(cfg, kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
-                                dtype=choice(dtype, "--dtype", DTYPES), chunk=one_int(chunk, "--chunk"))
+    model_cost = cost.CostModel(
+        cfg,
+        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        dtype=choice(dtype, "--dtype", DTYPES),
+        chunk=one_int(chunk, "--chunk"),
+    )
     hw.peak_flops(model_cost.dtype)
     pairs = [(b, p) for b in parse_sizes(batch, "--batch") for p in parse_sizes(prefix, "--prefix", minimum=0)]
     if len(pairs) > analysis.MAX_CROSSOVER_PREFIXES:
@@ -313,10 +380,16 @@ def crossover_cmd(
     result = analysis.crossover_table(model_cost, hw, pairs, max_new=one_int(max_new, "--max-new"))
 
     def json_data():
-        return {"schema": "mlactl.crossover", "schema_version": report.SCHEMA_VERSION,
-                "model": dict(cfg.to_dict(), softmax_scale=cfg.softmax_scale),
-                "hardware": hw.to_dict(), "kv_dtype": model_cost.kv_dtype, "dtype": model_cost.dtype,
-                "chunk": model_cost.chunk, "crossover": report.crossover_json(result)}
+        return {
+            "schema": "mlactl.crossover",
+            "schema_version": report.SCHEMA_VERSION,
+            "model": dict(cfg.to_dict(), softmax_scale=cfg.softmax_scale),
+            "hardware": hw.to_dict(),
+            "kv_dtype": model_cost.kv_dtype,
+            "dtype": model_cost.dtype,
+            "chunk": model_cost.chunk,
+            "crossover": report.crossover_json(result),
+        }
 
     def csv_data(fh):
         import numpy as np
@@ -324,12 +397,18 @@ def crossover_cmd(
         rows = result.rows
         cols = [[r.batch for r in rows], [r.prefix for r in rows]] + [
             [np.nan if v is None else v for v in (getattr(r, k) for r in rows)]
-            for k in ("by_flops", "by_time", "by_time_chunked")]
-        write_csv(fh, ["batch", "prefix", "by_flops", "by_time", "by_time_chunked"],
-                  [np.asarray(c, dtype=np.float64) for c in cols])
+            for k in ("by_flops", "by_time", "by_time_chunked")
+        ]
+        write_csv(
+            fh,
+            ["batch", "prefix", "by_flops", "by_time", "by_time_chunked"],
+            [np.asarray(c, dtype=np.float64) for c in cols],
+        )
 
-    header = (f"[bold]{cfg.name}[/] on [bold]{hw.display}[/] ({'measured' if hw.using_measured else 'nominal'}), "
-              f"kv cache {model_cost.kv_dtype}")
+    header = (
+        f"[bold]{cfg.name}[/] on [bold]{hw.display}[/] ({'measured' if hw.using_measured else 'nominal'}), "
+        f"kv cache {model_cost.kv_dtype}"
+    )
     emit(fmt, output, json_data=json_data, write_csv=csv_data, tables=[header, render.crossover_table(result)])
 
 
@@ -360,11 +439,23 @@ def batch_cmd(
     hw = load_hardware(hardware, measured)
     new, prefix, count = read_requests(requests)
     result = analysis.analyze_batch(
-        cfg, hw, new, prefix, count, kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
-        dtype=choice(dtype, "--dtype", DTYPES), chunk=one_int(chunk, "--chunk"),
-        threshold=one_int(threshold, "--threshold"))
-    emit(fmt, output, json_data=lambda: report.batch_json(result),
-         write_csv=lambda fh: report.write_batch_csv(fh, result), tables=render.batch_tables(result))
+        cfg,
+        hw,
+        new,
+        prefix,
+        count,
+        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        dtype=choice(dtype, "--dtype", DTYPES),
+        chunk=one_int(chunk, "--chunk"),
+        threshold=one_int(threshold, "--threshold"),
+    )
+    emit(
+        fmt,
+        output,
+        json_data=lambda: report.batch_json(result),
+        write_csv=lambda fh: report.write_batch_csv(fh, result),
+        tables=render.batch_tables(result),
+    )
 
 
 @app.command(name="list")
@@ -384,12 +475,15 @@ def list_cmd(
         raise MlactlError("mlactl list writes table or json")
     models = [(name, model.from_name(name)) for name in model.preset_names()]
     profiles = hardware.all_profiles()
-    emit(fmt, output,
-         json_data=lambda: {"models": {n: c.to_dict() for n, c in models},
-                            "hardware": {h.name: h.to_dict() for h in profiles}},
-         tables=[render.models_table(models), render.hardware_table(profiles)])
-
-
+    emit(
+        fmt,
+        output,
+        json_data=lambda: {
+            "models": {n: c.to_dict() for n, c in models},
+            "hardware": {h.name: h.to_dict() for h in profiles},
+        },
+        tables=[render.models_table(models), render.hardware_table(profiles)],
+    )
 
 
 def main() -> None:

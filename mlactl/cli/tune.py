@@ -25,39 +25,76 @@ from mlactl.cli import (  # noqa: E402  (tune_app exists before mlactl.cli impor
 )
 from mlactl.errors import MlactlError  # noqa: E402
 
-BackendOpt = Annotated[str, typer.Option("--backend", help="triton (CUDA), torch (the twins, any device) or interpret (Triton's CPU interpreter: tests the pipeline, times are meaningless).")]
+BackendOpt = Annotated[
+    str,
+    typer.Option(
+        "--backend",
+        help="triton (CUDA), torch (the twins, any device) or interpret "
+        "(Triton's CPU interpreter: tests the pipeline, times are meaningless).",
+    ),
+]
 InterpretOpt = Annotated[bool, typer.Option("--interpret", help="Same as --backend interpret.")]
-DeviceOpt = Annotated[Optional[str], typer.Option("--device", help="cuda or cpu (default: cuda for triton, cpu for interpret, cuda if present for torch).")]
+DeviceOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--device", help="cuda or cpu (default: cuda for triton, cpu for interpret, cuda if present for torch)."
+    ),
+]
 TuneKvOpt = Annotated[str, typer.Option("--kv-dtype", help="Cache dtype: bf16, fp16, fp8, fp32; auto = --dtype.")]
 TuneDtypeOpt = Annotated[str, typer.Option("--dtype", help="bf16, fp16, fp32; auto = bf16 on a GPU, fp32 on a CPU.")]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Fewer shapes and configs (about a minute on an H200).")]
-BudgetOpt = Annotated[Optional[str], typer.Option("--budget", help="Seconds this run may take (default 300, 60 with --quick); what is cut is listed.")]
+BudgetOpt = Annotated[
+    Optional[str],
+    typer.Option("--budget", help="Seconds this run may take (default 300, 60 with --quick); what is cut is listed."),
+]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Start the run over (the old results file is kept beside it).")]
-ResultsFileOpt = Annotated[Optional[Path], typer.Option("--results-file", help="Where this run's results go (default under $MLACTL_HOME/results/).")]
+ResultsFileOpt = Annotated[
+    Optional[Path],
+    typer.Option("--results-file", help="Where this run's results go (default under $MLACTL_HOME/results/)."),
+]
 WarmOpt = Annotated[bool, typer.Option("--warm", help="Do not flush the L2 between repetitions (default: cold).")]
 
 
 class Run:
     """A tune invocation: device, model, store and context, set up once for all its sweeps."""
 
-    def __init__(self, model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force,
-                 results_file, warm, chunk=8192, run_name=None):
+    def __init__(
+        self,
+        model,
+        tp,
+        backend,
+        interpret,
+        device,
+        kv_dtype,
+        dtype,
+        quick,
+        budget,
+        force,
+        results_file,
+        warm,
+        chunk=8192,
+        run_name=None,
+    ):
         backend = "interpret" if interpret else choice(backend, "--backend", ("triton", "torch", "interpret"))
         if backend == "interpret":
             os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton's JIT
         try:
             import torch
         except ImportError:
-            raise MlactlError("mlactl tune needs torch and triton: pip install torch, then "
-                              "pip install 'mlactl[kernels]' (README, Quick start)") from None
+            raise MlactlError(
+                "mlactl tune needs torch and triton: pip install torch, then "
+                "pip install 'mlactl[kernels]' (README, Quick start)"
+            ) from None
         from mlactl import hardware
         from mlactl.kernels.configs import device_slug
         from mlactl.tune import store, sweep
 
         if backend == "triton" and not torch.cuda.is_available():
-            raise MlactlError("--backend triton needs a CUDA GPU and torch.cuda.is_available() is False; "
-                              "use --backend torch to time the twins here, or --interpret to test the "
-                              "pipeline under Triton's interpreter")
+            raise MlactlError(
+                "--backend triton needs a CUDA GPU and torch.cuda.is_available() is False; "
+                "use --backend torch to time the twins here, or --interpret to test the "
+                "pipeline under Triton's interpreter"
+            )
         default_device = "cpu" if backend == "interpret" else ("cuda" if torch.cuda.is_available() else "cpu")
         device_name = choice(device or default_device, "--device", ("cuda", "cpu"))
         if device_name == "cuda" and not torch.cuda.is_available():
@@ -66,7 +103,9 @@ class Run:
             raise MlactlError("--interpret runs on the CPU; drop --device cuda")
         self.device = torch.device(device_name)
         on_gpu = self.device.type == "cuda"
-        dtype = ("bf16" if on_gpu else "fp32") if dtype == "auto" else choice(dtype, "--dtype", ("bf16", "fp16", "fp32"))
+        dtype = (
+            ("bf16" if on_gpu else "fp32") if dtype == "auto" else choice(dtype, "--dtype", ("bf16", "fp16", "fp32"))
+        )
         kv_dtype = dtype if kv_dtype == "auto" else choice(kv_dtype, "--kv-dtype", KV_DTYPES)
         if kv_dtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
             raise MlactlError("--kv-dtype fp8 needs a torch with float8_e4m3fn")
@@ -85,14 +124,23 @@ class Run:
             hw = hw.with_measured() if hw is not None and hw.measured else None
         if hw is not None and dtype not in hw.peak_tflops:
             hw = None  # no ceiling for this dtype: measure without predicting
-        path = results_file or store.default_path(device_slug(info["name"]), run_name or self.cfg.name,
-                                                  self.cfg.tp, dtype, kv_dtype, backend)
+        path = results_file or store.default_path(
+            device_slug(info["name"]), run_name or self.cfg.name, self.cfg.tp, dtype, kv_dtype, backend
+        )
         header = {
-            "schema": "mlactl.results", "schema_version": 1,
-            "run_id": Path(path).stem, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "mlactl_version": versions["mlactl"], "device": info, "versions": versions,
-            "backend": backend, "timing": timing, "model": self.cfg.to_dict(),
-            "kv_dtype": kv_dtype, "dtype": dtype, "chunk": chunk,
+            "schema": "mlactl.results",
+            "schema_version": 1,
+            "run_id": Path(path).stem,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "mlactl_version": versions["mlactl"],
+            "device": info,
+            "versions": versions,
+            "backend": backend,
+            "timing": timing,
+            "model": self.cfg.to_dict(),
+            "kv_dtype": kv_dtype,
+            "dtype": dtype,
+            "chunk": chunk,
         }
         self.store = store.ResultsStore(path, header, force=force)
         self.hw = hw
@@ -102,18 +150,42 @@ class Run:
         self.console = Console(stderr=True)
         if not self.console.is_terminal:  # piped or captured: do not fold the tables at 80 columns
             self.console = Console(stderr=True, width=max(self.console.width, 132))
-        self.ctx = sweep.Context(self.cfg, self.device, backend, kv_dtype, dtype, self.store, hw,
-                                 warm=warm, quick=quick, timing_budget_s=0.02 if quick else 0.1)
+        self.ctx = sweep.Context(
+            self.cfg,
+            self.device,
+            backend,
+            kv_dtype,
+            dtype,
+            self.store,
+            hw,
+            warm=warm,
+            quick=quick,
+            timing_budget_s=0.02 if quick else 0.1,
+        )
 
     def deadline(self, share: float) -> float:
         return self.start + share * self.budget
 
     def progress(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                        console=self.console, transient=False)
+        return Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
 
     def say(self, text: str) -> None:
         self.console.print(text)
@@ -145,12 +217,15 @@ def run_ceilings(run: Run) -> None:
         if run.ctx.dtype in measured.peak_tflops:
             run.ctx.hw = run.hw = measured
     if result.get("profile"):
-        run.say(f"measured profile: {result['profile']} (use it: mlactl analyze --hardware "
-                f"{Path(result['profile']).stem} --measured)")
+        run.say(
+            f"measured profile: {result['profile']} (use it: mlactl analyze --hardware "
+            f"{Path(result['profile']).stem} --measured)"
+        )
 
 
 def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None:
-    from mlactl.tune import report, space as spaces, sweep
+    from mlactl.tune import report, sweep
+    from mlactl.tune import space as spaces
 
     names = None
     if kernels:
@@ -177,16 +252,18 @@ def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Option
 
     kind = "cuda" if run.device.type == "cuda" else "cpu"
     news = parse_sizes(new or (sweep.QUICK_NEW if run.quick else sweep.DEFAULT_NEW)[kind], "--new")
-    prefixes = parse_sizes(prefix or (sweep.QUICK_PREFIXES if run.quick else sweep.DEFAULT_PREFIXES)[kind],
-                           "--prefix", minimum=0)
+    prefixes = parse_sizes(
+        prefix or (sweep.QUICK_PREFIXES if run.quick else sweep.DEFAULT_PREFIXES)[kind], "--prefix", minimum=0
+    )
     batches = parse_sizes(batch or "1", "--batch")
     with run.progress() as progress:
         run.ctx.progress = progress
         rows = sweep.tune_paths(run.ctx, batches, news, prefixes, run.chunk, refine=not run.quick)
     run.console.print(report.paths_table(rows, run.backend != "interpret"))
     if run.backend != "interpret":
-        run.say("the measured policy is in place: mla_attention(path='auto') and "
-                "mlactl analyze --policy measured read it")
+        run.say(
+            "the measured policy is in place: mla_attention(path='auto') and mlactl analyze --policy measured read it"
+        )
 
 
 def _common(model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm):
@@ -239,8 +316,21 @@ def tune_ceilings_cmd(
 
     Example: mlactl tune ceilings   (then: mlactl analyze --hardware h200 --measured)
     """
-    run = Run("deepseek-v3", "1", "torch", False, device, "auto", "auto", quick, None, force,
-              results_file, True, run_name="ceilings")
+    run = Run(
+        "deepseek-v3",
+        "1",
+        "torch",
+        False,
+        device,
+        "auto",
+        "auto",
+        quick,
+        None,
+        force,
+        results_file,
+        True,
+        run_name="ceilings",
+    )
     run_ceilings(run)
     run.finish()
 
@@ -255,8 +345,14 @@ def tune_kernels_cmd(
     device: DeviceOpt = None,
     kv_dtype: TuneKvOpt = "auto",
     dtype: TuneDtypeOpt = "auto",
-    kernel: Annotated[Optional[str], typer.Option("--kernel", help="Comma-separated: mla_decode, mla_prefill, merge_attn_states (default all).")] = None,
-    space: Annotated[Optional[Path], typer.Option("--space", help="JSON list of configs to try instead of the built-in search space.")] = None,
+    kernel: Annotated[
+        Optional[str],
+        typer.Option("--kernel", help="Comma-separated: mla_decode, mla_prefill, merge_attn_states (default all)."),
+    ] = None,
+    space: Annotated[
+        Optional[Path],
+        typer.Option("--space", help="JSON list of configs to try instead of the built-in search space."),
+    ] = None,
     quick: QuickOpt = False,
     budget: BudgetOpt = None,
     force: ForceOpt = False,
@@ -284,8 +380,14 @@ def tune_paths_cmd(
     kv_dtype: TuneKvOpt = "auto",
     dtype: TuneDtypeOpt = "auto",
     batch: Annotated[Optional[str], typer.Option("--batch", "-b", help="Batch sizes (default 1).")] = None,
-    new: Annotated[Optional[str], typer.Option("--new", "-n", help="New-token counts (default 1:4096:*2 on a GPU, 1:256:*2 on a CPU).")] = None,
-    prefix: Annotated[Optional[str], typer.Option("--prefix", "-p", help="Prefixes (default 0,4K,16K,32K on a GPU, 0,256,1K on a CPU).")] = None,
+    new: Annotated[
+        Optional[str],
+        typer.Option("--new", "-n", help="New-token counts (default 1:4096:*2 on a GPU, 1:256:*2 on a CPU)."),
+    ] = None,
+    prefix: Annotated[
+        Optional[str],
+        typer.Option("--prefix", "-p", help="Prefixes (default 0,4K,16K,32K on a GPU, 0,256,1K on a CPU)."),
+    ] = None,
     quick: QuickOpt = False,
     budget: BudgetOpt = None,
     force: ForceOpt = False,

@@ -12,9 +12,9 @@ import pytest
 import torch
 from triton.runtime.errors import OutOfResources
 
-from mlactl.kernels import absorb
-from mlactl.kernels.absorb import heuristic_config, mla_decode
-from mlactl.kernels.absorb_naive import mla_decode_naive
+from mlactl.kernels import decode
+from mlactl.kernels.decode import heuristic_config, mla_decode
+from mlactl.kernels.decode_naive import mla_decode_naive
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn
@@ -37,7 +37,7 @@ def paged_case(lens, H, S_q, r, dR, block_size, dtype, kv_dtype=None, seed=0, de
     block_table = torch.full((B, max(pages) + 1), -1, dtype=torch.int32)
     taken = 0
     for b, n in enumerate(pages):
-        block_table[b, :n] = order[taken:taken + n]
+        block_table[b, :n] = order[taken : taken + n]
         taken += n
     q = torch.randn(B, S_q, H, D, generator=gen).to(dtype)
     kv = torch.randn(num_blocks, block_size, D, generator=gen)
@@ -60,7 +60,7 @@ def poisoned(monkeypatch):
     def empty(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
-    monkeypatch.setattr(absorb, "_empty", empty)
+    monkeypatch.setattr(decode, "_empty", empty)
 
 
 def assert_close(got, want, tol):
@@ -73,6 +73,7 @@ def assert_close(got, want, tol):
 
 
 # ---- the twin against a hand-written, non-paged computation -------------------------------------
+
 
 def hand_attention(q, keys, causal, scale, r):
     """q: [S_q, H, D] list-of-lists math, keys: [n, D] contiguous; explicit loops, floats."""
@@ -113,16 +114,16 @@ def test_twin_matches_hand_loop(causal, kv_scale):
     for b, keys in enumerate(contiguous):
         for j in range(math.ceil(len(keys) / block_size)):
             page = free.pop()
-            chunk = keys[j * block_size:(j + 1) * block_size]
-            pool[page, :len(chunk)] = chunk
+            chunk = keys[j * block_size : (j + 1) * block_size]
+            pool[page, : len(chunk)] = chunk
             table[b, j] = page
-    out, lse = mla_decode_naive(q, pool, table, torch.tensor(lens, dtype=torch.int32), SCALE,
-                                causal=causal, kv_scale=kv_scale, r=r)
+    out, lse = mla_decode_naive(
+        q, pool, table, torch.tensor(lens, dtype=torch.int32), SCALE, causal=causal, kv_scale=kv_scale, r=r
+    )
     assert out.shape == (len(lens), S_q, H, r) and lse.shape == (len(lens), S_q, H)
     factor = 1.0 if kv_scale is None else kv_scale
     for b, keys in enumerate(contiguous):
-        want_out, want_lse = hand_attention(q[b].tolist(), (keys * factor).tolist(), causal,
-                                            SCALE, r)
+        want_out, want_lse = hand_attention(q[b].tolist(), (keys * factor).tolist(), causal, SCALE, r)
         torch.testing.assert_close(out[b], torch.tensor(want_out), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lse[b], torch.tensor(want_lse), atol=1e-5, rtol=1e-5)
     assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)  # the empty request
@@ -131,11 +132,16 @@ def test_twin_matches_hand_loop(causal, kv_scale):
 def test_twin_defaults_r_for_deepseek_rows_only():
     q = torch.zeros(1, 1, 1, 48)
     with pytest.raises(ValueError, match="r .latent rank. cannot be inferred"):
-        mla_decode_naive(q, torch.zeros(1, 16, 48), torch.zeros(1, 1, dtype=torch.int32),
-                         torch.ones(1, dtype=torch.int32), SCALE)
-    out, _ = mla_decode_naive(torch.zeros(1, 1, 1, 576), torch.zeros(1, 16, 576),
-                              torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
-                              SCALE)
+        mla_decode_naive(
+            q, torch.zeros(1, 16, 48), torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), SCALE
+        )
+    out, _ = mla_decode_naive(
+        torch.zeros(1, 1, 1, 576),
+        torch.zeros(1, 16, 576),
+        torch.zeros(1, 1, dtype=torch.int32),
+        torch.ones(1, dtype=torch.int32),
+        SCALE,
+    )
     assert out.shape[-1] == 512
 
 
@@ -143,51 +149,262 @@ def test_twin_defaults_r_for_deepseek_rows_only():
 
 # (lens, H, S_q, r, dR, block_size, dtype, kv_dtype, causal, num_splits, config, tol)
 KERNEL_CASES = [
-    pytest.param((1, 17, 300), 4, 1, 32, 16, 16, torch.float16, None, True, 1, None, F16,
-                 id="B3-H4-Sq1-r32-bs16-len1,17,300-fp16-split1"),
-    pytest.param((1, 17, 300), 4, 1, 32, 16, 16, torch.float16, None, True, 4, None, F16,
-                 id="B3-H4-Sq1-r32-bs16-len1,17,300-fp16-split4-empty-splits"),
-    pytest.param((1, 31, 33, 100), 2, 1, 64, 16, 32, torch.float32, None, True, 3, None, F32,
-                 id="B4-H2-Sq1-r64-bs32-len1,31,33,100-fp32-split3"),
-    pytest.param((64, 65), 16, 1, 32, 16, 64, torch.float16, None, True, 2, None, F16,
-                 id="B2-H16-Sq1-r32-bs64-len64,65-fp16-split2"),
-    pytest.param((17, 40), 1, 1, 32, 16, 16, torch.float32, None, True, 1, None, F32,
-                 id="B2-H1-Sq1-r32-bs16-len17,40-fp32"),
-    pytest.param((3, 100), 5, 3, 32, 16, 16, torch.float16, None, True, 2, None, F16,
-                 id="B2-H5-Sq3-r32-bs16-len3,100-fp16-causal-split2"),
-    pytest.param((4, 70), 3, 4, 32, 16, 32, torch.float32, None, False, 3, None, F32,
-                 id="B2-H3-Sq4-r32-bs32-len4,70-fp32-noncausal-split3"),
-    pytest.param((20, 90), 24, 3, 32, 16, 16, torch.float16, None, True, 1, None, F16,
-                 id="B2-H24-Sq3-r32-bs16-len20,90-fp16-causal-rows72-of-BLOCK_H64"),
-    pytest.param((10, 130), 2, 2, 32, 16, 64, torch.float32, None, True, 2, {"BLOCK_N": 16}, F32,
-                 id="B2-H2-Sq2-r32-bs64-BLOCK_N16-len10,130-fp32"),
-    pytest.param((5, 200), 4, 1, 32, 16, 16, torch.float16, None, True, 2, {"BLOCK_N": 64}, F16,
-                 id="B2-H4-Sq1-r32-bs16-BLOCK_N64-len5,200-fp16"),
-    pytest.param((0, 1, 50), 4, 1, 32, 16, 16, torch.float16, None, True, 2, None, F16,
-                 id="B3-H4-Sq1-r32-bs16-len0,1,50-fp16-empty-request"),
-    pytest.param((0, 9), 2, 2, 32, 16, 16, torch.float32, None, False, 1, None, F32,
-                 id="B2-H2-Sq2-r32-bs16-len0,9-fp32-noncausal-empty-request-split1"),
-    pytest.param((300, 1000), 4, 1, 32, 16, 32, torch.float16, None, True, None, None, F16,
-                 id="B2-H4-Sq1-r32-bs32-len300,1000-fp16-default-config"),
-    pytest.param((7, 45), 2, 2, 16, 32, 16, torch.float32, None, True, 2, {"BLOCK_H": 32}, F32,
-                 id="B2-H2-Sq2-r16-dR32-bs16-len7,45-fp32-BLOCK_H32"),
-    pytest.param((2, 17, 300), 4, 2, 32, 16, 16, torch.bfloat16, None, True, 3, None, BF16,
-                 id="B3-H4-Sq2-r32-bs16-len2,17,300-bf16-split3"),
-    pytest.param((1, 17, 300), 4, 1, 32, 16, 16, torch.float16, FP8, True, 3, None, F16,
-                 id="B3-H4-Sq1-r32-bs16-len1,17,300-fp8cache-qfp16-split3"),
-    pytest.param((2, 64, 97), 3, 2, 32, 16, 32, torch.float32, FP8, True, 1, None, F32,
-                 id="B3-H3-Sq2-r32-bs32-len2,64,97-fp8cache-qfp32-split1"),
+    pytest.param(
+        (1, 17, 300),
+        4,
+        1,
+        32,
+        16,
+        16,
+        torch.float16,
+        None,
+        True,
+        1,
+        None,
+        F16,
+        id="B3-H4-Sq1-r32-bs16-len1,17,300-fp16-split1",
+    ),
+    pytest.param(
+        (1, 17, 300),
+        4,
+        1,
+        32,
+        16,
+        16,
+        torch.float16,
+        None,
+        True,
+        4,
+        None,
+        F16,
+        id="B3-H4-Sq1-r32-bs16-len1,17,300-fp16-split4-empty-splits",
+    ),
+    pytest.param(
+        (1, 31, 33, 100),
+        2,
+        1,
+        64,
+        16,
+        32,
+        torch.float32,
+        None,
+        True,
+        3,
+        None,
+        F32,
+        id="B4-H2-Sq1-r64-bs32-len1,31,33,100-fp32-split3",
+    ),
+    pytest.param(
+        (64, 65),
+        16,
+        1,
+        32,
+        16,
+        64,
+        torch.float16,
+        None,
+        True,
+        2,
+        None,
+        F16,
+        id="B2-H16-Sq1-r32-bs64-len64,65-fp16-split2",
+    ),
+    pytest.param(
+        (17, 40), 1, 1, 32, 16, 16, torch.float32, None, True, 1, None, F32, id="B2-H1-Sq1-r32-bs16-len17,40-fp32"
+    ),
+    pytest.param(
+        (3, 100),
+        5,
+        3,
+        32,
+        16,
+        16,
+        torch.float16,
+        None,
+        True,
+        2,
+        None,
+        F16,
+        id="B2-H5-Sq3-r32-bs16-len3,100-fp16-causal-split2",
+    ),
+    pytest.param(
+        (4, 70),
+        3,
+        4,
+        32,
+        16,
+        32,
+        torch.float32,
+        None,
+        False,
+        3,
+        None,
+        F32,
+        id="B2-H3-Sq4-r32-bs32-len4,70-fp32-noncausal-split3",
+    ),
+    pytest.param(
+        (20, 90),
+        24,
+        3,
+        32,
+        16,
+        16,
+        torch.float16,
+        None,
+        True,
+        1,
+        None,
+        F16,
+        id="B2-H24-Sq3-r32-bs16-len20,90-fp16-causal-rows72-of-BLOCK_H64",
+    ),
+    pytest.param(
+        (10, 130),
+        2,
+        2,
+        32,
+        16,
+        64,
+        torch.float32,
+        None,
+        True,
+        2,
+        {"BLOCK_N": 16},
+        F32,
+        id="B2-H2-Sq2-r32-bs64-BLOCK_N16-len10,130-fp32",
+    ),
+    pytest.param(
+        (5, 200),
+        4,
+        1,
+        32,
+        16,
+        16,
+        torch.float16,
+        None,
+        True,
+        2,
+        {"BLOCK_N": 64},
+        F16,
+        id="B2-H4-Sq1-r32-bs16-BLOCK_N64-len5,200-fp16",
+    ),
+    pytest.param(
+        (0, 1, 50),
+        4,
+        1,
+        32,
+        16,
+        16,
+        torch.float16,
+        None,
+        True,
+        2,
+        None,
+        F16,
+        id="B3-H4-Sq1-r32-bs16-len0,1,50-fp16-empty-request",
+    ),
+    pytest.param(
+        (0, 9),
+        2,
+        2,
+        32,
+        16,
+        16,
+        torch.float32,
+        None,
+        False,
+        1,
+        None,
+        F32,
+        id="B2-H2-Sq2-r32-bs16-len0,9-fp32-noncausal-empty-request-split1",
+    ),
+    pytest.param(
+        (300, 1000),
+        4,
+        1,
+        32,
+        16,
+        32,
+        torch.float16,
+        None,
+        True,
+        None,
+        None,
+        F16,
+        id="B2-H4-Sq1-r32-bs32-len300,1000-fp16-default-config",
+    ),
+    pytest.param(
+        (7, 45),
+        2,
+        2,
+        16,
+        32,
+        16,
+        torch.float32,
+        None,
+        True,
+        2,
+        {"BLOCK_H": 32},
+        F32,
+        id="B2-H2-Sq2-r16-dR32-bs16-len7,45-fp32-BLOCK_H32",
+    ),
+    pytest.param(
+        (2, 17, 300),
+        4,
+        2,
+        32,
+        16,
+        16,
+        torch.bfloat16,
+        None,
+        True,
+        3,
+        None,
+        BF16,
+        id="B3-H4-Sq2-r32-bs16-len2,17,300-bf16-split3",
+    ),
+    pytest.param(
+        (1, 17, 300),
+        4,
+        1,
+        32,
+        16,
+        16,
+        torch.float16,
+        FP8,
+        True,
+        3,
+        None,
+        F16,
+        id="B3-H4-Sq1-r32-bs16-len1,17,300-fp8cache-qfp16-split3",
+    ),
+    pytest.param(
+        (2, 64, 97),
+        3,
+        2,
+        32,
+        16,
+        32,
+        torch.float32,
+        FP8,
+        True,
+        1,
+        None,
+        F32,
+        id="B3-H3-Sq2-r32-bs32-len2,64,97-fp8cache-qfp32-split1",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "lens, H, S_q, r, dR, block_size, dtype, kv_dtype, causal, num_splits, config, tol", KERNEL_CASES
 )
-def test_kernel_matches_twin(poisoned, lens, H, S_q, r, dR, block_size, dtype, kv_dtype, causal,
-                             num_splits, config, tol):
+def test_kernel_matches_twin(
+    poisoned, lens, H, S_q, r, dR, block_size, dtype, kv_dtype, causal, num_splits, config, tol
+):
     q, kv, table, seqlens, kv_scale = paged_case(lens, H, S_q, r, dR, block_size, dtype, kv_dtype)
-    got = mla_decode(q, kv, table, seqlens, SCALE, causal=causal, kv_scale=kv_scale, r=r,
-                     num_splits=num_splits, config=config)
+    got = mla_decode(
+        q, kv, table, seqlens, SCALE, causal=causal, kv_scale=kv_scale, r=r, num_splits=num_splits, config=config
+    )
     want = mla_decode_naive(q, kv, table, seqlens, SCALE, causal=causal, kv_scale=kv_scale, r=r)
     assert got[0].shape == (len(lens), S_q, H, r) and got[1].shape == (len(lens), S_q, H)
     assert_close(got, want, tol)
@@ -206,8 +423,7 @@ def test_kernel_kv_scale_tensor_4d_cache_strided_q_and_out(poisoned):
     assert not q_strided.is_contiguous()
     out = torch.full((2, S_q, H, r), float("nan"), dtype=q.dtype, device=q.device)
     scale_t = torch.tensor([kv_scale], device=q.device)
-    got = mla_decode(q_strided, kv.unsqueeze(2), table, seqlens, SCALE, kv_scale=scale_t, r=r,
-                     num_splits=2, out=out)
+    got = mla_decode(q_strided, kv.unsqueeze(2), table, seqlens, SCALE, kv_scale=scale_t, r=r, num_splits=2, out=out)
     assert got[0] is out
     assert_close(got, mla_decode_naive(q, kv, table, seqlens, SCALE, kv_scale=kv_scale, r=r), F16)
 
@@ -220,17 +436,18 @@ def test_kernel_unvalidated_matches(poisoned):
 
 # ---- launch-config choice ----------------------------------------------------------------------
 
+
 @pytest.fixture
 def launches(monkeypatch):
     """Record (grid, constants, cfg) of every stage-1 launch, then launch for real."""
     seen = []
-    real = absorb._launch_split
+    real = decode._launch_split
 
     def record(grid, args, constants, cfg, device):
         seen.append((grid, constants, dict(cfg)))
         return real(grid, args, constants, cfg, device)
 
-    monkeypatch.setattr(absorb, "_launch_split", record)
+    monkeypatch.setattr(decode, "_launch_split", record)
     return seen
 
 
@@ -241,7 +458,7 @@ def test_config_precedence(monkeypatch, launches):
         asked.append((kernel, device_name, dtype, shape))
         return {"num_splits": 3, "BLOCK_N": 16}
 
-    monkeypatch.setattr(absorb.configs, "lookup", lookup)
+    monkeypatch.setattr(decode.configs, "lookup", lookup)
     q, kv, table, seqlens, _ = paged_case((40, 100), 4, 1, 32, 16, 16, torch.float16)
     mla_decode(q, kv, table, seqlens, SCALE, r=32)
     device_name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
@@ -253,7 +470,7 @@ def test_config_precedence(monkeypatch, launches):
     assert launches[-1][0][1] == 5  # num_splits= wins over everything
     mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_H": 64})
     assert launches[-1][2]["BLOCK_H"] == 16  # never taller than one request's rows need
-    monkeypatch.setattr(absorb.configs, "lookup", lambda *a, **k: {"BLOCK_N": 24})
+    monkeypatch.setattr(decode.configs, "lookup", lambda *a, **k: {"BLOCK_N": 24})
     with pytest.warns(UserWarning, match="ignoring tuned config"):
         mla_decode(q, kv, table, seqlens, SCALE, r=32)
     assert launches[-1][2]["BLOCK_N"] == 64  # a bad tuned entry falls back to the heuristic
@@ -264,13 +481,13 @@ def test_heuristic_deepseek_shapes():
     wide = heuristic_config(128, 128, 1, 512, 64, 8192, 64, bf16, bf16, 132)
     assert wide["BLOCK_H"] == 64 and wide["num_warps"] == 8 and wide["num_splits"] == 1
     assert (wide["BLOCK_N"], wide["num_stages"]) == (64, 3)
-    assert absorb.smem_bytes(64, wide["BLOCK_N"], wide["num_stages"], 576, 2, 2, False) <= absorb.SMEM_BUDGET
+    assert decode.smem_bytes(64, wide["BLOCK_N"], wide["num_stages"], 576, 2, 2, False) <= decode.SMEM_BUDGET
     narrow = heuristic_config(128, 16, 1, 512, 64, 8192, 64, bf16, bf16, 132)
     assert narrow["BLOCK_H"] == 16 and narrow["num_warps"] == 8 and narrow["num_splits"] == 2
     mtp = heuristic_config(8, 16, 4, 512, 64, 8192, 64, bf16, FP8, 132)
     assert mtp["BLOCK_H"] == 64 and mtp["num_splits"] > 1  # 4 new tokens x 16 heads fill a tile
     lone = heuristic_config(1, 128, 1, 512, 64, 8192, 64, bf16, bf16, 132)
-    assert 2 <= lone["num_splits"] <= min(absorb.MAX_SPLITS, 8192 // absorb.MIN_SPLIT_TOKENS)
+    assert 2 <= lone["num_splits"] <= min(decode.MAX_SPLITS, 8192 // decode.MIN_SPLIT_TOKENS)
     short = heuristic_config(1, 16, 1, 512, 64, 100, 64, bf16, bf16, 132)
     assert short["num_splits"] == 1  # 100 keys: under one split's worth
     assert heuristic_config(1, 16, 1, 512, 64, 1000, 64, bf16, bf16, 132)["num_splits"] <= 16
@@ -278,7 +495,7 @@ def test_heuristic_deepseek_shapes():
 
 def test_shared_memory_fallback(monkeypatch, poisoned):
     """A GPU that rejects a (BLOCK_N, num_stages) for shared memory gets the next smaller one."""
-    real = absorb._mla_decode_split_kernel
+    real = decode._mla_decode_split_kernel
     tried = []
 
     class Picky:
@@ -288,10 +505,11 @@ def test_shared_memory_fallback(monkeypatch, poisoned):
                 if BLOCK_N > 16:
                     raise OutOfResources(300_000, 232_448, "shared memory")
                 return real[grid](*args, BLOCK_N=BLOCK_N, num_stages=num_stages, **kwargs)
+
             return launch
 
-    monkeypatch.setattr(absorb, "_mla_decode_split_kernel", Picky())
-    monkeypatch.setattr(absorb, "_FITTED", {})
+    monkeypatch.setattr(decode, "_mla_decode_split_kernel", Picky())
+    monkeypatch.setattr(decode, "_FITTED", {})
     q, kv, table, seqlens, _ = paged_case((30, 50), 2, 1, 32, 16, 16, torch.float32)
     with pytest.warns(UserWarning, match="shared memory"):
         got = mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2})
@@ -308,11 +526,11 @@ SM90_COMPILE = r"""
 import json, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from mlactl.kernels import absorb
+from mlactl.kernels import decode
 
 def compile_split(q, kv, H, S_q):
-    cfg = absorb.heuristic_config(128, H, S_q, 512, 64, 8192, 64, q, kv, 132)
-    fn = absorb._mla_decode_split_kernel
+    cfg = decode.heuristic_config(128, H, S_q, 512, 64, 8192, 64, q, kv, 132)
+    fn = decode._mla_decode_split_kernel
     fp8 = kv == torch.float8_e4m3fn
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q]
     types = dict(q="*" + name, kv="*u8" if fp8 else "*" + name, block_table="*i32",
@@ -328,12 +546,12 @@ def compile_split(q, kv, H, S_q):
     k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
     row, qb, kb = 576, torch.finfo(q).bits // 8, torch.finfo(kv).bits // 8
-    estimate = absorb.smem_bytes(cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["num_stages"], row, qb, kb,
+    estimate = decode.smem_bytes(cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["num_stages"], row, qb, kb,
                                   fp8)
     return dict(shared=k.metadata.shared, estimate=estimate, block_h=cfg["BLOCK_H"],
                 wgmma="warp_group_dot" in k.asm["ttgir"])
 
-merge = absorb._mla_decode_merge_kernel
+merge = decode._mla_decode_merge_kernel
 sig = {n: "constexpr" if n in ("H", "R", "NUM_SPLITS", "SPLITS_P2") else "i32"
        for n in merge.arg_names}
 sig.update(o_part="*fp32", lse_part="*fp32", o="*bf16", lse="*fp32")
@@ -352,16 +570,16 @@ def test_sm90_compile_fits_shared_memory():
     wgmma. Runs in a subprocess because the interpreter, set for this session, patches tl."""
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", SM90_COMPILE], env=env, capture_output=True,
-                         text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", SM90_COMPILE], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     for case in json.loads(run.stdout.strip().splitlines()[-1]):
-        assert case["shared"] <= absorb.SMEM_BUDGET, case
+        assert case["shared"] <= decode.SMEM_BUDGET, case
         assert case["shared"] <= case["estimate"], case  # the heuristic's estimate is not short
         assert case["wgmma"] == (case["block_h"] == 64), case
 
 
 # ---- bad inputs: one ValueError each, naming the argument, before any launch -------------------
+
 
 def _valid():
     q, kv, table, seqlens, _ = paged_case((5, 20), 2, 1, 32, 16, 16, torch.float16)
@@ -374,66 +592,106 @@ def _with(**changes):
         for key, value in changes.items():
             args[key] = value(args) if callable(value) else value
         return args
+
     return make
 
 
 BAD_INPUTS = [
     pytest.param(_with(q=lambda a: a["q"][0]), "q must have 4 dimensions", id="q-rank3"),
     pytest.param(_with(q=lambda a: a["q"].to(torch.int32)), "q has dtype int32", id="q-int"),
-    pytest.param(_with(q=lambda a: a["q"].transpose(2, 3).contiguous().transpose(2, 3)),
-                 "q must be contiguous in its last", id="q-last-dim-strided"),
-    pytest.param(_with(kv_cache=lambda a: a["kv_cache"].float()), "kv_cache has dtype .*float32 but q",
-                 id="kv-dtype-mismatch"),
-    pytest.param(_with(kv_cache=lambda a: a["kv_cache"][..., :40]), r"kv_cache.shape\[2\] is 40",
-                 id="kv-row-width-mismatch"),
-    pytest.param(_with(kv_cache=lambda a: a["kv_cache"].unsqueeze(2).expand(-1, -1, 2, -1)),
-                 "kv_cache has 2 heads", id="kv-2-heads"),
-    pytest.param(_with(kv_cache=lambda a: a["kv_cache"][0]), "kv_cache must have 3 dimensions",
-                 id="kv-rank2"),
-    pytest.param(_with(kv_cache=lambda a: a["kv_cache"][:, :0]), "kv_cache has block_size 0",
-                 id="kv-block-size-0"),
-    pytest.param(_with(block_table=lambda a: a["block_table"].long()), "block_table has dtype int64",
-                 id="table-int64"),
-    pytest.param(_with(block_table=lambda a: a["block_table"][:1]), r"block_table.shape\[0\] is 1",
-                 id="table-batch-mismatch"),
-    pytest.param(_with(block_table=lambda a: a["block_table"][:, :1]), "block_table has 1 columns",
-                 id="table-too-short"),
-    pytest.param(_with(block_table=lambda a: a["block_table"].clone().index_fill_(1, torch.tensor([0], device=a["q"].device), 99)),
-                 "block_table has block ids outside", id="table-id-too-big"),
-    pytest.param(_with(block_table=lambda a: a["block_table"].clone().index_fill_(1, torch.tensor([1], device=a["q"].device), -1)),
-                 "block_table has block ids outside", id="table-id-negative-in-use"),
-    pytest.param(_with(cache_seqlens=lambda a: a["cache_seqlens"].long()), "cache_seqlens has dtype int64",
-                 id="seqlens-int64"),
-    pytest.param(_with(cache_seqlens=lambda a: a["cache_seqlens"][:1]), r"cache_seqlens.shape\[0\] is 1",
-                 id="seqlens-batch-mismatch"),
-    pytest.param(_with(cache_seqlens=lambda a: torch.stack([a["cache_seqlens"]] * 2, 1)[:, 0]),
-                 "cache_seqlens must be contiguous", id="seqlens-strided"),
-    pytest.param(_with(cache_seqlens=lambda a: a["cache_seqlens"] - 6), r"cache_seqlens\[0\] = -1 is negative",
-                 id="seqlens-negative"),
-    pytest.param(_with(q=lambda a: a["q"].expand(-1, 3, -1, -1).contiguous(),
-                       cache_seqlens=lambda a: torch.full_like(a["cache_seqlens"], 2)),
-                 r"cache_seqlens\[0\] = 2 is below S_q=3", id="seqlens-below-Sq-causal"),
+    pytest.param(
+        _with(q=lambda a: a["q"].transpose(2, 3).contiguous().transpose(2, 3)),
+        "q must be contiguous in its last",
+        id="q-last-dim-strided",
+    ),
+    pytest.param(
+        _with(kv_cache=lambda a: a["kv_cache"].float()), "kv_cache has dtype .*float32 but q", id="kv-dtype-mismatch"
+    ),
+    pytest.param(
+        _with(kv_cache=lambda a: a["kv_cache"][..., :40]), r"kv_cache.shape\[2\] is 40", id="kv-row-width-mismatch"
+    ),
+    pytest.param(
+        _with(kv_cache=lambda a: a["kv_cache"].unsqueeze(2).expand(-1, -1, 2, -1)),
+        "kv_cache has 2 heads",
+        id="kv-2-heads",
+    ),
+    pytest.param(_with(kv_cache=lambda a: a["kv_cache"][0]), "kv_cache must have 3 dimensions", id="kv-rank2"),
+    pytest.param(_with(kv_cache=lambda a: a["kv_cache"][:, :0]), "kv_cache has block_size 0", id="kv-block-size-0"),
+    pytest.param(_with(block_table=lambda a: a["block_table"].long()), "block_table has dtype int64", id="table-int64"),
+    pytest.param(
+        _with(block_table=lambda a: a["block_table"][:1]), r"block_table.shape\[0\] is 1", id="table-batch-mismatch"
+    ),
+    pytest.param(
+        _with(block_table=lambda a: a["block_table"][:, :1]), "block_table has 1 columns", id="table-too-short"
+    ),
+    pytest.param(
+        _with(
+            block_table=lambda a: a["block_table"].clone().index_fill_(1, torch.tensor([0], device=a["q"].device), 99)
+        ),
+        "block_table has block ids outside",
+        id="table-id-too-big",
+    ),
+    pytest.param(
+        _with(
+            block_table=lambda a: a["block_table"].clone().index_fill_(1, torch.tensor([1], device=a["q"].device), -1)
+        ),
+        "block_table has block ids outside",
+        id="table-id-negative-in-use",
+    ),
+    pytest.param(
+        _with(cache_seqlens=lambda a: a["cache_seqlens"].long()), "cache_seqlens has dtype int64", id="seqlens-int64"
+    ),
+    pytest.param(
+        _with(cache_seqlens=lambda a: a["cache_seqlens"][:1]),
+        r"cache_seqlens.shape\[0\] is 1",
+        id="seqlens-batch-mismatch",
+    ),
+    pytest.param(
+        _with(cache_seqlens=lambda a: torch.stack([a["cache_seqlens"]] * 2, 1)[:, 0]),
+        "cache_seqlens must be contiguous",
+        id="seqlens-strided",
+    ),
+    pytest.param(
+        _with(cache_seqlens=lambda a: a["cache_seqlens"] - 6),
+        r"cache_seqlens\[0\] = -1 is negative",
+        id="seqlens-negative",
+    ),
+    pytest.param(
+        _with(
+            q=lambda a: a["q"].expand(-1, 3, -1, -1).contiguous(),
+            cache_seqlens=lambda a: torch.full_like(a["cache_seqlens"], 2),
+        ),
+        r"cache_seqlens\[0\] = 2 is below S_q=3",
+        id="seqlens-below-Sq-causal",
+    ),
     pytest.param(_with(scale=0.0), "softmax scale must be a positive", id="scale-zero"),
     pytest.param(_with(scale=-0.1), "softmax scale must be a positive", id="scale-negative"),
     pytest.param(_with(scale=float("nan")), "softmax scale must be a positive", id="scale-nan"),
-    pytest.param(_with(kv_cache=lambda a: a["kv_cache"].to(FP8)), "kv_scale is required",
-                 id="fp8-without-kv_scale"),
+    pytest.param(_with(kv_cache=lambda a: a["kv_cache"].to(FP8)), "kv_scale is required", id="fp8-without-kv_scale"),
     pytest.param(_with(kv_scale=-1.0), "kv_scale must be a positive", id="kv_scale-negative"),
-    pytest.param(_with(kv_scale=lambda a: torch.ones(2, device=a["q"].device)),
-                 "kv_scale must be a float or a 1-element", id="kv_scale-2-elements"),
+    pytest.param(
+        _with(kv_scale=lambda a: torch.ones(2, device=a["q"].device)),
+        "kv_scale must be a float or a 1-element",
+        id="kv_scale-2-elements",
+    ),
     pytest.param(_with(r=None), r"r \(latent rank\) cannot be inferred", id="r-not-inferable"),
-    pytest.param(_with(r=24),
-                 "r=24 must be a power of two", id="r-not-pow2"),
-    pytest.param(_with(q=lambda a: a["q"][..., :40], kv_cache=lambda a: a["kv_cache"][..., :40]),
-                 "dR=8 must be a power of two >= 16", id="dR-8"),
+    pytest.param(_with(r=24), "r=24 must be a power of two", id="r-not-pow2"),
+    pytest.param(
+        _with(q=lambda a: a["q"][..., :40], kv_cache=lambda a: a["kv_cache"][..., :40]),
+        "dR=8 must be a power of two >= 16",
+        id="dR-8",
+    ),
     pytest.param(_with(num_splits=0), "num_splits.* must be a positive integer", id="num_splits-0"),
     pytest.param(_with(config={"BLOCK_M": 64}), "config has unknown keys", id="config-unknown-key"),
-    pytest.param(_with(config={"BLOCK_H": 24}), r"config\['BLOCK_H'\] must be a power of two",
-                 id="config-BLOCK_H-24"),
-    pytest.param(_with(out=lambda a: torch.empty(2, 1, 2, 16, dtype=a["q"].dtype, device=a["q"].device)),
-                 "out must be", id="out-wrong-shape"),
-    pytest.param(_with(block_table=lambda a: a["block_table"].to("meta")), "inputs are on different devices",
-                 id="devices-mixed"),
+    pytest.param(_with(config={"BLOCK_H": 24}), r"config\['BLOCK_H'\] must be a power of two", id="config-BLOCK_H-24"),
+    pytest.param(
+        _with(out=lambda a: torch.empty(2, 1, 2, 16, dtype=a["q"].dtype, device=a["q"].device)),
+        "out must be",
+        id="out-wrong-shape",
+    ),
+    pytest.param(
+        _with(block_table=lambda a: a["block_table"].to("meta")), "inputs are on different devices", id="devices-mixed"
+    ),
 ]
 
 
@@ -442,7 +700,7 @@ def test_bad_input_raises(monkeypatch, make, message):
     def no_launch(*args, **kwargs):
         raise AssertionError("launched despite bad input")
 
-    monkeypatch.setattr(absorb, "_launch_split", no_launch)
+    monkeypatch.setattr(decode, "_launch_split", no_launch)
     args = make()
     with pytest.raises(ValueError, match=message):
         mla_decode(**args)
@@ -478,8 +736,7 @@ GPU_CASES = [  # (H, S_q, block_size, dtype, kv_dtype, num_splits, tol); lens 1|
 @pytest.mark.parametrize("H, S_q, block_size, dtype, kv_dtype, num_splits, tol", GPU_CASES)
 def test_gpu_deepseek_v3(poisoned, H, S_q, block_size, dtype, kv_dtype, num_splits, tol):
     lens = (S_q, 777, 4096, 8192)
-    q, kv, table, seqlens, kv_scale = paged_case(lens, H, S_q, 512, 64, block_size, dtype,
-                                                 kv_dtype)
+    q, kv, table, seqlens, kv_scale = paged_case(lens, H, S_q, 512, 64, block_size, dtype, kv_dtype)
     got = mla_decode(q, kv, table, seqlens, DSV3_SCALE, kv_scale=kv_scale, num_splits=num_splits)
     torch.cuda.synchronize()
     want = mla_decode_naive(q, kv, table, seqlens, DSV3_SCALE, kv_scale=kv_scale)

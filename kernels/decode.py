@@ -2,7 +2,7 @@
 
 An MQA over the latent cache: every cache row is ``[c (r) | k_r (dR)]``, the key is the whole
 row and the value its latent part, so each row is read once and feeds both dot products.
-The plain-torch twin, to read first, is `absorb_naive.mla_decode_naive`; FLOPs and bytes are
+The plain-torch twin, to read first, is `decode_naive.mla_decode_naive`; FLOPs and bytes are
 counted in `mlactl.cost` (``2·H·(r+dR) + 2·H·r`` FLOPs per (query, key) pair).
 
 Design (flash-decoding with grouped heads):
@@ -65,17 +65,44 @@ _FITTED: dict = {}  # launch key -> (BLOCK_N, num_stages) that fit shared memory
 
 @triton.jit
 def _mla_decode_split_kernel(
-    q, kv, block_table, seqlens, kv_scale_ptr, o, lse,
-    qk_scale, kv_scale,
-    stride_qb, stride_qs, stride_qh,
-    stride_kv_blk, stride_kv_tok, stride_bt,
-    stride_ob, stride_os, stride_oh, stride_o_split,
-    stride_lb, stride_ls, stride_lh, stride_l_split,
-    num_pages, max_pages,
-    H: tl.constexpr, S_Q: tl.constexpr, R: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    CAUSAL: tl.constexpr, KV_FP8: tl.constexpr, KV_SCALE_FROM_PTR: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+    q,
+    kv,
+    block_table,
+    seqlens,
+    kv_scale_ptr,
+    o,
+    lse,
+    qk_scale,
+    kv_scale,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_kv_blk,
+    stride_kv_tok,
+    stride_bt,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_o_split,
+    stride_lb,
+    stride_ls,
+    stride_lh,
+    stride_l_split,
+    num_pages,
+    max_pages,
+    H: tl.constexpr,
+    S_Q: tl.constexpr,
+    R: tl.constexpr,
+    DR: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    KV_SCALE_FROM_PTR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
 ):
     """One (row tile, split, request): online softmax over the split's keys, normalised output.
 
@@ -102,8 +129,7 @@ def _mla_decode_split_kernel(
 
     p_q = q + pid_b * stride_qb + o_s * stride_qs + o_hh * stride_qh  # [BLOCK_H]
     b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
-    b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None],
-                    other=0.0)  # [BLOCK_H, DR]
+    b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, DR]
     if DOT_FP32:  # Triton's interpreter multiplies bf16 bit patterns in tl.dot: widen to fp32
         b_q = b_q.to(tl.float32)
         b_qpe = b_qpe.to(tl.float32)
@@ -129,14 +155,14 @@ def _mla_decode_split_kernel(
         o_n = n0 + tl.arange(0, BLOCK_N)  # key positions
         m_n = o_n < end
         o_page = o_n // PAGE
-        b_page = tl.load(block_table + pid_b * stride_bt + o_page,
-                         mask=m_n & (o_page < max_pages), other=0)  # [BLOCK_N]
+        b_page = tl.load(
+            block_table + pid_b * stride_bt + o_page, mask=m_n & (o_page < max_pages), other=0
+        )  # [BLOCK_N]
         # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
         m_n = m_n & (b_page >= 0) & (b_page < num_pages)
         p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
         b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
-        b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None],
-                        other=0)  # [BLOCK_N, DR]
+        b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
         if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
             b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
             b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
@@ -160,8 +186,9 @@ def _mla_decode_split_kernel(
 
     has_keys = l_i > 0
     b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
-    b_lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2,
-                     -float("inf"))  # [BLOCK_H], natural log of the scaled scores
+    b_lse = tl.where(
+        has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, -float("inf")
+    )  # [BLOCK_H], natural log of the scaled scores
     p_o = o + pid_b * stride_ob + o_s * stride_os + o_hh * stride_oh + pid_split * stride_o_split
     tl.store(p_o[:, None] + o_r[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
     p_lse = lse + pid_b * stride_lb + o_s * stride_ls + o_hh * stride_lh
@@ -170,12 +197,28 @@ def _mla_decode_split_kernel(
 
 @triton.jit
 def _mla_decode_merge_kernel(
-    o_part, lse_part, o, lse,
-    stride_pb, stride_ps, stride_ph, stride_p_split,
-    stride_qb, stride_qs, stride_qh, stride_q_split,
-    stride_ob, stride_os, stride_oh,
-    stride_lb, stride_ls, stride_lh,
-    H: tl.constexpr, R: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    o_part,
+    lse_part,
+    o,
+    lse,
+    stride_pb,
+    stride_ps,
+    stride_ph,
+    stride_p_split,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_q_split,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_lb,
+    stride_ls,
+    stride_lh,
+    H: tl.constexpr,
+    R: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
 ):
     """One (request, new token, head) row: LSE-weighted sum of its splits' partial outputs."""
     pid_row = tl.program_id(0)
@@ -186,8 +229,7 @@ def _mla_decode_merge_kernel(
     o_r = tl.arange(0, R)
 
     p_lse = lse_part + pid_b * stride_qb + i_s * stride_qs + i_h * stride_qh
-    b_lse = tl.load(p_lse + o_k * stride_q_split, mask=o_k < NUM_SPLITS,
-                    other=-float("inf"))  # [SPLITS_P2]
+    b_lse = tl.load(p_lse + o_k * stride_q_split, mask=o_k < NUM_SPLITS, other=-float("inf"))  # [SPLITS_P2]
     m = tl.max(b_lse, 0)
     m_use = tl.where(m == -float("inf"), 0.0, m)  # every split empty: all weights 0, no NaN
     w_sum = tl.sum(tl.exp2((b_lse - m_use) * LOG2E), 0)
@@ -247,22 +289,18 @@ def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_s
             break
     num_warps = 8 if block_h * r >= WARPS_8_FROM else 4
     programs = B * triton.cdiv(rows, block_h)
-    most = min(MAX_SPLITS, triton.cdiv(ctx, block_size), triton.cdiv(ctx, block_n),
-               triton.cdiv(ctx, MIN_SPLIT_TOKENS))
+    most = min(MAX_SPLITS, triton.cdiv(ctx, block_size), triton.cdiv(ctx, block_n), triton.cdiv(ctx, MIN_SPLIT_TOKENS))
     splits = max(1, min(most, round(WAVES * num_sms / max(programs, 1))))
-    return {"BLOCK_H": block_h, "BLOCK_N": block_n, "num_splits": splits, "num_warps": num_warps,
-            "num_stages": stages}
+    return {"BLOCK_H": block_h, "BLOCK_N": block_n, "num_splits": splits, "num_warps": num_warps, "num_stages": stages}
 
 
 def _check_config(config, source):
     unknown = set(config) - set(CONFIG_KEYS)
     if unknown:
-        raise ValueError(f"{source} has unknown keys {sorted(unknown)}; "
-                         f"allowed: {', '.join(CONFIG_KEYS)}")
+        raise ValueError(f"{source} has unknown keys {sorted(unknown)}; allowed: {', '.join(CONFIG_KEYS)}")
     for key, low in (("BLOCK_H", 16), ("BLOCK_N", 16), ("num_warps", 1)):
         if key in config and not _is_pow2_at_least(config[key], low):
-            raise ValueError(f"{source}[{key!r}] must be a power of two >= {low}, "
-                             f"got {config[key]!r}")
+            raise ValueError(f"{source}[{key!r}] must be a power of two >= {low}, got {config[key]!r}")
     for key in ("num_splits", "num_stages"):
         value = config.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -299,14 +337,18 @@ def _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal, kv_scale, 
         raise ValueError(f"kv_cache has block_size 0 (shape {tuple(kv_cache.shape)})")
     fp8 = kv_cache.dtype in _FP8
     if not fp8 and kv_cache.dtype != q.dtype:
-        raise ValueError(f"kv_cache has dtype {kv_cache.dtype} but q has {q.dtype}; they must match "
-                         "(or the cache is fp8 e4m3 with kv_scale)")
+        raise ValueError(
+            f"kv_cache has dtype {kv_cache.dtype} but q has {q.dtype}; they must match "
+            "(or the cache is fp8 e4m3 with kv_scale)"
+        )
     if fp8 and kv_scale is None:
         raise ValueError("kv_scale is required with an fp8 kv_cache (real value = fp8 value * kv_scale)")
     if isinstance(kv_scale, torch.Tensor):
         if kv_scale.numel() != 1 or kv_scale.dtype not in _DTYPE_NAMES:
-            raise ValueError(f"kv_scale must be a float or a 1-element float tensor, got shape "
-                             f"{tuple(kv_scale.shape)} {kv_scale.dtype}")
+            raise ValueError(
+                f"kv_scale must be a float or a 1-element float tensor, got shape "
+                f"{tuple(kv_scale.shape)} {kv_scale.dtype}"
+            )
         if kv_scale.device != q.device:
             raise ValueError(f"kv_scale is on {kv_scale.device} but q on {q.device}")
         if validate:
@@ -322,20 +364,26 @@ def _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal, kv_scale, 
         if n < 0:
             raise ValueError(f"cache_seqlens[{b}] = {n} is negative")
         if causal and 0 < n < S_q:
-            raise ValueError(f"cache_seqlens[{b}] = {n} is below S_q={S_q}: causal new tokens must "
-                             "all be in the cache (0 marks an empty request)")
+            raise ValueError(
+                f"cache_seqlens[{b}] = {n} is below S_q={S_q}: causal new tokens must "
+                "all be in the cache (0 marks an empty request)"
+            )
     need = triton.cdiv(max(lens, default=0), block_size)
     if need > block_table.shape[1]:
-        raise ValueError(f"block_table has {block_table.shape[1]} columns but cache_seqlens needs "
-                         f"{need} blocks of {block_size} (max length {max(lens)})")
+        raise ValueError(
+            f"block_table has {block_table.shape[1]} columns but cache_seqlens needs "
+            f"{need} blocks of {block_size} (max length {max(lens)})"
+        )
     if need:
         pages = (cache_seqlens.long() + block_size - 1) // block_size  # [B] pages in use
         used = torch.arange(need, device=block_table.device)[None, :] < pages[:, None]  # [B, need]
         ids = block_table[:, :need][used]
         low, high = torch.stack([ids.min(), ids.max()]).tolist()  # one more sync
         if low < 0 or high >= kv_cache.shape[0]:
-            raise ValueError(f"block_table has block ids outside [0, {kv_cache.shape[0]}) in the "
-                             f"entries cache_seqlens uses (min {low}, max {high})")
+            raise ValueError(
+                f"block_table has block ids outside [0, {kv_cache.shape[0]}) in the "
+                f"entries cache_seqlens uses (min {low}, max {high})"
+            )
     return kv_cache, r, dR, max(lens, default=0)
 
 
@@ -346,8 +394,21 @@ def _check_positive(name, value):
         raise ValueError(str(exc).replace("softmax scale", name)) from None
 
 
-def mla_decode(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, kv_scale=None,
-               r=None, num_splits=None, config=None, validate=True, out=None):
+def mla_decode(
+    q,
+    kv_cache,
+    block_table,
+    cache_seqlens,
+    scale,
+    *,
+    causal=True,
+    kv_scale=None,
+    r=None,
+    num_splits=None,
+    config=None,
+    validate=True,
+    out=None,
+):
     """Absorb-path MLA attention of S_q new tokens per request against a paged latent cache.
 
     Args:
@@ -370,8 +431,7 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, k
         (out [B, S_q, H, r] in q's dtype, lse [B, S_q, H] fp32 natural-log LSE of scaled scores).
     """
     scale = check_scale(scale)
-    kv_cache, r, dR, ctx = _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal,
-                                         kv_scale, validate)
+    kv_cache, r, dR, ctx = _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal, kv_scale, validate)
     B, S_q, H, _ = q.shape
     device = q.device
     if out is None:
@@ -379,20 +439,20 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, k
     else:
         check_tensor("out", out, 4, (q.dtype,), contiguous=False)
         if tuple(out.shape) != (B, S_q, H, r) or out.stride(-1) != 1 or out.device != device:
-            raise ValueError(f"out must be [B, S_q, H, r] = {(B, S_q, H, r)} on {device} with a "
-                             f"contiguous last dim, got {tuple(out.shape)} on {out.device}")
+            raise ValueError(
+                f"out must be [B, S_q, H, r] = {(B, S_q, H, r)} on {device} with a "
+                f"contiguous last dim, got {tuple(out.shape)} on {out.device}"
+            )
     lse = _empty((B, S_q, H), torch.float32, device)
     if B == 0 or H == 0 or S_q == 0:
         return out, lse
 
     device_name, num_sms = _device_info(device)
-    cfg = heuristic_config(B, H, S_q, r, dR, max(ctx, 1), kv_cache.shape[1], q.dtype,
-                           kv_cache.dtype, num_sms)
+    cfg = heuristic_config(B, H, S_q, r, dR, max(ctx, 1), kv_cache.shape[1], q.dtype, kv_cache.dtype, num_sms)
     tuned = None
     if config is None:
         dtype_name = "fp8" if kv_cache.dtype in _FP8 else _DTYPE_NAMES[kv_cache.dtype]
-        tuned = configs.lookup("mla_decode", device_name, dtype_name, B=B, H=H, S_q=S_q,
-                               ctx=max(ctx, 1))
+        tuned = configs.lookup("mla_decode", device_name, dtype_name, B=B, H=H, S_q=S_q, ctx=max(ctx, 1))
         if tuned is not None:
             try:
                 _check_config(tuned, "tuned config")
@@ -428,22 +488,57 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, k
         o1_strides = o1.stride()[:4]
         lse1_strides = lse1.stride()
     grid = (triton.cdiv(S_q * H, cfg["BLOCK_H"]), splits, B)
-    args = (q, kv_arg, block_table, cache_seqlens, scale_ptr, o1, lse1,
-            scale * kv_scale_val * LOG2E.value, kv_scale_val,
-            q.stride(0), q.stride(1), q.stride(2),
-            kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-            *o1_strides, *lse1_strides,
-            kv_cache.shape[0], block_table.shape[1])
-    constants = dict(H=H, S_Q=S_q, R=r, DR=dR, PAGE=kv_cache.shape[1], BLOCK_H=cfg["BLOCK_H"],
-                     NUM_SPLITS=splits, CAUSAL=bool(causal), KV_FP8=fp8, KV_SCALE_FROM_PTR=from_ptr,
-                     DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                     DOT_FP32=q.dtype == torch.bfloat16 and device.type != "cuda")
+    args = (
+        q,
+        kv_arg,
+        block_table,
+        cache_seqlens,
+        scale_ptr,
+        o1,
+        lse1,
+        scale * kv_scale_val * LOG2E.value,
+        kv_scale_val,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        block_table.stride(0),
+        *o1_strides,
+        *lse1_strides,
+        kv_cache.shape[0],
+        block_table.shape[1],
+    )
+    constants = dict(
+        H=H,
+        S_Q=S_q,
+        R=r,
+        DR=dR,
+        PAGE=kv_cache.shape[1],
+        BLOCK_H=cfg["BLOCK_H"],
+        NUM_SPLITS=splits,
+        CAUSAL=bool(causal),
+        KV_FP8=fp8,
+        KV_SCALE_FROM_PTR=from_ptr,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_FP32=q.dtype == torch.bfloat16 and device.type != "cuda",
+    )
     _launch_split(grid, args, constants, cfg, device)
     if splits > 1:
         _mla_decode_merge_kernel[(S_q * H, B)](
-            o1, lse1, out, lse,
-            *o1.stride()[:4], *lse1.stride(), *out.stride()[:3], *lse.stride(),
-            H=H, R=r, NUM_SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=4,
+            o1,
+            lse1,
+            out,
+            lse,
+            *o1.stride()[:4],
+            *lse1.stride(),
+            *out.stride()[:3],
+            *lse.stride(),
+            H=H,
+            R=r,
+            NUM_SPLITS=splits,
+            SPLITS_P2=triton.next_power_of_2(splits),
+            num_warps=4,
         )
     return out, lse
 
@@ -456,15 +551,19 @@ def _launch_split(grid, args, constants, cfg, device):
     tries += [c for c in BLOCK_N_CHOICES if c < tries[0]]
     for i, (block_n, stages) in enumerate(tries):
         try:
-            _mla_decode_split_kernel[grid](*args, **constants, BLOCK_N=block_n,
-                                           num_warps=cfg["num_warps"], num_stages=stages)
+            _mla_decode_split_kernel[grid](
+                *args, **constants, BLOCK_N=block_n, num_warps=cfg["num_warps"], num_stages=stages
+            )
         except OutOfResources:
             if i == len(tries) - 1:
                 raise
             continue
         if key not in _FITTED and (block_n, stages) != tries[0]:
-            warnings.warn(f"mla_decode: BLOCK_N={cfg['BLOCK_N']}, num_stages={cfg['num_stages']} "
-                          f"exceed shared memory here; using BLOCK_N={block_n}, "
-                          f"num_stages={stages}", stacklevel=3)
+            warnings.warn(
+                f"mla_decode: BLOCK_N={cfg['BLOCK_N']}, num_stages={cfg['num_stages']} "
+                f"exceed shared memory here; using BLOCK_N={block_n}, "
+                f"num_stages={stages}",
+                stacklevel=3,
+            )
         _FITTED[key] = (block_n, stages)
         return

@@ -1,4 +1,4 @@
-"""Varlen FlashAttention-style prefill for the MLA expand path (Triton). Twin: expand_naive.py.
+"""Varlen FlashAttention-style prefill for the MLA expand path (Triton). Twin: prefill_naive.py.
 
 After the latents are expanded (kernels/expansion.py) the expand path is ordinary multi-head
 attention with qk dim dC+dR and v dim dV. The key has two parts that are loaded and multiplied
@@ -20,16 +20,16 @@ from triton.runtime.errors import OutOfResources
 
 from mlactl.kernels import configs
 from mlactl.kernels._checks import check_device, interpreting
-from mlactl.kernels.expand_naive import validate_prefill
+from mlactl.kernels.prefill_naive import validate_prefill
 
 # Defaults for Hopper (H200, sm_90), chosen from shared-memory arithmetic, not yet timed on a
 # GPU. DeepSeek-V3 shapes: dC+dR = 192, dV = 128, bf16. Compiled for sm_90 with Triton 3.9
-# (tests/test_expand.py::test_compiles_for_hopper): 168 KB shared, 190 registers, no spills,
+# (tests/test_prefill.py::test_compiles_for_hopper): 168 KB shared, 190 registers, no spills,
 # wgmma with cp.async pipelining.
-BLOCK_M = 128    # query rows per program: two warpgroups of wgmma M=64; halves K/V re-reads vs 64
-BLOCK_N = 64     # keys per step: (192+128) x 64 x 2 B = 40 KB per stage, so 3 stages fit
-NUM_WARPS = 8    # two warpgroups share the 128 query rows; the [128, 128] fp32 acc is 64 regs/thread
-NUM_STAGES = 3   # 3 x 40 KB of K/V + 48 KB of Q = 168 KB of the 227 KB per block on sm_90
+BLOCK_M = 128  # query rows per program: two warpgroups of wgmma M=64; halves K/V re-reads vs 64
+BLOCK_N = 64  # keys per step: (192+128) x 64 x 2 B = 40 KB per stage, so 3 stages fit
+NUM_WARPS = 8  # two warpgroups share the 128 query rows; the [128, 128] fp32 acc is 64 regs/thread
+NUM_STAGES = 3  # 3 x 40 KB of K/V + 48 KB of Q = 168 KB of the 227 KB per block on sm_90
 # Under TRITON_INTERPRET=1 every tile op is a numpy call: fewer, larger tiles run faster.
 INTERPRET_BLOCK_M = 32
 INTERPRET_BLOCK_N = 32
@@ -59,11 +59,36 @@ def _load_tile(ptrs, m_rows, m_cols, MASK_ROWS: tl.constexpr, MASK_COLS: tl.cons
 
 
 @triton.jit
-def _attend_keys(acc, l_i, m_i, b_qn, b_qr, p_kn, p_kr, p_v, s_kn_t, s_kr_t, s_v_t,
-                 o_m, o_n, m_dc, m_dr, m_dv, lo, hi, len_k, delta, qk_scale,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, PAD_DC: tl.constexpr,
-                 PAD_DR: tl.constexpr, PAD_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-                 PRECISION: tl.constexpr):
+def _attend_keys(
+    acc,
+    l_i,
+    m_i,
+    b_qn,
+    b_qr,
+    p_kn,
+    p_kr,
+    p_v,
+    s_kn_t,
+    s_kr_t,
+    s_v_t,
+    o_m,
+    o_n,
+    m_dc,
+    m_dr,
+    m_dv,
+    lo,
+    hi,
+    len_k,
+    delta,
+    qk_scale,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PAD_DC: tl.constexpr,
+    PAD_DR: tl.constexpr,
+    PAD_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """Online softmax over the key blocks [lo, hi). MASKED blocks apply the key bound and, with
     CAUSAL, the diagonal; the others are wholly visible to every row and load without masks.
     p_kn, p_kr, p_v are pointer tiles at key 0 of the request ([BLOCK_N, BLOCK_D*])."""
@@ -98,12 +123,37 @@ def _attend_keys(acc, l_i, m_i, b_qn, b_qr, p_kn, p_kr, p_v, s_kn_t, s_kr_t, s_v
 
 @triton.jit
 def _mla_prefill_kernel(
-    p_q, p_kn, p_kr, p_v, p_o, p_lse, p_cu_q, p_cu_k, p_order,
-    s_q_t, s_q_h, s_kn_t, s_kn_h, s_kr_t, s_v_t, s_v_h, s_o_t, s_o_h, s_lse_t, s_lse_h,
+    p_q,
+    p_kn,
+    p_kr,
+    p_v,
+    p_o,
+    p_lse,
+    p_cu_q,
+    p_cu_k,
+    p_order,
+    s_q_t,
+    s_q_h,
+    s_kn_t,
+    s_kn_h,
+    s_kr_t,
+    s_v_t,
+    s_v_h,
+    s_o_t,
+    s_o_h,
+    s_lse_t,
+    s_lse_h,
     qk_scale,
-    DC: tl.constexpr, DR: tl.constexpr, DV: tl.constexpr,
-    BLOCK_DC: tl.constexpr, BLOCK_DR: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    DC: tl.constexpr,
+    DR: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_DC: tl.constexpr,
+    BLOCK_DR: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # grid (query block, head, request), query blocks fastest. Block 0 is a request's LAST
     # query block, the one that sees the most keys, and requests come longest first (p_order):
@@ -134,13 +184,15 @@ def _mla_prefill_kernel(
 
     p_q = p_q + q_start.to(tl.int64) * s_q_t + i_h * s_q_h
     r_q = o_m.to(tl.int64)[:, None] * s_q_t
-    b_qn = _load_tile(p_q + r_q + o_dc[None, :], m_m, m_dc, True, BLOCK_DC != DC)       # [BLOCK_M, BLOCK_DC]
+    b_qn = _load_tile(p_q + r_q + o_dc[None, :], m_m, m_dc, True, BLOCK_DC != DC)  # [BLOCK_M, BLOCK_DC]
     b_qr = _load_tile(p_q + DC + r_q + o_dr[None, :], m_m, m_dr, True, BLOCK_DR != DR)  # [BLOCK_M, BLOCK_DR]
 
     # pointer tiles at the request's key 0; the key loop adds start_n * stride
-    p_kn = p_kn + k_start.to(tl.int64) * s_kn_t + i_h * s_kn_h + o_n[:, None] * s_kn_t + o_dc[None, :]  # [BLOCK_N, BLOCK_DC]
-    p_kr = p_kr + k_start.to(tl.int64) * s_kr_t + o_n[:, None] * s_kr_t + o_dr[None, :]                 # [BLOCK_N, BLOCK_DR]
-    p_v = p_v + k_start.to(tl.int64) * s_v_t + i_h * s_v_h + o_n[:, None] * s_v_t + o_dv[None, :]        # [BLOCK_N, BLOCK_DV]
+    p_kn = (
+        p_kn + k_start.to(tl.int64) * s_kn_t + i_h * s_kn_h + o_n[:, None] * s_kn_t + o_dc[None, :]
+    )  # [BLOCK_N, BLOCK_DC]
+    p_kr = p_kr + k_start.to(tl.int64) * s_kr_t + o_n[:, None] * s_kr_t + o_dr[None, :]  # [BLOCK_N, BLOCK_DR]
+    p_v = p_v + k_start.to(tl.int64) * s_v_t + i_h * s_v_h + o_n[:, None] * s_v_t + o_dv[None, :]  # [BLOCK_N, BLOCK_DV]
 
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -154,14 +206,66 @@ def _mla_prefill_kernel(
         n_full = len_k
         hi = len_k
     mid = (n_full // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attend_keys(acc, l_i, m_i, b_qn, b_qr, p_kn, p_kr, p_v, s_kn_t, s_kr_t, s_v_t,
-                                 o_m, o_n, m_dc, m_dr, m_dv, 0, mid, len_k, delta,
-                                 qk_scale, False, CAUSAL, BLOCK_DC != DC, BLOCK_DR != DR,
-                                 BLOCK_DV != DV, BLOCK_N, PRECISION)
-    acc, l_i, m_i = _attend_keys(acc, l_i, m_i, b_qn, b_qr, p_kn, p_kr, p_v, s_kn_t, s_kr_t, s_v_t,
-                                 o_m, o_n, m_dc, m_dr, m_dv, mid, hi, len_k, delta,
-                                 qk_scale, True, CAUSAL, BLOCK_DC != DC, BLOCK_DR != DR,
-                                 BLOCK_DV != DV, BLOCK_N, PRECISION)
+    acc, l_i, m_i = _attend_keys(
+        acc,
+        l_i,
+        m_i,
+        b_qn,
+        b_qr,
+        p_kn,
+        p_kr,
+        p_v,
+        s_kn_t,
+        s_kr_t,
+        s_v_t,
+        o_m,
+        o_n,
+        m_dc,
+        m_dr,
+        m_dv,
+        0,
+        mid,
+        len_k,
+        delta,
+        qk_scale,
+        False,
+        CAUSAL,
+        BLOCK_DC != DC,
+        BLOCK_DR != DR,
+        BLOCK_DV != DV,
+        BLOCK_N,
+        PRECISION,
+    )
+    acc, l_i, m_i = _attend_keys(
+        acc,
+        l_i,
+        m_i,
+        b_qn,
+        b_qr,
+        p_kn,
+        p_kr,
+        p_v,
+        s_kn_t,
+        s_kr_t,
+        s_v_t,
+        o_m,
+        o_n,
+        m_dc,
+        m_dr,
+        m_dv,
+        mid,
+        hi,
+        len_k,
+        delta,
+        qk_scale,
+        True,
+        CAUSAL,
+        BLOCK_DC != DC,
+        BLOCK_DR != DR,
+        BLOCK_DV != DV,
+        BLOCK_N,
+        PRECISION,
+    )
 
     seen = l_i > 0.0  # rows that saw no key (non-causal, len_k = 0): out 0, lse -inf
     l_safe = tl.where(seen, l_i, 1.0)
@@ -169,8 +273,11 @@ def _mla_prefill_kernel(
     # m_i and log2(l_i) are in log2 units of the scaled score; times ln 2 gives the natural lse
     b_lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     p_o = p_o + q_start.to(tl.int64) * s_o_t + i_h * s_o_h
-    tl.store(p_o + o_m.to(tl.int64)[:, None] * s_o_t + o_dv[None, :], b_o.to(p_o.dtype.element_ty),
-             mask=m_m[:, None] & m_dv[None, :])
+    tl.store(
+        p_o + o_m.to(tl.int64)[:, None] * s_o_t + o_dv[None, :],
+        b_o.to(p_o.dtype.element_ty),
+        mask=m_m[:, None] & m_dv[None, :],
+    )
     tl.store(p_lse + (q_start + o_m).to(tl.int64) * s_lse_t + i_h * s_lse_h, b_lse, mask=m_m)
 
 
@@ -208,7 +315,9 @@ def _heuristic_config(device: torch.device, d_qk: int, dV: int, elt: int, max_le
         return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
     props = torch.cuda.get_device_properties(device)
     # opt-in shared memory per block; older torch lacks the field: take it from the arch
-    smem = getattr(props, "shared_memory_per_block_optin", 0) or _SMEM_BY_ARCH.get((props.major, props.minor), 99 * 1024)
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or _SMEM_BY_ARCH.get(
+        (props.major, props.minor), 99 * 1024
+    )
     cfg = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
     if max_len_q <= 64:  # short query runs (chunks, near-decode) waste half of a 128-row block
         cfg.update(BLOCK_M=64, num_warps=4)
@@ -243,14 +352,16 @@ def _smaller(cfg: dict) -> dict | None:
     return None
 
 
-def pick_config(device: torch.device, dtype: torch.dtype, H: int, d_qk: int, dV: int,
-                max_len_q: int, max_len_k: int, config=None) -> tuple[dict, bool]:
+def pick_config(
+    device: torch.device, dtype: torch.dtype, H: int, d_qk: int, dV: int, max_len_q: int, max_len_k: int, config=None
+) -> tuple[dict, bool]:
     """(config, is_heuristic): the argument, else a tuned config, else the heuristic."""
     if config is not None:
         return _check_config(config), False
     if device.type == "cuda" and not interpreting():
-        tuned = configs.lookup("mla_prefill", torch.cuda.get_device_name(device), _DTYPE_NAMES[dtype],
-                               H=H, L=max(1, max_len_k))
+        tuned = configs.lookup(
+            "mla_prefill", torch.cuda.get_device_name(device), _DTYPE_NAMES[dtype], H=H, L=max(1, max_len_k)
+        )
         if tuned is not None:
             try:
                 return _check_config({k: v for k, v in tuned.items() if k in _CONFIG_KEYS}), False
@@ -261,8 +372,21 @@ def pick_config(device: torch.device, dtype: torch.dtype, H: int, d_qk: int, dV:
     return _FALLBACKS.get((device.index, dtype, d_qk, dV, *sorted(cfg.items())), cfg), True
 
 
-def mla_prefill(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, *, causal=True,
-                max_seqlen_q=None, max_seqlen_k=None, config=None, out=None):
+def mla_prefill(
+    q,
+    k_nope,
+    k_rope,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    scale,
+    *,
+    causal=True,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    config=None,
+    out=None,
+):
     """Varlen MLA prefill attention of the expand path (FlashAttention-style, one Triton launch).
 
     q:            [T_q, H, dC+dR]   queries, packed over requests (fp16, bf16 or fp32)
@@ -282,10 +406,12 @@ def mla_prefill(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, *, caus
 
     Reads cu_seqlens to the host to check them and size the grid (one small synchronising copy).
     """
-    scale, lens_q, lens_k = validate_prefill(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale,
-                                             causal, max_seqlen_q, max_seqlen_k, out)
-    device = check_device(q=q, k_nope=k_nope, k_rope=k_rope, v=v, cu_seqlens_q=cu_seqlens_q,
-                          cu_seqlens_k=cu_seqlens_k, out=out)
+    scale, lens_q, lens_k = validate_prefill(
+        q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, causal, max_seqlen_q, max_seqlen_k, out
+    )
+    device = check_device(
+        q=q, k_nope=k_nope, k_rope=k_rope, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, out=out
+    )
     T_q, H, d_qk = q.shape
     dC, dR, dV = k_nope.shape[2], k_rope.shape[1], v.shape[2]
     B = len(lens_q)
@@ -306,16 +432,39 @@ def mla_prefill(q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, *, caus
         grid = (triton.cdiv(max_len_q, cfg["BLOCK_M"]), H, B)
         try:
             _mla_prefill_kernel[grid](
-                q, k_nope, k_rope, v, out, lse, cu_seqlens_q, cu_seqlens_k, order_t,
-                q.stride(0), q.stride(1), k_nope.stride(0), k_nope.stride(1), k_rope.stride(0),
-                v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+                q,
+                k_nope,
+                k_rope,
+                v,
+                out,
+                lse,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                order_t,
+                q.stride(0),
+                q.stride(1),
+                k_nope.stride(0),
+                k_nope.stride(1),
+                k_rope.stride(0),
+                v.stride(0),
+                v.stride(1),
+                out.stride(0),
+                out.stride(1),
+                lse.stride(0),
+                lse.stride(1),
                 scale * _LOG2E,
-                DC=dC, DR=dR, DV=dV,
-                BLOCK_DC=max(16, triton.next_power_of_2(dC)), BLOCK_DR=max(16, triton.next_power_of_2(dR)),
+                DC=dC,
+                DR=dR,
+                DV=dV,
+                BLOCK_DC=max(16, triton.next_power_of_2(dC)),
+                BLOCK_DR=max(16, triton.next_power_of_2(dR)),
                 BLOCK_DV=max(16, triton.next_power_of_2(dV)),
-                BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=bool(causal),
+                BLOCK_M=cfg["BLOCK_M"],
+                BLOCK_N=cfg["BLOCK_N"],
+                CAUSAL=bool(causal),
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"],
             )
             return out, lse
         except OutOfResources as exc:

@@ -14,8 +14,7 @@ import torch
 from mlactl.kernels._checks import latent_rank
 
 
-def mla_decode_naive(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, kv_scale=None,
-                     r=None):
+def mla_decode_naive(q, kv_cache, block_table, cache_seqlens, scale, *, causal=True, kv_scale=None, r=None):
     """Absorb-path attention of `S_q` new tokens per request against a paged latent cache.
 
     Args:
