@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlactl.cost import MLA_PATHS, PATHS, CostModel
+from mlactl.engines import EngineParams, batch_paths, grid_paths, parse_engines, time_lost
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 from mlactl.model import MLAConfig
-from mlactl.policy import DEFAULT_THRESHOLD, argmin_path, fitting_times, fixed_threshold
+from mlactl.policy import argmin_path, fitting_times
 from mlactl.roofline import PathTime, crossover_by_time, path_time
 
 MAX_CROSSOVER_PREFIXES = 256  # per-prefix crossovers are solved for at most this many (batch, prefix)
@@ -43,7 +44,7 @@ class Analysis:
     cost: CostModel
     hw: HardwareProfile
     layers: int
-    threshold: int
+    engines: list[EngineParams]  # the engines whose rules are shown, with their parameters
     batch: np.ndarray
     new: np.ndarray
     prefix: np.ndarray
@@ -54,8 +55,8 @@ class Analysis:
     mha_cache_bytes: np.ndarray
     best: np.ndarray
     best_by_flops: np.ndarray
-    fixed: np.ndarray
-    fixed_time_lost: np.ndarray
+    engine_paths: dict[str, np.ndarray]  # engine name -> its path at each point
+    engine_time_lost: dict[str, np.ndarray]  # ... and the time it loses (+inf: does not fit)
     crossover: Crossover
     notes: list[str] = field(default_factory=list)
     policy: str | None = None  # a policy shown beside the model's choice (--policy)
@@ -126,16 +127,19 @@ def analyze(
     dtype: str = "bf16",
     chunk: int = 8192,
     layers: int = 1,
-    threshold: int = DEFAULT_THRESHOLD,
+    engines: list[EngineParams] | None = None,
     max_new: int = DEFAULT_MAX_NEW,
     policy: str | None = None,
     results_data: dict | None = None,
 ) -> Analysis:
     """Cost, roofline time, choice and crossover of every path at every (batch, new, prefix).
 
-    `policy` (roofline, flops, fixed, measured) adds that policy's path and the time it loses;
-    measured takes its crossovers from `results_data` (a loaded results file), per batch size.
+    `engines` (default: sglang and vllm with their defaults) adds each engine's path and the
+    time it loses against the best path that fits. `policy` (roofline, flops, measured or an
+    engine) adds that policy's path and the time it loses; measured takes its crossovers from
+    `results_data` (a loaded results file), per batch size.
     """
+    engines = parse_engines(None) if engines is None else list(engines)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise MlactlError(f"--layers must be a positive integer or 'all', got {layers!r}")
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
@@ -145,16 +149,11 @@ def analyze(
     paths = {p: path_time(_scaled(cost, p, batch, new, prefix, layers), hw, dtype, p) for p in PATHS}
     fitting = fitting_times(cost, hw, {p: paths[p].time_s for p in PATHS}, batch, new, prefix)
     best = argmin_path(fitting)
-    best_time = np.min(np.stack([fitting[p] for p in MLA_PATHS]), axis=0)  # absorb always fits
-    fixed = fixed_threshold(prefix, threshold)
-
-    def time_of(paths_chosen):  # +inf where the chosen path's expanded K/V would not fit
-        return sum(np.where(paths_chosen == p, fitting[p], 0.0) for p in MLA_PATHS)
-
-    fixed_time = time_of(fixed)
+    mla_times = {p: fitting[p] for p in MLA_PATHS}  # +inf where a path's expanded K/V would not fit
+    engine_paths = {e.engine: grid_paths(e, batch, new, prefix) for e in engines}
     policy_path = None
     if policy is not None:
-        policy_path = _policy_paths(cost, hw, batch, new, prefix, policy, threshold, results_data)
+        policy_path = _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data)
     span = int(prefix.max()) + 1 if len(prefix) else 1
     keys = np.unique(batch * span + prefix)  # distinct (batch, prefix) pairs, one int each
     batch_prefix = list(zip((keys // span).tolist(), (keys % span).tolist()))
@@ -162,7 +161,7 @@ def analyze(
         cost=cost,
         hw=hw,
         layers=layers,
-        threshold=threshold,
+        engines=engines,
         batch=batch,
         new=new,
         prefix=prefix,
@@ -173,22 +172,23 @@ def analyze(
         mha_cache_bytes=cost.mha_cache_bytes(batch, new, prefix) * layers,
         best=best,
         best_by_flops=argmin_path({p: paths[p].flops for p in MLA_PATHS}),
-        fixed=fixed,
-        fixed_time_lost=fixed_time - best_time,
+        engine_paths=engine_paths,
+        engine_time_lost={e: time_lost(path, mla_times) for e, path in engine_paths.items()},
         crossover=crossover_table(cost, hw, batch_prefix, max_new),
         notes=notes_for(cost, layers),
         policy=policy,
         policy_path=policy_path,
-        policy_time_lost=None if policy_path is None else time_of(policy_path) - best_time,
+        policy_time_lost=None if policy_path is None else time_lost(policy_path, mla_times),
     )
 
 
-def _policy_paths(cost, hw, batch, new, prefix, policy, threshold, results_data):
+def _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data):
     from mlactl import results
     from mlactl.policy import select_paths
 
     if policy != "measured":
-        return select_paths(cost, hw, new, prefix, batch=batch, policy=policy, threshold=threshold)
+        engine = next((e for e in engines if e.engine == policy), None)
+        return select_paths(cost, hw, new, prefix, batch=batch, policy=policy, engine=engine)
     if results_data is None:
         raise MlactlError(
             "--policy measured needs measured crossovers: pass --results FILE from "
@@ -210,7 +210,7 @@ def _policy_paths(cost, hw, batch, new, prefix, policy, threshold, results_data)
 
 # -- mixed batches --------------------------------------------------------------------------------
 
-STRATEGIES = ("per_request", "all_expand", "all_expand_chunked", "all_absorb", "fixed")
+STRATEGIES = ("per_request", "all_expand", "all_expand_chunked", "all_absorb")
 
 
 @dataclass
@@ -220,7 +220,8 @@ class BatchAnalysis:
     Requests on the same path run as one launch per op, so they share one read of the weights;
     everything else adds up. `per_request` gives each request the path with the least time of
     its own (weights left out, since the batch shares them); the model's choice is the strategy
-    with the least total.
+    with the least total. Each engine's rule is applied to the whole batch the engine's way
+    (mlactl.engines.batch_paths) and timed the same way, under the engine's name.
     """
 
     cost: CostModel
@@ -229,9 +230,9 @@ class BatchAnalysis:
     prefix: np.ndarray
     count: np.ndarray
     own_time: dict[str, np.ndarray]  # per request row, weights left out
-    assignments: dict[str, np.ndarray]  # strategy -> path of each request row
-    totals: dict[str, float]  # strategy -> batch time in seconds
-    threshold: int
+    assignments: dict[str, np.ndarray]  # strategy or engine -> path of each request row
+    totals: dict[str, float]  # strategy or engine -> batch time in seconds
+    engines: list[EngineParams]
 
     @property
     def best_strategy(self) -> str:
@@ -263,7 +264,7 @@ def analyze_batch(
     kv_dtype: str = "bf16",
     dtype: str = "bf16",
     chunk: int = 8192,
-    threshold: int = DEFAULT_THRESHOLD,
+    engines: list[EngineParams] | None = None,
 ) -> BatchAnalysis:
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
     new = np.asarray(new, dtype=np.int64)
@@ -283,7 +284,9 @@ def analyze_batch(
         "all_expand": np.full(len(new), "expand"),
         "all_expand_chunked": np.full(len(new), "expand_chunked"),
         "all_absorb": np.full(len(new), "absorb"),
-        "fixed": fixed_threshold(prefix, threshold),
     }
+    engines = parse_engines(None) if engines is None else list(engines)
+    for e in engines:
+        assignments[e.engine] = batch_paths(e, new, prefix, count)
     totals = {s: batch_time(cost, hw, new, prefix, count, a) for s, a in assignments.items()}
-    return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, threshold)
+    return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, engines)

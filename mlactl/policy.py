@@ -3,9 +3,9 @@
 roofline  the fastest MLA path by roofline time on a hardware profile (the model's choice),
           among those whose expanded K/V fits in the GPU's memory
 flops     the path with the fewest FLOPs (machine-independent)
-fixed     what inference engines ship today: prefix 0 -> expand (plain prefill); prefix at or
-          above a threshold (8192) -> expand_chunked; anything else -> absorb
 measured  per prefix, the crossover `mlactl tune paths` measured: absorb below it, expand from it
+sglang, sglang-triton, sglang-trtllm, vllm
+          what that engine runs, by its own rule (mlactl.engines, each cited to its source)
 """
 
 from __future__ import annotations
@@ -13,20 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 from mlactl.cost import MLA_PATHS, CostModel
+from mlactl.engines import ENGINES, EngineParams, default_params, grid_paths
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 from mlactl.roofline import path_times
 
-POLICIES = ("roofline", "flops", "fixed", "measured")
-DEFAULT_THRESHOLD = 8192
-
-
-def fixed_threshold(prefix, threshold: int = DEFAULT_THRESHOLD) -> np.ndarray:
-    """The engines' rule, vectorised: an array of path names."""
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-        raise MlactlError(f"--threshold must be a positive integer, got {threshold!r}")
-    p = np.asarray(prefix)
-    return np.where(p == 0, "expand", np.where(p >= threshold, "expand_chunked", "absorb"))
+POLICIES = ("roofline", "flops", "measured", *ENGINES)
 
 
 def argmin_path(values: dict[str, np.ndarray], paths=MLA_PATHS) -> np.ndarray:
@@ -65,18 +57,21 @@ def select_paths(
     *,
     batch=1,
     policy: str = "roofline",
-    threshold: int = DEFAULT_THRESHOLD,
+    engine: EngineParams | None = None,
     crossovers: dict[int, int | None] | None = None,
 ) -> np.ndarray:
     """The path each (new, prefix) request runs under `policy`; an array of names.
 
-    This is what `mla_attention(path="auto")` calls. `hw` may be None only for the flops and
-    fixed policies; `crossovers` is needed by the measured one.
+    This is what `mla_attention(path="auto")` calls. `hw` may be None for the flops and engine
+    policies; `crossovers` is needed by the measured one; `engine` gives an engine policy's
+    parameters (default: the engine's own defaults). An engine judges each point as a batch of
+    `batch` alike requests.
     """
     new = np.asarray(new)
     prefix = np.asarray(prefix)
-    if policy == "fixed":
-        return fixed_threshold(prefix, threshold)
+    if policy in ENGINES:
+        params = engine if engine is not None and engine.engine == policy else default_params(policy)
+        return grid_paths(params, np.broadcast_to(batch, np.broadcast(new, prefix).shape), new, prefix)
     if policy == "measured":
         return measured_paths(crossovers or {}, prefix, new)
     if policy == "flops":

@@ -58,38 +58,56 @@ def _lost(t: float) -> Text:
     return Text(seconds(t), style="red") if t > 0 else Text("—", style="dim")
 
 
-def analysis_table(analysis: Analysis, max_rows: int = 200) -> Table:
-    table = Table(
-        title="Roofline time per path (C compute-bound, M memory-bound, ✗ expanded K/V "
-        "exceeds the GPU's memory; best in green; mha* is the reference with an expanded cache)"
-    )
-    for col in ("batch", "new", "prefix"):
-        table.add_column(col, justify="right")
-    for p in PATHS:
-        table.add_column(SHORT[p] + ("*" if p == "mha" else ""), justify="right", no_wrap=True)
-    table.add_column("best", no_wrap=True)
-    table.add_column("by FLOPs", no_wrap=True)
-    table.add_column("fixed", no_wrap=True)
-    table.add_column("fixed loses", justify="right", no_wrap=True)
-    if analysis.policy is not None:
-        table.add_column(analysis.policy, no_wrap=True)
-        table.add_column(f"{analysis.policy} loses", justify="right", no_wrap=True)
+def _engine_cell(path: str, lost: float) -> Text:
+    """An engine's path and what it loses: `absorb`, `chunked +1.73ms`, `expand ✗` (does not fit)."""
+    if lost == float("inf"):
+        return Text(f"{SHORT[path]} ✗", style="red")
+    text = Text(SHORT[path])
+    if lost > 0:
+        text.append(f" +{seconds(lost)}", style="red")
+    return text
+
+
+def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = None, drop: bool = False):
+    """The per-point table, as one or more tables (a rich Group) that fit `width` without cutting
+    a value: with `drop` (a terminal), `by FLOPs` and `mha*` may be left out; what still does
+    not fit is stacked into a second table that repeats batch, new and prefix."""
+    from rich.console import Group
+
+    from mlactl.tablefit import KEY, Column, fit
+
+    shown = range(min(len(analysis), max_rows))
     paths = analysis.paths
-    for i in range(min(len(analysis), max_rows)):
-        best = analysis.best[i]
-        cells = [str(analysis.batch[i]), str(analysis.new[i]), str(analysis.prefix[i])]
-        cells += [
-            _time_cell(paths[p].time_s[i], paths[p].compute_bound[i], p == best, analysis.fits_memory[p][i])
-            for p in PATHS
+    columns = [
+        Column(c, [str(getattr(analysis, c)[i]) for i in shown], priority=KEY) for c in ("batch", "new", "prefix")
+    ]
+    for p in PATHS:
+        cells = [
+            _time_cell(paths[p].time_s[i], paths[p].compute_bound[i], p == analysis.best[i], analysis.fits_memory[p][i])
+            for i in shown
         ]
-        lost = analysis.fixed_time_lost[i]
-        cells += [SHORT[best], SHORT[analysis.best_by_flops[i]], SHORT[analysis.fixed[i]], _lost(lost)]
-        if analysis.policy is not None:
-            cells += [SHORT[analysis.policy_path[i]], _lost(analysis.policy_time_lost[i])]
-        table.add_row(*cells)
+        columns.append(Column(SHORT[p] + ("*" if p == "mha" else ""), cells, priority=2 if p == "mha" else 0))
+    columns.append(Column("best", [SHORT[analysis.best[i]] for i in shown], justify="left"))
+    columns.append(Column("by FLOPs", [SHORT[analysis.best_by_flops[i]] for i in shown], justify="left", priority=1))
+    for e in analysis.engines:
+        path, lost = analysis.engine_paths[e.engine], analysis.engine_time_lost[e.engine]
+        columns.append(Column(e.engine, [_engine_cell(path[i], lost[i]) for i in shown], justify="left"))
+    if analysis.policy is not None and analysis.policy not in analysis.engine_paths:
+        cells = [_engine_cell(analysis.policy_path[i], analysis.policy_time_lost[i]) for i in shown]
+        columns.append(Column(analysis.policy, cells, justify="left"))
+    caption = ""
     if len(analysis) > max_rows:
-        table.caption = f"first {max_rows} of {len(analysis)} rows; use --format csv or json for all"
-    return table
+        caption = f"first {max_rows} of {len(analysis)} rows; use --format csv or json for all"
+    fitted = fit(
+        columns,
+        width,
+        drop=drop,
+        title="Roofline time per path (C compute-bound, M memory-bound, ✗ expanded K/V exceeds the "
+        "GPU's memory; best in green; mha* is the reference with an expanded cache). Engines: "
+        "their path, + the time it loses against the best path that fits",
+        caption=caption,
+    )
+    return Group(*fitted.tables)
 
 
 def ops_table(analysis: Analysis, max_rows: int = 200) -> Table:
@@ -149,10 +167,10 @@ def crossover_table(crossover: Crossover) -> Table:
 
 def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list[Table]:
     per = ba.assignments["per_request"]
-    fixed = ba.assignments["fixed"]
+    names = [e.engine for e in ba.engines]
     rows = Table(title="Requests (own time leaves out the weights the batch shares)")
-    for col in ("row", "count", "new", "prefix", "expand", "chunked", "absorb", "per request", "fixed"):
-        rows.add_column(col, justify="right" if col not in ("per request", "fixed") else "left")
+    for col in ("row", "count", "new", "prefix", "expand", "chunked", "absorb", "per request", *names):
+        rows.add_column(col, justify="right" if col not in ("per request", *names) else "left", no_wrap=True)
     for i in range(min(len(ba.new), max_rows)):
         rows.add_row(
             str(i + 1),
@@ -161,19 +179,21 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list[Table]:
             str(ba.prefix[i]),
             *(seconds(ba.own_time[p][i]) for p in MLA_PATHS),
             SHORT[per[i]],
-            SHORT[fixed[i]],
+            *(SHORT[ba.assignments[e][i]] for e in names),
         )
     if len(ba.new) > max_rows:
         rows.caption = f"first {max_rows} of {len(ba.new)} rows"
-    totals = Table(title="Batch total by strategy")
-    totals.add_column("strategy")
+    totals = Table(title="Batch total by strategy, and by each engine's rule")
+    totals.add_column("strategy", no_wrap=True)
     totals.add_column("time", justify="right")
     totals.add_column("vs best", justify="right")
     best = ba.best_strategy
     for s, t in ba.totals.items():
         ratio = t / ba.totals[best] if ba.totals[best] else 1.0
         style = "bold green" if s == best else ""
-        totals.add_row(Text(s, style=style), seconds(t), f"{ratio:.2f}x")
+        label = next((e.label for e in ba.engines if e.engine == s), s)
+        totals.add_row(Text(label, style=style), seconds(t), f"{ratio:.2f}x")
+    totals.caption = "; ".join(f"{e.engine}: {e.citation}" for e in ba.engines)
     return [rows, totals]
 
 

@@ -1,4 +1,4 @@
-"""An Analysis as the documented JSON schema (version 1) and as its CSV flattening.
+"""An Analysis as the documented JSON schema (version 2) and as its CSV flattening.
 
 JSON numbers are raw SI units: FLOPs, bytes, seconds, FLOP/byte. Integral figures are written as
 integers. See README.md, "JSON schema", for every field.
@@ -12,12 +12,15 @@ import math
 import numpy as np
 
 from mlactl import __version__
-from mlactl.analysis import Analysis, Crossover
+from mlactl.analysis import STRATEGIES, Analysis, Crossover
 from mlactl.cost import OPS, PATHS
 from mlactl.csvout import Labels, write_csv
 
 SCHEMA = "mlactl.analysis"
-SCHEMA_VERSION = 1
+# 2: the `fixed` rule and `threshold` gave way to the engines' rules: a header `engines` list and,
+# per row, `engines: {name: {path, time_lost_s}}` (was `fixed_threshold`); CSV `NAME.path`,
+# `NAME.time_lost_s`; batch JSON `engines` (was `threshold`/`fixed_path`).
+SCHEMA_VERSION = 2
 
 
 def number(x):
@@ -68,6 +71,13 @@ def crossover_json(crossover: Crossover) -> dict:
     }
 
 
+def engine_json(e) -> dict:
+    """An engine rule's name, parameters and source (mlactl.engines.EngineParams)."""
+    out = {"name": e.engine, "label": e.label, "source": e.citation}
+    out.update({k: getattr(e, k) for k in e.options})
+    return out
+
+
 def header_json(analysis: Analysis) -> dict:
     cost = analysis.cost
     return {
@@ -80,7 +90,7 @@ def header_json(analysis: Analysis) -> dict:
         "dtype": cost.dtype,
         "chunk": cost.chunk,
         "layers": analysis.layers,
-        "threshold": analysis.threshold,
+        "engines": [engine_json(e) for e in analysis.engines],
         "policy": analysis.policy,
         "notes": analysis.notes,
     }
@@ -98,9 +108,10 @@ def to_json(analysis: Analysis) -> dict:
             "mha": analysis.mha_cache_bytes,
             "best": analysis.best,
             "best_by_flops": analysis.best_by_flops,
-            "fixed": analysis.fixed,
-            "lost": analysis.fixed_time_lost,
         }.items()
+    }
+    engine_cols = {
+        e: (analysis.engine_paths[e].tolist(), analysis.engine_time_lost[e].tolist()) for e in analysis.engine_paths
     }
     paths = {}
     for name, pt in analysis.paths.items():
@@ -153,7 +164,10 @@ def to_json(analysis: Analysis) -> dict:
                 "best_by_flops": cols["best_by_flops"][i],
                 "kv_cache_bytes": number(cols["kv"][i]),
                 "mha_cache_bytes": number(cols["mha"][i]),
-                "fixed_threshold": {"path": cols["fixed"][i], "time_lost_s": number_or_none(cols["lost"][i])},
+                "engines": {
+                    e: {"path": path[i], "time_lost_s": number_or_none(lost[i])}
+                    for e, (path, lost) in engine_cols.items()
+                },
             }
         )
         if analysis.policy is not None:
@@ -186,11 +200,12 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
         "context": analysis.context,
         "best": path_labels(analysis.best),
         "best_by_flops": path_labels(analysis.best_by_flops),
-        "fixed_threshold.path": path_labels(analysis.fixed),
-        "fixed_threshold.time_lost_s": analysis.fixed_time_lost,
         "kv_cache_bytes": analysis.kv_cache_bytes,
         "mha_cache_bytes": analysis.mha_cache_bytes,
     }
+    for e in analysis.engine_paths:
+        cols[f"{e}.path"] = path_labels(analysis.engine_paths[e])
+        cols[f"{e}.time_lost_s"] = analysis.engine_time_lost[e]
     if analysis.policy is not None:
         cols["policy.path"] = path_labels(analysis.policy_path)
         cols["policy.time_lost_s"] = analysis.policy_time_lost
@@ -232,7 +247,14 @@ def batch_json(ba) -> dict:
         "kv_dtype": ba.cost.kv_dtype,
         "dtype": ba.cost.dtype,
         "chunk": ba.cost.chunk,
-        "threshold": ba.threshold,
+        "engines": [
+            dict(
+                engine_json(e),
+                time_s=ba.totals[e.engine],
+                lost_s=ba.totals[e.engine] - ba.totals[ba.best_strategy],
+            )
+            for e in ba.engines
+        ],
         "requests": [
             {
                 "new": int(ba.new[i]),
@@ -240,11 +262,11 @@ def batch_json(ba) -> dict:
                 "count": int(ba.count[i]),
                 "own_time_s": {p: float(ba.own_time[p][i]) for p in MLA_PATHS},
                 "path": str(ba.assignments["per_request"][i]),
-                "fixed_path": str(ba.assignments["fixed"][i]),
+                "engine_paths": {e.engine: str(ba.assignments[e.engine][i]) for e in ba.engines},
             }
             for i in range(len(ba.new))
         ],
-        "totals": {s: {"time_s": t} for s, t in ba.totals.items()},
+        "totals": {s: {"time_s": ba.totals[s]} for s in STRATEGIES},
         "best_strategy": ba.best_strategy,
     }
 
@@ -252,11 +274,14 @@ def batch_json(ba) -> dict:
 def write_batch_csv(fh, ba) -> None:
     from mlactl.cost import MLA_PATHS
 
-    header = ["new", "prefix", "count"] + [f"{p}.own_time_s" for p in MLA_PATHS] + ["path", "fixed_path"]
+    names = [e.engine for e in ba.engines]
+    header = ["new", "prefix", "count"] + [f"{p}.own_time_s" for p in MLA_PATHS] + ["path"]
+    header += [f"{e}.path" for e in names]
     columns = (
         [ba.new, ba.prefix, ba.count]
         + [ba.own_time[p] for p in MLA_PATHS]
-        + [ba.assignments["per_request"], ba.assignments["fixed"]]
+        + [ba.assignments["per_request"]]
+        + [ba.assignments[e] for e in names]
     )
     write_csv(fh, header, columns)
 

@@ -24,7 +24,11 @@ class LazyGroup(typer.core.TyperGroup):
     """The root command group, building `tune` and `plot` only when they are asked for: their
     options take ~30 ms to import and introspect, which `mlactl analyze` should not pay."""
 
-    LAZY = {"tune": ("mlactl.cli.tune", "tune_app"), "plot": ("mlactl.cli.plot", "plot_app")}
+    LAZY = {
+        "tune": ("mlactl.cli.tune", "tune_app"),
+        "plot": ("mlactl.cli.plot", "plot_app"),
+        "engines": ("mlactl.cli.engines", "engines_app"),
+    }
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.LAZY))
@@ -91,8 +95,22 @@ DtypeOpt = Annotated[
 ]
 ChunkOpt = Annotated[str, typer.Option("--chunk", help="Prefix tokens per chunk of the expand_chunked path.")]
 LayersOpt = Annotated[str, typer.Option("--layers", help="Layers to count: a number, or 'all' for the model's.")]
-ThresholdOpt = Annotated[
-    str, typer.Option("--threshold", help="Prefix from which the fixed-threshold policy picks expand_chunked.")
+EnginesOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--engines",
+        help="Engines whose own path rule to show, comma-separated: sglang, sglang-triton, sglang-trtllm, "
+        "vllm (default: sglang,vllm). Rules from sgl-project/sglang@0a8dcfa9 attention_backend_handler.py "
+        "and vllm-project/vllm@0014ca6b mla_attention.py; see docs/engines.md.",
+    ),
+]
+EngineOptionOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--engine-option",
+        help="[ENGINE.]KEY=VALUE, repeatable: sglang threshold (8192), capacity (131072), backend (fa3); "
+        "vllm threshold (128), backend (flashmla; flash_attn_mla: threshold 512), workspace (65536).",
+    ),
 ]
 FormatOpt = Annotated[
     Optional[str],
@@ -217,6 +235,17 @@ def measured_results(cfg, hw, kv_dtype: str, path: Optional[Path]) -> dict:
     return dict(data, _path=str(path))
 
 
+def table_width(output: Optional[Path]) -> tuple[int, bool]:
+    """The width tables must fit, and whether it is a terminal's (where columns may be dropped);
+    piped or written to a file, the tables print every value in full within 132 columns."""
+    from rich.console import Console
+
+    con = Console()
+    if output is None and con.is_terminal:
+        return con.width, True
+    return 132, False
+
+
 def version_callback(value: bool):
     if value:
         typer.echo(f"mlactl {__version__}")
@@ -247,7 +276,8 @@ def analyze(
     dtype: DtypeOpt = "bf16",
     chunk: ChunkOpt = "8192",
     layers: LayersOpt = "1",
-    threshold: ThresholdOpt = "8192",
+    engines: EnginesOpt = None,
+    engine_option: EngineOptionOpt = None,
     ops: Annotated[bool, typer.Option("--ops", help="Also show every op (table) or add op columns (csv).")] = False,
     crossover: Annotated[
         bool, typer.Option("--crossover", help="Also print the crossover table (always in JSON).")
@@ -255,7 +285,9 @@ def analyze(
     policy: Annotated[
         Optional[str],
         typer.Option(
-            "--policy", help="Also show this policy's choice and what it loses: roofline, flops, fixed or measured."
+            "--policy",
+            help="Also show this policy's choice and what it loses: roofline, flops, measured, or an engine "
+            "(sglang, sglang-triton, sglang-trtllm, vllm).",
         ),
     ] = None,
     results: Annotated[
@@ -271,9 +303,13 @@ def analyze(
 ):
     """FLOPs, bytes, intensity and roofline time of each path, op by op; the best path; the crossover.
 
+    Each row also shows what each engine's own rule runs (default: sglang and vllm) and the time
+    it loses against the best path that fits; docs/engines.md cites each rule's source.
+
     Example: mlactl analyze --model deepseek-v3 --hardware h200 --new 1:4096:*2 --prefix 0,32K
     """
     from mlactl import analysis, render
+    from mlactl.engines import parse_engines
     from mlactl.shapes import grid, parse_sizes
 
     fmt = output_format(fmt, output)
@@ -288,8 +324,11 @@ def analyze(
         context=parse_sizes(context, "--context") if context is not None else None,
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
+    engine_params = parse_engines(engines, engine_option)
     if policy is not None:
-        choice(policy, "--policy", ("roofline", "flops", "fixed", "measured"))
+        from mlactl.policy import POLICIES
+
+        choice(policy, "--policy", POLICIES)
     results_data = None
     if policy == "measured":
         results_data = measured_results(cfg, hw, kv_dtype, results)
@@ -305,11 +344,12 @@ def analyze(
         dtype=choice(dtype, "--dtype", DTYPES),
         chunk=one_int(chunk, "--chunk"),
         layers=n_layers,
-        threshold=one_int(threshold, "--threshold"),
+        engines=engine_params,
         policy=policy,
         results_data=results_data,
     )
-    tables = [render.header(result), *result.notes, render.analysis_table(result)]
+    width, terminal = table_width(output)
+    tables = [render.header(result), *result.notes, render.analysis_table(result, width=width, drop=terminal)]
     if results_data is not None:
         tables.insert(2, f"measured policy: {results_data['_path']} ({results_data['device']['name']})")
     if ops:
@@ -423,20 +463,27 @@ def batch_cmd(
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
     chunk: ChunkOpt = "8192",
-    threshold: ThresholdOpt = "8192",
+    engines: EnginesOpt = None,
+    engine_option: EngineOptionOpt = None,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """A mixed batch from a CSV of requests: the path of each, and the batch total per strategy.
 
+    Each engine's rule is applied to the whole batch the engine's way: SGLang judges the extend
+    requests together on their summed prefix (decode requests run as their own batch), vLLM
+    judges each request on its query length (docs/engines.md).
+
     Example: mlactl batch requests.csv --hardware h200   (requests.csv: new,prefix / 1,8000 / 512,0 ...)
     """
     from mlactl import analysis, render, report
+    from mlactl.engines import parse_engines
     from mlactl.requests import read_requests
 
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
+    engine_params = parse_engines(engines, engine_option)
     new, prefix, count = read_requests(requests)
     result = analysis.analyze_batch(
         cfg,
@@ -447,7 +494,7 @@ def batch_cmd(
         kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
         dtype=choice(dtype, "--dtype", DTYPES),
         chunk=one_int(chunk, "--chunk"),
-        threshold=one_int(threshold, "--threshold"),
+        engines=engine_params,
     )
     emit(
         fmt,

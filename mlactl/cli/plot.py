@@ -26,12 +26,12 @@ from mlactl.cli import (  # noqa: E402
     ChunkOpt,
     ContextOpt,
     DtypeOpt,
+    EngineOptionOpt,
     HardwareOpt,
     KvDtypeOpt,
     MeasuredOpt,
     ModelOpt,
     PrefixOpt,
-    ThresholdOpt,
     TpOpt,
     choice,
     cli_errors,
@@ -80,7 +80,7 @@ def dtypes(kv_dtype: str, dtype: str) -> dict:
     return {"kv_dtype": choice(kv_dtype, "--kv-dtype", KV_DTYPES), "dtype": choice(dtype, "--dtype", DTYPES)}
 
 
-def run_analysis(model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, threshold):
+def run_analysis(model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, engines=None):
     from mlactl import analysis
 
     return analysis.analyze(
@@ -91,7 +91,7 @@ def run_analysis(model, hardware, measured, tp, batch, new, prefix, kv_dtype, dt
         prefix,
         **dtypes(kv_dtype, dtype),
         chunk=one_int(chunk, "--chunk"),
-        threshold=one_int(threshold, "--threshold"),
+        engines=engines,
     )
 
 
@@ -171,7 +171,7 @@ def roofline(
             prefix=None if context is not None else parse_sizes(prefix or "4K,32K", "--prefix", minimum=0),
             context=parse_sizes(context, "--context") if context is not None else None,
         )
-    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192")
+    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk)
     from mlactl import plot
 
     fig, _ = plot.roofline(result, load_results(results, result))
@@ -213,7 +213,7 @@ def crossover(
     )
     if len(set(p.tolist())) > plot.MAX_CROSSOVER_PANELS:
         raise MlactlError(f"--prefix: at most {plot.MAX_CROSSOVER_PANELS} prefixes (one panel each)")
-    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192")
+    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk)
     fig, _ = plot.crossover(result, load_results(results, result))
     write(fig, output, dpi)
 
@@ -241,7 +241,16 @@ def pathmap(
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
     chunk: ChunkOpt = "8192",
-    threshold: ThresholdOpt = "8192",
+    policy: Annotated[
+        Optional[str],
+        typer.Option(
+            "--policy",
+            help="Shade what this engine's rule loses against the best path instead: sglang, sglang-triton, "
+            "sglang-trtllm or vllm (rules from sgl-project/sglang@0a8dcfa9 and vllm-project/vllm@0014ca6b; "
+            "docs/engines.md).",
+        ),
+    ] = None,
+    engine_option: EngineOptionOpt = None,
     results: ResultsOpt = None,
     output: Annotated[Path, output_opt("pathmap")] = Path("pathmap.png"),
     dpi: DpiOpt = "100",
@@ -249,12 +258,14 @@ def pathmap(
     """Which path is fastest over a (new tokens, prefix) grid, and by how much.
 
     The colour is the speedup of the best path over the best of the other kind (absorb against
-    expand); on top, the fixed-threshold policy's boundary, the cells where it picks a slower
-    path, and the measured crossovers from --results.
+    expand), with the measured crossovers from --results on top. With --policy ENGINE it is
+    instead a loss map: how much slower that engine's own rule is than the best path that fits,
+    with the boundaries where the engine's path changes.
 
-    Example: mlactl plot pathmap --hardware h200 --threshold 8K --results run.json -o pathmap.pdf
+    Example: mlactl plot pathmap --hardware h200 --policy sglang --engine-option threshold=4096 -o pathmap.pdf
     """
     from mlactl import plot
+    from mlactl.engines import parse_engines
     from mlactl.shapes import grid, parse_sizes
 
     check_output(output)
@@ -265,8 +276,13 @@ def pathmap(
         else geometric_fill(parse_sizes(PATHMAP_PREFIX, "--prefix", minimum=0))
     )
     b, n, p = grid([one_int(batch, "--batch")], news, prefix=prefixes)
-    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, threshold)
-    fig, _ = plot.pathmap(result, load_results(results, result))
+    if policy is None and engine_option:
+        raise MlactlError("--engine-option goes with --policy ENGINE")
+    engines = parse_engines(policy, engine_option) if policy is not None else None
+    if engines is not None and len(engines) != 1:
+        raise MlactlError(f"--policy takes one engine, got {policy!r}")
+    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, engines)
+    fig, _ = plot.pathmap(result, load_results(results, result), policy=policy)
     write(fig, output, dpi)
 
 

@@ -1,0 +1,247 @@
+"""`mlactl engines`: what each engine's path rule loses on a workload, and the best thresholds.
+
+Parse, call mlactl.workload, render. No math here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+engines_app = typer.Typer(add_completion=False)
+
+from mlactl.cli import (  # noqa: E402
+    DTYPES,
+    KV_DTYPES,
+    BatchOpt,
+    ChunkOpt,
+    DtypeOpt,
+    EngineOptionOpt,
+    FormatOpt,
+    HardwareOpt,
+    KvDtypeOpt,
+    MeasuredOpt,
+    ModelOpt,
+    OutputOpt,
+    TpOpt,
+    choice,
+    cli_errors,
+    emit,
+    load_hardware,
+    load_model,
+    one_int,
+    output_format,
+)
+from mlactl.errors import MlactlError  # noqa: E402
+
+
+@engines_app.command(name="engines")
+@cli_errors
+def engines_cmd(
+    workload: Annotated[
+        Optional[Path],
+        typer.Argument(
+            help="CSV of shapes: header with new and prefix (or context), optionally batch and weight "
+            "(or count). Without it, the grid of --batch/--new/--prefix, every shape weight 1."
+        ),
+    ] = None,
+    model: ModelOpt = "deepseek-v3",
+    hardware: HardwareOpt = "h800",
+    measured: MeasuredOpt = False,
+    tp: TpOpt = "1",
+    batch: BatchOpt = "1",
+    new: Annotated[str, typer.Option("--new", "-n", help="Grid: new tokens per request, list or range.")] = (
+        "1,16,64,256,1024,4096"
+    ),
+    prefix: Annotated[str, typer.Option("--prefix", "-p", help="Grid: cached tokens, list or range.")] = (
+        "0,1K,4K,8K,16K,32K"
+    ),
+    kv_dtype: KvDtypeOpt = "bf16",
+    dtype: DtypeOpt = "bf16",
+    chunk: ChunkOpt = "8192",
+    engines: Annotated[
+        Optional[str],
+        typer.Option(
+            "--engines",
+            help="Engines to judge, comma-separated (default: all four: sglang, sglang-triton, sglang-trtllm, vllm).",
+        ),
+    ] = None,
+    engine_option: EngineOptionOpt = None,
+    fmt: FormatOpt = None,
+    output: OutputOpt = None,
+):
+    """What each engine's own path rule loses on a workload, where it loses most, and the
+    threshold that would lose least on this hardware (SGLang's summed-prefix threshold, vLLM's
+    decode threshold), found by trying every value that changes a path.
+
+    Rules: sgl-project/sglang@0a8dcfa9 python/sglang/srt/models/deepseek_common/
+    attention_backend_handler.py; vllm-project/vllm@0014ca6b vllm/model_executor/layers/attention/
+    mla_attention.py and each backend's reorder_batch_threshold. Times are roofline times of the
+    paths that fit in memory. See docs/engines.md.
+
+    Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
+    """
+    from mlactl import workload as wl_mod
+    from mlactl.cost import CostModel
+    from mlactl.engines import ENGINES, parse_engines
+    from mlactl.shapes import grid, parse_sizes
+
+    fmt = output_format(fmt, output)
+    cfg = load_model(model, tp)
+    hw = load_hardware(hardware, measured)
+    params = parse_engines(engines or ",".join(ENGINES), engine_option)
+    cost = CostModel(
+        cfg,
+        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        dtype=choice(dtype, "--dtype", DTYPES),
+        chunk=one_int(chunk, "--chunk"),
+    )
+    if workload is not None:
+        wl = wl_mod.read_workload(workload)
+    else:
+        b, n, p = grid(
+            parse_sizes(batch, "--batch"), parse_sizes(new, "--new"), prefix=parse_sizes(prefix, "--prefix", minimum=0)
+        )
+        wl = wl_mod.grid_workload(b, n, p)
+    if len(wl) > 1_000_000:
+        raise MlactlError(f"{len(wl)} shapes; at most 1,000,000 at once")
+    result = wl_mod.report(cost, hw, wl, params)
+    emit(
+        fmt,
+        output,
+        json_data=lambda: to_json(result),
+        write_csv=lambda fh: write_csv(fh, result),
+        tables=tables(result),
+    )
+
+
+def sentence(result, e) -> str:
+    """`SGLang's 8192 on H200 for this workload: best threshold X, saves Y%`."""
+    s = e.sweep
+    span = f"{s.best_range[0]} or more" if s.best_range[1] is None else f"{s.best_range[0]} to {s.best_range[1]}"
+    if s.best == s.current or s.saves <= 0:
+        verdict = f"already the best (any threshold from {span} does as well)"
+    else:
+        verdict = f"best threshold {s.best} (any from {span}), saves {s.saves:.1%}"
+    return f"{e.params.engine}'s threshold {s.current} on {result.hw.name} for this workload: {verdict}"
+
+
+def tables(result) -> list:
+    from rich.table import Table
+
+    from mlactl.render import SHORT, seconds
+
+    wl = result.workload
+    head = (
+        f"[bold]{result.cost.cfg.name}[/] on [bold]{result.hw.display}[/] "
+        f"({'measured' if result.hw.using_measured else 'nominal'} ceilings), kv cache {result.cost.kv_dtype}; "
+        f"{len(wl)} shapes ({wl.source}); roofline times of the paths that fit, weighted by each shape's weight"
+    )
+    total = Table(title="What each engine's rule loses on this workload")
+    for col, justify in (("engine", "left"), ("time", "right"), ("lost", "right"), ("lost %", "right")):
+        total.add_column(col, justify=justify, no_wrap=True)
+    for e in result.engines:
+        pct = e.lost_s / e.time_s if e.time_s and e.lost_s != float("inf") else float("nan")
+        total.add_row(
+            e.params.label,
+            seconds(e.time_s) if e.time_s != float("inf") else "does not fit",
+            seconds(e.lost_s) if e.lost_s != float("inf") else "does not fit",
+            "—" if pct != pct else f"{pct:.1%}",
+        )
+    total.caption = f"best path everywhere: {seconds(result.total_best_s)}"
+    out: list = [head, total]
+    for e in result.engines:
+        worst = result.worst(e)
+        if not worst:
+            out.append(f"{e.params.label} loses nothing on this workload")
+            continue
+        t = Table(title=f"Where {e.params.label} loses most")
+        for col in ("batch", "new", "prefix", "weight", "runs", "best", "lost/run", "share"):
+            t.add_column(col, justify="left" if col in ("runs", "best") else "right", no_wrap=True)
+        for i in worst:
+            share = e.lost[i] * wl.weight[i] / e.lost_s if e.lost_s not in (0, float("inf")) else float("nan")
+            t.add_row(
+                str(wl.batch[i]),
+                str(wl.new[i]),
+                str(wl.prefix[i]),
+                f"{wl.weight[i]:g}",
+                SHORT[e.paths[i]],
+                SHORT[result.best[i]],
+                seconds(e.lost[i]) if e.lost[i] != float("inf") else "no fit",
+                "—" if share != share else f"{share:.0%}",
+            )
+        out.append(t)
+    for e in result.engines:
+        if e.sweep is not None:
+            out.append(sentence(result, e))
+    out.append("Sources: " + "; ".join(sorted({e.params.citation for e in result.engines})))
+    return out
+
+
+def to_json(result) -> dict:
+    from mlactl import __version__
+    from mlactl.report import SCHEMA_VERSION, engine_json, number_or_none
+
+    wl = result.workload
+    engines = []
+    for e in result.engines:
+        item = dict(
+            engine_json(e.params),
+            time_s=number_or_none(e.time_s),
+            lost_s=number_or_none(e.lost_s),
+            worst=[
+                {
+                    "batch": int(wl.batch[i]),
+                    "new": int(wl.new[i]),
+                    "prefix": int(wl.prefix[i]),
+                    "weight": float(wl.weight[i]),
+                    "path": str(e.paths[i]),
+                    "best": str(result.best[i]),
+                    "lost_s": number_or_none(float(e.lost[i])),
+                }
+                for i in result.worst(e)
+            ],
+            sweep=None,
+        )
+        if e.sweep is not None:
+            s = e.sweep
+            item["sweep"] = {
+                "option": s.option,
+                "current": s.current,
+                "current_time_s": number_or_none(s.current_time_s),
+                "best": s.best,
+                "best_range": list(s.best_range),
+                "best_time_s": number_or_none(s.best_time_s),
+                "saves": s.saves,
+                "values": [{"threshold": t, "time_s": number_or_none(v)} for t, v in s.values],
+            }
+        engines.append(item)
+    return {
+        "schema": "mlactl.engines",
+        "schema_version": SCHEMA_VERSION,
+        "mlactl_version": __version__,
+        "model": dict(result.cost.cfg.to_dict(), softmax_scale=result.cost.cfg.softmax_scale),
+        "hardware": result.hw.to_dict(),
+        "kv_dtype": result.cost.kv_dtype,
+        "dtype": result.cost.dtype,
+        "chunk": result.cost.chunk,
+        "time_model": "roofline",
+        "workload": {"source": wl.source, "shapes": len(wl), "total_weight": float(wl.weight.sum())},
+        "best_time_s": result.total_best_s,
+        "engines": engines,
+    }
+
+
+def write_csv(fh, result) -> None:
+    """One row per shape: its weight, the best path, and each engine's path and loss per run."""
+    from mlactl.csvout import write_csv as write
+
+    wl = result.workload
+    header = ["batch", "new", "prefix", "weight", "best", "best_time_s"]
+    columns = [wl.batch, wl.new, wl.prefix, wl.weight, result.best, result.best_time]
+    for e in result.engines:
+        header += [f"{e.params.engine}.path", f"{e.params.engine}.time_lost_s"]
+        columns += [e.paths, e.lost]
+    write(fh, header, columns)
