@@ -60,7 +60,7 @@ def analyze_json(*args):
 
 def test_json_schema():
     data = analyze_json("--new", "1,256", "--prefix", "0,4K")
-    assert data["schema"] == "mlactl.analysis" and data["schema_version"] == 1
+    assert data["schema"] == "mlactl.analysis" and data["schema_version"] == 2
     for key in ("model", "hardware", "kv_dtype", "rows", "crossover"):
         assert key in data
     assert data["model"]["name"] == "deepseek-v3" and data["hardware"]["name"] == "h800"
@@ -113,14 +113,24 @@ def test_context_alternative():
     assert (data["rows"][0]["prefix"], data["rows"][0]["context"]) == (90, 100)
 
 
-def test_fixed_threshold_policy_and_loss():
-    data = analyze_json("--new", "1", "--prefix", "0,4K,8K")
-    fixed = [r["fixed_threshold"]["path"] for r in data["rows"]]
-    assert fixed == ["expand", "absorb", "expand_chunked"]
-    decode_8k = data["rows"][2]
-    assert decode_8k["best"] == "absorb"
-    lost = decode_8k["paths"]["expand_chunked"]["time_s"] - decode_8k["paths"]["absorb"]["time_s"]
-    assert decode_8k["fixed_threshold"]["time_lost_s"] == pytest.approx(lost)
+def test_engine_paths_and_loss():
+    """Decode after 4K and 8K: both engines absorb, the best, and lose nothing (the old fixed
+    rule expanded after 8K). 512 new tokens after 4K: SGLang's summed prefix 4096 < 8192 sends
+    it to absorb; vLLM's 512 > 128 sends it to the chunked prefill path."""
+    data = analyze_json("--new", "1,512", "--prefix", "4K,8K", "--hardware", "h800")
+    assert data["schema_version"] == 2
+    assert [e["name"] for e in data["engines"]] == ["sglang", "vllm"]
+    rows = {(r["new"], r["prefix"]): r for r in data["rows"]}
+    for p in (4096, 8192):
+        assert rows[(1, p)]["engines"] == {
+            "sglang": {"path": "absorb", "time_lost_s": 0},
+            "vllm": {"path": "absorb", "time_lost_s": 0},
+        }
+    long = rows[(512, 4096)]
+    assert long["engines"]["sglang"]["path"] == "absorb" and long["engines"]["vllm"]["path"] == "expand_chunked"
+    t = {p: long["paths"][p]["time_s"] for p in ("expand", "expand_chunked", "absorb")}
+    assert long["engines"]["sglang"]["time_lost_s"] == pytest.approx(t["absorb"] - min(t.values()))
+    assert long["engines"]["vllm"]["time_lost_s"] == pytest.approx(t["expand_chunked"] - min(t.values()))
 
 
 def test_csv_is_the_json_flattened():
@@ -257,7 +267,7 @@ def test_paths_that_do_not_fit_are_never_chosen():
     """DeepSeek-V3 on an H800 (80 GB), batch 64, 512 new tokens after 128K: expanding the whole
     context needs 64 * 131,584 tokens * 65,536 bytes = 551.9 GB; chunked needs one 8K chunk per
     request, 64 * 8,192 * 65,536 = 34.4 GB. At prefix 0 and 128K new tokens every expand path
-    needs 550 GB, so only absorb runs, and the fixed policy's expand 'does not fit'."""
+    needs 550 GB, so only absorb runs, and vLLM's expand 'does not fit'."""
     rows = analyze_json("--batch", "64", "--new", "512,128K", "--prefix", "0,128K")["rows"]
     far = next(r for r in rows if r["new"] == 512 and r["prefix"] == 131072)
     assert far["paths"]["expand"]["peak_expanded_bytes"] == 64 * 131584 * 65536
@@ -267,7 +277,7 @@ def test_paths_that_do_not_fit_are_never_chosen():
     assert far["best"] == "expand_chunked"
     assert far["paths"]["expand"]["time_s"] < far["paths"]["expand_chunked"]["time_s"]  # faster, but too big
     huge = next(r for r in rows if r["new"] == 131072 and r["prefix"] == 0)
-    assert huge["best"] == "absorb" and huge["fixed_threshold"] == {"path": "expand", "time_lost_s": None}
+    assert huge["best"] == "absorb" and huge["engines"]["vllm"] == {"path": "expand", "time_lost_s": None}
 
 
 def test_analysis_as_a_dataframe():

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mlactl import analysis, hardware, model, plot, policy
+from mlactl import analysis, hardware, model, plot
+from mlactl.engines import parse_engines
 from mlactl.cli import app
 from mlactl.cost import CostModel, causal_pairs
 from mlactl.errors import MlactlError
@@ -250,13 +251,11 @@ NEW = [1, 16, 64, 256, 1024, 4096]
 PREFIX = [0, 1024, 4096, 8192, 32768]
 
 
-def test_pathmap_best_speedup_and_fixed_boundary():
-    result = v3_analysis(NEW, PREFIX, threshold=8192)
+def test_pathmap_best_speedup():
+    result = v3_analysis(NEW, PREFIX)
     _, data = plot.pathmap(result)
     assert data["new"] == NEW and data["prefix"] == PREFIX and data["analytic_only"]
-    assert data["fixed_boundary"] == {"threshold": 8192, "prefixes": [0, 8192]}
-    fixed = np.array(data["fixed"])
-    assert (fixed == policy.fixed_threshold(np.array(PREFIX)[:, None] + 0 * np.array(NEW), 8192)).all()
+    assert data["policy"] is None
     best, speedup = np.array(data["best"]), np.array(data["speedup"])
     at = {(n, p): i for i, (n, p) in enumerate(zip(result.new.tolist(), result.prefix.tolist()))}
     for r, p in enumerate(PREFIX):
@@ -267,18 +266,31 @@ def test_pathmap_best_speedup_and_fixed_boundary():
             other = min(t["expand"], t["expand_chunked"]) if best[r, c] == "absorb" else t["absorb"]
             assert speedup[r, c] == pytest.approx(other / t[best[r, c]])
     assert (speedup >= 1).all()
-    wrong = np.array(data["fixed_wrong"])
-    assert wrong[PREFIX.index(32768), NEW.index(1)]  # decode after 32K: fixed expands, absorb is far faster
-    assert not wrong[PREFIX.index(0)].any()  # prefix 0: both pick expand
-    assert wrong[PREFIX.index(1024), NEW.index(4096)]  # long prefill after 1K: fixed absorbs
-    # the fixed policy's expand_chunked where expand is faster costs only the chunking (<5%)
-    assert not wrong[PREFIX.index(32768), NEW.index(4096)]
 
 
-def test_pathmap_measured_boundary_and_threshold():
-    result = v3_analysis(NEW, PREFIX, threshold=4096)
+def test_pathmap_engine_loss_map():
+    """--policy sglang: batch 1, so the summed prefix is the prefix. SGLang expands at prefix 0
+    and from 8192, absorbs between (and for every decode after a prefix)."""
+    result = v3_analysis(NEW, PREFIX, engines=parse_engines("sglang"))
+    _, data = plot.pathmap(result, policy="sglang")
+    pol = data["policy"]
+    assert pol["name"] == "sglang" and "attention_backend_handler.py" in pol["source"]
+    path = np.array(pol["path"])
+    assert list(path[PREFIX.index(1024)]) == ["absorb"] * len(NEW)
+    assert list(path[PREFIX.index(8192)]) == ["absorb"] + ["expand"] * (len(NEW) - 1)
+    assert path[PREFIX.index(0), NEW.index(1)] == "expand"  # one token, no prefix: an extend
+    wrong, slowdown = np.array(pol["wrong"]), np.array(pol["slowdown"], dtype=float)
+    assert wrong[PREFIX.index(1024), NEW.index(4096)]  # long prefill after 1K: SGLang absorbs
+    assert wrong[PREFIX.index(32768), NEW.index(16)]  # 16 new after 32K: SGLang expands
+    assert not wrong[PREFIX.index(32768), NEW.index(1)]  # decode: absorb, the best
+    assert (slowdown >= 1).all()
+    with pytest.raises(MlactlError, match="no vllm rule"):
+        plot.pathmap(result, policy="vllm")
+
+
+def test_pathmap_measured_boundary():
+    result = v3_analysis(NEW, PREFIX)
     _, data = plot.pathmap(result, [torch_cpu_results()])
-    assert data["fixed_boundary"]["threshold"] == 4096
     assert data["measured_boundary"] == [
         {"source": 0, "batch": 1, "prefix": 0, "new": 1},
         {"source": 0, "batch": 1, "prefix": 4096, "new": 190},

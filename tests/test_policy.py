@@ -4,21 +4,18 @@ import pytest
 from mlactl import analysis, hardware, model
 from mlactl.cost import CostModel
 from mlactl.errors import MlactlError
-from mlactl.policy import AutoPolicy, fixed_threshold, measured_paths, select_paths
+from mlactl.policy import AutoPolicy, measured_paths, select_paths
 
 V3 = model.from_name("deepseek-v3")
 
 
-def test_fixed_threshold_rule():
-    assert list(fixed_threshold([0, 1, 8191, 8192, 50000], 8192)) == [
-        "expand",
-        "absorb",
-        "absorb",
-        "expand_chunked",
-        "expand_chunked",
-    ]
-    with pytest.raises(MlactlError, match="--threshold must be a positive integer"):
-        fixed_threshold([0], 0)
+def test_engine_policy_judges_each_point_as_a_batch():
+    """select_paths with an engine: 64 requests of 256 cached tokens sum to 16,384 >= 8192, so
+    SGLang expands the whole batch; one such request alone (256 < 8192) absorbs."""
+    cost = CostModel(V3)
+    assert list(select_paths(cost, None, [512], [256], batch=64, policy="sglang")) == ["expand"]
+    assert list(select_paths(cost, None, [512], [256], batch=1, policy="sglang")) == ["absorb"]
+    assert list(select_paths(cost, None, [128, 129], [256, 256], policy="vllm")) == ["absorb", "expand_chunked"]
 
 
 def test_measured_paths_nearest_prefix():
