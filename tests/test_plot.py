@@ -15,9 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from mlactl import analysis, hardware, model, plot
-from mlactl.engines import parse_engines
 from mlactl.cli import app
 from mlactl.cost import CostModel, causal_pairs
+from mlactl.engines import parse_engines
 from mlactl.errors import MlactlError
 from mlactl.shapes import grid
 

@@ -120,7 +120,7 @@ def engines_cmd(
 def sentence(result, e) -> str:
     """`SGLang's 8192 on H200 for this workload: best threshold X, saves Y%`."""
     s = e.sweep
-    span = f"{s.best_range[0]} or more" if s.best_range[1] is None else f"{s.best_range[0]} to {s.best_range[1]}"
+    span = f"{s.best_range[0]} up" if s.best_range[1] is None else f"{s.best_range[0]} to {s.best_range[1]}"
     if s.best == s.current or s.saves <= 0:
         verdict = f"already the best (any threshold from {span} does as well)"
     else:
