@@ -147,7 +147,13 @@ def parse_engines(engines: str | None, options: list[str] | None = None) -> list
             if name == "vllm" and name not in set_threshold:
                 p = replace(p, threshold=VLLM_THRESHOLDS[value])
         else:
-            p = replace(p, **{key: _positive_int(value, f"--engine-option {name}.{key}")})
+            number = _positive_int(value, f"--engine-option {name}.{key}")
+            if key == "threshold":
+                p = replace(p, threshold=number)
+            elif key == "capacity":
+                p = replace(p, capacity=number)
+            else:
+                p = replace(p, workspace=number)
             if key == "threshold":
                 set_threshold.add(name)
         params[name] = p

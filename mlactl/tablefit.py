@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -21,7 +22,7 @@ KEEP = 0  # never dropped; stacked into a further table when it does not fit
 class Column:
     header: str
     cells: list  # str or rich Text, one per row
-    justify: str = "right"
+    justify: JustifyMethod = "right"
     priority: int = KEEP  # >0: may be dropped, the highest first
 
     @property

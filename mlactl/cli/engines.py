@@ -140,8 +140,9 @@ def tables(result) -> list:
         f"{len(wl)} shapes ({wl.source}); roofline times of the paths that fit, weighted by each shape's weight"
     )
     total = Table(title="What each engine's rule loses on this workload")
-    for col, justify in (("engine", "left"), ("time", "right"), ("lost", "right"), ("lost %", "right")):
-        total.add_column(col, justify=justify, no_wrap=True)
+    total.add_column("engine", no_wrap=True)
+    for col in ("time", "lost", "lost %"):
+        total.add_column(col, justify="right", no_wrap=True)
     for e in result.engines:
         pct = e.lost_s / e.time_s if e.time_s and e.lost_s != float("inf") else float("nan")
         total.add_row(
@@ -159,7 +160,7 @@ def tables(result) -> list:
             continue
         t = Table(title=f"Where {e.params.label} loses most")
         for col in ("batch", "new", "prefix", "weight", "runs", "best", "lost/run", "share"):
-            t.add_column(col, justify="left" if col in ("runs", "best") else "right", no_wrap=True)
+            t.add_column(col, justify="left" if col in ("runs", "best") else "right", no_wrap=True)  # type: ignore[arg-type]
         for i in worst:
             share = e.lost[i] * wl.weight[i] / e.lost_s if e.lost_s not in (0, float("inf")) else float("nan")
             t.add_row(
