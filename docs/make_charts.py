@@ -25,7 +25,8 @@ DPI = "80"  # keeps each image under ~150 KB
 CHARTS = {  # image name -> `mlactl plot` arguments
     "roofline": ["roofline", "--model", "deepseek-v3", "--hardware", "h200"],
     "crossover": ["crossover", "--model", "deepseek-v3", "--hardware", "h200", "--prefix", "0,4K,32K"],
-    "pathmap": ["pathmap", "--model", "deepseek-v3", "--hardware", "h200", "--threshold", "8K"],
+    "pathmap": ["pathmap", "--model", "deepseek-v3", "--hardware", "h200"],
+    "pathmap-sglang": ["pathmap", "--model", "deepseek-v3", "--hardware", "h200", "--policy", "sglang"],
 }
 
 
