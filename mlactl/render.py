@@ -165,7 +165,7 @@ def crossover_table(crossover: Crossover) -> Table:
     return table
 
 
-def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list[Table]:
+def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
     per = ba.assignments["per_request"]
     names = [e.engine for e in ba.engines]
     rows = Table(title="Requests (own time leaves out the weights the batch shares)")
@@ -193,8 +193,8 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list[Table]:
         style = "bold green" if s == best else ""
         label = next((e.label for e in ba.engines if e.engine == s), s)
         totals.add_row(Text(label, style=style), seconds(t), f"{ratio:.2f}x")
-    totals.caption = "; ".join(f"{e.engine}: {e.citation}" for e in ba.engines)
-    return [rows, totals]
+    sources = "Engine rules: " + "; ".join(sorted({e.citation for e in ba.engines})) if ba.engines else ""
+    return [rows, totals, sources]
 
 
 def models_table(models) -> Table:
