@@ -395,3 +395,30 @@ def test_analyze_piped_prints_every_column_in_full():
     assert "…" not in out and "not shown at this width" not in out
     for header in ("mha*", "by FLOPs", "sglang", "vllm", "131072"):
         assert header in out
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("prefix,weight\n1,2\n", "line 1: the header must name new"),
+        ("new,prefix,weight,count\n1,2,3,4\n", "give weight or count, not both"),
+        ("new,prefix,weight\n1,2,0\n", "line 2: weight '0' must be a positive number"),
+        ("new,prefix,weight\n1,2,nan\n", "line 2: weight 'nan' must be a positive number"),
+        ("batch,new,prefix\n0,1,2\n", "line 2: new and batch must be at least 1"),
+        ("new,context\n10,5\n", "line 2: context 5 is shorter than new 10"),
+        ("new,prefix\n", "no shapes after the header"),
+    ],
+)
+def test_bad_workload_csv(tmp_path, content, message):
+    path = tmp_path / "w.csv"
+    path.write_text(content)
+    one_error_line(["engines", str(path)], message)
+
+
+def test_engines_csv_has_each_engines_path_and_loss(tmp_path):
+    path = tmp_path / "w.csv"
+    path.write_text("new,context,count\n4096,5120,3\n")  # prefix 1024, weight 3
+    text = runner.invoke(app, ["engines", str(path), "--engines", "vllm", "-f", "csv"]).output
+    header, row = text.splitlines()
+    assert header == "batch,new,prefix,weight,best,best_time_s,vllm.path,vllm.time_lost_s"
+    assert row.startswith("1,4096,1024,3,expand,") and ",expand_chunked," in row
