@@ -76,10 +76,10 @@ def engines_cmd(
     threshold that would lose least on this hardware (SGLang's summed-prefix threshold, vLLM's
     decode threshold), found by trying every value that changes a path.
 
-    Rules: sgl-project/sglang@0a8dcfa9 python/sglang/srt/models/deepseek_common/
-    attention_backend_handler.py; vllm-project/vllm@0014ca6b vllm/model_executor/layers/attention/
-    mla_attention.py and each backend's reorder_batch_threshold. Times are roofline times of the
-    paths that fit in memory. See docs/engines.md.
+    Rules: sgl-project/sglang@0a8dcfa9 attention_backend_handler.py; vllm-project/vllm@0014ca6b
+    mla_attention.py and each backend's reorder_batch_threshold (docs/engines.md cites each).
+
+    Times are roofline times of the paths that fit in memory.
 
     Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
     """
