@@ -25,15 +25,11 @@ from functools import lru_cache
 
 import torch
 
-from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor
+from mlactl.defaults import DEFAULT_CHUNK, KERNEL_BACKENDS, MLA_PATHS
+from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor, dtype_name
 
-PATHS = ("expand", "expand_chunked", "absorb")
-BACKENDS = ("triton", "torch")
-DEFAULT_CHUNK = 8192  # as mlactl analyze --chunk
-
-
-def _name(dtype) -> str:
-    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, "fp8")
+PATHS = MLA_PATHS
+BACKENDS = KERNEL_BACKENDS
 
 
 @lru_cache(maxsize=32)
@@ -53,7 +49,14 @@ def auto_policy(q_nope, kv_cache, w_uk, w_uv):
     H, dC = q_nope.shape[1], q_nope.shape[2]
     r = w_uk.shape[2]
     return _auto_policy(
-        device_name, H, r, dC, kv_cache.shape[-1] - r, w_uv.shape[1], _name(kv_cache.dtype), _name(q_nope.dtype)
+        device_name,
+        H,
+        r,
+        dC,
+        kv_cache.shape[-1] - r,
+        w_uv.shape[1],
+        dtype_name(kv_cache.dtype),
+        dtype_name(q_nope.dtype),
     )
 
 

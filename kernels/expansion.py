@@ -26,14 +26,18 @@ from __future__ import annotations
 
 import torch
 
-from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor, latent_rank
+from mlactl.defaults import DEFAULT_CHUNK  # prefix tokens per request and step (512 MiB of K/V at 128 heads)
+from mlactl.kernels._checks import (
+    FLOAT_DTYPES,
+    FP8_DTYPES,
+    check_new_lens,
+    check_positive,
+    check_scale,
+    check_tensor,
+    latent_rank,
+    torch_name,
+)
 from mlactl.kernels.prefill_naive import check_inner_stride, check_same_device
-
-DEFAULT_CHUNK = 8192  # prefix tokens per request and step: 8192 x 128 heads x 256 x 2 B = 512 MiB of K/V
-
-
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def _resolve_r(kv_cache: torch.Tensor, r) -> int:
@@ -82,22 +86,12 @@ def _check_kv_scale(kv_cache, kv_scale):
         if kv_scale.numel() != 1 or not kv_scale.dtype.is_floating_point:
             raise ValueError(
                 f"kv_scale must be a float or a 1-element float tensor, got shape "
-                f"{tuple(kv_scale.shape)} {_dtype_name(kv_scale.dtype)}"
+                f"{tuple(kv_scale.shape)} {torch_name(kv_scale.dtype)}"
             )
         if kv_scale.device != kv_cache.device:
             raise ValueError(f"kv_scale is on {kv_scale.device} but kv_cache on {kv_cache.device}")
         return kv_scale.to(torch.float32).reshape(())
-    return _positive("kv_scale", kv_scale)
-
-
-def _positive(name, value) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number or a scalar tensor, got {value!r}") from None
-    if not (x > 0 and x != float("inf")):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    return x
+    return check_positive("kv_scale", kv_scale)
 
 
 def _gather(kv_cache, block_table, starts, counts, r, kv_scale, dtype):
@@ -160,7 +154,7 @@ def _check_weights(w_uk, w_uv, r=None, H=None):
     check_tensor("w_uk", w_uk, 3, FLOAT_DTYPES, contiguous=False)
     check_tensor("w_uv", w_uv, 3, FLOAT_DTYPES, contiguous=False)
     if w_uv.dtype != w_uk.dtype:
-        raise ValueError(f"w_uv has dtype {_dtype_name(w_uv.dtype)} but w_uk has {_dtype_name(w_uk.dtype)}")
+        raise ValueError(f"w_uv has dtype {torch_name(w_uv.dtype)} but w_uk has {torch_name(w_uk.dtype)}")
     if w_uv.shape[0] != w_uk.shape[0]:
         raise ValueError(f"w_uv has {w_uv.shape[0]} heads but w_uk has {w_uk.shape[0]}; shapes [H, dV, r], [H, dC, r]")
     if w_uv.shape[2] != w_uk.shape[2]:
@@ -180,7 +174,7 @@ def expand_kv(latent, w_uk, w_uv):
     check_tensor("latent", latent, 2, FLOAT_DTYPES, contiguous=False)
     _check_weights(w_uk, w_uv, r=latent.shape[1])
     if latent.dtype != w_uk.dtype:
-        raise ValueError(f"latent has dtype {_dtype_name(latent.dtype)} but w_uk has {_dtype_name(w_uk.dtype)}")
+        raise ValueError(f"latent has dtype {torch_name(latent.dtype)} but w_uk has {torch_name(w_uk.dtype)}")
     check_same_device(latent=latent, w_uk=w_uk, w_uv=w_uv)
     T = latent.shape[0]
     H, dC, r = w_uk.shape
@@ -212,14 +206,14 @@ def _validate_driver(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_
     dR = kv_cache.shape[2] - r
     _check_weights(w_uk, w_uv, r=r, H=q.shape[1])
     if w_uk.dtype != q.dtype:
-        raise ValueError(f"w_uk has dtype {_dtype_name(w_uk.dtype)} but q has {_dtype_name(q.dtype)}; they must match")
+        raise ValueError(f"w_uk has dtype {torch_name(w_uk.dtype)} but q has {torch_name(q.dtype)}; they must match")
     if q.shape[2] != w_uk.shape[1] + dR:
         raise ValueError(
             f"q.shape[2] is {q.shape[2]} but must equal dC + dR = {w_uk.shape[1]} + {dR} (w_uk, kv_cache row width - r)"
         )
     if kv_cache.dtype not in FP8_DTYPES and kv_cache.dtype != q.dtype:
         raise ValueError(
-            f"kv_cache has dtype {_dtype_name(kv_cache.dtype)} but q has {_dtype_name(q.dtype)}; "
+            f"kv_cache has dtype {torch_name(kv_cache.dtype)} but q has {torch_name(q.dtype)}; "
             "they must match (or the cache must be fp8)"
         )
     news = check_new_lens(new_lens, lens, q.shape[0])

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from mlactl.kernels import configs
-from mlactl.kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from mlactl.kernels._checks import FLOAT_DTYPES, check_device, check_tensor, dtype_name
 from mlactl.kernels.prefill_naive import check_inner_stride, check_same_device
 
 # Elements of o per program: 4096 (BLOCK_H x BLOCK_D) keeps 16 fp32 registers per thread at 4
@@ -145,7 +145,7 @@ def merge_attn_states(o_a, lse_a, o_b, lse_b, *, out=None, config=None):
         return out, lse
     cfg = default_config(H, D)
     if config is None and device.type == "cuda":
-        dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(o_a.dtype, "fp32")
+        dtype = dtype_name(o_a.dtype)
         tuned = configs.lookup("merge_attn_states", torch.cuda.get_device_name(device), dtype, H=max(H, 1), T=T)
         try:
             cfg.update(_check_config(tuned) if tuned else {})

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlactl.cost import MLA_PATHS, PATHS, CostModel
+from mlactl.defaults import DEFAULT_CHUNK
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 from mlactl.model import MLAConfig
@@ -124,7 +125,7 @@ def analyze(
     *,
     kv_dtype: str = "bf16",
     dtype: str = "bf16",
-    chunk: int = 8192,
+    chunk: int = DEFAULT_CHUNK,
     layers: int = 1,
     threshold: int = DEFAULT_THRESHOLD,
     max_new: int = DEFAULT_MAX_NEW,
@@ -262,7 +263,7 @@ def analyze_batch(
     *,
     kv_dtype: str = "bf16",
     dtype: str = "bf16",
-    chunk: int = 8192,
+    chunk: int = DEFAULT_CHUNK,
     threshold: int = DEFAULT_THRESHOLD,
 ) -> BatchAnalysis:
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)

@@ -13,12 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from mlactl.cost import MLA_PATHS, CostModel
+from mlactl.defaults import DEFAULT_THRESHOLD, POLICIES  # noqa: F401  (POLICIES: re-exported)
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 from mlactl.roofline import path_times
-
-POLICIES = ("roofline", "flops", "fixed", "measured")
-DEFAULT_THRESHOLD = 8192
 
 
 def fixed_threshold(prefix, threshold: int = DEFAULT_THRESHOLD) -> np.ndarray:

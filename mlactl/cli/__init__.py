@@ -17,6 +17,7 @@ import typer.core
 import typer.main
 
 from mlactl import __version__
+from mlactl.defaults import ACT_DTYPES, DEFAULT_CHUNK, DEFAULT_THRESHOLD, KV_DTYPES, OUTPUT_FORMATS, POLICIES
 from mlactl.errors import MlactlError
 
 
@@ -50,9 +51,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-FORMATS = ("table", "json", "csv")
-KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")  # as mlactl.cost, without importing numpy at start
-DTYPES = ("bf16", "fp16", "fp32")
+FORMATS = OUTPUT_FORMATS
+DTYPES = ACT_DTYPES
 
 # -- options shared by several commands (defined once) ------------------------------------------
 
@@ -245,9 +245,9 @@ def analyze(
     context: ContextOpt = None,
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     layers: LayersOpt = "1",
-    threshold: ThresholdOpt = "8192",
+    threshold: ThresholdOpt = str(DEFAULT_THRESHOLD),
     ops: Annotated[bool, typer.Option("--ops", help="Also show every op (table) or add op columns (csv).")] = False,
     crossover: Annotated[
         bool, typer.Option("--crossover", help="Also print the crossover table (always in JSON).")
@@ -289,7 +289,7 @@ def analyze(
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
     if policy is not None:
-        choice(policy, "--policy", ("roofline", "flops", "fixed", "measured"))
+        choice(policy, "--policy", POLICIES)
     results_data = None
     if policy == "measured":
         results_data = measured_results(cfg, hw, kv_dtype, results)
@@ -349,7 +349,7 @@ def crossover_cmd(
     ] = "0,1K,4K,8K,16K,32K,64K,128K",
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     max_new: Annotated[
         str, typer.Option("--max-new", help="Search the roofline crossover up to this many new tokens.")
     ] = "128K",
@@ -422,8 +422,8 @@ def batch_cmd(
     tp: TpOpt = "1",
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
-    threshold: ThresholdOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
+    threshold: ThresholdOpt = str(DEFAULT_THRESHOLD),
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):

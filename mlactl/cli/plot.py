@@ -39,6 +39,7 @@ from mlactl.cli import (  # noqa: E402
     load_model,
     one_int,
 )
+from mlactl.defaults import DEFAULT_CHUNK, DEFAULT_THRESHOLD  # noqa: E402
 from mlactl.errors import MlactlError  # noqa: E402
 
 ResultsOpt = Annotated[
@@ -141,7 +142,7 @@ def roofline(
     context: ContextOpt = None,
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     results: ResultsOpt = None,
     output: Annotated[Path, output_opt("roofline")] = Path("roofline.png"),
     dpi: DpiOpt = "100",
@@ -171,7 +172,7 @@ def roofline(
             prefix=None if context is not None else parse_sizes(prefix or "4K,32K", "--prefix", minimum=0),
             context=parse_sizes(context, "--context") if context is not None else None,
         )
-    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192")
+    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, str(DEFAULT_THRESHOLD))
     from mlactl import plot
 
     fig, _ = plot.roofline(result, load_results(results, result))
@@ -192,7 +193,7 @@ def crossover(
     ] = "0,4K,32K",
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     results: ResultsOpt = None,
     output: Annotated[Path, output_opt("crossover")] = Path("crossover.png"),
     dpi: DpiOpt = "100",
@@ -213,7 +214,7 @@ def crossover(
     )
     if len(set(p.tolist())) > plot.MAX_CROSSOVER_PANELS:
         raise MlactlError(f"--prefix: at most {plot.MAX_CROSSOVER_PANELS} prefixes (one panel each)")
-    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192")
+    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, str(DEFAULT_THRESHOLD))
     fig, _ = plot.crossover(result, load_results(results, result))
     write(fig, output, dpi)
 
@@ -240,8 +241,8 @@ def pathmap(
     ] = None,
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
-    threshold: ThresholdOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
+    threshold: ThresholdOpt = str(DEFAULT_THRESHOLD),
     results: ResultsOpt = None,
     output: Annotated[Path, output_opt("pathmap")] = Path("pathmap.png"),
     dpi: DpiOpt = "100",

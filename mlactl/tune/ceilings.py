@@ -47,7 +47,9 @@ def _matmul_fn(device, dtype: str, n: int):
         b = torch.randn(n, n, device=device, generator=gen).to(torch.float8_e4m3fn).t()  # column-major
         one = torch.ones((), device=device)
         return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    from mlactl.kernels._checks import TORCH_DTYPES
+
+    torch_dtype = TORCH_DTYPES[dtype]
     a = torch.randn(n, n, device=device, generator=gen, dtype=torch_dtype)
     b = torch.randn(n, n, device=device, generator=gen, dtype=torch_dtype)
     out = torch.empty(n, n, device=device, dtype=torch_dtype)
