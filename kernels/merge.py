@@ -114,13 +114,8 @@ def default_config(H: int, D: int) -> dict:
     return {"BLOCK_H": min(triton.next_power_of_2(H), max(1, TILE_ELEMENTS // block_d)), "num_warps": NUM_WARPS}
 
 
-def _check_config(config) -> dict:
-    if not isinstance(config, dict) or set(config) - set(CONFIG_KEYS):
-        raise ValueError(f"config must be a dict with keys from {', '.join(CONFIG_KEYS)}, got {config!r}")
-    for key, value in config.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
-            raise ValueError(f"config {key} must be a power of two >= 1, got {value!r}")
-    return config
+def _check_config(config, source: str = "config") -> dict:
+    return configs.check_config(config, source, pow2={key: 1 for key in CONFIG_KEYS})
 
 
 def merge_attn_states(o_a, lse_a, o_b, lse_b, *, out=None, config=None):
@@ -148,7 +143,7 @@ def merge_attn_states(o_a, lse_a, o_b, lse_b, *, out=None, config=None):
         dtype = dtype_name(o_a.dtype)
         tuned = configs.lookup("merge_attn_states", torch.cuda.get_device_name(device), dtype, H=max(H, 1), T=T)
         try:
-            cfg.update(_check_config(tuned) if tuned else {})
+            cfg.update(_check_config(tuned, "tuned config") if tuned else {})
         except ValueError:
             pass  # a malformed tuned entry must not fail a launch
     cfg.update(config or {})
