@@ -34,8 +34,8 @@ MAGIC = {"png": b"\x89PNG", "svg": b"<svg", "pdf": b"%PDF"}
 
 def torch_cpu_results(**overrides) -> dict:
     """A small results file laid out as `mlactl tune --backend torch` on a CPU writes it, made by
-    hand until that tune lands; an end-to-end test can then run it and reuse the checks below.
-    Times are placeholders: the checks are of placement, not of speed."""
+    hand so the checks below pin placement on known numbers (tests/test_tune.py runs the real
+    tune into every chart). Times are placeholders: the checks are of placement, not of speed."""
     data = {
         "schema": "mlactl.results",
         "schema_version": 1,

@@ -11,8 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
-# Made before importing mlactl.cli: cli.py imports this module at its end, to register plot_app,
-# and either module may be imported first.
+# Made before importing mlactl.cli, as mlactl/cli/tune.py does its tune_app: the root group
+# (LazyGroup in mlactl/cli/__init__.py) imports this module only when `plot` is asked for.
 plot_app = typer.Typer(
     help="Charts: roofline, crossover, path map and tune sweep, predicted and measured.\n\n"
     "Example: mlactl plot crossover --hardware h200 --results run.json -o crossover.png",
