@@ -21,6 +21,7 @@ cost, which is what mlactl measures.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import torch
@@ -122,23 +123,23 @@ def _paths_for(path, news, ctxs, policy, tensors) -> list[str]:
 
 
 def mla_attention(
-    q_nope,
-    q_rope,
-    kv_cache,
-    block_table,
-    cache_seqlens,
-    new_lens,
-    w_uk,
-    w_uv,
-    scale,
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    new_lens: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
     *,
-    path="auto",
-    chunk=DEFAULT_CHUNK,
-    kv_scale=None,
-    backend="triton",
-    policy=None,
-    return_paths=False,
-):
+    path: str | Sequence[str] = "auto",
+    chunk: int = DEFAULT_CHUNK,
+    kv_scale: float | torch.Tensor | None = None,
+    backend: str = "triton",
+    policy: Callable[[list[int], list[int]], Sequence[str]] | None = None,
+    return_paths: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
     """MLA attention of a mixed batch.
 
     Args:
@@ -152,12 +153,16 @@ def mla_attention(
         scale: the model's softmax scale, 1/sqrt(dC + dR).
         path: "expand", "expand_chunked", "absorb", "auto", or one of the first three per request.
         chunk: prefix tokens per step of expand_chunked.
+        kv_scale: for an fp8 cache, float or 1-element tensor; real value = stored * kv_scale.
         backend: "triton" (kernels) or "torch" (the twins).
         policy: for "auto", a callable (new, prefix) -> path names, instead of AutoPolicy.
         return_paths: also return the path each request ran.
 
     Returns:
         out [T_q, H, dV] in the queries' dtype (and the list of paths with return_paths).
+
+    Raises:
+        ValueError: on any bad input, before anything is launched.
     """
     scale = check_scale(scale)
     r, news, ctxs = _check(q_nope, q_rope, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv)

@@ -118,15 +118,29 @@ def _check_config(config, source: str = "config") -> dict:
     return configs.check_config(config, source, pow2={key: 1 for key in CONFIG_KEYS})
 
 
-def merge_attn_states(o_a, lse_a, o_b, lse_b, *, out=None, config=None):
+def merge_attn_states(
+    o_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    o_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial attention outputs over disjoint key sets by their lse (Triton).
 
-    o_a, o_b:     [T, H, D]  partial outputs (fp16, bf16 or fp32; may differ), unit last stride
-    lse_a, lse_b: [T, H]     fp32 natural-log sums of exp of the scaled scores; -inf = no key
-    out:          optional [T, H, D] buffer; its dtype is the result's (default o_a's). It may be
-                  o_a or o_b itself: every element is read before it is written.
-    config:       optional {"BLOCK_H": heads per program, "num_warps": ...} (mlactl tune)
-    returns (o [T, H, D], lse [T, H] fp32); computed in fp32.
+    Args:
+        o_a, o_b: [T, H, D] partial outputs (fp16, bf16 or fp32; may differ), unit last stride.
+        lse_a, lse_b: [T, H] fp32 natural-log sums of exp of the scaled scores; -inf = no key.
+        out: optional [T, H, D] buffer; its dtype is the result's (default o_a's). It may be o_a
+            or o_b itself: every element is read before it is written.
+        config: optional {"BLOCK_H": heads per program, "num_warps": ...} (mlactl tune).
+
+    Returns:
+        (o [T, H, D], lse [T, H] fp32), computed in fp32.
+
+    Raises:
+        ValueError: on any bad input, before anything is launched.
     """
     _validate(o_a, lse_a, o_b, lse_b, out)
     if config is not None:
