@@ -176,6 +176,7 @@ def mla_attention(
     for n in news:
         starts.append(starts[-1] + n)
     device = q_nope.device
+    rows: slice | torch.Tensor  # the packed query rows of the requests on path p
 
     for p in PATHS:
         requests = [b for b, c in enumerate(chosen) if c == p and news[b] > 0]

@@ -143,7 +143,10 @@ def project(w: MLAWeights, hidden: torch.Tensor, prefix_len: int = 0):
     c = rms_norm(hidden @ w.w_dkv.T, w.kv_norm, w.eps)  # [T, r]
     k_r = rope(hidden @ w.w_kr.T, pos, w.rope_base)  # [T, dR]
     x = hidden[prefix_len:]  # [n, hidden]
-    c_q = rms_norm(x @ w.w_dq.T, w.q_norm, w.eps) if w.w_dq is not None else x  # [n, q_in]
+    c_q = x  # [n, q_in]
+    if w.w_dq is not None:
+        assert w.q_norm is not None, "w_dq comes with its RMSNorm weight q_norm"
+        c_q = rms_norm(x @ w.w_dq.T, w.q_norm, w.eps)
     q_nope = torch.einsum("tq,hcq->thc", c_q, w.w_uq_nope)  # [n, H, dC]
     q_rope = rope(torch.einsum("tq,hdq->thd", c_q, w.w_uq_rope), pos[prefix_len:], w.rope_base)
     return q_nope, q_rope, c, k_r

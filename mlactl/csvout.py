@@ -71,7 +71,7 @@ def _format_float(x: np.ndarray, mat: np.ndarray, keep: np.ndarray) -> None:
     y = np.abs(x)
     zero = y == 0
     y = np.where(zero, 1.0, y)
-    shift = 0
+    shift: np.ndarray | int = 0
     if y.min() < 1e-290:  # 10.0 ** e underflows for subnormals: scale those up first
         tiny = y < 1e-290
         y = np.where(tiny, np.where(tiny, y, 0.0) * 1e300, y)

@@ -63,7 +63,8 @@ def measure(device, quick: bool = False, on_step=None) -> dict:
     device = torch.device(device)
     n, copy_bytes = SIZES[(device.type if device.type == "cuda" else "cpu", quick)]
     budget = 0.05 if quick else 0.2
-    peaks, details = {}, {}
+    peaks: dict[str, float] = {}
+    details: dict[str, dict] = {}
     for dtype in _dtypes(device):
         try:
             timing = time_call(_matmul_fn(device, dtype, n), device=device, warm=True, budget_s=budget)
@@ -110,7 +111,8 @@ def _toml_value(value) -> str:
 
 def profile_toml(profile: dict) -> str:
     """A flat profile dict (tables as nested dicts, one level or two) as TOML text."""
-    lines, tables = [], []
+    lines: list[tuple[str, object]] = []
+    tables: list[tuple[str, dict]] = []
     for key, value in profile.items():
         (tables if isinstance(value, dict) else lines).append((key, value))
     out = [f"{k} = {_toml_value(v)}" for k, v in lines]
@@ -137,12 +139,13 @@ def write_measured_profile(name_of_device: str, measured: dict, folder: Path | N
     def sig(x: float) -> float:  # 4 significant digits, whatever the scale (a CPU: 0.01 TFLOP/s)
         return float(f"{x:.4g}")
 
-    table = {
+    table: dict = {
         "bandwidth_tbs": sig(measured["bandwidth_tbs"]),
         "device": name_of_device,
         "date": stamp,
         "peak_tflops": {k: sig(v) for k, v in measured["peak_tflops"].items()},
     }
+    profile: dict
     if base is not None:
         profile = {
             "name": base.name,
