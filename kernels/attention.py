@@ -15,8 +15,8 @@ auto            per request, by mlactl.policy.AutoPolicy: the crossovers `mlactl
                 measured on this GPU, else the roofline of its hardware profile, else FLOPs
 
 backend="triton" runs mlactl's Triton kernels; backend="torch" runs their plain-torch twins
-(any device, a CPU included). All paths compute the same function (DESIGN.md); they differ in
-cost, which is what mlactl measures.
+(any device, a CPU included). All paths compute the same function (docs/design.md, "The
+math"); they differ in cost, which is what mlactl measures.
 """
 
 from __future__ import annotations

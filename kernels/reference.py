@@ -1,4 +1,5 @@
-"""A tiny but complete MLA layer in plain torch: the executable statement of DESIGN.md's math.
+"""A tiny but complete MLA layer in plain torch: the executable statement of the math in
+docs/design.md ("The math").
 
 One sequence, decoupled RoPE, both attention paths:
 

@@ -1,8 +1,8 @@
 """The single source of FLOPs and bytes: every op of every path, vectorised over workload points.
 
 A workload point is (batch, new, prefix); context k = prefix + new. All requests of a point are
-alike. Names as DESIGN.md: H heads (per GPU), r latent rank, dR RoPE dim, dC/dV nope/value head
-dims. Below, Nq = batch*new query tokens, Nk = batch*context cached tokens, P = batch*pairs.
+alike. Names as docs/design.md ("The math"): H heads (per GPU), r latent rank, dR RoPE dim,
+dC/dV nope/value head dims. Below, Nq = batch*new query tokens, Nk = batch*context cached tokens, P = batch*pairs.
 
 FLOPs count a multiply-add as 2. Bytes follow one convention: each op reads each operand once
 and writes each result once (the ideal a perfect kernel reaches); the attention op of each path
@@ -73,7 +73,7 @@ class CostModel:
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
             raise MlactlError(f"--chunk must be a positive integer, got {self.chunk!r}")
 
-    # -- per-pair and per-token figures (the numbers DESIGN.md quotes) --------------------------
+    # -- per-pair and per-token figures (the numbers docs/design.md quotes) --------------------------
 
     def pair_flops(self, path: str) -> int:
         """FLOPs of one (query, key) pair in the attention op: QK^T plus PV, all heads."""

@@ -1,7 +1,7 @@
 """MLA model shapes: one dataclass, a plain registry of presets, and a Hugging Face config loader.
 
-Names follow DESIGN.md: H heads, r = kv_lora_rank, dC = qk_nope_head_dim, dR = qk_rope_head_dim,
-dV = v_head_dim.
+Names follow docs/design.md ("The math"): H heads, r = kv_lora_rank, dC = qk_nope_head_dim,
+dR = qk_rope_head_dim, dV = v_head_dim.
 """
 
 from __future__ import annotations
