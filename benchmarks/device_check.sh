@@ -2,7 +2,7 @@
 # The project's one prepared GPU run (about 8 minutes on one H200): install, the GPU tests and
 # the kernel benchmark (gpu_check.py), then `mlactl tune --quick`. Everything it writes goes
 # into $OUT (default ./device-out) as at most 8 flat files, ready to commit into
-# benchmarks/results/ and profiles/tuned/.
+# benchmarks/results/ (tuned configs ship only once measured: see kernels/configs.py).
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"

@@ -39,7 +39,6 @@ import gc
 import json
 import math
 import os
-import platform
 import re
 import signal
 import subprocess
@@ -77,7 +76,6 @@ class Plan:
     warmup: int
     min_repeats: int
     max_repeats: int
-    kv_scale: float = 0.5  # fp8 rows: real cache value = stored fp8 value * kv_scale
 
 
 FULL = Plan(
@@ -194,6 +192,7 @@ class Bench:
         import torch
 
         from mlactl import hardware
+        from mlactl.kernels._checks import TORCH_DTYPES
         from mlactl.model import from_name
 
         self.torch = torch
@@ -201,8 +200,7 @@ class Bench:
         self.smoke = smoke
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.device_name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        self.dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[plan.dtype]
-        self.fp8 = getattr(torch, "float8_e4m3fn", None)
+        self.dt = TORCH_DTYPES[plan.dtype]
         self.model = smoke_model() if smoke else from_name("deepseek-v3")
         self.hw, self.hw_note = None, None
         try:
@@ -231,20 +229,15 @@ class Bench:
         return (t * scale).to(dtype or self.dt)
 
     def paged_cache(self, batch: int, context: int, width: int, fp8: bool):
-        """A random paged cache holding `batch` requests of `context` tokens, pages scattered."""
-        torch = self.torch
-        pages = math.ceil(context / self.plan.page)
-        num_blocks = batch * pages + 1  # one spare page no request uses
-        kv = self.randn(num_blocks, self.plan.page, width, dtype=torch.float32)
-        kv_scale = None
-        if fp8:
-            kv_scale = self.plan.kv_scale
-            kv = (kv / kv_scale).to(self.fp8)
-        else:
-            kv = kv.to(self.dt)
-        order = torch.randperm(num_blocks, generator=self.gen, device=self.device)
-        table = order[: batch * pages].view(batch, pages).to(torch.int32).contiguous()
-        seqlens = torch.full((batch,), context, dtype=torch.int32, device=self.device)
+        """A random paged cache holding `batch` requests of `context` tokens, pages scattered
+        (mlactl.tune.inputs.paged_cache, as `mlactl tune` makes them)."""
+        from mlactl.tune.inputs import paged_cache
+
+        kv_dtype = "fp8" if fp8 else self.plan.dtype
+        kv, table, kv_scale = paged_cache(
+            batch, context, width, kv_dtype, self.dt, self.device, self.gen, page=self.plan.page
+        )
+        seqlens = self.torch.full((batch,), context, dtype=self.torch.int32, device=self.device)
         return kv, table, seqlens, kv_scale
 
     # -- timing and counts ----------------------------------------------------------------------
@@ -310,11 +303,6 @@ AGREE_REL_ERR = 2e-2  # relative L2 error kernel vs twin above which the outputs
 # (bf16 outputs of the same inputs land near 4e-3; tests/test_attention.py uses 2e-2 too)
 
 
-def rel_err(got, want) -> float:
-    got, want = got.float(), want.float()
-    return float((got - want).norm() / want.norm().clamp_min(1e-30))
-
-
 def finish(row: dict, timing: dict, target=None) -> None:
     """Achieved rates, roofline fraction and target verdict of a timed row."""
     row["timing"] = timing
@@ -336,7 +324,9 @@ def twin_result(bench: Bench, name: str, fn, kernel_median: float, got=None) -> 
         want = fn()
         bench.sync()
         if got is not None:
-            twin["rel_err"] = rel_err(got, want)
+            from mlactl.tune.common import relative_error
+
+            twin["rel_err"] = relative_error(got, want)
             twin["outputs_agree"] = twin["rel_err"] < AGREE_REL_ERR
         del want
         twin["timing"] = bench.time(fn)
@@ -538,36 +528,6 @@ def row_specs(plan: Plan, model) -> list[tuple[str, object]]:
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
-
-
-def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for name in ("torch", "triton", "mlactl"):
-        try:
-            if name == "mlactl":
-                from importlib.metadata import version
-
-                out[name] = version("mlactl")
-            else:
-                out[name] = __import__(name).__version__
-        except Exception as exc:  # noqa: BLE001
-            out[name] = f"unknown ({type(exc).__name__})"
-    try:
-        import torch
-
-        out["cuda"] = torch.version.cuda
-    except Exception:  # noqa: BLE001
-        out["cuda"] = None
-    try:
-        out["git_commit"] = (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"], cwd=REPO, text=True, capture_output=True, timeout=10
-            ).stdout.strip()
-            or None
-        )
-    except Exception:  # noqa: BLE001
-        out["git_commit"] = None
-    return out
 
 
 def device_info(bench: Bench | None) -> dict:
@@ -786,7 +746,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001
         doc["setup_error"] = f"{type(exc).__name__}: {exc}"
         doc["setup_traceback"] = traceback.format_exc()[-3000:]
-    doc["versions"] = versions()
+    from mlactl.tune.common import versions
+
+    doc["versions"] = versions(git_dir=REPO)
     name = doc["device"].get("name") or "unknown"
     path = args.out / f"gpu-check-{slug(name)}{'-smoke' if args.smoke else ''}-{now:%Y%m%d-%H%M%S}.json"
     save(doc, path)

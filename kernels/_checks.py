@@ -9,6 +9,23 @@ import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name))
+# mlactl's dtype names (mlactl.defaults: the CLI's, the JSON's, the tuned files') and torch's dtypes.
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+
+
+def torch_name(dtype: torch.dtype) -> str:
+    """torch's own short name, for messages about any dtype: float16, int32, float8_e4m3fn."""
+    return str(dtype).replace("torch.", "")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """mlactl's name of a tensor dtype: bf16, fp16, fp32, or fp8 for any e4m3 variant."""
+    if dtype in FP8_DTYPES:
+        return "fp8"
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype {torch_name(dtype)} has no mlactl name (bf16, fp16, fp32, fp8)")
+    return DTYPE_NAMES[dtype]
 
 
 def interpreting() -> bool:
@@ -22,8 +39,8 @@ def check_tensor(name: str, t, ndim: int, dtypes=None, contiguous: bool = True) 
     if t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if dtypes is not None and t.dtype not in dtypes:
-        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise ValueError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected one of {allowed}")
+        allowed = ", ".join(torch_name(d) for d in dtypes)
+        raise ValueError(f"{name} has dtype {torch_name(t.dtype)}; expected one of {allowed}")
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
 
@@ -51,14 +68,20 @@ def check_device(**tensors) -> torch.device:
     return device
 
 
-def check_scale(scale) -> float:
+def check_positive(name: str, value) -> float:
+    """`value` (a number or a 1-element tensor) as a float, if it is positive and finite."""
     try:
-        value = float(scale)
-    except (TypeError, ValueError):
-        raise ValueError(f"softmax scale must be a number, got {scale!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise ValueError(f"softmax scale must be a positive finite number, got {scale!r}")
-    return value
+        x = float(value)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several elements
+        raise ValueError(f"{name} must be a number or a scalar tensor, got {value!r}") from None
+    if not (x > 0 and x != float("inf")):  # NaN fails x > 0
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return x
+
+
+def check_scale(scale) -> float:
+    """The softmax scale as a float (1/sqrt(dC + dR) for an MLA model)."""
+    return check_positive("softmax scale", scale)
 
 
 DEEPSEEK_ROW, DEEPSEEK_R = 576, 512  # r + dR of DeepSeek-V2/V3 and Kimi K2 rows: [c (512) | k_r (64)]

@@ -15,25 +15,22 @@ auto            per request, by mlactl.policy.AutoPolicy: the crossovers `mlactl
                 measured on this GPU, else the roofline of its hardware profile, else FLOPs
 
 backend="triton" runs mlactl's Triton kernels; backend="torch" runs their plain-torch twins
-(any device, a CPU included). All paths compute the same function (DESIGN.md); they differ in
-cost, which is what mlactl measures.
+(any device, a CPU included). All paths compute the same function (docs/design.md, "The
+math"); they differ in cost, which is what mlactl measures.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import torch
 
-from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor
+from mlactl.defaults import DEFAULT_CHUNK, KERNEL_BACKENDS, MLA_PATHS
+from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor, dtype_name
 
-PATHS = ("expand", "expand_chunked", "absorb")
-BACKENDS = ("triton", "torch")
-DEFAULT_CHUNK = 8192  # as mlactl analyze --chunk
-
-
-def _name(dtype) -> str:
-    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, "fp8")
+PATHS = MLA_PATHS
+BACKENDS = KERNEL_BACKENDS
 
 
 @lru_cache(maxsize=32)
@@ -53,7 +50,14 @@ def auto_policy(q_nope, kv_cache, w_uk, w_uv):
     H, dC = q_nope.shape[1], q_nope.shape[2]
     r = w_uk.shape[2]
     return _auto_policy(
-        device_name, H, r, dC, kv_cache.shape[-1] - r, w_uv.shape[1], _name(kv_cache.dtype), _name(q_nope.dtype)
+        device_name,
+        H,
+        r,
+        dC,
+        kv_cache.shape[-1] - r,
+        w_uv.shape[1],
+        dtype_name(kv_cache.dtype),
+        dtype_name(q_nope.dtype),
     )
 
 
@@ -119,23 +123,23 @@ def _paths_for(path, news, ctxs, policy, tensors) -> list[str]:
 
 
 def mla_attention(
-    q_nope,
-    q_rope,
-    kv_cache,
-    block_table,
-    cache_seqlens,
-    new_lens,
-    w_uk,
-    w_uv,
-    scale,
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    new_lens: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
     *,
-    path="auto",
-    chunk=DEFAULT_CHUNK,
-    kv_scale=None,
-    backend="triton",
-    policy=None,
-    return_paths=False,
-):
+    path: str | Sequence[str] = "auto",
+    chunk: int = DEFAULT_CHUNK,
+    kv_scale: float | torch.Tensor | None = None,
+    backend: str = "triton",
+    policy: Callable[[list[int], list[int]], Sequence[str]] | None = None,
+    return_paths: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, list[str]]:
     """MLA attention of a mixed batch.
 
     Args:
@@ -149,12 +153,16 @@ def mla_attention(
         scale: the model's softmax scale, 1/sqrt(dC + dR).
         path: "expand", "expand_chunked", "absorb", "auto", or one of the first three per request.
         chunk: prefix tokens per step of expand_chunked.
+        kv_scale: for an fp8 cache, float or 1-element tensor; real value = stored * kv_scale.
         backend: "triton" (kernels) or "torch" (the twins).
         policy: for "auto", a callable (new, prefix) -> path names, instead of AutoPolicy.
         return_paths: also return the path each request ran.
 
     Returns:
         out [T_q, H, dV] in the queries' dtype (and the list of paths with return_paths).
+
+    Raises:
+        ValueError: on any bad input, before anything is launched.
     """
     scale = check_scale(scale)
     r, news, ctxs = _check(q_nope, q_rope, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv)
@@ -168,6 +176,7 @@ def mla_attention(
     for n in news:
         starts.append(starts[-1] + n)
     device = q_nope.device
+    rows: slice | torch.Tensor  # the packed query rows of the requests on path p
 
     for p in PATHS:
         requests = [b for b, c in enumerate(chosen) if c == p and news[b] > 0]

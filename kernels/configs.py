@@ -10,9 +10,10 @@ File names follow the engines' convention, e.g.
 A bucket key is ``name=value`` pairs of positive integers joined by commas. Lookup takes the
 nearest bucket: the smallest sum of |log2(asked) - log2(bucket)| over the names, among buckets
 that have exactly the asked names; the heads ``H`` count 4 times (they set the tile shapes, and
-come from the model and its tensor parallelism, not from the traffic). Files in the user folder
-(``$MLACTL_TUNED_DIR``, else ``$MLACTL_HOME/tuned``, see mlactl.dirs) win over the shipped ones in ``profiles/tuned/``;
-``MLACTL_NO_TUNED=1`` turns lookups off.
+come from the model and its tensor parallelism, not from the traffic). Files live in the user
+folder (``$MLACTL_TUNED_DIR``, else ``$MLACTL_HOME/tuned``, see mlactl.dirs); mlactl ships none
+until they are measured on the GPU they name. ``MLACTL_NO_TUNED=1`` turns lookups off.
+`check_config` is the one validator of a launch config (given or tuned) that the launchers share.
 Nothing here imports torch.
 """
 
@@ -30,9 +31,7 @@ from mlactl.dirs import home
 FORMAT_VERSION = 1
 ENV_DIR = "MLACTL_TUNED_DIR"
 ENV_OFF = "MLACTL_NO_TUNED"
-WEIGHTS = {
-    "H": 4.0
-}  # per-name weights of the log2 distance  # set to 1: every lookup misses (launchers use their heuristics)
+WEIGHTS = {"H": 4.0}  # per-name weights of the log2 distance (names not listed weigh 1)
 
 
 def user_dir() -> Path:
@@ -40,12 +39,6 @@ def user_dir() -> Path:
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR]).expanduser()
     return home() / "tuned"
-
-
-def shipped_dir() -> Path:
-    from importlib.resources import files
-
-    return Path(str(files("mlactl.profiles"))) / "tuned"
 
 
 def device_slug(device_name: str) -> str:
@@ -113,23 +106,45 @@ def load(path: Path) -> dict:
 
 
 def lookup(kernel: str, device_name: str, dtype: str, **shape: int) -> dict | None:
-    """The tuned config for the nearest bucket, user folder first, then the shipped files.
+    """The tuned config of the nearest bucket in the user folder's file for this kernel, device
+    and dtype.
 
     Returns None when no file or bucket fits (the launcher then uses its heuristic). A malformed
     file is skipped rather than failing a kernel launch; `mlactl tune` reports such files.
     """
     if os.environ.get(ENV_OFF, "0") not in ("", "0"):
         return None
-    name = file_name(kernel, device_name, dtype)
-    for folder in (user_dir(), shipped_dir()):
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            data = load(path)
-        except (OSError, ValueError):
-            continue
-        found = nearest(data["configs"], **shape)
-        if found is not None:
-            return dict(found)
-    return None
+    path = user_dir() / file_name(kernel, device_name, dtype)
+    if not path.is_file():
+        return None
+    try:
+        data = load(path)
+    except (OSError, ValueError):
+        return None
+    found = nearest(data["configs"], **shape)
+    return None if found is None else dict(found)
+
+
+def _pow2_at_least(value, low: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= low and value & (value - 1) == 0
+
+
+def check_config(config, source: str, pow2: dict[str, int], positive: tuple[str, ...] = ()) -> dict:
+    """Validate a launch config and return it; a ValueError names `source` and the bad key.
+
+    pow2: keys whose value must be a power of two at least the given minimum (16 for a tile that
+        feeds tl.dot, 1 for num_warps); positive: keys whose value must be an integer >= 1.
+    Keys outside both are refused, so a misspelt key never passes silently.
+    """
+    allowed = (*pow2, *positive)
+    if not isinstance(config, dict):
+        raise ValueError(f"{source} must be a dict with keys from {', '.join(allowed)}, got {type(config).__name__}")
+    unknown = sorted(set(config) - set(allowed))
+    if unknown:
+        raise ValueError(f"{source} has unknown keys {unknown}; allowed: {', '.join(allowed)}")
+    for key, value in config.items():
+        if key in pow2 and not _pow2_at_least(value, pow2[key]):
+            raise ValueError(f"{source}[{key!r}] must be a power of two >= {pow2[key]}, got {value!r}")
+        if key in positive and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{source}[{key!r}] must be a positive integer, got {value!r}")
+    return config

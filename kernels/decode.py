@@ -395,20 +395,20 @@ def _check_positive(name, value):
 
 
 def mla_decode(
-    q,
-    kv_cache,
-    block_table,
-    cache_seqlens,
-    scale,
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    scale: float,
     *,
-    causal=True,
-    kv_scale=None,
-    r=None,
-    num_splits=None,
-    config=None,
-    validate=True,
-    out=None,
-):
+    causal: bool = True,
+    kv_scale: float | torch.Tensor | None = None,
+    r: int | None = None,
+    num_splits: int | None = None,
+    config: dict | None = None,
+    validate: bool = True,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Absorb-path MLA attention of S_q new tokens per request against a paged latent cache.
 
     Args:
@@ -429,6 +429,9 @@ def mla_decode(
 
     Returns:
         (out [B, S_q, H, r] in q's dtype, lse [B, S_q, H] fp32 natural-log LSE of scaled scores).
+
+    Raises:
+        ValueError: on any bad input, before anything is launched.
     """
     scale = check_scale(scale)
     kv_cache, r, dR, ctx = _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal, kv_scale, validate)

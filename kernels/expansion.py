@@ -24,16 +24,22 @@ context. q holds the queries of the new tokens of all requests, packed: [sum(new
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor, latent_rank
+from mlactl.defaults import DEFAULT_CHUNK  # prefix tokens per request and step (512 MiB of K/V at 128 heads)
+from mlactl.kernels._checks import (
+    FLOAT_DTYPES,
+    FP8_DTYPES,
+    check_new_lens,
+    check_positive,
+    check_scale,
+    check_tensor,
+    latent_rank,
+    torch_name,
+)
 from mlactl.kernels.prefill_naive import check_inner_stride, check_same_device
-
-DEFAULT_CHUNK = 8192  # prefix tokens per request and step: 8192 x 128 heads x 256 x 2 B = 512 MiB of K/V
-
-
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def _resolve_r(kv_cache: torch.Tensor, r) -> int:
@@ -82,22 +88,12 @@ def _check_kv_scale(kv_cache, kv_scale):
         if kv_scale.numel() != 1 or not kv_scale.dtype.is_floating_point:
             raise ValueError(
                 f"kv_scale must be a float or a 1-element float tensor, got shape "
-                f"{tuple(kv_scale.shape)} {_dtype_name(kv_scale.dtype)}"
+                f"{tuple(kv_scale.shape)} {torch_name(kv_scale.dtype)}"
             )
         if kv_scale.device != kv_cache.device:
             raise ValueError(f"kv_scale is on {kv_scale.device} but kv_cache on {kv_cache.device}")
         return kv_scale.to(torch.float32).reshape(())
-    return _positive("kv_scale", kv_scale)
-
-
-def _positive(name, value) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number or a scalar tensor, got {value!r}") from None
-    if not (x > 0 and x != float("inf")):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    return x
+    return check_positive("kv_scale", kv_scale)
 
 
 def _gather(kv_cache, block_table, starts, counts, r, kv_scale, dtype):
@@ -125,18 +121,33 @@ def _gather(kv_cache, block_table, starts, counts, r, kv_scale, dtype):
     return rows[:, :r], rows[:, r:]
 
 
-def gather_latents(kv_cache, block_table, cache_seqlens, kv_scale=None, *, r=None, dtype=None):
+def gather_latents(
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    kv_scale: float | torch.Tensor | None = None,
+    *,
+    r: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every request's context out of the paged cache, packed.
 
-    kv_cache:      [num_blocks, block_size, r+dR]   rows [c | k_r]; fp16/bf16/fp32 or fp8
-    block_table:   [B, max_blocks] int32             token p of request b is in block
-                                                     block_table[b, p // block_size]
-    cache_seqlens: [B] int32                         context length of each request
-    kv_scale:      per-tensor scale, real value = stored * kv_scale (float or 1-element tensor);
-                   required for an fp8 cache
-    r:             latent rank; may be left out only for 576-wide rows (r = 512)
-    dtype:         result dtype; default the cache's, bf16 for fp8
-    returns latent [T_k, r], k_rope [T_k, dR] (views of one gathered buffer), cu_seqlens_k [B+1] int32.
+    Args:
+        kv_cache: [num_blocks, block_size, r + dR] rows [c | k_r]; fp16/bf16/fp32 or fp8.
+        block_table: [B, max_blocks] int32; token p of request b is in block
+            block_table[b, p // block_size].
+        cache_seqlens: [B] int32 context length of each request.
+        kv_scale: per-tensor scale, real value = stored * kv_scale (float or 1-element tensor);
+            required for an fp8 cache.
+        r: latent rank; may be left out only for 576-wide rows (r = 512).
+        dtype: result dtype; default the cache's, bf16 for fp8.
+
+    Returns:
+        (latent [T_k, r], k_rope [T_k, dR], cu_seqlens_k [B + 1] int32); latent and k_rope are
+        views of one gathered buffer.
+
+    Raises:
+        ValueError: on any bad input.
     """
     lens = _check_paged(kv_cache, block_table, cache_seqlens)
     r = _resolve_r(kv_cache, r)
@@ -160,7 +171,7 @@ def _check_weights(w_uk, w_uv, r=None, H=None):
     check_tensor("w_uk", w_uk, 3, FLOAT_DTYPES, contiguous=False)
     check_tensor("w_uv", w_uv, 3, FLOAT_DTYPES, contiguous=False)
     if w_uv.dtype != w_uk.dtype:
-        raise ValueError(f"w_uv has dtype {_dtype_name(w_uv.dtype)} but w_uk has {_dtype_name(w_uk.dtype)}")
+        raise ValueError(f"w_uv has dtype {torch_name(w_uv.dtype)} but w_uk has {torch_name(w_uk.dtype)}")
     if w_uv.shape[0] != w_uk.shape[0]:
         raise ValueError(f"w_uv has {w_uv.shape[0]} heads but w_uk has {w_uk.shape[0]}; shapes [H, dV, r], [H, dC, r]")
     if w_uv.shape[2] != w_uk.shape[2]:
@@ -171,16 +182,24 @@ def _check_weights(w_uk, w_uv, r=None, H=None):
         raise ValueError(f"w_uk has {w_uk.shape[0]} heads but q has {H}")
 
 
-def expand_kv(latent, w_uk, w_uv):
+def expand_kv(latent: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Up-project latents into per-head keys and values (two torch matmuls; cuBLAS on a GPU).
 
-    latent: [T, r]; w_uk: [H, dC, r]; w_uv: [H, dV, r]
-    returns k_nope [T, H, dC] = W_UK[h] c, v [T, H, dV] = W_UV[h] c, in latent's dtype.
+    Args:
+        latent: [T, r] latents c.
+        w_uk: [H, dC, r] key up-projection, in latent's dtype.
+        w_uv: [H, dV, r] value up-projection, in latent's dtype.
+
+    Returns:
+        (k_nope [T, H, dC] = W_UK[h] c, v [T, H, dV] = W_UV[h] c), in latent's dtype.
+
+    Raises:
+        ValueError: on any bad input.
     """
     check_tensor("latent", latent, 2, FLOAT_DTYPES, contiguous=False)
     _check_weights(w_uk, w_uv, r=latent.shape[1])
     if latent.dtype != w_uk.dtype:
-        raise ValueError(f"latent has dtype {_dtype_name(latent.dtype)} but w_uk has {_dtype_name(w_uk.dtype)}")
+        raise ValueError(f"latent has dtype {torch_name(latent.dtype)} but w_uk has {torch_name(w_uk.dtype)}")
     check_same_device(latent=latent, w_uk=w_uk, w_uv=w_uv)
     T = latent.shape[0]
     H, dC, r = w_uk.shape
@@ -212,14 +231,14 @@ def _validate_driver(q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_
     dR = kv_cache.shape[2] - r
     _check_weights(w_uk, w_uv, r=r, H=q.shape[1])
     if w_uk.dtype != q.dtype:
-        raise ValueError(f"w_uk has dtype {_dtype_name(w_uk.dtype)} but q has {_dtype_name(q.dtype)}; they must match")
+        raise ValueError(f"w_uk has dtype {torch_name(w_uk.dtype)} but q has {torch_name(q.dtype)}; they must match")
     if q.shape[2] != w_uk.shape[1] + dR:
         raise ValueError(
             f"q.shape[2] is {q.shape[2]} but must equal dC + dR = {w_uk.shape[1]} + {dR} (w_uk, kv_cache row width - r)"
         )
     if kv_cache.dtype not in FP8_DTYPES and kv_cache.dtype != q.dtype:
         raise ValueError(
-            f"kv_cache has dtype {_dtype_name(kv_cache.dtype)} but q has {_dtype_name(q.dtype)}; "
+            f"kv_cache has dtype {torch_name(kv_cache.dtype)} but q has {torch_name(q.dtype)}; "
             "they must match (or the cache must be fp8)"
         )
     news = check_new_lens(new_lens, lens, q.shape[0])
@@ -234,16 +253,40 @@ def _cu(lengths, device) -> torch.Tensor:
 
 
 def mla_prefill_expand(
-    q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, *, kv_scale=None, r=None, attn=None
-):
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    new_lens: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
+    *,
+    kv_scale: float | torch.Tensor | None = None,
+    r: int | None = None,
+    attn: Callable | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The unchunked expand path: expand each request's whole context, one causal attention.
 
-    q:             [T_q, H, dC+dR]   queries of the new tokens, packed (T_q = sum(new_lens))
-    kv_cache:      [num_blocks, block_size, r+dR]; block_table [B, max_blocks] int32;
-    cache_seqlens: [B] int32 context lengths (new tokens included); new_lens [B] int32
-    w_uk:          [H, dC, r]; w_uv [H, dV, r] (q's dtype)
-    attn:          mla_prefill (default) or a function with its signature, e.g. mla_prefill_naive
-    returns (out [T_q, H, dV] in q's dtype, lse [T_q, H] fp32). Expanded K/V: all context tokens.
+    Expanded K/V held at once: all context tokens of all requests.
+
+    Args:
+        q: [T_q, H, dC + dR] queries of the new tokens, packed (T_q = sum(new_lens)).
+        kv_cache: [num_blocks, block_size, r + dR] paged latent cache.
+        block_table: [B, max_blocks] int32.
+        cache_seqlens: [B] int32 context lengths, new tokens included.
+        new_lens: [B] int32 new tokens per request.
+        w_uk, w_uv: [H, dC, r] and [H, dV, r] up-projections, in q's dtype.
+        scale: softmax scale, 1/sqrt(dC + dR).
+        kv_scale: for an fp8 cache, real value = stored * kv_scale.
+        r: latent rank; may be left out only for 576-wide rows (r = 512).
+        attn: mla_prefill (default) or a function with its signature, e.g. mla_prefill_naive.
+
+    Returns:
+        (out [T_q, H, dV] in q's dtype, lse [T_q, H] fp32).
+
+    Raises:
+        ValueError: on any bad input.
     """
     scale, kv_scale, r, lens, news = _validate_driver(
         q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, kv_scale, r
@@ -267,27 +310,34 @@ def mla_prefill_expand(
 
 
 def mla_prefill_chunked(
-    q,
-    kv_cache,
-    block_table,
-    cache_seqlens,
-    new_lens,
-    w_uk,
-    w_uv,
-    scale,
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    new_lens: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
     *,
-    chunk=DEFAULT_CHUNK,
-    kv_scale=None,
-    r=None,
-    attn=None,
-    merge=None,
-):
+    chunk: int = DEFAULT_CHUNK,
+    kv_scale: float | torch.Tensor | None = None,
+    r: int | None = None,
+    attn: Callable | None = None,
+    merge: Callable | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The expand path with each prefix expanded `chunk` tokens at a time, merged by lse.
 
-    Arguments as mla_prefill_expand, plus
-    chunk: prefix tokens per request expanded per step, >= 1 (mlactl/cost.py's expand_chunked)
-    merge: merge_attn_states (default) or merge_attn_states_naive
-    returns (out [T_q, H, dV] in q's dtype, lse [T_q, H] fp32).
+    Args:
+        q, kv_cache, block_table, cache_seqlens, new_lens, w_uk, w_uv, scale, kv_scale, r, attn:
+            as mla_prefill_expand.
+        chunk: prefix tokens per request expanded per step, >= 1 (mlactl/cost.py's expand_chunked).
+        merge: merge_attn_states (default) or merge_attn_states_naive.
+
+    Returns:
+        (out [T_q, H, dV] in q's dtype, lse [T_q, H] fp32).
+
+    Raises:
+        ValueError: on any bad input.
 
     Step 0: the new tokens of each request attend causally to their own expanded K/V.
     Step c >= 1: prefix tokens [(c-1)*chunk, c*chunk) of every request whose prefix reaches that

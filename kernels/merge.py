@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from mlactl.kernels import configs
-from mlactl.kernels._checks import FLOAT_DTYPES, check_device, check_tensor
+from mlactl.kernels._checks import FLOAT_DTYPES, check_device, check_tensor, dtype_name
 from mlactl.kernels.prefill_naive import check_inner_stride, check_same_device
 
 # Elements of o per program: 4096 (BLOCK_H x BLOCK_D) keeps 16 fp32 registers per thread at 4
@@ -114,24 +114,33 @@ def default_config(H: int, D: int) -> dict:
     return {"BLOCK_H": min(triton.next_power_of_2(H), max(1, TILE_ELEMENTS // block_d)), "num_warps": NUM_WARPS}
 
 
-def _check_config(config) -> dict:
-    if not isinstance(config, dict) or set(config) - set(CONFIG_KEYS):
-        raise ValueError(f"config must be a dict with keys from {', '.join(CONFIG_KEYS)}, got {config!r}")
-    for key, value in config.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
-            raise ValueError(f"config {key} must be a power of two >= 1, got {value!r}")
-    return config
+def _check_config(config, source: str = "config") -> dict:
+    return configs.check_config(config, source, pow2={key: 1 for key in CONFIG_KEYS})
 
 
-def merge_attn_states(o_a, lse_a, o_b, lse_b, *, out=None, config=None):
+def merge_attn_states(
+    o_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    o_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial attention outputs over disjoint key sets by their lse (Triton).
 
-    o_a, o_b:     [T, H, D]  partial outputs (fp16, bf16 or fp32; may differ), unit last stride
-    lse_a, lse_b: [T, H]     fp32 natural-log sums of exp of the scaled scores; -inf = no key
-    out:          optional [T, H, D] buffer; its dtype is the result's (default o_a's). It may be
-                  o_a or o_b itself: every element is read before it is written.
-    config:       optional {"BLOCK_H": heads per program, "num_warps": ...} (mlactl tune)
-    returns (o [T, H, D], lse [T, H] fp32); computed in fp32.
+    Args:
+        o_a, o_b: [T, H, D] partial outputs (fp16, bf16 or fp32; may differ), unit last stride.
+        lse_a, lse_b: [T, H] fp32 natural-log sums of exp of the scaled scores; -inf = no key.
+        out: optional [T, H, D] buffer; its dtype is the result's (default o_a's). It may be o_a
+            or o_b itself: every element is read before it is written.
+        config: optional {"BLOCK_H": heads per program, "num_warps": ...} (mlactl tune).
+
+    Returns:
+        (o [T, H, D], lse [T, H] fp32), computed in fp32.
+
+    Raises:
+        ValueError: on any bad input, before anything is launched.
     """
     _validate(o_a, lse_a, o_b, lse_b, out)
     if config is not None:
@@ -145,10 +154,10 @@ def merge_attn_states(o_a, lse_a, o_b, lse_b, *, out=None, config=None):
         return out, lse
     cfg = default_config(H, D)
     if config is None and device.type == "cuda":
-        dtype = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(o_a.dtype, "fp32")
+        dtype = dtype_name(o_a.dtype)
         tuned = configs.lookup("merge_attn_states", torch.cuda.get_device_name(device), dtype, H=max(H, 1), T=T)
         try:
-            cfg.update(_check_config(tuned) if tuned else {})
+            cfg.update(_check_config(tuned, "tuned config") if tuned else {})
         except ValueError:
             pass  # a malformed tuned entry must not fail a launch
     cfg.update(config or {})

@@ -373,38 +373,46 @@ def pick_config(
 
 
 def mla_prefill(
-    q,
-    k_nope,
-    k_rope,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    scale,
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_rope: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float,
     *,
-    causal=True,
-    max_seqlen_q=None,
-    max_seqlen_k=None,
-    config=None,
-    out=None,
-):
+    causal: bool = True,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen MLA prefill attention of the expand path (FlashAttention-style, one Triton launch).
 
-    q:            [T_q, H, dC+dR]   queries, packed over requests (fp16, bf16 or fp32)
-    k_nope:       [T_k, H, dC]      per-head no-RoPE keys
-    k_rope:       [T_k, dR]         RoPE keys shared by all heads
-    v:            [T_k, H, dV]      per-head values
-    cu_seqlens_q: [B+1] int32       query offsets of the requests; cu_seqlens_k: [B+1] int32 keys
-    scale:        softmax scale, 1/sqrt(dC+dR) for MLA
-    causal:       query i of a request sees keys j <= i + (len_k - len_q) (end-aligned);
-                  needs len_q <= len_k per request
-    max_seqlen_q/k: optional upper bounds, checked against the real lengths
-    config:       {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} (any subset); default: the
-                  tuned config for this GPU (configs.lookup), else a heuristic
-    out:          optional [T_q, H, dV] buffer in q's dtype
-    returns (out [T_q, H, dV] in q's dtype, lse [T_q, H] fp32, natural log of the scaled scores;
-    a row that sees no key gets out 0 and lse -inf). Any strides with a unit last dimension.
+    Any strides with a unit last dimension. Reads cu_seqlens to the host to check them and size
+    the grid (one small synchronising copy).
 
-    Reads cu_seqlens to the host to check them and size the grid (one small synchronising copy).
+    Args:
+        q: [T_q, H, dC + dR] queries, packed over requests (fp16, bf16 or fp32).
+        k_nope: [T_k, H, dC] per-head no-RoPE keys.
+        k_rope: [T_k, dR] RoPE keys shared by all heads.
+        v: [T_k, H, dV] per-head values.
+        cu_seqlens_q: [B + 1] int32 query offsets of the requests.
+        cu_seqlens_k: [B + 1] int32 key offsets of the requests.
+        scale: softmax scale, 1/sqrt(dC + dR) for MLA.
+        causal: query i of a request sees keys j <= i + (len_k - len_q) (end-aligned); needs
+            len_q <= len_k per request.
+        max_seqlen_q, max_seqlen_k: optional upper bounds, checked against the real lengths.
+        config: {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} (any subset); default the
+            tuned config for this GPU (configs.lookup), else a heuristic.
+        out: optional [T_q, H, dV] buffer in q's dtype.
+
+    Returns:
+        (out [T_q, H, dV] in q's dtype, lse [T_q, H] fp32 natural log of the scaled scores); a
+        row that sees no key gets out 0 and lse -inf.
+
+    Raises:
+        ValueError: on any bad input, before anything is launched.
     """
     scale, lens_q, lens_k = validate_prefill(
         q, k_nope, k_rope, v, cu_seqlens_q, cu_seqlens_k, scale, causal, max_seqlen_q, max_seqlen_k, out

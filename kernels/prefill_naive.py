@@ -5,7 +5,7 @@ the twin and the kernel live here too, because this module needs only torch.
 
 The expand path runs ordinary multi-head attention whose key is split in two: a per-head
 "nope" part `k_nope` (dC) and a RoPE part `k_rope` (dR) that all heads share. For query row i and
-key j of one request (DESIGN.md, "The math")::
+key j of one request (docs/design.md, "The math")::
 
     s[h, i, j] = (q[i, h, :dC] . k_nope[j, h] + q[i, h, dC:] . k_rope[j]) * scale
     lse[i, h]  = log sum_j exp(s[h, i, j])             (natural log; -inf when no key is seen)

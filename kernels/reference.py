@@ -1,4 +1,5 @@
-"""A tiny but complete MLA layer in plain torch: the executable statement of DESIGN.md's math.
+"""A tiny but complete MLA layer in plain torch: the executable statement of the math in
+docs/design.md ("The math").
 
 One sequence, decoupled RoPE, both attention paths:
 
@@ -143,7 +144,10 @@ def project(w: MLAWeights, hidden: torch.Tensor, prefix_len: int = 0):
     c = rms_norm(hidden @ w.w_dkv.T, w.kv_norm, w.eps)  # [T, r]
     k_r = rope(hidden @ w.w_kr.T, pos, w.rope_base)  # [T, dR]
     x = hidden[prefix_len:]  # [n, hidden]
-    c_q = rms_norm(x @ w.w_dq.T, w.q_norm, w.eps) if w.w_dq is not None else x  # [n, q_in]
+    c_q = x  # [n, q_in]
+    if w.w_dq is not None:
+        assert w.q_norm is not None, "w_dq comes with its RMSNorm weight q_norm"
+        c_q = rms_norm(x @ w.w_dq.T, w.q_norm, w.eps)
     q_nope = torch.einsum("tq,hcq->thc", c_q, w.w_uq_nope)  # [n, H, dC]
     q_rope = rope(torch.einsum("tq,hdq->thd", c_q, w.w_uq_rope), pos[prefix_len:], w.rope_base)
     return q_nope, q_rope, c, k_r
@@ -196,28 +200,52 @@ def mla_forward(
     return (y, lse) if return_lse else y
 
 
-def build_paged_cache(rows: list[torch.Tensor], block_size: int, *, extra_blocks: int = 1, seed: int = 0):
+def build_paged_cache(
+    rows: list[torch.Tensor] | torch.Tensor,
+    block_size: int,
+    *,
+    extra_blocks: int = 1,
+    seed: int = 0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Write each request's cache rows [L_b, r+dR] into a paged cache with shuffled blocks.
 
-    returns kv_cache [num_blocks, block_size, r+dR], block_table [B, max_blocks] int32 (unused
-    entries point at a spare block), cache_seqlens [B] int32. For tests and the tuner.
+    The one paged-cache builder of mlactl: the tests, `mlactl tune` (mlactl/tune/inputs.py) and
+    benchmarks/gpu_check.py all lay their caches out here, in blocks shuffled as an engine's
+    allocator leaves them.
+
+    rows: a list of [L_b, D] tensors, or one [B, L, D] tensor (every request L rows), any dtype
+        (fp8 included) on one device.
+    extra_blocks: spare blocks no request uses; unused table entries point at one of them.
+    generator: shuffles the blocks (on its device); default a CPU generator seeded with `seed`.
+
+    returns kv_cache [num_blocks, block_size, D] in the rows' dtype (blocks not written are
+    zero), block_table [B, max_blocks] int32, cache_seqlens [B] int32, on the rows' device.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    D = rows[0].shape[1]
-    need = [-(-r.shape[0] // block_size) for r in rows]
+    if extra_blocks < 1:
+        raise ValueError(f"extra_blocks must be >= 1 (unused table entries point at one), got {extra_blocks}")
+    D, dtype, device = rows[0].shape[-1], rows[0].dtype, rows[0].device
+    need = [-(-x.shape[0] // block_size) for x in rows]
     num_blocks = sum(need) + extra_blocks
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(num_blocks, generator=g).tolist()
-    kv_cache = torch.zeros(num_blocks, block_size, D, dtype=rows[0].dtype, device=rows[0].device)
-    table = torch.full((len(rows), max(max(need), 1)), perm[-1], dtype=torch.int32)
-    nxt = 0
+    g = generator if generator is not None else torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_blocks, generator=g, device=g.device).to(device)
+    kv_cache = torch.zeros(num_blocks, block_size, D, dtype=dtype, device=device)
+    table = torch.full((len(rows), max(max(need), 1)), 0, dtype=torch.int32, device=device)
+    table.fill_(int(perm[-1]))
+    # Written as bytes: index_put has no fp8 kernel on every device, uint8 has one everywhere.
+    cache_bytes = kv_cache.view(torch.uint8)  # [num_blocks, block_size, D * itemsize]
+    start = 0
     for b, x in enumerate(rows):
-        for i in range(need[b]):
-            blk = perm[nxt]
-            nxt += 1
-            table[b, i] = blk
-            part = x[i * block_size : (i + 1) * block_size]
-            kv_cache[blk, : part.shape[0]] = part
-    seqlens = torch.tensor([x.shape[0] for x in rows], dtype=torch.int32)
-    return kv_cache, table.to(rows[0].device), seqlens.to(rows[0].device)
+        n = need[b]
+        if n == 0:
+            continue
+        blocks = perm[start : start + n]
+        start += n
+        table[b, :n] = blocks.to(torch.int32)
+        padded = torch.zeros(n * block_size, D, dtype=dtype, device=device)
+        padded[: x.shape[0]] = x
+        cache_bytes[blocks] = padded.view(torch.uint8).view(n, block_size, -1)
+    seqlens = torch.tensor([x.shape[0] for x in rows], dtype=torch.int32, device=device)
+    return kv_cache, table, seqlens

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlactl.cost import MLA_PATHS, PATHS, CostModel
+from mlactl.defaults import DEFAULT_CHUNK
 from mlactl.engines import EngineParams, batch_paths, grid_paths, parse_engines, time_lost
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
@@ -125,7 +126,7 @@ def analyze(
     *,
     kv_dtype: str = "bf16",
     dtype: str = "bf16",
-    chunk: int = 8192,
+    chunk: int = DEFAULT_CHUNK,
     layers: int = 1,
     engines: list[EngineParams] | None = None,
     max_new: int = DEFAULT_MAX_NEW,
@@ -263,7 +264,7 @@ def analyze_batch(
     *,
     kv_dtype: str = "bf16",
     dtype: str = "bf16",
-    chunk: int = 8192,
+    chunk: int = DEFAULT_CHUNK,
     engines: list[EngineParams] | None = None,
 ) -> BatchAnalysis:
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)

@@ -1,8 +1,8 @@
 """The single source of FLOPs and bytes: every op of every path, vectorised over workload points.
 
 A workload point is (batch, new, prefix); context k = prefix + new. All requests of a point are
-alike. Names as DESIGN.md: H heads (per GPU), r latent rank, dR RoPE dim, dC/dV nope/value head
-dims. Below, Nq = batch*new query tokens, Nk = batch*context cached tokens, P = batch*pairs.
+alike. Names as docs/design.md ("The math"): H heads (per GPU), r latent rank, dR RoPE dim,
+dC/dV nope/value head dims. Below, Nq = batch*new query tokens, Nk = batch*context cached tokens, P = batch*pairs.
 
 FLOPs count a multiply-add as 2. Bytes follow one convention: each op reads each operand once
 and writes each result once (the ideal a perfect kernel reaches); the attention op of each path
@@ -29,16 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mlactl.defaults import ACT_DTYPES, DEFAULT_CHUNK, DTYPE_BYTES, KV_DTYPES, MLA_PATHS  # noqa: F401  (MLA_PATHS: re-exported)
 from mlactl.errors import MlactlError
 from mlactl.model import MLAConfig
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
-ACT_DTYPES = ("bf16", "fp16", "fp32")  # fp32: CPU measurements
 LSE_BYTES = 4  # softmax statistics are fp32
 PATHS = ("expand", "expand_chunked", "absorb", "mha")
-# The paths that can serve an MLA latent cache; `mha` needs a different cache and is a baseline.
-MLA_PATHS = ("expand", "expand_chunked", "absorb")
 OPS = {
     "expand": ("kv_expand", "attention"),
     "expand_chunked": ("kv_expand", "attention", "lse_merge"),
@@ -67,7 +63,7 @@ class CostModel:
     cfg: MLAConfig
     kv_dtype: str = "bf16"  # the cache: latent + RoPE key (and the MHA cache of `mha`)
     dtype: str = "bf16"  # activations, weights and expanded K/V; also the compute dtype
-    chunk: int = 8192  # prefix tokens per chunk of expand_chunked
+    chunk: int = DEFAULT_CHUNK  # prefix tokens per chunk of expand_chunked
 
     def __post_init__(self):
         if self.kv_dtype not in KV_DTYPES:
@@ -77,7 +73,7 @@ class CostModel:
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
             raise MlactlError(f"--chunk must be a positive integer, got {self.chunk!r}")
 
-    # -- per-pair and per-token figures (the numbers DESIGN.md quotes) --------------------------
+    # -- per-pair and per-token figures (the numbers docs/design.md quotes) --------------------------
 
     def pair_flops(self, path: str) -> int:
         """FLOPs of one (query, key) pair in the attention op: QK^T plus PV, all heads."""

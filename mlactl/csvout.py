@@ -6,7 +6,8 @@ are the CSV text. No per-value Python.
 
 Numbers: integral values below 1e15 are written as integers (exact); every other number with
 10 significant digits in scientific notation (1.234567891e-05); nan and inf as Python spells
-them; None-like values (nan) in an integer column as empty fields are not used. Text columns
+them. A missing value (a crossover not found, say) is passed as nan and written `nan`; no field
+is ever left empty. Text columns
 hold a few distinct values (path names, bounds) and must not contain commas or quotes.
 """
 
@@ -70,7 +71,7 @@ def _format_float(x: np.ndarray, mat: np.ndarray, keep: np.ndarray) -> None:
     y = np.abs(x)
     zero = y == 0
     y = np.where(zero, 1.0, y)
-    shift = 0
+    shift: np.ndarray | int = 0
     if y.min() < 1e-290:  # 10.0 ** e underflows for subnormals: scale those up first
         tiny = y < 1e-290
         y = np.where(tiny, np.where(tiny, y, 0.0) * 1e300, y)

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from mlactl.defaults import ENGINES
 from mlactl.errors import MlactlError
 
-ENGINES = ("sglang", "sglang-triton", "sglang-trtllm", "vllm")
 DEFAULT_ENGINES = ("sglang", "vllm")
 
 SGLANG_VERSION = "sgl-project/sglang@0a8dcfa9"

@@ -1,7 +1,7 @@
 """MLA model shapes: one dataclass, a plain registry of presets, and a Hugging Face config loader.
 
-Names follow DESIGN.md: H heads, r = kv_lora_rank, dC = qk_nope_head_dim, dR = qk_rope_head_dim,
-dV = v_head_dim.
+Names follow docs/design.md ("The math"): H heads, r = kv_lora_rank, dC = qk_nope_head_dim,
+dR = qk_rope_head_dim, dV = v_head_dim.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from mlactl.errors import MlactlError
 from mlactl.io import read_json
@@ -96,7 +97,7 @@ def from_hf_config(path: str | Path) -> MLAConfig:
     missing = [hf for key, hf in HF_FIELDS.items() if hf not in data and key != "q_lora_rank"]
     if missing:
         raise MlactlError(f"{path} is not an MLA model config: missing {', '.join(missing)}")
-    values = {}
+    values: dict[str, Any] = {}  # int, or None for an absent q_lora_rank
     for key, hf in HF_FIELDS.items():
         value = data.get(hf)
         if key == "q_lora_rank" and value is None:

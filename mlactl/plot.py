@@ -150,7 +150,7 @@ def measured_points(analysis: Analysis, results: list[dict]) -> list[dict]:
     return points
 
 
-def measured_crossovers(results: list[dict], batch: int) -> list[dict]:
+def measured_crossover_rows(results: list[dict], batch: int) -> list[dict]:
     """The measured crossover rows of one batch size, from every results file."""
     rows = []
     for source, data in enumerate(results):
@@ -450,7 +450,7 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
                 },
                 "measured_crossovers": [
                     {"source": m["source"], "new": m["new"]}
-                    for m in measured_crossovers(results, b)
+                    for m in measured_crossover_rows(results, b)
                     if m["prefix"] == p
                 ],
                 "measured": [m for m in measured if (m["batch"], m["prefix"]) == (b, p) and m["path"] in MLA_PATHS],
@@ -580,7 +580,7 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
         slowdown = (best_time + on_grid(analysis.engine_time_lost[policy])) / best_time
         engine_path = on_grid(analysis.engine_paths[policy])
     batch = int(batches[0])
-    measured = measured_crossovers(results, batch)
+    measured = measured_crossover_rows(results, batch)
     data = {
         "title": title("Path map", analysis, results),
         "batch": batch,

@@ -13,12 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from mlactl.cost import MLA_PATHS, CostModel
+from mlactl.defaults import POLICIES  # noqa: F401  (re-exported)
 from mlactl.engines import ENGINES, EngineParams, default_params, grid_paths
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 from mlactl.roofline import path_times
-
-POLICIES = ("roofline", "flops", "measured", *ENGINES)
 
 
 def argmin_path(values: dict[str, np.ndarray], paths=MLA_PATHS) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The results store: what `mlactl tune` measured, as one versioned JSON file per run.
 
 `mlactl plot`, `analyze --policy measured` and `mla_attention(path="auto")` read these files;
-nothing here imports torch. Schema version 1 (README.md, "Results files"):
+nothing here imports torch. Schema version 1 (docs/design.md, "Results files", says who writes
+and reads what):
 
     {
       "schema": "mlactl.results", "schema_version": 1,
@@ -99,7 +100,7 @@ def check_matches(data: dict, where: str, model_name: str | None = None, hardwar
 
 def measured_crossovers(data: dict, batch: int | None = None) -> dict[int, int | None]:
     """{prefix: measured crossover} for the measured batch size nearest `batch` (in log2; the
-    smallest measured one if None)."""
+    smallest measured one if None). Across several results files, as rows: plot.measured_crossover_rows."""
     import math
 
     rows = data.get("crossovers", [])

@@ -83,14 +83,16 @@ def grid(
     """
     if (prefix is None) == (context is None):
         raise MlactlError("give either --prefix or --context, not both")
-    outer = prefix if prefix is not None else context
+    outer: list[int] = prefix if prefix is not None else context  # type: ignore[assignment]  # one is set
     total = len(batch) * len(outer) * len(new)
     if total > MAX_POINTS:
         raise MlactlError(f"the grid has {total:,} points; the limit is {MAX_POINTS:,}")
-    b, o, n = np.meshgrid(
-        np.asarray(batch, np.int64), np.asarray(outer, np.int64), np.asarray(new, np.int64), indexing="ij"
+    b, o, n = (
+        axis.reshape(-1)
+        for axis in np.meshgrid(
+            np.asarray(batch, np.int64), np.asarray(outer, np.int64), np.asarray(new, np.int64), indexing="ij"
+        )
     )
-    b, o, n = b.reshape(-1), o.reshape(-1), n.reshape(-1)
     if context is None:
         return b, n, o
     short = o < n

@@ -1,1 +1,2 @@
-"""Shipped data: hardware profiles (hardware/*.toml) and tuned kernel configs (tuned/*.json)."""
+"""Shipped data: hardware profiles (hardware/*.toml). Tuned kernel configs are not shipped until
+measured on the GPUs they name; `mlactl tune` writes them to the user folder (kernels/configs.py)."""

@@ -1,4 +1,4 @@
-"""Test tiers (DESIGN.md): pure math and CLI; kernels under the Triton interpreter on a CPU;
+"""Test tiers (docs/design.md, "Tests"): pure math and CLI; kernels under the Triton interpreter on a CPU;
 GPU tests marked `gpu`, skipped without CUDA.
 
 Without a CUDA GPU, Triton kernels run in the interpreter. It must be chosen before triton

@@ -19,7 +19,7 @@ from mlactl.roofline import crossover_by_time, path_times
 V3 = model.from_name("deepseek-v3")
 
 
-# -- figures from DESIGN.md, by hand ----------------------------------------------------------
+# -- figures from docs/design.md, by hand ----------------------------------------------------
 
 
 def test_pair_flops_deepseek_v3():

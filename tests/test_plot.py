@@ -1,7 +1,7 @@
 """`mlactl plot`: every chart from the analysis alone and with a results file, checked through the
 data each chart function returns (never pixels); image files by their magic bytes; errors.
 
-Figures for DeepSeek-V3 (DESIGN.md): 81,920 FLOPs per (query, key) pair on the expand path's
+Figures for DeepSeek-V3 (docs/design.md, "The math"): 81,920 FLOPs per (query, key) pair on the expand path's
 attention, 278,528 on absorb's; 33,554,432 FLOPs to expand one cached token, the same for
 absorb's two projections of one new token; asymptotic crossover 170.67 new tokens.
 """
@@ -35,8 +35,8 @@ MAGIC = {"png": b"\x89PNG", "svg": b"<svg", "pdf": b"%PDF"}
 
 def torch_cpu_results(**overrides) -> dict:
     """A small results file laid out as `mlactl tune --backend torch` on a CPU writes it, made by
-    hand until that tune lands; an end-to-end test can then run it and reuse the checks below.
-    Times are placeholders: the checks are of placement, not of speed."""
+    hand so the checks below pin placement on known numbers (tests/test_tune.py runs the real
+    tune into every chart). Times are placeholders: the checks are of placement, not of speed."""
     data = {
         "schema": "mlactl.results",
         "schema_version": 1,
@@ -149,7 +149,7 @@ def test_roofline_ridge_ceilings_and_analytic_points():
     # FlashMLA's convention: the bf16 latent cache + the latent queries + the latent outputs
     assert attention["bytes"] == k * 576 * 2 + 128 * 576 * 2 + 128 * 512 * 2
     long = find(data["points"], path="absorb", op="attention", new=1, prefix=32768)
-    assert long["intensity"] == pytest.approx(242, rel=0.01)  # DESIGN: decode ~242 FLOP/byte
+    assert long["intensity"] == pytest.approx(242, rel=0.01)  # docs/design.md: decode ~242 FLOP/byte
     # an op alone sits on the roofline: min(peak, bandwidth * intensity)
     assert attention["flops_per_s"] == pytest.approx(min(H200_BF16, H200_BW * attention["intensity"]))
     whole = find(data["points"], path="absorb", op=None, new=1, prefix=4096)

@@ -17,6 +17,7 @@ import typer.core
 import typer.main
 
 from mlactl import __version__
+from mlactl.defaults import ACT_DTYPES, DEFAULT_CHUNK, KV_DTYPES, OUTPUT_FORMATS, POLICIES
 from mlactl.errors import MlactlError
 
 
@@ -54,9 +55,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-FORMATS = ("table", "json", "csv")
-KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")  # as mlactl.cost, without importing numpy at start
-DTYPES = ("bf16", "fp16", "fp32")
+FORMATS = OUTPUT_FORMATS
+DTYPES = ACT_DTYPES
 
 # -- options shared by several commands (defined once) ------------------------------------------
 
@@ -274,7 +274,7 @@ def analyze(
     context: ContextOpt = None,
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     layers: LayersOpt = "1",
     engines: EnginesOpt = None,
     engine_option: EngineOptionOpt = None,
@@ -326,8 +326,6 @@ def analyze(
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
     engine_params = parse_engines(engines, engine_option)
     if policy is not None:
-        from mlactl.policy import POLICIES
-
         choice(policy, "--policy", POLICIES)
     results_data = None
     if policy == "measured":
@@ -389,7 +387,7 @@ def crossover_cmd(
     ] = "0,1K,4K,8K,16K,32K,64K,128K",
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     max_new: Annotated[
         str, typer.Option("--max-new", help="Search the roofline crossover up to this many new tokens.")
     ] = "128K",
@@ -462,7 +460,7 @@ def batch_cmd(
     tp: TpOpt = "1",
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     engines: EnginesOpt = None,
     engine_option: EngineOptionOpt = None,
     fmt: FormatOpt = None,

@@ -34,6 +34,7 @@ from mlactl.cli import (  # noqa: E402
     one_int,
     output_format,
 )
+from mlactl.defaults import DEFAULT_CHUNK  # noqa: E402
 from mlactl.errors import MlactlError  # noqa: E402
 
 
@@ -60,7 +61,7 @@ def engines_cmd(
     ),
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     engines: Annotated[
         Optional[str],
         typer.Option(
@@ -160,7 +161,7 @@ def tables(result) -> list:
             continue
         t = Table(title=f"Where {e.params.label} loses most")
         for col in ("batch", "new", "prefix", "weight", "runs", "best", "lost/run", "share"):
-            t.add_column(col, justify="left" if col in ("runs", "best") else "right", no_wrap=True)  # type: ignore[arg-type]
+            t.add_column(col, justify="left" if col in ("runs", "best") else "right", no_wrap=True)
         for i in worst:
             share = e.lost[i] * wl.weight[i] / e.lost_s if e.lost_s not in (0, float("inf")) else float("nan")
             t.add_row(

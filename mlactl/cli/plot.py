@@ -11,8 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
-# Made before importing mlactl.cli: cli.py imports this module at its end, to register plot_app,
-# and either module may be imported first.
+# Made before importing mlactl.cli, as mlactl/cli/tune.py does its tune_app: the root group
+# (LazyGroup in mlactl/cli/__init__.py) imports this module only when `plot` is asked for.
 plot_app = typer.Typer(
     help="Charts: roofline, crossover, path map and tune sweep, predicted and measured.\n\n"
     "Example: mlactl plot crossover --hardware h200 --results run.json -o crossover.png",
@@ -39,6 +39,7 @@ from mlactl.cli import (  # noqa: E402
     load_model,
     one_int,
 )
+from mlactl.defaults import DEFAULT_CHUNK  # noqa: E402
 from mlactl.errors import MlactlError  # noqa: E402
 
 ResultsOpt = Annotated[
@@ -141,7 +142,7 @@ def roofline(
     context: ContextOpt = None,
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     results: ResultsOpt = None,
     output: Annotated[Path, output_opt("roofline")] = Path("roofline.png"),
     dpi: DpiOpt = "100",
@@ -192,7 +193,7 @@ def crossover(
     ] = "0,4K,32K",
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     results: ResultsOpt = None,
     output: Annotated[Path, output_opt("crossover")] = Path("crossover.png"),
     dpi: DpiOpt = "100",
@@ -240,7 +241,7 @@ def pathmap(
     ] = None,
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = "8192",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     policy: Annotated[
         Optional[str],
         typer.Option(

@@ -1,1 +1,4 @@
-"""Measuring kernels and paths on a device. torch is imported lazily inside."""
+"""Measuring kernels, paths and ceilings on a device, and keeping the results.
+
+store, report, timing, ceilings and common import no torch at module level; inputs, space and
+sweep do, so `mlactl tune` imports them only once it runs (never `mlactl analyze`)."""

@@ -47,7 +47,9 @@ def _matmul_fn(device, dtype: str, n: int):
         b = torch.randn(n, n, device=device, generator=gen).to(torch.float8_e4m3fn).t()  # column-major
         one = torch.ones((), device=device)
         return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    from mlactl.kernels._checks import TORCH_DTYPES
+
+    torch_dtype = TORCH_DTYPES[dtype]
     a = torch.randn(n, n, device=device, generator=gen, dtype=torch_dtype)
     b = torch.randn(n, n, device=device, generator=gen, dtype=torch_dtype)
     out = torch.empty(n, n, device=device, dtype=torch_dtype)
@@ -61,7 +63,8 @@ def measure(device, quick: bool = False, on_step=None) -> dict:
     device = torch.device(device)
     n, copy_bytes = SIZES[(device.type if device.type == "cuda" else "cpu", quick)]
     budget = 0.05 if quick else 0.2
-    peaks, details = {}, {}
+    peaks: dict[str, float] = {}
+    details: dict[str, dict] = {}
     for dtype in _dtypes(device):
         try:
             timing = time_call(_matmul_fn(device, dtype, n), device=device, warm=True, budget_s=budget)
@@ -108,7 +111,8 @@ def _toml_value(value) -> str:
 
 def profile_toml(profile: dict) -> str:
     """A flat profile dict (tables as nested dicts, one level or two) as TOML text."""
-    lines, tables = [], []
+    lines: list[tuple[str, object]] = []
+    tables: list[tuple[str, dict]] = []
     for key, value in profile.items():
         (tables if isinstance(value, dict) else lines).append((key, value))
     out = [f"{k} = {_toml_value(v)}" for k, v in lines]
@@ -135,12 +139,13 @@ def write_measured_profile(name_of_device: str, measured: dict, folder: Path | N
     def sig(x: float) -> float:  # 4 significant digits, whatever the scale (a CPU: 0.01 TFLOP/s)
         return float(f"{x:.4g}")
 
-    table = {
+    table: dict = {
         "bandwidth_tbs": sig(measured["bandwidth_tbs"]),
         "device": name_of_device,
         "date": stamp,
         "peak_tflops": {k: sig(v) for k, v in measured["peak_tflops"].items()},
     }
+    profile: dict
     if base is not None:
         profile = {
             "name": base.name,

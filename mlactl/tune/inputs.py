@@ -11,8 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+from mlactl.kernels._checks import TORCH_DTYPES
+from mlactl.kernels.reference import build_paged_cache
+
 PAGE = 64  # FlashMLA's page size
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 FP8_SCALE = 0.05  # per-tensor scale of an fp8 cache: N(0,1) values / 0.05 stay inside e4m3's range
 
 
@@ -60,18 +62,17 @@ def paged_cache(
     generator: torch.Generator,
     page: int = PAGE,
 ):
-    """(kv_cache [num_blocks, page, width], block_table [B, n] int32, kv_scale or None)."""
-    per_request = max(1, -(-context // page))
-    num_blocks = B * per_request
-    cache = torch.randn(num_blocks, page, width, device=device, generator=generator, dtype=torch.float32)
+    """(kv_cache [num_blocks, page, width], block_table [B, n] int32, kv_scale or None): `B`
+    requests of `context` random rows each, laid out by reference.build_paged_cache."""
+    rows = torch.randn(B, context, width, device=device, generator=generator, dtype=torch.float32)
     kv_scale = None
     if kv_dtype == "fp8":
         kv_scale = FP8_SCALE
-        cache = (cache * (0.5 / kv_scale)).to(torch.float8_e4m3fn)  # values ~N(0, 0.5) once scaled back
+        rows = (rows * (0.5 / kv_scale)).to(torch.float8_e4m3fn)  # values ~N(0, 0.5) once scaled back
     else:
-        cache = cache.to(dtype)
-    order = torch.randperm(num_blocks, device=device, generator=generator).to(torch.int32)
-    return cache, order.reshape(B, per_request), kv_scale
+        rows = rows.to(dtype)
+    cache, table, _ = build_paged_cache(rows, page, generator=generator)
+    return cache, table, kv_scale
 
 
 def paged_batch(

@@ -15,11 +15,11 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-from mlactl import __version__
+from mlactl.tune import common
 from mlactl.tune import space as spaces
+from mlactl.tune.common import relative_error
 from mlactl.tune.timing import time_call
 
-BACKENDS = ("triton", "torch", "interpret")
 # Relative error a candidate may have against the twin, by (dtype, fp8 cache).
 TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 3e-2, "fp8": 6e-2}
 DEFAULT_PREFIXES = {"cuda": "0,4K,16K,32K", "cpu": "0,256,1K"}
@@ -74,17 +74,10 @@ def environment(device, backend: str) -> tuple[dict, dict, dict]:
 
     from mlactl import hardware
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "mlactl": __version__}
-    try:
-        import triton
-
-        versions["triton"] = triton.__version__
-    except ImportError:
-        versions["triton"] = None
+    versions = common.versions()
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         props = torch.cuda.get_device_properties(device)
-        versions["cuda"] = torch.version.cuda
         info = {
             "name": name,
             "type": "cuda",
@@ -98,14 +91,6 @@ def environment(device, backend: str) -> tuple[dict, dict, dict]:
     info["hardware"] = profile.name if profile else None
     timing = {"method": "cuda-events" if device.type == "cuda" else "wall-clock", "meaningful": backend != "interpret"}
     return info, versions, timing
-
-
-def relative_error(out, ref) -> float:
-    out, ref = out.float(), ref.float()
-    if not bool(out.isfinite().all()):
-        return math.inf
-    denom = ref.norm().item()
-    return (out - ref).norm().item() / (denom if denom > 0 else 1.0)
 
 
 def _failure(exc: BaseException) -> str:

@@ -81,15 +81,15 @@ def time_call(
     if not cuda:
         for _ in range(warmup):
             fn()
-        start = time.perf_counter()
+        t0 = time.perf_counter()
         fn()
-        once = max(time.perf_counter() - start, 1e-9)
+        once = max(time.perf_counter() - t0, 1e-9)
         repeats = int(min(max_repeats, max(min_repeats, budget_s / once)))
         times = []
         for _ in range(repeats):
-            start = time.perf_counter()
+            t0 = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - start)
+            times.append(time.perf_counter() - t0)
         return summarize(times, "wall-clock", "warm")
 
     device = torch.device(device)
