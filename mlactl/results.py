@@ -107,7 +107,12 @@ def measured_crossovers(data: dict, batch: int | None = None) -> dict[int, int |
         return {}
     batches = sorted({r["batch"] for r in rows})
     pick = batches[0] if batch is None else min(batches, key=lambda b: abs(math.log2(b) - math.log2(max(batch, 1))))
-    return {int(r["prefix"]): r.get("measured") for r in rows if r["batch"] == pick}
+    # a row the time budget cut short says nothing about its prefix: left out, not read as "absorb"
+    return {
+        int(r["prefix"]): r.get("measured")
+        for r in rows
+        if r["batch"] == pick and (r.get("measured") is not None or r.get("measured_status") != "budget")
+    }
 
 
 def find_results(
@@ -141,7 +146,9 @@ def find_results(
             continue
         if hardware_name is not None and device.get("hardware") != hardware_name:
             continue
-        if not any(r.get("measured") is not None for r in data.get("crossovers", [])):
+        from mlactl.measured import usable_crossovers
+
+        if not usable_crossovers(data):
             continue
         if data.get("created", "") >= best_created:
             best, best_created, best_path = data, data.get("created", ""), path

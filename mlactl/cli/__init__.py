@@ -196,25 +196,49 @@ def emit(fmt: str, output: Optional[Path], *, json_data=None, write_csv=None, ta
                 fh.write(con.export_text())
 
 
-def measured_results(cfg, hw, kv_dtype: str, path: Optional[Path]) -> dict:
-    """The results file for --policy measured: the one given (checked against the model and
-    hardware), or the newest `mlactl tune paths` left for them."""
-    from mlactl import results
+def explicit(ctx, **values) -> dict:
+    """Of these option values, the ones the user typed (None for those left at their default)."""
 
+    def typed(name: str) -> bool:  # by name: typer ships its own copy of click's ParameterSource
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+    return {k: v if typed(k) else None for k, v in values.items()}
+
+
+def measured_results(ctx, path: Optional[Path], model, tp, dtype, kv_dtype, hardware):
+    """The results file for --policy measured and the settings it brings: the one given, or the
+    newest `mlactl tune paths` left for this model (mlactl.measured). Returns (data, settings
+    {model, tp, dtype, kv_dtype, hardware}, notes)."""
+    from mlactl import measured, results
+
+    given = explicit(ctx, model=model, tp=tp, dtype=dtype, kv_dtype=kv_dtype, hardware=hardware)
     if path is not None:
         data = results.load(path)
-        results.check_matches(data, str(path), model_name=cfg.name, hardware_name=hw.name)
     else:
-        dims = {k: getattr(cfg, k) for k in ("H", "r", "dC", "dR", "dV")}
-        data, path = results.find_results(dims, kv_dtype, hardware_name=hw.name)
+        cfg = load_model(model, tp)
+        dims = {k: getattr(cfg, k) for k in measured.DIMS}
+        hw_name = load_hardware(given["hardware"], False).name if given["hardware"] else None
+        data, path = measured.find(dims, given["kv_dtype"], hw_name)
         if data is None:
+            where = f" on {hw_name}" if hw_name else ""
+            kv = f", kv {given['kv_dtype']}" if given["kv_dtype"] else ""
             raise MlactlError(
-                f"no measured crossovers for {cfg.name} (H={cfg.H}, kv {kv_dtype}) on {hw.name}: "
+                f"no measured crossovers for {cfg.name} (H={cfg.H}{kv}){where}: "
                 "run `mlactl tune paths` there, or pass --results FILE"
             )
-    if not data.get("crossovers"):
+        given.update(model=model, tp=tp)  # looked up for these: the file's own name may differ
+    if not measured.usable_crossovers(data):
         raise MlactlError(f"{path} has no measured crossovers (it holds no `mlactl tune paths` run)")
-    return dict(data, _path=str(path))
+    picked = measured.adopt(data, str(path), given)
+    settings = {
+        "model": picked.model,
+        "tp": str(picked.tp),
+        "dtype": picked.dtype,
+        "kv_dtype": picked.kv_dtype,
+        "hardware": picked.hardware or hardware,
+    }
+    return dict(data, _path=str(path)), settings, picked.notes
 
 
 def version_callback(value: bool):
@@ -235,6 +259,7 @@ def main_options(
 @app.command()
 @cli_errors
 def analyze(
+    ctx: typer.Context,
     model: ModelOpt = "deepseek-v3",
     hardware: HardwareOpt = "h800",
     measured: MeasuredOpt = False,
@@ -277,6 +302,14 @@ def analyze(
     from mlactl.shapes import grid, parse_sizes
 
     fmt = output_format(fmt, output)
+    if policy is not None:
+        choice(policy, "--policy", ("roofline", "flops", "fixed", "measured"))
+    results_data, settings_notes = None, []
+    if policy == "measured":
+        results_data, settings, settings_notes = measured_results(ctx, results, model, tp, dtype, kv_dtype, hardware)
+        model, tp, dtype, kv_dtype, hardware = (settings[k] for k in ("model", "tp", "dtype", "kv_dtype", "hardware"))
+    elif results is not None:
+        raise MlactlError("--results goes with --policy measured")
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
     if prefix is not None and context is not None:
@@ -288,13 +321,6 @@ def analyze(
         context=parse_sizes(context, "--context") if context is not None else None,
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
-    if policy is not None:
-        choice(policy, "--policy", ("roofline", "flops", "fixed", "measured"))
-    results_data = None
-    if policy == "measured":
-        results_data = measured_results(cfg, hw, kv_dtype, results)
-    elif results is not None:
-        raise MlactlError("--results goes with --policy measured")
     result = analysis.analyze(
         cfg,
         hw,
@@ -312,6 +338,7 @@ def analyze(
     tables = [render.header(result), *result.notes, render.analysis_table(result)]
     if results_data is not None:
         tables.insert(2, f"measured policy: {results_data['_path']} ({results_data['device']['name']})")
+        tables[3:3] = settings_notes
     if ops:
         tables.append(render.ops_table(result))
     if crossover:
