@@ -166,6 +166,12 @@ def console(output: Optional[Path] = None):
     return Console(record=True, file=io.StringIO(), width=132)
 
 
+def fit_width(output: Optional[Path] = None) -> Optional[int]:
+    """The width tables must fit: the terminal's, or None (piped or to a file: full values)."""
+    con = console(output)
+    return con.width if output is None and con.is_terminal else None
+
+
 def emit(fmt: str, output: Optional[Path], *, json_data=None, write_csv=None, tables=()):
     """Write json/csv/table output to stdout or, atomically, to a file."""
     from mlactl.io import atomic_open
@@ -488,7 +494,9 @@ def batch_cmd(
 @app.command(name="list")
 @cli_errors
 def list_cmd(
-    fmt: FormatOpt = None,
+    fmt: Annotated[
+        Optional[str], typer.Option("--format", "-f", help="table or json (default: from --output's extension).")
+    ] = None,
     output: OutputOpt = None,
 ):
     """The models and the hardware profiles mlactl knows.
@@ -499,7 +507,7 @@ def list_cmd(
 
     fmt = output_format(fmt, output)
     if fmt == "csv":
-        raise MlactlError("mlactl list writes table or json")
+        raise MlactlError("mlactl list writes table or json (two tables do not make one CSV)")
     models = [(name, model.from_name(name)) for name in model.preset_names()]
     profiles = hardware.all_profiles()
     emit(
@@ -509,7 +517,7 @@ def list_cmd(
             "models": {n: c.to_dict() for n, c in models},
             "hardware": {h.name: h.to_dict() for h in profiles},
         },
-        tables=[render.models_table(models), render.hardware_table(profiles)],
+        tables=[render.models_table(models, fit_width(output)), render.hardware_table(profiles, fit_width(output))],
     )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from mlactl import __version__
 from mlactl.tune import space as spaces
-from mlactl.tune.timing import time_call
+from mlactl.tune.timing import is_unstable, time_call, time_stable
 
 BACKENDS = ("triton", "torch", "interpret")
 # Relative error a candidate may have against the twin, by (dtype, fp8 cache).
@@ -47,14 +47,19 @@ class Context:
     progress: object = None  # rich Progress or None
     skipped: list[str] = field(default_factory=list)
     timing_budget_s: float = 0.1
+    repeats: int = 2  # re-measurements of an unstable timing (--repeats)
+    unstable: int = 0  # timings still unstable after them
 
-    def out_of_time(self) -> bool:
-        return time.monotonic() > self.deadline
+    def out_of_time(self, predicted_s: float = 0.0) -> bool:
+        """Past the deadline, or too close to it to start a unit predicted to take this long."""
+        return time.monotonic() + predicted_s > self.deadline
 
     def time(self, fn, quick: bool = False):
         if quick:
             return time_call(fn, device=self.device, warm=self.warm, budget_s=0, warmup=1, min_repeats=3)
-        return time_call(fn, device=self.device, warm=self.warm, budget_s=self.timing_budget_s)
+        timing = time_stable(fn, self.repeats, device=self.device, warm=self.warm, budget_s=self.timing_budget_s)
+        self.unstable += is_unstable(timing)
+        return timing
 
     @contextlib.contextmanager
     def task(self, description: str, total: int):
@@ -196,7 +201,7 @@ def tune_kernels(ctx: Context, names=None, configs_override=None, write_configs:
             if (
                 write_configs
                 and best is not None
-                and ctx.backend != "torch"
+                and ctx.backend == "triton"  # the twins have no configs; the interpreter's times mean nothing
                 and entry.get("best_median_s", math.inf) <= (entry.get("default_median_s") or math.inf)
             ):
                 write_tuned_config(
@@ -254,24 +259,37 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
         if ctx.quick:  # every 4th: still every tile height and keys per tile, fewer warps/stages
             candidates = candidates[::4]
     tried = {_key(c["config"]) for c in entry["configs"]}
+    last_trial_s = 0.0
     with ctx.task(f"{spec.name} {bucket}", len(candidates)) as advance:
         for config in candidates:
             if _key(config) not in tried:
-                if ctx.out_of_time():
+                if ctx.out_of_time(last_trial_s):  # do not start a trial that would end past it
                     left = sum(_key(c) not in tried for c in candidates)
                     ctx.skipped.append(f"{spec.name} {bucket}: {left} configs (time budget)")
                     break
+                started = time.monotonic()
                 entry["configs"].append(_try_config(ctx, spec, kwargs, config, reference, tol))
+                last_trial_s = time.monotonic() - started
                 tried.add(_key(config))
                 _update_best(entry)
                 ctx.store.add("kernels", entry)
             advance()
-        if spec.name == "mla_decode" and configs_override is None and entry.get("best") and not ctx.out_of_time():
+        if (
+            spec.name == "mla_decode"
+            and configs_override is None
+            and entry.get("best")
+            and not ctx.out_of_time(last_trial_s)
+        ):
             page = kwargs["kv_cache"].shape[1]
             for splits in spaces.decode_split_space(shape, page):  # second stage: split-KV factor
                 config = dict(entry["best"], num_splits=splits)
                 if _key(config) not in tried:
+                    if ctx.out_of_time(last_trial_s):
+                        ctx.skipped.append(f"{spec.name} {bucket}: split-KV stage (time budget)")
+                        break
+                    started = time.monotonic()
                     entry["configs"].append(_try_config(ctx, spec, kwargs, config, reference, tol))
+                    last_trial_s = time.monotonic() - started
                     tried.add(_key(config))
                     _update_best(entry)
                     ctx.store.add("kernels", entry)
@@ -423,47 +441,91 @@ def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool =
     predicted crossovers. Returns the crossover rows."""
     from mlactl.analysis import crossover_table
     from mlactl.cost import CostModel
+    from mlactl.tune import noise
 
     cost = CostModel(ctx.cfg, kv_dtype=ctx.kv_dtype, dtype=ctx.dtype, chunk=chunk)
     rows = []
+    clock = _PointClock(cost)
     for b in batches:
         for p in prefixes:
-            if ctx.out_of_time():
+            if ctx.out_of_time(clock.predict(b, news[0], p)):
                 ctx.skipped.append(f"paths batch {b} prefix {p}: time budget spent")
                 continue
             times: dict[int, dict[str, float]] = {}
+            cut = False
             with ctx.task(f"paths batch {b} prefix {p}", len(news)) as advance:
                 for n in news:
-                    if ctx.out_of_time():
+                    if ctx.out_of_time(clock.predict(b, n, p)):
                         ctx.skipped.append(f"paths batch {b} prefix {p} new {n}: time budget spent")
+                        cut = True
                         break
-                    times[n] = _measure_point(ctx, cost, b, n, p, chunk)
+                    with clock.timing(b, n, p):
+                        times[n] = _measure_point(ctx, cost, b, n, p, chunk)
                     advance()
             if refine:
-                _refine(ctx, cost, b, p, chunk, times)
+                _refine(ctx, cost, b, p, chunk, times, clock)
+            measured = measured_crossover(times)
             row = {
                 "batch": b,
                 "prefix": p,
-                "measured": measured_crossover(times),
+                "measured": measured,
+                "measured_status": noise.FOUND if measured is not None else (noise.BUDGET if cut else noise.NEVER),
                 "measured_new": sorted(times),
                 "predicted_by_flops": cost.crossover_by_flops(p),
             }
+            if measured is not None:
+                points = {
+                    n: {
+                        path: ctx.store.find("paths", batch=b, new=n, prefix=p, path=path)
+                        for path in ("expand", "absorb")
+                    }
+                    for n in times
+                }
+                row["measured_low"], row["measured_high"] = noise.bracket(points, measured)
             if ctx.hw is not None:
                 row["predicted"] = crossover_table(cost, ctx.hw, [(b, p)]).rows[0].by_time
-            ctx.store.add("crossovers", row)
             rows.append(row)
+            noise.flag_nonmonotone(rows)
+            for done in rows:
+                ctx.store.add("crossovers", done)
     return rows
 
 
-def _refine(ctx, cost, b, p, chunk, times) -> None:
+class _PointClock:
+    """Predicts how long measuring a point will take, from the last point measured: its time
+    scaled by the ratio of the two points' FLOPs (both paths), never below it. A sweep does
+    not start a point it predicts would end past the deadline (--budget within ~5%)."""
+
+    def __init__(self, cost):
+        self.cost = cost
+        self.last: tuple[float, float] | None = None  # (flops, seconds)
+
+    def _flops(self, b: int, n: int, p: int) -> float:
+        return float(sum(o.flops for path in ("expand", "absorb") for o in self.cost.ops(path, b, n, p)))
+
+    def predict(self, b: int, n: int, p: int) -> float:
+        if self.last is None:
+            return 0.0
+        flops, seconds = self.last
+        return seconds * max(1.0, self._flops(b, n, p) / flops) if flops > 0 else seconds
+
+    @contextlib.contextmanager
+    def timing(self, b: int, n: int, p: int):
+        start = time.monotonic()
+        yield
+        self.last = (self._flops(b, n, p), time.monotonic() - start)
+
+
+def _refine(ctx, cost, b, p, chunk, times, clock=None) -> None:
     """Bisect (geometrically) between the last count absorb won and the crossover."""
     for _ in range(REFINE_STEPS):
         hi = measured_crossover(times)
         below = [n for n in times if hi is not None and n < hi]
-        if hi is None or not below or ctx.out_of_time():
+        if hi is None or not below:
             return
         lo = max(below)
         mid = min(max(round(math.sqrt(lo * hi)), lo + 1), hi - 1)
-        if hi - lo <= 1 or mid in times:
+        if hi - lo <= 1 or mid in times or (ctx.out_of_time(clock.predict(b, mid, p)) if clock else ctx.out_of_time()):
             return
-        times[mid] = _measure_point(ctx, cost, b, mid, p, chunk)
+        with clock.timing(b, mid, p) if clock else contextlib.nullcontext():
+            times[mid] = _measure_point(ctx, cost, b, mid, p, chunk)
