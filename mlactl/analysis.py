@@ -81,6 +81,24 @@ def _scaled(cost: CostModel, path: str, batch, new, prefix, layers: int):
     return [type(op)(op.name, op.flops * layers, op.bytes * layers, op.weight_bytes * layers) for op in ops]
 
 
+def _lost(chosen: np.ndarray, best: np.ndarray) -> np.ndarray:
+    """Time a choice loses against the best; +inf where nothing fits (best is +inf too)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(best), chosen - best, np.inf)
+
+
+def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> list[str]:
+    """A line when at some point the latent cache alone overflows the GPU: no path runs there."""
+    cache = cost.kv_cache_bytes(batch, new, prefix)
+    over = cache > hw.memory_gb * 1e9
+    if not np.any(over):
+        return []
+    return [
+        f"[red]at {int(over.sum())} point(s) the latent cache alone (up to {float(cache.max()):.3g} bytes "
+        f"per layer) exceeds the {hw.memory_gb:g} GB of {hw.name}: no path fits there (✗)[/]"
+    ]
+
+
 def notes_for(cost: CostModel, layers: int) -> list[str]:
     cfg = cost.cfg
     notes = []
@@ -145,7 +163,7 @@ def analyze(
     paths = {p: path_time(_scaled(cost, p, batch, new, prefix, layers), hw, dtype, p) for p in PATHS}
     fitting = fitting_times(cost, hw, {p: paths[p].time_s for p in PATHS}, batch, new, prefix)
     best = argmin_path(fitting)
-    best_time = np.min(np.stack([fitting[p] for p in MLA_PATHS]), axis=0)  # absorb always fits
+    best_time = np.min(np.stack([fitting[p] for p in MLA_PATHS]), axis=0)  # inf: the cache alone is too big
     fixed = fixed_threshold(prefix, threshold)
 
     def time_of(paths_chosen):  # +inf where the chosen path's expanded K/V would not fit
@@ -174,12 +192,12 @@ def analyze(
         best=best,
         best_by_flops=argmin_path({p: paths[p].flops for p in MLA_PATHS}),
         fixed=fixed,
-        fixed_time_lost=fixed_time - best_time,
+        fixed_time_lost=_lost(fixed_time, best_time),
         crossover=crossover_table(cost, hw, batch_prefix, max_new),
-        notes=notes_for(cost, layers),
+        notes=notes_for(cost, layers) + _cache_note(cost, hw, batch, new, prefix),
         policy=policy,
         policy_path=policy_path,
-        policy_time_lost=None if policy_path is None else time_of(policy_path) - best_time,
+        policy_time_lost=None if policy_path is None else _lost(time_of(policy_path), best_time),
     )
 
 
