@@ -37,7 +37,12 @@ class LazyGroup(typer.core.TyperGroup):
             command = typer.main.get_command(getattr(importlib.import_module(module), attr))
             command.name = name
             self.commands[name] = command
-        return super().get_command(ctx, name)
+        command = super().get_command(ctx, name)
+        if command is not None:
+            from mlactl.cli.helptext import polish
+
+            polish(command)
+        return command
 
 
 app = typer.Typer(
@@ -272,7 +277,14 @@ def analyze(
     tp: TpOpt = "1",
     batch: BatchOpt = "1",
     new: NewOpt = "1,64,128,256,1024,4096",
-    prefix: PrefixOpt = None,
+    prefix: Annotated[
+        Optional[str],
+        typer.Option(
+            "--prefix",
+            "-p",
+            help="Cached tokens before the new ones: list or range, e.g. 0:32K:4K (K = 1024) (default: 0,8K,32K).",
+        ),
+    ] = None,
     context: ContextOpt = None,
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
