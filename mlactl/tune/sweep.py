@@ -512,7 +512,7 @@ class _PointClock:
             return 0.0
         flops = self._flops(b, n, p)
         (f1, t1), quickest = self.seen[-1], min(t for _, t in self.seen)
-        guess = t1 * math.sqrt(max(1.0, flops / f1)) if f1 > 0 else t1
+        guess = t1 * math.sqrt(flops / f1) if f1 > 0 else t1
         if len(self.seen) > 1 and self.seen[-2][0] != f1:
             f0, t0 = self.seen[-2]
             guess = max(guess, t1 + max(0.0, (t1 - t0) / (f1 - f0)) * (flops - f1))
