@@ -258,6 +258,7 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
         candidates = spec.space(ctx.cfg, shape, ctx.kv_dtype, ctx.dtype, smem)
         if ctx.quick:  # every 4th: still every tile height and keys per tile, fewer warps/stages
             candidates = candidates[::4]
+        candidates = spread_order(candidates)
     tried = {_key(c["config"]) for c in entry["configs"]}
     last_trial_s = 0.0
     with ctx.task(f"{spec.name} {bucket}", len(candidates)) as advance:
@@ -299,6 +300,23 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     return entry
+
+
+def spread_order(items: list) -> list:
+    """The same items, in an order whose every prefix spans the list: index 0, then the middle,
+    then the quarters... (bit-reversed strides). A sweep the budget cuts short has still tried
+    every kind of tile, not only the first few (the docs' interpreter sweep was cut after six
+    configs, all of BLOCK_N 16, in the space's plain order)."""
+    order, seen, step = [], set(), 1
+    while step < len(items):
+        step *= 2
+    while step >= 1:
+        for i in range(0, len(items), step):
+            if i not in seen:
+                seen.add(i)
+                order.append(i)
+        step //= 2
+    return [items[i] for i in order]
 
 
 def _key(config) -> str:
