@@ -28,12 +28,16 @@ nothing here imports torch. Schema version 1 (README.md, "Results files"):
          "predicted_s": 8e-5}
       ],
       "crossovers": [                       # per (batch, prefix) measured by `tune paths`
-        {"batch": 1, "prefix": 4096, "measured": 180, "predicted": 175, "predicted_by_flops": 168}
+        {"batch": 1, "prefix": 4096, "measured": 180, "predicted": 175, "predicted_by_flops": 168,
+         "measured_status": "found" | "never" | "budget", "measured_low": 128, "measured_high": 256,
+         "nonmonotone": false}
       ],
       "ceilings": {"peak_tflops": {"bf16": 780.0}, "bandwidth_tbs": 4.3}   # `tune ceilings`
     }
 
 Every section but the header is optional: a run that only measured ceilings has no "paths".
+Optional in every timing: "cv" (stdev/mean of the repetitions), "remeasured", "unstable"; in a
+crossover row: its status, noise bracket and monotonicity flag (docs/noise-and-budget.md).
 Times are seconds, FLOPs and bytes raw counts (from cost.py), as everywhere in mlactl.
 """
 
