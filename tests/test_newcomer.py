@@ -498,3 +498,97 @@ def test_help_kinds_and_defaults():
     assert "(default: 0,8K,32K)" in text
     usage = runner.invoke(app, ["batch", "--help"], env={"COLUMNS": "250"}).output
     assert "batch [OPTIONS] REQUESTS.CSV" in usage
+
+
+# -- charts --------------------------------------------------------------------------------------
+
+
+def test_plot_data_csv_holds_what_was_drawn(tmp_path):
+    import csv
+
+    png, table = tmp_path / "c.png", tmp_path / "c.csv"
+    out = runner.invoke(
+        app, ["plot", "crossover", "--new", "1:64", "--prefix", "0", "-o", str(png), "--data", str(table)]
+    )
+    assert out.exit_code == 0, out.output
+    rows = list(csv.DictReader(table.open()))
+    timed = [r for r in rows if r["kind"] == "predicted time"]
+    assert len(timed) == 3 * 64  # expand, expand_chunked, absorb at new = 1..64
+    assert {r["path"] for r in timed} == {"expand", "expand_chunked", "absorb"}
+    (asym,) = [r for r in rows if r["kind"] == "asymptotic crossover by FLOPs"]
+    assert float(asym["new"]) == pytest.approx(170.67, abs=0.01)  # DeepSeek-V3 (DESIGN.md)
+    bad = runner.invoke(app, ["plot", "crossover", "-o", str(png), "--data", str(tmp_path / "c.xml")])
+    assert bad.exit_code == 2 and "--data" in bad.output
+
+
+def test_one_new_value_is_a_clear_error(tmp_path):
+    out = runner.invoke(app, ["plot", "crossover", "--new", "1", "-o", str(tmp_path / "c.png")])
+    assert out.exit_code == 2 and "at least two values" in out.output
+    out = runner.invoke(app, ["plot", "pathmap", "--new", "1", "--prefix", "0", "-o", str(tmp_path / "p.png")])
+    assert out.exit_code == 2 and "plot crossover" in out.output
+
+
+def _teaching_analysis():
+    from mlactl import analysis, hardware, model
+
+    return analysis.analyze(model.from_name("teaching"), hardware.from_name("teaching"), [1], [64], [0])
+
+
+def test_points_above_the_roofline_are_flagged():
+    from mlactl import plot
+
+    result = _teaching_analysis()
+    predicted = float(result.paths["absorb"].time_s[0])
+    data = _results_file(
+        model=result.cfg.to_dict(),
+        kv_dtype="bf16",
+        dtype="bf16",
+        paths=[
+            {"batch": 1, "new": 64, "prefix": 0, "path": "absorb", "median_s": predicted / 2},  # 200%
+            {"batch": 1, "new": 64, "prefix": 0, "path": "expand", "median_s": 1.0},
+        ],
+    )
+    fig, drawn = plot.roofline(result, [data])
+    by_path = {m["path"]: m for m in drawn["measured"]}
+    assert by_path["absorb"]["fraction"] == pytest.approx(2.0) and by_path["absorb"]["above_ceiling"] is True
+    assert by_path["expand"]["above_ceiling"] is False
+    assert "too low" in drawn["note"]
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert any("200% (above the roofline!)" in t for t in texts)
+    assert any("measured, joined to predicted" == t.get_text() for t in fig.axes[0].get_legend().get_texts())
+
+
+def test_ceiling_labels_read_plainly_and_are_drawn_once():
+    from mlactl import plot
+    from mlactl.hardware import HardwareProfile
+
+    cpu = HardwareProfile(
+        "cpu",
+        "CPU",
+        {"fp32": 0.2},
+        0.02,
+        16,
+        measured={"device": "cpu", "peak_tflops": {"fp32": 0.19}, "bandwidth_tbs": 0.018},
+    )
+    same_run = {"device": {"name": "cpu"}, "ceilings": {"peak_tflops": {"fp32": 0.19}, "bandwidth_tbs": 0.018}}
+    lines = plot.ceilings(cpu, "fp32", [same_run])
+    assert [c["label"] for c in lines] == ["nominal", "measured on cpu"]  # not "measured (cpu)", and once
+
+
+def test_tune_chart_says_when_the_default_is_faster():
+    from pathlib import Path
+
+    from mlactl import plot
+
+    docs = Path(__file__).parents[1] / "docs" / "results" / "interpret-teaching-tp8-mla_decode.json"
+    fig, drawn = plot.tune(results.load(docs))
+    # the docs' sweep: best tried 59.7 ms, the launcher's default 30.7 ms (spreads ~5%: not noise)
+    assert drawn["best_median_s"] == pytest.approx(0.0597, abs=1e-4)
+    assert drawn["default_median_s"] == pytest.approx(0.0307, abs=1e-4)
+    assert drawn["default_faster"] is True
+    assert any("best tried: default faster" in t.get_text() for t in fig.axes[0].texts)
+
+
+def test_spread_order_covers_the_space_early():
+    assert sweep.spread_order(list(range(10))) == [0, 8, 4, 2, 6, 1, 3, 5, 7, 9]
+    assert sweep.spread_order([]) == [] and sweep.spread_order(["a"]) == ["a"]
