@@ -10,6 +10,7 @@ left out and no cell is cut: a value too wide folds onto a second line, every ch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from rich.table import Table
 from rich.text import Text
@@ -18,7 +19,7 @@ from rich.text import Text
 @dataclass(frozen=True)
 class Col:
     header: str
-    justify: str = "right"
+    justify: Literal["left", "right"] = "right"
     typed: bool = False  # a name the user types (model, hardware, kernel, bucket): shown whole
     drop: int = 0  # 0: always shown; on a narrow terminal, higher numbers are left out first
     fold: int = 0  # > 0: a long text that may fold onto more lines down to this width

@@ -224,6 +224,7 @@ def measured_results(ctx, path: Optional[Path], model, tp, dtype, kv_dtype, hard
     from mlactl import measured, results
 
     given = explicit(ctx, model=model, tp=tp, dtype=dtype, kv_dtype=kv_dtype, hardware=hardware)
+    data: Optional[dict]
     if path is not None:
         data = results.load(path)
     else:
