@@ -83,6 +83,18 @@ def _scaled(cost: CostModel, path: str, batch, new, prefix, layers: int):
     return [type(op)(op.name, op.flops * layers, op.bytes * layers, op.weight_bytes * layers) for op in ops]
 
 
+def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> list[str]:
+    """A line when at some point the latent cache alone overflows the GPU: no path runs there."""
+    cache = cost.kv_cache_bytes(batch, new, prefix)
+    over = cache > hw.memory_gb * 1e9
+    if not np.any(over):
+        return []
+    return [
+        f"[red]at {int(over.sum())} point(s) the latent cache alone (up to {float(cache.max()):.3g} bytes "
+        f"per layer) exceeds the {hw.memory_gb:g} GB of {hw.name}: no path fits there (✗)[/]"
+    ]
+
+
 def notes_for(cost: CostModel, layers: int) -> list[str]:
     cfg = cost.cfg
     notes = []
@@ -176,7 +188,7 @@ def analyze(
         engine_paths=engine_paths,
         engine_time_lost={e: time_lost(path, mla_times) for e, path in engine_paths.items()},
         crossover=crossover_table(cost, hw, batch_prefix, max_new),
-        notes=notes_for(cost, layers),
+        notes=notes_for(cost, layers) + _cache_note(cost, hw, batch, new, prefix),
         policy=policy,
         policy_path=policy_path,
         policy_time_lost=None if policy_path is None else time_lost(policy_path, mla_times),

@@ -236,6 +236,11 @@ class CostModel:
             raise MlactlError(f"unknown path {path!r}; paths: {', '.join(PATHS)}")
         return b * tokens * per_token
 
+    def resident_bytes(self, path: str, batch, new, prefix):
+        """What a path needs in memory at once, one layer: the latent cache it reads (every path
+        reads it) plus the largest expanded K/V it holds."""
+        return self.kv_cache_bytes(batch, new, prefix) + self.peak_expanded_bytes(path, batch, new, prefix)
+
     # -- crossover by FLOPs --------------------------------------------------------------------
 
     def asymptotic_crossover(self) -> float | None:

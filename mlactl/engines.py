@@ -252,6 +252,8 @@ def time_of(chosen: np.ndarray, times: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def time_lost(chosen: np.ndarray, times: dict[str, np.ndarray]) -> np.ndarray:
-    """Time the chosen path loses against the fastest path that fits (+inf if it does not fit)."""
+    """Time the chosen path loses against the fastest path that fits (+inf if it does not fit, and
+    where nothing fits: the latent cache alone can be too big)."""
     best = np.min(np.stack([np.broadcast_to(t, np.shape(chosen)) for t in times.values()]), axis=0)
-    return time_of(chosen, times) - best
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(best), time_of(chosen, times) - best, np.inf)

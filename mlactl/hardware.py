@@ -174,8 +174,11 @@ def from_name(name: str) -> HardwareProfile:
     files = _profile_files()
     key = name.strip().lower()
     if key not in files:
+        from mlactl.suggest import did_you_mean
+
         raise MlactlError(
-            f"unknown hardware {name!r}; known: {', '.join(sorted(files))} (or give the path of a .toml profile)"
+            f"unknown hardware {name!r}{did_you_mean(key, files)}; known: {', '.join(sorted(files))} "
+            "(or give the path of a .toml profile)"
         )
     return load_profile(files[key])
 

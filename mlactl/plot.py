@@ -145,6 +145,8 @@ def measured_points(analysis: Analysis, results: list[dict]) -> list[dict]:
                     "flops_per_s": flops / median,
                     "predicted_flops_per_s": flops / predicted_s,
                     "fraction": predicted_s / median,
+                    # faster than the roofline allows: the ceilings it was placed with are too low
+                    "above_ceiling": predicted_s > median,
                 }
             )
     return points
@@ -217,7 +219,7 @@ def ceilings(hw: HardwareProfile, dtype: str, results: list[dict]) -> list[dict]
     if hw.measured:
         measured = hw if hw.using_measured else hw.with_measured()
         device = hw.measured.get("device", hw.name)
-        rooflines.append((f"measured ({device})", measured, sorted(hw.measured.get("peak_tflops", {})) or [dtype]))
+        rooflines.append((f"measured on {device}", measured, sorted(hw.measured.get("peak_tflops", {})) or [dtype]))
     for data in results:
         table = data.get("ceilings")
         if not table:
@@ -231,8 +233,8 @@ def ceilings(hw: HardwareProfile, dtype: str, results: list[dict]) -> list[dict]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise MlactlError(f"{where}: {key} must be a positive number, got {value!r}")
         measured = replace(hw, measured=table).with_measured()
-        rooflines.append((f"measured ({data['device']['name']})", measured, sorted(peaks) or [dtype]))
-    return [
+        rooflines.append((f"measured on {data['device']['name']}", measured, sorted(peaks) or [dtype]))
+    out = [
         {
             "label": label,
             "dtype": d,
@@ -243,6 +245,9 @@ def ceilings(hw: HardwareProfile, dtype: str, results: list[dict]) -> list[dict]
         for label, profile, dtypes in rooflines
         for d in dtypes
     ]
+    # the profile's measurement and a results file's are often the same run: draw it once
+    unique = {(c["label"], c["dtype"], c["peak_flops"], c["bandwidth"]): c for c in reversed(out)}
+    return [c for c in out if unique[(c["label"], c["dtype"], c["peak_flops"], c["bandwidth"])] is c]
 
 
 def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
@@ -302,6 +307,7 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
     xs = [pt["intensity"] for pt in points + measured] + [c["ridge"] for c in lines]
     lo, hi = min(xs) / 4, max(xs) * 4
     styles = ["-", "--", "-.", ":"]
+    peak_labels = []  # (peak, text, colour), placed after the lines so that none overlaps another
     for k, label in enumerate(dict.fromkeys(c["label"] for c in lines)):
         # one line per distinct peak; dtypes that share it (bf16 and fp16) share the line
         by_peak: dict[float, list[dict]] = {}
@@ -314,16 +320,7 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
             x = [lo, ridge, hi] if lo < ridge < hi else [lo, hi]
             ax.plot(x, [min(peak, bw * v) for v in x], styles[k % len(styles)], color=colour, lw=1.2, alpha=0.8)
             names = "/".join(c["dtype"] for c in same)
-            ax.annotate(
-                f"{names} {peak / 1e12:.4g} TFLOP/s ({label})",
-                (hi, peak),
-                xytext=(-4, 3),
-                textcoords="offset points",
-                ha="right",
-                va="bottom",
-                fontsize=7,
-                color=colour,
-            )
+            peak_labels.append((peak, f"{names} {peak / 1e12:.4g} TFLOP/s, {label}", colour))
         on_slope = hw.ridge(dtype) / 10  # a point of the memory roof well inside the chart
         above = k == 0  # the nominal label above its line, measured ones below theirs
         ax.annotate(
@@ -335,6 +332,23 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
             va="bottom" if above else "top",
             fontsize=7,
             color=colour,
+        )
+    # labels of peaks within a factor 1.6 of each other would overlap: stack them 9 points apart
+    placed: list[tuple[float, float]] = []
+    for peak, text, colour in sorted(peak_labels, key=lambda x: -x[0]):
+        near = [y for p, y in placed if p / peak < 1.6]
+        offset = min(near) - 9 if near else 3
+        placed.append((peak, offset))
+        ax.annotate(
+            text,
+            (hi, peak),
+            xytext=(-4, offset),
+            textcoords="offset points",
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color=colour,
+            bbox={"boxstyle": "square,pad=0.05", "fc": "white", "ec": "none", "alpha": 0.75},
         )
     ridge = data["ridge"]
     ax.plot([ridge["intensity"]], [ridge["flops_per_s"]], "D", color="black", ms=7)
@@ -369,10 +383,11 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
     for i, m in enumerate(measured):
         colour = PATH_COLOURS.get(m["path"], "black")
         ax.plot([m["intensity"]] * 2, [m["predicted_flops_per_s"], m["flops_per_s"]], color=colour, lw=0.8)
-        ax.plot(m["intensity"], m["flops_per_s"], "*", ms=11, color=colour, mec="black", mew=0.6)
-        if i in labelled:
+        above = m["above_ceiling"]
+        ax.plot(m["intensity"], m["flops_per_s"], "*", ms=11, color=colour, mec="red" if above else "black", mew=0.6)
+        if i in labelled or above:
             ax.annotate(
-                f"{m['label']} {m['path']}: {m['fraction']:.0%}",
+                f"{m['label']} {m['path']}: {m['fraction']:.0%}" + (" (above the roofline!)" if above else ""),
                 (m["intensity"], m["flops_per_s"]),
                 xytext=(5, -3),
                 textcoords="offset points",
@@ -393,7 +408,17 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
     ]
     if measured:
         legend.append(
-            Line2D([], [], ls="", marker="*", ms=10, color="gray", mec="black", label="measured (% of roofline time)")
+            Line2D([], [], marker="*", ms=10, color="gray", mec="black", lw=0.8, label="measured, joined to predicted")
+        )
+    if any(m["above_ceiling"] for m in measured):
+        legend.append(
+            Line2D(
+                [], [], ls="", marker="*", ms=10, color="gray", mec="red", label="above the roofline: ceilings too low"
+            )
+        )
+        data["note"] = (
+            "measured points above the roofline: the ceilings they are placed against are too low "
+            "(measure them again: mlactl tune ceilings, without --quick)"
         )
     ax.legend(handles=legend, loc="lower right", fontsize=7, ncols=2)
     ax.set_xscale("log")
@@ -425,6 +450,11 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
     if len(analysis) == 0:
         raise MlactlError("no shapes to plot")
     groups = list(dict.fromkeys(zip(analysis.batch.tolist(), analysis.prefix.tolist())))
+    if len(np.unique(analysis.new)) < 2:
+        raise MlactlError(
+            "the crossover chart draws time against new tokens: give --new at least two values, "
+            "e.g. 1:4096 (for one shape, `mlactl analyze` prints the times)"
+        )
     if len(groups) > MAX_CROSSOVER_PANELS:
         raise MlactlError(
             f"the crossover chart draws at most {MAX_CROSSOVER_PANELS} (batch, prefix) panels, got {len(groups)}"
@@ -501,6 +531,7 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
                 fontsize=7,
                 color=colour,
                 va="top",
+                bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85},
             )
         notes = []
         never = [path for path in ("expand", "expand_chunked") if panel["solved"] and panel["predicted"][path] is None]
@@ -521,7 +552,17 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
         ax.set_title(f"batch {panel['batch']}, prefix {tokens(panel['prefix'])}", fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
         if k == 0:
-            ax.legend(fontsize=7, loc="lower right")
+            from matplotlib.lines import Line2D
+
+            extra = [Line2D([], [], color="black", ls="-", lw=1.1, label="predicted crossover")]
+            if asymptotic is not None:
+                extra.append(Line2D([], [], color="gray", ls=":", lw=1.1, label="by FLOPs, asymptotic"))
+            if any(p["measured"] for p in panels):
+                extra.append(Line2D([], [], ls="", marker="o", color="gray", mec="black", label="measured time"))
+            if any(m["new"] is not None for p in panels for m in p["measured_crossovers"]):
+                extra.append(Line2D([], [], color="black", ls="-.", lw=1.1, label="measured crossover"))
+            handles, _ = ax.get_legend_handles_labels()
+            ax.legend(handles=handles + extra, fontsize=7, loc="lower right")
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(data["title"], fontsize=9)
@@ -556,7 +597,10 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
         raise MlactlError(f"the path map draws one batch size, got {', '.join(map(str, batches))}")
     news, prefixes = np.unique(analysis.new), np.unique(analysis.prefix)
     if len(news) < 2 or len(prefixes) < 2:
-        raise MlactlError("the path map needs at least two --new values and two --prefix values")
+        raise MlactlError(
+            "the path map is a (new tokens, prefix) grid: give --new and --prefix at least two values each "
+            "(for one prefix, `mlactl plot crossover --prefix P` draws time against new tokens)"
+        )
     if len(analysis) != len(news) * len(prefixes):
         raise MlactlError("the path map needs a full grid: every --new with every --prefix")
     rows, cols = np.searchsorted(prefixes, analysis.prefix), np.searchsorted(news, analysis.new)
@@ -804,6 +848,13 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
         "default_median_s": sweep.get("default_median_s"),
         "twin_median_s": sweep.get("twin_median_s"),
     }
+    # The launcher's default config is timed apart from the space searched; when it beats every
+    # config tried, the sweep's "best" is only the best of those, and the chart must say so (the
+    # docs' interpreter sweep: 6 configs of BLOCK_N 16 at ~60 ms before the budget cut it, the
+    # default with wider tiles at 30.7 ms, with p10-p90 spreads of 5%: not noise).
+    default = out["default_median_s"]
+    out["default_faster"] = bool(best is not None and default and default < best["median_s"])
+    best_word = "  best tried: default faster" if out["default_faster"] else "  best"
 
     fig, axes = _figure(9, 1.6 + 0.28 * len(configs))
     ax = axes[0, 0]
@@ -834,7 +885,7 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
             mec="black" if is_best else None,
         )
         ax.annotate(
-            seconds(c["median_s"]) + ("  best" if is_best else ""),
+            seconds(c["median_s"]) + (best_word if is_best else ""),
             (c["median_s"], yy),
             xytext=(8, 0),
             textcoords="offset points",

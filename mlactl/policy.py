@@ -27,10 +27,10 @@ def argmin_path(values: dict[str, np.ndarray], paths=MLA_PATHS) -> np.ndarray:
 
 
 def fitting_times(cost: CostModel, hw: HardwareProfile, times: dict, batch, new, prefix) -> dict:
-    """Times with +inf where a path's expanded K/V alone would not fit in the GPU's memory, so no
-    choice lands on it (absorb expands nothing and always fits)."""
+    """Times with +inf where a path's latent cache and expanded K/V would not fit in the GPU's
+    memory, so no choice lands on it (absorb expands nothing, but its cache can be too big too)."""
     memory = hw.memory_gb * 1e9
-    return {p: np.where(cost.peak_expanded_bytes(p, batch, new, prefix) <= memory, t, np.inf) for p, t in times.items()}
+    return {p: np.where(cost.resident_bytes(p, batch, new, prefix) <= memory, t, np.inf) for p, t in times.items()}
 
 
 def measured_paths(crossovers: dict[int, int | None], prefix, new) -> np.ndarray:

@@ -197,25 +197,40 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
     return [rows, totals, sources]
 
 
-def models_table(models) -> Table:
-    table = Table(title="Models (presets; or --model path/to/config.json)")
-    for col in ("name", "hidden", "H", "q_lora_rank", "r", "dC", "dR", "dV", "layers"):
-        table.add_column(col, justify="left" if col == "name" else "right")
-    for name, cfg in models:
-        label = name if name == cfg.name else f"{name} → {cfg.name}"
-        table.add_row(
-            label,
+def models_table(models, width: int | None = None) -> Table:
+    from mlactl.narrow import Col, table
+
+    cols = [Col("name", "left", typed=True)] + [
+        Col(c, drop={"hidden": 2, "layers": 1}.get(c, 0))
+        for c in ("hidden", "H", "q_lora_rank", "r", "dC", "dR", "dV", "layers")
+    ]
+    rows = [
+        [
+            name,
             *(str(v) for v in (cfg.hidden, cfg.H, cfg.q_lora_rank or "—", cfg.r, cfg.dC, cfg.dR, cfg.dV, cfg.layers)),
-        )
-    return table
+        ]
+        for name, cfg in models
+    ]
+    aliases = [f"{name} = {cfg.name}" for name, cfg in models if name != cfg.name]
+    caption = f"aliases: {', '.join(aliases)}" if aliases else None
+    return table("Models (presets; or --model path/to/config.json)", cols, rows, width, caption=caption)
 
 
-def hardware_table(profiles) -> Table:
-    table = Table(title="Hardware (profiles; or --hardware path/to/profile.toml)")
-    for col in ("name", "device", "bf16 TFLOP/s", "fp8 TFLOP/s", "TB/s", "GB", "SMs", "measured"):
-        table.add_column(col, justify="left" if col in ("name", "device") else "right")
-    for hw in profiles:
-        table.add_row(
+def hardware_table(profiles, width: int | None = None) -> Table:
+    from mlactl.narrow import Col, table
+
+    cols = [
+        Col("name", "left", typed=True),
+        Col("device", "left", drop=1, fold=21),  # "NVIDIA H800 SXM5 80GB" on one line
+        Col("bf16 TFLOP/s"),
+        Col("fp8 TFLOP/s"),
+        Col("TB/s"),
+        Col("GB"),
+        Col("SMs", drop=2),
+        Col("measured", drop=3),
+    ]
+    rows = [
+        [
             hw.name,
             hw.display,
             f"{hw.peak_tflops.get('bf16', float('nan')):g}",
@@ -224,5 +239,7 @@ def hardware_table(profiles) -> Table:
             f"{hw.memory_gb:g}",
             str(hw.sm_count or "—"),
             "yes" if hw.measured else "",
-        )
-    return table
+        ]
+        for hw in profiles
+    ]
+    return table("Hardware (profiles; or --hardware path/to/profile.toml)", cols, rows, width)

@@ -29,12 +29,16 @@ and reads what):
          "predicted_s": 8e-5}
       ],
       "crossovers": [                       # per (batch, prefix) measured by `tune paths`
-        {"batch": 1, "prefix": 4096, "measured": 180, "predicted": 175, "predicted_by_flops": 168}
+        {"batch": 1, "prefix": 4096, "measured": 180, "predicted": 175, "predicted_by_flops": 168,
+         "measured_status": "found" | "never" | "budget", "measured_low": 128, "measured_high": 256,
+         "nonmonotone": false}
       ],
       "ceilings": {"peak_tflops": {"bf16": 780.0}, "bandwidth_tbs": 4.3}   # `tune ceilings`
     }
 
 Every section but the header is optional: a run that only measured ceilings has no "paths".
+Optional in every timing: "cv" (stdev/mean of the repetitions), "remeasured", "unstable"; in a
+crossover row: its status, noise bracket and monotonicity flag (docs/noise-and-budget.md).
 Times are seconds, FLOPs and bytes raw counts (from cost.py), as everywhere in mlactl.
 """
 
@@ -108,7 +112,12 @@ def measured_crossovers(data: dict, batch: int | None = None) -> dict[int, int |
         return {}
     batches = sorted({r["batch"] for r in rows})
     pick = batches[0] if batch is None else min(batches, key=lambda b: abs(math.log2(b) - math.log2(max(batch, 1))))
-    return {int(r["prefix"]): r.get("measured") for r in rows if r["batch"] == pick}
+    # a row the time budget cut short says nothing about its prefix: left out, not read as "absorb"
+    return {
+        int(r["prefix"]): r.get("measured")
+        for r in rows
+        if r["batch"] == pick and (r.get("measured") is not None or r.get("measured_status") != "budget")
+    }
 
 
 def find_results(
@@ -142,7 +151,9 @@ def find_results(
             continue
         if hardware_name is not None and device.get("hardware") != hardware_name:
             continue
-        if not any(r.get("measured") is not None for r in data.get("crossovers", [])):
+        from mlactl.measured import usable_crossovers
+
+        if not usable_crossovers(data):
             continue
         if data.get("created", "") >= best_created:
             best, best_created, best_path = data, data.get("created", ""), path

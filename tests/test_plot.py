@@ -178,10 +178,10 @@ def test_roofline_measured_points_come_from_cost_over_median():
     assert prefill["flops"] == PER_TOKEN * (4096 + 256) + EXPAND_PAIR * pairs
     assert prefill["flops_per_s"] == pytest.approx(prefill["flops"] / 6e-4)
     # the results' measured ceilings, beside the datasheet's
-    measured = [c for c in data["ceilings"] if c["label"] == "measured (cpu)"]
+    measured = [c for c in data["ceilings"] if c["label"] == "measured on cpu"]
     assert measured == [
         {
-            "label": "measured (cpu)",
+            "label": "measured on cpu",
             "dtype": "bf16",
             "peak_flops": 700e12,
             "bandwidth": 4e12,
@@ -203,7 +203,7 @@ def test_roofline_profile_with_measured_ceilings(tmp_path):
         labels = {(c["label"], c["dtype"]): c for c in data["ceilings"]}
         # the datasheet's roof is drawn either way; the measured one beside it
         assert labels[("nominal", "bf16")]["peak_flops"] == H200_BF16
-        assert labels[("measured (NVIDIA H200)", "bf16")]["ridge"] == pytest.approx(780 / 4.3)
+        assert labels[("measured on NVIDIA H200", "bf16")]["ridge"] == pytest.approx(780 / 4.3)
         ridge = 780 / 4.3 if use_measured else H200_BF16 / H200_BW
         assert data["ridge"]["intensity"] == pytest.approx(ridge)
 
@@ -455,7 +455,7 @@ def write_results(tmp_path, name, **overrides):
             ["tune", "-r", "{cpu}", "--kernel", "nope", "-o", "{tmp}/x.png"], "no sweep of kernel 'nope'", id="kernel"
         ),
         pytest.param(["pathmap", "--new", "1,", "-o", "{tmp}/x.png"], "--new: empty item", id="empty-grid"),
-        pytest.param(["pathmap", "--new", "64", "-o", "{tmp}/x.png"], "at least two --new values", id="one-column"),
+        pytest.param(["pathmap", "--new", "64", "-o", "{tmp}/x.png"], "at least two values each", id="one-column"),
         pytest.param(["crossover", "--batch", "1,8", "-o", "{tmp}/x.png"], "--batch takes one value", id="two-batches"),
         pytest.param(["crossover", "--prefix", "0:13", "-o", "{tmp}/x.png"], "at most 12 prefixes", id="many-panels"),
         pytest.param(["roofline", "--new", "1:64", "-o", "{tmp}/x.png"], "at most 24 shapes", id="many-shapes"),

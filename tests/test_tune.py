@@ -74,6 +74,8 @@ def test_torch_backend_end_to_end(tmp_path, home):
         "--results-file",
         str(out),
         "--quick",
+        "--budget",
+        "600",  # every point, however loaded the machine: a budget cut would leave some out
     )
     assert result.exit_code == 0, result.output
     data = results.load(out)

@@ -42,7 +42,12 @@ class LazyGroup(typer.core.TyperGroup):
             command = typer.main.get_command(getattr(importlib.import_module(module), attr))
             command.name = name
             self.commands[name] = command
-        return super().get_command(ctx, name)
+        command = super().get_command(ctx, name)
+        if command is not None:
+            from mlactl.cli.helptext import polish
+
+            polish(command)
+        return command
 
 
 app = typer.Typer(
@@ -184,6 +189,12 @@ def console(output: Optional[Path] = None):
     return Console(record=True, file=io.StringIO(), width=132)
 
 
+def fit_width(output: Optional[Path] = None) -> Optional[int]:
+    """The width tables must fit: the terminal's, or None (piped or to a file: full values)."""
+    con = console(output)
+    return con.width if output is None and con.is_terminal else None
+
+
 def emit(fmt: str, output: Optional[Path], *, json_data=None, write_csv=None, tables=()):
     """Write json/csv/table output to stdout or, atomically, to a file."""
     from mlactl.io import atomic_open
@@ -214,25 +225,50 @@ def emit(fmt: str, output: Optional[Path], *, json_data=None, write_csv=None, ta
                 fh.write(con.export_text())
 
 
-def measured_results(cfg, hw, kv_dtype: str, path: Optional[Path]) -> dict:
-    """The results file for --policy measured: the one given (checked against the model and
-    hardware), or the newest `mlactl tune paths` left for them."""
-    from mlactl import results
+def explicit(ctx, **values) -> dict:
+    """Of these option values, the ones the user typed (None for those left at their default)."""
 
+    def typed(name: str) -> bool:  # by name: typer ships its own copy of click's ParameterSource
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+    return {k: v if typed(k) else None for k, v in values.items()}
+
+
+def measured_results(ctx, path: Optional[Path], model, tp, dtype, kv_dtype, hardware):
+    """The results file for --policy measured and the settings it brings: the one given, or the
+    newest `mlactl tune paths` left for this model (mlactl.measured). Returns (data, settings
+    {model, tp, dtype, kv_dtype, hardware}, notes)."""
+    from mlactl import measured, results
+
+    given = explicit(ctx, model=model, tp=tp, dtype=dtype, kv_dtype=kv_dtype, hardware=hardware)
+    data: Optional[dict]
     if path is not None:
         data = results.load(path)
-        results.check_matches(data, str(path), model_name=cfg.name, hardware_name=hw.name)
     else:
-        dims = {k: getattr(cfg, k) for k in ("H", "r", "dC", "dR", "dV")}
-        data, path = results.find_results(dims, kv_dtype, hardware_name=hw.name)
+        cfg = load_model(model, tp)
+        dims = {k: getattr(cfg, k) for k in measured.DIMS}
+        hw_name = load_hardware(given["hardware"], False).name if given["hardware"] else None
+        data, path = measured.find(dims, given["kv_dtype"], hw_name)
         if data is None:
+            where = f" on {hw_name}" if hw_name else ""
+            kv = f", kv {given['kv_dtype']}" if given["kv_dtype"] else ""
             raise MlactlError(
-                f"no measured crossovers for {cfg.name} (H={cfg.H}, kv {kv_dtype}) on {hw.name}: "
+                f"no measured crossovers for {cfg.name} (H={cfg.H}{kv}){where}: "
                 "run `mlactl tune paths` there, or pass --results FILE"
             )
-    if not data.get("crossovers"):
+        given.update(model=model, tp=tp)  # looked up for these: the file's own name may differ
+    if not measured.usable_crossovers(data):
         raise MlactlError(f"{path} has no measured crossovers (it holds no `mlactl tune paths` run)")
-    return dict(data, _path=str(path))
+    picked = measured.adopt(data, str(path), given)
+    settings = {
+        "model": picked.model,
+        "tp": str(picked.tp),
+        "dtype": picked.dtype,
+        "kv_dtype": picked.kv_dtype,
+        "hardware": picked.hardware or hardware,
+    }
+    return dict(data, _path=str(path)), settings, picked.notes
 
 
 def table_width(output: Optional[Path]) -> tuple[int, bool]:
@@ -264,13 +300,21 @@ def main_options(
 @app.command()
 @cli_errors
 def analyze(
+    ctx: typer.Context,
     model: ModelOpt = "deepseek-v3",
     hardware: HardwareOpt = "h800",
     measured: MeasuredOpt = False,
     tp: TpOpt = "1",
     batch: BatchOpt = "1",
     new: NewOpt = "1,64,128,256,1024,4096",
-    prefix: PrefixOpt = None,
+    prefix: Annotated[
+        Optional[str],
+        typer.Option(
+            "--prefix",
+            "-p",
+            help="Cached tokens before the new ones: list or range, e.g. 0:32K:4K (K = 1024) (default: 0,8K,32K).",
+        ),
+    ] = None,
     context: ContextOpt = None,
     kv_dtype: KvDtypeOpt = "bf16",
     dtype: DtypeOpt = "bf16",
@@ -294,8 +338,8 @@ def analyze(
         Optional[Path],
         typer.Option(
             "--results",
-            help="Results file of `mlactl tune paths` for --policy measured "
-            "(default: the newest for this model and hardware).",
+            help="Results file of `mlactl tune paths` for --policy measured; its model, tp, dtypes and "
+            "hardware are used (default: the newest for this model).",
         ),
     ] = None,
     fmt: FormatOpt = None,
@@ -313,6 +357,14 @@ def analyze(
     from mlactl.shapes import grid, parse_sizes
 
     fmt = output_format(fmt, output)
+    if policy is not None:
+        choice(policy, "--policy", POLICIES)
+    results_data, settings_notes = None, []
+    if policy == "measured":
+        results_data, settings, settings_notes = measured_results(ctx, results, model, tp, dtype, kv_dtype, hardware)
+        model, tp, dtype, kv_dtype, hardware = (settings[k] for k in ("model", "tp", "dtype", "kv_dtype", "hardware"))
+    elif results is not None:
+        raise MlactlError("--results goes with --policy measured")
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
     if prefix is not None and context is not None:
@@ -325,13 +377,6 @@ def analyze(
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
     engine_params = parse_engines(engines, engine_option)
-    if policy is not None:
-        choice(policy, "--policy", POLICIES)
-    results_data = None
-    if policy == "measured":
-        results_data = measured_results(cfg, hw, kv_dtype, results)
-    elif results is not None:
-        raise MlactlError("--results goes with --policy measured")
     result = analysis.analyze(
         cfg,
         hw,
@@ -350,6 +395,7 @@ def analyze(
     tables = [render.header(result), *result.notes, render.analysis_table(result, width=width, drop=terminal)]
     if results_data is not None:
         tables.insert(2, f"measured policy: {results_data['_path']} ({results_data['device']['name']})")
+        tables[3:3] = settings_notes
     if ops:
         tables.append(render.ops_table(result))
     if crossover:
@@ -506,7 +552,9 @@ def batch_cmd(
 @app.command(name="list")
 @cli_errors
 def list_cmd(
-    fmt: FormatOpt = None,
+    fmt: Annotated[
+        Optional[str], typer.Option("--format", "-f", help="table or json (default: from --output's extension).")
+    ] = None,
     output: OutputOpt = None,
 ):
     """The models and the hardware profiles mlactl knows.
@@ -517,7 +565,7 @@ def list_cmd(
 
     fmt = output_format(fmt, output)
     if fmt == "csv":
-        raise MlactlError("mlactl list writes table or json")
+        raise MlactlError("mlactl list writes table or json (two tables do not make one CSV)")
     models = [(name, model.from_name(name)) for name in model.preset_names()]
     profiles = hardware.all_profiles()
     emit(
@@ -527,7 +575,7 @@ def list_cmd(
             "models": {n: c.to_dict() for n, c in models},
             "hardware": {h.name: h.to_dict() for h in profiles},
         },
-        tables=[render.models_table(models), render.hardware_table(profiles)],
+        tables=[render.models_table(models, fit_width(output)), render.hardware_table(profiles, fit_width(output))],
     )
 
 

@@ -49,6 +49,10 @@ ResultsOpt = Annotated[
     ),
 ]
 DpiOpt = Annotated[str, typer.Option("--dpi", help="Resolution of a .png (dots per inch).")]
+DataOpt = Annotated[
+    Optional[Path],
+    typer.Option("--data", help="Also write what the chart drew, one row per point, line or cell: .csv or .json."),
+]
 
 
 def output_opt(chart: str):
@@ -108,18 +112,29 @@ def load_results(paths: Optional[list[Path]], result) -> list[dict]:
     return loaded
 
 
-def write(fig, output: Path, dpi: str) -> None:
+def write(
+    fig, output: Path, dpi: str, chart: str = "", drawn: Optional[dict] = None, data: Optional[Path] = None
+) -> None:
     from mlactl import plot
 
     plot.save(fig, output, dpi=one_int(dpi, "--dpi"))
     typer.echo(f"Wrote {output}")
+    if data is not None:
+        from mlactl import chartdata
+
+        if drawn is None:
+            raise MlactlError(f"the {chart} chart has no data to write to {data}")
+        chartdata.write(data, chart, drawn)
+        typer.echo(f"Wrote {data}")
 
 
-def check_output(output: Path) -> None:
+def check_output(output: Path, data: Optional[Path] = None) -> None:
     """Fail on a bad extension before any work is done."""
+    from mlactl import chartdata
     from mlactl.plot import image_format
 
     image_format(output)
+    chartdata.check(data)
 
 
 @plot_app.command()
@@ -146,6 +161,7 @@ def roofline(
     results: ResultsOpt = None,
     output: Annotated[Path, output_opt("roofline")] = Path("roofline.png"),
     dpi: DpiOpt = "100",
+    data: DataOpt = None,
 ):
     """Roofline: each path and its attention op against the machine's ceilings and ridge.
 
@@ -158,7 +174,7 @@ def roofline(
 
     from mlactl.shapes import grid, parse_sizes
 
-    check_output(output)
+    check_output(output, data)
     if prefix is not None and context is not None:
         raise MlactlError("give either --prefix or --context, not both")
     batches = parse_sizes(batch, "--batch")
@@ -175,8 +191,8 @@ def roofline(
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk)
     from mlactl import plot
 
-    fig, _ = plot.roofline(result, load_results(results, result))
-    write(fig, output, dpi)
+    fig, drawn = plot.roofline(result, load_results(results, result))
+    write(fig, output, dpi, "roofline", drawn, data)
 
 
 @plot_app.command()
@@ -197,6 +213,7 @@ def crossover(
     results: ResultsOpt = None,
     output: Annotated[Path, output_opt("crossover")] = Path("crossover.png"),
     dpi: DpiOpt = "100",
+    data: DataOpt = None,
 ):
     """Time against new tokens per prefix, with the predicted and measured crossovers.
 
@@ -208,15 +225,15 @@ def crossover(
     from mlactl import plot
     from mlactl.shapes import grid, parse_sizes
 
-    check_output(output)
+    check_output(output, data)
     b, n, p = grid(
         [one_int(batch, "--batch")], parse_sizes(new, "--new"), prefix=parse_sizes(prefix, "--prefix", minimum=0)
     )
     if len(set(p.tolist())) > plot.MAX_CROSSOVER_PANELS:
         raise MlactlError(f"--prefix: at most {plot.MAX_CROSSOVER_PANELS} prefixes (one panel each)")
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk)
-    fig, _ = plot.crossover(result, load_results(results, result))
-    write(fig, output, dpi)
+    fig, drawn = plot.crossover(result, load_results(results, result))
+    write(fig, output, dpi, "crossover", drawn, data)
 
 
 @plot_app.command()
@@ -255,6 +272,7 @@ def pathmap(
     results: ResultsOpt = None,
     output: Annotated[Path, output_opt("pathmap")] = Path("pathmap.png"),
     dpi: DpiOpt = "100",
+    data: DataOpt = None,
 ):
     """Which path is fastest over a (new tokens, prefix) grid, and by how much.
 
@@ -269,7 +287,7 @@ def pathmap(
     from mlactl.engines import parse_engines
     from mlactl.shapes import grid, parse_sizes
 
-    check_output(output)
+    check_output(output, data)
     news = parse_sizes(new, "--new") if new is not None else geometric_fill(parse_sizes(PATHMAP_NEW, "--new"))
     prefixes = (
         parse_sizes(prefix, "--prefix", minimum=0)
@@ -283,8 +301,8 @@ def pathmap(
     if engines is not None and len(engines) != 1:
         raise MlactlError(f"--policy takes one engine, got {policy!r}")
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, engines)
-    fig, _ = plot.pathmap(result, load_results(results, result), policy=policy)
-    write(fig, output, dpi)
+    fig, drawn = plot.pathmap(result, load_results(results, result), policy=policy)
+    write(fig, output, dpi, "pathmap", drawn, data)
 
 
 @plot_app.command()
@@ -300,6 +318,7 @@ def tune(
     ] = None,
     output: Annotated[Path, output_opt("tune")] = Path("tune.png"),
     dpi: DpiOpt = "100",
+    data: DataOpt = None,
 ):
     """Every launch config tried for one tuned shape: median times, failures, the best.
 
@@ -308,6 +327,6 @@ def tune(
     from mlactl import plot
     from mlactl import results as results_store
 
-    check_output(output)
-    fig, _ = plot.tune(results_store.load(results), kernel=kernel, bucket=bucket)
-    write(fig, output, dpi)
+    check_output(output, data)
+    fig, drawn = plot.tune(results_store.load(results), kernel=kernel, bucket=bucket)
+    write(fig, output, dpi, "tune", drawn, data)

@@ -53,6 +53,15 @@ ResultsFileOpt = Annotated[
     typer.Option("--results-file", help="Where this run's results go (default under $MLACTL_HOME/results/)."),
 ]
 WarmOpt = Annotated[bool, typer.Option("--warm", help="Do not flush the L2 between repetitions (default: cold).")]
+RepeatsOpt = Annotated[
+    int,
+    typer.Option(
+        "--repeats",
+        min=0,
+        metavar="INT",
+        help="Measure an unstable timing (CV over 10%) again up to this many times; the steadiest is kept.",
+    ),
+]
 
 
 class Run:
@@ -74,6 +83,7 @@ class Run:
         warm,
         chunk=8192,
         run_name=None,
+        repeats=2,
     ):
         backend = "interpret" if interpret else choice(backend, "--backend", ("triton", "torch", "interpret"))
         if backend == "interpret":
@@ -82,8 +92,8 @@ class Run:
             import torch
         except ImportError:
             raise MlactlError(
-                "mlactl tune needs torch and triton: pip install torch, then "
-                "pip install 'mlactl[kernels]' (README, Quick start)"
+                "mlactl tune needs torch and triton: in the mlactl source folder, "
+                "pip install torch==2.13.0 && pip install -e '.[kernels]' (README, Quick start)"
             ) from None
         from mlactl import hardware
         from mlactl.kernels.configs import device_slug
@@ -161,7 +171,9 @@ class Run:
             warm=warm,
             quick=quick,
             timing_budget_s=0.02 if quick else 0.1,
+            repeats=repeats,
         )
+        self.width = self.console.width if self.console.is_terminal else None  # None: full values
 
     def deadline(self, share: float) -> float:
         return self.start + share * self.budget
@@ -197,8 +209,16 @@ class Run:
             self.say(f"[yellow]skipped ({len(self.ctx.skipped)}):[/]")
             for line in self.ctx.skipped:
                 self.say(f"  {line}")
+        if self.ctx.unstable:
+            self.say(
+                f"[yellow]{self.ctx.unstable} timing(s) stayed unstable (CV over 10%) after {self.ctx.repeats} "
+                "re-measurement(s): marked unstable in the results; a quieter machine or more --repeats[/]"
+            )
         if self.backend == "interpret":
-            self.say("[yellow]interpreter run: the pipeline was exercised; its times mean nothing[/]")
+            self.say(
+                "[yellow]interpreter run: the pipeline was exercised; its times mean nothing "
+                "(no tuned configs were written)[/]"
+            )
         resumed = " (resumed)" if self.store.resumed else ""
         self.say(f"results: {self.store.path}{resumed}  ({time.monotonic() - self.start:.0f} s)")
 
@@ -209,7 +229,7 @@ def run_ceilings(run: Run) -> None:
     with run.progress() as progress:
         run.ctx.progress = progress
         result = sweep.tune_ceilings(run.ctx)
-    run.console.print(report.ceilings_table(result, run.hw))
+    run.console.print(report.ceilings_table(result, run.hw, run.width))
     if run.device.type != "cuda" and run.backend != "interpret":
         from mlactl import hardware
 
@@ -243,7 +263,7 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
     with run.progress() as progress:
         run.ctx.progress = progress
         entries = sweep.tune_kernels(run.ctx, names, override)
-    run.console.print(report.kernels_table(entries, run.backend != "interpret"))
+    run.console.print(report.kernels_table(entries, run.backend != "interpret", run.width, run.backend))
 
 
 def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Optional[str]) -> None:
@@ -259,15 +279,31 @@ def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Option
     with run.progress() as progress:
         run.ctx.progress = progress
         rows = sweep.tune_paths(run.ctx, batches, news, prefixes, run.chunk, refine=not run.quick)
-    run.console.print(report.paths_table(rows, run.backend != "interpret"))
-    if run.backend != "interpret":
+    run.console.print(report.paths_table(rows, run.backend != "interpret", run.width))
+    if run.backend != "interpret" and any(r.get("measured_status") in ("found", "never") for r in rows):
         run.say(
             "the measured policy is in place: mla_attention(path='auto') and mlactl analyze --policy measured read it"
         )
 
 
-def _common(model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm):
-    return Run(model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm)
+def _common(
+    model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm, repeats=2
+):
+    return Run(
+        model,
+        tp,
+        backend,
+        interpret,
+        device,
+        kv_dtype,
+        dtype,
+        quick,
+        budget,
+        force,
+        results_file,
+        warm,
+        repeats=repeats,
+    )
 
 
 @tune_app.callback()
@@ -286,6 +322,7 @@ def tune_all(
     force: ForceOpt = False,
     results_file: ResultsFileOpt = None,
     warm: WarmOpt = False,
+    repeats: RepeatsOpt = 2,
 ):
     """Run the kernels for real: autotune launch configs, time both paths, measure ceilings.
 
@@ -295,7 +332,9 @@ def tune_all(
     """
     if ctx.invoked_subcommand is not None:
         return
-    run = _common(model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm)
+    run = _common(
+        model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm, repeats
+    )
     run_ceilings(run)
     run.ctx.deadline = run.deadline(0.55)
     run_kernels(run, None, None)
@@ -358,12 +397,15 @@ def tune_kernels_cmd(
     force: ForceOpt = False,
     results_file: ResultsFileOpt = None,
     warm: WarmOpt = False,
+    repeats: RepeatsOpt = 2,
 ):
     """Search each kernel's launch space per shape bucket; every candidate checked against its twin.
 
     Example: mlactl tune kernels --tp 8 --kv-dtype fp8 --kernel mla_decode
     """
-    run = _common(model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm)
+    run = _common(
+        model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm, repeats
+    )
     run.ctx.deadline = run.deadline(1.0)
     run_kernels(run, kernel, space)
     run.finish()
@@ -393,12 +435,15 @@ def tune_paths_cmd(
     force: ForceOpt = False,
     results_file: ResultsFileOpt = None,
     warm: WarmOpt = False,
+    repeats: RepeatsOpt = 2,
 ):
     """Time the whole expand and absorb paths over new-token counts; the measured crossover per prefix.
 
     Example: mlactl tune paths --backend torch --model teaching --tp 8 --prefix 0,512
     """
-    run = _common(model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm)
+    run = _common(
+        model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm, repeats
+    )
     run.ctx.deadline = run.deadline(1.0)
     run_paths(run, batch, new, prefix)
     run.finish()

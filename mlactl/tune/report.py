@@ -29,85 +29,137 @@ def _ratio(a, b) -> str:
     return f"{b / a:.2f}x"
 
 
-def kernels_table(entries: list[dict], meaningful: bool) -> Table:
-    table = Table(
-        title="Kernels: best config per bucket" + ("" if meaningful else " (interpreter: times not meaningful)")
-    )
-    for col in (
-        "kernel",
-        "bucket",
-        "best config",
-        "time",
-        "TFLOP/s",
-        "GB/s",
-        "% roofline",
-        "vs default",
-        "vs twin",
-        "tried (ok/failed/wrong)",
-    ):
-        table.add_column(col, justify="left" if col in ("kernel", "bucket", "best config") else "right")
+def _roofline_share(e: dict, t: float) -> str:
+    """Achieved share of the roofline; above 100% the ceilings are wrong (too low), marked '!'."""
+    if not e.get("predicted_s"):
+        return "—"
+    share = e["predicted_s"] / t
+    return f"{100 * share:.0f}%" + ("!" if share > 1 else "")
+
+
+ABOVE_CEILING = "!: faster than the ceilings allow: they are too low (measure them again without --quick)"
+
+
+def kernels_table(entries: list[dict], meaningful: bool, width: int | None = None, backend: str = "triton") -> Table:
+    """One row per bucket. The torch backend has no launch configs (the twins run as they are):
+    only its time and rates; the interpreter's times mean nothing: only configs and counts."""
+    from mlactl.narrow import Col, table
+
+    name, bucket = Col("kernel", "left", typed=True), Col("bucket", "left", typed=True)
+    rates = [Col("time"), Col("TFLOP/s", drop=2), Col("GB/s", drop=3), Col("% roofline", drop=1)]
+    counts_col = Col("ok/failed/wrong", drop=4)
+    above = False
+    rows = []
+    if backend == "torch":
+        title, cols = "Kernels: the plain-torch twins, one timing per bucket", [name, bucket, *rates]
+    elif not meaningful:
+        title = "Kernels: configs that ran under the interpreter (times not meaningful)"
+        cols = [name, bucket, Col("best config", "left", fold=12), counts_col]
+    else:
+        title = "Kernels: best config per bucket"
+        cols = [name, bucket, Col("best config", "left", fold=12), *rates]
+        cols += [Col("vs default", drop=5), Col("vs twin", drop=6), counts_col]
     for e in entries:
         t = e.get("best_median_s")
         statuses = [c["status"] for c in e.get("configs", [])]
         counts = f"{statuses.count('ok')}/{statuses.count('failed')}/{statuses.count('wrong')}"
-        if not t:
-            table.add_row(e["kernel"], e["bucket"], "none passed", "—", "—", "—", "—", "—", "—", counts)
+        if backend == "torch":
+            row = [e["kernel"], e["bucket"]]
+        elif not meaningful:
+            rows.append([e["kernel"], e["bucket"], _config_text(e.get("best")) if t else "none passed", counts])
             continue
-        frac = f"{100 * e['predicted_s'] / t:.0f}%" if e.get("predicted_s") else "—"
-        table.add_row(
-            e["kernel"],
-            e["bucket"],
-            _config_text(e.get("best")),
-            seconds(t),
-            f"{e['flops'] / t / 1e12:.3g}",
-            f"{e['bytes'] / t / 1e9:.4g}",
-            frac,
-            _ratio(t, e.get("default_median_s")),
-            _ratio(t, e.get("twin_median_s")),
-            counts,
-        )
-    return table
-
-
-def paths_table(rows: list[dict], meaningful: bool) -> Table:
-    table = Table(
-        title="Paths: measured crossover (new tokens from which expand beats absorb)"
-        + ("" if meaningful else " (interpreter: not meaningful)")
+        else:
+            row = [e["kernel"], e["bucket"], _config_text(e.get("best")) if t else "none passed"]
+        if t:
+            share = _roofline_share(e, t)
+            above = above or share.endswith("!")
+            row += [seconds(t), f"{e['flops'] / t / 1e12:.3g}", f"{e['bytes'] / t / 1e9:.4g}", share]
+        else:
+            row += ["—"] * 4
+        if backend != "torch":
+            row += (
+                [_ratio(t, e.get("default_median_s")), _ratio(t, e.get("twin_median_s")), counts]
+                if t
+                else [
+                    "—",
+                    "—",
+                    counts,
+                ]
+            )
+        rows.append(row)
+    return table(
+        title,
+        cols,
+        rows,
+        width,
+        caption=ABOVE_CEILING if above else None,
+        elsewhere="a wider terminal or the results file",
     )
-    for col in ("batch", "prefix", "measured", "predicted (roofline)", "predicted (FLOPs)", "new counts measured"):
-        table.add_column(col, justify="right")
+
+
+PATHS_CAPTION = (
+    "64 (32–128): expand wins from 64 new tokens; noise leaves it anywhere above 32 and up to 128. "
+    "↓: below the crossover of a shorter prefix (noise, or too few counts). never ≤256: expand won "
+    "at none of the counts measured. cut (budget): the time budget stopped the sweep first."
+)
+
+
+def paths_table(rows: list[dict], meaningful: bool, width: int | None = None) -> Table:
+    from mlactl.narrow import Col, table
+    from mlactl.tune.noise import crossover_text
+
+    cols = [
+        Col("batch"),
+        Col("prefix"),
+        Col("measured (bracket)", "left"),
+        Col("predicted (roofline)", drop=2),
+        Col("predicted (FLOPs)", drop=1),
+        Col("counts", drop=3),
+    ]
 
     def show(v):
         return "never" if v is None else str(v)
 
-    for r in rows:
-        table.add_row(
+    body = [
+        [
             str(r["batch"]),
             str(r["prefix"]),
-            show(r["measured"]),
+            crossover_text(r),
             show(r.get("predicted")) if "predicted" in r else "— (no profile)",
             show(r["predicted_by_flops"]),
             str(len(r.get("measured_new", []))),
-        )
-    return table
+        ]
+        for r in rows
+    ]
+    title = "Paths: measured crossover (new tokens from which expand beats absorb)" + (
+        "" if meaningful else " (interpreter: not meaningful)"
+    )
+    return table(title, cols, body, width, caption=PATHS_CAPTION, elsewhere="a wider terminal or the results file")
 
 
-def ceilings_table(ceilings: dict, hw) -> Table:
-    table = Table(title="Ceilings: measured against the datasheet")
-    for col in ("", "measured", "nominal", "fraction"):
-        table.add_column(col, justify="right")
+def ceilings_table(ceilings: dict, hw, width: int | None = None) -> Table:
+    """Measured ceilings beside the profile's: the datasheet's, or (a profile that already holds a
+    measurement, as a CPU's does) the previous run's."""
+    from mlactl.narrow import Col, table
+
+    previous = hw is not None and getattr(hw, "using_measured", False)
+    other = "previous run" if previous else "datasheet"
+    cols = [Col("", "left"), Col("measured"), Col(other), Col("fraction")]
+    rows = []
     for dtype, value in sorted(ceilings.get("peak_tflops", {}).items()):
         nominal = hw.peak_tflops.get(dtype) if hw is not None else None
-        table.add_row(
-            f"matmul {dtype} TFLOP/s",
-            f"{value:.4g}",
-            f"{nominal:g}" if nominal else "—",
-            f"{value / nominal:.0%}" if nominal else "—",
+        rows.append(
+            [
+                f"matmul {dtype} TFLOP/s",
+                f"{value:.4g}",
+                f"{nominal:g}" if nominal else "—",
+                f"{value / nominal:.0%}" if nominal else "—",
+            ]
         )
     bw = ceilings.get("bandwidth_tbs")
     if bw is not None:
         nominal = hw.bandwidth_tbs if hw is not None else None
-        table.add_row(
-            "copy TB/s", f"{bw:.4g}", f"{nominal:g}" if nominal else "—", f"{bw / nominal:.0%}" if nominal else "—"
+        rows.append(
+            ["copy TB/s", f"{bw:.4g}", f"{nominal:g}" if nominal else "—", f"{bw / nominal:.0%}" if nominal else "—"]
         )
-    return table
+    return table(f"Ceilings: measured against the {other}", cols, rows, width)

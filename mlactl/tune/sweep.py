@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from mlactl.tune import common
 from mlactl.tune import space as spaces
 from mlactl.tune.common import relative_error
-from mlactl.tune.timing import time_call
+from mlactl.tune.timing import is_unstable, time_call, time_stable
 
 # Relative error a candidate may have against the twin, by (dtype, fp8 cache).
 TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 3e-2, "fp8": 6e-2}
@@ -47,14 +47,19 @@ class Context:
     progress: object = None  # rich Progress or None
     skipped: list[str] = field(default_factory=list)
     timing_budget_s: float = 0.1
+    repeats: int = 2  # re-measurements of an unstable timing (--repeats)
+    unstable: int = 0  # timings still unstable after them
 
-    def out_of_time(self) -> bool:
-        return time.monotonic() > self.deadline
+    def out_of_time(self, predicted_s: float = 0.0) -> bool:
+        """Past the deadline, or too close to it to start a unit predicted to take this long."""
+        return time.monotonic() + predicted_s > self.deadline
 
     def time(self, fn, quick: bool = False):
         if quick:
             return time_call(fn, device=self.device, warm=self.warm, budget_s=0, warmup=1, min_repeats=3)
-        return time_call(fn, device=self.device, warm=self.warm, budget_s=self.timing_budget_s)
+        timing = time_stable(fn, self.repeats, device=self.device, warm=self.warm, budget_s=self.timing_budget_s)
+        self.unstable += is_unstable(timing)
+        return timing
 
     @contextlib.contextmanager
     def task(self, description: str, total: int):
@@ -181,7 +186,7 @@ def tune_kernels(ctx: Context, names=None, configs_override=None, write_configs:
             if (
                 write_configs
                 and best is not None
-                and ctx.backend != "torch"
+                and ctx.backend == "triton"  # the twins have no configs; the interpreter's times mean nothing
                 and entry.get("best_median_s", math.inf) <= (entry.get("default_median_s") or math.inf)
             ):
                 write_tuned_config(
@@ -238,25 +243,39 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
         candidates = spec.space(ctx.cfg, shape, ctx.kv_dtype, ctx.dtype, smem)
         if ctx.quick:  # every 4th: still every tile height and keys per tile, fewer warps/stages
             candidates = candidates[::4]
+        candidates = spread_order(candidates)
     tried = {_key(c["config"]) for c in entry["configs"]}
+    last_trial_s = 0.0
     with ctx.task(f"{spec.name} {bucket}", len(candidates)) as advance:
         for config in candidates:
             if _key(config) not in tried:
-                if ctx.out_of_time():
+                if ctx.out_of_time(last_trial_s):  # do not start a trial that would end past it
                     left = sum(_key(c) not in tried for c in candidates)
                     ctx.skipped.append(f"{spec.name} {bucket}: {left} configs (time budget)")
                     break
+                started = time.monotonic()
                 entry["configs"].append(_try_config(ctx, spec, kwargs, config, reference, tol))
+                last_trial_s = time.monotonic() - started
                 tried.add(_key(config))
                 _update_best(entry)
                 ctx.store.add("kernels", entry)
             advance()
-        if spec.name == "mla_decode" and configs_override is None and entry.get("best") and not ctx.out_of_time():
+        if (
+            spec.name == "mla_decode"
+            and configs_override is None
+            and entry.get("best")
+            and not ctx.out_of_time(last_trial_s)
+        ):
             page = kwargs["kv_cache"].shape[1]
             for splits in spaces.decode_split_space(shape, page):  # second stage: split-KV factor
                 config = dict(entry["best"], num_splits=splits)
                 if _key(config) not in tried:
+                    if ctx.out_of_time(last_trial_s):
+                        ctx.skipped.append(f"{spec.name} {bucket}: split-KV stage (time budget)")
+                        break
+                    started = time.monotonic()
                     entry["configs"].append(_try_config(ctx, spec, kwargs, config, reference, tol))
+                    last_trial_s = time.monotonic() - started
                     tried.add(_key(config))
                     _update_best(entry)
                     ctx.store.add("kernels", entry)
@@ -266,6 +285,23 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     return entry
+
+
+def spread_order(items: list) -> list:
+    """The same items, in an order whose every prefix spans the list: index 0, then the middle,
+    then the quarters... (bit-reversed strides). A sweep the budget cuts short has still tried
+    every kind of tile, not only the first few (the docs' interpreter sweep was cut after six
+    configs, all of BLOCK_N 16, in the space's plain order)."""
+    order, seen, step = [], set(), 1
+    while step < len(items):
+        step *= 2
+    while step >= 1:
+        for i in range(0, len(items), step):
+            if i not in seen:
+                seen.add(i)
+                order.append(i)
+        step //= 2
+    return [items[i] for i in order]
 
 
 def _key(config) -> str:
@@ -408,47 +444,100 @@ def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool =
     predicted crossovers. Returns the crossover rows."""
     from mlactl.analysis import crossover_table
     from mlactl.cost import CostModel
+    from mlactl.tune import noise
 
     cost = CostModel(ctx.cfg, kv_dtype=ctx.kv_dtype, dtype=ctx.dtype, chunk=chunk)
     rows = []
+    clock = _PointClock(cost)
     for b in batches:
         for p in prefixes:
-            if ctx.out_of_time():
+            if ctx.out_of_time(clock.predict(b, news[0], p)):
                 ctx.skipped.append(f"paths batch {b} prefix {p}: time budget spent")
                 continue
             times: dict[int, dict[str, float]] = {}
+            cut = False
             with ctx.task(f"paths batch {b} prefix {p}", len(news)) as advance:
                 for n in news:
-                    if ctx.out_of_time():
+                    if ctx.out_of_time(clock.predict(b, n, p)):
                         ctx.skipped.append(f"paths batch {b} prefix {p} new {n}: time budget spent")
+                        cut = True
                         break
-                    times[n] = _measure_point(ctx, cost, b, n, p, chunk)
+                    with clock.timing(b, n, p):
+                        times[n] = _measure_point(ctx, cost, b, n, p, chunk)
                     advance()
             if refine:
-                _refine(ctx, cost, b, p, chunk, times)
+                _refine(ctx, cost, b, p, chunk, times, clock)
+            measured = measured_crossover(times)
             row = {
                 "batch": b,
                 "prefix": p,
-                "measured": measured_crossover(times),
+                "measured": measured,
+                "measured_status": noise.FOUND if measured is not None else (noise.BUDGET if cut else noise.NEVER),
                 "measured_new": sorted(times),
                 "predicted_by_flops": cost.crossover_by_flops(p),
             }
+            if measured is not None:
+                points = {
+                    n: {
+                        path: ctx.store.find("paths", batch=b, new=n, prefix=p, path=path)
+                        for path in ("expand", "absorb")
+                    }
+                    for n in times
+                }
+                row["measured_low"], row["measured_high"] = noise.bracket(points, measured)
             if ctx.hw is not None:
                 row["predicted"] = crossover_table(cost, ctx.hw, [(b, p)]).rows[0].by_time
-            ctx.store.add("crossovers", row)
             rows.append(row)
+            noise.flag_nonmonotone(rows)
+            for done in rows:
+                ctx.store.add("crossovers", done)
     return rows
 
 
-def _refine(ctx, cost, b, p, chunk, times) -> None:
+class _PointClock:
+    """Predicts how long measuring a point will take, so that a sweep does not start one that
+    would end past the deadline (--budget kept within ~5%). A point costs a fixed part (inputs,
+    warm-up, a timing budget per path) plus a part that grows with its FLOPs: the line through
+    the last two points measured, or the last time scaled by the square root of the FLOPs ratio,
+    whichever is larger, and never below the quickest point seen. (On this project's 2-core CPU,
+    teaching model, scaling by the FLOPs ratio alone over-predicted points by 2-3x and ended
+    sweeps half-way through their budget.)"""
+
+    def __init__(self, cost):
+        self.cost = cost
+        self.seen: list[tuple[float, float]] = []  # (flops, seconds) of the points measured
+
+    def _flops(self, b: int, n: int, p: int) -> float:
+        return float(sum(o.flops for path in ("expand", "absorb") for o in self.cost.ops(path, b, n, p)))
+
+    def predict(self, b: int, n: int, p: int) -> float:
+        if not self.seen:
+            return 0.0
+        flops = self._flops(b, n, p)
+        (f1, t1), quickest = self.seen[-1], min(t for _, t in self.seen)
+        guess = t1 * math.sqrt(flops / f1) if f1 > 0 else t1
+        if len(self.seen) > 1 and self.seen[-2][0] != f1:
+            f0, t0 = self.seen[-2]
+            guess = max(guess, t1 + max(0.0, (t1 - t0) / (f1 - f0)) * (flops - f1))
+        return max(guess, quickest)
+
+    @contextlib.contextmanager
+    def timing(self, b: int, n: int, p: int):
+        start = time.monotonic()
+        yield
+        self.seen.append((self._flops(b, n, p), time.monotonic() - start))
+
+
+def _refine(ctx, cost, b, p, chunk, times, clock=None) -> None:
     """Bisect (geometrically) between the last count absorb won and the crossover."""
     for _ in range(REFINE_STEPS):
         hi = measured_crossover(times)
         below = [n for n in times if hi is not None and n < hi]
-        if hi is None or not below or ctx.out_of_time():
+        if hi is None or not below:
             return
         lo = max(below)
         mid = min(max(round(math.sqrt(lo * hi)), lo + 1), hi - 1)
-        if hi - lo <= 1 or mid in times:
+        if hi - lo <= 1 or mid in times or (ctx.out_of_time(clock.predict(b, mid, p)) if clock else ctx.out_of_time()):
             return
-        times[mid] = _measure_point(ctx, cost, b, mid, p, chunk)
+        with clock.timing(b, mid, p) if clock else contextlib.nullcontext():
+            times[mid] = _measure_point(ctx, cost, b, mid, p, chunk)

@@ -1,0 +1,64 @@
+"""One pass over every command's options before its help is shown, so that all commands read alike.
+
+* A value's kind in its metavar (INT, RANGE, PATH, ...) instead of a bare `<str>`: most options
+  are typed `str` so that `32K` and `1:4096:*2` parse in mlactl, not in click.
+* An option whose help already says "(default: ...)" does not get click's "[default: ...]" too.
+* A required argument in the usage line as `REQUESTS.CSV`, not typer's `{requests}`.
+* `--install-completion` and `--show-completion` offered nowhere: the root command has never
+  offered them, and a sub-command group (tune, plot) should not be the one place they appear.
+"""
+
+from __future__ import annotations
+
+METAVARS = {
+    "model": "NAME|PATH",
+    "hardware": "NAME|PATH",
+    "tp": "INT",
+    "batch": "RANGE",
+    "new": "RANGE",
+    "prefix": "RANGE",
+    "context": "RANGE",
+    "kv_dtype": "DTYPE",
+    "dtype": "DTYPE",
+    "chunk": "INT",
+    "layers": "INT|all",
+    "engines": "ENGINES",
+    "engine_option": "[ENGINE.]KEY=VALUE",
+    "max_new": "INT",
+    "policy": "POLICY",
+    "fmt": "FORMAT",
+    "output": "PATH",
+    "results": "PATH",
+    "results_file": "PATH",
+    "space": "PATH",
+    "budget": "SECONDS",
+    "backend": "BACKEND",
+    "device": "DEVICE",
+    "kernel": "NAME",
+    "bucket": "BUCKET",
+    "requests": "REQUESTS.CSV",
+    "workload": "WORKLOAD.CSV",
+    "dpi": "INT",
+    "data": "PATH",
+}
+COMPLETION = ("install_completion", "show_completion")
+
+
+def polish(command) -> None:
+    """Set metavars and default display on `command` and every sub-command, once."""
+    if getattr(command, "_mlactl_polished", False):
+        return
+    command._mlactl_polished = True
+    command.params = [p for p in command.params if p.name not in COMPLETION]
+    for param in command.params:
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
+            continue
+        if param.metavar is None and param.name in METAVARS:
+            param.metavar = METAVARS[param.name]
+            if param.param_type_name == "argument":  # typer would print a required one as {NAME}
+                param.make_metavar = lambda ctx=None, usage=False, name=param.metavar: name
+        help_text = getattr(param, "help", None) or ""
+        if "(default" in help_text and hasattr(param, "show_default"):
+            param.show_default = False
+    for sub in getattr(command, "commands", {}).values():
+        polish(sub)
