@@ -18,6 +18,7 @@ import typer.main
 
 from mlactl import __version__
 from mlactl.errors import MlactlError
+from mlactl.limits import check_points
 
 
 class LazyGroup(typer.core.TyperGroup):
@@ -38,6 +39,13 @@ class LazyGroup(typer.core.TyperGroup):
             command.name = name
             self.commands[name] = command
         return super().get_command(ctx, name)
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Usage errors as one `Error:` line (not click's boxed usage), and a closed pipe
+        (`mlactl analyze | head`) as a quiet exit, like other Unix tools."""
+        from mlactl.cli.errors import run_root
+
+        return run_root(super().main, args, prog_name, complete_var, standalone_mode, **extra)
 
 
 app = typer.Typer(
@@ -114,6 +122,8 @@ def cli_errors(fn):
             typer.echo(f"Error: {exc}", err=True)
             raise typer.Exit(2) from None
         except OSError as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise  # the reader went away: LazyGroup.main exits quietly
             where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
             typer.echo(f"Error:{where} {exc.strerror or exc}", err=True)
             raise typer.Exit(2) from None
@@ -139,7 +149,14 @@ def choice(text: str, option: str, choices) -> str:
 def output_format(fmt: Optional[str], output: Optional[Path]) -> str:
     if fmt is None:
         suffix = output.suffix.lower().lstrip(".") if output else ""
-        return suffix if suffix in ("json", "csv") else "table"
+        if suffix in ("json", "csv"):
+            return suffix
+        if suffix not in ("", "txt", "table"):
+            raise MlactlError(
+                f"--output {output}: cannot tell the format from '.{suffix}'; "
+                "pass --format table, json or csv, or end the name in .json, .csv or .txt"
+            )
+        return "table"
     return choice(fmt, "--format", FORMATS)
 
 
@@ -288,6 +305,7 @@ def analyze(
         context=parse_sizes(context, "--context") if context is not None else None,
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
+    check_points(len(b), fmt)
     if policy is not None:
         choice(policy, "--policy", ("roofline", "flops", "fixed", "measured"))
     results_data = None
