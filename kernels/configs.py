@@ -49,8 +49,11 @@ def shipped_dir() -> Path:
 
 
 def device_slug(device_name: str) -> str:
-    """'NVIDIA H200' -> 'NVIDIA_H200' (the engines' file-name spelling)."""
-    return re.sub(r"[^A-Za-z0-9.\-]+", "_", device_name.strip()).strip("_")
+    """'NVIDIA H200' -> 'NVIDIA_H200' (the engines' file-name spelling); never a path: '..' or
+    '/x' become one safe name (mlactl.dirs.path_component)."""
+    from mlactl.dirs import path_component
+
+    return path_component(re.sub(r"[^A-Za-z0-9.\-]+", "_", device_name.strip()))
 
 
 def file_name(kernel: str, device_name: str, dtype: str) -> str:

@@ -24,6 +24,7 @@ from mlactl.errors import MlactlError
 # The largest file each reader takes. A config.json or a TOML profile is a few KiB; a results file
 # of a long tune run a few MiB. A file above its cap is an error, never a read that runs forever.
 MAX_READ_BYTES = 256 * 1024 * 1024
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a config.json, a TOML profile, a --space file
 
 
 def _fail(path, exc: OSError):

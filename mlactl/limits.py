@@ -102,6 +102,6 @@ def check_requests(rows: int, fmt: str = "csv") -> None:
 def check_plot(points: int, pixels: float) -> None:
     check_memory(
         points * PLOT_BYTES + pixels * PIXEL_BYTES,
-        f"a chart of {points:,} points at {pixels / 1e6:,.0f} megapixels",
+        f"a chart of {points:,} points" if points else f"a {pixels / 1e6:,.0f}-megapixel image",
         "draw fewer points (a coarser --new or --prefix range, e.g. 1:1M:*2) or a lower --dpi, or write .svg/.pdf",
     )

@@ -455,7 +455,7 @@ def batch_cmd(
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
-    new, prefix, count = read_requests(requests)
+    new, prefix, count = read_requests(requests, fmt)
     result = analysis.analyze_batch(
         cfg,
         hw,
