@@ -91,9 +91,7 @@ class ResultsStore:
         self.moved_aside: Path | None = None
         existing = None
         if self.path.is_dir():
-            raise MlactlError(
-                f"--results-file {self.path} is a directory; give a file name such as {self.path}/run.json"
-            )
+            raise MlactlError(f"--results-file {self.path} is a directory; give a file name, e.g. {self.path}/run.json")
         if force:
             with locked(self.path):  # waits while another process writes it; then nobody can
                 if self.path.exists():
