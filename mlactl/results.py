@@ -87,7 +87,7 @@ KERNEL = S.Obj(
     },
 )
 PATH = S.Obj(
-    {"batch": _COUNT, "new": _COUNT, "prefix": _SIZE, "path": S.string},
+    {"batch": _COUNT, "new": _SIZE, "prefix": _SIZE, "path": S.string},
     {"status": S.string, "reason": S.string, "flops": _FIGURE, "bytes": _FIGURE, "predicted_s": _SECONDS, **TIMING},
     rule=_ok_has_median,
 )
@@ -107,8 +107,9 @@ HEADER = S.Obj(
         "backend": S.string,
         "timing": S.Obj({}, {"method": S.string, "l2": S.string, "meaningful": S.boolean}),
         "model": S.Obj(
-            {k: _COUNT for k in ("H", "r", "dC", "dR", "dV")} | {"name": S.string},
-            {"hidden": _COUNT, "layers": _COUNT, "tp": _COUNT, "q_lora_rank": S.nullable(_COUNT)},
+            {},
+            {k: _COUNT for k in ("H", "r", "dC", "dR", "dV", "hidden", "layers", "tp")}
+            | {"name": S.string, "q_lora_rank": S.nullable(_COUNT)},
         ),
     },
     {
