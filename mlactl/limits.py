@@ -63,26 +63,30 @@ def memory_budget() -> int:
 
 
 def _size(n: float) -> str:
-    return f"{n / 1024**3:.1f} GiB" if n >= 1024**3 else f"{n / 1024**2:.0f} MiB"
+    if n >= 1024**3:
+        return f"{n / 1024**3:.1f} GiB"
+    return f"{n / 1024**2:.1f} MiB" if n < 10 * 1024**2 else f"{n / 1024**2:.0f} MiB"
 
 
 def check_memory(need: float, what: str, split: str) -> None:
     """Refuse a job needing more than the budget, saying how to split it."""
     budget = memory_budget()
     if need > budget:
+        source = f"${ENV_MEMORY}" if os.environ.get(ENV_MEMORY, "").strip() else f"half of what is free; ${ENV_MEMORY}"
         raise MlactlError(
             f"{what} would need about {_size(need)} of memory, more than the {_size(budget)} allowed "
-            f"(half of what is available; ${ENV_MEMORY} sets it): {split}"
+            f"({source} sets it): {split}"
         )
 
 
-def check_points(points: int, fmt: str = "csv") -> None:
-    """A grid of `points` analysed and written in `fmt`."""
+def check_points(points: int, fmt: str | None = None) -> None:
+    """A grid of `points` analysed (and written in `fmt`, if given)."""
     per = ANALYSIS_BYTES + (JSON_BYTES if fmt == "json" else 0)
     split = "split the grid into several runs (e.g. halves of the --prefix or --new range)"
     if fmt == "json":
         split += ", or use --format csv, which needs 20x less"
-    check_memory(points * per, f"{points:,} points in {fmt}", split)
+    what = f"{points:,} points in {fmt}" if fmt else f"a grid of {points:,} points"
+    check_memory(points * per, what, split)
 
 
 def max_values() -> int:

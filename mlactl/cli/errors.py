@@ -18,8 +18,9 @@ except ImportError:  # pragma: no cover
 EXIT_PIPE = 141
 
 
-def _warning_line(message, category, filename, lineno, file=None, line=None):
-    return f"Warning: {message}\n"
+def _show(message, category, filename, lineno, file=None, line=None):
+    """A warning as one `Warning: ...` line on stderr, without the source line Python adds."""
+    sys.stderr.write(f"Warning: {message}\n")
 
 
 def _quiet_pipe() -> None:
@@ -36,9 +37,16 @@ def run_root(main, args, prog_name, complete_var, standalone_mode, **extra):
     """Run click's `main` without its own error printing, and print errors as one line."""
     from mlactl.errors import MlactlWarning
 
-    warnings.simplefilter("always", MlactlWarning)
-    show = warnings.formatwarning
-    warnings.formatwarning = _warning_line
+    with warnings.catch_warnings():  # restored on return: a library caller's settings are its own
+        warnings.simplefilter("always", MlactlWarning)
+        warnings.showwarning = _show
+        code = _run(main, args, prog_name, complete_var, **extra)
+    if standalone_mode:
+        sys.exit(code)
+    return code
+
+
+def _run(main, args, prog_name, complete_var, **extra) -> int:
     try:
         rv = main(args, prog_name, complete_var, standalone_mode=False, **extra)
         code = rv if isinstance(rv, int) else 0
@@ -58,8 +66,4 @@ def run_root(main, args, prog_name, complete_var, standalone_mode, **extra):
     except BrokenPipeError:
         _quiet_pipe()
         code = EXIT_PIPE
-    finally:
-        warnings.formatwarning = show
-    if standalone_mode:
-        sys.exit(code)
     return code
