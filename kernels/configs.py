@@ -115,6 +115,12 @@ def load(path: Path) -> dict:
         raise ValueError(f"{path}: line {exc.lineno}: {exc.msg}") from None
 
 
+def _skip(path: Path, why) -> None:
+    from mlactl.errors import warn
+
+    warn(f"skipped tuned configs {path}: {str(why).removeprefix(f'{path}: ')}")
+
+
 def lookup(kernel: str, device_name: str, dtype: str, **shape: int) -> dict | None:
     """The tuned config for the nearest bucket, user folder first, then the shipped files.
 
@@ -130,9 +136,12 @@ def lookup(kernel: str, device_name: str, dtype: str, **shape: int) -> dict | No
             continue
         try:
             data = load(path)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError) as exc:
+            _skip(path, exc)
             continue
         found = nearest(data["configs"], **shape)
-        if found is not None:
+        if isinstance(found, dict):
             return dict(found)
+        if found is not None:
+            _skip(path, f"a bucket's config is {type(found).__name__}, not an object")
     return None

@@ -32,7 +32,7 @@ from mlactl.cli import app
 
 EXAMPLES = int(os.environ.get("MLACTL_FUZZ_EXAMPLES", "0")) or None
 _common = dict(deadline=None, suppress_health_check=list(HealthCheck), derandomize=False, database=None)
-settings.register_profile("ci", max_examples=EXAMPLES or 25, **_common)
+settings.register_profile("ci", max_examples=EXAMPLES or 50, **_common)
 settings.register_profile("long", max_examples=EXAMPLES or 500, **_common)
 settings.load_profile(os.environ.get("MLACTL_FUZZ_PROFILE", "ci"))
 
@@ -137,7 +137,7 @@ def test_fuzz_analyze_and_crossover_options(command, opts, flags, output):
     run(command, [command, *opts, *flags, *output])
 
 
-@given(opts=options(["--format", "-f"], WORD), output=OUTPUT)
+@given(opts=options(["--format", "-f"], st.one_of(st.sampled_from(["json", "table"]), WORD)), output=OUTPUT)
 def test_fuzz_list_options(opts, output):
     run("list", ["list", *opts, *output])
 
@@ -253,16 +253,17 @@ PROFILE_KEYS += ["match", "sources"]
 @st.composite
 def profiles(draw) -> str:
     base = {"name": '"fz"', "memory_gb": "80", "bandwidth_tbs": "3.35", "match": '["FZ"]'}
-    for key in draw(st.lists(st.sampled_from(PROFILE_KEYS), max_size=3)):
-        base[key] = draw(TOML_LEAF)
-    for key in draw(st.lists(st.sampled_from(list(base)), max_size=1)):
+    valid = draw(st.booleans())  # half the examples keep every value valid but one at most
+    for key in draw(st.lists(st.sampled_from(PROFILE_KEYS), max_size=1 if valid else 3)):
+        base[key] = draw(st.sampled_from(['"other"', "1e6", "1e-6", "141", "[]"]) if valid else TOML_LEAF)
+    for key in draw(st.lists(st.sampled_from(list(base)), max_size=0 if valid else 1)):
         base.pop(key)
-    peaks = {"bf16": draw(st.one_of(st.just("989"), TOML_LEAF))}
+    peaks = {"bf16": draw(st.just("989") if valid else TOML_LEAF)}
     lines = [f"{k} = {v}" for k, v in base.items()] + ["[peak_tflops]"] + [f"{k} = {v}" for k, v in peaks.items()]
     if draw(st.booleans()):
         lines += ["[measured]", f"bandwidth_tbs = {draw(TOML_LEAF)}", "[measured.peak_tflops]", "bf16 = 700"]
     text = "\n".join(lines) + "\n"
-    return draw(st.one_of(st.just(text), st.text(max_size=30)))
+    return text if draw(st.integers(0, 9)) else draw(st.text(max_size=30))
 
 
 @given(profile=profiles(), measured=st.booleans())
@@ -304,23 +305,40 @@ def test_fuzz_model_configs(key, value, drop, raw):
     )
 
 
-CELL = st.one_of(
+VALID_CELL = st.one_of(st.integers(1, 10**5).map(str), st.sampled_from(["4K", " 7 ", "1M", "2147483647"]))
+JUNK_CELL = st.one_of(
     SIZE_TOKENS,
     st.integers(-5, 10**6).map(str),
     st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=5),
-    st.sampled_from(['"1\n2"', '"3"', "4K", " 7 ", "", "1,2"]),
+    st.sampled_from(['"1\n2"', '"3"', "", "1,2"]),
 )
 HEADER = st.sampled_from(
     ["new,prefix", "new,prefix,count", "new,context", "\ufeffnew,prefix", "prefix", "new,prefix,x"]
 )
 
 
+@st.composite
+def requests_rows(draw, header: str) -> list[str]:
+    """Half the time every row is valid for the header (context >= new), else any cells."""
+    width = header.count(",") + 1
+    if draw(st.booleans()):
+        rows = []
+        for _ in range(draw(st.integers(1, 6))):
+            cells = [draw(VALID_CELL) for _ in range(width)]
+            if header.endswith("context"):
+                cells = ["1", cells[1]]
+            rows.append(",".join(cells))
+        return rows
+    return draw(st.lists(st.lists(JUNK_CELL, min_size=1, max_size=4).map(",".join), max_size=6))
+
+
 @given(
     header=HEADER,
-    rows=st.lists(st.lists(CELL, min_size=1, max_size=4).map(",".join), max_size=6),
+    data=st.data(),
     newline=st.sampled_from(["\n", "\r\n"]),
     fmt=st.sampled_from(["table", "json", "csv"]),
 )
-def test_fuzz_requests_csv(header, rows, newline, fmt):
+def test_fuzz_requests_csv(header, data, newline, fmt):
+    rows = data.draw(requests_rows(header))
     text = newline.join([header, *rows]) + newline
     run("requests", ["batch", "req.csv", "-f", fmt], files={"req.csv": text.encode("utf-8", "surrogatepass")})

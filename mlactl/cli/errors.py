@@ -12,7 +12,7 @@ import typer
 try:  # typer >= 0.24 carries its own click
     from typer._click import exceptions as click_errors
 except ImportError:  # pragma: no cover
-    from click import exceptions as click_errors
+    from click import exceptions as click_errors  # type: ignore[no-redef]
 
 # 128 + SIGPIPE: what the shell reports for `cat` or `seq` whose reader went away.
 EXIT_PIPE = 141

@@ -237,7 +237,7 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
     if space is not None:
         from mlactl.io import read_json
 
-        override = read_json(space, "--space file")
+        override = read_json(space, "--space file", limit=16 * 1024 * 1024)
         if not isinstance(override, list) or not all(isinstance(c, dict) for c in override):
             raise MlactlError(f"{space}: --space must hold a JSON list of config objects")
     with run.progress() as progress:
