@@ -35,6 +35,9 @@ nothing here imports torch. Schema version 1 (README.md, "Results files"):
 
 Every section but the header is optional: a run that only measured ceilings has no "paths".
 Times are seconds, FLOPs and bytes raw counts (from cost.py), as everywhere in mlactl.
+
+The checked form of this layout is HEADER, KERNEL, PATH and CROSSOVER below; `validate` applies
+them on every load. Fields not named there are allowed and kept (a newer mlactl's additions).
 """
 
 from __future__ import annotations
