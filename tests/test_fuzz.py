@@ -342,3 +342,47 @@ def test_fuzz_requests_csv(header, data, newline, fmt):
     rows = data.draw(requests_rows(header))
     text = newline.join([header, *rows]) + newline
     run("requests", ["batch", "req.csv", "-f", fmt], files={"req.csv": text.encode("utf-8", "surrogatepass")})
+
+
+# -- the results store (what `mlactl tune` resumes from): nothing measured is lost -------------------------
+
+
+STORE_HEADER = {k: GOOD_RESULTS[k] for k in ("schema", "schema_version", "device", "versions", "backend")} | {
+    k: GOOD_RESULTS[k] for k in ("timing", "model", "kv_dtype", "dtype", "chunk")
+}
+
+
+@given(path=PATHS, value=JSON_VALUE, force=st.booleans())
+def test_fuzz_results_store(path, value, force):
+    """Resume or --force on a mutated file: either one MlactlError (file untouched) or a store
+    that kept every entry that passes the schema; with --force the old bytes survive as a backup."""
+    from mlactl import results
+    from mlactl.errors import MlactlError
+    from mlactl.tune.store import ResultsStore
+
+    body = json.dumps(mutate(GOOD_RESULTS, path, value))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        out.write_text(body)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                store = ResultsStore(out, STORE_HEADER, force=force)
+            except MlactlError:
+                COUNTS["store: refused"] += 1
+                assert not force and out.read_text() == body and os.listdir(tmp) == ["r.json"]
+                return
+        COUNTS[f"store: {'forced' if force else 'resumed'}"] += 1
+        if force:
+            assert store.moved_aside is not None and store.moved_aside.read_text() == body
+            return
+        try:
+            wanted = results.validate(json.loads(body), "x", drop_bad=True)
+        except MlactlError:
+            raise AssertionError("a resumed store accepted a file the schema refuses") from None
+        kept = results.load(out)
+        for section in ("kernels", "paths", "crossovers"):
+            assert kept.get(section, []) == wanted.get(section, []), section
+        assert sorted(os.listdir(tmp)) == ["r.json"]  # no lock or temporary file left
