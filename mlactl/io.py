@@ -3,8 +3,9 @@
 Writes: a regular file is replaced atomically (a reader sees the old file or the new one, never
 half of one, and a killed write leaves the old file in place, so nothing a user measured is lost).
 The replacement keeps the old file's mode; a symlink is followed and its target replaced, the
-link left as it was. A character device, a FIFO, a socket, or anything under /dev/ or /proc/
-(`-o /dev/stdout`) is written directly: replacing it would turn /dev/null into a regular file.
+link left as it was. A character device, a FIFO, a socket, /dev/stdout, /dev/stderr, /dev/fd/N
+or anything under /proc/ is written directly: replacing it would turn /dev/null into a regular
+file, or leave a shell's redirection pointing at the old file.
 
 Reads: capped in size (`--model /dev/zero` must not read forever); JSON nested past Python's
 recursion limit is an error line, not a RecursionError.
@@ -34,7 +35,9 @@ def _fail(path, exc: OSError):
 def _direct(path: Path) -> bool:
     """Write in place rather than replace: special files and the kernel's pseudo-files."""
     text = os.path.abspath(path)
-    if text.startswith(("/dev/", "/proc/")):
+    # /dev/stdout is a link to /proc/self/fd/1, which may be a regular file the shell redirected
+    # into: replacing that file would lose the output. (/dev/shm/x is an ordinary file.)
+    if text in ("/dev/stdout", "/dev/stderr") or text.startswith(("/dev/fd/", "/proc/")):
         return True
     try:
         st = os.stat(path)
