@@ -42,8 +42,11 @@ def user_dir() -> Path:
 
 
 def device_slug(device_name: str) -> str:
-    """'NVIDIA H200' -> 'NVIDIA_H200' (the engines' file-name spelling)."""
-    return re.sub(r"[^A-Za-z0-9.\-]+", "_", device_name.strip()).strip("_")
+    """'NVIDIA H200' -> 'NVIDIA_H200' (the engines' file-name spelling); never a path: '..' or
+    '/x' become one safe name (mlactl.dirs.path_component)."""
+    from mlactl.dirs import path_component
+
+    return path_component(re.sub(r"[^A-Za-z0-9.\-]+", "_", device_name.strip()))
 
 
 def file_name(kernel: str, device_name: str, dtype: str) -> str:
@@ -105,6 +108,12 @@ def load(path: Path) -> dict:
         raise ValueError(f"{path}: line {exc.lineno}: {exc.msg}") from None
 
 
+def _skip(path: Path, why) -> None:
+    from mlactl.errors import warn
+
+    warn(f"skipped tuned configs {path}: {str(why).removeprefix(f'{path}: ')}")
+
+
 def lookup(kernel: str, device_name: str, dtype: str, **shape: int) -> dict | None:
     """The tuned config of the nearest bucket in the user folder's file for this kernel, device
     and dtype.
@@ -119,9 +128,13 @@ def lookup(kernel: str, device_name: str, dtype: str, **shape: int) -> dict | No
         return None
     try:
         data = load(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError) as exc:
+        _skip(path, exc)
         return None
     found = nearest(data["configs"], **shape)
+    if found is not None and not isinstance(found, dict):
+        _skip(path, f"a bucket's config is {type(found).__name__}, not an object")
+        return None
     return None if found is None else dict(found)
 
 

@@ -22,3 +22,13 @@ def user_hardware_dir() -> Path:
 
 def results_dir() -> Path:
     return home() / "results"
+
+
+def path_component(name: str, limit: int = 120) -> str:
+    """`name` as one safe file or folder name: letters, digits, '.', '-', '_' and '=' kept, any
+    other run of characters (a '/' above all) becomes '_', and no leading dot, so '..', '/tmp/x'
+    or '../../x' from a config.json's _name_or_path stays one name inside its folder."""
+    import re
+
+    safe = re.sub(r"[^A-Za-z0-9.=\-_]+", "_", str(name).strip()).strip("._") or "unnamed"
+    return safe[:limit]

@@ -3,3 +3,13 @@
 
 class MlactlError(ValueError):
     """A user-facing error: the message says what is wrong and, where it can, what would be right."""
+
+
+class MlactlWarning(UserWarning):
+    """Something was skipped (a bad file in $MLACTL_HOME); the CLI prints it as one `Warning:` line."""
+
+
+def warn(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, MlactlWarning, stacklevel=2)

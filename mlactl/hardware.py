@@ -97,11 +97,29 @@ class HardwareProfile:
         }
 
 
+# Every ceiling lies between these, in the file's units (TFLOP/s, TB/s, GB, KiB, MiB): 1e-6 is a
+# MFLOP/s or a MB/s, 1e6 a thousand times any GPU made. Outside them a time or ridge computed from
+# the profile would be 0 or infinite (1e308 TFLOP/s, 1e-320 TB/s), and JSON has no Infinity.
+LOWEST, HIGHEST = 1e-6, 1e6
+
+
 def _positive(where: str, key: str, value, optional: bool = False):
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise MlactlError(f"{where}: {key} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not LOWEST <= value <= HIGHEST:
+        raise MlactlError(f"{where}: {key} must be a positive number, got {value!r} (from {LOWEST:g} to {HIGHEST:g})")
+    return value
+
+
+def _strings(where: str, key: str, value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise MlactlError(f'{where}: {key} must be a list of strings, e.g. {key} = ["..."], got {value!r}')
+    return tuple(value)
+
+
+def _string(where: str, key: str, value) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise MlactlError(f"{where}: {key} must be a non-empty string, got {value!r}")
     return value
 
 
@@ -124,26 +142,29 @@ def parse_profile(data: dict, where: str) -> HardwareProfile:
             measured = dict(measured, peak_tflops=_peaks(f"{where} [measured]", measured["peak_tflops"]))
         if "bandwidth_tbs" in measured:
             _positive(f"{where} [measured]", "bandwidth_tbs", measured["bandwidth_tbs"])
+    sm_count = data.get("sm_count")
+    if sm_count is not None and (isinstance(sm_count, bool) or not isinstance(sm_count, int)):
+        raise MlactlError(f"{where}: sm_count must be a whole number, got {sm_count!r}")
     return HardwareProfile(
-        name=str(data["name"]),
-        display=str(data.get("display", data["name"])),
+        name=_string(where, "name", data["name"]),
+        display=_string(where, "display", data.get("display", data["name"])),
         peak_tflops=_peaks(where, data["peak_tflops"]),
         bandwidth_tbs=float(_positive(where, "bandwidth_tbs", data["bandwidth_tbs"])),
         memory_gb=float(_positive(where, "memory_gb", data["memory_gb"])),
         sm_count=_positive(where, "sm_count", data.get("sm_count"), optional=True),
         smem_per_sm_kib=_positive(where, "smem_per_sm_kib", data.get("smem_per_sm_kib"), optional=True),
         l2_mib=_positive(where, "l2_mib", data.get("l2_mib"), optional=True),
-        match=tuple(str(m) for m in data.get("match", ())),
-        sources=tuple(str(s) for s in data.get("sources", ())),
+        match=_strings(where, "match", data.get("match", [])),
+        sources=_strings(where, "sources", data.get("sources", [])),
         measured=measured,
         path=where,
     )
 
 
 def load_profile(path: str | Path) -> HardwareProfile:
-    from mlactl.io import read_text
+    from mlactl.io import MAX_CONFIG_BYTES, read_text
 
-    text = read_text(path, "hardware profile")
+    text = read_text(path, "hardware profile", limit=MAX_CONFIG_BYTES)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -193,7 +214,17 @@ def resolve(spec: str, measured: bool = False) -> HardwareProfile:
 
 
 def all_profiles() -> list[HardwareProfile]:
-    return [load_profile(p) for _, p in sorted(_profile_files().items())]
+    """Every profile that loads. A bad file in $MLACTL_HOME/hardware/ is skipped with a warning
+    naming it: it must not break `list` or `tune`, which did not ask for it."""
+    from mlactl.errors import warn
+
+    profiles = []
+    for _, path in sorted(_profile_files().items()):
+        try:
+            profiles.append(load_profile(path))
+        except MlactlError as exc:
+            warn(f"skipped hardware profile: {exc}")
+    return profiles
 
 
 def detect(device_name: str) -> HardwareProfile | None:

@@ -120,27 +120,9 @@ def find(
     """The newest results file with a measured crossover for these model dims; `kv_dtype` and
     `hardware_name` filter only when not None. A file whose device has no recorded hardware
     (every CPU run) matches a hardware name through the profile detected for its device."""
-    from mlactl import dirs, results
+    from mlactl import results
 
-    root = folder or dirs.results_dir()
-    best, best_created, best_path = None, "", None
-    for path in sorted(root.rglob("*.json")) if root.is_dir() else []:
-        try:
-            data = results.load(path)
-        except MlactlError:
-            continue
-        model = data.get("model", {})
-        if any(model.get(k) != v for k, v in dims.items()):
-            continue
-        if kv_dtype is not None and data.get("kv_dtype") != kv_dtype:
-            continue
-        if hardware_name is not None and file_hardware(data) != hardware_name:
-            continue
-        if not usable_crossovers(data):
-            continue
-        if data.get("created", "") >= best_created:
-            best, best_created, best_path = data, data.get("created", ""), path
-    return best, best_path
+    return results.find_results(dims, kv_dtype, hardware_name=hardware_name, folder=folder)
 
 
 def usable_crossovers(data: dict) -> bool:

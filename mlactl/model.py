@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mlactl.errors import MlactlError
-from mlactl.io import read_json
+from mlactl.io import MAX_CONFIG_BYTES, read_json
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def from_hf_config(path: str | Path) -> MLAConfig:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    data = read_json(path, "model config")
+    data = read_json(path, "model config", limit=MAX_CONFIG_BYTES)
     if not isinstance(data, dict):
         raise MlactlError(f"{path}: expected a JSON object, got {type(data).__name__}")
     # Multimodal wrappers (e.g. Kimi-VL) keep the language model's fields under text_config.

@@ -52,6 +52,20 @@ def image_format(path) -> str:
     return suffix
 
 
+def check_pixels(inches, dpi: int) -> None:
+    """A PNG's canvas: Agg draws at most 2^16 - 1 pixels a side, and the canvas must fit memory."""
+    from mlactl.limits import check_plot
+
+    width, height = (float(x) * dpi for x in inches)
+    if max(width, height) >= 2**16:
+        most = int((2**16 - 1) / max(inches))
+        raise MlactlError(
+            f"--dpi {dpi} makes a {width:,.0f} x {height:,.0f} pixel image; a PNG is at most 65,535 a side "
+            f"(--dpi {most} at most here), or write .svg or .pdf"
+        )
+    check_plot(0, width * height)
+
+
 def save(fig, path, dpi: int = 100) -> None:
     """Write `fig` to `path` (png, svg or pdf, from the extension), atomically."""
     import matplotlib
@@ -59,6 +73,8 @@ def save(fig, path, dpi: int = 100) -> None:
     from mlactl.io import atomic_open
 
     fmt = image_format(path)
+    if fmt == "png":
+        check_pixels(fig.get_size_inches(), dpi)
     # a fixed salt for the SVG's element ids, which are otherwise random
     with matplotlib.rc_context({"svg.hashsalt": "mlactl"}), atomic_open(path, "wb") as fh:
         fig.savefig(fh, format=fmt, dpi=dpi, metadata=NO_DATE[fmt])

@@ -15,6 +15,7 @@ from mlactl import __version__
 from mlactl.analysis import STRATEGIES, Analysis, Crossover
 from mlactl.cost import OPS, PATHS
 from mlactl.csvout import Labels, write_csv
+from mlactl.errors import MlactlError
 
 SCHEMA = "mlactl.analysis"
 # 2: the `fixed` rule and `threshold` gave way to the engines' rules: a header `engines` list and,
@@ -183,7 +184,13 @@ def to_json(analysis: Analysis) -> dict:
 
 
 def dumps(data: dict) -> str:
-    return json.dumps(data, indent=1) + "\n"
+    """Strict JSON: a NaN or Infinity (which JSON has not) is an error, never written."""
+    try:
+        return json.dumps(data, indent=1, allow_nan=False) + "\n"
+    except ValueError:
+        raise MlactlError(
+            "a figure came out infinite or NaN (are the profile's ceilings within range?); nothing was written"
+        ) from None
 
 
 def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[np.ndarray]]:

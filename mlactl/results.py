@@ -40,21 +40,108 @@ Every section but the header is optional: a run that only measured ceilings has 
 Optional in every timing: "cv" (stdev/mean of the repetitions), "remeasured", "unstable"; in a
 crossover row: its status, noise bracket and monotonicity flag (docs/noise-and-budget.md).
 Times are seconds, FLOPs and bytes raw counts (from cost.py), as everywhere in mlactl.
+
+The checked form of this layout is HEADER, KERNEL, PATH and CROSSOVER below; `validate` applies
+them on every load. Fields not named there are allowed and kept (a newer mlactl's additions).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mlactl.errors import MlactlError
+from mlactl import schema as S
+from mlactl.errors import MlactlError, warn
+from mlactl.limits import MAX_SIZE
 
 SCHEMA = "mlactl.results"
 SCHEMA_VERSION = 1
 SECTIONS = ("kernels", "paths", "crossovers", "ceilings")
 
 
-def validate(data, where: str) -> dict:
-    """Check the header and the shape of each section; return `data`. Raises MlactlError."""
+# -- the schema, written once: every reader validates with it (load, find_results, the store) ------
+
+_COUNT = S.integer(1, MAX_SIZE)
+_SIZE = S.integer(0, MAX_SIZE)
+_SECONDS = S.nullable(S.number())
+_FIGURE = S.nullable(S.number())
+# A timing as mlactl.tune.timing writes it; other fields (spreads, the worker that measured it)
+# may be added by a newer mlactl and are kept.
+TIMING = {"median_s": _SECONDS, "p10_s": _SECONDS, "p90_s": _SECONDS, "repeats": S.integer(0), "method": S.string}
+
+
+def _ok_has_median(entry: dict, where: str) -> None:
+    """A measurement that succeeded has a time; a failed one has its reason instead."""
+    if entry.get("status", "ok") == "ok" and entry.get("median_s") is None:
+        raise S.Invalid(f"{where}.median_s".lstrip("."), "a time in seconds (status is ok)", entry.get("median_s"))
+
+
+CONFIG = S.Obj(
+    {"config": S.MapOf(S.anything)},
+    {"status": S.string, "reason": S.string, **TIMING},
+    rule=_ok_has_median,
+)
+KERNEL = S.Obj(
+    {"kernel": S.string, "bucket": S.string},
+    {
+        "shape": S.MapOf(_COUNT),
+        "flops": _FIGURE,
+        "bytes": _FIGURE,
+        "configs": S.ListOf(CONFIG),
+        "best": S.nullable(S.MapOf(S.anything)),
+        "best_median_s": _SECONDS,
+        "default_median_s": _SECONDS,
+        "twin_median_s": _SECONDS,
+        "predicted_s": _SECONDS,
+    },
+)
+PATH = S.Obj(
+    {"batch": _COUNT, "new": _SIZE, "prefix": _SIZE, "path": S.string},
+    {"status": S.string, "reason": S.string, "flops": _FIGURE, "bytes": _FIGURE, "predicted_s": _SECONDS, **TIMING},
+    rule=_ok_has_median,
+)
+CROSSOVER = S.Obj(
+    {"batch": _COUNT, "prefix": _SIZE},
+    {
+        "measured": S.nullable(_SIZE),
+        "predicted": S.nullable(_SIZE),
+        "predicted_by_flops": S.nullable(_SIZE),
+        "measured_new": S.ListOf(_COUNT),
+    },
+)
+ENTRY = {"kernels": KERNEL, "paths": PATH, "crossovers": CROSSOVER}
+HEADER = S.Obj(
+    {
+        "device": S.Obj({"name": S.string}, {"type": S.string, "hardware": S.nullable(S.string)}),
+        "backend": S.string,
+        "timing": S.Obj({}, {"method": S.string, "l2": S.string, "meaningful": S.boolean}),
+        "model": S.Obj(
+            {},
+            {k: _COUNT for k in ("H", "r", "dC", "dR", "dV", "hidden", "layers", "tp")}
+            | {"name": S.string, "q_lora_rank": S.nullable(_COUNT)},
+        ),
+    },
+    {
+        "run_id": S.string,
+        "created": S.string,
+        "mlactl_version": S.string,
+        "versions": S.MapOf(S.nullable(S.string)),
+        "kv_dtype": S.string,
+        "dtype": S.string,
+        "chunk": _COUNT,
+        "kernels": S.ListOf(S.anything),  # entries: ENTRY, checked one by one
+        "paths": S.ListOf(S.anything),
+        "crossovers": S.ListOf(S.anything),
+        "ceilings": S.Obj(
+            {}, {"peak_tflops": S.MapOf(S.number(positive=True)), "bandwidth_tbs": S.number(positive=True)}
+        ),
+    },
+)
+
+
+def validate(data, where: str, drop_bad: bool = False) -> dict:
+    """Check a results file against the schema above and return it. A bad header is an error;
+    a bad entry is an error too, or with `drop_bad` is left out and named in
+    `data["_dropped"]` (so a resumed run measures it again). Raises MlactlError."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise MlactlError(f'{where} is not an mlactl results file (no "schema": "{SCHEMA}")')
     version = data.get("schema_version")
@@ -63,27 +150,35 @@ def validate(data, where: str) -> dict:
             f"{where} has results schema version {version!r}; this mlactl reads version "
             f"{SCHEMA_VERSION} (re-run `mlactl tune`, or use the mlactl that wrote it)"
         )
-    for key in ("device", "backend", "timing", "model"):
-        if key not in data:
-            raise MlactlError(f"{where}: missing {key!r}")
-    if not isinstance(data["device"], dict) or "name" not in data["device"]:
-        raise MlactlError(f"{where}: 'device' must be an object with a 'name'")
-    for section in ("kernels", "paths", "crossovers"):
-        if not isinstance(data.get(section, []), list):
-            raise MlactlError(f"{where}: {section!r} must be a list")
-    for i, row in enumerate(data.get("paths", [])):
-        missing = [k for k in ("batch", "new", "prefix", "path", "median_s") if k not in row]
-        if missing:
-            raise MlactlError(f"{where}: paths[{i}] lacks {', '.join(missing)}")
+    try:
+        S.validate(HEADER, data)
+    except S.Invalid as exc:
+        raise MlactlError(f"{where}: {exc}") from None
+    dropped = []
+    for section, check in ENTRY.items():
+        kept = []
+        for i, entry in enumerate(data.get(section, [])):
+            try:
+                S.validate(check, entry, f"{section}[{i}]")
+            except S.Invalid as exc:
+                if not drop_bad:
+                    raise MlactlError(f"{where}: {exc}") from None
+                dropped.append(str(exc))
+                continue
+            kept.append(entry)
+        if section in data:
+            data[section] = kept
+    if dropped:
+        data["_dropped"] = dropped
     return data
 
 
-def load(path: str | Path) -> dict:
+def load(path: str | Path, drop_bad: bool = False) -> dict:
     """Read and validate one results file; one clear line on any problem."""
     from mlactl.io import read_json
 
     data = read_json(path, "results", "; the file is corrupt or was cut short")
-    return validate(data, str(path))
+    return validate(data, str(path), drop_bad)
 
 
 def check_matches(data: dict, where: str, model_name: str | None = None, hardware_name: str | None = None) -> None:
@@ -122,17 +217,21 @@ def measured_crossovers(data: dict, batch: int | None = None) -> dict[int, int |
 
 def find_results(
     dims: dict,
-    kv_dtype: str,
+    kv_dtype: str | None,
     *,
     device_name: str | None = None,
     hardware_name: str | None = None,
     folder: Path | None = None,
 ):
-    """The newest results file with measured crossovers for a model with these dims {H, r, dC,
-    dR, dV} and cache dtype, measured on this device (by CUDA name) or this hardware profile:
-    (data, path), or (None, None)."""
+    """The newest results file with a usable measured crossover for a model with these dims {H, r,
+    dC, dR, dV}: (data, path), or (None, None). Each filter applies only when not None: the cache
+    dtype, the device (by CUDA name: its folder), the hardware profile (a file with no recorded
+    hardware, as every CPU run, matches through the profile detected for its device). A file that
+    fails the schema is skipped with a warning naming it. The one lookup behind `mla_attention(
+    path="auto")` and `analyze --policy measured`."""
     from mlactl import dirs
     from mlactl.kernels.configs import device_slug
+    from mlactl.measured import file_hardware, usable_crossovers
 
     root = folder or dirs.results_dir()
     if folder is None and device_name is not None:
@@ -142,17 +241,18 @@ def find_results(
     for path in files:
         try:
             data = load(path)
-        except MlactlError:
+        except MlactlError as exc:  # one bad file must not hide the others, nor stop the command
+            warn(f"skipped {exc}")
             continue
         model, device = data.get("model", {}), data["device"]
-        if any(model.get(k) != v for k, v in dims.items()) or data.get("kv_dtype") != kv_dtype:
+        if any(model.get(k) != v for k, v in dims.items()):
+            continue
+        if kv_dtype is not None and data.get("kv_dtype") != kv_dtype:
             continue
         if device_name is not None and device.get("name") != device_name:
             continue
-        if hardware_name is not None and device.get("hardware") != hardware_name:
+        if hardware_name is not None and file_hardware(data) != hardware_name:
             continue
-        from mlactl.measured import usable_crossovers
-
         if not usable_crossovers(data):
             continue
         if data.get("created", "") >= best_created:

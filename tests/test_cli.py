@@ -192,7 +192,7 @@ def test_list():
 
 BAD = [
     (["analyze", "--new", "0"], "--new: 0 must be a positive integer"),
-    (["analyze", "--new", "-3"], "--new: '-3' is not a whole number"),
+    (["analyze", "--new", "-3"], "--new: -3 must be a positive integer"),
     (["analyze", "--batch", "1.5"], "--batch: '1.5' is not a whole number"),
     (["analyze", "--prefix", "10:1"], "ends before it starts"),
     (["analyze", "--prefix", "0:8K:x"], "is not a whole number"),
@@ -207,7 +207,7 @@ BAD = [
     (["analyze", "--layers", "zero"], "--layers: 'zero' is not a whole number"),
     (["analyze", "--measured"], "no measured ceilings"),
     (["analyze", "--hardware", "a100-sxm", "--dtype", "bf16", "--kv-dtype", "fp8"], None),  # fine: fp8 cache, bf16 math
-    (["crossover", "--prefix", "-1"], "is not a whole number"),
+    (["crossover", "--prefix", "-1"], "--prefix: -1 must be an integer >= 0"),
     (["batch", "/nonexistent.csv"], "cannot read requests"),
 ]
 

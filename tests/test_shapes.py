@@ -26,7 +26,7 @@ def test_parse_sizes(spec, expected):
     "spec, minimum, message",
     [
         ("0", 1, "--x: 0 must be a positive integer"),
-        ("-5", 0, "'-5' is not a whole number"),
+        ("-5", 0, "-5 must be an integer >= 0"),
         ("1.5", 1, "'1.5' is not a whole number"),
         ("abc", 1, "'abc' is not a whole number"),
         ("1,,2", 1, "empty item"),

@@ -19,6 +19,7 @@ import typer.main
 from mlactl import __version__
 from mlactl.defaults import ACT_DTYPES, DEFAULT_CHUNK, KV_DTYPES, OUTPUT_FORMATS, POLICIES
 from mlactl.errors import MlactlError
+from mlactl.limits import check_points
 
 
 class LazyGroup(typer.core.TyperGroup):
@@ -48,6 +49,13 @@ class LazyGroup(typer.core.TyperGroup):
 
             polish(command)
         return command
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Usage errors as one `Error:` line (not click's boxed usage), and a closed pipe
+        (`mlactl analyze | head`) as a quiet exit, like other Unix tools."""
+        from mlactl.cli.errors import run_root
+
+        return run_root(super().main, args, prog_name, complete_var, standalone_mode, **extra)
 
 
 app = typer.Typer(
@@ -137,6 +145,8 @@ def cli_errors(fn):
             typer.echo(f"Error: {exc}", err=True)
             raise typer.Exit(2) from None
         except OSError as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise  # the reader went away: LazyGroup.main exits quietly
             where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
             typer.echo(f"Error:{where} {exc.strerror or exc}", err=True)
             raise typer.Exit(2) from None
@@ -162,7 +172,14 @@ def choice(text: str, option: str, choices) -> str:
 def output_format(fmt: Optional[str], output: Optional[Path]) -> str:
     if fmt is None:
         suffix = output.suffix.lower().lstrip(".") if output else ""
-        return suffix if suffix in ("json", "csv") else "table"
+        if suffix in ("json", "csv"):
+            return suffix
+        if suffix not in ("", "txt", "table"):
+            raise MlactlError(
+                f"--output {output}: cannot tell the format from '.{suffix}'; "
+                "pass --format table, json or csv, or end the name in .json, .csv or .txt"
+            )
+        return "table"
     return choice(fmt, "--format", FORMATS)
 
 
@@ -377,6 +394,7 @@ def analyze(
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
     engine_params = parse_engines(engines, engine_option)
+    check_points(len(b), fmt)
     result = analysis.analyze(
         cfg,
         hw,
@@ -528,7 +546,7 @@ def batch_cmd(
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
     engine_params = parse_engines(engines, engine_option)
-    new, prefix, count = read_requests(requests)
+    new, prefix, count = read_requests(requests, fmt)
     result = analysis.analyze_batch(
         cfg,
         hw,

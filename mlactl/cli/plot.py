@@ -87,6 +87,9 @@ def dtypes(kv_dtype: str, dtype: str) -> dict:
 
 def run_analysis(model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, engines=None):
     from mlactl import analysis
+    from mlactl.limits import check_plot
+
+    check_plot(len(batch), 0)  # before the analysis: a chart's points cost more than a table's
 
     return analysis.analyze(
         load_model(model, tp),

@@ -255,9 +255,9 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
             raise MlactlError(f"--kernel {unknown[0]!r} is unknown; kernels: {', '.join(spaces.KERNELS)}")
     override = None
     if space is not None:
-        from mlactl.io import read_json
+        from mlactl.io import MAX_CONFIG_BYTES, read_json
 
-        override = read_json(space, "--space file")
+        override = read_json(space, "--space file", limit=MAX_CONFIG_BYTES)
         if not isinstance(override, list) or not all(isinstance(c, dict) for c in override):
             raise MlactlError(f"{space}: --space must hold a JSON list of config objects")
     with run.progress() as progress:

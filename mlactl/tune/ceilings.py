@@ -175,7 +175,7 @@ def write_measured_profile(name_of_device: str, measured: dict, folder: Path | N
         }
     profile["measured"] = table
     folder = folder or dirs.user_hardware_dir()
-    path = folder / f"{profile['name']}.toml"
+    path = folder / f"{dirs.path_component(profile['name'])}.toml"  # a name, never a path
     atomic_write(path, profile_toml(profile))
     hardware.load_profile(path)  # what we wrote must read back
     return path

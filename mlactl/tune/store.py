@@ -4,17 +4,22 @@ A run's results file is rewritten after every measurement (atomically, under a l
 with whatever another process wrote meanwhile), so a killed run keeps everything it finished and
 a rerun skips it. A run is identified by its file: by default one per device, model, tensor
 parallelism, dtypes and backend under $MLACTL_HOME/results/. Nothing a user measured is thrown
-away: `--force` moves the old file aside before starting over.
+away: `--force` moves the old file aside before starting over, under the file's lock (so it waits
+for a process that is writing it), to a name no other file has (created exclusively, never over
+an existing backup). Entries of a resumed file that fail the schema are dropped with a warning and
+measured again.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import time
 from pathlib import Path
 
 from mlactl import dirs, results
-from mlactl.errors import MlactlError
+from mlactl.errors import MlactlError, warn
 from mlactl.io import atomic_write, locked
 
 
@@ -61,7 +66,21 @@ IDENTITY = ("device", "backend", "model", "kv_dtype", "dtype")
 
 
 def default_path(device_slug: str, model: str, tp: int, dtype: str, kv_dtype: str, backend: str) -> Path:
-    return dirs.results_dir() / device_slug / f"{model}-tp{tp}-{dtype}-kv{kv_dtype}-{backend}.json"
+    """$MLACTL_HOME/results/DEVICE/MODEL-....json; every name made safe as one path component (a
+    config.json's _name_or_path of '../../x' or '/tmp/x' must not lead outside $MLACTL_HOME)."""
+    name = dirs.path_component(f"{model}-tp{tp}-{dtype}-kv{kv_dtype}-{backend}")
+    return dirs.results_dir() / dirs.path_component(device_slug) / f"{name}.json"
+
+
+def _finite(value):
+    """JSON without NaN or Infinity (not JSON): a non-finite float is stored as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 class ResultsStore:
@@ -71,20 +90,23 @@ class ResultsStore:
         self.path = Path(path)
         self.moved_aside: Path | None = None
         existing = None
-        if self.path.exists():
+        if self.path.is_dir():
+            raise MlactlError(f"--results-file {self.path} is a directory; give a file name, e.g. {self.path}/run.json")
+        if force:
+            with locked(self.path):  # waits while another process writes it; then nobody can
+                if self.path.exists():
+                    self.moved_aside = self._move_aside()
+        elif self.path.exists():
             try:
-                existing = results.load(self.path)
+                existing = results.load(self.path, drop_bad=True)
                 self._check_same_run(existing, header)
             except MlactlError as exc:
-                if not force:
-                    raise MlactlError(
-                        f"{exc}; pass --force to start over (the old file is kept "
-                        "beside it) or choose another --results-file"
-                    ) from None
-                existing = None
-            if force:
-                self.moved_aside = self._move_aside()
-                existing = None
+                raise MlactlError(
+                    f"{exc}; pass --force to start over (the old file is kept "
+                    "beside it) or choose another --results-file"
+                ) from None
+            for problem in existing.pop("_dropped", []):
+                warn(f"{self.path}: {problem}; that entry will be measured again")
         self.data = existing if existing is not None else dict(header, kernels=[], paths=[], crossovers=[])
         self.resumed = existing is not None
         self._save()
@@ -97,22 +119,33 @@ class ResultsStore:
                 )
 
     def _move_aside(self) -> Path:
+        """Rename the file to NAME.STAMP[.N].json, a name reserved first with an exclusive
+        create: a plain rename would silently overwrite a backup another run just made."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        target = self.path.with_name(f"{self.path.stem}.{stamp}{self.path.suffix}")
-        self.path.rename(target)
-        return target
+        for n in range(10_000):
+            target = self.path.with_name(f"{self.path.stem}.{stamp}{f'.{n}' if n else ''}{self.path.suffix}")
+            try:
+                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise MlactlError(f"cannot keep {self.path} aside as {target}: {exc.strerror or exc}") from None
+            os.replace(self.path, target)  # over our own empty reservation only
+            return target
+        raise MlactlError(f"cannot keep {self.path} aside: 10,000 backups of it exist already")
 
     def _save(self) -> None:
         with locked(self.path):
             on_disk = None
             if self.path.exists():
                 try:
-                    on_disk = results.load(self.path)
+                    on_disk = results.load(self.path, drop_bad=True)
+                    on_disk.pop("_dropped", None)
                 except MlactlError:
                     on_disk = None  # never merge a corrupt file; ours replaces it
             if on_disk is not None and all(on_disk.get(k) == self.data.get(k) for k in IDENTITY):
                 self.data = merge(self.data, on_disk)
-            atomic_write(self.path, json.dumps(self.data, indent=1) + "\n")
+            atomic_write(self.path, json.dumps(_finite(self.data), indent=1, allow_nan=False) + "\n")
 
     # -- reading ---------------------------------------------------------------------------------
 

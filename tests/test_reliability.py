@@ -1,0 +1,602 @@
+"""Issue 10: no traceback on any input, no lost measurement, no write outside where the user asked.
+
+One test per case. Special output targets are made in tmp dirs (os.mknod, os.mkfifo): the real
+/dev/null or /dev/stdout are never touched. Every expected figure is written out by hand.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import multiprocessing
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mlactl import dirs, hardware, io, results
+from mlactl.cli import app
+from mlactl.errors import MlactlError, MlactlWarning
+from mlactl.kernels.configs import device_slug
+from mlactl.tune import store as store_mod
+
+runner = CliRunner()
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="os.mknod of a character device needs root")
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLACTL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLACTL_MAX_MEMORY", raising=False)
+    return tmp_path / "home"
+
+
+def one_error(result, *needles):
+    """Exit 2, exactly one non-empty output line, `Error: ...`, containing each needle."""
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert "Traceback" not in result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def cli(*args, **env):
+    return runner.invoke(app, [str(a) for a in args], env=env or None)
+
+
+# -- -o: where and how output is written -----------------------------------------------------------
+
+
+@needs_root
+def test_output_to_a_character_device_stays_a_device(tmp_path):
+    null = tmp_path / "null"
+    os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # /dev/null's numbers
+    result = cli("analyze", "--format", "json", "-o", null)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISCHR(os.stat(null).st_mode) and os.stat(null).st_rdev == os.makedev(1, 3)
+    assert [p.name for p in tmp_path.iterdir()] == ["null"]  # no temporary file left beside it
+
+
+def test_output_to_a_fifo_is_written_through(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    result = cli("analyze", "--new", "1", "--prefix", "0", "--format", "json", "-o", fifo)
+    reader.join(30)
+    assert result.exit_code == 0, result.output
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert json.loads(got[0])["rows"][0]["new"] == 1
+
+
+def test_output_through_a_symlink_replaces_its_target(tmp_path):
+    target = tmp_path / "data" / "out.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    result = cli("analyze", "--new", "1", "--prefix", "0", "-o", link)
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads(target.read_text())["rows"][0]["prefix"] == 0
+
+
+def test_output_keeps_an_existing_files_mode(tmp_path):
+    out = tmp_path / "private.csv"
+    out.write_text("old")
+    out.chmod(0o600)
+    result = cli("analyze", "--new", "1", "--prefix", "0", "-o", out)
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    assert out.read_text().startswith("batch,new,prefix")
+
+
+def test_output_to_a_directory_says_so(tmp_path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    line = one_error(cli("analyze", "-f", "json", "-o", folder), f"cannot write {folder}: it is a directory")
+    assert ".tmp" not in line
+    assert list(folder.iterdir()) == []
+
+
+def test_output_with_an_unknown_extension_is_refused(tmp_path):
+    out = tmp_path / "out.xml"
+    one_error(cli("analyze", "-o", out), "cannot tell the format from '.xml'", "--format")
+    assert not out.exists()
+    assert cli("analyze", "-o", out, "--format", "csv").exit_code == 0  # named, it is fine
+
+
+@needs_root
+def test_disk_full_on_a_device_names_the_file(tmp_path):
+    full = tmp_path / "full"
+    os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))  # /dev/full: every write is ENOSPC
+    one_error(cli("analyze", "-f", "json", "-o", full), f"cannot write {full}: No space left on device")
+
+
+def test_disk_full_on_a_file_names_it_and_keeps_the_old_one(tmp_path, monkeypatch):
+    out = tmp_path / "grid.json"
+    out.write_text("earlier")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(io.os, "fsync", full)
+    one_error(cli("analyze", "-f", "json", "-o", out), f"cannot write {out}: No space left on device")
+    assert out.read_text() == "earlier"
+    assert [p.name for p in tmp_path.iterdir() if p.name != "home"] == ["grid.json"]  # no temp file left
+
+
+def test_plot_output_through_a_symlink(tmp_path):
+    target = tmp_path / "chart.svg"
+    target.write_text("old")
+    target.chmod(0o640)
+    link = tmp_path / "latest.svg"
+    link.symlink_to(target)
+    result = cli("plot", "roofline", "-o", link)
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and target.read_text().lstrip().startswith("<?xml")
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
+
+
+# -- the results store: nothing measured is lost ----------------------------------------------------
+
+
+def header(**extra) -> dict:
+    return {
+        "schema": "mlactl.results",
+        "schema_version": 1,
+        "device": {"name": "cpu"},
+        "backend": "torch",
+        "timing": {"method": "wall-clock"},
+        "model": {"name": "m", "H": 4, "r": 32, "dC": 16, "dR": 16, "dV": 16},
+        "kv_dtype": "fp32",
+        "dtype": "fp32",
+        "versions": {},
+        **extra,
+    }
+
+
+def path_row(new: int, median: float = 1e-3, **extra) -> dict:
+    return {"batch": 1, "new": new, "prefix": 0, "path": "absorb", "median_s": median, **extra}
+
+
+def good_file(path: Path, rows: int = 48, **extra) -> Path:
+    data = header(**extra)
+    data["paths"] = [path_row(n) for n in range(1, rows + 1)]
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_backups_never_overwrite_one_another(tmp_path, monkeypatch):
+    out = good_file(tmp_path / "r.json", rows=3)
+    monkeypatch.setattr(store_mod.time, "strftime", lambda fmt, *a: "20261130-120000")  # one second
+    taken = tmp_path / "r.20261130-120000.json"
+    taken.write_text("a backup from before")
+    first = store_mod.ResultsStore(out, header(), force=True)
+    assert first.moved_aside == tmp_path / "r.20261130-120000.1.json"
+    first.add("paths", path_row(7))
+    second = store_mod.ResultsStore(out, header(), force=True)
+    assert second.moved_aside == tmp_path / "r.20261130-120000.2.json"
+    assert taken.read_text() == "a backup from before"
+    assert len(json.loads(first.moved_aside.read_text())["paths"]) == 3
+    assert [r["new"] for r in json.loads(second.moved_aside.read_text())["paths"]] == [7]
+
+
+def _force(path: str) -> None:
+    store = store_mod.ResultsStore(path, header(), force=True)
+    store.add("paths", path_row(1000 + os.getpid() % 1000))
+
+
+def test_concurrent_force_runs_lose_no_measurement(tmp_path):
+    """The issue's case: two `--force` runs at once on a file of 48 measurements."""
+    out = good_file(tmp_path / "r.json", rows=48)
+    ctx = multiprocessing.get_context("fork")
+    for _ in range(3):
+        procs = [ctx.Process(target=_force, args=(str(out),)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+    kept = set()
+    for f in tmp_path.glob("r*.json"):
+        kept |= {r["new"] for r in json.loads(f.read_text())["paths"]}
+    assert set(range(1, 49)) <= kept
+    assert not list(tmp_path.glob(".*lock"))
+
+
+def test_force_waits_for_a_writer(tmp_path):
+    out = good_file(tmp_path / "r.json", rows=2)
+    holding, release = threading.Event(), threading.Event()
+
+    def writer():
+        with io.locked(out):
+            holding.set()
+            release.wait(30)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    holding.wait(30)
+    done = []
+    forced = threading.Thread(target=lambda: done.append(store_mod.ResultsStore(out, header(), force=True)))
+    forced.start()
+    time.sleep(0.3)
+    assert not done and len(json.loads(out.read_text())["paths"]) == 2  # waiting, nothing moved
+    release.set()
+    forced.join(30)
+    t.join(30)
+    assert done and len(json.loads(done[0].moved_aside.read_text())["paths"]) == 2
+
+
+def test_results_file_that_is_a_directory_is_refused(tmp_path):
+    folder = tmp_path / "runs"
+    (folder / "keep.json").parent.mkdir()
+    (folder / "keep.json").write_text("{}")
+    for force in (False, True):
+        with pytest.raises(MlactlError, match="is a directory"):
+            store_mod.ResultsStore(folder, header(), force=force)
+    assert [p.name for p in tmp_path.iterdir() if p.name != "home"] == ["runs"]
+    assert (folder / "keep.json").read_text() == "{}"
+
+
+def test_no_lock_file_left_behind(tmp_path):
+    store = store_mod.ResultsStore(tmp_path / "r.json", header())
+    store.add("paths", path_row(1))
+    with io.locked(tmp_path / "x.json"):
+        assert (tmp_path / ".x.json.lock").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "home") == ["r.json"]
+
+
+def test_non_finite_times_are_stored_as_null(tmp_path):
+    store = store_mod.ResultsStore(tmp_path / "r.json", header())
+    store.add("kernels", {"kernel": "k", "bucket": "B=1", "default_median_s": float("inf"), "configs": []})
+    text = (tmp_path / "r.json").read_text()
+    assert "Infinity" not in text and json.loads(text)["kernels"][0]["default_median_s"] is None
+
+
+# -- one schema, checked by every reader --------------------------------------------------------------
+
+
+def breaks(**change):
+    def apply(data):
+        for key, value in change.items():
+            data[key] = value
+        return data
+
+    return apply
+
+
+BAD_FILES = {
+    "paths-ints": (breaks(paths=[1, 2]), "paths[0] must be an object"),
+    "model-string": (breaks(model="deepseek"), "model must be an object"),
+    "crossover-strings": (breaks(crossovers=[{"batch": "1", "prefix": 0}]), "crossovers[0].batch must be an integer"),
+    "crossover-batch-0": (
+        breaks(crossovers=[{"batch": 0, "prefix": 0}]),
+        "crossovers[0].batch must be an integer >= 1",
+    ),
+    "crossover-ints": (breaks(crossovers=[3]), "crossovers[0] must be an object"),
+    "device-name-5": (breaks(device={"name": 5}), "device.name must be a string"),
+    "timing-string": (breaks(timing="fast"), "timing must be an object"),
+    "kernel-no-bucket": (breaks(kernels=[{"kernel": "mla_decode"}]), "kernels[0].bucket must be present"),
+    "ceilings-list": (breaks(ceilings=[1]), "ceilings must be an object"),
+    "median-null": (breaks(paths=[path_row(1, None)]), "paths[0].median_s must be a time"),
+    "median-fast": (breaks(paths=[path_row(1, "fast")]), "paths[0].median_s must be a finite number"),
+    "median-negative": (breaks(paths=[path_row(1, -1.0)]), "paths[0].median_s must be a finite number >= 0"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FILES))
+def test_bad_results_file_is_one_line(tmp_path, name):
+    fix, message = BAD_FILES[name]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(fix(header(crossovers=[{"batch": 1, "prefix": 0, "measured": 5}]))))
+    with pytest.raises(MlactlError, match=None) as info:
+        results.load(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+    for args in (
+        ["analyze", "--policy", "measured", "--results", path],
+        ["plot", "tune", "--results", path, "-o", tmp_path / "t.png"],
+    ):
+        one_error(cli(*args), message)
+
+
+def test_failed_measurement_needs_no_time(tmp_path):
+    """status failed with a reason and no median is a valid entry (sweep.py writes those)."""
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(header(paths=[path_row(1, None, status="failed", reason="OOM")])))
+    assert results.load(path)["paths"][0]["reason"] == "OOM"
+
+
+def test_extra_timing_fields_are_kept(tmp_path):
+    """Fields a newer mlactl adds (spreads, the worker's device) load and survive a resume."""
+    path = tmp_path / "r.json"
+    row = path_row(1, p10_s=9e-4, p90_s=1.1e-3, cv=0.05, worker={"device": "cuda:3"})
+    path.write_text(json.dumps(header(paths=[row], workers=["a", "b"])))
+    assert results.load(path)["paths"][0]["cv"] == 0.05
+    store = store_mod.ResultsStore(path, header())
+    store.add("paths", path_row(2))
+    kept = results.load(path)
+    assert kept["paths"][0]["worker"] == {"device": "cuda:3"} and kept["workers"] == ["a", "b"]
+
+
+def measured_file(folder: Path, name: str, crossover: int, created: str) -> Path:
+    data = header(
+        model={"name": "deepseek-v3", "H": 128, "r": 512, "dC": 128, "dR": 64, "dV": 128},
+        device={"name": "NVIDIA H200", "hardware": "h200"},
+        kv_dtype="bf16",
+        created=created,
+        crossovers=[{"batch": 1, "prefix": 0, "measured": crossover}],
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(data))
+    return folder / name
+
+
+def test_bad_file_in_home_is_skipped_with_a_warning(home):
+    folder = home / "results" / "NVIDIA_H200"
+    measured_file(folder, "good.json", 150, "2026-01-01T00:00:00Z")
+    bad = folder / "newer.json"
+    bad.write_text(json.dumps(header(crossovers=[{"batch": "x", "prefix": 0}])))
+    dims = {"H": 128, "r": 512, "dC": 128, "dR": 64, "dV": 128}
+    with pytest.warns(MlactlWarning, match=f"skipped {bad}: crossovers"):
+        crossovers, where = results.find_crossovers("NVIDIA H200", dims, "bf16")
+    assert crossovers == {0: 150} and where.name == "good.json"
+    # mla_attention(path="auto") chooses with this policy object
+    from mlactl.cost import CostModel
+    from mlactl.model import from_name
+    from mlactl.policy import AutoPolicy
+
+    with pytest.warns(MlactlWarning, match="newer.json"):
+        policy = AutoPolicy(CostModel(from_name("deepseek-v3")), "NVIDIA H200")
+    assert policy.kind == "measured"
+    # and analyze --policy measured: a Warning line, then the answer
+    result = cli("analyze", "--hardware", "h200", "--policy", "measured", "--new", "1", "--prefix", "0")
+    assert result.exit_code == 0, result.output
+    assert f"Warning: skipped {bad}" in result.output
+
+
+def test_resume_measures_bad_entries_again(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(header(paths=[path_row(1), path_row(2, "fast")])))
+    with pytest.warns(MlactlWarning, match=r"paths\[1\].median_s .* measured again"):
+        store = store_mod.ResultsStore(path, header())
+    assert store.resumed and store.find("paths", batch=1, new=1, prefix=0, path="absorb") is not None
+    assert store.find("paths", batch=1, new=2, prefix=0, path="absorb") is None  # so the sweep measures it
+    assert [r["new"] for r in results.load(path)["paths"]] == [1]
+
+
+# -- names that become path components -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../../../../tmp/x", "/tmp/x", "..", ".", "", "a/../../b", "~root"])
+def test_names_stay_one_path_component(name, home):
+    for path in (
+        store_mod.default_path(device_slug(name), name, 1, "fp32", "fp32", "torch"),
+        store_mod.default_path(name, "m", 1, "fp32", "fp32", "torch"),
+    ):
+        resolved = path.resolve()
+        assert resolved.parent.parent == (home / "results").resolve(), path
+        assert not resolved.name.startswith(".")
+    assert "/" not in dirs.path_component(name) and dirs.path_component(name) not in ("", ".", "..")
+
+
+def test_config_name_or_path_cannot_lead_tune_outside_home(tmp_path, home):
+    from mlactl.model import from_hf_config
+
+    config = {
+        "_name_or_path": "../../../../tmp/escape",
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 16,
+        "num_hidden_layers": 1,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg = from_hf_config(tmp_path / "config.json")
+    path = store_mod.default_path(device_slug("cpu"), cfg.name, 1, "fp32", "fp32", "torch")
+    assert path == home / "results" / "cpu" / "tmp_escape-tp1-fp32-kvfp32-torch.json"
+
+
+def test_measured_profile_name_stays_in_the_hardware_folder(tmp_path, monkeypatch):
+    from mlactl.tune import ceilings
+
+    evil = hardware.parse_profile(
+        {"name": "../../evil", "peak_tflops": {"fp32": 1}, "bandwidth_tbs": 1, "memory_gb": 1, "match": ["Evil"]},
+        "x",
+    )
+    monkeypatch.setattr(hardware, "detect", lambda name: evil)
+    path = ceilings.write_measured_profile("Evil GPU", {"bandwidth_tbs": 0.5, "peak_tflops": {"fp32": 0.5}}, tmp_path)
+    assert path == tmp_path / "evil.toml"
+
+
+# -- sizes beyond int64, and memory ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["analyze", "--new", str(10**20)], "--new: '100000000000000000000' is above the limit of 2,147,483,647"),
+        (["analyze", "--prefix", "9223372036854775807"], "--prefix: '9223372036854775807' is above the limit"),
+        (["analyze", "--prefix", "0:99999999999999999999:1K"], "is above the limit of 2,147,483,647"),
+        (["analyze", "--batch", "2M:4M:*2", "--new", "2K"], None),  # 2^31 - 1 < 4M * ... : fine, each below
+        (["crossover", "--max-new", "3G"], "--max-new: '3G' is not a whole number"),
+        (["analyze", "--new", "-5"], "--new: -5 must be a positive integer"),
+        (["analyze", "--new", "1" * 5000], "is above the limit"),
+    ],
+)
+def test_sizes_beyond_the_limit(args, needle):
+    result = cli(*args)
+    if needle is None:
+        assert result.exit_code == 0, result.output
+        return
+    one_error(result, needle)
+
+
+def test_requests_count_beyond_the_limit(tmp_path):
+    csv = tmp_path / "r.csv"
+    csv.write_text(f"new,prefix,count\n1,0,{10**20}\n")
+    one_error(cli("batch", csv), "line 2: count: '100000000000000000000' is above the limit of 2,147,483,647")
+
+
+def test_grid_memory_is_checked_before_it_is_built():
+    # 100,000 points at 1,500 bytes is 143 MiB: over a 64 MiB budget
+    one_error(
+        cli("analyze", "--batch", "1:100000", "--new", "1", "--prefix", "0", MLACTL_MAX_MEMORY="64M"),
+        "--batch: 100,000 values, more than the 44,739",
+        "split",
+    )
+    # JSON costs 31,500 bytes a point: 10,000 points need 300 MiB, CSV would need 14 MiB
+    args = ["analyze", "--batch", "1:10000", "--new", "1", "--prefix", "0"]
+    one_error(cli(*args, "-f", "json", MLACTL_MAX_MEMORY="256M"), "10,000 points in json", "--format csv")
+    assert cli(*args, "-f", "csv", MLACTL_MAX_MEMORY="256M").exit_code == 0
+
+
+def test_requests_csv_rows_are_counted_as_they_stream(tmp_path, monkeypatch):
+    from mlactl import requests
+
+    monkeypatch.setattr(requests, "CHECK_EVERY", 100)
+    csv = tmp_path / "many.csv"
+    csv.write_text("new,prefix\n" + "1,0\n" * 2000)
+    # 2,000 requests at 800 bytes need 1.5 MiB, over a 1 MiB budget: refused at row 1,400
+    one_error(cli("batch", csv, MLACTL_MAX_MEMORY="1M"), "1,400+ requests in table", "1.1 MiB", "split -l")
+
+
+def test_plot_resolution_and_points_are_checked(tmp_path):
+    out = tmp_path / "x.png"
+    one_error(cli("plot", "roofline", "--dpi", "100000", "-o", out), "PNG is at most 65,535 a side")
+    # 10 x 6.5 inches at 2,000 dpi: 260 megapixels at 12 bytes, 2.9 GiB
+    one_error(cli("plot", "roofline", "--dpi", "2000", "-o", out, MLACTL_MAX_MEMORY="1G"), "260-megapixel", "--dpi")
+    # 200,000 points at 4,000 bytes: 763 MiB
+    one_error(
+        cli("plot", "crossover", "--new", "1:200000", "--prefix", "0", "-o", out, MLACTL_MAX_MEMORY="512M"),
+        "a chart of 200,000 points",
+    )
+    assert not out.exists()
+
+
+@needs_root
+def test_model_from_an_endless_device(tmp_path):
+    zero = tmp_path / "zero"
+    os.mknod(zero, stat.S_IFCHR | 0o444, os.makedev(1, 5))  # /dev/zero's numbers
+    one_error(cli("analyze", "--model", zero), f"cannot read model config {zero}: larger than 16 MiB")
+    one_error(cli("batch", zero), "longer than 4096 characters")
+
+
+def test_deeply_nested_json(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    one_error(cli("analyze", "--model", deep), "nested too deeply")
+    one_error(cli("analyze", "--policy", "measured", "--results", deep), "nested too deeply")
+
+
+# -- TOML profiles ------------------------------------------------------------------------------------------
+
+PROFILE = 'name = "x"\nmemory_gb = 80\nbandwidth_tbs = 2\n{extra}[peak_tflops]\nbf16 = {peak}\n'
+
+
+@pytest.mark.parametrize(
+    "extra, peak, needle",
+    [
+        ("sources = 5\n", "500", "sources must be a list of strings"),
+        ('match = "H100"\n', "500", "match must be a list of strings"),
+        ("", "inf", "peak_tflops.bf16 must be a positive number, got inf"),
+        ("", "nan", "peak_tflops.bf16 must be a positive number, got nan"),
+        ("", "1e308", "peak_tflops.bf16 must be a positive number, got 1e+308 (from 1e-06 to 1e+06)"),
+        ("", "1e-320", "got 1e-320"),
+        ("sm_count = 1.5\n", "500", "sm_count must be a whole number"),
+        ("display = 3\n", "500", "display must be a non-empty string"),
+    ],
+)
+def test_bad_profile_values(tmp_path, extra, peak, needle):
+    path = tmp_path / "x.toml"
+    path.write_text(PROFILE.format(extra=extra, peak=peak))
+    one_error(cli("analyze", "--hardware", path), needle)
+
+
+def test_json_output_is_strict_at_the_profile_limits(tmp_path):
+    path = tmp_path / "x.toml"
+    path.write_text('name = "x"\nmemory_gb = 1e6\nbandwidth_tbs = 1e-6\n[peak_tflops]\nbf16 = 1e6\n')
+
+    def no_constant(name):
+        raise AssertionError(f"{name} in JSON output")
+
+    for command in ("analyze", "crossover"):
+        result = cli(command, "--hardware", path, "-f", "json")
+        assert result.exit_code == 0, result.output
+        json.loads(result.stdout, parse_constant=no_constant)
+
+
+def test_bad_user_profile_does_not_break_other_commands(home):
+    (home / "hardware").mkdir(parents=True)
+    bad = home / "hardware" / "mine.toml"
+    bad.write_text('name = "mine"\nsources = 5\n')
+    result = cli("list")
+    assert result.exit_code == 0, result.output
+    assert f"Warning: skipped hardware profile: {bad}: missing required key" in result.output
+    assert "h200" in result.output
+    assert cli("analyze", "--hardware", "h200").exit_code == 0
+    one_error(cli("analyze", "--hardware", "mine"), str(bad))  # asked for, it is an error
+
+
+# -- requests CSV ------------------------------------------------------------------------------------------
+
+
+def batch_json(path) -> dict:
+    result = cli("batch", path, "-f", "json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_requests_csv_cells(tmp_path):
+    plain = tmp_path / "plain.csv"
+    plain.write_text("new,prefix,count\n1,4096,2\n512,0,1\n")
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes().replace(b"\n", b"\r\n"))  # Excel's CSV UTF-8
+    suffixed = tmp_path / "k.csv"
+    suffixed.write_text("new,prefix,count\n1,4K,2\n512,0,1\n")
+    want = batch_json(plain)
+    assert batch_json(bom) == want and batch_json(suffixed) == want
+
+    for body, needle in (
+        ("new,prefix\n\u00b2,0\n", "line 2: new '²' is not a whole number"),
+        ("new,prefix\n\u0663,0\n", "line 2: new '٣' is not a whole number"),
+        ('new,prefix\n"1\n2",0\n', "line 2: a quoted cell spans lines"),
+        ("new,prefix\n0,0\n", "line 2: new must be at least 1"),
+    ):
+        bad = tmp_path / "bad.csv"
+        bad.write_text(body)
+        one_error(cli("batch", bad), needle)
+
+
+# -- the root command ---------------------------------------------------------------------------------------
+
+
+def test_unknown_option_is_one_line():
+    one_error(cli("analyze", "--bogus"), "No such option: --bogus", "analyze --help)")
+    one_error(cli("nonsense"), "No such command 'nonsense'")
+    one_error(cli("plot", "roofline", "--dpi"), "--dpi")
+
+
+def test_broken_pipe_exits_quietly():
+    mlactl = Path(sys.executable).with_name("mlactl")
+    command = [str(mlactl)] if mlactl.exists() else [sys.executable, "-m", "mlactl.cli"]
+    proc = subprocess.Popen(
+        [*command, "analyze", "--new", "1:20000", "--format", "csv"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.read(100)
+    proc.stdout.close()  # like `| head -c 100`
+    err = proc.stderr.read()
+    proc.wait(60)
+    assert err == b"" and proc.returncode != 2
