@@ -29,6 +29,8 @@ from mlactl.tune.units import Unit, UnitStore, is_done, measure_unit, seed_for
 INSTALL_HINT = "--ray needs Ray, an optional extra: pip install -e '.[ray]' (or pip install 'mlactl[ray]')"
 RETRIES = 2  # a unit lost with its worker runs at most 1 + RETRIES times
 UNIT_TIMEOUT_S = 600.0  # a unit still running after this is taken to hang: its worker is killed
+START_TIMEOUT_S = 300.0  # workers not up by then: the cluster lacks the resources asked for
+RESTART_TIMEOUT_S = 60.0  # a lost worker not back by then (Ray restarts it) is given no more units
 RETIRE_AFTER = 3  # a worker whose last 3 units were all lost is given no more
 # environment a worker needs to see as the driver does (Ray copies none of it to other nodes)
 FORWARDED_ENV = ("MLACTL_HOME", "MLACTL_TUNED_DIR", "TRITON_INTERPRET", "TRITON_CACHE_DIR")
@@ -117,7 +119,9 @@ class Slot:
     done: int = 0
     failed: int = 0  # units lost while on this worker (each retried elsewhere or recorded)
     lost_in_a_row: int = 0
-    busy: tuple | None = None  # (unit, start time, attempt)
+    busy: tuple | None = None  # (unit, start time, attempt, workers that lost it before)
+    probing: float = 0.0  # lost a unit: since when it is asked whether it is back (0: it is not)
+    reprobe_at: float = 0.0  # still restarting: ask again then
     retired: bool = False
 
 
@@ -195,12 +199,12 @@ class Cluster:
                 raise MlactlError("the Ray cluster has no GPUs; for CPU actors use --backend torch --ray --workers N")
         # max_restarts=-1: Ray brings a killed actor back; its unit is retried by the driver
         cls = ray.remote(max_restarts=-1, max_task_retries=0, **resources)(Worker)
-        slots = [Slot(i, cls.remote(setup)) for i in range(count)]
+        slots = self.slots = [Slot(i, cls.remote(setup)) for i in range(count)]  # for close() on errors
         try:
-            hellos = ray.get([s.actor.hello.remote() for s in slots], timeout=UNIT_TIMEOUT_S)
+            hellos = ray.get([s.actor.hello.remote() for s in slots], timeout=START_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise MlactlError(
-                f"{count} Ray workers did not start within {UNIT_TIMEOUT_S:.0f} s "
+                f"{count} Ray workers did not start within {START_TIMEOUT_S:.0f} s "
                 f"(the cluster has {ray.cluster_resources()}); ask for fewer --workers"
             ) from None
         except ray.exceptions.RayError as exc:
@@ -237,27 +241,52 @@ class Cluster:
             for unit in units:
                 self.enqueue(device, unit)
         in_flight: dict = {}  # ObjectRef -> slot
+        for slot in self.slots:  # lost a unit in an earlier run() and not yet heard from
+            if slot.probing and not slot.retired:
+                in_flight[slot.actor.hello.remote()] = slot
         timed_out: dict[int, str] = {}  # slot index -> why it was killed
         bar = _Bar(progress, self)
         try:
             while True:
                 busy_since = time.monotonic()
                 for slot in self.slots:
-                    if slot.busy is None and not slot.retired:
+                    if slot.reprobe_at and busy_since >= slot.reprobe_at:
+                        slot.reprobe_at = 0.0
+                        in_flight[slot.actor.hello.remote()] = slot
+                    if slot.busy is None and not slot.probing and not slot.retired:
                         ref = self._dispatch(slot, stats, deadline, override, on_done, on_dispatch)
                         if ref is not None:
                             in_flight[ref] = slot
                 self._drop_orphans(stats, retries)
                 stats.driver_s += time.monotonic() - busy_since
-                if not in_flight:
-                    if any(d.queue for d in self.devices.values()):
-                        continue  # a unit finished while dispatching added work
-                    break
+                if not any(s.busy for s in in_flight.values()):  # only restarts, if anything, in flight
+                    if not any(d.queue for d in self.devices.values()):
+                        break
+                    if not in_flight:
+                        time.sleep(0.05)  # restarting workers to ask again, or work just added
+                        continue
                 bar.show(stats, start)
-                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.5)
+                # wake at least twice a second for the bar, and in time for the next unit timeout
+                soonest = min((s.busy[1] + unit_timeout_s for s in in_flight.values() if s.busy), default=math.inf)
+                wait_s = min(0.5, max(0.0, soonest - time.monotonic()))
+                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=wait_s)
                 busy_since = time.monotonic()
                 for ref in ready:
                     slot = in_flight.pop(ref)
+                    if slot.probing:  # a worker that lost its unit: back (restarted by Ray) or not
+                        try:
+                            hello = ray.get(ref)
+                            slot.pid, slot.host, slot.probing = hello["pid"], hello["host"], 0.0
+                        except ray.exceptions.ActorUnavailableError:
+                            slot.reprobe_at = time.monotonic() + 0.5  # being restarted: ask again soon
+                        except ray.exceptions.RayError as exc:
+                            slot.lost_in_a_row += 1
+                            if slot.lost_in_a_row >= RETIRE_AFTER:
+                                slot.retired, slot.probing = True, 0.0
+                                stats.skipped.append(f"worker {slot.index} ({slot.host}) retired: {_reason(exc)}")
+                            else:
+                                in_flight[slot.actor.hello.remote()] = slot
+                        continue
                     unit, _, attempt, lost_on = slot.busy
                     slot.busy = None
                     try:
@@ -269,6 +298,9 @@ class Cluster:
                         if slot.lost_in_a_row >= RETIRE_AFTER:
                             slot.retired = True
                             stats.skipped.append(f"worker {slot.index} ({slot.host}) retired: {reason}")
+                        else:  # no new unit until it answers: one sent now could die with the old process
+                            slot.probing = time.monotonic()
+                            in_flight[slot.actor.hello.remote()] = slot
                         if attempt < retries:
                             stats.retried += 1
                             self.devices[slot.device].queue.appendleft((unit, attempt + 1, lost_on | {slot.index}))
@@ -286,6 +318,12 @@ class Cluster:
                     stats.units += 1
                     on_done(self.devices[slot.device], unit, out)
                 now = time.monotonic()
+                for ref, slot in list(in_flight.items()):  # a worker that does not come back: retired
+                    if slot.probing and now - slot.probing > RESTART_TIMEOUT_S:
+                        del in_flight[ref]
+                        slot.reprobe_at = 0.0
+                        slot.retired, slot.probing = True, 0.0
+                        stats.skipped.append(f"worker {slot.index} ({slot.host}) retired: not back after restart")
                 for slot in in_flight.values():  # a hung kernel: kill the worker, retry the unit
                     if slot.busy and now - slot.busy[1] > unit_timeout_s and slot.index not in timed_out:
                         timed_out[slot.index] = f"timed out after {unit_timeout_s:g} s"
@@ -305,7 +343,9 @@ class Cluster:
             # the first unit this worker has not lost; one it lost waits for another live worker
             pick = next((i for i, q in enumerate(device.queue) if slot.index not in q[2]), None)
             if pick is None:
-                others = [s for s in self.slots if s.device == slot.device and not s.retired and s is not slot]
+                others = [
+                    s for s in self.slots if s.device == slot.device and not (s.retired or s.probing) and s is not slot
+                ]
                 if any(s.index not in device.queue[0][2] for s in others):
                     return None
                 pick = 0
@@ -323,10 +363,11 @@ class Cluster:
                 on_done(device, unit, None)
                 continue
             seed = seed_for(device.store, unit, self.setup.chunk)
-            if on_dispatch is not None:
-                on_dispatch(slot, unit)
             slot.busy = (unit, time.monotonic(), attempt, lost_on)
-            return slot.actor.measure.remote(unit, seed, device.ctx.hw, device.header, left, override)
+            ref = slot.actor.measure.remote(unit, seed, device.ctx.hw, device.header, left, override)
+            if on_dispatch is not None:  # tests: a fault injected while the unit is in flight
+                on_dispatch(slot, unit)
+            return ref
         return None
 
     def _drop_orphans(self, stats: Stats, retries: int) -> None:
@@ -371,13 +412,15 @@ class Cluster:
             store.set_ceilings({"failed": reason})
 
     def close(self, kill: bool = False) -> None:
+        """Stop the workers (they hold their GPUs or CPUs until then) and a cluster this run
+        started; `kill` says the run was cut short (the same thing is done either way)."""
         ray = self.ray
         for slot in getattr(self, "slots", []):
-            if kill:
-                try:
-                    ray.kill(slot.actor, no_restart=True)
-                except Exception:  # noqa: BLE001 — already gone: nothing to stop
-                    pass
+            try:
+                ray.kill(slot.actor, no_restart=True)
+            except Exception:  # noqa: BLE001 — already gone: nothing to stop
+                pass
+        self.slots = []
         if self.started:
             ray.shutdown()
             self.started = False
@@ -417,6 +460,7 @@ class _Bar:
         )
         for s in self.cluster.slots:
             state = "retired" if s.retired else ("1 in flight: " + s.busy[0].label() if s.busy else "idle")
+            state = "restarting" if s.probing else state
             self.progress.update(
                 self.rows[s.index],
                 total=s.done + s.failed + (1 if s.busy else 0),
