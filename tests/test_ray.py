@@ -85,7 +85,8 @@ def _run(tmp_path, name: str) -> Run:
 
 def test_faults_resume_and_kernels_on_one_set_of_workers(cluster, tmp_path, home):
     """One pair of workers (each start imports torch: seconds on this machine) for: kernels
-    against a serial run, a worker killed mid-unit, a rerun that resumes, a unit that hangs."""
+    against a serial run, a worker killed mid-unit, a rerun that resumes, a unit that hangs,
+    Ctrl-C."""
     from mlactl.tune import ray_runner
     from mlactl.tune import space as spaces
 
@@ -108,9 +109,17 @@ def test_faults_resume_and_kernels_on_one_set_of_workers(cluster, tmp_path, home
         _, again = ray_runner.tune_paths(run.cluster, [1, 2], [1, 8, 64], [0, 64], refine=False)
         # 1 ms: no unit can finish in time, so each attempt is killed as hung
         _, hung = ray_runner.tune_paths(run.cluster, [1], [2], [0], refine=False, retries=1, unit_timeout_s=0.001)
+
+        def interrupt(slot, unit):  # Ctrl-C while a unit is in flight
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            ray_runner.tune_paths(run.cluster, [4], [1], [0], refine=False, on_dispatch=interrupt)
+        assert run.cluster.slots == []  # the workers were stopped
     finally:
         run.finish()
-    data = results.load(tmp_path / "run.json")
+    data = results.load(tmp_path / "run.json")  # valid after all of it, Ctrl-C included
+    assert not [r for r in data["paths"] if r["batch"] == 4]  # the interrupted unit left nothing
 
     # kernels: the same buckets as the serial run, each timed once (the twins have no configs)
     assert keys(data, "kernels") == keys(results.load(serial), "kernels")

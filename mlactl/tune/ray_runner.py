@@ -22,6 +22,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlactl.errors import MlactlError
 from mlactl.tune.units import Unit, UnitStore, is_done, measure_unit, seed_for
@@ -48,7 +49,7 @@ def import_ray():
 class WorkerSetup:
     """What a worker builds its sweep.Context from (sent once, at start)."""
 
-    cfg: object  # MLAConfig
+    cfg: Any  # MLAConfig
     backend: str
     kv_dtype: str
     dtype: str
@@ -112,7 +113,7 @@ class Slot:
     """The driver's view of one actor."""
 
     index: int
-    actor: object
+    actor: Any  # a Ray ActorHandle of Worker
     pid: int = 0
     host: str = ""
     device: str = ""  # the device name its results are keyed by
@@ -131,8 +132,8 @@ class Device:
     tuned-config files, its queue of (unit, attempt, workers that lost it)."""
 
     name: str
-    store: object
-    ctx: object
+    store: Any  # ResultsStore
+    ctx: Any  # sweep.Context without a device
     header: dict
     queue: collections.deque = field(default_factory=collections.deque)
 
@@ -532,6 +533,16 @@ def _times(store, b: int, n: int, p: int, chunk: int) -> dict[str, float]:
     return {r["path"]: r["median_s"] for r in rows if r is not None and r.get("status") == "ok"}
 
 
+@dataclass
+class _Group:
+    """The points of one (batch, prefix) on one device type: those not back yet, those measured
+    (the grid, then the bisection's), and how many bisection steps were taken."""
+
+    pending: set
+    news: list
+    steps: int = 0
+
+
 def tune_paths(cluster: Cluster, batches, news, prefixes, refine: bool = True, deadline: float = math.inf, **run_kw):
     """Both paths at every point on every device type, the crossover bisected as in the serial
     run once a (batch, prefix) has all its points. Returns ({device: [crossover rows]}, Stats)."""
@@ -541,31 +552,28 @@ def tune_paths(cluster: Cluster, batches, news, prefixes, refine: bool = True, d
     s = cluster.setup
     cost = CostModel(s.cfg, kv_dtype=s.kv_dtype, dtype=s.dtype, chunk=s.chunk)
     units = [Unit("paths", batch=b, new=n, prefix=p) for b in batches for p in prefixes for n in news]
-    groups = {
-        d: {(b, p): {"pending": set(news), "news": list(news), "steps": 0} for b in batches for p in prefixes}
-        for d in cluster.devices
-    }
+    groups = {d: {(b, p): _Group(set(news), list(news)) for b in batches for p in prefixes} for d in cluster.devices}
     rows: dict[str, list[dict]] = {d: [] for d in cluster.devices}
 
     def on_done(device: Device, unit: Unit, out) -> None:
         b, n, p = unit.batch, unit.new, unit.prefix
         group = groups[device.name][(b, p)]
-        group["pending"].discard(n)
+        group.pending.discard(n)
         if (
             out is None
             and not _times(device.store, b, n, p, s.chunk)
             and device.store.find("paths", batch=b, new=n, prefix=p, path="expand") is None
         ):
-            group["news"].remove(n)  # cut by the budget: not measured, as in the serial run
-        if group["pending"]:
+            group.news.remove(n)  # cut by the budget: not measured, as in the serial run
+        if group.pending:
             return
-        times = {m: _times(device.store, b, m, p, s.chunk) for m in group["news"]}
-        if refine and group["steps"] < REFINE_STEPS and time.monotonic() < deadline:
+        times = {m: _times(device.store, b, m, p, s.chunk) for m in group.news}
+        if refine and group.steps < REFINE_STEPS and time.monotonic() < deadline:
             mid = next_refine_point(times)
             if mid is not None:
-                group["steps"] += 1
-                group["news"].append(mid)
-                group["pending"].add(mid)
+                group.steps += 1
+                group.news.append(mid)
+                group.pending.add(mid)
                 cluster.enqueue(device.name, Unit("paths", batch=b, new=mid, prefix=p))
                 return
         rows[device.name].append(crossover_row(device.ctx, cost, b, p, times))

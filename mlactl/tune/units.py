@@ -72,10 +72,10 @@ class UnitStore:
     """What a unit sees of the results store: `find`, `add`, `set_ceilings`, `data` (device and
     versions). Entries added are kept, merged the way ResultsStore merges them, for `added`."""
 
-    def __init__(self, header: dict, seed: list[tuple[str, dict]] = ()):
+    def __init__(self, header: dict, seed: list[tuple[str, dict]] | None = None):
         self.data: dict = dict(header, kernels=[], paths=[], crossovers=[])
         self._added: dict[tuple, tuple[str, dict]] = {}
-        for section, entry in seed:
+        for section, entry in seed or []:
             self.data[section].append(json.loads(json.dumps(entry)))  # a copy the unit may change
 
     def find(self, section: str, **key) -> dict | None:
