@@ -6,6 +6,7 @@ has that unit retried on the other worker; a unit that outlives its timeout is r
 with the reason; no entry is duplicated or lost; a rerun resumes from the store.
 """
 
+import json
 import os
 import signal
 import sys
@@ -187,3 +188,38 @@ def test_ray_bad_input(home, args, message):
 )
 def test_ray_address_is_optional(args, expected):
     assert _ray_address_optional(args) == expected
+
+
+def test_interpreter_configs_split_over_workers_merge_into_one_bucket(cluster, tmp_path, home):
+    """Three configs of one mla_decode bucket cut into 2 units (one per worker): the store holds
+    one bucket with all three, the failing one with its reason, the best over both units."""
+    tiny = {
+        "model_type": "tiny-mla",
+        "hidden_size": 256,
+        "num_attention_heads": 2,
+        "kv_lora_rank": 32,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 16,
+        "num_hidden_layers": 2,
+    }
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(tiny))
+    configs = [
+        {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+        {"BLOCK_H": 24, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},  # not a power of two: refused
+        {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+    ]
+    space = tmp_path / "space.json"
+    space.write_text(json.dumps(configs))
+    out = tmp_path / "interp.json"
+    args = ["kernels", "--interpret", "--model", str(model), "--kernel", "mla_decode", "--space", str(space)]
+    shown = tune(*args, "--dtype", "fp16", "--results-file", str(out), "--ray", "--workers", "2")
+    assert "2 units done, 0 failed" in shown.output
+    (entry,) = results.load(out)["kernels"]
+    by_config = {json.dumps(c["config"], sort_keys=True): c for c in entry["configs"]}
+    assert set(by_config) == {json.dumps(c, sort_keys=True) for c in configs}
+    assert by_config[json.dumps(configs[1], sort_keys=True)]["status"] == "failed"
+    ok = [c for c in entry["configs"] if c["status"] == "ok"]
+    assert len(ok) == 2 and entry["best"] == min(ok, key=lambda c: c["median_s"])["config"]
