@@ -223,3 +223,11 @@ def test_interpreter_configs_split_over_workers_merge_into_one_bucket(cluster, t
     assert by_config[json.dumps(configs[1], sort_keys=True)]["status"] == "failed"
     ok = [c for c in entry["configs"] if c["status"] == "ok"]
     assert len(ok) == 2 and entry["best"] == min(ok, key=lambda c: c["median_s"])["config"]
+
+
+@pytest.mark.parametrize("command", ["kernels", "paths", "ceilings"])
+def test_help_says_how_to_install_ray(command):
+    """The extra's name survives the help's markup (rich would eat a bare [ray])."""
+    result = runner.invoke(app, ["tune", command, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "pip install -e '.[ray]'" in result.output and "--workers" in result.output

@@ -81,7 +81,7 @@ RayOpt = Annotated[
         metavar="[ADDRESS]",
         help="Spread the work over a Ray cluster, one worker per GPU: ADDRESS 'auto' joins the "
         "cluster this node belongs to (ray start), a host:port another one; alone, --ray starts "
-        "one on this machine. Needs the extra: pip install -e '.[ray]'. docs/cluster.md.",
+        "one on this machine. Needs the extra: pip install -e '.\\[ray]' (see docs/cluster.md).",
     ),
 ]
 WorkersOpt = Annotated[
