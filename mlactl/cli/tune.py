@@ -4,12 +4,33 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+
+def _ray_address_optional(args: list[str]) -> list[str]:
+    """`--ray` alone means a local cluster: Typer's parser has no options with an optional
+    value, so a bare --ray (last, or before another option or a sub-command) gets "local"."""
+    out = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg == "--ray":
+            following = args[i + 1] if i + 1 < len(args) else None
+            if following is None or following.startswith("-") or following in ("kernels", "paths", "ceilings"):
+                out.append("local")
+    return out
+
+
+class _TuneGroup(typer.core.TyperGroup):
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, _ray_address_optional(args))
+
+
 tune_app = typer.Typer(
+    cls=_TuneGroup,
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -23,6 +44,7 @@ from mlactl.cli import (  # noqa: E402  (tune_app exists before mlactl.cli impor
     load_model,
     one_int,
 )
+from mlactl.defaults import ACT_DTYPES, DEFAULT_CHUNK, TUNE_BACKENDS  # noqa: E402
 from mlactl.errors import MlactlError  # noqa: E402
 
 BackendOpt = Annotated[
@@ -62,30 +84,56 @@ RepeatsOpt = Annotated[
         help="Measure an unstable timing (CV over 10%) again up to this many times; the steadiest is kept.",
     ),
 ]
+RayOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--ray",
+        metavar="[ADDRESS]",
+        help="Spread the work over a Ray cluster, one worker per GPU: ADDRESS 'auto' joins the "
+        "cluster this node belongs to (ray start), a host:port another one; alone, --ray starts "
+        "one on this machine. Needs the extra: pip install -e '.\\[ray]' (see docs/cluster.md).",
+    ),
+]
+WorkersOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--workers", min=1, help="With --ray: N CPU workers (--backend torch or --interpret) instead of GPUs."
+    ),
+]
 
 
+@dataclass
 class Run:
-    """A tune invocation: device, model, store and context, set up once for all its sweeps."""
+    """A tune invocation: its options, then (set up once for all its sweeps) the model, the
+    device, the results store and the sweep context; with `ray` set, the Ray cluster instead of
+    a local device, and one store per device type among its workers."""
 
-    def __init__(
-        self,
-        model,
-        tp,
-        backend,
-        interpret,
-        device,
-        kv_dtype,
-        dtype,
-        quick,
-        budget,
-        force,
-        results_file,
-        warm,
-        chunk=8192,
-        run_name=None,
-        repeats=2,
-    ):
-        backend = "interpret" if interpret else choice(backend, "--backend", ("triton", "torch", "interpret"))
+    model: str = "deepseek-v3"
+    tp: str = "1"
+    backend: str = "triton"
+    interpret: bool = False
+    device: Optional[str] = None
+    kv_dtype: str = "auto"
+    dtype: str = "auto"
+    quick: bool = False
+    budget: Optional[str] = None
+    force: bool = False
+    results_file: Optional[Path] = None
+    warm: bool = False
+    chunk: int = DEFAULT_CHUNK
+    run_name: Optional[str] = None
+    repeats: int = 2  # re-measurements of a timing whose CV stays over 10%
+    ray: Optional[str] = None  # a Ray address; "local" starts a cluster on this machine
+    workers: Optional[int] = None  # with ray: this many CPU actors instead of one per GPU
+
+    def __post_init__(self) -> None:
+        backend = "interpret" if self.interpret else choice(self.backend, "--backend", TUNE_BACKENDS)
+        if self.workers is not None and self.ray is None:
+            raise MlactlError("--workers counts Ray workers: add --ray (or --ray auto for an existing cluster)")
+        if self.ray is not None:
+            from mlactl.tune.ray_runner import import_ray
+
+            import_ray()  # without the extra: one line on how to install it, before anything starts
         if backend == "interpret":
             os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton's JIT
         try:
@@ -95,10 +143,61 @@ class Run:
                 "mlactl tune needs torch and triton: in the mlactl source folder, "
                 "pip install torch==2.13.0 && pip install -e '.[kernels]' (README, Quick start)"
             ) from None
-        from mlactl import hardware
-        from mlactl.kernels.configs import device_slug
-        from mlactl.tune import store, sweep
+        if self.ray is not None:
+            self.device_type = self._ray_device(backend)
+        else:
+            self.device_type = self._local_device(backend, torch)
+        on_gpu = self.device_type == "cuda"
+        dtype = self.dtype
+        dtype = ("bf16" if on_gpu else "fp32") if dtype == "auto" else choice(dtype, "--dtype", ACT_DTYPES)
+        kv_dtype = dtype if self.kv_dtype == "auto" else choice(self.kv_dtype, "--kv-dtype", KV_DTYPES)
+        if kv_dtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
+            raise MlactlError("--kv-dtype fp8 needs a torch with float8_e4m3fn")
+        self.backend, self.dtype, self.kv_dtype = backend, dtype, kv_dtype
+        self.cfg = load_model(self.model, self.tp)
+        self.budget_s = one_int(self.budget, "--budget") if self.budget else (60 if self.quick else 300)
+        self.start = time.monotonic()
+        self.stores: list = []
+        from rich.console import Console
 
+        self.console = Console(stderr=True)
+        if not self.console.is_terminal:  # piped or captured: do not fold the tables at 80 columns
+            self.console = Console(stderr=True, width=max(self.console.width, 132))
+        self.width = self.console.width if self.console.is_terminal else None  # None: full values
+        self.cluster = None
+        if self.ray is None:
+            from mlactl.tune import sweep
+
+            self.store, self.hw = self.open_store(*sweep.environment(self.torch_device, backend))
+            self.ctx = self.context(self.store, self.hw, self.torch_device)
+            return
+        from mlactl.tune import ray_runner
+
+        setup = ray_runner.WorkerSetup(
+            self.cfg,
+            backend,
+            kv_dtype,
+            dtype,
+            self.device_type,
+            self.warm,
+            self.quick,
+            0.02 if self.quick else 0.1,
+            self.chunk,
+            env={k: os.environ[k] for k in ray_runner.FORWARDED_ENV if k in os.environ},
+            repeats=self.repeats,
+        )
+
+        def open_device(info, versions, timing):
+            store, hw = self.open_store(info, versions, timing)
+            return store, self.context(store, hw, None)
+
+        self.cluster = ray_runner.Cluster(self.ray, self.workers, setup, open_device, self.console)
+        first = next(iter(self.cluster.devices.values()))
+        self.store, self.hw, self.ctx = first.store, first.ctx.hw, first.ctx
+        names = ", ".join(f"{s.device} ({s.host})" for s in self.cluster.slots)
+        self.say(f"Ray: {len(self.cluster.slots)} workers: {names}")
+
+    def _local_device(self, backend: str, torch) -> str:
         if backend == "triton" and not torch.cuda.is_available():
             raise MlactlError(
                 "--backend triton needs a CUDA GPU and torch.cuda.is_available() is False; "
@@ -106,36 +205,55 @@ class Run:
                 "pipeline under Triton's interpreter"
             )
         default_device = "cpu" if backend == "interpret" else ("cuda" if torch.cuda.is_available() else "cpu")
-        device_name = choice(device or default_device, "--device", ("cuda", "cpu"))
+        device_name = choice(self.device or default_device, "--device", ("cuda", "cpu"))
         if device_name == "cuda" and not torch.cuda.is_available():
             raise MlactlError("--device cuda: no CUDA GPU is available (torch.cuda.is_available() is False)")
         if backend == "interpret" and device_name != "cpu":
             raise MlactlError("--interpret runs on the CPU; drop --device cuda")
-        self.device = torch.device(device_name)
-        on_gpu = self.device.type == "cuda"
-        dtype = (
-            ("bf16" if on_gpu else "fp32") if dtype == "auto" else choice(dtype, "--dtype", ("bf16", "fp16", "fp32"))
-        )
-        kv_dtype = dtype if kv_dtype == "auto" else choice(kv_dtype, "--kv-dtype", KV_DTYPES)
-        if kv_dtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
-            raise MlactlError("--kv-dtype fp8 needs a torch with float8_e4m3fn")
-        self.cfg = load_model(model, tp)
-        self.backend, self.quick = backend, quick
-        self.budget = one_int(budget, "--budget") if budget else (60 if quick else 300)
-        self.start = time.monotonic()
+        self.torch_device = torch.device(device_name)
+        return device_name
 
-        info, versions, timing = sweep.environment(self.device, backend)
-        timing.update(l2="warm" if warm or not on_gpu else "cold", budget_s=self.budget)
+    def _ray_device(self, backend: str) -> str:
+        """With --ray: GPU actors (one per GPU), or with --workers N CPU actors."""
+        wanted = "cpu" if self.workers else "cuda"
+        if self.device is not None and choice(self.device, "--device", ("cuda", "cpu")) != wanted:
+            raise MlactlError(
+                "with --ray, --workers N runs CPU actors and no --workers one actor per GPU; "
+                f"--device {self.device} contradicts that"
+            )
+        if wanted == "cpu" and backend == "triton":
+            raise MlactlError("--workers runs CPU actors: use --backend torch (or --interpret) with it")
+        if wanted == "cuda" and backend == "interpret":
+            raise MlactlError("--interpret runs on CPUs: add --workers N for CPU actors")
+        return wanted
+
+    def open_store(self, info: dict, versions: dict, timing: dict):
+        """The results store of one device (the device's own name keys it) and the hardware
+        profile to predict with, if any."""
+        from mlactl import hardware
+        from mlactl.kernels.configs import device_slug
+        from mlactl.tune import store
+
+        on_gpu = info["type"] == "cuda"
+        timing = dict(timing, l2="warm" if self.warm or not on_gpu else "cold", budget_s=self.budget_s)
         hw = None
         if on_gpu and info["hardware"]:
             hw = hardware.from_name(info["hardware"])
-        elif not on_gpu and backend != "interpret":  # the interpreter's times predict nothing
+        elif not on_gpu and self.backend != "interpret":  # the interpreter's times predict nothing
             hw = hardware.detect("cpu")  # a profile `mlactl tune ceilings` wrote for this CPU
             hw = hw.with_measured() if hw is not None and hw.measured else None
-        if hw is not None and dtype not in hw.peak_tflops:
+        if hw is not None and self.dtype not in hw.peak_tflops:
             hw = None  # no ceiling for this dtype: measure without predicting
-        path = results_file or store.default_path(
-            device_slug(info["name"]), run_name or self.cfg.name, self.cfg.tp, dtype, kv_dtype, backend
+        path = self.results_file
+        if path is not None and self.stores:  # a second device type on the cluster: its own file
+            path = path.with_name(f"{path.stem}.{device_slug(info['name'])}{path.suffix}")
+        path = path or store.default_path(
+            device_slug(info["name"]),
+            self.run_name or self.cfg.name,
+            self.cfg.tp,
+            self.dtype,
+            self.kv_dtype,
+            self.backend,
         )
         header = {
             "schema": "mlactl.results",
@@ -145,38 +263,36 @@ class Run:
             "mlactl_version": versions["mlactl"],
             "device": info,
             "versions": versions,
-            "backend": backend,
+            "backend": self.backend,
             "timing": timing,
             "model": self.cfg.to_dict(),
-            "kv_dtype": kv_dtype,
-            "dtype": dtype,
-            "chunk": chunk,
+            "kv_dtype": self.kv_dtype,
+            "dtype": self.dtype,
+            "chunk": self.chunk,
         }
-        self.store = store.ResultsStore(path, header, force=force)
-        self.hw = hw
-        self.chunk = chunk
-        from rich.console import Console
+        opened = store.ResultsStore(path, header, force=self.force)
+        self.stores.append(opened)
+        return opened, hw
 
-        self.console = Console(stderr=True)
-        if not self.console.is_terminal:  # piped or captured: do not fold the tables at 80 columns
-            self.console = Console(stderr=True, width=max(self.console.width, 132))
-        self.ctx = sweep.Context(
+    def context(self, store, hw, device):
+        from mlactl.tune import sweep
+
+        return sweep.Context(
             self.cfg,
-            self.device,
-            backend,
-            kv_dtype,
-            dtype,
-            self.store,
+            device,
+            self.backend,
+            self.kv_dtype,
+            self.dtype,
+            store,
             hw,
-            warm=warm,
-            quick=quick,
-            timing_budget_s=0.02 if quick else 0.1,
-            repeats=repeats,
+            warm=self.warm,
+            quick=self.quick,
+            timing_budget_s=0.02 if self.quick else 0.1,
+            repeats=self.repeats,
         )
-        self.width = self.console.width if self.console.is_terminal else None  # None: full values
 
     def deadline(self, share: float) -> float:
-        return self.start + share * self.budget
+        return self.start + share * self.budget_s
 
     def progress(self):
         from rich.progress import (
@@ -203,8 +319,9 @@ class Run:
         self.console.print(text)
 
     def finish(self) -> None:
-        if self.store.moved_aside:
-            self.say(f"the earlier results were kept as {self.store.moved_aside}")
+        for opened in self.stores:
+            if opened.moved_aside:
+                self.say(f"the earlier results were kept as {opened.moved_aside}")
         if self.ctx.skipped:
             self.say(f"[yellow]skipped ({len(self.ctx.skipped)}):[/]")
             for line in self.ctx.skipped:
@@ -219,18 +336,47 @@ class Run:
                 "[yellow]interpreter run: the pipeline was exercised; its times mean nothing "
                 "(no tuned configs were written)[/]"
             )
-        resumed = " (resumed)" if self.store.resumed else ""
-        self.say(f"results: {self.store.path}{resumed}  ({time.monotonic() - self.start:.0f} s)")
+        for opened in self.stores:
+            resumed = " (resumed)" if opened.resumed else ""
+            self.say(f"results: {opened.path}{resumed}  ({time.monotonic() - self.start:.0f} s)")
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def on_ray(self, schedule, *args, **kwargs):
+        """Run one scheduler of ray_runner on the cluster with the progress bar; Ctrl-C stops the
+        workers and ends the command (the store holds every finished unit)."""
+        with self.progress() as progress:
+            try:
+                found, stats = schedule(self.cluster, *args, progress=progress, **kwargs)
+            except KeyboardInterrupt:
+                self.cluster.close(kill=True)
+                paths = ", ".join(str(s.path) for s in self.stores)
+                self.say(f"interrupted: workers stopped; every finished unit is in {paths}; rerun to resume")
+                raise typer.Exit(130) from None
+        self.ctx.skipped += stats.skipped
+        resumed = f", {stats.resumed} already in the store" if stats.resumed else ""
+        self.say(
+            f"Ray: {stats.units - stats.failed} units done, {stats.failed} failed, {stats.retried} retried"
+            f"{resumed} in {stats.wall_s:.1f} s (driver busy {stats.driver_s:.2f} s)"
+        )
+        return found
 
 
 def run_ceilings(run: Run) -> None:
     from mlactl.tune import report, sweep
 
+    if run.cluster is not None:
+        from mlactl.tune import ray_runner
+
+        for name, result in run.on_ray(ray_runner.tune_ceilings).items():
+            run.say(f"[bold]{name}[/]")
+            run.console.print(report.ceilings_table(result, run.hw, run.width))
+        return
     with run.progress() as progress:
         run.ctx.progress = progress
         result = sweep.tune_ceilings(run.ctx)
     run.console.print(report.ceilings_table(result, run.hw, run.width))
-    if run.device.type != "cuda" and run.backend != "interpret":
+    if run.device_type != "cuda" and run.backend != "interpret":
         from mlactl import hardware
 
         measured = hardware.detect("cpu").with_measured()  # predict with what was just measured
@@ -260,6 +406,14 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
         override = read_json(space, "--space file", limit=MAX_CONFIG_BYTES)
         if not isinstance(override, list) or not all(isinstance(c, dict) for c in override):
             raise MlactlError(f"{space}: --space must hold a JSON list of config objects")
+    if run.cluster is not None:
+        from mlactl.tune import ray_runner
+
+        found = run.on_ray(ray_runner.tune_kernels, names or list(spaces.KERNELS), override, deadline=run.ctx.deadline)
+        for name, entries in found.items():
+            run.say(f"[bold]{name}[/]")
+            run.console.print(report.kernels_table(entries, run.backend != "interpret", run.width, run.backend))
+        return
     with run.progress() as progress:
         run.ctx.progress = progress
         entries = sweep.tune_kernels(run.ctx, names, override)
@@ -270,40 +424,30 @@ def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Option
     from mlactl.shapes import parse_sizes
     from mlactl.tune import report, sweep
 
-    kind = "cuda" if run.device.type == "cuda" else "cpu"
+    kind = run.device_type
     news = parse_sizes(new or (sweep.QUICK_NEW if run.quick else sweep.DEFAULT_NEW)[kind], "--new")
     prefixes = parse_sizes(
         prefix or (sweep.QUICK_PREFIXES if run.quick else sweep.DEFAULT_PREFIXES)[kind], "--prefix", minimum=0
     )
     batches = parse_sizes(batch or "1", "--batch")
-    with run.progress() as progress:
-        run.ctx.progress = progress
-        rows = sweep.tune_paths(run.ctx, batches, news, prefixes, run.chunk, refine=not run.quick)
-    run.console.print(report.paths_table(rows, run.backend != "interpret", run.width))
+    if run.cluster is not None:
+        from mlactl.tune import ray_runner
+
+        found = run.on_ray(
+            ray_runner.tune_paths, batches, news, prefixes, refine=not run.quick, deadline=run.ctx.deadline
+        )
+        for name, rows in found.items():
+            run.say(f"[bold]{name}[/]")
+            run.console.print(report.paths_table(rows, run.backend != "interpret", run.width))
+    else:
+        with run.progress() as progress:
+            run.ctx.progress = progress
+            rows = sweep.tune_paths(run.ctx, batches, news, prefixes, run.chunk, refine=not run.quick)
+        run.console.print(report.paths_table(rows, run.backend != "interpret", run.width))
     if run.backend != "interpret" and any(r.get("measured_status") in ("found", "never") for r in rows):
         run.say(
             "the measured policy is in place: mla_attention(path='auto') and mlactl analyze --policy measured read it"
         )
-
-
-def _common(
-    model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm, repeats=2
-):
-    return Run(
-        model,
-        tp,
-        backend,
-        interpret,
-        device,
-        kv_dtype,
-        dtype,
-        quick,
-        budget,
-        force,
-        results_file,
-        warm,
-        repeats=repeats,
-    )
 
 
 @tune_app.callback()
@@ -323,17 +467,35 @@ def tune_all(
     results_file: ResultsFileOpt = None,
     warm: WarmOpt = False,
     repeats: RepeatsOpt = 2,
+    ray: RayOpt = None,
+    workers: WorkersOpt = None,
 ):
     """Run the kernels for real: autotune launch configs, time both paths, measure ceilings.
 
     With no sub-command: ceilings, then kernel configs, then both paths, in one run and one results file.
 
     Example: mlactl tune --quick   (on a CUDA GPU; --backend torch on a laptop)
+
+    Example: mlactl tune --ray auto   (every GPU of a Ray cluster; docs/cluster.md)
     """
     if ctx.invoked_subcommand is not None:
         return
-    run = _common(
-        model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm, repeats
+    run = Run(
+        model=model,
+        tp=tp,
+        backend=backend,
+        interpret=interpret,
+        device=device,
+        kv_dtype=kv_dtype,
+        dtype=dtype,
+        quick=quick,
+        budget=budget,
+        force=force,
+        results_file=results_file,
+        warm=warm,
+        repeats=repeats,
+        ray=ray,
+        workers=workers,
     )
     run_ceilings(run)
     run.ctx.deadline = run.deadline(0.55)
@@ -350,25 +512,23 @@ def tune_ceilings_cmd(
     quick: QuickOpt = False,
     force: ForceOpt = False,
     results_file: ResultsFileOpt = None,
+    ray: RayOpt = None,
+    workers: WorkersOpt = None,
 ):
     """Achieved matmul TFLOP/s per dtype and copy bandwidth, written as a measured hardware profile.
 
     Example: mlactl tune ceilings   (then: mlactl analyze --hardware h200 --measured)
     """
     run = Run(
-        "deepseek-v3",
-        "1",
-        "torch",
-        False,
-        device,
-        "auto",
-        "auto",
-        quick,
-        None,
-        force,
-        results_file,
-        True,
+        backend="torch",
+        device=device,
+        quick=quick,
+        force=force,
+        results_file=results_file,
+        warm=True,
         run_name="ceilings",
+        ray=ray,
+        workers=workers,
     )
     run_ceilings(run)
     run.finish()
@@ -398,13 +558,31 @@ def tune_kernels_cmd(
     results_file: ResultsFileOpt = None,
     warm: WarmOpt = False,
     repeats: RepeatsOpt = 2,
+    ray: RayOpt = None,
+    workers: WorkersOpt = None,
 ):
     """Search each kernel's launch space per shape bucket; every candidate checked against its twin.
 
     Example: mlactl tune kernels --tp 8 --kv-dtype fp8 --kernel mla_decode
+
+    Example: mlactl tune kernels --tp 8 --ray auto   (one worker per GPU of the cluster)
     """
-    run = _common(
-        model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm, repeats
+    run = Run(
+        model=model,
+        tp=tp,
+        backend=backend,
+        interpret=interpret,
+        device=device,
+        kv_dtype=kv_dtype,
+        dtype=dtype,
+        quick=quick,
+        budget=budget,
+        force=force,
+        results_file=results_file,
+        warm=warm,
+        repeats=repeats,
+        ray=ray,
+        workers=workers,
     )
     run.ctx.deadline = run.deadline(1.0)
     run_kernels(run, kernel, space)
@@ -436,13 +614,31 @@ def tune_paths_cmd(
     results_file: ResultsFileOpt = None,
     warm: WarmOpt = False,
     repeats: RepeatsOpt = 2,
+    ray: RayOpt = None,
+    workers: WorkersOpt = None,
 ):
     """Time the whole expand and absorb paths over new-token counts; the measured crossover per prefix.
 
     Example: mlactl tune paths --backend torch --model teaching --tp 8 --prefix 0,512
+
+    Example: mlactl tune paths --backend torch --model teaching --tp 8 --ray --workers 2
     """
-    run = _common(
-        model, tp, backend, interpret, device, kv_dtype, dtype, quick, budget, force, results_file, warm, repeats
+    run = Run(
+        model=model,
+        tp=tp,
+        backend=backend,
+        interpret=interpret,
+        device=device,
+        kv_dtype=kv_dtype,
+        dtype=dtype,
+        quick=quick,
+        budget=budget,
+        force=force,
+        results_file=results_file,
+        warm=warm,
+        repeats=repeats,
+        ray=ray,
+        workers=workers,
     )
     run.ctx.deadline = run.deadline(1.0)
     run_paths(run, batch, new, prefix)

@@ -164,7 +164,6 @@ def _try_config(ctx: Context, spec, kwargs, config, reference, tol) -> dict:
 def tune_kernels(ctx: Context, names=None, configs_override=None, write_configs: bool = True) -> list[dict]:
     """Sweep every bucket of every kernel. Returns the kernel entries measured (or resumed)."""
     from mlactl.kernels import configs as tuned_configs
-    from mlactl.tune.store import write_tuned_config
 
     names = list(names or spaces.KERNELS)
     smem = _smem_limit(ctx.device, ctx.hw)
@@ -182,22 +181,30 @@ def tune_kernels(ctx: Context, names=None, configs_override=None, write_configs:
             if entry is None:
                 continue
             done.append(entry)
-            best = entry.get("best")
-            if (
-                write_configs
-                and best is not None
-                and ctx.backend == "triton"  # the twins have no configs; the interpreter's times mean nothing
-                and entry.get("best_median_s", math.inf) <= (entry.get("default_median_s") or math.inf)
-            ):
-                write_tuned_config(
-                    name,
-                    ctx.store.data["device"]["name"],
-                    file_dtype,
-                    bucket,
-                    best,
-                    ctx.store.data["versions"].get("triton") or "",
-                )
+            if write_configs:
+                write_best_config(ctx, name, file_dtype, bucket, entry)
     return done
+
+
+def write_best_config(ctx: Context, name: str, file_dtype: str, bucket: str, entry: dict) -> None:
+    """Keep a bucket's best config in the tuned-config file of the store's device, when it is at
+    least as fast as the launcher's own default (the twins have no configs to keep)."""
+    from mlactl.tune.store import write_tuned_config
+
+    best = entry.get("best")
+    if (
+        best is not None
+        and ctx.backend == "triton"  # the twins have no configs; the interpreter's times mean nothing
+        and entry.get("best_median_s", math.inf) <= (entry.get("default_median_s") or math.inf)
+    ):
+        write_tuned_config(
+            name,
+            ctx.store.data["device"]["name"],
+            file_dtype,
+            bucket,
+            best,
+            ctx.store.data["versions"].get("triton") or "",
+        )
 
 
 def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
@@ -442,9 +449,7 @@ def measured_crossover(times: dict[int, dict[str, float]]) -> int | None:
 def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool = True) -> list[dict]:
     """Both paths end to end over new-token counts for each (batch, prefix); measured and
     predicted crossovers. Returns the crossover rows."""
-    from mlactl.analysis import crossover_table
     from mlactl.cost import CostModel
-    from mlactl.tune import noise
 
     cost = CostModel(ctx.cfg, kv_dtype=ctx.kv_dtype, dtype=ctx.dtype, chunk=chunk)
     rows = []
@@ -467,31 +472,44 @@ def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool =
                     advance()
             if refine:
                 _refine(ctx, cost, b, p, chunk, times, clock)
-            measured = measured_crossover(times)
-            row = {
-                "batch": b,
-                "prefix": p,
-                "measured": measured,
-                "measured_status": noise.FOUND if measured is not None else (noise.BUDGET if cut else noise.NEVER),
-                "measured_new": sorted(times),
-                "predicted_by_flops": cost.crossover_by_flops(p),
-            }
-            if measured is not None:
-                points = {
-                    n: {
-                        path: ctx.store.find("paths", batch=b, new=n, prefix=p, path=path)
-                        for path in ("expand", "absorb")
-                    }
-                    for n in times
-                }
-                row["measured_low"], row["measured_high"] = noise.bracket(points, measured)
-            if ctx.hw is not None:
-                row["predicted"] = crossover_table(cost, ctx.hw, [(b, p)]).rows[0].by_time
-            rows.append(row)
-            noise.flag_nonmonotone(rows)
-            for done in rows:
-                ctx.store.add("crossovers", done)
+            rows.append(crossover_row(ctx, cost, b, p, times, cut))
+            store_crossovers(ctx, rows)
     return rows
+
+
+def crossover_row(ctx: Context, cost, b: int, p: int, times: dict[int, dict[str, float]], cut: bool = False) -> dict:
+    """The measured crossover of one (batch, prefix), with its status (found, never, or cut by the
+    budget) and its bracket widened by noise, and the predicted ones. `store_crossovers` keeps it."""
+    from mlactl.analysis import crossover_table
+    from mlactl.tune import noise
+
+    measured = measured_crossover(times)
+    row = {
+        "batch": b,
+        "prefix": p,
+        "measured": measured,
+        "measured_status": noise.FOUND if measured is not None else (noise.BUDGET if cut else noise.NEVER),
+        "measured_new": sorted(times),
+        "predicted_by_flops": cost.crossover_by_flops(p),
+    }
+    if measured is not None:
+        points = {
+            n: {path: ctx.store.find("paths", batch=b, new=n, prefix=p, path=path) for path in ("expand", "absorb")}
+            for n in times
+        }
+        row["measured_low"], row["measured_high"] = noise.bracket(points, measured)
+    if ctx.hw is not None:
+        row["predicted"] = crossover_table(cost, ctx.hw, [(b, p)]).rows[0].by_time
+    return row
+
+
+def store_crossovers(ctx: Context, rows: list[dict]) -> None:
+    """Flag the rows whose crossover falls as the prefix grows, and keep them all in the store."""
+    from mlactl.tune import noise
+
+    noise.flag_nonmonotone(rows)
+    for row in rows:
+        ctx.store.add("crossovers", row)
 
 
 class _PointClock:
@@ -531,13 +549,22 @@ class _PointClock:
 def _refine(ctx, cost, b, p, chunk, times, clock=None) -> None:
     """Bisect (geometrically) between the last count absorb won and the crossover."""
     for _ in range(REFINE_STEPS):
-        hi = measured_crossover(times)
-        below = [n for n in times if hi is not None and n < hi]
-        if hi is None or not below:
-            return
-        lo = max(below)
-        mid = min(max(round(math.sqrt(lo * hi)), lo + 1), hi - 1)
-        if hi - lo <= 1 or mid in times or (ctx.out_of_time(clock.predict(b, mid, p)) if clock else ctx.out_of_time()):
+        mid = next_refine_point(times)
+        if mid is None or (ctx.out_of_time(clock.predict(b, mid, p)) if clock else ctx.out_of_time()):
             return
         with clock.timing(b, mid, p) if clock else contextlib.nullcontext():
             times[mid] = _measure_point(ctx, cost, b, mid, p, chunk)
+
+
+def next_refine_point(times: dict[int, dict[str, float]]) -> int | None:
+    """The new count to measure next between the last count absorb won and the crossover; None
+    when there is nothing left to bisect."""
+    hi = measured_crossover(times)
+    below = [n for n in times if hi is not None and n < hi]
+    if hi is None or not below:
+        return None
+    lo = max(below)
+    mid = min(max(round(math.sqrt(lo * hi)), lo + 1), hi - 1)
+    if hi - lo <= 1 or mid in times:
+        return None
+    return mid
