@@ -294,6 +294,54 @@ def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_s
     return {"BLOCK_H": block_h, "BLOCK_N": block_n, "num_splits": splits, "num_warps": num_warps, "num_stages": stages}
 
 
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": _FP8[0] if _FP8 else None}
+H200_SMS = 132  # the compile stage sizes splits for an H200 when no GPU says otherwise
+
+
+def default_config(shape: dict, r: int, dR: int, page: int, dtype: str, kv_dtype: str, num_sms: int = H200_SMS) -> dict:
+    """The heuristic config for a shape bucket {B, H, S_q, ctx}, without a GPU (compile stage)."""
+    cfg = heuristic_config(
+        shape["B"], shape["H"], shape["S_q"], r, dR, shape["ctx"], page,
+        _TORCH_DTYPES[dtype], _TORCH_DTYPES[kv_dtype], num_sms,
+    )  # fmt: skip
+    cfg["BLOCK_H"] = min(cfg["BLOCK_H"], max(BLOCK_H_MIN, triton.next_power_of_2(shape["S_q"] * shape["H"])))
+    return cfg
+
+
+def compile_spec(shape: dict, config: dict, r: int, dR: int, page: int, dtype: str, kv_dtype: str, causal=True):
+    """What `mlactl tune compile` needs to build stage 1 for a GPU target without launching it:
+    (jit function, signature, constants, argument names divisible by 16, compile options)."""
+    fn = _mla_decode_split_kernel
+    fp8 = kv_dtype == "fp8"
+    full = {**default_config(shape, r, dR, page, dtype, kv_dtype), **config}
+    consts = _constants(shape["H"], shape["S_q"], r, dR, page, full["BLOCK_H"], full.get("num_splits", 1), causal,
+                        fp8, fp8, dtype == "fp32", False)  # fmt: skip
+    consts["BLOCK_N"] = full["BLOCK_N"]
+    types = dict(q=f"*{dtype}", kv="*u8" if fp8 else f"*{dtype}", block_table="*i32", seqlens="*i32",
+                 kv_scale_ptr="*fp32", o="*fp32", lse="*fp32", qk_scale="fp32", kv_scale="fp32")  # fmt: skip
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+    aligned = ("q", "kv", "o", "lse", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk", "stride_kv_tok",
+               "stride_ob", "stride_os", "stride_oh", "stride_o_split")  # fmt: skip
+    return fn, sig, consts, aligned, {"num_warps": full["num_warps"], "num_stages": full["num_stages"]}
+
+
+def _constants(H, S_q, r, dR, page, block_h, splits, causal, fp8, from_ptr, fp32, dot_fp32):
+    return dict(
+        H=H,
+        S_Q=S_q,
+        R=r,
+        DR=dR,
+        PAGE=page,
+        BLOCK_H=block_h,
+        NUM_SPLITS=splits,
+        CAUSAL=bool(causal),
+        KV_FP8=fp8,
+        KV_SCALE_FROM_PTR=from_ptr,
+        DOT_PRECISION="ieee" if fp32 else "tf32",
+        DOT_FP32=dot_fp32,
+    )
+
+
 def _check_config(config, source):
     unknown = set(config) - set(CONFIG_KEYS)
     if unknown:
@@ -509,19 +557,19 @@ def mla_decode(
         kv_cache.shape[0],
         block_table.shape[1],
     )
-    constants = dict(
-        H=H,
-        S_Q=S_q,
-        R=r,
-        DR=dR,
-        PAGE=kv_cache.shape[1],
-        BLOCK_H=cfg["BLOCK_H"],
-        NUM_SPLITS=splits,
-        CAUSAL=bool(causal),
-        KV_FP8=fp8,
-        KV_SCALE_FROM_PTR=from_ptr,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DOT_FP32=q.dtype == torch.bfloat16 and device.type != "cuda",
+    constants = _constants(
+        H,
+        S_q,
+        r,
+        dR,
+        kv_cache.shape[1],
+        cfg["BLOCK_H"],
+        splits,
+        causal,
+        fp8,
+        from_ptr,
+        q.dtype == torch.float32,
+        q.dtype == torch.bfloat16 and device.type != "cuda",
     )
     _launch_split(grid, args, constants, cfg, device)
     if splits > 1:

@@ -341,6 +341,61 @@ def _heuristic_config(device: torch.device, d_qk: int, dV: int, elt: int, max_le
     return cfg
 
 
+def default_config(capability: int, d_qk: int, dV: int, dtype: str, max_len_q: int) -> dict:
+    """The heuristic config for a GPU of compute capability `capability` (90 = sm_90), no GPU needed
+    (the compile stage of `mlactl tune` builds it for that target)."""
+    elt = {"fp32": 4}.get(dtype, 2)
+    if elt == 4:
+        return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
+    if max_len_q <= 64:
+        cfg.update(BLOCK_M=64, num_warps=4)
+    if capability < 90:
+        cfg["num_stages"] = 2
+    smem = _SMEM_BY_ARCH.get(divmod(capability, 10), 99 * 1024)
+    while smem_bytes(cfg, d_qk, dV, elt) > smem - 8 * 1024 and cfg["BLOCK_N"] > 16:
+        if cfg["num_stages"] > 2:
+            cfg["num_stages"] -= 1
+        else:
+            cfg["BLOCK_N"] //= 2
+    return cfg
+
+
+def compile_spec(config: dict, dC: int, dR: int, dV: int, dtype: str, causal: bool = True):
+    """What `mlactl tune compile` needs to build the kernel for a GPU target without launching it:
+    (jit function, signature, constants, argument names divisible by 16, compile options)."""
+    names = _mla_prefill_kernel.arg_names
+    ptrs = ("p_q", "p_kn", "p_kr", "p_v", "p_o")
+    consts = dict(
+        DC=dC,
+        DR=dR,
+        DV=dV,
+        BLOCK_DC=max(16, triton.next_power_of_2(dC)),
+        BLOCK_DR=max(16, triton.next_power_of_2(dR)),
+        BLOCK_DV=max(16, triton.next_power_of_2(dV)),
+        BLOCK_M=config["BLOCK_M"],
+        BLOCK_N=config["BLOCK_N"],
+        CAUSAL=causal,
+        PRECISION="ieee" if dtype == "fp32" else "tf32",
+    )
+
+    def kind(n):
+        if n in consts:
+            return "constexpr"
+        if n in ptrs:
+            return f"*{dtype}"
+        if n == "p_lse":
+            return "*fp32"
+        if n.startswith("p_"):
+            return "*i32"
+        return "fp32" if n == "qk_scale" else "i32"
+
+    sig = {n: kind(n) for n in names}
+    aligned = [n for n in names if n.startswith("p_") or (n.startswith("s_") and n != "s_lse_h")]
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    return _mla_prefill_kernel, sig, consts, aligned, options
+
+
 def _smaller(cfg: dict) -> dict | None:
     """The next smaller config after an OutOfResources failure, or None if there is none."""
     if cfg["num_stages"] > 1:
