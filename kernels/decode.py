@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from . import configs
+from . import configs, schedule
 from ._checks import check_device, check_dim, check_scale, check_tensor, latent_rank
 
 # ---- tuning defaults (H200 / sm_90) ----
@@ -61,6 +61,71 @@ CONFIG_KEYS = ("BLOCK_H", "BLOCK_N", "num_splits", "num_warps", "num_stages")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FP8 = (torch.float8_e4m3fn,) if hasattr(torch, "float8_e4m3fn") else ()
 _FITTED: dict = {}  # launch key -> (BLOCK_N, num_stages) that fit shared memory on this GPU
+
+
+@triton.jit
+def _attend_keys(
+    acc,
+    m_i,
+    l_i,
+    b_q,
+    b_qpe,
+    kv,
+    p_bt,
+    stride_kv_blk,
+    stride_kv_tok,
+    start,
+    end,
+    limit,
+    qk_scale,
+    num_pages,
+    max_pages,
+    R: tl.constexpr,
+    DR: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    """Online softmax of one request's rows over its keys [start, end), in tiles of BLOCK_N.
+
+    p_bt points at the request's block-table row. Reads each cache row once: its [r + dR] numbers
+    are the key, its first r the value."""
+    o_r = tl.arange(0, R)
+    o_dr = tl.arange(0, DR)
+    for n0 in range(start, end, BLOCK_N):
+        o_n = n0 + tl.arange(0, BLOCK_N)  # key positions
+        m_n = o_n < end
+        o_page = o_n // PAGE
+        b_page = tl.load(p_bt + o_page, mask=m_n & (o_page < max_pages), other=0)  # [BLOCK_N]
+        # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
+        m_n = m_n & (b_page >= 0) & (b_page < num_pages)
+        p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
+        b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
+        b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
+        if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
+            b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
+            b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
+        if DOT_FP32:
+            b_kv = b_kv.to(tl.float32)
+            b_kpe = b_kpe.to(tl.float32)
+
+        b_s = tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
+        b_s = tl.dot(b_q, tl.trans(b_kv), b_s, input_precision=DOT_PRECISION)
+        b_s = b_s * qk_scale
+        b_s = tl.where(o_n[None, :] < limit[:, None], b_s, -float("inf"))
+
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))
+        m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet: no NaN
+        b_p = tl.exp2(b_s - m_use[:, None])  # [BLOCK_H, BLOCK_N]
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(b_p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
+        m_i = m_new
+
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -151,39 +216,11 @@ def _mla_decode_split_kernel(
     acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)  # one [64, 512] fp32 accumulator over 8 warps:
     # Triton splits its columns across the two warpgroups (128 registers/thread); splitting the
     # value dim across programs instead would recompute the scores (53% of the FLOPs) twice.
-    for n0 in range(start, end, BLOCK_N):
-        o_n = n0 + tl.arange(0, BLOCK_N)  # key positions
-        m_n = o_n < end
-        o_page = o_n // PAGE
-        b_page = tl.load(
-            block_table + pid_b * stride_bt + o_page, mask=m_n & (o_page < max_pages), other=0
-        )  # [BLOCK_N]
-        # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
-        m_n = m_n & (b_page >= 0) & (b_page < num_pages)
-        p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
-        b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
-        b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
-        if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
-            b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
-            b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
-        if DOT_FP32:
-            b_kv = b_kv.to(tl.float32)
-            b_kpe = b_kpe.to(tl.float32)
-
-        b_s = tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
-        b_s = tl.dot(b_q, tl.trans(b_kv), b_s, input_precision=DOT_PRECISION)
-        b_s = b_s * qk_scale
-        b_s = tl.where(o_n[None, :] < limit[:, None], b_s, -float("inf"))
-
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet: no NaN
-        b_p = tl.exp2(b_s - m_use[:, None])  # [BLOCK_H, BLOCK_N]
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(b_p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
-        m_i = m_new
-
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, b_q, b_qpe, kv, block_table + pid_b * stride_bt, stride_kv_blk, stride_kv_tok,
+        start, end, limit, qk_scale, num_pages, max_pages,
+        R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32,
+    )  # fmt: skip
     has_keys = l_i > 0
     b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
     b_lse = tl.where(
@@ -193,6 +230,159 @@ def _mla_decode_split_kernel(
     tl.store(p_o[:, None] + o_r[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
     p_lse = lse + pid_b * stride_lb + o_s * stride_ls + o_hh * stride_lh
     tl.store(p_lse + pid_split * stride_l_split, b_lse, mask=m_row)
+
+
+@triton.jit
+def _mla_decode_planned_kernel(
+    q,
+    kv,
+    block_table,
+    seqlens,
+    kv_scale_ptr,
+    o,
+    lse,
+    o_part,
+    lse_part,
+    cuts,
+    b_first,
+    b_last,
+    starts,
+    first_part,
+    n_splits,
+    slots,
+    qk_scale,
+    kv_scale,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_kv_blk,
+    stride_kv_tok,
+    stride_bt,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_lb,
+    stride_ls,
+    stride_lh,
+    num_pages,
+    max_pages,
+    H: tl.constexpr,
+    S_Q: tl.constexpr,
+    R: tl.constexpr,
+    DR: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FIXED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    KV_SCALE_FROM_PTR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    """One (row tile, part) of a balanced plan (kernels/schedule.py): a persistent program walks
+    the requests its part of the work line touches, each from its first to its last tile there.
+
+    A request wholly inside the part gets its final output and LSE written here; a piece of a
+    split request writes an fp32 partial to its slot in o_part [slots, S_q * H, r] and lse_part.
+    Traffic per piece as `_mla_decode_split_kernel`: the query tile once, each cache row once.
+    """
+    pid_h = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    if KV_SCALE_FROM_PTR:
+        kv_scale = tl.load(kv_scale_ptr).to(tl.float32)
+        qk_scale = qk_scale * kv_scale
+    x0 = tl.load(cuts + pid_p)
+    x1 = tl.load(cuts + pid_p + 1)
+    o_row = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_row = o_row < S_Q * H
+    o_s = o_row // H
+    o_hh = o_row % H
+    o_r = tl.arange(0, R)
+    o_dr = tl.arange(0, DR)
+    for b in range(tl.load(b_first + pid_p), tl.load(b_last + pid_p) + 1):
+        i_b = tl.full([], 0, tl.int64) + b  # (the interpreter hands range() ints)
+        seqlen = tl.load(seqlens + i_b)
+        n_tiles = tl.cdiv(seqlen, BLOCK_N)
+        start_b = tl.load(starts + i_b) + FIXED
+        t0 = tl.minimum(tl.maximum(x0 - start_b, 0), n_tiles)
+        t1 = tl.minimum(tl.maximum(x1 - start_b, 0), n_tiles)
+        owner = (n_tiles == 0) & (x0 <= start_b - FIXED) & (start_b - FIXED < x1)
+        if (t1 > t0) | owner:
+            p_q = q + i_b * stride_qb + o_s * stride_qs + o_hh * stride_qh  # [BLOCK_H]
+            b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
+            b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, DR]
+            if DOT_FP32:
+                b_q = b_q.to(tl.float32)
+                b_qpe = b_qpe.to(tl.float32)
+            if CAUSAL:
+                limit = seqlen - S_Q + 1 + o_s  # [BLOCK_H]
+            else:
+                limit = tl.zeros([BLOCK_H], dtype=tl.int32) + seqlen  # [BLOCK_H]
+            m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)
+            acc, m_i, l_i = _attend_keys(
+                acc, m_i, l_i, b_q, b_qpe, kv, block_table + i_b * stride_bt, stride_kv_blk, stride_kv_tok,
+                t0 * BLOCK_N, tl.minimum(t1 * BLOCK_N, seqlen), limit, qk_scale, num_pages, max_pages,
+                R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32,
+            )  # fmt: skip
+            has_keys = l_i > 0
+            b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
+            b_lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, -float("inf"))
+            if tl.load(n_splits + i_b) > 1:
+                slot = (tl.load(slots + i_b) + pid_p - tl.load(first_part + i_b)).to(tl.int64)
+                p_op = o_part + (slot * S_Q * H + o_row) * R  # [BLOCK_H]
+                tl.store(p_op[:, None] + o_r[None, :], b_o, mask=m_row[:, None])
+                tl.store(lse_part + slot * S_Q * H + o_row, b_lse, mask=m_row)
+            else:
+                p_o = o + i_b * stride_ob + o_s * stride_os + o_hh * stride_oh
+                tl.store(p_o[:, None] + o_r[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
+                tl.store(lse + i_b * stride_lb + o_s * stride_ls + o_hh * stride_lh, b_lse, mask=m_row)
+
+
+@triton.jit
+def _mla_decode_planned_merge_kernel(
+    o_part,
+    lse_part,
+    n_splits,
+    slots,
+    o,
+    lse,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_lb,
+    stride_ls,
+    stride_lh,
+    H: tl.constexpr,
+    S_Q: tl.constexpr,
+    R: tl.constexpr,
+):
+    """One (row, request): LSE-weighted sum of a split request's pieces; unsplit ones return."""
+    pid_row = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    n = tl.load(n_splits + pid_b)
+    if n > 1:
+        first = tl.load(slots + pid_b).to(tl.int64)
+        o_r = tl.arange(0, R)
+        m = tl.full([], -float("inf"), dtype=tl.float32)
+        for k in range(n):
+            m = tl.maximum(m, tl.load(lse_part + (first + k) * S_Q * H + pid_row))
+        m_use = tl.where(m == -float("inf"), 0.0, m)
+        w_sum = tl.zeros([], dtype=tl.float32)
+        acc = tl.zeros([R], dtype=tl.float32)
+        for k in range(n):
+            w_k = tl.exp2((tl.load(lse_part + (first + k) * S_Q * H + pid_row) - m_use) * LOG2E)
+            w_sum += w_k
+            acc += w_k * tl.load(o_part + ((first + k) * S_Q * H + pid_row) * R + o_r)  # [R]
+        has_keys = w_sum > 0
+        b_o = acc / tl.where(has_keys, w_sum, 1.0)
+        b_lse = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
+        i_s = pid_row // H
+        i_h = pid_row % H
+        tl.store(o + pid_b * stride_ob + i_s * stride_os + i_h * stride_oh + o_r, b_o.to(o.dtype.element_ty))
+        tl.store(lse + pid_b * stride_lb + i_s * stride_ls + i_h * stride_lh, b_lse)
 
 
 @triton.jit
@@ -456,6 +646,7 @@ def mla_decode(
     config=None,
     validate=True,
     out=None,
+    schedule="auto",
 ):
     """Absorb-path MLA attention of S_q new tokens per request against a paged latent cache.
 
@@ -474,6 +665,10 @@ def mla_decode(
         validate: read cache_seqlens and block_table to check them (one device sync). With False
             the heuristic sizes splits by block_table's width instead of the longest context.
         out: optional [B, S_q, H, r] tensor in q's dtype to write the output into.
+        schedule: "balanced" (kernels/schedule.py: each SM an equal share of the batch's KV
+            tiles, only long requests split), "uniform" (every request in num_splits equal
+            splits), or "auto": uniform when num_splits is given (argument, config or tuned
+            config), else balanced.
 
     Returns:
         (out [B, S_q, H, r] in q's dtype, lse [B, S_q, H] fp32 natural-log LSE of scaled scores).
@@ -512,6 +707,9 @@ def mla_decode(
             raise ValueError(f"config must be a dict, got {type(config).__name__}")
         _check_config(config, "config")
     cfg.update(config or tuned or {})
+    explicit_splits = num_splits is not None or "num_splits" in (config or tuned or {})
+    if schedule not in ("auto", "balanced", "uniform"):
+        raise ValueError(f"schedule must be auto, balanced or uniform, got {schedule!r}")
     if num_splits is not None:
         _check_config({"num_splits": num_splits}, "num_splits")
         cfg["num_splits"] = num_splits
@@ -525,6 +723,10 @@ def mla_decode(
     else:
         kv_scale_val = 1.0 if kv_scale is None else float(kv_scale)
         scale_ptr, from_ptr = cache_seqlens, False  # the pointer is unused: any tensor will do
+    if schedule == "balanced" or (schedule == "auto" and not explicit_splits):
+        _run_balanced(q, kv_arg, kv_cache, block_table, cache_seqlens, scale_ptr, out, lse, scale, kv_scale_val,
+                      from_ptr, cfg, causal, r, dR, num_sms, device)  # fmt: skip
+        return out, lse
     splits = cfg["num_splits"]
     if splits == 1:  # one split: stage 1 writes the final output, no merge
         o1, lse1 = out, lse
@@ -589,6 +791,49 @@ def mla_decode(
             num_warps=4,
         )
     return out, lse
+
+
+def _run_balanced(q, kv_arg, kv_cache, block_table, seqlens, scale_ptr, out, lse, scale, kv_scale_val, from_ptr,
+                  cfg, causal, r, dR, num_sms, device):  # fmt: skip
+    """Plan the batch on the device (kernels/schedule.py), then the persistent stage 1 and the
+    merge of the split requests only. No host sync: the plan's shapes depend on (B, P) alone."""
+    B, S_q, H, _ = q.shape
+    rows = S_q * H
+    fp8 = kv_cache.dtype in _FP8
+    n_h = triton.cdiv(rows, cfg["BLOCK_H"])
+    parts = max(1, num_sms // n_h)  # one program per SM: n_h row tiles x parts
+    q_bytes = q.element_size()
+    kv_bytes = kv_cache.element_size()
+    constants = _constants(H, S_q, r, dR, kv_cache.shape[1], cfg["BLOCK_H"], 1, causal, fp8, from_ptr,
+                           q.dtype == torch.float32, q.dtype == torch.bfloat16 and device.type != "cuda")  # fmt: skip
+    del constants["NUM_SPLITS"]
+    key = (device, "balanced", *sorted(constants.items()), cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"])
+    tries = [_FITTED.get(key, (cfg["BLOCK_N"], cfg["num_stages"]))]
+    tries += [c for c in BLOCK_N_CHOICES if c < tries[0]]
+    for i, (block_n, stages) in enumerate(tries):
+        fixed = schedule.split_cost_tiles(cfg["BLOCK_H"], r, dR, block_n, q_bytes, kv_bytes)
+        pl = schedule.plan(seqlens, block_n, parts, fixed)
+        o_part = _empty((pl.max_partials, rows, r), torch.float32, device)
+        lse_part = _empty((pl.max_partials, rows), torch.float32, device)
+        try:
+            _mla_decode_planned_kernel[(n_h, parts)](
+                q, kv_arg, block_table, seqlens, scale_ptr, out, lse, o_part, lse_part,
+                pl.cuts, pl.b_first, pl.b_last, pl.starts, pl.first_part, pl.n_splits, pl.slot,
+                scale * kv_scale_val * LOG2E.value, kv_scale_val,
+                q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+                *out.stride()[:3], *lse.stride(), kv_cache.shape[0], block_table.shape[1],
+                **constants, BLOCK_N=block_n, FIXED=fixed, num_warps=cfg["num_warps"], num_stages=stages,
+            )  # fmt: skip
+        except OutOfResources:
+            if i == len(tries) - 1:
+                raise
+            continue
+        _FITTED[key] = (block_n, stages)
+        break
+    _mla_decode_planned_merge_kernel[(rows, B)](
+        o_part, lse_part, pl.n_splits, pl.slot, out, lse, *out.stride()[:3], *lse.stride(),
+        H=H, S_Q=S_q, R=r, num_warps=4,
+    )  # fmt: skip
 
 
 def _launch_split(grid, args, constants, cfg, device):

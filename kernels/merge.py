@@ -124,7 +124,9 @@ def compile_spec(config: dict, D: int, dtype: str):
         n: "constexpr" if n in consts else f"*{dtype}" if n in out_ptrs else "*fp32" if n.startswith("p_") else "i32"
         for n in names
     }
-    aligned = [n for n in names if n.startswith("p_") or n in ("s_oa_t", "s_oa_h", "s_ob_t", "s_ob_h", "s_o_t", "s_o_h")]
+    aligned = [
+        n for n in names if n.startswith("p_") or n in ("s_oa_t", "s_oa_h", "s_ob_t", "s_ob_h", "s_o_t", "s_o_h")
+    ]
     return _merge_kernel, sig, consts, aligned, {"num_warps": config["num_warps"], "num_stages": 1}
 
 

@@ -411,7 +411,9 @@ def tune_paths_cmd(
 def tune_compile_cmd(
     model: ModelOpt = "deepseek-v3",
     tp: TpOpt = "1",
-    arch: Annotated[str, typer.Option("--arch", help="Target GPU: sm_90 (H100/H200), sm_100 (B200) or sm_80 (A100).")] = "sm_90",
+    arch: Annotated[
+        str, typer.Option("--arch", help="Target GPU: sm_90 (H100/H200), sm_100 (B200) or sm_80 (A100).")
+    ] = "sm_90",
     kernel: Annotated[
         Optional[str],
         typer.Option("--kernel", help="Comma-separated: mla_decode, mla_prefill, merge_attn_states (default all)."),

@@ -135,7 +135,9 @@ def _build(case: Case):
     if case.kernel == "mla_decode":
         from mlactl.kernels.decode import compile_spec
 
-        return compile_spec(case.shape, case.config, case.r, case.dR, case.page, case.dtype, case.kv_dtype, **case.extra)
+        return compile_spec(
+            case.shape, case.config, case.r, case.dR, case.page, case.dtype, case.kv_dtype, **case.extra
+        )
     if case.kernel == "mla_prefill":
         from mlactl.kernels.prefill import compile_spec
 
@@ -270,7 +272,9 @@ def default_cases(cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16"
     return cases
 
 
-def candidate_cases(cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16", kv_dtype: str = "bf16") -> list[Case]:
+def candidate_cases(
+    cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16", kv_dtype: str = "bf16"
+) -> list[Case]:
     """Every config of `tune`'s search space for the same buckets as `default_cases`."""
     from mlactl.tune import space
 
@@ -303,8 +307,21 @@ def table(results: list[dict]):
     from rich.table import Table
 
     t = Table(title="compile report (no GPU: Triton + ptxas for the target)")
-    for col in ("kernel", "shape", "config", "arch", "smem KiB", "regs", "spill B", "stack B", "wgmma/loop", "warnings"):
-        t.add_column(col, justify="right" if col in ("smem KiB", "regs", "spill B", "stack B", "wgmma/loop") else "left")
+    for col in (
+        "kernel",
+        "shape",
+        "config",
+        "arch",
+        "smem KiB",
+        "regs",
+        "spill B",
+        "stack B",
+        "wgmma/loop",
+        "warnings",
+    ):
+        t.add_column(
+            col, justify="right" if col in ("smem KiB", "regs", "spill B", "stack B", "wgmma/loop") else "left"
+        )
     for r in results:
         shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
         config = " ".join(f"{k}={v}" for k, v in r["config"].items())
