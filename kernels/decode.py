@@ -53,6 +53,9 @@ WAVES = 2  # split-KV aims at ~2 waves of programs over the SMs (1 wave idles SM
 MIN_SPLIT_TOKENS = 256  # under 256 keys a split spends as much writing its [rows, r] fp32 partial
 # as reading its keys, and the merge rereads it
 MAX_SPLITS = 64  # the merge loops over splits; beyond 64 it costs more than the parallelism buys
+BALANCED_BELOW_BLOCK_H = 64  # schedule="auto" takes the balanced plan for tiles under 64 rows:
+# there its persistent kernel compiles with 0 spill bytes (bf16, sm_90); at 64 rows it spills
+# 1744 B against the uniform kernel's 412 B (sm_90 compile), so it waits for a GPU timing
 INTERPRETER_SMS = 8  # stand-in SM count under TRITON_INTERPRET=1 (only shapes the heuristic)
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2: exp2 is one MUFU op
@@ -498,10 +501,12 @@ def default_config(shape: dict, r: int, dR: int, page: int, dtype: str, kv_dtype
     return cfg
 
 
-def compile_spec(shape: dict, config: dict, r: int, dR: int, page: int, dtype: str, kv_dtype: str, causal=True):
+def compile_spec(
+    shape: dict, config: dict, r: int, dR: int, page: int, dtype: str, kv_dtype: str, causal=True, variant="balanced"
+):
     """What `mlactl tune compile` needs to build stage 1 for a GPU target without launching it:
-    (jit function, signature, constants, argument names divisible by 16, compile options)."""
-    fn = _mla_decode_split_kernel
+    (jit function, signature, constants, argument names divisible by 16, compile options).
+    variant: "balanced" (the planned persistent kernel, the default schedule) or "uniform"."""
     fp8 = kv_dtype == "fp8"
     full = {**default_config(shape, r, dR, page, dtype, kv_dtype), **config}
     consts = _constants(shape["H"], shape["S_q"], r, dR, page, full["BLOCK_H"], full.get("num_splits", 1), causal,
@@ -509,9 +514,24 @@ def compile_spec(shape: dict, config: dict, r: int, dR: int, page: int, dtype: s
     consts["BLOCK_N"] = full["BLOCK_N"]
     types = dict(q=f"*{dtype}", kv="*u8" if fp8 else f"*{dtype}", block_table="*i32", seqlens="*i32",
                  kv_scale_ptr="*fp32", o="*fp32", lse="*fp32", qk_scale="fp32", kv_scale="fp32")  # fmt: skip
+    aligned = ["q", "kv", "o", "lse", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk", "stride_kv_tok",
+               "stride_ob", "stride_os", "stride_oh"]  # fmt: skip
+    if variant == "balanced":
+        fn = _mla_decode_planned_kernel
+        del consts["NUM_SPLITS"]
+        kv_bytes = 1 if fp8 else _TORCH_DTYPES[dtype].itemsize
+        consts["FIXED"] = schedule.split_cost_tiles(
+            full["BLOCK_H"], r, dR, full["BLOCK_N"], _TORCH_DTYPES[dtype].itemsize, kv_bytes
+        )
+        types.update(o=f"*{dtype}", o_part="*fp32", lse_part="*fp32")
+        types.update({n: "*i32" for n in ("cuts", "b_first", "b_last", "starts", "first_part", "n_splits", "slots")})
+        aligned += ["o_part", "lse_part"]
+    elif variant == "uniform":
+        fn = _mla_decode_split_kernel
+        aligned.append("stride_o_split")
+    else:
+        raise ValueError(f"unknown mla_decode variant {variant!r}: balanced or uniform")
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
-    aligned = ("q", "kv", "o", "lse", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk", "stride_kv_tok",
-               "stride_ob", "stride_os", "stride_oh", "stride_o_split")  # fmt: skip
     return fn, sig, consts, aligned, {"num_warps": full["num_warps"], "num_stages": full["num_stages"]}
 
 
@@ -668,7 +688,7 @@ def mla_decode(
         schedule: "balanced" (kernels/schedule.py: each SM an equal share of the batch's KV
             tiles, only long requests split), "uniform" (every request in num_splits equal
             splits), or "auto": uniform when num_splits is given (argument, config or tuned
-            config), else balanced.
+            config) or the row tile is 64 tall (BALANCED_BELOW_BLOCK_H), else balanced.
 
     Returns:
         (out [B, S_q, H, r] in q's dtype, lse [B, S_q, H] fp32 natural-log LSE of scaled scores).
@@ -723,7 +743,8 @@ def mla_decode(
     else:
         kv_scale_val = 1.0 if kv_scale is None else float(kv_scale)
         scale_ptr, from_ptr = cache_seqlens, False  # the pointer is unused: any tensor will do
-    if schedule == "balanced" or (schedule == "auto" and not explicit_splits):
+    balanced_ok = cfg["BLOCK_H"] < BALANCED_BELOW_BLOCK_H
+    if schedule == "balanced" or (schedule == "auto" and not explicit_splits and balanced_ok):
         _run_balanced(q, kv_arg, kv_cache, block_table, cache_seqlens, scale_ptr, out, lse, scale, kv_scale_val,
                       from_ptr, cfg, causal, r, dR, num_sms, device)  # fmt: skip
         return out, lse

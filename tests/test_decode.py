@@ -512,11 +512,13 @@ def test_shared_memory_fallback(monkeypatch, poisoned):
     monkeypatch.setattr(decode, "_FITTED", {})
     q, kv, table, seqlens, _ = paged_case((30, 50), 2, 1, 32, 16, 16, torch.float32)
     with pytest.warns(UserWarning, match="shared memory"):
-        got = mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2})
+        got = mla_decode(
+            q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2}, schedule="uniform"
+        )
     assert tried == [(64, 2), (32, 3), (16, 3)]
     assert_close(got, mla_decode_naive(q, kv, table, seqlens, SCALE, r=32), F32)
     tried.clear()
-    mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2})
+    mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2}, schedule="uniform")
     assert tried == [(16, 3)]  # remembered
 
 
