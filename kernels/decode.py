@@ -97,14 +97,22 @@ def _attend_keys(
     are the key, its first r the value."""
     o_r = tl.arange(0, R)
     o_dr = tl.arange(0, DR)
+    o_t = tl.arange(0, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
-        o_n = n0 + tl.arange(0, BLOCK_N)  # key positions
+        o_n = n0 + o_t  # key positions
         m_n = o_n < end
-        o_page = o_n // PAGE
-        b_page = tl.load(p_bt + o_page, mask=m_n & (o_page < max_pages), other=0)  # [BLOCK_N]
-        # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
-        m_n = m_n & (b_page >= 0) & (b_page < num_pages)
-        p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
+        if PAGE % BLOCK_N == 0:  # page-aligned: the tile lies in one page, one block-table read
+            i_page = n0 // PAGE
+            b_page = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
+            ok = (b_page >= 0) & (b_page < num_pages)  # a bad page id (validate=False) reads zeros
+            m_n = m_n & ok
+            p_kv = kv + tl.where(ok, b_page, 0).to(tl.int64) * stride_kv_blk + ((n0 % PAGE) + o_t) * stride_kv_tok
+        else:
+            o_page = o_n // PAGE
+            b_page = tl.load(p_bt + o_page, mask=m_n & (o_page < max_pages), other=0)  # [BLOCK_N]
+            # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
+            m_n = m_n & (b_page >= 0) & (b_page < num_pages)
+            p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
         b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
         b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
         if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
@@ -501,6 +509,11 @@ def default_config(shape: dict, r: int, dR: int, page: int, dtype: str, kv_dtype
     return cfg
 
 
+def default_variant(config: dict) -> str:
+    """The stage-1 kernel schedule="auto" runs for a config without an explicit num_splits."""
+    return "balanced" if config["BLOCK_H"] < BALANCED_BELOW_BLOCK_H else "uniform"
+
+
 def compile_spec(
     shape: dict, config: dict, r: int, dR: int, page: int, dtype: str, kv_dtype: str, causal=True, variant="balanced"
 ):
@@ -743,7 +756,7 @@ def mla_decode(
     else:
         kv_scale_val = 1.0 if kv_scale is None else float(kv_scale)
         scale_ptr, from_ptr = cache_seqlens, False  # the pointer is unused: any tensor will do
-    balanced_ok = cfg["BLOCK_H"] < BALANCED_BELOW_BLOCK_H
+    balanced_ok = default_variant(cfg) == "balanced"
     if schedule == "balanced" or (schedule == "auto" and not explicit_splits and balanced_ok):
         _run_balanced(q, kv_arg, kv_cache, block_table, cache_seqlens, scale_ptr, out, lse, scale, kv_scale_val,
                       from_ptr, cfg, causal, r, dR, num_sms, device)  # fmt: skip
