@@ -12,6 +12,7 @@ Usage: python benchmarks/bench_decode_schedules.py [--out DIR] [--quick]
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -66,8 +67,7 @@ def main() -> int:
             for sched in ("uniform", "balanced"):
                 row = {"mix": name, "H": H, "B": B, "tokens": sum(lens), "schedule": sched}
 
-                def run():
-                    return mla_decode(q, kv, table, seqlens, scale, r=r, schedule=sched, validate=False)
+                run = functools.partial(mla_decode, q, kv, table, seqlens, scale, r=r, schedule=sched, validate=False)
 
                 got = run()[0].float()
                 row["max_abs_err"] = float((got - want).abs().max())
@@ -84,7 +84,6 @@ def main() -> int:
                 rows.append(row)
                 med = "-" if row["median_us"] is None else f"{row['median_us']:.1f} us"
                 print(f"{name:24s} H={H:<4d} {sched:9s} err {row['max_abs_err']:.2e}  {med}", flush=True)
-            del kv, q
     doc = {
         "what": "mla_decode uniform vs balanced split-KV, measured",
         "device": "cpu-interpreter" if args.smoke else torch.cuda.get_device_name(),
