@@ -44,7 +44,8 @@ BLOCK_H_WIDE = 64  # 64-row tiles are the smallest M for which Triton emits Hopp
 BLOCK_H_MIN = 16  # tl.dot needs >= 16 rows; fewer (new token, head) rows are masked padding
 BLOCK_N_CHOICES = ((64, 3), (32, 3), (16, 3), (16, 1))  # (BLOCK_N, num_stages), best first;
 # 64 keys: scores as m64n32 wgmma, 22 loop instructions per key vs 34 at 32 keys (sm_90 compile);
-# num_stages 3: two KV tiles in flight, 112 B of spills vs 320 B at num_stages 2 (sm_90 compile)
+# num_stages 3: two KV tiles in flight; at 64 rows and 64 keys still 408 B of spills (548 B at
+# num_stages 2) with ptxas 13.4 (sm_90 compile), hence NO_SPILL below for the defaults
 SMEM_BUDGET = 227 * 1024  # Hopper's opt-in shared memory per CTA (228 KiB/SM less 1 KiB reserved)
 WARPS_8_FROM = 64 * 128  # 8 warps once the [BLOCK_H, r] fp32 accumulator has 8K numbers:
 # [64, 512] is 256 registers/thread at 4 warps, 128 at 8; [16, 512] at 8 warps: 128 registers,
@@ -53,9 +54,20 @@ WAVES = 2  # split-KV aims at ~2 waves of programs over the SMs (1 wave idles SM
 MIN_SPLIT_TOKENS = 256  # under 256 keys a split spends as much writing its [rows, r] fp32 partial
 # as reading its keys, and the merge rereads it
 MAX_SPLITS = 64  # the merge loops over splits; beyond 64 it costs more than the parallelism buys
-BALANCED_BELOW_BLOCK_H = 64  # schedule="auto" takes the balanced plan for tiles under 64 rows:
-# there its persistent kernel compiles with 0 spill bytes (bf16, sm_90); at 64 rows it spills
-# 1744 B against the uniform kernel's 412 B (sm_90 compile), so it waits for a GPU timing
+# (BLOCK_H, fp8 cache) -> (BLOCK_N, num_stages, schedule): per tile height the largest KV tile
+# whose stage 1 compiles for sm_90 with 0 spill bytes (sm_90 compile, ptxas 13.4; the whole sweep
+# is in docs/kernels.md). The balanced kernel keeps more state live across its request loop: at
+# 64 rows it spills 1764-2688 B in every config, so 64-row tiles keep the uniform schedule.
+NO_SPILL = {
+    (64, False): (16, 3, "uniform"),  # BLOCK_N 32: 40 B spilled, 64: 408 B
+    (32, False): (32, 3, "balanced"),  # balanced at BLOCK_N 64: 192 B
+    (32, True): (32, 2, "uniform"),  # every 3-stage fp8 config spills 8-56 B
+    (16, False): (64, 3, "balanced"),
+    (16, True): (32, 3, "balanced"),  # balanced at BLOCK_N 64: 96 B
+}
+FP8_BLOCK_H = 32  # an fp8 cache on 64-row tiles spills 392-1064 B in every config compiled
+# (BLOCK_N 16-64, 1-3 stages, 8 or 16 warps): the widening to bf16 needs registers the [64, r]
+# accumulator holds; 32-row tiles (4 per request at H = 128, mma.sync) spill none
 INTERPRETER_SMS = 8  # stand-in SM count under TRITON_INTERPRET=1 (only shapes the heuristic)
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2: exp2 is one MUFU op
@@ -102,7 +114,7 @@ def _attend_keys(
         o_n = n0 + o_t  # key positions
         m_n = o_n < end
         if PAGE % BLOCK_N == 0:  # page-aligned: the tile lies in one page, one block-table read
-            i_page = n0 // PAGE
+            i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE  # a tensor under the interpreter too
             b_page = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
             ok = (b_page >= 0) & (b_page < num_pages)  # a bad page id (validate=False) reads zeros
             m_n = m_n & ok
@@ -483,11 +495,17 @@ def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_s
     q_bytes = torch.finfo(q_dtype).bits // 8
     kv_bytes = torch.finfo(kv_dtype).bits // 8
     fp8 = kv_dtype in _FP8
+    if fp8:
+        block_h = min(block_h, FP8_BLOCK_H)
     block_n, stages = BLOCK_N_CHOICES[-1]
     for bn, st in BLOCK_N_CHOICES:
         if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8) <= SMEM_BUDGET:
             block_n, stages = bn, st
             break
+    if (block_h, fp8) in NO_SPILL and (r, dR) == (512, 64):  # the DeepSeek latent the sweep compiled
+        bn, st, _ = NO_SPILL[block_h, fp8]
+        if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8) <= SMEM_BUDGET:
+            block_n, stages = bn, st
     num_warps = 8 if block_h * r >= WARPS_8_FROM else 4
     programs = B * triton.cdiv(rows, block_h)
     most = min(MAX_SPLITS, triton.cdiv(ctx, block_size), triton.cdiv(ctx, block_n), triton.cdiv(ctx, MIN_SPLIT_TOKENS))
@@ -509,9 +527,13 @@ def default_config(shape: dict, r: int, dR: int, page: int, dtype: str, kv_dtype
     return cfg
 
 
-def default_variant(config: dict) -> str:
-    """The stage-1 kernel schedule="auto" runs for a config without an explicit num_splits."""
-    return "balanced" if config["BLOCK_H"] < BALANCED_BELOW_BLOCK_H else "uniform"
+def default_variant(config: dict, fp8: bool = False) -> str:
+    """The stage-1 kernel schedule="auto" runs for a config without an explicit num_splits: the
+    one NO_SPILL lists for its tile height (else balanced under 64 rows, uniform at 64)."""
+    found = NO_SPILL.get((config["BLOCK_H"], bool(fp8)))
+    if found:
+        return found[2]
+    return "balanced" if config["BLOCK_H"] < 64 else "uniform"
 
 
 def compile_spec(
@@ -701,7 +723,7 @@ def mla_decode(
         schedule: "balanced" (kernels/schedule.py: each SM an equal share of the batch's KV
             tiles, only long requests split), "uniform" (every request in num_splits equal
             splits), or "auto": uniform when num_splits is given (argument, config or tuned
-            config) or the row tile is 64 tall (BALANCED_BELOW_BLOCK_H), else balanced.
+            config), else the schedule NO_SPILL lists for the tile (uniform at 64 rows).
 
     Returns:
         (out [B, S_q, H, r] in q's dtype, lse [B, S_q, H] fp32 natural-log LSE of scaled scores).
@@ -756,7 +778,7 @@ def mla_decode(
     else:
         kv_scale_val = 1.0 if kv_scale is None else float(kv_scale)
         scale_ptr, from_ptr = cache_seqlens, False  # the pointer is unused: any tensor will do
-    balanced_ok = default_variant(cfg) == "balanced"
+    balanced_ok = default_variant(cfg, kv_cache.dtype in _FP8) == "balanced"
     if schedule == "balanced" or (schedule == "auto" and not explicit_splits and balanced_ok):
         _run_balanced(q, kv_arg, kv_cache, block_table, cache_seqlens, scale_ptr, out, lse, scale, kv_scale_val,
                       from_ptr, cfg, causal, r, dR, num_sms, device)  # fmt: skip

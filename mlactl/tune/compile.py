@@ -258,7 +258,7 @@ def default_cases(cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16"
         if name == "mla_decode":
             shape = {"B": 128, "H": cfg.H, "S_q": 1, "ctx": 8192}
             config = decode.default_config(shape, cfg.r, cfg.dR, 64, dtype, kv_dtype)
-            variant = decode.default_variant(config)
+            variant = decode.default_variant(config, kv_dtype == "fp8")
             extra = {"variant": variant}
             cases.append(Case(name, shape, config, kv_dtype=kv_dtype, label="default", extra=extra, **dims))
         elif name == "mla_prefill":
