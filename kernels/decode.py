@@ -116,9 +116,9 @@ def _attend_keys(
         if PAGE % BLOCK_N == 0:  # page-aligned: the tile lies in one page, one block-table read
             i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE  # a tensor under the interpreter too
             b_page = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
-            ok = (b_page >= 0) & (b_page < num_pages)  # a bad page id (validate=False) reads zeros
-            m_n = m_n & ok
-            p_kv = kv + tl.where(ok, b_page, 0).to(tl.int64) * stride_kv_blk + ((n0 % PAGE) + o_t) * stride_kv_tok
+            b_page = tl.zeros([BLOCK_N], dtype=tl.int32) + b_page  # [BLOCK_N], one value
+            m_n = m_n & (b_page >= 0) & (b_page < num_pages)  # a bad page id (validate=False) reads zeros
+            p_kv = kv + tl.where(m_n, b_page, 0).to(tl.int64) * stride_kv_blk + ((n0 % PAGE) + o_t) * stride_kv_tok
         else:
             o_page = o_n // PAGE
             b_page = tl.load(p_bt + o_page, mask=m_n & (o_page < max_pages), other=0)  # [BLOCK_N]
