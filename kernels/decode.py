@@ -15,6 +15,13 @@ Design (flash-decoding with grouped heads):
   and its natural-log LSE. With one split it writes the final output directly.
 * Stage 2 (`_mla_decode_merge_kernel`) merges the splits of each row by their LSE; empty splits
   carry LSE -inf and weigh nothing.
+* Balanced schedule (kernels/schedule.py): instead of one split count for the whole batch, a
+  persistent grid of one program per SM (`_mla_decode_planned_kernel`) walks an equal share of
+  the batch's KV tiles; only requests a cut runs through are split and merged
+  (`_mla_decode_planned_merge_kernel`). `schedule="auto"` picks per tile height (NO_SPILL).
+* Page-aligned tiles (BLOCK_N divides the page): one block-table read per tile and contiguous
+  row offsets; a TMA tensor-descriptor load of the [BLOCK_N, r + dR] rows is written and tested
+  but off (USE_TMA: it spills more in this kernel).
 
 Known limit on Hopper: the [64, r] fp32 accumulator needs 8 warps (two warpgroups, each owning
 r/2 columns), and Triton gives every warp of a dot that feeds another dot to M, so both
@@ -32,9 +39,10 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import configs, schedule
-from ._checks import check_device, check_dim, check_scale, check_tensor, latent_rank
+from ._checks import check_device, check_dim, check_scale, check_tensor, interpreting, latent_rank
 
 # ---- tuning defaults (H200 / sm_90) ----
 # Figures marked "sm_90 compile" come from compiling these kernels offline for sm_90 with Triton
@@ -68,6 +76,10 @@ NO_SPILL = {
 FP8_BLOCK_H = 32  # an fp8 cache on 64-row tiles spills 392-1064 B in every config compiled
 # (BLOCK_N 16-64, 1-3 stages, 8 or 16 warps): the widening to bf16 needs registers the [64, r]
 # accumulator holds; 32-row tiles (4 per request at H = 128, mma.sync) spill none
+USE_TMA = False  # TMA descriptor loads for page-aligned tiles: correct (interpreter tests), but in
+# this kernel they spill more, not less (sm_90 compile, 64 rows: 568 B at 16 keys where pointer
+# loads spill 0; 1012 B at 64 keys), and 3 stages of TMA buffers need 288 KiB at 64 keys: off
+# until the tail-row masking is moved out of the main loop (docs/kernels.md)
 INTERPRETER_SMS = 8  # stand-in SM count under TRITON_INTERPRET=1 (only shapes the heuristic)
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2: exp2 is one MUFU op
@@ -86,6 +98,8 @@ def _attend_keys(
     b_q,
     b_qpe,
     kv,
+    kv_desc,
+    kpe_desc,
     p_bt,
     stride_kv_blk,
     stride_kv_tok,
@@ -102,8 +116,13 @@ def _attend_keys(
     KV_FP8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Online softmax of one request's rows over its keys [start, end), in tiles of BLOCK_N.
+
+    TMA (page-aligned tiles only): kv_desc / kpe_desc are tensor descriptors over the cache as
+    [blocks * PAGE, r + dR] with blocks [BLOCK_N, r] and [BLOCK_N, dR]: one bulk copy per tile
+    (Hopper's TMA) instead of a pointer per row, which frees the registers of cp.async addresses.
 
     p_bt points at the request's block-table row. Reads each cache row once: its [r + dR] numbers
     are the key, its first r the value."""
@@ -113,7 +132,19 @@ def _attend_keys(
     for n0 in range(start, end, BLOCK_N):
         o_n = n0 + o_t  # key positions
         m_n = o_n < end
-        if PAGE % BLOCK_N == 0:  # page-aligned: the tile lies in one page, one block-table read
+        if TMA:
+            i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE
+            b_pg = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)  # one read per tile
+            pg_ok = (b_pg >= 0) & (b_pg < num_pages)
+            row0 = tl.where(pg_ok, b_pg, 0) * PAGE + n0 % PAGE
+            m_n = m_n & ((tl.zeros([BLOCK_N], dtype=tl.int32) + b_pg) >= 0)
+            m_n = m_n & ((tl.zeros([BLOCK_N], dtype=tl.int32) + b_pg) < num_pages)
+            b_kv = kv_desc.load([row0, 0])  # [BLOCK_N, R]
+            b_kpe = kpe_desc.load([row0, R])  # [BLOCK_N, DR]
+            # rows past the context (the rest of the last page) may hold anything, NaN too
+            b_kv = tl.where(m_n[:, None], b_kv, 0)
+            b_kpe = tl.where(m_n[:, None], b_kpe, 0)
+        elif PAGE % BLOCK_N == 0:  # page-aligned: the tile lies in one page, one block-table read
             i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE  # a tensor under the interpreter too
             b_page = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
             b_page = tl.zeros([BLOCK_N], dtype=tl.int32) + b_page  # [BLOCK_N], one value
@@ -125,8 +156,9 @@ def _attend_keys(
             # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
             m_n = m_n & (b_page >= 0) & (b_page < num_pages)
             p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
-        b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
-        b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
+        if not TMA:
+            b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
+            b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
         if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
             b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
             b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
@@ -155,6 +187,8 @@ def _attend_keys(
 def _mla_decode_split_kernel(
     q,
     kv,
+    kv_desc,
+    kpe_desc,
     block_table,
     seqlens,
     kv_scale_ptr,
@@ -191,6 +225,7 @@ def _mla_decode_split_kernel(
     KV_SCALE_FROM_PTR: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """One (row tile, split, request): online softmax over the split's keys, normalised output.
 
@@ -240,9 +275,9 @@ def _mla_decode_split_kernel(
     # Triton splits its columns across the two warpgroups (128 registers/thread); splitting the
     # value dim across programs instead would recompute the scores (53% of the FLOPs) twice.
     acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, b_q, b_qpe, kv, block_table + pid_b * stride_bt, stride_kv_blk, stride_kv_tok,
+        acc, m_i, l_i, b_q, b_qpe, kv, kv_desc, kpe_desc, block_table + pid_b * stride_bt, stride_kv_blk, stride_kv_tok,
         start, end, limit, qk_scale, num_pages, max_pages,
-        R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32,
+        R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, TMA,
     )  # fmt: skip
     has_keys = l_i > 0
     b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
@@ -259,6 +294,8 @@ def _mla_decode_split_kernel(
 def _mla_decode_planned_kernel(
     q,
     kv,
+    kv_desc,
+    kpe_desc,
     block_table,
     seqlens,
     kv_scale_ptr,
@@ -302,6 +339,7 @@ def _mla_decode_planned_kernel(
     KV_SCALE_FROM_PTR: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """One (row tile, part) of a balanced plan (kernels/schedule.py): a persistent program walks
     the requests its part of the work line touches, each from its first to its last tile there.
@@ -346,9 +384,10 @@ def _mla_decode_planned_kernel(
             l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
             acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)
             acc, m_i, l_i = _attend_keys(
-                acc, m_i, l_i, b_q, b_qpe, kv, block_table + i_b * stride_bt, stride_kv_blk, stride_kv_tok,
+                acc, m_i, l_i, b_q, b_qpe, kv, kv_desc, kpe_desc, block_table + i_b * stride_bt, stride_kv_blk,
+                stride_kv_tok,
                 t0 * BLOCK_N, tl.minimum(t1 * BLOCK_N, seqlen), limit, qk_scale, num_pages, max_pages,
-                R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32,
+                R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, TMA,
             )  # fmt: skip
             has_keys = l_i > 0
             b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
@@ -537,7 +576,16 @@ def default_variant(config: dict, fp8: bool = False) -> str:
 
 
 def compile_spec(
-    shape: dict, config: dict, r: int, dR: int, page: int, dtype: str, kv_dtype: str, causal=True, variant="balanced"
+    shape: dict,
+    config: dict,
+    r: int,
+    dR: int,
+    page: int,
+    dtype: str,
+    kv_dtype: str,
+    causal=True,
+    variant="balanced",
+    capability: int = 90,
 ):
     """What `mlactl tune compile` needs to build stage 1 for a GPU target without launching it:
     (jit function, signature, constants, argument names divisible by 16, compile options).
@@ -547,7 +595,14 @@ def compile_spec(
     consts = _constants(shape["H"], shape["S_q"], r, dR, page, full["BLOCK_H"], full.get("num_splits", 1), causal,
                         fp8, fp8, dtype == "fp32", False)  # fmt: skip
     consts["BLOCK_N"] = full["BLOCK_N"]
-    types = dict(q=f"*{dtype}", kv="*u8" if fp8 else f"*{dtype}", block_table="*i32", seqlens="*i32",
+    consts["TMA"] = USE_TMA and page % full["BLOCK_N"] == 0 and capability >= 90  # as _descriptors decides
+    kv_type = "u8" if fp8 else dtype
+    if consts["TMA"]:
+        desc = {"kv_desc": f"tensordesc<{kv_type}[{full['BLOCK_N']}, {r}]>"}
+        desc["kpe_desc"] = f"tensordesc<{kv_type}[{full['BLOCK_N']}, {dR}]>"
+    else:
+        desc = {"kv_desc": f"*{kv_type}", "kpe_desc": f"*{kv_type}"}
+    types = dict(q=f"*{dtype}", kv="*u8" if fp8 else f"*{dtype}", block_table="*i32", seqlens="*i32", **desc,
                  kv_scale_ptr="*fp32", o="*fp32", lse="*fp32", qk_scale="fp32", kv_scale="fp32")  # fmt: skip
     aligned = ["q", "kv", "o", "lse", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk", "stride_kv_tok",
                "stride_ob", "stride_os", "stride_oh"]  # fmt: skip
@@ -869,16 +924,17 @@ def _run_balanced(q, kv_arg, kv_cache, block_table, seqlens, scale_ptr, out, lse
     for i, (block_n, stages) in enumerate(tries):
         fixed = schedule.split_cost_tiles(cfg["BLOCK_H"], r, dR, block_n, q_bytes, kv_bytes)
         pl = schedule.plan(seqlens, block_n, parts, fixed)
+        kv_desc, kpe_desc, tma = _descriptors(kv_arg, block_n, r, dR, device)
         o_part = _empty((pl.max_partials, rows, r), torch.float32, device)
         lse_part = _empty((pl.max_partials, rows), torch.float32, device)
         try:
             _mla_decode_planned_kernel[(n_h, parts)](
-                q, kv_arg, block_table, seqlens, scale_ptr, out, lse, o_part, lse_part,
+                q, kv_arg, kv_desc, kpe_desc, block_table, seqlens, scale_ptr, out, lse, o_part, lse_part,
                 pl.cuts, pl.b_first, pl.b_last, pl.starts, pl.first_part, pl.n_splits, pl.slot,
                 scale * kv_scale_val * LOG2E.value, kv_scale_val,
                 q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
                 *out.stride()[:3], *lse.stride(), kv_cache.shape[0], block_table.shape[1],
-                **constants, BLOCK_N=block_n, FIXED=fixed, num_warps=cfg["num_warps"], num_stages=stages,
+                **constants, BLOCK_N=block_n, FIXED=fixed, TMA=tma, num_warps=cfg["num_warps"], num_stages=stages,
             )  # fmt: skip
         except OutOfResources:
             if i == len(tries) - 1:
@@ -892,6 +948,31 @@ def _run_balanced(q, kv_arg, kv_cache, block_table, seqlens, scale_ptr, out, lse
     )  # fmt: skip
 
 
+def _tma_capable(device) -> bool:
+    """Hopper and later have TMA; the interpreter runs descriptor loads too (so tests cover them)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 9
+    return interpreting()
+
+
+def _descriptors(kv_arg, block_n, r, dR, device):
+    """(kv_desc, kpe_desc, True) when page-aligned tiles can be loaded by TMA, else (kv, kv, False).
+
+    TMA needs BLOCK_N to divide the page, pages evenly strided (the cache as one
+    [blocks * PAGE, r + dR] matrix) and 16-byte aligned rows and base."""
+    blocks, page, row = kv_arg.shape
+    s_blk, s_tok, s_col = kv_arg.stride()
+    elt = kv_arg.element_size()
+    if not USE_TMA or page % block_n or s_col != 1 or s_blk != page * s_tok or not _tma_capable(device):
+        return kv_arg, kv_arg, False
+    if (s_tok * elt) % 16 or kv_arg.data_ptr() % 16 or (r * elt) % 16 or (dR * elt) % 16:
+        return kv_arg, kv_arg, False
+    flat = kv_arg.as_strided((blocks * page, row), (s_tok, 1))
+    kv_desc = TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_n, r])
+    kpe_desc = TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_n, dR])
+    return kv_desc, kpe_desc, True
+
+
 def _launch_split(grid, args, constants, cfg, device):
     """Launch stage 1; if the GPU lacks the shared memory for (BLOCK_N, num_stages), step down
     BLOCK_N_CHOICES and remember what fit (the heuristic's estimate can be a little short)."""
@@ -899,10 +980,12 @@ def _launch_split(grid, args, constants, cfg, device):
     tries = [_FITTED.get(key, (cfg["BLOCK_N"], cfg["num_stages"]))]
     tries += [c for c in BLOCK_N_CHOICES if c < tries[0]]
     for i, (block_n, stages) in enumerate(tries):
+        kv_desc, kpe_desc, tma = _descriptors(args[1], block_n, constants["R"], constants["DR"], device)
         try:
             _mla_decode_split_kernel[grid](
-                *args, **constants, BLOCK_N=block_n, num_warps=cfg["num_warps"], num_stages=stages
-            )
+                args[0], args[1], kv_desc, kpe_desc, *args[2:], **constants, BLOCK_N=block_n, TMA=tma,
+                num_warps=cfg["num_warps"], num_stages=stages,
+            )  # fmt: skip
         except OutOfResources:
             if i == len(tries) - 1:
                 raise

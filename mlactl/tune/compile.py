@@ -136,8 +136,9 @@ def _build(case: Case):
         from mlactl.kernels.decode import compile_spec
 
         return compile_spec(
-            case.shape, case.config, case.r, case.dR, case.page, case.dtype, case.kv_dtype, **case.extra
-        )
+            case.shape, case.config, case.r, case.dR, case.page, case.dtype, case.kv_dtype,
+            capability=ARCHS[case.arch], **case.extra,
+        )  # fmt: skip
     if case.kernel == "mla_prefill":
         from mlactl.kernels.prefill import compile_spec
 
