@@ -584,14 +584,16 @@ def compile_spec(
     dtype: str,
     kv_dtype: str,
     causal=True,
-    variant="balanced",
+    variant=None,
     capability: int = 90,
 ):
     """What `mlactl tune compile` needs to build stage 1 for a GPU target without launching it:
     (jit function, signature, constants, argument names divisible by 16, compile options).
-    variant: "balanced" (the planned persistent kernel, the default schedule) or "uniform"."""
+    variant: "balanced" (the planned persistent kernel) or "uniform"; default: the one
+    schedule="auto" runs for this config (default_variant)."""
     fp8 = kv_dtype == "fp8"
     full = {**default_config(shape, r, dR, page, dtype, kv_dtype), **config}
+    variant = variant or default_variant(full, fp8)
     consts = _constants(shape["H"], shape["S_q"], r, dR, page, full["BLOCK_H"], full.get("num_splits", 1), causal,
                         fp8, fp8, dtype == "fp32", False)  # fmt: skip
     consts["BLOCK_N"] = full["BLOCK_N"]

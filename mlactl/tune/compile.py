@@ -182,6 +182,8 @@ def compile_one(case: Case) -> dict:
     }
     try:
         fn, sig, consts, aligned, options = _build(case)
+        if case.kernel == "mla_decode":  # which stage-1 kernel was built
+            out["variant"] = "balanced" if "planned" in fn.__name__ else "uniform"
         attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
         k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cap, 32), options=options)
     except Exception as exc:  # a config the compiler rejects is a result, not a crash
@@ -259,8 +261,7 @@ def default_cases(cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16"
         if name == "mla_decode":
             shape = {"B": 128, "H": cfg.H, "S_q": 1, "ctx": 8192}
             config = decode.default_config(shape, cfg.r, cfg.dR, 64, dtype, kv_dtype)
-            variant = decode.default_variant(config, kv_dtype == "fp8")
-            extra = {"variant": variant}
+            extra = {"variant": decode.default_variant(config, kv_dtype == "fp8")}
             cases.append(Case(name, shape, config, kv_dtype=kv_dtype, label="default", extra=extra, **dims))
         elif name == "mla_prefill":
             shape = {"H": cfg.H, "L": 4096}
@@ -287,7 +288,8 @@ def candidate_cases(
         for config in spec.space(cfg, d.shape, kv_dtype, dtype, SMEM_LIMIT[ARCHS[arch]]):
             if config == {k: d.config.get(k) for k in config}:
                 continue  # the default, already listed
-            cases.append(Case(**{**asdict(d), "config": config, "label": "candidate"}))
+            # each candidate's own schedule (decode: default_variant of the config), not the default's
+            cases.append(Case(**{**asdict(d), "config": config, "label": "candidate", "extra": {}}))
     return cases
 
 
