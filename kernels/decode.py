@@ -517,12 +517,15 @@ def _device_info(device: torch.device) -> tuple[str, int]:
     return "cpu", INTERPRETER_SMS
 
 
-def smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8):
+def smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8, r=None):
     """Shared memory of one program as Triton 3.9 lays it out for sm_90 (checked against the
     compiler for the DeepSeek shapes): the query tile, two KV tiles in flight from num_stages 2
-    on, one more cache-dtype tile for an fp8 cache's widening, and 1 KiB of scratch."""
+    on, one more cache-dtype tile for an fp8 cache's widening, and 1 KiB of scratch; with `r`,
+    at least the [BLOCK_H, r] fp32 accumulator, which the epilogue converts through shared
+    memory (128 KiB at 64 rows: more than the loop's buffers once BLOCK_N is 16)."""
     in_flight = min(stages, 2) + (1 if fp8 else 0)
-    return block_h * row * q_bytes + in_flight * block_n * row * kv_bytes + 1024
+    loop = block_h * row * q_bytes + in_flight * block_n * row * kv_bytes + 1024
+    return max(loop, block_h * r * 4) if r else loop
 
 
 def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_sms):
@@ -538,12 +541,12 @@ def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_s
         block_h = min(block_h, FP8_BLOCK_H)
     block_n, stages = BLOCK_N_CHOICES[-1]
     for bn, st in BLOCK_N_CHOICES:
-        if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8) <= SMEM_BUDGET:
+        if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8, r) <= SMEM_BUDGET:
             block_n, stages = bn, st
             break
     if (block_h, fp8) in NO_SPILL and (r, dR) == (512, 64):  # the DeepSeek latent the sweep compiled
         bn, st, _ = NO_SPILL[block_h, fp8]
-        if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8) <= SMEM_BUDGET:
+        if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8, r) <= SMEM_BUDGET:
             block_n, stages = bn, st
     num_warps = 8 if block_h * r >= WARPS_8_FROM else 4
     programs = B * triton.cdiv(rows, block_h)

@@ -538,12 +538,13 @@ def compile_split(q, kv, H, S_q):
     fn = decode._mla_decode_split_kernel
     fp8 = kv == torch.float8_e4m3fn
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q]
-    types = dict(q="*" + name, kv="*u8" if fp8 else "*" + name, block_table="*i32",
+    kv_t = "*u8" if fp8 else "*" + name
+    types = dict(q="*" + name, kv=kv_t, kv_desc=kv_t, kpe_desc=kv_t, block_table="*i32",
                  seqlens="*i32", kv_scale_ptr="*fp32", o="*fp32", lse="*fp32",
                  qk_scale="fp32", kv_scale="fp32")
     const = dict(H=H, S_Q=S_q, R=512, DR=64, PAGE=64, BLOCK_H=cfg["BLOCK_H"],
                  BLOCK_N=cfg["BLOCK_N"], NUM_SPLITS=4, CAUSAL=True, KV_FP8=fp8,
-                 KV_SCALE_FROM_PTR=fp8, DOT_PRECISION="tf32", DOT_FP32=False)
+                 KV_SCALE_FROM_PTR=fp8, DOT_PRECISION="tf32", DOT_FP32=False, TMA=False)
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}
     aligned = ("q", "kv", "o", "lse", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk",
                "stride_kv_tok", "stride_ob", "stride_os", "stride_oh", "stride_o_split")
@@ -552,7 +553,7 @@ def compile_split(q, kv, H, S_q):
                        options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
     row, qb, kb = 576, torch.finfo(q).bits // 8, torch.finfo(kv).bits // 8
     estimate = decode.smem_bytes(cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["num_stages"], row, qb, kb,
-                                  fp8)
+                                  fp8, 512)
     return dict(shared=k.metadata.shared, estimate=estimate, block_h=cfg["BLOCK_H"],
                 wgmma="warp_group_dot" in k.asm["ttgir"])
 

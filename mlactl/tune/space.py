@@ -79,7 +79,10 @@ def _decode_space(cfg, shape, kv_dtype, dtype, smem):
     for block_h, block_n, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (1, 2, 3)):
         if block_h > most_rows:
             continue  # taller tiles than rows are padding only
-        if smem is not None and smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, kv_dtype == "fp8") > smem:
+        if (
+            smem is not None
+            and smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, kv_dtype == "fp8", cfg.r) > smem
+        ):
             continue
         found.append({"BLOCK_H": block_h, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
     return found
