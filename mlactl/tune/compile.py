@@ -311,7 +311,7 @@ def table(results: list[dict]):
     """A rich table of compile results, one row per config."""
     from rich.table import Table
 
-    t = Table(title="compile report (no GPU: Triton + ptxas for the target)")
+    t = Table(title="compile report (no GPU: Triton + ptxas for the target; mma/loop: wgmma, else mma.sync)")
     for col in (
         "kernel",
         "shape",
@@ -321,12 +321,10 @@ def table(results: list[dict]):
         "regs",
         "spill B",
         "stack B",
-        "wgmma/loop",
+        "mma/loop",
         "warnings",
     ):
-        t.add_column(
-            col, justify="right" if col in ("smem KiB", "regs", "spill B", "stack B", "wgmma/loop") else "left"
-        )
+        t.add_column(col, justify="right" if col in ("smem KiB", "regs", "spill B", "stack B", "mma/loop") else "left")
     for r in results:
         shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
         config = " ".join(f"{k}={v}" for k, v in r["config"].items())
