@@ -19,9 +19,10 @@ Design (flash-decoding with grouped heads):
   persistent grid of one program per SM (`_mla_decode_planned_kernel`) walks an equal share of
   the batch's KV tiles; only requests a cut runs through are split and merged
   (`_mla_decode_planned_merge_kernel`). `schedule="auto"` picks per tile height (NO_SPILL).
-* Page-aligned tiles (BLOCK_N divides the page): one block-table read per tile and contiguous
-  row offsets; a TMA tensor-descriptor load of the [BLOCK_N, r + dR] rows is written and tested
-  but off (USE_TMA: it spills more in this kernel).
+* Page-aligned tiles (BLOCK_N divides the page): one block-table read per tile. At 64-row tiles
+  on Hopper (TMA_MIN_BLOCK_H) a tile is one TMA tensor-descriptor copy of the contiguous
+  [BLOCK_N, r + dR] rows: whole tiles unmasked, the last one masked; narrower tiles use
+  contiguous row pointers.
 
 Known limit on Hopper: the [64, r] fp32 accumulator needs 8 warps (two warpgroups, each owning
 r/2 columns), and Triton gives every warp of a dot that feeds another dot to M, so both
@@ -67,7 +68,7 @@ MAX_SPLITS = 64  # the merge loops over splits; beyond 64 it costs more than the
 # is in docs/kernels.md). The balanced kernel keeps more state live across its request loop: at
 # 64 rows it spills 1764-2688 B in every config, so 64-row tiles keep the uniform schedule.
 NO_SPILL = {
-    (64, False): (16, 3, "uniform"),  # BLOCK_N 32: 40 B spilled, 64: 408 B
+    (64, False): (32, 3, "uniform"),  # with TMA loads; pointer loads: 16 keys 0 B, 32 keys 40 B
     (32, False): (32, 3, "balanced"),  # balanced at BLOCK_N 64: 192 B
     (32, True): (32, 2, "uniform"),  # every 3-stage fp8 config spills 8-56 B
     (16, False): (64, 3, "balanced"),
@@ -76,10 +77,10 @@ NO_SPILL = {
 FP8_BLOCK_H = 32  # an fp8 cache on 64-row tiles spills 392-1064 B in every config compiled
 # (BLOCK_N 16-64, 1-3 stages, 8 or 16 warps): the widening to bf16 needs registers the [64, r]
 # accumulator holds; 32-row tiles (4 per request at H = 128, mma.sync) spill none
-USE_TMA = False  # TMA descriptor loads for page-aligned tiles: correct (interpreter tests), but in
-# this kernel they spill more, not less (sm_90 compile, 64 rows: 568 B at 16 keys where pointer
-# loads spill 0; 1012 B at 64 keys), and 3 stages of TMA buffers need 288 KiB at 64 keys: off
-# until the tail-row masking is moved out of the main loop (docs/kernels.md)
+USE_TMA = True  # TMA descriptor loads for page-aligned tiles of TMA_MIN_BLOCK_H rows and more
+TMA_MIN_BLOCK_H = 64  # sm_90 compile: at 64 rows (wgmma) TMA frees the cp.async address registers,
+# 32 keys per tile then spill 0 B (252 registers) where pointer loads spill 40 B; at 16 and 32
+# rows (mma.sync) TMA spills 500-3200 B where pointer loads spill none
 INTERPRETER_SMS = 8  # stand-in SM count under TRITON_INTERPRET=1 (only shapes the heuristic)
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2: exp2 is one MUFU op
@@ -88,6 +89,41 @@ CONFIG_KEYS = ("BLOCK_H", "BLOCK_N", "num_splits", "num_warps", "num_stages")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 _FP8 = (torch.float8_e4m3fn,) if hasattr(torch, "float8_e4m3fn") else ()
 _FITTED: dict = {}  # launch key -> (BLOCK_N, num_stages) that fit shared memory on this GPU
+
+
+@triton.jit
+def _tma_row(p_bt, n0, num_pages, max_pages, PAGE: tl.constexpr):
+    """Row of the [blocks * PAGE, r + dR] cache view where the page-aligned tile at key n0 starts.
+    One block-table read; a bad page id (validate=False) reads page 0, never out of bounds."""
+    i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE
+    b_pg = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
+    return tl.where((b_pg >= 0) & (b_pg < num_pages), b_pg, 0) * PAGE + n0 % PAGE
+
+
+@triton.jit
+def _score_and_accumulate(
+    acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, o_n, limit, qk_scale,
+    KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+):  # fmt: skip
+    """One KV tile of the online softmax: scores of the rows against keys o_n, then p @ v."""
+    if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
+        b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
+        b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
+    if DOT_FP32:
+        b_kv = b_kv.to(tl.float32)
+        b_kpe = b_kpe.to(tl.float32)
+    b_s = tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
+    b_s = tl.dot(b_q, tl.trans(b_kv), b_s, input_precision=DOT_PRECISION)
+    b_s = b_s * qk_scale
+    b_s = tl.where(o_n[None, :] < limit[:, None], b_s, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(b_s, 1))
+    m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet: no NaN
+    b_p = tl.exp2(b_s - m_use[:, None])  # [BLOCK_H, BLOCK_N]
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(b_p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -129,57 +165,46 @@ def _attend_keys(
     o_r = tl.arange(0, R)
     o_dr = tl.arange(0, DR)
     o_t = tl.arange(0, BLOCK_N)
-    for n0 in range(start, end, BLOCK_N):
-        o_n = n0 + o_t  # key positions
-        m_n = o_n < end
-        if TMA:
-            i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE
-            b_pg = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)  # one read per tile
-            pg_ok = (b_pg >= 0) & (b_pg < num_pages)
-            row0 = tl.where(pg_ok, b_pg, 0) * PAGE + n0 % PAGE
-            m_n = m_n & ((tl.zeros([BLOCK_N], dtype=tl.int32) + b_pg) >= 0)
-            m_n = m_n & ((tl.zeros([BLOCK_N], dtype=tl.int32) + b_pg) < num_pages)
+    if TMA:
+        # whole tiles first: every row is a key of the context (n0 + BLOCK_N <= end <= seqlen), so
+        # nothing is masked and the copied tile goes to the tensor cores as it is
+        full_end = start + (end - start) // BLOCK_N * BLOCK_N
+        for n0 in range(start, full_end, BLOCK_N):
+            row0 = _tma_row(p_bt, n0, num_pages, max_pages, PAGE)
             b_kv = kv_desc.load([row0, 0])  # [BLOCK_N, R]
             b_kpe = kpe_desc.load([row0, R])  # [BLOCK_N, DR]
-            # rows past the context (the rest of the last page) may hold anything, NaN too
-            b_kv = tl.where(m_n[:, None], b_kv, 0)
-            b_kpe = tl.where(m_n[:, None], b_kpe, 0)
-        elif PAGE % BLOCK_N == 0:  # page-aligned: the tile lies in one page, one block-table read
-            i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE  # a tensor under the interpreter too
-            b_page = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
-            b_page = tl.zeros([BLOCK_N], dtype=tl.int32) + b_page  # [BLOCK_N], one value
-            m_n = m_n & (b_page >= 0) & (b_page < num_pages)  # a bad page id (validate=False) reads zeros
-            p_kv = kv + tl.where(m_n, b_page, 0).to(tl.int64) * stride_kv_blk + ((n0 % PAGE) + o_t) * stride_kv_tok
-        else:
-            o_page = o_n // PAGE
-            b_page = tl.load(p_bt + o_page, mask=m_n & (o_page < max_pages), other=0)  # [BLOCK_N]
-            # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
-            m_n = m_n & (b_page >= 0) & (b_page < num_pages)
-            p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
-        if not TMA:
+            acc, m_i, l_i = _score_and_accumulate(
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, n0 + o_t, limit, qk_scale, KV_FP8, DOT_PRECISION, DOT_FP32
+            )
+        if full_end < end:  # the last tile: the rest of its page may hold anything, NaN too
+            row0 = _tma_row(p_bt, full_end, num_pages, max_pages, PAGE)
+            m_n = full_end + o_t < end
+            b_kv = tl.where(m_n[:, None], kv_desc.load([row0, 0]), 0)  # [BLOCK_N, R]
+            b_kpe = tl.where(m_n[:, None], kpe_desc.load([row0, R]), 0)  # [BLOCK_N, DR]
+            acc, m_i, l_i = _score_and_accumulate(
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, full_end + o_t, limit, qk_scale, KV_FP8, DOT_PRECISION, DOT_FP32
+            )
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            o_n = n0 + o_t  # key positions
+            m_n = o_n < end
+            if PAGE % BLOCK_N == 0:  # page-aligned: the tile lies in one page, one block-table read
+                i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE  # a tensor under the interpreter too
+                b_page = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
+                b_page = tl.zeros([BLOCK_N], dtype=tl.int32) + b_page  # [BLOCK_N], one value
+                m_n = m_n & (b_page >= 0) & (b_page < num_pages)  # a bad page id (validate=False) reads zeros
+                p_kv = kv + tl.where(m_n, b_page, 0).to(tl.int64) * stride_kv_blk + ((n0 % PAGE) + o_t) * stride_kv_tok
+            else:
+                o_page = o_n // PAGE
+                b_page = tl.load(p_bt + o_page, mask=m_n & (o_page < max_pages), other=0)  # [BLOCK_N]
+                # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
+                m_n = m_n & (b_page >= 0) & (b_page < num_pages)
+                p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
             b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
             b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
-        if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
-            b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
-            b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
-        if DOT_FP32:
-            b_kv = b_kv.to(tl.float32)
-            b_kpe = b_kpe.to(tl.float32)
-
-        b_s = tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
-        b_s = tl.dot(b_q, tl.trans(b_kv), b_s, input_precision=DOT_PRECISION)
-        b_s = b_s * qk_scale
-        b_s = tl.where(o_n[None, :] < limit[:, None], b_s, -float("inf"))
-
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet: no NaN
-        b_p = tl.exp2(b_s - m_use[:, None])  # [BLOCK_H, BLOCK_N]
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(b_p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
-        m_i = m_new
-
+            acc, m_i, l_i = _score_and_accumulate(
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, o_n, limit, qk_scale, KV_FP8, DOT_PRECISION, DOT_FP32
+            )
     return acc, m_i, l_i
 
 
@@ -600,7 +625,9 @@ def compile_spec(
     consts = _constants(shape["H"], shape["S_q"], r, dR, page, full["BLOCK_H"], full.get("num_splits", 1), causal,
                         fp8, fp8, dtype == "fp32", False)  # fmt: skip
     consts["BLOCK_N"] = full["BLOCK_N"]
-    consts["TMA"] = USE_TMA and page % full["BLOCK_N"] == 0 and capability >= 90  # as _descriptors decides
+    consts["TMA"] = (  # as _descriptors decides
+        USE_TMA and full["BLOCK_H"] >= TMA_MIN_BLOCK_H and page % full["BLOCK_N"] == 0 and capability >= 90
+    )
     kv_type = "u8" if fp8 else dtype
     if consts["TMA"]:
         desc = {"kv_desc": f"tensordesc<{kv_type}[{full['BLOCK_N']}, {r}]>"}
@@ -929,7 +956,7 @@ def _run_balanced(q, kv_arg, kv_cache, block_table, seqlens, scale_ptr, out, lse
     for i, (block_n, stages) in enumerate(tries):
         fixed = schedule.split_cost_tiles(cfg["BLOCK_H"], r, dR, block_n, q_bytes, kv_bytes)
         pl = schedule.plan(seqlens, block_n, parts, fixed)
-        kv_desc, kpe_desc, tma = _descriptors(kv_arg, block_n, r, dR, device)
+        kv_desc, kpe_desc, tma = _descriptors(kv_arg, block_n, r, dR, device, cfg["BLOCK_H"])
         o_part = _empty((pl.max_partials, rows, r), torch.float32, device)
         lse_part = _empty((pl.max_partials, rows), torch.float32, device)
         try:
@@ -960,7 +987,7 @@ def _tma_capable(device) -> bool:
     return interpreting()
 
 
-def _descriptors(kv_arg, block_n, r, dR, device):
+def _descriptors(kv_arg, block_n, r, dR, device, block_h=TMA_MIN_BLOCK_H):
     """(kv_desc, kpe_desc, True) when page-aligned tiles can be loaded by TMA, else (kv, kv, False).
 
     TMA needs BLOCK_N to divide the page, pages evenly strided (the cache as one
@@ -968,7 +995,9 @@ def _descriptors(kv_arg, block_n, r, dR, device):
     blocks, page, row = kv_arg.shape
     s_blk, s_tok, s_col = kv_arg.stride()
     elt = kv_arg.element_size()
-    if not USE_TMA or page % block_n or s_col != 1 or s_blk != page * s_tok or not _tma_capable(device):
+    if not USE_TMA or block_h < TMA_MIN_BLOCK_H or page % block_n or s_col != 1 or s_blk != page * s_tok:
+        return kv_arg, kv_arg, False
+    if not _tma_capable(device):
         return kv_arg, kv_arg, False
     if (s_tok * elt) % 16 or kv_arg.data_ptr() % 16 or (r * elt) % 16 or (dR * elt) % 16:
         return kv_arg, kv_arg, False
@@ -985,7 +1014,9 @@ def _launch_split(grid, args, constants, cfg, device):
     tries = [_FITTED.get(key, (cfg["BLOCK_N"], cfg["num_stages"]))]
     tries += [c for c in BLOCK_N_CHOICES if c < tries[0]]
     for i, (block_n, stages) in enumerate(tries):
-        kv_desc, kpe_desc, tma = _descriptors(args[1], block_n, constants["R"], constants["DR"], device)
+        kv_desc, kpe_desc, tma = _descriptors(
+            args[1], block_n, constants["R"], constants["DR"], device, constants["BLOCK_H"]
+        )
         try:
             _mla_decode_split_kernel[grid](
                 args[0], args[1], kv_desc, kpe_desc, *args[2:], **constants, BLOCK_N=block_n, TMA=tma,

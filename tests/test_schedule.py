@@ -161,18 +161,18 @@ def test_balanced_kernel_matches_twin(lens, H, S_q, block_size, dtype, fp8, caus
 
 @pytest.mark.parametrize("lens, H, S_q, block_size, dtype, fp8, causal", BALANCED_CASES[:1] + BALANCED_CASES[2:])
 def test_tma_loads_match_twin(monkeypatch, lens, H, S_q, block_size, dtype, fp8, causal):
-    """The TMA descriptor path (off by default, USE_TMA) stays correct: interpreter, both schedules."""
+    """The TMA descriptor path (64-row tiles by default) matches the twin: interpreter, both schedules."""
     from test_decode import F32, FP8, SCALE, assert_close, paged_case
 
     from mlactl.kernels import decode
     from mlactl.kernels.decode_naive import mla_decode_naive
 
-    monkeypatch.setattr(decode, "USE_TMA", True)
+    monkeypatch.setattr(decode, "TMA_MIN_BLOCK_H", 16)  # small test heads: 16-row tiles take TMA too
     q, kv, table, seqlens, kv_scale = paged_case(lens, H, S_q, 32, 16, block_size, dtype, FP8 if fp8 else None)
     want = mla_decode_naive(q, kv, table, seqlens, SCALE, r=32, kv_scale=kv_scale, causal=causal)
     for sched in ("balanced", "uniform"):
         args = dict(r=32, kv_scale=kv_scale, causal=causal, config={"BLOCK_N": 16}, schedule=sched)
         if sched == "uniform":
             args["num_splits"] = 2
-        assert decode._descriptors(kv, 16, 32, 16, q.device)[2]  # the TMA path is the one run
+        assert decode._descriptors(kv, 16, 32, 16, q.device, 16)[2]  # the TMA path is the one run
         assert_close(decode.mla_decode(q, kv, table, seqlens, SCALE, **args), want, F32)
