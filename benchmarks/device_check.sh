@@ -13,6 +13,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 
 timeout 270 python3 benchmarks/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+# old (uniform splits) and new (balanced plan) decode side by side, each checked against the twin
+timeout 150 python3 benchmarks/bench_decode_schedules.py --quick --out "$OUT" 2>&1 | tee "$OUT/schedules.log"
 timeout 200 python3 -m mlactl.cli tune --quick --results-file "$OUT/tune-quick.json" 2>&1 | tee "$OUT/tune.log"
 
 # tuned configs and the measured profile, as one file (the transfer keeps only flat files)

@@ -15,6 +15,14 @@ Design (flash-decoding with grouped heads):
   and its natural-log LSE. With one split it writes the final output directly.
 * Stage 2 (`_mla_decode_merge_kernel`) merges the splits of each row by their LSE; empty splits
   carry LSE -inf and weigh nothing.
+* Balanced schedule (kernels/schedule.py): instead of one split count for the whole batch, a
+  persistent grid of one program per SM (`_mla_decode_planned_kernel`) walks an equal share of
+  the batch's KV tiles; only requests a cut runs through are split and merged
+  (`_mla_decode_planned_merge_kernel`). `schedule="auto"` picks per tile height (NO_SPILL).
+* Page-aligned tiles (BLOCK_N divides the page): one block-table read per tile. At 64-row tiles
+  on Hopper (TMA_MIN_BLOCK_H) a tile is one TMA tensor-descriptor copy of the contiguous
+  [BLOCK_N, r + dR] rows: whole tiles unmasked, the last one masked; narrower tiles use
+  contiguous row pointers.
 
 Known limit on Hopper: the [64, r] fp32 accumulator needs 8 warps (two warpgroups, each owning
 r/2 columns), and Triton gives every warp of a dot that feeds another dot to M, so both
@@ -32,9 +40,12 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import configs
-from ._checks import check_device, check_dim, check_scale, check_tensor, latent_rank
+from mlactl.defaults import DTYPE_BYTES
+
+from . import configs, schedule
+from ._checks import DTYPE_NAMES, check_device, check_dim, check_scale, check_tensor, interpreting, latent_rank
 
 # ---- tuning defaults (H200 / sm_90) ----
 # Figures marked "sm_90 compile" come from compiling these kernels offline for sm_90 with Triton
@@ -44,7 +55,8 @@ BLOCK_H_WIDE = 64  # 64-row tiles are the smallest M for which Triton emits Hopp
 BLOCK_H_MIN = 16  # tl.dot needs >= 16 rows; fewer (new token, head) rows are masked padding
 BLOCK_N_CHOICES = ((64, 3), (32, 3), (16, 3), (16, 1))  # (BLOCK_N, num_stages), best first;
 # 64 keys: scores as m64n32 wgmma, 22 loop instructions per key vs 34 at 32 keys (sm_90 compile);
-# num_stages 3: two KV tiles in flight, 112 B of spills vs 320 B at num_stages 2 (sm_90 compile)
+# num_stages 3: two KV tiles in flight; at 64 rows and 64 keys still 408 B of spills (548 B at
+# num_stages 2) with ptxas 13.4 (sm_90 compile), hence NO_SPILL below for the defaults
 SMEM_BUDGET = 227 * 1024  # Hopper's opt-in shared memory per CTA (228 KiB/SM less 1 KiB reserved)
 WARPS_8_FROM = 64 * 128  # 8 warps once the [BLOCK_H, r] fp32 accumulator has 8K numbers:
 # [64, 512] is 256 registers/thread at 4 warps, 128 at 8; [16, 512] at 8 warps: 128 registers,
@@ -53,20 +65,157 @@ WAVES = 2  # split-KV aims at ~2 waves of programs over the SMs (1 wave idles SM
 MIN_SPLIT_TOKENS = 256  # under 256 keys a split spends as much writing its [rows, r] fp32 partial
 # as reading its keys, and the merge rereads it
 MAX_SPLITS = 64  # the merge loops over splits; beyond 64 it costs more than the parallelism buys
+# (BLOCK_H, fp8 cache) -> (BLOCK_N, num_stages, schedule): per tile height the largest KV tile
+# whose stage 1 compiles for sm_90 with 0 spill bytes (sm_90 compile, ptxas 13.4; the whole sweep
+# is in docs/kernels.md). The balanced kernel keeps more state live across its request loop: at
+# 64 rows it spills 1764-2688 B in every config, so 64-row tiles keep the uniform schedule.
+NO_SPILL = {
+    (64, False): (32, 3, "uniform"),  # with TMA loads; pointer loads: 16 keys 0 B, 32 keys 40 B
+    (32, False): (32, 3, "balanced"),  # balanced at BLOCK_N 64: 192 B
+    (32, True): (32, 2, "uniform"),  # every 3-stage fp8 config spills 8-56 B
+    (16, False): (64, 3, "balanced"),
+    (16, True): (32, 3, "balanced"),  # balanced at BLOCK_N 64: 96 B
+}
+FP8_BLOCK_H = 32  # an fp8 cache on 64-row tiles spills 392-1064 B in every config compiled
+# (BLOCK_N 16-64, 1-3 stages, 8 or 16 warps): the widening to bf16 needs registers the [64, r]
+# accumulator holds; 32-row tiles (4 per request at H = 128, mma.sync) spill none
+USE_TMA = True  # TMA descriptor loads for page-aligned tiles of TMA_MIN_BLOCK_H rows and more
+TMA_MIN_BLOCK_H = 64  # sm_90 compile: at 64 rows (wgmma) TMA frees the cp.async address registers,
+# 32 keys per tile then spill 0 B (252 registers) where pointer loads spill 40 B; at 16 and 32
+# rows (mma.sync) TMA spills 500-3200 B where pointer loads spill none
 INTERPRETER_SMS = 8  # stand-in SM count under TRITON_INTERPRET=1 (only shapes the heuristic)
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2: exp2 is one MUFU op
 LN2 = tl.constexpr(0.6931471805599453)  # lse is returned in natural log
 CONFIG_KEYS = ("BLOCK_H", "BLOCK_N", "num_splits", "num_warps", "num_stages")
-_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_DTYPE_NAMES = DTYPE_NAMES
 _FP8 = (torch.float8_e4m3fn,) if hasattr(torch, "float8_e4m3fn") else ()
 _FITTED: dict = {}  # launch key -> (BLOCK_N, num_stages) that fit shared memory on this GPU
+
+
+@triton.jit
+def _tma_row(p_bt, n0, num_pages, max_pages, PAGE: tl.constexpr):
+    """Row of the [blocks * PAGE, r + dR] cache view where the page-aligned tile at key n0 starts.
+    One block-table read; a bad page id (validate=False) reads page 0, never out of bounds."""
+    i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE
+    b_pg = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
+    return tl.where((b_pg >= 0) & (b_pg < num_pages), b_pg, 0) * PAGE + n0 % PAGE
+
+
+@triton.jit
+def _score_and_accumulate(
+    acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, o_n, limit, qk_scale,
+    KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+):  # fmt: skip
+    """One KV tile of the online softmax: scores of the rows against keys o_n, then p @ v."""
+    if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
+        b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
+        b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
+    if DOT_FP32:
+        b_kv = b_kv.to(tl.float32)
+        b_kpe = b_kpe.to(tl.float32)
+    b_s = tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
+    b_s = tl.dot(b_q, tl.trans(b_kv), b_s, input_precision=DOT_PRECISION)
+    b_s = b_s * qk_scale
+    b_s = tl.where(o_n[None, :] < limit[:, None], b_s, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(b_s, 1))
+    m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet: no NaN
+    b_p = tl.exp2(b_s - m_use[:, None])  # [BLOCK_H, BLOCK_N]
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(b_p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_keys(
+    acc,
+    m_i,
+    l_i,
+    b_q,
+    b_qpe,
+    kv,
+    kv_desc,
+    kpe_desc,
+    p_bt,
+    stride_kv_blk,
+    stride_kv_tok,
+    start,
+    end,
+    limit,
+    qk_scale,
+    num_pages,
+    max_pages,
+    R: tl.constexpr,
+    DR: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """Online softmax of one request's rows over its keys [start, end), in tiles of BLOCK_N.
+
+    TMA (page-aligned tiles only): kv_desc / kpe_desc are tensor descriptors over the cache as
+    [blocks * PAGE, r + dR] with blocks [BLOCK_N, r] and [BLOCK_N, dR]: one bulk copy per tile
+    (Hopper's TMA) instead of a pointer per row, which frees the registers of cp.async addresses.
+
+    p_bt points at the request's block-table row. Reads each cache row once: its [r + dR] numbers
+    are the key, its first r the value."""
+    o_r = tl.arange(0, R)
+    o_dr = tl.arange(0, DR)
+    o_t = tl.arange(0, BLOCK_N)
+    if TMA:
+        # whole tiles first: every row is a key of the context (n0 + BLOCK_N <= end <= seqlen), so
+        # nothing is masked and the copied tile goes to the tensor cores as it is
+        full_end = start + (end - start) // BLOCK_N * BLOCK_N
+        for n0 in range(start, full_end, BLOCK_N):
+            row0 = _tma_row(p_bt, n0, num_pages, max_pages, PAGE)
+            b_kv = kv_desc.load([row0, 0])  # [BLOCK_N, R]
+            b_kpe = kpe_desc.load([row0, R])  # [BLOCK_N, DR]
+            acc, m_i, l_i = _score_and_accumulate(
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, n0 + o_t, limit, qk_scale, KV_FP8, DOT_PRECISION, DOT_FP32
+            )
+        if full_end < end:  # the last tile: the rest of its page may hold anything, NaN too
+            row0 = _tma_row(p_bt, full_end, num_pages, max_pages, PAGE)
+            m_n = full_end + o_t < end
+            b_kv = tl.where(m_n[:, None], kv_desc.load([row0, 0]), 0)  # [BLOCK_N, R]
+            b_kpe = tl.where(m_n[:, None], kpe_desc.load([row0, R]), 0)  # [BLOCK_N, DR]
+            acc, m_i, l_i = _score_and_accumulate(
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, full_end + o_t, limit, qk_scale, KV_FP8, DOT_PRECISION, DOT_FP32
+            )
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            o_n = n0 + o_t  # key positions
+            m_n = o_n < end
+            if PAGE % BLOCK_N == 0:  # page-aligned: the tile lies in one page, one block-table read
+                i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE  # a tensor under the interpreter too
+                b_page = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
+                b_page = tl.zeros([BLOCK_N], dtype=tl.int32) + b_page  # [BLOCK_N], one value
+                m_n = m_n & (b_page >= 0) & (b_page < num_pages)  # a bad page id (validate=False) reads zeros
+                p_kv = kv + tl.where(m_n, b_page, 0).to(tl.int64) * stride_kv_blk + ((n0 % PAGE) + o_t) * stride_kv_tok
+            else:
+                o_page = o_n // PAGE
+                b_page = tl.load(p_bt + o_page, mask=m_n & (o_page < max_pages), other=0)  # [BLOCK_N]
+                # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
+                m_n = m_n & (b_page >= 0) & (b_page < num_pages)
+                p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
+            b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
+            b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
+            acc, m_i, l_i = _score_and_accumulate(
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, o_n, limit, qk_scale, KV_FP8, DOT_PRECISION, DOT_FP32
+            )
+    return acc, m_i, l_i
 
 
 @triton.jit
 def _mla_decode_split_kernel(
     q,
     kv,
+    kv_desc,
+    kpe_desc,
     block_table,
     seqlens,
     kv_scale_ptr,
@@ -103,6 +252,7 @@ def _mla_decode_split_kernel(
     KV_SCALE_FROM_PTR: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """One (row tile, split, request): online softmax over the split's keys, normalised output.
 
@@ -151,39 +301,11 @@ def _mla_decode_split_kernel(
     acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)  # one [64, 512] fp32 accumulator over 8 warps:
     # Triton splits its columns across the two warpgroups (128 registers/thread); splitting the
     # value dim across programs instead would recompute the scores (53% of the FLOPs) twice.
-    for n0 in range(start, end, BLOCK_N):
-        o_n = n0 + tl.arange(0, BLOCK_N)  # key positions
-        m_n = o_n < end
-        o_page = o_n // PAGE
-        b_page = tl.load(
-            block_table + pid_b * stride_bt + o_page, mask=m_n & (o_page < max_pages), other=0
-        )  # [BLOCK_N]
-        # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
-        m_n = m_n & (b_page >= 0) & (b_page < num_pages)
-        p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
-        b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
-        b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
-        if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
-            b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
-            b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
-        if DOT_FP32:
-            b_kv = b_kv.to(tl.float32)
-            b_kpe = b_kpe.to(tl.float32)
-
-        b_s = tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
-        b_s = tl.dot(b_q, tl.trans(b_kv), b_s, input_precision=DOT_PRECISION)
-        b_s = b_s * qk_scale
-        b_s = tl.where(o_n[None, :] < limit[:, None], b_s, -float("inf"))
-
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))
-        m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet: no NaN
-        b_p = tl.exp2(b_s - m_use[:, None])  # [BLOCK_H, BLOCK_N]
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(b_p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
-        m_i = m_new
-
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, b_q, b_qpe, kv, kv_desc, kpe_desc, block_table + pid_b * stride_bt, stride_kv_blk, stride_kv_tok,
+        start, end, limit, qk_scale, num_pages, max_pages,
+        R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, TMA,
+    )  # fmt: skip
     has_keys = l_i > 0
     b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
     b_lse = tl.where(
@@ -193,6 +315,163 @@ def _mla_decode_split_kernel(
     tl.store(p_o[:, None] + o_r[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
     p_lse = lse + pid_b * stride_lb + o_s * stride_ls + o_hh * stride_lh
     tl.store(p_lse + pid_split * stride_l_split, b_lse, mask=m_row)
+
+
+@triton.jit
+def _mla_decode_planned_kernel(
+    q,
+    kv,
+    kv_desc,
+    kpe_desc,
+    block_table,
+    seqlens,
+    kv_scale_ptr,
+    o,
+    lse,
+    o_part,
+    lse_part,
+    cuts,
+    b_first,
+    b_last,
+    starts,
+    first_part,
+    n_splits,
+    slots,
+    qk_scale,
+    kv_scale,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    stride_kv_blk,
+    stride_kv_tok,
+    stride_bt,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_lb,
+    stride_ls,
+    stride_lh,
+    num_pages,
+    max_pages,
+    H: tl.constexpr,
+    S_Q: tl.constexpr,
+    R: tl.constexpr,
+    DR: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FIXED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    KV_SCALE_FROM_PTR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    TMA: tl.constexpr,
+):
+    """One (row tile, part) of a balanced plan (kernels/schedule.py): a persistent program walks
+    the requests its part of the work line touches, each from its first to its last tile there.
+
+    A request wholly inside the part gets its final output and LSE written here; a piece of a
+    split request writes an fp32 partial to its slot in o_part [slots, S_q * H, r] and lse_part.
+    Traffic per piece as `_mla_decode_split_kernel`: the query tile once, each cache row once.
+    """
+    pid_h = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    if KV_SCALE_FROM_PTR:
+        kv_scale = tl.load(kv_scale_ptr).to(tl.float32)
+        qk_scale = qk_scale * kv_scale
+    x0 = tl.load(cuts + pid_p)
+    x1 = tl.load(cuts + pid_p + 1)
+    o_row = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_row = o_row < S_Q * H
+    o_s = o_row // H
+    o_hh = o_row % H
+    o_r = tl.arange(0, R)
+    o_dr = tl.arange(0, DR)
+    for b in range(tl.load(b_first + pid_p), tl.load(b_last + pid_p) + 1):
+        i_b = tl.full([], 0, tl.int64) + b  # (the interpreter hands range() ints)
+        seqlen = tl.load(seqlens + i_b)
+        n_tiles = tl.cdiv(seqlen, BLOCK_N)
+        start_b = tl.load(starts + i_b) + FIXED
+        t0 = tl.minimum(tl.maximum(x0 - start_b, 0), n_tiles)
+        t1 = tl.minimum(tl.maximum(x1 - start_b, 0), n_tiles)
+        owner = (n_tiles == 0) & (x0 <= start_b - FIXED) & (start_b - FIXED < x1)
+        if (t1 > t0) | owner:
+            p_q = q + i_b * stride_qb + o_s * stride_qs + o_hh * stride_qh  # [BLOCK_H]
+            b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
+            b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, DR]
+            if DOT_FP32:
+                b_q = b_q.to(tl.float32)
+                b_qpe = b_qpe.to(tl.float32)
+            if CAUSAL:
+                limit = seqlen - S_Q + 1 + o_s  # [BLOCK_H]
+            else:
+                limit = tl.zeros([BLOCK_H], dtype=tl.int32) + seqlen  # [BLOCK_H]
+            m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)
+            acc, m_i, l_i = _attend_keys(
+                acc, m_i, l_i, b_q, b_qpe, kv, kv_desc, kpe_desc, block_table + i_b * stride_bt, stride_kv_blk,
+                stride_kv_tok,
+                t0 * BLOCK_N, tl.minimum(t1 * BLOCK_N, seqlen), limit, qk_scale, num_pages, max_pages,
+                R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, TMA,
+            )  # fmt: skip
+            has_keys = l_i > 0
+            b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
+            b_lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, -float("inf"))
+            if tl.load(n_splits + i_b) > 1:
+                slot = (tl.load(slots + i_b) + pid_p - tl.load(first_part + i_b)).to(tl.int64)
+                p_op = o_part + (slot * S_Q * H + o_row) * R  # [BLOCK_H]
+                tl.store(p_op[:, None] + o_r[None, :], b_o, mask=m_row[:, None])
+                tl.store(lse_part + slot * S_Q * H + o_row, b_lse, mask=m_row)
+            else:
+                p_o = o + i_b * stride_ob + o_s * stride_os + o_hh * stride_oh
+                tl.store(p_o[:, None] + o_r[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
+                tl.store(lse + i_b * stride_lb + o_s * stride_ls + o_hh * stride_lh, b_lse, mask=m_row)
+
+
+@triton.jit
+def _mla_decode_planned_merge_kernel(
+    o_part,
+    lse_part,
+    n_splits,
+    slots,
+    o,
+    lse,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_lb,
+    stride_ls,
+    stride_lh,
+    H: tl.constexpr,
+    S_Q: tl.constexpr,
+    R: tl.constexpr,
+):
+    """One (row, request): LSE-weighted sum of a split request's pieces; unsplit ones return."""
+    pid_row = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    n = tl.load(n_splits + pid_b)
+    if n > 1:
+        first = tl.load(slots + pid_b).to(tl.int64)
+        o_r = tl.arange(0, R)
+        m = tl.full([], -float("inf"), dtype=tl.float32)
+        for k in range(n):
+            m = tl.maximum(m, tl.load(lse_part + (first + k) * S_Q * H + pid_row))
+        m_use = tl.where(m == -float("inf"), 0.0, m)
+        w_sum = tl.zeros([], dtype=tl.float32)
+        acc = tl.zeros([R], dtype=tl.float32)
+        for k in range(n):
+            w_k = tl.exp2((tl.load(lse_part + (first + k) * S_Q * H + pid_row) - m_use) * LOG2E)
+            w_sum += w_k
+            acc += w_k * tl.load(o_part + ((first + k) * S_Q * H + pid_row) * R + o_r)  # [R]
+        has_keys = w_sum > 0
+        b_o = acc / tl.where(has_keys, w_sum, 1.0)
+        b_lse = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
+        i_s = pid_row // H
+        i_h = pid_row % H
+        tl.store(o + pid_b * stride_ob + i_s * stride_os + i_h * stride_oh + o_r, b_o.to(o.dtype.element_ty))
+        tl.store(lse + pid_b * stride_lb + i_s * stride_ls + i_h * stride_lh, b_lse)
 
 
 @triton.jit
@@ -265,12 +544,15 @@ def _device_info(device: torch.device) -> tuple[str, int]:
     return "cpu", INTERPRETER_SMS
 
 
-def smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8):
+def smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8, r=None):
     """Shared memory of one program as Triton 3.9 lays it out for sm_90 (checked against the
     compiler for the DeepSeek shapes): the query tile, two KV tiles in flight from num_stages 2
-    on, one more cache-dtype tile for an fp8 cache's widening, and 1 KiB of scratch."""
+    on, one more cache-dtype tile for an fp8 cache's widening, and 1 KiB of scratch; with `r`,
+    at least the [BLOCK_H, r] fp32 accumulator, which the epilogue converts through shared
+    memory (128 KiB at 64 rows: more than the loop's buffers once BLOCK_N is 16)."""
     in_flight = min(stages, 2) + (1 if fp8 else 0)
-    return block_h * row * q_bytes + in_flight * block_n * row * kv_bytes + 1024
+    loop = block_h * row * q_bytes + in_flight * block_n * row * kv_bytes + 1024
+    return max(loop, block_h * r * 4) if r else loop
 
 
 def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_sms):
@@ -282,11 +564,17 @@ def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_s
     q_bytes = torch.finfo(q_dtype).bits // 8
     kv_bytes = torch.finfo(kv_dtype).bits // 8
     fp8 = kv_dtype in _FP8
+    if fp8:
+        block_h = min(block_h, FP8_BLOCK_H)
     block_n, stages = BLOCK_N_CHOICES[-1]
     for bn, st in BLOCK_N_CHOICES:
-        if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8) <= SMEM_BUDGET:
+        if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8, r) <= SMEM_BUDGET:
             block_n, stages = bn, st
             break
+    if (block_h, fp8) in NO_SPILL and (r, dR) == (512, 64):  # the DeepSeek latent the sweep compiled
+        bn, st, _ = NO_SPILL[block_h, fp8]
+        if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8, r) <= SMEM_BUDGET:
+            block_n, stages = bn, st
     num_warps = 8 if block_h * r >= WARPS_8_FROM else 4
     programs = B * triton.cdiv(rows, block_h)
     most = min(MAX_SPLITS, triton.cdiv(ctx, block_size), triton.cdiv(ctx, block_n), triton.cdiv(ctx, MIN_SPLIT_TOKENS))
@@ -294,17 +582,104 @@ def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_s
     return {"BLOCK_H": block_h, "BLOCK_N": block_n, "num_splits": splits, "num_warps": num_warps, "num_stages": stages}
 
 
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": _FP8[0] if _FP8 else None}
+H200_SMS = 132  # the compile stage sizes splits for an H200 when no GPU says otherwise
+
+
+def default_config(shape: dict, r: int, dR: int, page: int, dtype: str, kv_dtype: str, num_sms: int = H200_SMS) -> dict:
+    """The heuristic config for a shape bucket {B, H, S_q, ctx}, without a GPU (compile stage)."""
+    cfg = heuristic_config(
+        shape["B"], shape["H"], shape["S_q"], r, dR, shape["ctx"], page,
+        _TORCH_DTYPES[dtype], _TORCH_DTYPES[kv_dtype], num_sms,
+    )  # fmt: skip
+    cfg["BLOCK_H"] = min(cfg["BLOCK_H"], max(BLOCK_H_MIN, triton.next_power_of_2(shape["S_q"] * shape["H"])))
+    return cfg
+
+
+def default_variant(config: dict, fp8: bool = False) -> str:
+    """The stage-1 kernel schedule="auto" runs for a config without an explicit num_splits: the
+    one NO_SPILL lists for its tile height (else balanced under 64 rows, uniform at 64)."""
+    found = NO_SPILL.get((config["BLOCK_H"], bool(fp8)))
+    if found:
+        return found[2]
+    return "balanced" if config["BLOCK_H"] < 64 else "uniform"
+
+
+def compile_spec(
+    shape: dict,
+    config: dict,
+    r: int,
+    dR: int,
+    page: int,
+    dtype: str,
+    kv_dtype: str,
+    causal=True,
+    variant=None,
+    capability: int = 90,
+):
+    """What `mlactl tune compile` needs to build stage 1 for a GPU target without launching it:
+    (jit function, signature, constants, argument names divisible by 16, compile options).
+    variant: "balanced" (the planned persistent kernel) or "uniform"; default: the one
+    schedule="auto" runs for this config (default_variant)."""
+    fp8 = kv_dtype == "fp8"
+    full = {**default_config(shape, r, dR, page, dtype, kv_dtype), **config}
+    variant = variant or default_variant(full, fp8)
+    consts = _constants(shape["H"], shape["S_q"], r, dR, page, full["BLOCK_H"], full.get("num_splits", 1), causal,
+                        fp8, fp8, dtype == "fp32", False)  # fmt: skip
+    consts["BLOCK_N"] = full["BLOCK_N"]
+    consts["TMA"] = (  # as _descriptors decides
+        USE_TMA and full["BLOCK_H"] >= TMA_MIN_BLOCK_H and page % full["BLOCK_N"] == 0 and capability >= 90
+    )
+    kv_type = "u8" if fp8 else dtype
+    if consts["TMA"]:
+        desc = {"kv_desc": f"tensordesc<{kv_type}[{full['BLOCK_N']}, {r}]>"}
+        desc["kpe_desc"] = f"tensordesc<{kv_type}[{full['BLOCK_N']}, {dR}]>"
+    else:
+        desc = {"kv_desc": f"*{kv_type}", "kpe_desc": f"*{kv_type}"}
+    types = dict(q=f"*{dtype}", kv="*u8" if fp8 else f"*{dtype}", block_table="*i32", seqlens="*i32", **desc,
+                 kv_scale_ptr="*fp32", o="*fp32", lse="*fp32", qk_scale="fp32", kv_scale="fp32")  # fmt: skip
+    aligned = ["q", "kv", "o", "lse", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk", "stride_kv_tok",
+               "stride_ob", "stride_os", "stride_oh"]  # fmt: skip
+    if variant == "balanced":
+        fn = _mla_decode_planned_kernel
+        del consts["NUM_SPLITS"]
+        q_bytes = DTYPE_BYTES[dtype]
+        consts["FIXED"] = schedule.split_cost_tiles(
+            full["BLOCK_H"], r, dR, full["BLOCK_N"], q_bytes, 1 if fp8 else q_bytes
+        )
+        types.update(o=f"*{dtype}", o_part="*fp32", lse_part="*fp32")
+        types.update({n: "*i32" for n in ("cuts", "b_first", "b_last", "starts", "first_part", "n_splits", "slots")})
+        aligned += ["o_part", "lse_part"]
+    elif variant == "uniform":
+        fn = _mla_decode_split_kernel
+        aligned.append("stride_o_split")
+    else:
+        raise ValueError(f"unknown mla_decode variant {variant!r}: balanced or uniform")
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+    return fn, sig, consts, aligned, {"num_warps": full["num_warps"], "num_stages": full["num_stages"]}
+
+
+def _constants(H, S_q, r, dR, page, block_h, splits, causal, fp8, from_ptr, fp32, dot_fp32):
+    return dict(
+        H=H,
+        S_Q=S_q,
+        R=r,
+        DR=dR,
+        PAGE=page,
+        BLOCK_H=block_h,
+        NUM_SPLITS=splits,
+        CAUSAL=bool(causal),
+        KV_FP8=fp8,
+        KV_SCALE_FROM_PTR=from_ptr,
+        DOT_PRECISION="ieee" if fp32 else "tf32",
+        DOT_FP32=dot_fp32,
+    )
+
+
 def _check_config(config, source):
-    unknown = set(config) - set(CONFIG_KEYS)
-    if unknown:
-        raise ValueError(f"{source} has unknown keys {sorted(unknown)}; allowed: {', '.join(CONFIG_KEYS)}")
-    for key, low in (("BLOCK_H", 16), ("BLOCK_N", 16), ("num_warps", 1)):
-        if key in config and not _is_pow2_at_least(config[key], low):
-            raise ValueError(f"{source}[{key!r}] must be a power of two >= {low}, got {config[key]!r}")
-    for key in ("num_splits", "num_stages"):
-        value = config.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{source}[{key!r}] must be a positive integer, got {value!r}")
+    return configs.check_config(
+        config, source, pow2={"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 1}, positive=("num_splits", "num_stages")
+    )
 
 
 def _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal, kv_scale, validate):
@@ -408,6 +783,7 @@ def mla_decode(
     config: dict | None = None,
     validate: bool = True,
     out: torch.Tensor | None = None,
+    schedule: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Absorb-path MLA attention of S_q new tokens per request against a paged latent cache.
 
@@ -426,6 +802,10 @@ def mla_decode(
         validate: read cache_seqlens and block_table to check them (one device sync). With False
             the heuristic sizes splits by block_table's width instead of the longest context.
         out: optional [B, S_q, H, r] tensor in q's dtype to write the output into.
+        schedule: "balanced" (kernels/schedule.py: each SM an equal share of the batch's KV
+            tiles, only long requests split), "uniform" (every request in num_splits equal
+            splits), or "auto": uniform when num_splits is given (argument, config or tuned
+            config), else the schedule NO_SPILL lists for the tile (uniform at 64 rows).
 
     Returns:
         (out [B, S_q, H, r] in q's dtype, lse [B, S_q, H] fp32 natural-log LSE of scaled scores).
@@ -467,6 +847,9 @@ def mla_decode(
             raise ValueError(f"config must be a dict, got {type(config).__name__}")
         _check_config(config, "config")
     cfg.update(config or tuned or {})
+    explicit_splits = num_splits is not None or "num_splits" in (config or tuned or {})
+    if schedule not in ("auto", "balanced", "uniform"):
+        raise ValueError(f"schedule must be auto, balanced or uniform, got {schedule!r}")
     if num_splits is not None:
         _check_config({"num_splits": num_splits}, "num_splits")
         cfg["num_splits"] = num_splits
@@ -480,6 +863,11 @@ def mla_decode(
     else:
         kv_scale_val = 1.0 if kv_scale is None else float(kv_scale)
         scale_ptr, from_ptr = cache_seqlens, False  # the pointer is unused: any tensor will do
+    balanced_ok = default_variant(cfg, kv_cache.dtype in _FP8) == "balanced"
+    if schedule == "balanced" or (schedule == "auto" and not explicit_splits and balanced_ok):
+        _run_balanced(q, kv_arg, kv_cache, block_table, cache_seqlens, scale_ptr, out, lse, scale, kv_scale_val,
+                      from_ptr, cfg, causal, r, dR, num_sms, device)  # fmt: skip
+        return out, lse
     splits = cfg["num_splits"]
     if splits == 1:  # one split: stage 1 writes the final output, no merge
         o1, lse1 = out, lse
@@ -512,19 +900,19 @@ def mla_decode(
         kv_cache.shape[0],
         block_table.shape[1],
     )
-    constants = dict(
-        H=H,
-        S_Q=S_q,
-        R=r,
-        DR=dR,
-        PAGE=kv_cache.shape[1],
-        BLOCK_H=cfg["BLOCK_H"],
-        NUM_SPLITS=splits,
-        CAUSAL=bool(causal),
-        KV_FP8=fp8,
-        KV_SCALE_FROM_PTR=from_ptr,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        DOT_FP32=q.dtype == torch.bfloat16 and device.type != "cuda",
+    constants = _constants(
+        H,
+        S_q,
+        r,
+        dR,
+        kv_cache.shape[1],
+        cfg["BLOCK_H"],
+        splits,
+        causal,
+        fp8,
+        from_ptr,
+        q.dtype == torch.float32,
+        q.dtype == torch.bfloat16 and device.type != "cuda",
     )
     _launch_split(grid, args, constants, cfg, device)
     if splits > 1:
@@ -546,6 +934,77 @@ def mla_decode(
     return out, lse
 
 
+def _run_balanced(q, kv_arg, kv_cache, block_table, seqlens, scale_ptr, out, lse, scale, kv_scale_val, from_ptr,
+                  cfg, causal, r, dR, num_sms, device):  # fmt: skip
+    """Plan the batch on the device (kernels/schedule.py), then the persistent stage 1 and the
+    merge of the split requests only. No host sync: the plan's shapes depend on (B, P) alone."""
+    B, S_q, H, _ = q.shape
+    rows = S_q * H
+    fp8 = kv_cache.dtype in _FP8
+    n_h = triton.cdiv(rows, cfg["BLOCK_H"])
+    parts = max(1, num_sms // n_h)  # one program per SM: n_h row tiles x parts
+    q_bytes = q.element_size()
+    kv_bytes = kv_cache.element_size()
+    constants = _constants(H, S_q, r, dR, kv_cache.shape[1], cfg["BLOCK_H"], 1, causal, fp8, from_ptr,
+                           q.dtype == torch.float32, q.dtype == torch.bfloat16 and device.type != "cuda")  # fmt: skip
+    del constants["NUM_SPLITS"]
+    key = (device, "balanced", *sorted(constants.items()), cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"])
+    tries = [_FITTED.get(key, (cfg["BLOCK_N"], cfg["num_stages"]))]
+    tries += [c for c in BLOCK_N_CHOICES if c < tries[0]]
+    for i, (block_n, stages) in enumerate(tries):
+        fixed = schedule.split_cost_tiles(cfg["BLOCK_H"], r, dR, block_n, q_bytes, kv_bytes)
+        pl = schedule.plan(seqlens, block_n, parts, fixed)
+        kv_desc, kpe_desc, tma = _descriptors(kv_arg, block_n, r, dR, device, cfg["BLOCK_H"])
+        o_part = _empty((pl.max_partials, rows, r), torch.float32, device)
+        lse_part = _empty((pl.max_partials, rows), torch.float32, device)
+        try:
+            _mla_decode_planned_kernel[(n_h, parts)](
+                q, kv_arg, kv_desc, kpe_desc, block_table, seqlens, scale_ptr, out, lse, o_part, lse_part,
+                pl.cuts, pl.b_first, pl.b_last, pl.starts, pl.first_part, pl.n_splits, pl.slot,
+                scale * kv_scale_val * LOG2E.value, kv_scale_val,
+                q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+                *out.stride()[:3], *lse.stride(), kv_cache.shape[0], block_table.shape[1],
+                **constants, BLOCK_N=block_n, FIXED=fixed, TMA=tma, num_warps=cfg["num_warps"], num_stages=stages,
+            )  # fmt: skip
+        except OutOfResources:
+            if i == len(tries) - 1:
+                raise
+            continue
+        _FITTED[key] = (block_n, stages)
+        break
+    _mla_decode_planned_merge_kernel[(rows, B)](
+        o_part, lse_part, pl.n_splits, pl.slot, out, lse, *out.stride()[:3], *lse.stride(),
+        H=H, S_Q=S_q, R=r, num_warps=4,
+    )  # fmt: skip
+
+
+def _tma_capable(device) -> bool:
+    """Hopper and later have TMA; the interpreter runs descriptor loads too (so tests cover them)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 9
+    return interpreting()
+
+
+def _descriptors(kv_arg, block_n, r, dR, device, block_h=TMA_MIN_BLOCK_H):
+    """(kv_desc, kpe_desc, True) when page-aligned tiles can be loaded by TMA, else (kv, kv, False).
+
+    TMA needs BLOCK_N to divide the page, pages evenly strided (the cache as one
+    [blocks * PAGE, r + dR] matrix) and 16-byte aligned rows and base."""
+    blocks, page, row = kv_arg.shape
+    s_blk, s_tok, s_col = kv_arg.stride()
+    elt = kv_arg.element_size()
+    if not USE_TMA or block_h < TMA_MIN_BLOCK_H or page % block_n or s_col != 1 or s_blk != page * s_tok:
+        return kv_arg, kv_arg, False
+    if not _tma_capable(device):
+        return kv_arg, kv_arg, False
+    if (s_tok * elt) % 16 or kv_arg.data_ptr() % 16 or (r * elt) % 16 or (dR * elt) % 16:
+        return kv_arg, kv_arg, False
+    flat = kv_arg.as_strided((blocks * page, row), (s_tok, 1))
+    kv_desc = TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_n, r])
+    kpe_desc = TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_n, dR])
+    return kv_desc, kpe_desc, True
+
+
 def _launch_split(grid, args, constants, cfg, device):
     """Launch stage 1; if the GPU lacks the shared memory for (BLOCK_N, num_stages), step down
     BLOCK_N_CHOICES and remember what fit (the heuristic's estimate can be a little short)."""
@@ -553,10 +1012,14 @@ def _launch_split(grid, args, constants, cfg, device):
     tries = [_FITTED.get(key, (cfg["BLOCK_N"], cfg["num_stages"]))]
     tries += [c for c in BLOCK_N_CHOICES if c < tries[0]]
     for i, (block_n, stages) in enumerate(tries):
+        kv_desc, kpe_desc, tma = _descriptors(
+            args[1], block_n, constants["R"], constants["DR"], device, constants["BLOCK_H"]
+        )
         try:
             _mla_decode_split_kernel[grid](
-                *args, **constants, BLOCK_N=block_n, num_warps=cfg["num_warps"], num_stages=stages
-            )
+                args[0], args[1], kv_desc, kpe_desc, *args[2:], **constants, BLOCK_N=block_n, TMA=tma,
+                num_warps=cfg["num_warps"], num_stages=stages,
+            )  # fmt: skip
         except OutOfResources:
             if i == len(tries) - 1:
                 raise

@@ -114,6 +114,22 @@ def default_config(H: int, D: int) -> dict:
     return {"BLOCK_H": min(triton.next_power_of_2(H), max(1, TILE_ELEMENTS // block_d)), "num_warps": NUM_WARPS}
 
 
+def compile_spec(config: dict, D: int, dtype: str):
+    """What `mlactl tune compile` needs to build the kernel for a GPU target without launching it:
+    (jit function, signature, constants, argument names divisible by 16, compile options)."""
+    names = _merge_kernel.arg_names
+    out_ptrs = ("p_oa", "p_ob", "p_o")
+    consts = {"D": D, "BLOCK_H": config["BLOCK_H"], "BLOCK_D": triton.next_power_of_2(D)}
+    sig = {
+        n: "constexpr" if n in consts else f"*{dtype}" if n in out_ptrs else "*fp32" if n.startswith("p_") else "i32"
+        for n in names
+    }
+    aligned = [
+        n for n in names if n.startswith("p_") or n in ("s_oa_t", "s_oa_h", "s_ob_t", "s_ob_h", "s_o_t", "s_o_h")
+    ]
+    return _merge_kernel, sig, consts, aligned, {"num_warps": config["num_warps"], "num_stages": 1}
+
+
 def _check_config(config, source: str = "config") -> dict:
     return configs.check_config(config, source, pow2={key: 1 for key in CONFIG_KEYS})
 

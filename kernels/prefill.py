@@ -19,7 +19,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from mlactl.kernels import configs
-from mlactl.kernels._checks import check_device, interpreting
+from mlactl.kernels._checks import DTYPE_NAMES, check_device, interpreting
 from mlactl.kernels.prefill_naive import validate_prefill
 
 # Defaults for Hopper (H200, sm_90), chosen from shared-memory arithmetic, not yet timed on a
@@ -36,7 +36,7 @@ INTERPRET_BLOCK_N = 32
 
 _LOG2E = 1.4426950408889634
 _CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+_DTYPE_NAMES = DTYPE_NAMES  # mlactl.kernels._checks
 # Heuristic configs that failed with OutOfResources, replaced by a smaller one: key -> config.
 _FALLBACKS: dict[tuple, dict] = {}
 _SMEM_BY_ARCH = {(8, 0): 163 * 1024, (8, 7): 163 * 1024, (9, 0): 227 * 1024, (10, 0): 227 * 1024}
@@ -339,6 +339,61 @@ def _heuristic_config(device: torch.device, d_qk: int, dV: int, elt: int, max_le
         else:
             break
     return cfg
+
+
+def default_config(capability: int, d_qk: int, dV: int, dtype: str, max_len_q: int) -> dict:
+    """The heuristic config for a GPU of compute capability `capability` (90 = sm_90), no GPU needed
+    (the compile stage of `mlactl tune` builds it for that target)."""
+    elt = {"fp32": 4}.get(dtype, 2)
+    if elt == 4:
+        return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
+    if max_len_q <= 64:
+        cfg.update(BLOCK_M=64, num_warps=4)
+    if capability < 90:
+        cfg["num_stages"] = 2
+    smem = _SMEM_BY_ARCH.get(divmod(capability, 10), 99 * 1024)
+    while smem_bytes(cfg, d_qk, dV, elt) > smem - 8 * 1024 and cfg["BLOCK_N"] > 16:
+        if cfg["num_stages"] > 2:
+            cfg["num_stages"] -= 1
+        else:
+            cfg["BLOCK_N"] //= 2
+    return cfg
+
+
+def compile_spec(config: dict, dC: int, dR: int, dV: int, dtype: str, causal: bool = True):
+    """What `mlactl tune compile` needs to build the kernel for a GPU target without launching it:
+    (jit function, signature, constants, argument names divisible by 16, compile options)."""
+    names = _mla_prefill_kernel.arg_names
+    ptrs = ("p_q", "p_kn", "p_kr", "p_v", "p_o")
+    consts = dict(
+        DC=dC,
+        DR=dR,
+        DV=dV,
+        BLOCK_DC=max(16, triton.next_power_of_2(dC)),
+        BLOCK_DR=max(16, triton.next_power_of_2(dR)),
+        BLOCK_DV=max(16, triton.next_power_of_2(dV)),
+        BLOCK_M=config["BLOCK_M"],
+        BLOCK_N=config["BLOCK_N"],
+        CAUSAL=causal,
+        PRECISION="ieee" if dtype == "fp32" else "tf32",
+    )
+
+    def kind(n):
+        if n in consts:
+            return "constexpr"
+        if n in ptrs:
+            return f"*{dtype}"
+        if n == "p_lse":
+            return "*fp32"
+        if n.startswith("p_"):
+            return "*i32"
+        return "fp32" if n == "qk_scale" else "i32"
+
+    sig = {n: kind(n) for n in names}
+    aligned = [n for n in names if n.startswith("p_") or (n.startswith("s_") and n != "s_lse_h")]
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    return _mla_prefill_kernel, sig, consts, aligned, options
 
 
 def _smaller(cfg: dict) -> dict | None:

@@ -480,12 +480,15 @@ def test_heuristic_deepseek_shapes():
     bf16 = torch.bfloat16
     wide = heuristic_config(128, 128, 1, 512, 64, 8192, 64, bf16, bf16, 132)
     assert wide["BLOCK_H"] == 64 and wide["num_warps"] == 8 and wide["num_splits"] == 1
-    assert (wide["BLOCK_N"], wide["num_stages"]) == (64, 3)
+    # 32 keys per tile: the largest that compiles for sm_90 without spilling at 64 rows (NO_SPILL)
+    assert (wide["BLOCK_N"], wide["num_stages"]) == (32, 3)
     assert decode.smem_bytes(64, wide["BLOCK_N"], wide["num_stages"], 576, 2, 2, False) <= decode.SMEM_BUDGET
     narrow = heuristic_config(128, 16, 1, 512, 64, 8192, 64, bf16, bf16, 132)
     assert narrow["BLOCK_H"] == 16 and narrow["num_warps"] == 8 and narrow["num_splits"] == 2
     mtp = heuristic_config(8, 16, 4, 512, 64, 8192, 64, bf16, FP8, 132)
-    assert mtp["BLOCK_H"] == 64 and mtp["num_splits"] > 1  # 4 new tokens x 16 heads fill a tile
+    # 4 new tokens x 16 heads fill a 64-row tile, but an fp8 cache takes 32-row ones (FP8_BLOCK_H)
+    assert mtp["BLOCK_H"] == 32 and mtp["num_splits"] > 1
+    assert heuristic_config(8, 16, 4, 512, 64, 8192, 64, bf16, bf16, 132)["BLOCK_H"] == 64
     lone = heuristic_config(1, 128, 1, 512, 64, 8192, 64, bf16, bf16, 132)
     assert 2 <= lone["num_splits"] <= min(decode.MAX_SPLITS, 8192 // decode.MIN_SPLIT_TOKENS)
     short = heuristic_config(1, 16, 1, 512, 64, 100, 64, bf16, bf16, 132)
@@ -512,11 +515,13 @@ def test_shared_memory_fallback(monkeypatch, poisoned):
     monkeypatch.setattr(decode, "_FITTED", {})
     q, kv, table, seqlens, _ = paged_case((30, 50), 2, 1, 32, 16, 16, torch.float32)
     with pytest.warns(UserWarning, match="shared memory"):
-        got = mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2})
+        got = mla_decode(
+            q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2}, schedule="uniform"
+        )
     assert tried == [(64, 2), (32, 3), (16, 3)]
     assert_close(got, mla_decode_naive(q, kv, table, seqlens, SCALE, r=32), F32)
     tried.clear()
-    mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2})
+    mla_decode(q, kv, table, seqlens, SCALE, r=32, config={"BLOCK_N": 64, "num_stages": 2}, schedule="uniform")
     assert tried == [(16, 3)]  # remembered
 
 
@@ -533,12 +538,13 @@ def compile_split(q, kv, H, S_q):
     fn = decode._mla_decode_split_kernel
     fp8 = kv == torch.float8_e4m3fn
     name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q]
-    types = dict(q="*" + name, kv="*u8" if fp8 else "*" + name, block_table="*i32",
+    kv_t = "*u8" if fp8 else "*" + name
+    types = dict(q="*" + name, kv=kv_t, kv_desc=kv_t, kpe_desc=kv_t, block_table="*i32",
                  seqlens="*i32", kv_scale_ptr="*fp32", o="*fp32", lse="*fp32",
                  qk_scale="fp32", kv_scale="fp32")
     const = dict(H=H, S_Q=S_q, R=512, DR=64, PAGE=64, BLOCK_H=cfg["BLOCK_H"],
                  BLOCK_N=cfg["BLOCK_N"], NUM_SPLITS=4, CAUSAL=True, KV_FP8=fp8,
-                 KV_SCALE_FROM_PTR=fp8, DOT_PRECISION="tf32", DOT_FP32=False)
+                 KV_SCALE_FROM_PTR=fp8, DOT_PRECISION="tf32", DOT_FP32=False, TMA=False)
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}
     aligned = ("q", "kv", "o", "lse", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk",
                "stride_kv_tok", "stride_ob", "stride_os", "stride_oh", "stride_o_split")
@@ -547,7 +553,7 @@ def compile_split(q, kv, H, S_q):
                        options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
     row, qb, kb = 576, torch.finfo(q).bits // 8, torch.finfo(kv).bits // 8
     estimate = decode.smem_bytes(cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["num_stages"], row, qb, kb,
-                                  fp8)
+                                  fp8, 512)
     return dict(shared=k.metadata.shared, estimate=estimate, block_h=cfg["BLOCK_H"],
                 wgmma="warp_group_dot" in k.asm["ttgir"])
 

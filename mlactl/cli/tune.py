@@ -37,7 +37,9 @@ tune_app = typer.Typer(
 
 from mlactl.cli import (  # noqa: E402  (tune_app exists before mlactl.cli imports this module)
     KV_DTYPES,
+    FormatOpt,
     ModelOpt,
+    OutputOpt,
     TpOpt,
     choice,
     cli_errors,
@@ -643,3 +645,54 @@ def tune_paths_cmd(
     run.ctx.deadline = run.deadline(1.0)
     run_paths(run, batch, new, prefix)
     run.finish()
+
+
+@tune_app.command("compile")
+@cli_errors
+def tune_compile_cmd(
+    model: ModelOpt = "deepseek-v3",
+    tp: TpOpt = "1",
+    arch: Annotated[
+        str, typer.Option("--arch", help="Target GPU: sm_90 (H100/H200), sm_100 (B200) or sm_80 (A100).")
+    ] = "sm_90",
+    kernel: Annotated[
+        Optional[str],
+        typer.Option("--kernel", help="Comma-separated: mla_decode, mla_prefill, merge_attn_states (default all)."),
+    ] = None,
+    kv_dtype: TuneKvOpt = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
+    candidates: Annotated[
+        bool, typer.Option("--candidates", help="Also compile every config of tune's search space (minutes).")
+    ] = False,
+    fmt: FormatOpt = None,
+    output: OutputOpt = None,
+):
+    """Compile each kernel's default config for a GPU, no GPU needed: shared memory, registers, spills.
+
+    Uses Triton's compiler and the ptxas it selects for the target. JSON (-f json) is a list of
+    {kernel, shape, config, arch, smem_bytes, registers, spill_bytes, stack_bytes, warnings, ...};
+    a config that spills or does not fit has "dropped" set to the reason (tune skips it).
+
+    Example: mlactl tune compile --arch sm_90 --kernel mla_decode --kv-dtype fp8 -f json
+    """
+    from mlactl.cli import emit, output_format
+    from mlactl.tune import compile as stage
+
+    arch = choice(arch, "--arch", tuple(stage.ARCHS))
+    dtype = choice(dtype, "--dtype", ("bf16", "fp16", "fp32"))
+    kv_dtype = dtype if kv_dtype == "auto" else choice(kv_dtype, "--kv-dtype", KV_DTYPES)
+    names = list(stage.KERNELS)
+    if kernel:
+        names = [k.strip() for k in kernel.split(",")]
+        unknown = [k for k in names if k not in stage.KERNELS]
+        if unknown:
+            raise MlactlError(f"--kernel {unknown[0]!r} is unknown; kernels: {', '.join(stage.KERNELS)}")
+    fmt = output_format(fmt, output)
+    if fmt == "csv":
+        raise MlactlError("--format csv is not offered for the compile report; use table or json")
+    cfg = load_model(model, tp)
+    try:
+        results = stage.run_report(cfg, names, arch, dtype, kv_dtype, candidates)
+    except (RuntimeError, ImportError) as exc:
+        raise MlactlError(str(exc)) from None
+    emit(fmt, output, json_data=lambda: results, tables=[stage.table(results)] if fmt == "table" else ())

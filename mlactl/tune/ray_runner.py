@@ -244,9 +244,16 @@ class Cluster:
             for unit in units:
                 self.enqueue(device, unit)
         in_flight: dict = {}  # ObjectRef -> slot
+        probes: set = set()  # the refs in in_flight that ask a worker whether it is back, not a unit
+
+        def probe(slot) -> None:
+            ref = slot.actor.hello.remote()
+            in_flight[ref] = slot
+            probes.add(ref)
+
         for slot in self.slots:  # lost a unit in an earlier run() and not yet heard from
             if slot.probing and not slot.retired:
-                in_flight[slot.actor.hello.remote()] = slot
+                probe(slot)
         timed_out: dict[int, str] = {}  # slot index -> why it was killed
         bar = _Bar(progress, self)
         try:
@@ -255,7 +262,7 @@ class Cluster:
                 for slot in self.slots:
                     if slot.reprobe_at and busy_since >= slot.reprobe_at:
                         slot.reprobe_at = 0.0
-                        in_flight[slot.actor.hello.remote()] = slot
+                        probe(slot)
                     if slot.busy is None and not slot.probing and not slot.retired:
                         ref = self._dispatch(slot, stats, deadline, override, on_done, on_dispatch)
                         if ref is not None:
@@ -276,7 +283,10 @@ class Cluster:
                 busy_since = time.monotonic()
                 for ref in ready:
                     slot = in_flight.pop(ref)
-                    if slot.probing:  # a worker that lost its unit: back (restarted by Ray) or not
+                    if ref in probes:  # a worker that lost its unit: back (restarted by Ray) or not
+                        probes.discard(ref)
+                        if not slot.probing:  # an earlier probe already heard it: never read as a unit
+                            continue
                         try:
                             hello = ray.get(ref)
                             slot.pid, slot.host, slot.probing = hello["pid"], hello["host"], 0.0
@@ -288,7 +298,7 @@ class Cluster:
                                 slot.retired, slot.probing = True, 0.0
                                 stats.skipped.append(f"worker {slot.index} ({slot.host}) retired: {_reason(exc)}")
                             else:
-                                in_flight[slot.actor.hello.remote()] = slot
+                                probe(slot)
                         continue
                     unit, _, attempt, lost_on = slot.busy
                     slot.busy = None
@@ -303,7 +313,7 @@ class Cluster:
                             stats.skipped.append(f"worker {slot.index} ({slot.host}) retired: {reason}")
                         else:  # no new unit until it answers: one sent now could die with the old process
                             slot.probing = time.monotonic()
-                            in_flight[slot.actor.hello.remote()] = slot
+                            probe(slot)
                         if attempt < retries:
                             stats.retried += 1
                             self.devices[slot.device].queue.appendleft((unit, attempt + 1, lost_on | {slot.index}))
@@ -324,6 +334,7 @@ class Cluster:
                 for ref, slot in list(in_flight.items()):  # a worker that does not come back: retired
                     if slot.probing and now - slot.probing > RESTART_TIMEOUT_S:
                         del in_flight[ref]
+                        probes.discard(ref)
                         slot.reprobe_at = 0.0
                         slot.retired, slot.probing = True, 0.0
                         stats.skipped.append(f"worker {slot.index} ({slot.host}) retired: not back after restart")

@@ -250,6 +250,7 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
         candidates = spec.space(ctx.cfg, shape, ctx.kv_dtype, ctx.dtype, smem)
         if ctx.quick:  # every 4th: still every tile height and keys per tile, fewer warps/stages
             candidates = candidates[::4]
+        candidates = spaces.drop_by_compile(ctx, spec, shape, candidates, entry)  # spills, smem: no GPU time
         candidates = spread_order(candidates)
     tried = {_key(c["config"]) for c in entry["configs"]}
     last_trial_s = 0.0

@@ -1,0 +1,352 @@
+"""The compile stage of `mlactl tune`: build each kernel config for a GPU architecture, no GPU needed.
+
+For every (kernel, shape, config) it runs Triton's own compiler for the target (sm_80, sm_90 or
+sm_100) and then the ptxas that Triton selects for that target (the wheel's ``ptxas`` below
+sm_90, ``ptxas-blackwell`` from sm_90 on), and reports:
+
+* ``smem_bytes``: the shared memory Triton allocates (``metadata.shared``);
+* ``registers``, ``stack_bytes``, ``spill_bytes`` (spill stores + spill loads), from ``ptxas -v``;
+* ``warnings``: ptxas warnings, e.g. C7515 (wgmma serialised) or C7508 (setmaxnreg ignored);
+* ``wgmma_per_loop`` / ``mma_per_loop``: tensor-core instructions in the PTX of the busiest loop
+  (the tile loop), and ``sass``: HGMMA / QGMMA / HMMA counts in the whole SASS.
+
+A config *fails* the stage when it spills, when its shared memory is over the target's opt-in
+limit, or when it does not compile; `mlactl tune` drops such configs before timing them and
+records why. Compiling needs Triton's JIT, not its interpreter, so `compile_cases` runs the
+work in a child process with TRITON_INTERPRET unset (``python -m mlactl.tune.compile``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+ARCHS = {"sm_80": 80, "sm_90": 90, "sm_100": 100}
+# opt-in shared memory per block: A100 163 KiB; H100/H200 and B200 227 KiB (CUDA guide, table 21)
+SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}
+KERNELS = ("mla_decode", "mla_prefill", "merge_attn_states")
+
+
+@dataclass
+class Case:
+    """One compile: a kernel, its shape bucket, a launch config and the dtypes."""
+
+    kernel: str
+    shape: dict
+    config: dict
+    arch: str = "sm_90"
+    dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    r: int = 512
+    dR: int = 64
+    dC: int = 128
+    dV: int = 128
+    page: int = 64
+    label: str = ""  # "default" or "candidate"
+    extra: dict = field(default_factory=dict)
+
+
+# ---- parsing (pure; unit-tested on captured text) ------------------------------------------------
+
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+_WARN = re.compile(r"warning\s*:\s*(.*)", re.I)
+
+
+def parse_ptxas_log(log: str) -> dict:
+    """Registers, stack frame, spill bytes and warnings from a ``ptxas -v`` log of one kernel."""
+    regs = _REGS.search(log)
+    stack = _STACK.search(log)
+    stack_b, stores, loads = (int(g) for g in stack.groups()) if stack else (0, 0, 0)
+    warnings = []
+    for line in log.splitlines():
+        m = _WARN.search(line)
+        if m:
+            warnings.append(m.group(1).strip())
+    return {
+        "registers": int(regs.group(1)) if regs else None,
+        "stack_bytes": stack_b,
+        "spill_stores": stores,
+        "spill_loads": loads,
+        "spill_bytes": stores + loads,
+        "warnings": warnings,
+    }
+
+
+_LABEL = re.compile(r"^\s*(\$L__\w+):")
+_BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
+
+
+def loop_counts(ptx: str, patterns: dict[str, str]) -> dict[str, int]:
+    """Per pattern, its count in the busiest PTX loop (a label and the last branch back to it).
+
+    A loop is the text between a label and a later branch to it; for nested loops the outer one
+    holds the inner, so the count is the most found in any one loop: the tile loop's body.
+    """
+    lines = ptx.splitlines()
+    where = {}
+    loops = []
+    for i, line in enumerate(lines):
+        m = _LABEL.match(line)
+        if m:
+            where[m.group(1)] = i
+        b = _BRANCH.search(line)
+        if b and b.group(1) in where:
+            loops.append((where[b.group(1)], i))
+    out = {}
+    for name, pat in patterns.items():
+        best = 0
+        for lo, hi in loops:
+            best = max(best, sum(1 for line in lines[lo : hi + 1] if pat in line))
+        out[name] = best
+    return out
+
+
+def sass_counts(sass: str) -> dict[str, int]:
+    """Tensor-core and local-memory instructions in a SASS listing (opcodes, not operands)."""
+    out = {}
+    for op in ("HGMMA", "QGMMA", "HMMA", "LDL", "STL"):
+        out[op] = len(re.findall(rf"\b{op}\b", sass))
+    return out
+
+
+def verdict(result: dict) -> str | None:
+    """Why a compiled config must not be timed, or None when it may."""
+    if result.get("error"):
+        return f"does not compile: {result['error']}"
+    limit = SMEM_LIMIT[ARCHS[result["arch"]]]
+    if result["smem_bytes"] > limit:
+        return f"needs {result['smem_bytes']} B of shared memory, over the {limit} B of {result['arch']}"
+    if result["spill_bytes"]:
+        return f"spills {result['spill_bytes']} B (stack {result['stack_bytes']} B)"
+    return None
+
+
+# ---- compiling (child process: needs Triton's JIT, not its interpreter) ---------------------------
+
+
+def _build(case: Case):
+    """(jit function, signature, constants, divisible-by-16 argument names, options) for a case."""
+    if case.kernel == "mla_decode":
+        from mlactl.kernels.decode import compile_spec
+
+        return compile_spec(
+            case.shape, case.config, case.r, case.dR, case.page, case.dtype, case.kv_dtype,
+            capability=ARCHS[case.arch], **case.extra,
+        )  # fmt: skip
+    if case.kernel == "mla_prefill":
+        from mlactl.kernels.prefill import compile_spec
+
+        return compile_spec(case.config, case.dC, case.dR, case.dV, case.dtype)
+    if case.kernel == "merge_attn_states":
+        from mlactl.kernels.merge import compile_spec
+
+        return compile_spec(case.config, case.dV, case.dtype)
+    raise ValueError(f"unknown kernel {case.kernel!r}; kernels: {', '.join(KERNELS)}")
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compile_one(case: Case) -> dict:
+    """Compile one case in this process (TRITON_INTERPRET must be unset); never raises."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+    from triton.compiler import ASTSource
+
+    cap = ARCHS[case.arch]
+    out = {
+        "kernel": case.kernel,
+        "shape": case.shape,
+        "config": case.config,
+        "arch": case.arch,
+        "dtype": case.dtype,
+        "kv_dtype": case.kv_dtype,
+        "label": case.label,
+        **({"variant": case.extra["variant"]} if "variant" in case.extra else {}),
+        "smem_bytes": None,
+        "registers": None,
+        "spill_bytes": None,
+        "stack_bytes": None,
+        "warnings": [],
+        "error": None,
+    }
+    try:
+        fn, sig, consts, aligned, options = _build(case)
+        if case.kernel == "mla_decode":  # which stage-1 kernel was built
+            out["variant"] = "balanced" if "planned" in fn.__name__ else "uniform"
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+        k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cap, 32), options=options)
+    except Exception as exc:  # a config the compiler rejects is a result, not a crash
+        out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        return out
+    ptx = k.asm["ptx"]
+    out["smem_bytes"] = int(k.metadata.shared)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as fh:
+            fh.write(ptx)
+        # the same flags Triton's make_cubin passes, so the figures are those of its own build
+        cmd = [get_ptxas(cap).path, "-lineinfo", "-v", "--regAllocOptLevel=2"]
+        cmd += [f"--gpu-name={sm_arch_from_capability(cap)}", src, "-o", os.path.join(tmp, "k.o")]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        out.update(parse_ptxas_log(run.stderr + run.stdout))
+        out["ptxas"] = os.path.basename(cmd[0])
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as fh:
+            fh.write(k.asm["cubin"])
+        dis = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True)
+        out["sass"] = sass_counts(dis.stdout) if dis.returncode == 0 else {}
+    counts = loop_counts(ptx, {"wgmma": "wgmma.mma_async", "mma": "mma.sync"})
+    out["wgmma_per_loop"], out["mma_per_loop"] = counts["wgmma"], counts["mma"]
+    out["wgmma_total"] = ptx.count("wgmma.mma_async")
+    out["wgmma_shapes"] = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
+    out["num_warps"], out["num_stages"] = options.get("num_warps"), options.get("num_stages")
+    return out
+
+
+def compile_cases(cases: list[Case], timeout: float = 1800) -> list[dict]:
+    """Compile cases in a child process without TRITON_INTERPRET; one result dict per case."""
+    if not cases:
+        return []
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated to silence its warning
+    payload = json.dumps([asdict(c) for c in cases])
+    run = subprocess.run(
+        [sys.executable, "-m", "mlactl.tune.compile"],
+        input=payload,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    if run.returncode != 0:
+        tail = run.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"the compile stage failed: {tail[0]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def available() -> str | None:
+    """None when this Triton can compile for NVIDIA targets here, else why not."""
+    try:
+        import triton
+
+        if not os.path.exists(_tool("ptxas-blackwell")) and not os.path.exists(_tool("ptxas")):
+            return f"this triton {triton.__version__} wheel has no ptxas"
+        import triton.backends.nvidia  # noqa: F401
+    except ImportError as exc:
+        return f"triton with its NVIDIA backend is needed ({exc})"
+    return None
+
+
+# ---- which cases: each kernel's default and, if asked, its candidate configs ----------------------
+
+
+def default_cases(cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16", kv_dtype: str = "bf16") -> list[Case]:
+    """The launch config each launcher would pick on `arch` for the model's main shape bucket."""
+    from mlactl.kernels import decode, merge, prefill
+
+    cases = []
+    dims = dict(arch=arch, dtype=dtype, r=cfg.r, dR=cfg.dR, dC=cfg.dC, dV=cfg.dV)
+    for name in kernels:
+        if name == "mla_decode":
+            shape = {"B": 128, "H": cfg.H, "S_q": 1, "ctx": 8192}
+            config = decode.default_config(shape, cfg.r, cfg.dR, 64, dtype, kv_dtype)
+            extra = {"variant": decode.default_variant(config, kv_dtype == "fp8")}
+            cases.append(Case(name, shape, config, kv_dtype=kv_dtype, label="default", extra=extra, **dims))
+        elif name == "mla_prefill":
+            shape = {"H": cfg.H, "L": 4096}
+            config = prefill.default_config(ARCHS[arch], cfg.dC + cfg.dR, cfg.dV, dtype, shape["L"])
+            cases.append(Case(name, shape, config, kv_dtype=dtype, label="default", **dims))
+        elif name == "merge_attn_states":
+            shape = {"H": cfg.H, "T": 4096}
+            config = merge.default_config(cfg.H, cfg.dV)
+            cases.append(Case(name, shape, config, kv_dtype=dtype, label="default", **dims))
+        else:
+            raise ValueError(f"unknown kernel {name!r}; kernels: {', '.join(KERNELS)}")
+    return cases
+
+
+def candidate_cases(
+    cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16", kv_dtype: str = "bf16"
+) -> list[Case]:
+    """Every config of `tune`'s search space for the same buckets as `default_cases`."""
+    from mlactl.tune import space
+
+    cases = []
+    for d in default_cases(cfg, kernels, arch, dtype, kv_dtype):
+        spec = space.KERNELS[d.kernel]
+        for config in spec.space(cfg, d.shape, kv_dtype, dtype, SMEM_LIMIT[ARCHS[arch]]):
+            if config == {k: d.config.get(k) for k in config}:
+                continue  # the default, already listed
+            # each candidate's own schedule (decode: default_variant of the config), not the default's
+            cases.append(Case(**{**asdict(d), "config": config, "label": "candidate", "extra": {}}))
+    return cases
+
+
+def run_report(cfg, kernels, arch: str, dtype: str, kv_dtype: str, candidates: bool = False) -> list[dict]:
+    """Compile the defaults (and the candidates) of `kernels`; each result gets its `verdict`."""
+    why = available()
+    if why:
+        raise RuntimeError(why)
+    cases = default_cases(cfg, kernels, arch, dtype, kv_dtype)
+    if candidates:
+        cases += candidate_cases(cfg, kernels, arch, dtype, kv_dtype)
+    results = compile_cases(cases)
+    for res in results:
+        res["dropped"] = verdict(res)
+    return results
+
+
+def table(results: list[dict]):
+    """A rich table of compile results, one row per config."""
+    from rich.table import Table
+
+    t = Table(title="compile report (no GPU: Triton + ptxas for the target; mma/loop: wgmma, else mma.sync)")
+    for col in (
+        "kernel",
+        "shape",
+        "config",
+        "arch",
+        "smem KiB",
+        "regs",
+        "spill B",
+        "stack B",
+        "mma/loop",
+        "warnings",
+    ):
+        t.add_column(col, justify="right" if col in ("smem KiB", "regs", "spill B", "stack B", "mma/loop") else "left")
+    for r in results:
+        shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
+        config = " ".join(f"{k}={v}" for k, v in r["config"].items())
+        if r.get("variant"):
+            config += f" [{r['variant']}]"
+        if r.get("error"):
+            t.add_row(r["kernel"], shape, config, r["arch"], "-", "-", "-", "-", "-", f"[red]{r['error']}[/]")
+            continue
+        loop = r["wgmma_per_loop"] or r["mma_per_loop"]
+        spill = str(r["spill_bytes"]) if not r["spill_bytes"] else f"[red]{r['spill_bytes']}[/]"
+        warn = "; ".join(r["warnings"]) or ("[red]" + r["dropped"] + "[/]" if r.get("dropped") else "")
+        t.add_row(
+            r["kernel"], shape, config, r["arch"], f"{r['smem_bytes'] / 1024:.1f}", str(r["registers"]), spill,
+            str(r["stack_bytes"]), str(loop), warn,
+        )  # fmt: skip
+    return t
+
+
+def _main() -> None:
+    cases = [Case(**c) for c in json.loads(sys.stdin.read())]
+    print(json.dumps([compile_one(c) for c in cases]))
+
+
+if __name__ == "__main__":
+    _main()
