@@ -24,7 +24,11 @@ class LazyGroup(typer.core.TyperGroup):
     """The root command group, building `tune` and `plot` only when they are asked for: their
     options take ~30 ms to import and introspect, which `mlactl analyze` should not pay."""
 
-    LAZY = {"tune": ("mlactl.cli.tune", "tune_app"), "plot": ("mlactl.cli.plot", "plot_app")}
+    LAZY = {
+        "tune": ("mlactl.cli.tune", "tune_app"),
+        "plot": ("mlactl.cli.plot", "plot_app"),
+        "calibrate": ("mlactl.cli.calibrate", "calibrate_app"),
+    }
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.LAZY))
@@ -100,6 +104,13 @@ FormatOpt = Annotated[
 ]
 OutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")
+]
+CalibrationOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--calibration",
+        help="Calibrated time instead of the roofline: a name from `mlactl calibrate` or a calibration file.",
+    ),
 ]
 
 
@@ -217,6 +228,28 @@ def measured_results(cfg, hw, kv_dtype: str, path: Optional[Path]) -> dict:
     return dict(data, _path=str(path))
 
 
+def load_calibration(spec: Optional[str], hw):
+    """The calibration for --calibration (None without it), refused for another hardware."""
+    if spec is None:
+        return None
+    from mlactl.calibration import store
+
+    cal = store.resolve(spec)
+    store.check_hardware(cal, hw.name)
+    return cal
+
+
+def calibration_line(cal) -> str:
+    return f"times: calibrated with {cal.name} ({cal.path}); ops it lacks keep roofline time"
+
+
+def calibration_json(cal) -> dict:
+    """What a JSON output records about its times: roofline, or the calibration used."""
+    if cal is None:
+        return {"time": "roofline"}
+    return {"time": "calibrated", "calibration": cal.describe()}
+
+
 def version_callback(value: bool):
     if value:
         typer.echo(f"mlactl {__version__}")
@@ -266,12 +299,14 @@ def analyze(
             "(default: the newest for this model and hardware).",
         ),
     ] = None,
+    calibration: CalibrationOpt = None,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
     """FLOPs, bytes, intensity and roofline time of each path, op by op; the best path; the crossover.
 
     Example: mlactl analyze --model deepseek-v3 --hardware h200 --new 1:4096:*2 --prefix 0,32K
+    (with --calibration NAME: calibrated time, see `mlactl calibrate`)
     """
     from mlactl import analysis, render
     from mlactl.shapes import grid, parse_sizes
@@ -279,6 +314,7 @@ def analyze(
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
+    cal = load_calibration(calibration, hw)
     if prefix is not None and context is not None:
         raise MlactlError("give either --prefix or --context, not both")
     b, n, p = grid(
@@ -308,8 +344,11 @@ def analyze(
         threshold=one_int(threshold, "--threshold"),
         policy=policy,
         results_data=results_data,
+        calibration=cal,
     )
     tables = [render.header(result), *result.notes, render.analysis_table(result)]
+    if cal is not None:
+        tables.insert(1, calibration_line(cal))
     if results_data is not None:
         tables.insert(2, f"measured policy: {results_data['_path']} ({results_data['device']['name']})")
     if ops:
@@ -326,7 +365,7 @@ def analyze(
     def json_data():
         from mlactl.report import to_json
 
-        return to_json(result)
+        return dict(to_json(result), **calibration_json(cal))
 
     def csv_data(fh):
         from mlactl.report import write_analysis_csv
@@ -353,6 +392,7 @@ def crossover_cmd(
     max_new: Annotated[
         str, typer.Option("--max-new", help="Search the roofline crossover up to this many new tokens.")
     ] = "128K",
+    calibration: CalibrationOpt = None,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -367,6 +407,7 @@ def crossover_cmd(
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
+    cal = load_calibration(calibration, hw)
     model_cost = cost.CostModel(
         cfg,
         kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
@@ -377,7 +418,7 @@ def crossover_cmd(
     pairs = [(b, p) for b in parse_sizes(batch, "--batch") for p in parse_sizes(prefix, "--prefix", minimum=0)]
     if len(pairs) > analysis.MAX_CROSSOVER_PREFIXES:
         raise MlactlError(f"{len(pairs)} (batch, prefix) pairs; at most {analysis.MAX_CROSSOVER_PREFIXES} at once")
-    result = analysis.crossover_table(model_cost, hw, pairs, max_new=one_int(max_new, "--max-new"))
+    result = analysis.crossover_table(model_cost, hw, pairs, max_new=one_int(max_new, "--max-new"), calibration=cal)
 
     def json_data():
         return {
@@ -389,6 +430,7 @@ def crossover_cmd(
             "dtype": model_cost.dtype,
             "chunk": model_cost.chunk,
             "crossover": report.crossover_json(result),
+            **calibration_json(cal),
         }
 
     def csv_data(fh):
@@ -409,7 +451,8 @@ def crossover_cmd(
         f"[bold]{cfg.name}[/] on [bold]{hw.display}[/] ({'measured' if hw.using_measured else 'nominal'}), "
         f"kv cache {model_cost.kv_dtype}"
     )
-    emit(fmt, output, json_data=json_data, write_csv=csv_data, tables=[header, render.crossover_table(result)])
+    lines = [header] + ([calibration_line(cal)] if cal is not None else [])
+    emit(fmt, output, json_data=json_data, write_csv=csv_data, tables=[*lines, render.crossover_table(result)])
 
 
 @app.command(name="batch")
@@ -424,6 +467,7 @@ def batch_cmd(
     dtype: DtypeOpt = "bf16",
     chunk: ChunkOpt = "8192",
     threshold: ThresholdOpt = "8192",
+    calibration: CalibrationOpt = None,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -437,6 +481,7 @@ def batch_cmd(
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
+    cal = load_calibration(calibration, hw)
     new, prefix, count = read_requests(requests)
     result = analysis.analyze_batch(
         cfg,
@@ -448,13 +493,14 @@ def batch_cmd(
         dtype=choice(dtype, "--dtype", DTYPES),
         chunk=one_int(chunk, "--chunk"),
         threshold=one_int(threshold, "--threshold"),
+        calibration=cal,
     )
     emit(
         fmt,
         output,
-        json_data=lambda: report.batch_json(result),
+        json_data=lambda: dict(report.batch_json(result), **calibration_json(cal)),
         write_csv=lambda fh: report.write_batch_csv(fh, result),
-        tables=render.batch_tables(result),
+        tables=([calibration_line(cal)] if cal is not None else []) + list(render.batch_tables(result)),
     )
 
 

@@ -1,0 +1,168 @@
+"""The calibrated time of one op: the roofline with fitted efficiencies and the terms the data earns.
+
+    t = t_fixed + roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw * m)
+
+F and B are cost.py's FLOPs and bytes of the op; roofline() is mlactl.roofline's max(F/peak,
+B/bw). The terms, each switched on per fit (`terms`) and kept only where it lowers the held-out
+error (docs/calibration.md has the figures):
+
+fixed   t_fixed: launch and setup, 11-15 us for FA3's MLA decode on an H200 (aiconfigurator)
+pad     the kernel computes whole 64-row tiles: rows of one tile are the query tokens times the
+        heads that share a KV head (all H for absorb's MQA, 1 for expand's MHA), so 16 heads of
+        one decode token cost a 64-row tile: F * 4
+waves   CTAs run in waves over the SMs; a last partial wave leaves SMs idle: compute time is
+        divided by u = ctas / (waves * sm_count)
+split   split-KV: a decode kernel with fewer CTAs than SMs splits the context into s pieces of
+        at least L tokens (L fitted) to use more SMs; bandwidth reached scales with the CTAs in
+        flight, m = min(1, ctas * s / sm_count), and each piece writes and the merge reads back
+        an fp32 partial output and lse per (token, head): B_split = 2 * s * rows * (dV_out*4 + 4)
+
+Every parameter is fitted in log space, so efficiencies and times stay positive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlactl.roofline import roofline_time
+
+TILE_ROWS = 64  # rows of a CTA's query tile in FA3/FlashMLA-style kernels (and our Triton ones)
+PROJ_TILE_N = 128  # output columns of a GEMM CTA tile (projections)
+# op classes of cost.py's ops, keyed by path: each path's attention is its own class
+OP_CLASSES = ("kv_expand", "q_absorb", "out_absorb", "absorb_attention", "expand_attention", "lse_merge")
+# whole paths, for measurements that time a path end to end (`mlactl tune paths`)
+PATH_CLASSES = ("path:expand", "path:expand_chunked", "path:absorb")
+TERMS = ("fixed", "pad", "waves", "split", "serial", "kvpad")
+KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
+BASE_TERMS = ("fixed",)
+
+
+def op_class(path: str, op: str) -> str:
+    """The calibration class of cost.py's op `op` on `path`."""
+    if op == "attention":
+        return "absorb_attention" if path == "absorb" else "expand_attention"
+    return op
+
+
+@dataclass(frozen=True)
+class Points:
+    """Instances of one op class: cost.py's FLOPs and bytes, and the shape the extra terms need.
+
+    batch: requests; new: query tokens per request; context: keys per request; heads: H on this
+    GPU; out_dim: the value width each (token, head) writes (r for absorb, dV for expand).
+    """
+
+    op: str
+    flops: np.ndarray
+    bytes: np.ndarray
+    batch: np.ndarray
+    new: np.ndarray
+    context: np.ndarray
+    heads: np.ndarray
+    out_dim: np.ndarray
+    cache_bytes: np.ndarray  # the part of `bytes` that is the KV cache (attention ops; else 0)
+    time_s: np.ndarray | None = None
+    group: np.ndarray | None = field(default=None, compare=False)  # k-fold keeps a group together
+
+    def __len__(self) -> int:
+        return len(self.flops)
+
+    def take(self, idx) -> Points:
+        def pick(a):
+            return None if a is None else np.asarray(a)[idx]
+
+        return Points(
+            self.op,
+            *(
+                pick(getattr(self, k))
+                for k in ("flops", "bytes", "batch", "new", "context", "heads", "out_dim", "cache_bytes")
+            ),
+            time_s=pick(self.time_s),
+            group=pick(self.group),
+        )
+
+
+def _rows_and_ctas(pts: Points) -> tuple[np.ndarray, np.ndarray]:
+    """Query rows per tile group and the CTAs one launch starts (before any split)."""
+    b, n, h = pts.batch, pts.new, pts.heads
+    if pts.op == "absorb_attention":  # MQA: every head of a token shares the latent cache
+        rows = n * h
+        ctas = b * np.ceil(rows / TILE_ROWS)
+    elif pts.op == "expand_attention":  # MHA: one tile group per (request, head)
+        rows = n
+        ctas = b * h * np.ceil(rows / TILE_ROWS)
+    elif pts.op in ("q_absorb", "out_absorb"):  # one GEMM per head over the batch's tokens
+        rows = b * n
+        ctas = h * np.ceil(rows / TILE_ROWS) * np.ceil(pts.out_dim / PROJ_TILE_N)
+    elif pts.op == "kv_expand":  # one GEMM: tokens x H*(dC+dV)
+        rows = b * pts.context
+        ctas = np.ceil(rows / TILE_ROWS) * np.ceil(h * pts.out_dim / PROJ_TILE_N)
+    else:  # lse_merge and whole paths: elementwise or mixed; no tile model
+        rows = np.full_like(pts.flops, float(TILE_ROWS))
+        ctas = np.full_like(pts.flops, np.inf)
+    return rows, ctas
+
+
+def n_params(terms) -> int:
+    """Free parameters of a fit with these terms."""
+    return 2 + ("fixed" in terms) + ("serial" in terms)
+
+
+def unpack(theta: np.ndarray, terms) -> dict:
+    """Log-space parameter vector [t_fixed, eta_c, eta_m, t_iter] -> named parameters."""
+    e = np.exp(np.asarray(theta, dtype=np.float64))
+    out = {"t_fixed_s": float(e[0]) if "fixed" in terms else 0.0, "eta_c": float(e[1]), "eta_m": float(e[2])}
+    if "serial" in terms:
+        out["t_iter_s"] = float(e[3])
+    return out
+
+
+def pack(params: dict, terms) -> np.ndarray:
+    v = [max(params.get("t_fixed_s", 1e-12), 1e-12), params["eta_c"], params["eta_m"]]
+    if "serial" in terms:
+        v.append(params.get("t_iter_s", 1e-7))
+    return np.log(np.asarray(v, dtype=np.float64))
+
+
+def _splits(pts: Points, ctas: np.ndarray, sm_count: int) -> np.ndarray:
+    """Split-KV factor: fill the SMs when the CTAs are fewer, at most one piece per KV block."""
+    few = np.isfinite(ctas) & (ctas < sm_count)
+    c = np.where(few, np.maximum(ctas, 1.0), 1.0)
+    s = np.minimum(np.ceil(sm_count / c), np.ceil(pts.context / KV_BLOCK))
+    return np.where(few & (pts.op == "absorb_attention") & (pts.new <= 8), np.maximum(s, 1.0), 1.0)
+
+
+def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> np.ndarray:
+    """Calibrated seconds of each point (see the module docstring for the terms)."""
+    flops = np.asarray(pts.flops, dtype=np.float64)
+    nbytes = np.asarray(pts.bytes, dtype=np.float64)
+    serial = np.zeros_like(flops)
+    attention = pts.op in ("absorb_attention", "expand_attention")
+    if attention and "kvpad" in terms:  # the cache is read in whole KV blocks (pages) per request
+        padded = np.ceil(pts.context / KV_BLOCK) * KV_BLOCK
+        with np.errstate(divide="ignore", invalid="ignore"):
+            nbytes = nbytes + np.where(pts.context > 0, pts.cache_bytes * (padded / pts.context - 1), 0.0)
+    if {"pad", "waves", "split", "serial"} & set(terms):
+        rows, ctas = _rows_and_ctas(pts)
+        if "pad" in terms:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                pad = np.where(rows > 0, np.ceil(rows / TILE_ROWS) * TILE_ROWS / rows, 1.0)
+            flops = flops * pad
+        finite = np.isfinite(ctas) & (ctas > 0)
+        if sm_count and "waves" in terms:
+            c = np.where(finite, ctas, 1.0)
+            util = np.where(finite, c / (np.ceil(c / sm_count) * sm_count), 1.0)
+            flops = flops / util
+        s = np.ones_like(flops)
+        if sm_count and "split" in terms:
+            s = _splits(pts, ctas, sm_count)
+            # each piece writes an fp32 partial output and lse per (token, head); the merge reads them
+            nbytes = nbytes + np.where(s > 1, 2 * s * pts.batch * pts.new * pts.heads * (pts.out_dim * 4 + 4), 0.0)
+        if sm_count and "serial" in terms and attention:
+            waves = np.ceil(np.where(finite, ctas, 1.0) * s / sm_count)
+            iters = np.ceil(pts.context / (s * KV_BLOCK))
+            serial = params["t_iter_s"] * waves * iters
+    t = np.maximum(roofline_time(flops, nbytes, params["eta_c"] * peak, params["eta_m"] * bandwidth), serial)
+    return params.get("t_fixed_s", 0.0) + t
