@@ -42,7 +42,9 @@ def calibrated_seconds(cost: CostModel, hw: HardwareProfile, fit: dict, cls: str
 
 def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batch, new, prefix):
     """Calibrated seconds of an op class, or None if the calibration has no fit for it. Where it
-    has a decode and a prefill fit (aiconfigurator's two tables), one new token takes decode's."""
+    has a decode and a prefill fit (aiconfigurator's two tables), each point takes the fit whose
+    measured range holds it: prefill's where nothing is cached (its table's prefix is 0), decode's
+    (one token after a cached context) everywhere else."""
     dtype = _fit_dtype(cost, cls)
     decode = calibration.fit_for(cls, dtype, "decode")
     prefill = calibration.fit_for(cls, dtype, "prefill")
@@ -52,7 +54,7 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     if decode is prefill:
         return t_prefill
     t_decode = calibrated_seconds(cost, hw, decode, cls, batch, new, prefix)
-    return np.where(np.asarray(new) <= 1, t_decode, t_prefill)
+    return np.where(np.asarray(prefix) > 0, t_decode, t_prefill)
 
 
 def missing_ops(calibration, paths=MLA_PATHS) -> list[str]:

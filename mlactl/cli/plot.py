@@ -23,6 +23,7 @@ from mlactl.cli import (  # noqa: E402
     DTYPES,
     KV_DTYPES,
     BatchOpt,
+    CalibrationOpt,
     ChunkOpt,
     ContextOpt,
     DtypeOpt,
@@ -35,6 +36,7 @@ from mlactl.cli import (  # noqa: E402
     TpOpt,
     choice,
     cli_errors,
+    load_calibration,
     load_hardware,
     load_model,
     one_int,
@@ -80,18 +82,22 @@ def dtypes(kv_dtype: str, dtype: str) -> dict:
     return {"kv_dtype": choice(kv_dtype, "--kv-dtype", KV_DTYPES), "dtype": choice(dtype, "--dtype", DTYPES)}
 
 
-def run_analysis(model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, threshold):
+def run_analysis(
+    model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, threshold, calibration=None
+):
     from mlactl import analysis
 
+    hw = load_hardware(hardware, measured)
     return analysis.analyze(
         load_model(model, tp),
-        load_hardware(hardware, measured),
+        hw,
         batch,
         new,
         prefix,
         **dtypes(kv_dtype, dtype),
         chunk=one_int(chunk, "--chunk"),
         threshold=one_int(threshold, "--threshold"),
+        calibration=load_calibration(calibration, hw),
     )
 
 
@@ -143,6 +149,7 @@ def roofline(
     dtype: DtypeOpt = "bf16",
     chunk: ChunkOpt = "8192",
     results: ResultsOpt = None,
+    calibration: CalibrationOpt = None,
     output: Annotated[Path, output_opt("roofline")] = Path("roofline.png"),
     dpi: DpiOpt = "100",
 ):
@@ -150,6 +157,8 @@ def roofline(
 
     FLOP/s against FLOP/byte, log-log. Measured path times from --results are drawn against
     their predicted points, with the fraction of the roofline time they reach.
+
+    With --calibration NAME the calibrated time of each path is drawn too (x marks).
 
     Example: mlactl plot roofline --hardware h200 --results run.json -o roofline.svg
     """
@@ -172,9 +181,12 @@ def roofline(
             context=parse_sizes(context, "--context") if context is not None else None,
         )
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192")
+    calibrated = None
+    if calibration is not None:
+        calibrated = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192", calibration)
     from mlactl import plot
 
-    fig, _ = plot.roofline(result, load_results(results, result))
+    fig, _ = plot.roofline(result, load_results(results, result), calibrated=calibrated)
     write(fig, output, dpi)
 
 
@@ -194,6 +206,7 @@ def crossover(
     dtype: DtypeOpt = "bf16",
     chunk: ChunkOpt = "8192",
     results: ResultsOpt = None,
+    calibration: CalibrationOpt = None,
     output: Annotated[Path, output_opt("crossover")] = Path("crossover.png"),
     dpi: DpiOpt = "100",
 ):
@@ -201,6 +214,8 @@ def crossover(
 
     One panel per prefix: expand, expand_chunked and absorb predicted by the roofline, measured
     times from --results, and the crossovers marked with their values.
+
+    With --calibration NAME the calibrated curves (dotted) and crossovers are drawn too.
 
     Example: mlactl plot crossover --hardware h200 --prefix 0,4K,32K --results run.json -o crossover.png
     """
@@ -214,7 +229,10 @@ def crossover(
     if len(set(p.tolist())) > plot.MAX_CROSSOVER_PANELS:
         raise MlactlError(f"--prefix: at most {plot.MAX_CROSSOVER_PANELS} prefixes (one panel each)")
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192")
-    fig, _ = plot.crossover(result, load_results(results, result))
+    calibrated = None
+    if calibration is not None:
+        calibrated = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, "8192", calibration)
+    fig, _ = plot.crossover(result, load_results(results, result), calibrated=calibrated)
     write(fig, output, dpi)
 
 
