@@ -21,8 +21,7 @@ SEED = 0  # folds are random but fixed: the same data gives the same figures
 # starting points: efficiencies between a third and nine tenths of the datasheet, 1-20 us fixed
 STARTS = [
     {"t_fixed_s": 1e-5, "eta_c": 0.5, "eta_m": 0.7, "t_iter_s": 3e-7},
-    {"t_fixed_s": 2e-6, "eta_c": 0.3, "eta_m": 0.4, "t_iter_s": 2e-6},
-    {"t_fixed_s": 3e-5, "eta_c": 0.9, "eta_m": 0.9, "t_iter_s": 5e-8},
+    {"t_fixed_s": 2e-6, "eta_c": 0.2, "eta_m": 0.3, "t_iter_s": 2e-6},
 ]
 
 
@@ -100,7 +99,7 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
             theta[mask] = x
             return residuals(theta)
 
-        sol = least_squares(free_res, theta0[mask], loss="soft_l1", f_scale=0.05, method="trf", max_nfev=400)
+        sol = least_squares(free_res, theta0[mask], loss="soft_l1", f_scale=0.05, method="trf", max_nfev=200)
         theta = theta0.copy()
         theta[mask] = sol.x
         if best is None or sol.cost < best[0]:

@@ -136,6 +136,13 @@ def _splits(pts: Points, ctas: np.ndarray, sm_count: int) -> np.ndarray:
 
 def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> np.ndarray:
     """Calibrated seconds of each point (see the module docstring for the terms)."""
+    t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count)
+    return t_fixed + np.maximum(np.maximum(t_compute, t_memory), serial)
+
+
+def components(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None):
+    """(t_fixed, compute seconds, memory seconds, serial seconds) of each point: the parts
+    `predict` combines, kept apart so a batch of requests in one launch can add them up."""
     flops = np.asarray(pts.flops, dtype=np.float64)
     nbytes = np.asarray(pts.bytes, dtype=np.float64)
     serial = np.zeros_like(flops)
@@ -164,5 +171,7 @@ def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_
             waves = np.ceil(np.where(finite, ctas, 1.0) * s / sm_count)
             iters = np.ceil(pts.context / (s * KV_BLOCK))
             serial = params["t_iter_s"] * waves * iters
-    t = np.maximum(roofline_time(flops, nbytes, params["eta_c"] * peak, params["eta_m"] * bandwidth), serial)
-    return params.get("t_fixed_s", 0.0) + t
+    # roofline_time with only one side non-zero gives each side alone
+    t_compute = roofline_time(flops, 0.0, params["eta_c"] * peak, 1.0)
+    t_memory = roofline_time(0.0, nbytes, 1.0, params["eta_m"] * bandwidth)
+    return params.get("t_fixed_s", 0.0), t_compute, t_memory, serial

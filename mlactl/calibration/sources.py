@@ -30,17 +30,17 @@ CSV_REQUIRED = ("op", "batch", "new", "prefix", "time_s")
 KERNEL_OPS = {"mla_decode": "absorb_attention", "mla_prefill": "expand_attention"}
 
 
-def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None) -> Points:
-    """cost.py's figures for op class `op` at the given shapes (arrays)."""
+def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None, path: str | None = None) -> Points:
+    """cost.py's figures for op class `op` at the given shapes (arrays), as `path` runs it (the
+    class's own path by default; expand_chunked's kv_expand reads the weights once per chunk)."""
     b, n, p = (np.asarray(a, dtype=np.float64) for a in (batch, new, prefix))
     H, cfg = float(cost.cfg.H), cost.cfg
     if op.startswith("path:"):
-        path = op.split(":", 1)[1]
-        ops = cost.ops(path, b, n, p)
+        ops = cost.ops(op.split(":", 1)[1], b, n, p)
         flops, nbytes = sum(o.flops for o in ops), sum(o.bytes for o in ops)
         out_dim, cache = cfg.dV, cost.kv_cache_bytes(b, n, p)
     else:
-        path, name = {
+        default, name = {
             "kv_expand": ("expand", "kv_expand"),
             "expand_attention": ("expand", "attention"),
             "lse_merge": ("expand_chunked", "lse_merge"),
@@ -48,7 +48,7 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None)
             "absorb_attention": ("absorb", "attention"),
             "out_absorb": ("absorb", "out_absorb"),
         }[op]
-        found = [o for o in cost.ops(path, b, n, p) if o.name == name][0]
+        found = [o for o in cost.ops(path or default, b, n, p) if o.name == name][0]
         flops, nbytes = found.flops, found.bytes
         out_dim = {"kv_expand": cfg.dC + cfg.dV, "q_absorb": cfg.r, "absorb_attention": cfg.r}.get(op, cfg.dV)
         cache = cost.kv_cache_bytes(b, n, p) if op == "absorb_attention" else np.zeros_like(b * n)

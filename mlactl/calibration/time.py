@@ -28,19 +28,17 @@ def _fit_dtype(cost: CostModel, cls: str) -> str:
     return cost.kv_dtype if "attention" in cls or cls.startswith("path:") else cost.dtype
 
 
-def _points(cost: CostModel, cls: str, batch, new, prefix):
+def calibrated_seconds(
+    cost: CostModel, hw: HardwareProfile, fit: dict, cls: str, batch, new, prefix, path: str | None = None
+) -> np.ndarray:
+    """One op class's calibrated seconds (one layer) at the given points, as `path` runs it."""
     from mlactl.calibration.sources import points_for
 
-    return points_for(cost, cls, batch, new, prefix, None)
-
-
-def calibrated_seconds(cost: CostModel, hw: HardwareProfile, fit: dict, cls: str, batch, new, prefix) -> np.ndarray:
-    """One op class's calibrated seconds (one layer) at the given points."""
-    pts = _points(cost, cls, batch, new, prefix)
+    pts = points_for(cost, cls, batch, new, prefix, None, path=path)
     return predict(fit["params"], fit["terms"], pts, hw.peak_flops(cost.dtype), hw.bandwidth, hw.sm_count)
 
 
-def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batch, new, prefix):
+def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batch, new, prefix, path=None):
     """Calibrated seconds of an op class, or None if the calibration has no fit for it. Where it
     has a decode and a prefill fit (aiconfigurator's two tables), each point takes the fit whose
     measured range holds it: prefill's where nothing is cached (its table's prefix is 0), decode's
@@ -50,10 +48,10 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     prefill = calibration.fit_for(cls, dtype, "prefill")
     if decode is None:
         return None
-    t_prefill = calibrated_seconds(cost, hw, prefill, cls, batch, new, prefix)
+    t_prefill = calibrated_seconds(cost, hw, prefill, cls, batch, new, prefix, path)
     if decode is prefill:
         return t_prefill
-    t_decode = calibrated_seconds(cost, hw, decode, cls, batch, new, prefix)
+    t_decode = calibrated_seconds(cost, hw, decode, cls, batch, new, prefix, path)
     return np.where(np.asarray(prefix) > 0, t_decode, t_prefill)
 
 
@@ -95,7 +93,7 @@ def path_times(
         timed = []
         for op in roof.ops:
             cls = op_class(p, op.name)
-            t = None if whole else op_seconds(cost, hw, calibration, cls, batch, new, prefix)
+            t = None if whole else op_seconds(cost, hw, calibration, cls, batch, new, prefix, p)
             t = op.time_s if t is None else t * layers
             timed.append(OpTime(op.name, op.flops, op.bytes, op.weight_bytes, t, op.compute_bound))
         total = sum(o.time_s for o in timed)
@@ -122,20 +120,35 @@ def batch_time(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, c
                 nbytes = (op.bytes - op.weight_bytes).sum() + op.weight_bytes.max()
                 total += float(roofline_time(flops, nbytes, hw.peak_flops(cost.dtype), hw.bandwidth))
             continue
-        times = path_times(cost, hw, calibration, count[rows], new[rows], prefix[rows], paths=(path,))[path]
-        fixed = _fixed_seconds(cost, calibration, path)
-        total += float(np.sum(times.time_s) - fixed * (int(rows.sum()) - 1))
+        total += _launch_seconds(cost, hw, calibration, path, count[rows], new[rows], prefix[rows])
     return total
 
 
-def _fixed_seconds(cost: CostModel, calibration, path: str) -> float:
-    from mlactl.cost import OPS
+def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> float:
+    """Calibrated time of one launch per op over several request rows: one fixed cost, the rows'
+    compute, memory and serial seconds each summed, the weights' read counted once."""
+    from mlactl.calibration.model import components
+    from mlactl.calibration.sources import points_for
 
+    peak, bandwidth = hw.peak_flops(cost.dtype), hw.bandwidth
     whole = calibration.fit_for(f"path:{path}", _fit_dtype(cost, f"path:{path}"))
-    if whole:
-        return whole["params"].get("t_fixed_s", 0.0)
-    fits = [calibration.fit_for(c, _fit_dtype(cost, c)) for c in (op_class(path, o) for o in OPS[path])]
-    return sum(f["params"].get("t_fixed_s", 0.0) for f in fits if f)
+    classes = [f"path:{path}"] if whole else [op_class(path, op.name) for op in cost.ops(path, 1, 1, 0)]
+    ops = cost.ops(path, count, new, prefix)
+    total = 0.0
+    for k, cls in enumerate(classes):
+        fit = whole or calibration.fit_for(cls, _fit_dtype(cost, cls), "decode" if np.all(prefix > 0) else "prefill")
+        if fit is None:  # no fit: the roofline of the summed op, weights once
+            op = ops[k]
+            nbytes = (op.bytes - op.weight_bytes).sum() + op.weight_bytes.max()
+            total += float(roofline_time(op.flops.sum(), nbytes, peak, bandwidth))
+            continue
+        pts = points_for(cost, cls, count, new, prefix, None, path=path)
+        t_fixed, t_c, t_m, serial = components(fit["params"], fit["terms"], pts, peak, bandwidth, hw.sm_count)
+        weights = sum(op.weight_bytes for op in ops) if whole else ops[k].weight_bytes
+        w = np.broadcast_to(weights, np.shape(t_m)) / (fit["params"]["eta_m"] * bandwidth)
+        memory = np.sum(t_m) - np.sum(w) + (np.max(w) if len(w) else 0.0)
+        total += float(t_fixed + max(np.sum(t_c), memory, np.sum(serial)))
+    return total
 
 
 def own_times(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count) -> dict[str, np.ndarray]:
