@@ -341,8 +341,9 @@ def test_calibration_for_other_hardware_is_refused(home):
 def test_unknown_and_broken_calibrations(home, tmp_path):
     assert "no calibration named 'nope'" in error_line(run("analyze", "--calibration", "nope", ok=False))
     bad = tmp_path / "bad.json"
-    bad.write_text('{"schema": "mlactl.calibration", "schema_version": 1, "name": "x", "hardware": "h800", "fits": '
-                   '[{"op": "absorb_attention", "terms": ["fixed"], "params": {"eta_c": 1, "eta_m": -1}}]}')  # fmt: skip
+    fit = {"op": "absorb_attention", "terms": ["fixed"], "params": {"eta_c": 1, "eta_m": -1}}
+    head = {"schema": "mlactl.calibration", "schema_version": 1, "name": "x", "hardware": "h800"}
+    bad.write_text(json.dumps(dict(head, fits=[fit])))
     assert "params.eta_m must be a finite number >= 0, got -1" in error_line(
         run("analyze", "--calibration", bad, ok=False)
     )
