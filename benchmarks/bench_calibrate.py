@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from mlactl import hardware
-from mlactl.calibration import BASE_TERMS, fit_groups
 from mlactl.calibration import aiconfigurator as ac
-from mlactl.calibration.fit import fit, rel_errors, summary
+from mlactl.calibration import select
+from mlactl.calibration.fit import rel_errors, summary
 from mlactl.calibration.model import predict
 from mlactl.calibration.run import SYSTEM_PROFILES, machine_for
 from mlactl.roofline import roofline_time
@@ -74,8 +74,8 @@ def main() -> None:
             for key, pts in sorted(groups_of(system, framework, data_dir).items()):
                 table, version, op, src, dtype = key
                 roof = rel_errors(roofline_time(pts.flops, pts.bytes, machine.peak, machine.bandwidth), pts.time_s)
-                base = fit(pts, machine, BASE_TERMS, src, dtype)
-                sel = fit_groups({(op, src, dtype): pts}, machine)[0]
+                sel, tried = select(op, src, dtype, pts, machine)
+                base = tried[0]  # the 3-parameter model
                 fitted[(system, framework, table, op, src, dtype)] = (sel, pts)
                 row = {
                     "system": system,
@@ -92,6 +92,7 @@ def main() -> None:
                     "in_sample": sel.in_sample,
                     "terms": list(sel.terms),
                     "params": sel.params,
+                    "tried": [{"terms": list(t.terms), "held_out": t.held_out} for t in tried],
                 }
                 rows.append(row)
                 print(

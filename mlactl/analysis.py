@@ -38,6 +38,7 @@ class Crossover:
     rows: list[CrossoverRow]
     max_new: int
     note: str = ""
+    time_kind: str = "roofline"  # or "calibrated": what by_time and by_time_chunked are solved by
 
 
 @dataclass
@@ -114,7 +115,8 @@ def crossover_table(
         )
         for p, t, c in zip(prefixes, by_time, chunked):
             rows.append(CrossoverRow(b, p, cost.crossover_by_flops(p), t, c))
-    return Crossover(cost.asymptotic_crossover(), rows, max_new, note)
+    kind = "roofline" if calibration is None else "calibrated"
+    return Crossover(cost.asymptotic_crossover(), rows, max_new, note, kind)
 
 
 def analyze(

@@ -133,7 +133,8 @@ def ops_table(analysis: Analysis, max_rows: int = 200) -> Table:
 def crossover_table(crossover: Crossover) -> Table:
     asym = "none" if crossover.asymptotic_new is None else f"{crossover.asymptotic_new:.1f}"
     table = Table(title=f"Crossover: new tokens from which expand beats absorb (asymptotic, by FLOPs: {asym})")
-    for col in ("batch", "prefix", "by FLOPs", "by roofline", "chunked, by roofline"):
+    kind = crossover.time_kind
+    for col in ("batch", "prefix", "by FLOPs", f"by {kind}", f"chunked, by {kind}"):
         table.add_column(col, justify="right")
     limit = f"> {crossover.max_new}"
     for r in crossover.rows:

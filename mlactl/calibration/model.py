@@ -12,6 +12,8 @@ pad     the kernel computes whole 64-row tiles: rows of one tile are the query t
         one decode token cost a 64-row tile: F * 4
 waves   CTAs run in waves over the SMs; a last partial wave leaves SMs idle: compute time is
         divided by u = ctas / (waves * sm_count)
+sum     compute and memory time added instead of overlapped: a kernel that converts its operands
+        before it computes (fp8 caches dequantised to bf16) overlaps neither
 split   split-KV: a decode kernel with fewer CTAs than SMs splits the context into s pieces of
         at least L tokens (L fitted) to use more SMs; bandwidth reached scales with the CTAs in
         flight, m = min(1, ctas * s / sm_count), and each piece writes and the merge reads back
@@ -34,7 +36,7 @@ PROJ_TILE_N = 128  # output columns of a GEMM CTA tile (projections)
 OP_CLASSES = ("kv_expand", "q_absorb", "out_absorb", "absorb_attention", "expand_attention", "lse_merge")
 # whole paths, for measurements that time a path end to end (`mlactl tune paths`)
 PATH_CLASSES = ("path:expand", "path:expand_chunked", "path:absorb")
-TERMS = ("fixed", "pad", "waves", "split", "serial", "kvpad")
+TERMS = ("fixed", "pad", "waves", "split", "serial", "kvpad", "sum")
 KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
 BASE_TERMS = ("fixed",)
 
@@ -105,6 +107,18 @@ def _rows_and_ctas(pts: Points) -> tuple[np.ndarray, np.ndarray]:
     return rows, ctas
 
 
+ATTENTION_TERMS = ("split", "serial", "kvpad")  # terms that only act on attention ops
+
+
+def relevant_terms(op: str, terms) -> tuple[str, ...]:
+    """The terms that change this op class's time: the others are dropped, not fitted."""
+    if op.startswith("path:"):
+        return tuple(t for t in terms if t == "fixed")
+    if "attention" not in op:
+        return tuple(t for t in terms if t not in ATTENTION_TERMS)
+    return tuple(terms)
+
+
 def n_params(terms) -> int:
     """Free parameters of a fit with these terms."""
     return 2 + ("fixed" in terms) + ("serial" in terms)
@@ -137,6 +151,8 @@ def _splits(pts: Points, ctas: np.ndarray, sm_count: int) -> np.ndarray:
 def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> np.ndarray:
     """Calibrated seconds of each point (see the module docstring for the terms)."""
     t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count)
+    if "sum" in terms:  # compute and memory do not overlap
+        return t_fixed + np.maximum(t_compute + t_memory, serial)
     return t_fixed + np.maximum(np.maximum(t_compute, t_memory), serial)
 
 

@@ -28,7 +28,7 @@ def build(name: str, hw: HardwareProfile, source: dict, groups: dict, select: bo
 
     if not groups:
         raise MlactlError("no measured points to calibrate from")
-    results = fit_groups(groups, machine_for(hw), select=select)
+    results = fit_groups(groups, machine_for(hw), select_terms=select)
     data = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,

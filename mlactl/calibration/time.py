@@ -55,6 +55,15 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     return np.where(np.asarray(prefix) > 0, t_decode, t_prefill)
 
 
+def _whole_path_fit(cost: CostModel, calibration, path: str) -> dict | None:
+    """A whole-path fit for `path`; expand_chunked without its own takes expand's, applied to
+    expand_chunked's own FLOPs and bytes (the same ops, chunk by chunk, plus the lse merges)."""
+    fit = calibration.fit_for(f"path:{path}", _fit_dtype(cost, f"path:{path}"))
+    if fit is None and path == "expand_chunked":
+        fit = calibration.fit_for("path:expand", _fit_dtype(cost, "path:expand"))
+    return fit
+
+
 def missing_ops(calibration, paths=MLA_PATHS) -> list[str]:
     """Op classes of `paths` the calibration has no fit for (they keep roofline time)."""
     if calibration is None:
@@ -89,7 +98,7 @@ def path_times(
         if calibration is None:
             out[p] = roof
             continue
-        whole = calibration.fit_for(f"path:{p}", _fit_dtype(cost, f"path:{p}"))
+        whole = _whole_path_fit(cost, calibration, p)
         timed = []
         for op in roof.ops:
             cls = op_class(p, op.name)
@@ -131,7 +140,7 @@ def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str
     from mlactl.calibration.sources import points_for
 
     peak, bandwidth = hw.peak_flops(cost.dtype), hw.bandwidth
-    whole = calibration.fit_for(f"path:{path}", _fit_dtype(cost, f"path:{path}"))
+    whole = _whole_path_fit(cost, calibration, path)
     classes = [f"path:{path}"] if whole else [op_class(path, op.name) for op in cost.ops(path, 1, 1, 0)]
     ops = cost.ops(path, count, new, prefix)
     total = 0.0
