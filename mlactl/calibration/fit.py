@@ -72,7 +72,10 @@ def summary(errors: np.ndarray) -> dict:
 
 def fit_params(pts: Points, machine: Machine, terms) -> dict:
     """Least-squares fit of one op class; returns named parameters."""
-    from scipy.optimize import least_squares
+    try:
+        from scipy.optimize import least_squares
+    except ImportError:
+        raise MlactlError("fitting a calibration needs scipy: `pip install 'mlactl[calibrate]'`") from None
 
     k = n_params(terms)
     if len(pts) < k + 1:

@@ -12,8 +12,9 @@ pad     the kernel computes whole 64-row tiles: rows of one tile are the query t
         one decode token cost a 64-row tile: F * 4
 waves   CTAs run in waves over the SMs; a last partial wave leaves SMs idle: compute time is
         divided by u = ctas / (waves * sm_count)
-sum     compute and memory time added instead of overlapped: a kernel that converts its operands
-        before it computes (fp8 caches dequantised to bf16) overlaps neither
+sum     compute and memory time added instead of overlapped: a timed call that converts its
+        operands before it computes (aiconfigurator's fp8 GEMMs and BMMs quantise the activations
+        per token inside the timing) overlaps neither
 split   split-KV: a decode kernel with fewer CTAs than SMs splits the context into s pieces of
         at least L tokens (L fitted) to use more SMs; bandwidth reached scales with the CTAs in
         flight, m = min(1, ctas * s / sm_count), and each piece writes and the merge reads back
