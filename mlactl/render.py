@@ -59,8 +59,9 @@ def _lost(t: float) -> Text:
 
 
 def analysis_table(analysis: Analysis, max_rows: int = 200) -> Table:
+    kind = "Roofline" if getattr(analysis, "calibration", None) is None else "Calibrated"
     table = Table(
-        title="Roofline time per path (C compute-bound, M memory-bound, ✗ expanded K/V "
+        title=f"{kind} time per path (C compute-bound, M memory-bound, ✗ expanded K/V "
         "exceeds the GPU's memory; best in green; mha* is the reference with an expanded cache)"
     )
     for col in ("batch", "new", "prefix"):

@@ -161,6 +161,8 @@ def _op_points(op_name: str, path: str, op_index: int, frame, batch, new, prefix
         flops[rows], nbytes[rows] = op.flops, op.bytes
         if op_name == "absorb_attention":
             cache[rows] = cost.kv_cache_bytes(batch[rows], new[rows], prefix[rows])
+        elif op_name == "expand_attention":  # per-head K and V, as an MHA cache holds them
+            cache[rows] = cost.mha_cache_bytes(batch[rows], new[rows], prefix[rows])
     return Points(
         op_name,
         flops,

@@ -12,6 +12,8 @@ pad     the kernel computes whole 64-row tiles: rows of one tile are the query t
         one decode token cost a 64-row tile: F * 4
 waves   CTAs run in waves over the SMs; a last partial wave leaves SMs idle: compute time is
         divided by u = ctas / (waves * sm_count)
+quant   a pass over the activations before the GEMM, not overlapped with it: eta_q fitted
+        (projections only; aiconfigurator's fp8 GEMMs quantise per token inside the timing)
 sum     compute and memory time added instead of overlapped: a timed call that converts its
         operands before it computes (aiconfigurator's fp8 GEMMs and BMMs quantise the activations
         per token inside the timing) overlaps neither
@@ -37,7 +39,8 @@ PROJ_TILE_N = 128  # output columns of a GEMM CTA tile (projections)
 OP_CLASSES = ("kv_expand", "q_absorb", "out_absorb", "absorb_attention", "expand_attention", "lse_merge")
 # whole paths, for measurements that time a path end to end (`mlactl tune paths`)
 PATH_CLASSES = ("path:expand", "path:expand_chunked", "path:absorb")
-TERMS = ("fixed", "pad", "waves", "split", "serial", "kvpad", "sum")
+TERMS = ("fixed", "pad", "waves", "split", "serial", "kvpad", "sum", "quant")
+PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb")
 KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
 BASE_TERMS = ("fixed",)
 
@@ -65,7 +68,7 @@ class Points:
     context: np.ndarray
     heads: np.ndarray
     out_dim: np.ndarray
-    cache_bytes: np.ndarray  # the part of `bytes` that is the KV cache (attention ops; else 0)
+    cache_bytes: np.ndarray  # keys and values an attention op reads (latent or per-head); else 0
     time_s: np.ndarray | None = None
     group: np.ndarray | None = field(default=None, compare=False)  # k-fold keeps a group together
 
@@ -115,29 +118,34 @@ def relevant_terms(op: str, terms) -> tuple[str, ...]:
     """The terms that change this op class's time: the others are dropped, not fitted."""
     if op.startswith("path:"):
         return tuple(t for t in terms if t == "fixed")
-    if "attention" not in op:
+    if op in PROJECTIONS:
         return tuple(t for t in terms if t not in ATTENTION_TERMS)
-    return tuple(terms)
+    return tuple(t for t in terms if t != "quant")
+
+
+def param_names(terms) -> list[str]:
+    """The log-space parameter vector's layout for these terms (t_fixed always first; it is held
+    at 0 when `fixed` is off)."""
+    return ["t_fixed_s", "eta_c", "eta_m"] + ["t_iter_s"] * ("serial" in terms) + ["eta_q"] * ("quant" in terms)
 
 
 def n_params(terms) -> int:
     """Free parameters of a fit with these terms."""
-    return 2 + ("fixed" in terms) + ("serial" in terms)
+    return len(param_names(terms)) - ("fixed" not in terms)
 
 
 def unpack(theta: np.ndarray, terms) -> dict:
-    """Log-space parameter vector [t_fixed, eta_c, eta_m, t_iter] -> named parameters."""
+    """Log-space parameter vector -> named parameters."""
     e = np.exp(np.asarray(theta, dtype=np.float64))
-    out = {"t_fixed_s": float(e[0]) if "fixed" in terms else 0.0, "eta_c": float(e[1]), "eta_m": float(e[2])}
-    if "serial" in terms:
-        out["t_iter_s"] = float(e[3])
+    out = {k: float(v) for k, v in zip(param_names(terms), e)}
+    if "fixed" not in terms:
+        out["t_fixed_s"] = 0.0
     return out
 
 
 def pack(params: dict, terms) -> np.ndarray:
-    v = [max(params.get("t_fixed_s", 1e-12), 1e-12), params["eta_c"], params["eta_m"]]
-    if "serial" in terms:
-        v.append(params.get("t_iter_s", 1e-7))
+    start = {"t_fixed_s": 1e-12, "t_iter_s": 1e-7, "eta_q": 0.5}
+    v = [max(params.get(k, start.get(k, 1.0)), 1e-12) for k in param_names(terms)]
     return np.log(np.asarray(v, dtype=np.float64))
 
 
@@ -152,9 +160,19 @@ def _splits(pts: Points, ctas: np.ndarray, sm_count: int) -> np.ndarray:
 def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> np.ndarray:
     """Calibrated seconds of each point (see the module docstring for the terms)."""
     t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count)
+    if "quant" in terms and pts.op in PROJECTIONS:
+        t_fixed = t_fixed + quant_seconds(params, pts, bandwidth)
     if "sum" in terms:  # compute and memory do not overlap
         return t_fixed + np.maximum(t_compute + t_memory, serial)
     return t_fixed + np.maximum(np.maximum(t_compute, t_memory), serial)
+
+
+def quant_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
+    """A pass over the activations before the GEMM (per-token fp8 quantisation): their bf16
+    bytes at eta_q of the bandwidth. Activation elements from cost.py's FLOPs: a GEMM of F
+    FLOPs writing out_dim per row (per head for the BMMs) reads F / (2 out_dim) of them."""
+    per_row_out = pts.out_dim * np.where(pts.op == "kv_expand", pts.heads, 1.0)
+    return pts.flops / (2 * per_row_out) * 2 / (params["eta_q"] * bandwidth)
 
 
 def components(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None):

@@ -51,7 +51,12 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None,
         found = [o for o in cost.ops(path or default, b, n, p) if o.name == name][0]
         flops, nbytes = found.flops, found.bytes
         out_dim = {"kv_expand": cfg.dC + cfg.dV, "q_absorb": cfg.r, "absorb_attention": cfg.r}.get(op, cfg.dV)
-        cache = cost.kv_cache_bytes(b, n, p) if op == "absorb_attention" else np.zeros_like(b * n)
+        if op == "absorb_attention":
+            cache = cost.kv_cache_bytes(b, n, p)
+        elif op == "expand_attention":  # per-head K and V, as an MHA cache holds them
+            cache = cost.mha_cache_bytes(b, n, p)
+        else:
+            cache = np.zeros_like(b * n)
     shape = np.broadcast_shapes(np.shape(b), np.shape(n), np.shape(p))
     full = [np.broadcast_to(np.asarray(a, dtype=np.float64), shape).copy() for a in (flops, nbytes, b, n, n + p)]
     return Points(

@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlactl import dirs
-from mlactl.calibration.model import OP_CLASSES, PATH_CLASSES, TERMS
+from mlactl.calibration.model import OP_CLASSES, PATH_CLASSES, TERMS, param_names
 from mlactl.errors import MlactlError
 
 SCHEMA = "mlactl.calibration"
 SCHEMA_VERSION = 1
-PARAMS = {"t_fixed_s", "eta_c", "eta_m", "t_iter_s"}
 
 
 def calibrations_dir() -> Path:
@@ -93,17 +92,13 @@ def validate(data, where: str) -> Calibration:
         params = f.get("params")
         if not isinstance(params, dict):
             raise MlactlError(f"{at}: 'params' must be an object")
-        need = (
-            {"eta_c", "eta_m"}
-            | ({"t_fixed_s"} if "fixed" in terms else set())
-            | ({"t_iter_s"} if "serial" in terms else set())
-        )
+        need = set(param_names(terms)) - ({"t_fixed_s"} if "fixed" not in terms else set())
         for k in sorted(need):
             v = params.get(k)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v != v or v == float("inf"):
                 raise MlactlError(f"{at}: params.{k} must be a finite number >= 0, got {v!r}")
-        if params["eta_c"] <= 0 or params["eta_m"] <= 0:
-            raise MlactlError(f"{at}: eta_c and eta_m must be positive")
+        if any(params[k] <= 0 for k in ("eta_c", "eta_m", "eta_q") if k in need):
+            raise MlactlError(f"{at}: efficiencies (eta_*) must be positive")
     return Calibration(data["name"], data["hardware"], data, where)
 
 
