@@ -397,3 +397,39 @@ def test_installed_aiconfigurator_h200_sglang(home):
     # the roofline figures: median error 79%; calibrated time must do far better
     assert decode[0]["held_out"]["median"] < 0.25
     assert os.path.exists(home / "calibrations" / "h200-aiconfigurator-sglang-0.5.14.json")
+
+
+# -- terms ----------------------------------------------------------------------------------------
+
+
+def test_a_term_is_kept_only_where_it_lowers_the_held_out_error():
+    from mlactl.calibration import select
+
+    best, tried = select("absorb_attention", "synthetic", "bf16", synthetic(), Machine(PEAK, BW, SMS))
+    assert len(tried) > 1  # the richer sets were fitted ...
+    assert best.terms == ("fixed",)  # ... and none beat the model the data came from
+
+
+def test_quant_term_recovers_a_pass_over_the_activations():
+    # kv_expand of m tokens for H heads: FLOPs 2*m*r*H*(dC+dV); a bf16 pass over the m x r
+    # activations at 40% of the bandwidth runs before a GEMM at eta_c 0.7, eta_m 0.9
+    from mlactl.calibration import select
+
+    m = np.array([1.0, 16, 64, 256, 1024, 4096, 16384, 65536])
+    heads = np.array([1.0, 8, 32, 128])
+    mm, hh = (a.ravel() for a in np.meshgrid(m, heads))
+    flops = 2 * mm * R * hh * 256
+    nbytes = mm * R * 2 + hh * 256 * R * 2 + mm * hh * 256 * 2  # latents, W_UK+W_UV, k_nope+v
+    t = 5e-6 + mm * R * 2 / (0.4 * BW) + np.maximum(flops / (0.7 * PEAK), nbytes / (0.9 * BW))
+    from dataclasses import replace
+
+    parts = [points_for(CostModel(replace(from_name("deepseek-v3"), H=int(h))), "kv_expand", 1, mm[hh == h], 0, t[hh == h])
+             for h in heads]  # fmt: skip
+    from mlactl.calibration.sources import _concat
+
+    pts = _concat(parts)
+    assert np.allclose(pts.flops, np.concatenate([flops[hh == h] for h in heads]))
+    best, _ = select("kv_expand", "synthetic", "bf16", pts, Machine(PEAK, BW, SMS))
+    assert "quant" in best.terms
+    assert best.params["eta_q"] == pytest.approx(0.4, rel=0.02)
+    assert best.held_out["median"] < 0.01
