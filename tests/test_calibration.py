@@ -423,8 +423,10 @@ def test_quant_term_recovers_a_pass_over_the_activations():
     t = 5e-6 + mm * R * 2 / (0.4 * BW) + np.maximum(flops / (0.7 * PEAK), nbytes / (0.9 * BW))
     from dataclasses import replace
 
-    parts = [points_for(CostModel(replace(from_name("deepseek-v3"), H=int(h))), "kv_expand", 1, mm[hh == h], 0, t[hh == h])
-             for h in heads]  # fmt: skip
+    def cost(h):
+        return CostModel(replace(from_name("deepseek-v3"), H=int(h)))
+
+    parts = [points_for(cost(h), "kv_expand", 1, mm[hh == h], 0, t[hh == h]) for h in heads]
     from mlactl.calibration.sources import _concat
 
     pts = _concat(parts)
