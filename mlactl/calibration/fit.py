@@ -13,12 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlactl.calibration.model import Points, n_params, pack, predict, unpack
+from mlactl.calibration.model import Points, n_params, pack, param_names, predict, unpack
 from mlactl.errors import MlactlError
 
 K_FOLDS = 5
 SEED = 0  # folds are random but fixed: the same data gives the same figures
 # starting points: efficiencies between a third and nine tenths of the datasheet, 1-20 us fixed
+# Efficiencies are bounded by 2: fits divide by the bf16 peak and count bf16 operands, so an fp8
+# kernel may reach twice that, nothing more; without the bound a memory-bound table (decode)
+# leaves eta_c free and it runs off to 50x, which a prediction at prefill sizes would use.
+ETA_MAX = 2.0
 # (the max makes the loss non-convex: one start lands in a worse minimum on 1 table in 10)
 STARTS = [
     {"t_fixed_s": 1e-5, "eta_c": 0.5, "eta_m": 0.7, "t_iter_s": 3e-7, "eta_q": 0.3},
@@ -104,7 +108,14 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
             theta[mask] = x
             return residuals(theta)
 
-        sol = least_squares(free_res, theta0[mask], loss="soft_l1", f_scale=0.05, method="trf", max_nfev=200)
+        upper = np.full(len(theta0), np.inf)
+        for i, name in enumerate(param_names(terms)):
+            if name.startswith("eta_"):
+                upper[i] = np.log(ETA_MAX)
+        x0 = np.minimum(theta0[mask], upper[mask] - 1e-9)
+        sol = least_squares(
+            free_res, x0, bounds=(-np.inf, upper[mask]), loss="soft_l1", f_scale=0.05, method="trf", max_nfev=200
+        )
         theta = theta0.copy()
         theta[mask] = sol.x
         if best is None or sol.cost < best[0]:

@@ -1,10 +1,11 @@
 """The calibrated time of one op: the roofline with fitted efficiencies and the terms the data earns.
 
-    t = t_fixed + roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw * m)
+    t = t_fixed + t_quant + max(roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw),
+                                t_iter * waves * iters)
 
 F and B are cost.py's FLOPs and bytes of the op; roofline() is mlactl.roofline's max(F/peak,
-B/bw). The terms, each switched on per fit (`terms`) and kept only where it lowers the held-out
-error (docs/calibration.md has the figures):
+B/bw) (with `sum`, its two sides added instead). The terms, each switched on per fit (`terms`)
+and kept only where it lowers the held-out error (docs/calibration.md has the figures):
 
 fixed   t_fixed: launch and setup, 11-15 us for FA3's MLA decode on an H200 (aiconfigurator)
 pad     the kernel computes whole 64-row tiles: rows of one tile are the query tokens times the
@@ -12,15 +13,18 @@ pad     the kernel computes whole 64-row tiles: rows of one tile are the query t
         one decode token cost a 64-row tile: F * 4
 waves   CTAs run in waves over the SMs; a last partial wave leaves SMs idle: compute time is
         divided by u = ctas / (waves * sm_count)
-quant   a pass over the activations before the GEMM, not overlapped with it: eta_q fitted
-        (projections only; aiconfigurator's fp8 GEMMs quantise per token inside the timing)
+split   split-KV (absorb's attention): with fewer CTAs than SMs the kernel splits the context
+        into s pieces (at most one per 64-key block) to fill the SMs; each piece writes and the
+        merge reads back an fp32 partial output and lse per (token, head):
+        B_split = 2 * s * rows * (dV_out*4 + 4)
+kvpad   the cache is read in whole 64-token pages: cache bytes * ceil(ctx/64)*64/ctx
+serial  a CTA walks its KV blocks one after another: t_iter per block, per wave of CTAs; with
+        few CTAs this latency, not bandwidth, bounds the time (t_iter fitted)
+quant   a pass over the activations before the GEMM, not overlapped with it: their bf16 bytes at
+        eta_q of the bandwidth (projections only; aiconfigurator's fp8 GEMMs quantise per token
+        inside the timing)
 sum     compute and memory time added instead of overlapped: a timed call that converts its
-        operands before it computes (aiconfigurator's fp8 GEMMs and BMMs quantise the activations
-        per token inside the timing) overlaps neither
-split   split-KV: a decode kernel with fewer CTAs than SMs splits the context into s pieces of
-        at least L tokens (L fitted) to use more SMs; bandwidth reached scales with the CTAs in
-        flight, m = min(1, ctas * s / sm_count), and each piece writes and the merge reads back
-        an fp32 partial output and lse per (token, head): B_split = 2 * s * rows * (dV_out*4 + 4)
+        operands before it computes overlaps neither
 
 Every parameter is fitted in log space, so efficiencies and times stay positive.
 """
@@ -41,6 +45,7 @@ OP_CLASSES = ("kv_expand", "q_absorb", "out_absorb", "absorb_attention", "expand
 PATH_CLASSES = ("path:expand", "path:expand_chunked", "path:absorb")
 TERMS = ("fixed", "pad", "waves", "split", "serial", "kvpad", "sum", "quant")
 PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb")
+DECODE_MAX_NEW = 8  # query tokens per request that decode kernels (and decode fits) serve
 KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
 BASE_TERMS = ("fixed",)
 
@@ -154,7 +159,7 @@ def _splits(pts: Points, ctas: np.ndarray, sm_count: int) -> np.ndarray:
     few = np.isfinite(ctas) & (ctas < sm_count)
     c = np.where(few, np.maximum(ctas, 1.0), 1.0)
     s = np.minimum(np.ceil(sm_count / c), np.ceil(pts.context / KV_BLOCK))
-    return np.where(few & (pts.op == "absorb_attention") & (pts.new <= 8), np.maximum(s, 1.0), 1.0)
+    return np.where(few & (pts.op == "absorb_attention"), np.maximum(s, 1.0), 1.0)
 
 
 def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlactl.calibration.model import op_class, predict
+from mlactl.calibration.model import DECODE_MAX_NEW, op_class, predict
 from mlactl.cost import MLA_PATHS, PATHS, CostModel, Op
 from mlactl.hardware import HardwareProfile
 from mlactl.roofline import OpTime, PathTime, path_time, roofline_time
@@ -40,9 +40,9 @@ def calibrated_seconds(
 
 def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batch, new, prefix, path=None):
     """Calibrated seconds of an op class, or None if the calibration has no fit for it. Where it
-    has a decode and a prefill fit (aiconfigurator's two tables), each point takes the fit whose
-    measured range holds it: prefill's where nothing is cached (its table's prefix is 0), decode's
-    (one token after a cached context) everywhere else."""
+    has a decode and a prefill fit (aiconfigurator's two tables), a point with a cached prefix and
+    at most DECODE_MAX_NEW new tokens takes decode's (the range the decode table measured), every
+    other point prefill's: a decode table is memory-bound and says little about compute."""
     dtype = _fit_dtype(cost, cls)
     decode = calibration.fit_for(cls, dtype, "decode")
     prefill = calibration.fit_for(cls, dtype, "prefill")
@@ -52,7 +52,8 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     if decode is prefill:
         return t_prefill
     t_decode = calibrated_seconds(cost, hw, decode, cls, batch, new, prefix, path)
-    return np.where(np.asarray(prefix) > 0, t_decode, t_prefill)
+    decode_like = (np.asarray(prefix) > 0) & (np.asarray(new) <= DECODE_MAX_NEW)
+    return np.where(decode_like, t_decode, t_prefill)
 
 
 def _whole_path_fit(cost: CostModel, calibration, path: str) -> dict | None:
@@ -145,7 +146,8 @@ def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str
     ops = cost.ops(path, count, new, prefix)
     total = 0.0
     for k, cls in enumerate(classes):
-        fit = whole or calibration.fit_for(cls, _fit_dtype(cost, cls), "decode" if np.all(prefix > 0) else "prefill")
+        decode = bool(np.all((prefix > 0) & (new <= DECODE_MAX_NEW)))
+        fit = whole or calibration.fit_for(cls, _fit_dtype(cost, cls), "decode" if decode else "prefill")
         if fit is None:  # no fit: the roofline of the summed op, weights once
             op = ops[k]
             nbytes = (op.bytes - op.weight_bytes).sum() + op.weight_bytes.max()
