@@ -198,15 +198,15 @@ def components(params: dict, terms, pts: Points, peak: float, bandwidth: float, 
                 pad = np.where(rows > 0, np.ceil(rows / TILE_ROWS) * TILE_ROWS / rows, 1.0)
             flops = flops * pad
         finite = np.isfinite(ctas) & (ctas > 0)
-        if sm_count and "waves" in terms:
-            c = np.where(finite, ctas, 1.0)
-            util = np.where(finite, c / (np.ceil(c / sm_count) * sm_count), 1.0)
-            flops = flops / util
         s = np.ones_like(flops)
         if sm_count and "split" in terms:
             s = _splits(pts, ctas, sm_count)
             # each piece writes an fp32 partial output and lse per (token, head); the merge reads them
             nbytes = nbytes + np.where(s > 1, 2 * s * pts.batch * pts.new * pts.heads * (pts.out_dim * 4 + 4), 0.0)
+        if sm_count and "waves" in terms:  # the split pieces are CTAs too
+            c = np.where(finite, ctas * s, 1.0)
+            util = np.where(finite, c / (np.ceil(c / sm_count) * sm_count), 1.0)
+            flops = flops / util
         if sm_count and "serial" in terms and attention:
             waves = np.ceil(np.where(finite, ctas, 1.0) * s / sm_count)
             iters = np.ceil(pts.context / (s * KV_BLOCK))

@@ -121,7 +121,12 @@ def calibrate(
 
         t = Table(title=f"Calibration {data['name']} (hardware {hw.name}); |predicted/measured - 1|")
         for col in ("op", "source", "dtype", "n", "terms", "in-sample median", "p90", "held-out median", "p90"):
-            t.add_column(col, justify="right" if col not in ("op", "source", "dtype", "terms") else "left")
+            wide = col in ("source", "terms")  # a fit's source ends in its phase (:decode, :prefill)
+            t.add_column(
+                col,
+                justify="left" if col in ("op", "source", "dtype", "terms") else "right",
+                overflow="fold" if wide else "ellipsis",
+            )
         for f in fits:
             t.add_row(
                 f.op,
