@@ -26,8 +26,11 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     ("fixed", "pad", "waves", "quant"),
     ("fixed", "pad", "waves", "sum", "quant"),
     ("fixed", "kvpad", "serial"),
+    ("fixed", "kvpad", "serial", "request"),
+    ("fixed", "split", "kvpad", "serial", "combine", "request"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "sum"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum"),
 )
 
 SELECT_MARGIN = 0.002  # mean of held-out median and p90, absolute

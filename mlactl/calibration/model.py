@@ -1,7 +1,7 @@
 """The calibrated time of one op: the roofline with fitted efficiencies and the terms the data earns.
 
-    t = t_fixed + t_quant + max(roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw),
-                                t_iter * waves * iters)
+    t = t_fixed + t_quant + t_request + t_combine
+        + max(roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw), t_iter * waves * iters)
 
 F and B are cost.py's FLOPs and bytes of the op; roofline() is mlactl.roofline's max(F/peak,
 B/bw) (with `sum`, its two sides added instead). The terms, each switched on per fit (`terms`)
@@ -20,6 +20,9 @@ split   split-KV (absorb's attention): with fewer CTAs than SMs the kernel split
 kvpad   the cache is read in whole 64-token pages: cache bytes * ceil(ctx/64)*64/ctx
 serial  a CTA walks its KV blocks one after another: t_iter per block, per wave of CTAs; with
         few CTAs this latency, not bandwidth, bounds the time (t_iter fitted)
+combine a split launch is followed by a kernel that merges the pieces: t_combine where s > 1
+request per-request setup (page table, scheduling): t_request * batch, not overlapped; SGLang's
+        decode of 1024 requests, 1 head, context 2 takes 58 us on an H200 where its bytes need 1
 quant   a pass over the activations before the GEMM, not overlapped with it: their bf16 bytes at
         eta_q of the bandwidth (projections only; aiconfigurator's fp8 GEMMs quantise per token
         inside the timing)
@@ -43,7 +46,7 @@ PROJ_TILE_N = 128  # output columns of a GEMM CTA tile (projections)
 OP_CLASSES = ("kv_expand", "q_absorb", "out_absorb", "absorb_attention", "expand_attention", "lse_merge")
 # whole paths, for measurements that time a path end to end (`mlactl tune paths`)
 PATH_CLASSES = ("path:expand", "path:expand_chunked", "path:absorb")
-TERMS = ("fixed", "pad", "waves", "split", "serial", "kvpad", "sum", "quant")
+TERMS = ("fixed", "pad", "waves", "split", "serial", "kvpad", "sum", "quant", "combine", "request")
 PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb")
 DECODE_MAX_NEW = 8  # query tokens per request that decode kernels (and decode fits) serve
 KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
@@ -116,13 +119,13 @@ def _rows_and_ctas(pts: Points) -> tuple[np.ndarray, np.ndarray]:
     return rows, ctas
 
 
-ATTENTION_TERMS = ("split", "serial", "kvpad")  # terms that only act on attention ops
+ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request")  # terms that only act on attention ops
 
 
 def relevant_terms(op: str, terms) -> tuple[str, ...]:
     """The terms that change this op class's time: the others are dropped, not fitted."""
-    if op.startswith("path:"):
-        return tuple(t for t in terms if t == "fixed")
+    if op.startswith("path:"):  # a whole path has no one tile shape; its ops may or may not overlap
+        return tuple(t for t in terms if t in ("fixed", "sum"))
     if op in PROJECTIONS:
         return tuple(t for t in terms if t not in ATTENTION_TERMS)
     return tuple(t for t in terms if t != "quant")
@@ -131,7 +134,13 @@ def relevant_terms(op: str, terms) -> tuple[str, ...]:
 def param_names(terms) -> list[str]:
     """The log-space parameter vector's layout for these terms (t_fixed always first; it is held
     at 0 when `fixed` is off)."""
-    return ["t_fixed_s", "eta_c", "eta_m"] + ["t_iter_s"] * ("serial" in terms) + ["eta_q"] * ("quant" in terms)
+    return (
+        ["t_fixed_s", "eta_c", "eta_m"]
+        + ["t_iter_s"] * ("serial" in terms)
+        + ["eta_q"] * ("quant" in terms)
+        + ["t_combine_s"] * ("combine" in terms)
+        + ["t_request_s"] * ("request" in terms)
+    )
 
 
 def n_params(terms) -> int:
@@ -149,7 +158,7 @@ def unpack(theta: np.ndarray, terms) -> dict:
 
 
 def pack(params: dict, terms) -> np.ndarray:
-    start = {"t_fixed_s": 1e-12, "t_iter_s": 1e-7, "eta_q": 0.5}
+    start = {"t_fixed_s": 1e-12, "t_iter_s": 1e-7, "eta_q": 0.5, "t_combine_s": 2e-6, "t_request_s": 2e-8}
     v = [max(params.get(k, start.get(k, 1.0)), 1e-12) for k in param_names(terms)]
     return np.log(np.asarray(v, dtype=np.float64))
 
@@ -165,6 +174,11 @@ def _splits(pts: Points, ctas: np.ndarray, sm_count: int) -> np.ndarray:
 def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> np.ndarray:
     """Calibrated seconds of each point (see the module docstring for the terms)."""
     t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count)
+    if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
+        t_fixed = t_fixed + params["t_request_s"] * pts.batch
+    if "combine" in terms and "split" in terms and sm_count and pts.op == "absorb_attention":
+        _, ctas = _rows_and_ctas(pts)  # a split launch is followed by a combine kernel
+        t_fixed = t_fixed + params["t_combine_s"] * (_splits(pts, ctas, sm_count) > 1)
     if "quant" in terms and pts.op in PROJECTIONS:
         t_fixed = t_fixed + quant_seconds(params, pts, bandwidth)
     if "sum" in terms:  # compute and memory do not overlap
