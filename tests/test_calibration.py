@@ -435,3 +435,20 @@ def test_quant_term_recovers_a_pass_over_the_activations():
     assert "quant" in best.terms
     assert best.params["eta_q"] == pytest.approx(0.4, rel=0.02)
     assert best.held_out["median"] < 0.01
+
+
+def test_measured_ceilings_are_refused_with_a_calibration(home):
+    name = make_calibration(home, hardware="h200")
+    folder = home / "hardware"  # a user's profiles live in $MLACTL_HOME/hardware and win
+    folder.mkdir(parents=True)
+    shipped = Path(__file__).resolve().parents[1] / "profiles" / "hardware" / "h200.toml"
+    (folder / "h200.toml").write_text(shipped.read_text() + "\n[measured]\nbandwidth_tbs = 4.3\n")
+    line = error_line(run("analyze", "--hardware", "h200", "--measured", "--calibration", name, ok=False))
+    assert "nominal ceilings" in line and "--measured" in line
+
+
+def test_pathmap_takes_a_calibration(home):
+    name = make_calibration(home, t_fixed=5e-6)
+    out = home / "map.png"
+    run("plot", "pathmap", "--hardware", "h200", "--new", "1,256", "--prefix", "0,4K", "--calibration", name, "-o", out)
+    assert out.stat().st_size > 0

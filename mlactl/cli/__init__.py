@@ -236,6 +236,11 @@ def load_calibration(spec: Optional[str], hw):
 
     cal = store.resolve(spec)
     store.check_hardware(cal, hw.name)
+    if hw.using_measured:
+        raise MlactlError(
+            f"calibration {cal.name!r} was fitted against {hw.name}'s nominal ceilings: drop --measured "
+            "(its efficiencies already say how far from the datasheet the kernels run)"
+        )
     return cal
 
 

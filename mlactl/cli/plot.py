@@ -261,6 +261,7 @@ def pathmap(
     chunk: ChunkOpt = "8192",
     threshold: ThresholdOpt = "8192",
     results: ResultsOpt = None,
+    calibration: CalibrationOpt = None,
     output: Annotated[Path, output_opt("pathmap")] = Path("pathmap.png"),
     dpi: DpiOpt = "100",
 ):
@@ -268,7 +269,8 @@ def pathmap(
 
     The colour is the speedup of the best path over the best of the other kind (absorb against
     expand); on top, the fixed-threshold policy's boundary, the cells where it picks a slower
-    path, and the measured crossovers from --results.
+    path, and the measured crossovers from --results. With --calibration NAME the map is by
+    calibrated time.
 
     Example: mlactl plot pathmap --hardware h200 --threshold 8K --results run.json -o pathmap.pdf
     """
@@ -283,7 +285,7 @@ def pathmap(
         else geometric_fill(parse_sizes(PATHMAP_PREFIX, "--prefix", minimum=0))
     )
     b, n, p = grid([one_int(batch, "--batch")], news, prefix=prefixes)
-    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, threshold)
+    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, threshold, calibration)
     fig, _ = plot.pathmap(result, load_results(results, result))
     write(fig, output, dpi)
 
