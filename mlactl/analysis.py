@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mlactl.calibration.time import batch_time as timed_batch
+from mlactl.calibration.time import own_times, path_times
 from mlactl.cost import MLA_PATHS, PATHS, CostModel
 from mlactl.defaults import DEFAULT_CHUNK
 from mlactl.engines import EngineParams, batch_paths, grid_paths, parse_engines, time_lost
@@ -17,7 +19,7 @@ from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 from mlactl.model import MLAConfig
 from mlactl.policy import argmin_path, fitting_times
-from mlactl.roofline import PathTime, crossover_by_time, path_time
+from mlactl.roofline import PathTime, crossover_by_time
 
 MAX_CROSSOVER_PREFIXES = 256  # per-prefix crossovers are solved for at most this many (batch, prefix)
 DEFAULT_MAX_NEW = 1 << 17  # how far the roofline crossover search goes
@@ -38,6 +40,7 @@ class Crossover:
     rows: list[CrossoverRow]
     max_new: int
     note: str = ""
+    time_kind: str = "roofline"  # or "calibrated": what by_time and by_time_chunked are solved by
 
 
 @dataclass
@@ -63,6 +66,7 @@ class Analysis:
     policy: str | None = None  # a policy shown beside the model's choice (--policy)
     policy_path: np.ndarray | None = None
     policy_time_lost: np.ndarray | None = None
+    calibration: object | None = None  # mlactl.calibration.Calibration the times came from
 
     @property
     def cfg(self) -> MLAConfig:
@@ -74,13 +78,6 @@ class Analysis:
 
     def __len__(self) -> int:
         return len(self.new)
-
-
-def _scaled(cost: CostModel, path: str, batch, new, prefix, layers: int):
-    ops = cost.ops(path, batch, new, prefix)
-    if layers == 1:
-        return ops
-    return [type(op)(op.name, op.flops * layers, op.bytes * layers, op.weight_bytes * layers) for op in ops]
 
 
 def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> list[str]:
@@ -109,8 +106,10 @@ def notes_for(cost: CostModel, layers: int) -> list[str]:
     return notes
 
 
-def crossover_table(cost: CostModel, hw: HardwareProfile, batch_prefix, max_new: int = DEFAULT_MAX_NEW) -> Crossover:
-    """Crossovers for each (batch, prefix) pair given."""
+def crossover_table(
+    cost: CostModel, hw: HardwareProfile, batch_prefix, max_new: int = DEFAULT_MAX_NEW, calibration=None
+) -> Crossover:
+    """Crossovers for each (batch, prefix) pair given; by calibrated time with `calibration`."""
     pairs = sorted(set((int(b), int(p)) for b, p in batch_prefix))
     note = ""
     if len(pairs) > MAX_CROSSOVER_PREFIXES:
@@ -122,11 +121,16 @@ def crossover_table(cost: CostModel, hw: HardwareProfile, batch_prefix, max_new:
     rows = []
     for b in sorted(set(b for b, _ in pairs)):
         prefixes = [p for bb, p in pairs if bb == b]
-        by_time = crossover_by_time(cost, hw, prefixes, batch=b, path="expand", max_new=max_new)
-        chunked = crossover_by_time(cost, hw, prefixes, batch=b, path="expand_chunked", max_new=max_new)
+        by_time = crossover_by_time(
+            cost, hw, prefixes, batch=b, path="expand", max_new=max_new, calibration=calibration
+        )
+        chunked = crossover_by_time(
+            cost, hw, prefixes, batch=b, path="expand_chunked", max_new=max_new, calibration=calibration
+        )
         for p, t, c in zip(prefixes, by_time, chunked):
             rows.append(CrossoverRow(b, p, cost.crossover_by_flops(p), t, c))
-    return Crossover(cost.asymptotic_crossover(), rows, max_new, note)
+    kind = "roofline" if calibration is None else "calibrated"
+    return Crossover(cost.asymptotic_crossover(), rows, max_new, note, kind)
 
 
 def analyze(
@@ -144,6 +148,7 @@ def analyze(
     max_new: int = DEFAULT_MAX_NEW,
     policy: str | None = None,
     results_data: dict | None = None,
+    calibration=None,
 ) -> Analysis:
     """Cost, roofline time, choice and crossover of every path at every (batch, new, prefix).
 
@@ -159,7 +164,7 @@ def analyze(
     hw.peak_flops(dtype)  # fail early, with the profile's name, if it lacks this dtype
     batch, new, prefix = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (batch, new, prefix))
     batch, new, prefix = np.broadcast_arrays(batch, new, prefix)
-    paths = {p: path_time(_scaled(cost, p, batch, new, prefix, layers), hw, dtype, p) for p in PATHS}
+    paths = path_times(cost, hw, calibration, batch, new, prefix, PATHS, layers)
     fitting = fitting_times(cost, hw, {p: paths[p].time_s for p in PATHS}, batch, new, prefix)
     best = argmin_path(fitting)
     mla_times = {p: fitting[p] for p in MLA_PATHS}  # +inf where a path's expanded K/V would not fit
@@ -187,11 +192,12 @@ def analyze(
         best_by_flops=argmin_path({p: paths[p].flops for p in MLA_PATHS}),
         engine_paths=engine_paths,
         engine_time_lost={e: time_lost(path, mla_times) for e, path in engine_paths.items()},
-        crossover=crossover_table(cost, hw, batch_prefix, max_new),
+        crossover=crossover_table(cost, hw, batch_prefix, max_new, calibration),
         notes=notes_for(cost, layers) + _cache_note(cost, hw, batch, new, prefix),
         policy=policy,
         policy_path=policy_path,
         policy_time_lost=None if policy_path is None else time_lost(policy_path, mla_times),
+        calibration=calibration,
     )
 
 
@@ -246,25 +252,17 @@ class BatchAnalysis:
     assignments: dict[str, np.ndarray]  # strategy or engine -> path of each request row
     totals: dict[str, float]  # strategy or engine -> batch time in seconds
     engines: list[EngineParams]
+    calibration: object | None = None  # mlactl.calibration.Calibration the times came from
 
     @property
     def best_strategy(self) -> str:
         return min(STRATEGIES, key=lambda s: (self.totals[s], STRATEGIES.index(s)))
 
 
-def batch_time(cost: CostModel, hw: HardwareProfile, new, prefix, count, paths) -> float:
-    """Roofline time of a batch whose request rows run `paths` (an array of names)."""
-    peak, bandwidth = hw.peak_flops(cost.dtype), hw.bandwidth
-    total = 0.0
-    for path in MLA_PATHS:
-        rows = paths == path
-        if not rows.any():
-            continue
-        for op in cost.ops(path, count[rows], new[rows], prefix[rows]):
-            flops = op.flops.sum()
-            nbytes = (op.bytes - op.weight_bytes).sum() + op.weight_bytes.max()
-            total += max(flops / peak, nbytes / bandwidth)
-    return float(total)
+def batch_time(cost: CostModel, hw: HardwareProfile, new, prefix, count, paths, calibration=None) -> float:
+    """Time of a batch whose request rows run `paths` (an array of names): roofline, or
+    calibrated with `calibration` (mlactl.calibration.time.batch_time)."""
+    return timed_batch(cost, hw, calibration, new, prefix, count, paths)
 
 
 def analyze_batch(
@@ -278,6 +276,7 @@ def analyze_batch(
     dtype: str = "bf16",
     chunk: int = DEFAULT_CHUNK,
     engines: list[EngineParams] | None = None,
+    calibration=None,
 ) -> BatchAnalysis:
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
     new = np.asarray(new, dtype=np.int64)
@@ -285,15 +284,11 @@ def analyze_batch(
     count = np.ones_like(new) if count is None else np.asarray(count, dtype=np.int64)
     if len(new) == 0:
         raise MlactlError("the batch has no requests")
-    peak, bandwidth = hw.peak_flops(dtype), hw.bandwidth
-    own = {}
-    for path in MLA_PATHS:
-        own[path] = sum(
-            np.maximum(op.flops / peak, (op.bytes - op.weight_bytes) / bandwidth)
-            for op in cost.ops(path, count, new, prefix)
-        )
+    hw.peak_flops(dtype)  # fail early, with the profile's name, if it lacks this dtype
+    own = own_times(cost, hw, calibration, new, prefix, count)
     assignments = {
-        "per_request": argmin_path(own),
+        # a path whose expanded K/V would not fit is never chosen (as in analyze)
+        "per_request": argmin_path(fitting_times(cost, hw, own, count, new, prefix)),
         "all_expand": np.full(len(new), "expand"),
         "all_expand_chunked": np.full(len(new), "expand_chunked"),
         "all_absorb": np.full(len(new), "absorb"),
@@ -301,5 +296,5 @@ def analyze_batch(
     engines = parse_engines(None) if engines is None else list(engines)
     for e in engines:
         assignments[e.engine] = batch_paths(e, new, prefix, count)
-    totals = {s: batch_time(cost, hw, new, prefix, count, a) for s, a in assignments.items()}
-    return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, engines)
+    totals = {s: batch_time(cost, hw, new, prefix, count, a, calibration) for s, a in assignments.items()}
+    return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, engines, calibration)

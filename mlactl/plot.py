@@ -266,7 +266,20 @@ def ceilings(hw: HardwareProfile, dtype: str, results: list[dict]) -> list[dict]
     return [c for c in out if unique[(c["label"], c["dtype"], c["peak_flops"], c["bandwidth"])] is c]
 
 
-def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
+def _calibrated_points(calibrated: Analysis | None, paths) -> list[dict]:
+    """Each path's achieved FLOP/s by calibrated time, at its (unchanged) intensity."""
+    if calibrated is None:
+        return []
+    out = []
+    for i in range(len(calibrated)):
+        for path in paths:
+            timed = calibrated.paths[path]
+            flops, nbytes, t = (float(x[i]) for x in (timed.flops, timed.bytes, timed.time_s))
+            out.append({"path": path, "intensity": flops / nbytes, "flops_per_s": flops / t, "time_s": t})
+    return out
+
+
+def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS, calibrated: Analysis | None = None):
     """Log-log FLOP/s against FLOP/byte: the ceilings, the ridge of the compute dtype, each
     path's analytic point (filled) and its attention op's (hollow) at every shape of the
     analysis, and each measured path joined to its predicted point with its fraction of it.
@@ -316,6 +329,7 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
         "points": points,
         "measured": measured,
         "analytic_only": not results,
+        "calibrated": _calibrated_points(calibrated, paths),
     }
 
     fig, axes = _figure(10, 6.5)
@@ -411,6 +425,9 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
                 color=colour,
             )
 
+    for pt in data["calibrated"]:
+        ax.plot(pt["intensity"], pt["flops_per_s"], "x", ms=8, mew=1.6, color=PATH_COLOURS.get(pt["path"], "black"))
+
     from matplotlib.lines import Line2D
 
     legend = [Line2D([], [], ls="", marker="s", color=PATH_COLOURS[p], label=p) for p in paths]
@@ -436,6 +453,8 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
             "measured points above the roofline: the ceilings they are placed against are too low "
             "(measure them again: mlactl tune ceilings, without --quick)"
         )
+    if data["calibrated"]:
+        legend.append(Line2D([], [], ls="", marker="x", color="gray", label="calibrated (whole path)"))
     ax.legend(handles=legend, loc="lower right", fontsize=7, ncols=2)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -452,7 +471,7 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS):
 # -- crossover -----------------------------------------------------------------------------------
 
 
-def crossover(analysis: Analysis, results: list[dict] = ()):
+def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis | None = None):
     """Time against new tokens, one panel per (batch, prefix) of the analysis: the predicted
     expand, expand_chunked and absorb curves, measured path times, the predicted crossovers
     (roofline, from the analysis's crossover table), the asymptotic crossover by FLOPs, and the
@@ -502,6 +521,13 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
                 "measured": [m for m in measured if (m["batch"], m["prefix"]) == (b, p) and m["path"] in MLA_PATHS],
             }
         )
+        if calibrated is not None:  # same grid, calibrated time
+            crow = {(r.batch, r.prefix): r for r in calibrated.crossover.rows}.get((b, p))
+            panels[-1]["calibrated"] = {
+                "time_s": {path: calibrated.paths[path].time_s[idx].tolist() for path in MLA_PATHS},
+                "crossover": None if crow is None else crow.by_time,
+                "name": calibrated.calibration.name,
+            }
     data = {
         "title": title("Crossover", analysis, results),
         "asymptotic_new": asymptotic,
@@ -524,6 +550,17 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
                 ls="--" if path == "expand_chunked" else "-",
                 label=path,
             )
+        cal = panel.get("calibrated")
+        if cal is not None:
+            for path in MLA_PATHS:
+                ax.plot(
+                    panel["new"],
+                    np.asarray(cal["time_s"][path]) * 1e6,
+                    color=PATH_COLOURS[path],
+                    lw=1.4,
+                    ls=":",
+                    label=f"{path} (calibrated)",
+                )
         for m in panel["measured"]:
             ax.plot(m["new"], m["median_s"] * 1e6, "o", color=PATH_COLOURS[m["path"]], mec="black", ms=6)
         markers = []  # (new, label, colour, style)
@@ -531,6 +568,8 @@ def crossover(analysis: Analysis, results: list[dict] = ()):
             n = panel["predicted"][path]
             if n is not None:
                 markers.append((n, f"predicted {path}: {n}", PATH_COLOURS[path], "-"))
+        if cal is not None and cal["crossover"] is not None:
+            markers.append((cal["crossover"], f"calibrated expand: {cal['crossover']}", "tab:purple", "--"))
         if asymptotic is not None:
             markers.append((asymptotic, f"by FLOPs, asymptotic: {asymptotic:.1f}", "gray", ":"))
         for m in panel["measured_crossovers"]:

@@ -77,6 +77,7 @@ def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = 
     from mlactl.tablefit import KEY, Column, fit
 
     shown = range(min(len(analysis), max_rows))
+    kind = "Roofline" if getattr(analysis, "calibration", None) is None else "Calibrated"
     paths = analysis.paths
     columns = [
         Column(c, [str(getattr(analysis, c)[i]) for i in shown], priority=KEY) for c in ("batch", "new", "prefix")
@@ -102,7 +103,7 @@ def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = 
         columns,
         width,
         drop=drop,
-        title="Roofline time per path (C compute-bound, M memory-bound, ✗ expanded K/V exceeds the "
+        title=f"{kind} time per path (C compute-bound, M memory-bound, ✗ expanded K/V exceeds the "
         "GPU's memory; best in green; mha* is the reference with an expanded cache). Engines: "
         "their path, + the time it loses against the best path that fits",
         caption=caption,
@@ -151,7 +152,8 @@ def ops_table(analysis: Analysis, max_rows: int = 200) -> Table:
 def crossover_table(crossover: Crossover) -> Table:
     asym = "none" if crossover.asymptotic_new is None else f"{crossover.asymptotic_new:.1f}"
     table = Table(title=f"Crossover: new tokens from which expand beats absorb (asymptotic, by FLOPs: {asym})")
-    for col in ("batch", "prefix", "by FLOPs", "by roofline", "chunked, by roofline"):
+    kind = crossover.time_kind
+    for col in ("batch", "prefix", "by FLOPs", f"by {kind}", f"chunked, by {kind}"):
         table.add_column(col, justify="right")
     limit = f"> {crossover.max_new}"
     for r in crossover.rows:

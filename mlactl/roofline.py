@@ -40,10 +40,23 @@ class PathTime:
             return self.flops / self.bytes
 
 
+def roofline_time(flops, nbytes, peak, bandwidth):
+    """max(FLOPs / peak, bytes / bandwidth): the one place this formula is written. Calibrated
+    time (mlactl.calibration) calls it with fitted ceilings."""
+    return np.maximum(np.divide(flops, peak), np.divide(nbytes, bandwidth))
+
+
 def op_time(op: Op, peak: float, bandwidth: float) -> OpTime:
     t_compute = op.flops / peak
     t_memory = op.bytes / bandwidth
-    return OpTime(op.name, op.flops, op.bytes, op.weight_bytes, np.maximum(t_compute, t_memory), t_compute > t_memory)
+    return OpTime(
+        op.name,
+        op.flops,
+        op.bytes,
+        op.weight_bytes,
+        roofline_time(op.flops, op.bytes, peak, bandwidth),
+        t_compute > t_memory,
+    )
 
 
 def path_time(ops: list[Op], hw: HardwareProfile, dtype: str, name: str = "") -> PathTime:
@@ -59,10 +72,17 @@ def path_times(cost: CostModel, hw: HardwareProfile, paths, batch, new, prefix) 
 
 
 def crossover_by_time(
-    cost: CostModel, hw: HardwareProfile, prefixes, batch: int = 1, path: str = "expand", max_new: int = 1 << 17
+    cost: CostModel,
+    hw: HardwareProfile,
+    prefixes,
+    batch: int = 1,
+    path: str = "expand",
+    max_new: int = 1 << 17,
+    calibration=None,
 ) -> list[int | None]:
     """For each prefix, the smallest new-token count (up to max_new) at which `path` is strictly
-    faster than absorb by roofline time; None where it never is within max_new.
+    faster than absorb by roofline time (calibrated time with `calibration`); None where it never
+    is within max_new.
 
     Roofline times are piecewise (a max per op), so there is no closed form: every n from 1 up
     is evaluated, in blocks, until each prefix has its answer.
@@ -75,7 +95,12 @@ def crossover_by_time(
         stop = min(start + block, max_new + 1)
         n = np.arange(start, stop, dtype=np.float64)[None, :]
         p = prefixes[todo][:, None]
-        times = path_times(cost, hw, (path, "absorb"), batch, n, p)
+        if calibration is None:
+            times = path_times(cost, hw, (path, "absorb"), batch, n, p)
+        else:
+            from mlactl.calibration.time import path_times as timed
+
+            times = timed(cost, hw, calibration, batch, n, p, paths=(path, "absorb"))
         wins = times[path].time_s < times["absorb"].time_s  # [len(todo), block]
         hit = wins.any(axis=1)
         first = wins.argmax(axis=1)

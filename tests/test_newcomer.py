@@ -228,7 +228,7 @@ def test_results_file_sets_model_tp_and_dtypes(tmp_path, home):
     shown = runner.invoke(
         app, ["analyze", "--policy", "measured", "--results", str(path), "--new", "1", "--prefix", "0"]
     )
-    assert "model teaching, tp 8, dtype fp32, kv fp32" in shown.output.replace("\n", "")
+    assert "model teaching, tp 8, dtype fp32, kv fp32" in " ".join(shown.output.split())
 
 
 def test_results_file_conflicts_come_in_one_error(tmp_path, home):
@@ -468,10 +468,12 @@ COMMANDS = [
     ["batch"],
     ["list"],
     ["engines"],
+    ["calibrate"],
     ["tune"],
     ["tune", "ceilings"],
     ["tune", "kernels"],
     ["tune", "paths"],
+    ["tune", "compile"],
     ["plot"],
     ["plot", "roofline"],
     ["plot", "crossover"],

@@ -30,6 +30,7 @@ class LazyGroup(typer.core.TyperGroup):
         "tune": ("mlactl.cli.tune", "tune_app"),
         "plot": ("mlactl.cli.plot", "plot_app"),
         "engines": ("mlactl.cli.engines", "engines_app"),
+        "calibrate": ("mlactl.cli.calibrate", "calibrate_app"),
     }
 
     def list_commands(self, ctx):
@@ -131,6 +132,13 @@ FormatOpt = Annotated[
 ]
 OutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")
+]
+CalibrationOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--calibration",
+        help="Calibrated time instead of the roofline: a name from `mlactl calibrate` or a calibration file.",
+    ),
 ]
 
 
@@ -299,6 +307,33 @@ def table_width(output: Optional[Path]) -> tuple[int, bool]:
     return 132, False
 
 
+def load_calibration(spec: Optional[str], hw):
+    """The calibration for --calibration (None without it), refused for another hardware."""
+    if spec is None:
+        return None
+    from mlactl.calibration import store
+
+    cal = store.resolve(spec)
+    store.check_hardware(cal, hw.name)
+    if hw.using_measured:
+        raise MlactlError(
+            f"calibration {cal.name!r} was fitted against {hw.name}'s nominal ceilings: drop --measured "
+            "(its efficiencies already say how far from the datasheet the kernels run)"
+        )
+    return cal
+
+
+def calibration_line(cal) -> str:
+    return f"times: calibrated with {cal.name} ({cal.path}); ops it lacks keep roofline time"
+
+
+def calibration_json(cal) -> dict:
+    """What a JSON output records about its times: roofline, or the calibration used."""
+    if cal is None:
+        return {"time": "roofline"}
+    return {"time": "calibrated", "calibration": cal.describe()}
+
+
 def version_callback(value: bool):
     if value:
         typer.echo(f"mlactl {__version__}")
@@ -359,6 +394,7 @@ def analyze(
             "hardware are used (default: the newest for this model).",
         ),
     ] = None,
+    calibration: CalibrationOpt = None,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -368,6 +404,7 @@ def analyze(
     it loses against the best path that fits; docs/engines.md cites each rule's source.
 
     Example: mlactl analyze --model deepseek-v3 --hardware h200 --new 1:4096:*2 --prefix 0,32K
+    (with --calibration NAME: calibrated time, see `mlactl calibrate`)
     """
     from mlactl import analysis, render
     from mlactl.engines import parse_engines
@@ -384,6 +421,7 @@ def analyze(
         raise MlactlError("--results goes with --policy measured")
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
+    cal = load_calibration(calibration, hw)
     if prefix is not None and context is not None:
         raise MlactlError("give either --prefix or --context, not both")
     b, n, p = grid(
@@ -408,9 +446,12 @@ def analyze(
         engines=engine_params,
         policy=policy,
         results_data=results_data,
+        calibration=cal,
     )
     width, terminal = table_width(output)
     tables = [render.header(result), *result.notes, render.analysis_table(result, width=width, drop=terminal)]
+    if cal is not None:
+        tables.insert(1, calibration_line(cal))
     if results_data is not None:
         tables.insert(2, f"measured policy: {results_data['_path']} ({results_data['device']['name']})")
         tables[3:3] = settings_notes
@@ -428,7 +469,7 @@ def analyze(
     def json_data():
         from mlactl.report import to_json
 
-        return to_json(result)
+        return dict(to_json(result), **calibration_json(cal))
 
     def csv_data(fh):
         from mlactl.report import write_analysis_csv
@@ -455,6 +496,7 @@ def crossover_cmd(
     max_new: Annotated[
         str, typer.Option("--max-new", help="Search the roofline crossover up to this many new tokens.")
     ] = "128K",
+    calibration: CalibrationOpt = None,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -469,6 +511,7 @@ def crossover_cmd(
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
+    cal = load_calibration(calibration, hw)
     model_cost = cost.CostModel(
         cfg,
         kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
@@ -479,7 +522,7 @@ def crossover_cmd(
     pairs = [(b, p) for b in parse_sizes(batch, "--batch") for p in parse_sizes(prefix, "--prefix", minimum=0)]
     if len(pairs) > analysis.MAX_CROSSOVER_PREFIXES:
         raise MlactlError(f"{len(pairs)} (batch, prefix) pairs; at most {analysis.MAX_CROSSOVER_PREFIXES} at once")
-    result = analysis.crossover_table(model_cost, hw, pairs, max_new=one_int(max_new, "--max-new"))
+    result = analysis.crossover_table(model_cost, hw, pairs, max_new=one_int(max_new, "--max-new"), calibration=cal)
 
     def json_data():
         return {
@@ -491,6 +534,7 @@ def crossover_cmd(
             "dtype": model_cost.dtype,
             "chunk": model_cost.chunk,
             "crossover": report.crossover_json(result),
+            **calibration_json(cal),
         }
 
     def csv_data(fh):
@@ -511,7 +555,8 @@ def crossover_cmd(
         f"[bold]{cfg.name}[/] on [bold]{hw.display}[/] ({'measured' if hw.using_measured else 'nominal'}), "
         f"kv cache {model_cost.kv_dtype}"
     )
-    emit(fmt, output, json_data=json_data, write_csv=csv_data, tables=[header, render.crossover_table(result)])
+    lines = [header] + ([calibration_line(cal)] if cal is not None else [])
+    emit(fmt, output, json_data=json_data, write_csv=csv_data, tables=[*lines, render.crossover_table(result)])
 
 
 @app.command(name="batch")
@@ -527,6 +572,7 @@ def batch_cmd(
     chunk: ChunkOpt = str(DEFAULT_CHUNK),
     engines: EnginesOpt = None,
     engine_option: EngineOptionOpt = None,
+    calibration: CalibrationOpt = None,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -546,6 +592,7 @@ def batch_cmd(
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
     engine_params = parse_engines(engines, engine_option)
+    cal = load_calibration(calibration, hw)
     new, prefix, count = read_requests(requests, fmt)
     result = analysis.analyze_batch(
         cfg,
@@ -557,13 +604,14 @@ def batch_cmd(
         dtype=choice(dtype, "--dtype", DTYPES),
         chunk=one_int(chunk, "--chunk"),
         engines=engine_params,
+        calibration=cal,
     )
     emit(
         fmt,
         output,
-        json_data=lambda: report.batch_json(result),
+        json_data=lambda: dict(report.batch_json(result), **calibration_json(cal)),
         write_csv=lambda fh: report.write_batch_csv(fh, result),
-        tables=render.batch_tables(result),
+        tables=([calibration_line(cal)] if cal is not None else []) + list(render.batch_tables(result)),
     )
 
 

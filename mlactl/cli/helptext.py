@@ -40,6 +40,17 @@ METAVARS = {
     "workload": "WORKLOAD.CSV",
     "dpi": "INT",
     "data": "PATH",
+    "calibration": "NAME|PATH",
+    "files": "FILE...",
+    "source": "SOURCE",
+    "system": "SYSTEM",
+    "framework": "FRAMEWORK",
+    "version": "VERSION",
+    "data_dir": "DIR",
+    "name": "NAME",
+    "out_dir": "DIR",
+    "arch": "ARCH",
+    "workers": "INT",
 }
 COMPLETION = ("install_completion", "show_completion")
 

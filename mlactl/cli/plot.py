@@ -23,6 +23,7 @@ from mlactl.cli import (  # noqa: E402
     DTYPES,
     KV_DTYPES,
     BatchOpt,
+    CalibrationOpt,
     ChunkOpt,
     ContextOpt,
     DtypeOpt,
@@ -35,6 +36,7 @@ from mlactl.cli import (  # noqa: E402
     TpOpt,
     choice,
     cli_errors,
+    load_calibration,
     load_hardware,
     load_model,
     one_int,
@@ -85,21 +87,25 @@ def dtypes(kv_dtype: str, dtype: str) -> dict:
     return {"kv_dtype": choice(kv_dtype, "--kv-dtype", KV_DTYPES), "dtype": choice(dtype, "--dtype", DTYPES)}
 
 
-def run_analysis(model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, engines=None):
+def run_analysis(
+    model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, engines=None, calibration=None
+):
     from mlactl import analysis
     from mlactl.limits import check_plot
 
     check_plot(len(batch), 0)  # before the analysis: a chart's points cost more than a table's
 
+    hw = load_hardware(hardware, measured)
     return analysis.analyze(
         load_model(model, tp),
-        load_hardware(hardware, measured),
+        hw,
         batch,
         new,
         prefix,
         **dtypes(kv_dtype, dtype),
         chunk=one_int(chunk, "--chunk"),
         engines=engines,
+        calibration=load_calibration(calibration, hw),
     )
 
 
@@ -162,6 +168,7 @@ def roofline(
     dtype: DtypeOpt = "bf16",
     chunk: ChunkOpt = str(DEFAULT_CHUNK),
     results: ResultsOpt = None,
+    calibration: CalibrationOpt = None,
     output: Annotated[Path, output_opt("roofline")] = Path("roofline.png"),
     dpi: DpiOpt = "100",
     data: DataOpt = None,
@@ -170,6 +177,8 @@ def roofline(
 
     FLOP/s against FLOP/byte, log-log. Measured path times from --results are drawn against
     their predicted points, with the fraction of the roofline time they reach.
+
+    With --calibration NAME the calibrated time of each path is drawn too (x marks).
 
     Example: mlactl plot roofline --hardware h200 --results run.json -o roofline.svg
     """
@@ -192,9 +201,12 @@ def roofline(
             context=parse_sizes(context, "--context") if context is not None else None,
         )
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk)
+    calibrated = None
+    if calibration is not None:
+        calibrated = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, None, calibration)
     from mlactl import plot
 
-    fig, drawn = plot.roofline(result, load_results(results, result))
+    fig, drawn = plot.roofline(result, load_results(results, result), calibrated=calibrated)
     write(fig, output, dpi, "roofline", drawn, data)
 
 
@@ -214,6 +226,7 @@ def crossover(
     dtype: DtypeOpt = "bf16",
     chunk: ChunkOpt = str(DEFAULT_CHUNK),
     results: ResultsOpt = None,
+    calibration: CalibrationOpt = None,
     output: Annotated[Path, output_opt("crossover")] = Path("crossover.png"),
     dpi: DpiOpt = "100",
     data: DataOpt = None,
@@ -222,6 +235,8 @@ def crossover(
 
     One panel per prefix: expand, expand_chunked and absorb predicted by the roofline, measured
     times from --results, and the crossovers marked with their values.
+
+    With --calibration NAME the calibrated curves (dotted) and crossovers are drawn too.
 
     Example: mlactl plot crossover --hardware h200 --prefix 0,4K,32K --results run.json -o crossover.png
     """
@@ -235,7 +250,10 @@ def crossover(
     if len(set(p.tolist())) > plot.MAX_CROSSOVER_PANELS:
         raise MlactlError(f"--prefix: at most {plot.MAX_CROSSOVER_PANELS} prefixes (one panel each)")
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk)
-    fig, drawn = plot.crossover(result, load_results(results, result))
+    calibrated = None
+    if calibration is not None:
+        calibrated = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, None, calibration)
+    fig, drawn = plot.crossover(result, load_results(results, result), calibrated=calibrated)
     write(fig, output, dpi, "crossover", drawn, data)
 
 
@@ -273,6 +291,7 @@ def pathmap(
     ] = None,
     engine_option: EngineOptionOpt = None,
     results: ResultsOpt = None,
+    calibration: CalibrationOpt = None,
     output: Annotated[Path, output_opt("pathmap")] = Path("pathmap.png"),
     dpi: DpiOpt = "100",
     data: DataOpt = None,
@@ -282,7 +301,8 @@ def pathmap(
     The colour is the speedup of the best path over the best of the other kind (absorb against
     expand), with the measured crossovers from --results on top. With --policy ENGINE it is
     instead a loss map: how much slower that engine's own rule is than the best path that fits,
-    with the boundaries where the engine's path changes.
+    with the boundaries where the engine's path changes. With --calibration NAME the map is by
+    calibrated time.
 
     Example: mlactl plot pathmap --hardware h200 --policy sglang --engine-option threshold=4096 -o pathmap.pdf
     """
@@ -303,7 +323,7 @@ def pathmap(
     engines = parse_engines(policy, engine_option) if policy is not None else None
     if engines is not None and len(engines) != 1:
         raise MlactlError(f"--policy takes one engine, got {policy!r}")
-    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, engines)
+    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, engines, calibration)
     fig, drawn = plot.pathmap(result, load_results(results, result), policy=policy)
     write(fig, output, dpi, "pathmap", drawn, data)
 

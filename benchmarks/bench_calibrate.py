@@ -1,0 +1,160 @@
+"""Held-out error of calibrated time on every aiconfigurator table mlactl reads, and transfer.
+
+For each (system, framework, table, op, kernel source, dtype) of aiconfigurator-core's data for
+h100_sxm, h200_sxm and b200_sxm (newest version of each table): n, the roofline's error (no
+fit), the 3-parameter base model's held-out error (t_fixed + max(F/(eta_c peak), B/(eta_m bw))),
+and the selected model's (the term set with the least held-out error), each the median and p90
+of |predicted/measured - 1| over 5 folds. Transfer: fit on h100_sxm, predict the same table of
+h200_sxm with only the hardware profile swapped (H100 SXM -> H200 nominal ceilings).
+
+Prints a table and writes benchmarks/results/calibrate-aiconfigurator.json. Never a test.
+
+    python benchmarks/bench_calibrate.py [--systems h200_sxm] [--frameworks sglang]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mlactl import hardware
+from mlactl.calibration import aiconfigurator as ac
+from mlactl.calibration import select
+from mlactl.calibration.fit import rel_errors, summary
+from mlactl.calibration.model import predict
+from mlactl.calibration.run import SYSTEM_PROFILES, machine_for
+from mlactl.roofline import roofline_time
+
+SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm")
+FRAMEWORKS = ("sglang", "trtllm", "vllm")
+OUT = Path(__file__).parent / "results" / "calibrate-aiconfigurator.json"
+
+
+def groups_of(system: str, framework: str, data_dir) -> dict:
+    out = {}
+    try:
+        tables = ac.find_tables(data_dir, system, framework)
+    except Exception as exc:  # a system without this framework's MLA tables
+        print(f"# {system}/{framework}: {exc}")
+        return out
+    for t in tables:
+        for (op, src, dtype), pts in ac.table_points(t).items():
+            out[(t.name.split("/")[1], t.version, op, src, dtype)] = pts
+    return out
+
+
+def pct(v) -> str:
+    return "   —" if v is None else f"{100 * v:5.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    ap.add_argument("--output", default=str(OUT))
+    args = ap.parse_args()
+    data_dir = ac.default_data_dir()
+    import aiconfigurator_core
+
+    rows, fitted = [], {}
+    start = time.time()
+    print(
+        f"{'system':9} {'fw':6} {'table':20} {'op':17} {'kernel':34} {'dtype':9} {'n':>5} "
+        f"{'roof med':>8} {'base med':>8} {'p90':>5} {'sel med':>7} {'p90':>5}  terms"
+    )
+    for system in args.systems.split(","):
+        hw = hardware.from_name(SYSTEM_PROFILES[system])
+        machine = machine_for(hw)
+        for framework in args.frameworks.split(","):
+            for key, pts in sorted(groups_of(system, framework, data_dir).items()):
+                table, version, op, src, dtype = key
+                roof = rel_errors(roofline_time(pts.flops, pts.bytes, machine.peak, machine.bandwidth), pts.time_s)
+                sel, tried = select(op, src, dtype, pts, machine)
+                base = tried[0]  # the 3-parameter model
+                fitted[(system, framework, table, op, src, dtype)] = (sel, pts)
+                row = {
+                    "system": system,
+                    "framework": framework,
+                    "version": version,
+                    "table": table,
+                    "op": op,
+                    "kernel_source": src,
+                    "dtype": dtype,
+                    "n": len(pts),
+                    "roofline": summary(roof),
+                    "base_held_out": base.held_out,
+                    "held_out": sel.held_out,
+                    "in_sample": sel.in_sample,
+                    "terms": list(sel.terms),
+                    "params": sel.params,
+                    "tried": [{"terms": list(t.terms), "held_out": t.held_out} for t in tried],
+                }
+                rows.append(row)
+                print(
+                    f"{system:9} {framework:6} {table[:20]:20} {op:17} {src[:34]:34} {dtype:9} {len(pts):5d} "
+                    f"{pct(row['roofline']['median']):>8} {pct(base.held_out['median']):>8} "
+                    f"{pct(base.held_out['p90']):>5} {pct(sel.held_out['median']):>7} {pct(sel.held_out['p90']):>5}"
+                    f"  {'+'.join(sel.terms)}",
+                    flush=True,
+                )
+    transfer = []
+    h200 = machine_for(hardware.from_name("h200"))
+    for (system, framework, table, op, src, dtype), (sel, _) in sorted(fitted.items()):
+        if system != "h100_sxm":
+            continue
+        target = fitted.get(("h200_sxm", framework, table, op, src, dtype))
+        if target is None:
+            continue
+        pts = target[1]
+        pred = predict(sel.params, sel.terms, pts, h200.peak, h200.bandwidth, h200.sm_count)
+        err = summary(rel_errors(pred, pts.time_s))
+        transfer.append(
+            {
+                "framework": framework,
+                "table": table,
+                "op": op,
+                "kernel_source": src,
+                "dtype": dtype,
+                "n": len(pts),
+                **err,
+            }
+        )
+    print("\ntransfer: fitted on h100_sxm, predicted on h200_sxm with the H200 profile")
+    for t in transfer:
+        print(
+            f"  {t['framework']:6} {t['table'][:20]:20} {t['op']:17} {t['kernel_source'][:34]:34} {t['dtype']:9} "
+            f"n={t['n']:5d} median {pct(t['median'])}%  p90 {pct(t['p90'])}%"
+        )
+    held_med = [r["held_out"]["median"] for r in rows]
+    held_p90 = [r["held_out"]["p90"] for r in rows]
+    meets = sum(1 for r in rows if r["held_out"]["median"] <= 0.10 and r["held_out"]["p90"] <= 0.25)
+    print(
+        f"\n{len(rows)} groups; held-out median of medians {100 * np.median(held_med):.1f}%, "
+        f"median of p90s {100 * np.median(held_p90):.1f}%; {meets}/{len(rows)} meet median <= 10% and p90 <= 25%"
+    )
+    if transfer:
+        tm = [t["median"] for t in transfer]
+        print(f"transfer: {sum(1 for v in tm if v <= 0.20)}/{len(tm)} groups with median <= 20%")
+    out = {
+        "benchmark": "calibrate-aiconfigurator",
+        "aiconfigurator_core": getattr(aiconfigurator_core, "__version__", "0.12"),
+        "machine": {"processor": platform.processor() or platform.machine(), "python": platform.python_version()},
+        "folds": 5,
+        "seconds": round(time.time() - start, 1),
+        "groups": rows,
+        "transfer_h100_to_h200": transfer,
+    }
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    from mlactl.io import atomic_write
+
+    atomic_write(args.output, json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

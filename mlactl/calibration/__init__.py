@@ -1,0 +1,63 @@
+"""Calibrated time: cost.py's FLOPs and bytes mapped to measured time, per op class.
+
+model.py    the time of one op class: t_fixed + roofline with fitted efficiencies + the terms
+            the data earns (tile padding, waves, split-KV, serial KV-block latency)
+fit.py      robust fit in relative error; k-fold held-out error
+sources     aiconfigurator.py (NVIDIA's measured tables), sources.py (tune results, CSV)
+store.py    calibration files under $MLACTL_HOME/calibrations/
+time.py     THE time function every printed time goes through (roofline or calibrated)
+
+Importing this package does not import scipy (only fitting does) nor torch.
+"""
+
+from __future__ import annotations
+
+from mlactl.calibration.model import BASE_TERMS, TERMS
+from mlactl.calibration.store import Calibration, check_hardware, load, resolve
+
+# the candidate term sets a fit tries; the one with the least held-out error is kept, so a term
+# stays only where it lowers the held-out error (docs/calibration.md)
+CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
+    BASE_TERMS,
+    ("fixed", "sum"),
+    ("fixed", "pad", "waves"),
+    ("fixed", "pad", "waves", "sum"),
+    ("fixed", "quant"),
+    ("fixed", "pad", "waves", "quant"),
+    ("fixed", "pad", "waves", "sum", "quant"),
+    ("fixed", "kvpad", "serial"),
+    ("fixed", "kvpad", "serial", "request"),
+    ("fixed", "split", "kvpad", "serial", "combine", "request"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "sum"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum"),
+)
+
+SELECT_MARGIN = 0.002  # mean of held-out median and p90, absolute
+
+__all__ = ["CANDIDATE_TERMS", "TERMS", "Calibration", "check_hardware", "fit_groups", "load", "resolve", "select"]
+
+
+def select(op: str, source: str, dtype: str, pts, machine, candidates=CANDIDATE_TERMS, k: int | None = None):
+    """Fit each candidate term set (the terms that act on this op class) and keep the one with the
+    least held-out error (mean of median and p90); a set with more terms must beat the best so
+    far by SELECT_MARGIN. Returns (best FitResult, every FitResult tried, base first)."""
+    from mlactl.calibration.fit import K_FOLDS, fit
+    from mlactl.calibration.model import relevant_terms
+
+    tried, best = [], None
+    for terms in dict.fromkeys(relevant_terms(op, t) for t in candidates):
+        result = fit(pts, machine, terms, source, dtype, k or K_FOLDS)
+        tried.append(result)
+        ho = result.held_out
+        score = (ho["median"] + ho["p90"]) / 2 if ho["median"] is not None else 0.0
+        if best is None or score < best[0] - SELECT_MARGIN:
+            best = (score, result)
+    return best[1], tried
+
+
+def fit_groups(groups: dict, machine, *, select_terms: bool = True, k: int | None = None) -> list:
+    """Fit every (op class, source, dtype) group: with `select_terms` the best candidate term set
+    of each (see `select`), else the base model."""
+    candidates = CANDIDATE_TERMS if select_terms else (BASE_TERMS,)
+    return [select(op, src, dt, pts, machine, candidates, k)[0] for (op, src, dt), pts in sorted(groups.items())]

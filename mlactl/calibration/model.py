@@ -1,0 +1,231 @@
+"""The calibrated time of one op: the roofline with fitted efficiencies and the terms the data earns.
+
+    t = t_fixed + t_quant + t_request + t_combine
+        + max(roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw), t_iter * waves * iters)
+
+F and B are cost.py's FLOPs and bytes of the op; roofline() is mlactl.roofline's max(F/peak,
+B/bw) (with `sum`, its two sides added instead). The terms, each switched on per fit (`terms`)
+and kept only where it lowers the held-out error (docs/calibration.md has the figures):
+
+fixed   t_fixed: launch and setup, 11-15 us for FA3's MLA decode on an H200 (aiconfigurator)
+pad     the kernel computes whole 64-row tiles: rows of one tile are the query tokens times the
+        heads that share a KV head (all H for absorb's MQA, 1 for expand's MHA), so 16 heads of
+        one decode token cost a 64-row tile: F * 4
+waves   CTAs run in waves over the SMs; a last partial wave leaves SMs idle: compute time is
+        divided by u = ctas / (waves * sm_count)
+split   split-KV (absorb's attention): with fewer CTAs than SMs the kernel splits the context
+        into s pieces (at most one per 64-key block) to fill the SMs; each piece writes and the
+        merge reads back an fp32 partial output and lse per (token, head):
+        B_split = 2 * s * rows * (dV_out*4 + 4)
+kvpad   the cache is read in whole 64-token pages: cache bytes * ceil(ctx/64)*64/ctx
+serial  a CTA walks its KV blocks one after another: t_iter per block, per wave of CTAs; with
+        few CTAs this latency, not bandwidth, bounds the time (t_iter fitted)
+combine a split launch is followed by a kernel that merges the pieces: t_combine where s > 1
+request per-request setup (page table, scheduling): t_request * batch, not overlapped; SGLang's
+        decode of 1024 requests, 1 head, context 2 takes 58 us on an H200 where its bytes need 1
+quant   a pass over the activations before the GEMM, not overlapped with it: their bf16 bytes at
+        eta_q of the bandwidth (projections only; aiconfigurator's fp8 GEMMs quantise per token
+        inside the timing)
+sum     compute and memory time added instead of overlapped: a timed call that converts its
+        operands before it computes overlaps neither
+
+Every parameter is fitted in log space, so efficiencies and times stay positive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlactl.roofline import roofline_time
+
+TILE_ROWS = 64  # rows of a CTA's query tile in FA3/FlashMLA-style kernels (and our Triton ones)
+PROJ_TILE_N = 128  # output columns of a GEMM CTA tile (projections)
+# op classes of cost.py's ops, keyed by path: each path's attention is its own class
+OP_CLASSES = ("kv_expand", "q_absorb", "out_absorb", "absorb_attention", "expand_attention", "lse_merge")
+# whole paths, for measurements that time a path end to end (`mlactl tune paths`)
+PATH_CLASSES = ("path:expand", "path:expand_chunked", "path:absorb")
+TERMS = ("fixed", "pad", "waves", "split", "serial", "kvpad", "sum", "quant", "combine", "request")
+PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb")
+DECODE_MAX_NEW = 8  # query tokens per request that decode kernels (and decode fits) serve
+KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
+BASE_TERMS = ("fixed",)
+
+
+def op_class(path: str, op: str) -> str:
+    """The calibration class of cost.py's op `op` on `path`."""
+    if op == "attention":
+        return "absorb_attention" if path == "absorb" else "expand_attention"
+    return op
+
+
+@dataclass(frozen=True)
+class Points:
+    """Instances of one op class: cost.py's FLOPs and bytes, and the shape the extra terms need.
+
+    batch: requests; new: query tokens per request; context: keys per request; heads: H on this
+    GPU; out_dim: the value width each (token, head) writes (r for absorb, dV for expand).
+    """
+
+    op: str
+    flops: np.ndarray
+    bytes: np.ndarray
+    batch: np.ndarray
+    new: np.ndarray
+    context: np.ndarray
+    heads: np.ndarray
+    out_dim: np.ndarray
+    cache_bytes: np.ndarray  # keys and values an attention op reads (latent or per-head); else 0
+    time_s: np.ndarray | None = None
+    group: np.ndarray | None = field(default=None, compare=False)  # k-fold keeps a group together
+
+    def __len__(self) -> int:
+        return len(self.flops)
+
+    def take(self, idx) -> Points:
+        def pick(a):
+            return None if a is None else np.asarray(a)[idx]
+
+        return Points(
+            self.op,
+            *(
+                pick(getattr(self, k))
+                for k in ("flops", "bytes", "batch", "new", "context", "heads", "out_dim", "cache_bytes")
+            ),
+            time_s=pick(self.time_s),
+            group=pick(self.group),
+        )
+
+
+def _rows_and_ctas(pts: Points) -> tuple[np.ndarray, np.ndarray]:
+    """Query rows per tile group and the CTAs one launch starts (before any split)."""
+    b, n, h = pts.batch, pts.new, pts.heads
+    if pts.op == "absorb_attention":  # MQA: every head of a token shares the latent cache
+        rows = n * h
+        ctas = b * np.ceil(rows / TILE_ROWS)
+    elif pts.op == "expand_attention":  # MHA: one tile group per (request, head)
+        rows = n
+        ctas = b * h * np.ceil(rows / TILE_ROWS)
+    elif pts.op in ("q_absorb", "out_absorb"):  # one GEMM per head over the batch's tokens
+        rows = b * n
+        ctas = h * np.ceil(rows / TILE_ROWS) * np.ceil(pts.out_dim / PROJ_TILE_N)
+    elif pts.op == "kv_expand":  # one GEMM: tokens x H*(dC+dV)
+        rows = b * pts.context
+        ctas = np.ceil(rows / TILE_ROWS) * np.ceil(h * pts.out_dim / PROJ_TILE_N)
+    else:  # lse_merge and whole paths: elementwise or mixed; no tile model
+        rows = np.full_like(pts.flops, float(TILE_ROWS))
+        ctas = np.full_like(pts.flops, np.inf)
+    return rows, ctas
+
+
+ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request")  # terms that only act on attention ops
+
+
+def relevant_terms(op: str, terms) -> tuple[str, ...]:
+    """The terms that change this op class's time: the others are dropped, not fitted."""
+    if op.startswith("path:"):  # a whole path has no one tile shape; its ops may or may not overlap
+        return tuple(t for t in terms if t in ("fixed", "sum"))
+    if op in PROJECTIONS:
+        return tuple(t for t in terms if t not in ATTENTION_TERMS)
+    return tuple(t for t in terms if t != "quant")
+
+
+def param_names(terms) -> list[str]:
+    """The log-space parameter vector's layout for these terms (t_fixed always first; it is held
+    at 0 when `fixed` is off)."""
+    return (
+        ["t_fixed_s", "eta_c", "eta_m"]
+        + ["t_iter_s"] * ("serial" in terms)
+        + ["eta_q"] * ("quant" in terms)
+        + ["t_combine_s"] * ("combine" in terms)
+        + ["t_request_s"] * ("request" in terms)
+    )
+
+
+def n_params(terms) -> int:
+    """Free parameters of a fit with these terms."""
+    return len(param_names(terms)) - ("fixed" not in terms)
+
+
+def unpack(theta: np.ndarray, terms) -> dict:
+    """Log-space parameter vector -> named parameters."""
+    e = np.exp(np.asarray(theta, dtype=np.float64))
+    out = {k: float(v) for k, v in zip(param_names(terms), e)}
+    if "fixed" not in terms:
+        out["t_fixed_s"] = 0.0
+    return out
+
+
+def pack(params: dict, terms) -> np.ndarray:
+    start = {"t_fixed_s": 1e-12, "t_iter_s": 1e-7, "eta_q": 0.5, "t_combine_s": 2e-6, "t_request_s": 2e-8}
+    v = [max(params.get(k, start.get(k, 1.0)), 1e-12) for k in param_names(terms)]
+    return np.log(np.asarray(v, dtype=np.float64))
+
+
+def _splits(pts: Points, ctas: np.ndarray, sm_count: int) -> np.ndarray:
+    """Split-KV factor: fill the SMs when the CTAs are fewer, at most one piece per KV block."""
+    few = np.isfinite(ctas) & (ctas < sm_count)
+    c = np.where(few, np.maximum(ctas, 1.0), 1.0)
+    s = np.minimum(np.ceil(sm_count / c), np.ceil(pts.context / KV_BLOCK))
+    return np.where(few & (pts.op == "absorb_attention"), np.maximum(s, 1.0), 1.0)
+
+
+def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> np.ndarray:
+    """Calibrated seconds of each point (see the module docstring for the terms)."""
+    t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count)
+    if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
+        t_fixed = t_fixed + params["t_request_s"] * pts.batch
+    if "combine" in terms and "split" in terms and sm_count and pts.op == "absorb_attention":
+        _, ctas = _rows_and_ctas(pts)  # a split launch is followed by a combine kernel
+        t_fixed = t_fixed + params["t_combine_s"] * (_splits(pts, ctas, sm_count) > 1)
+    if "quant" in terms and pts.op in PROJECTIONS:
+        t_fixed = t_fixed + quant_seconds(params, pts, bandwidth)
+    if "sum" in terms:  # compute and memory do not overlap
+        return t_fixed + np.maximum(t_compute + t_memory, serial)
+    return t_fixed + np.maximum(np.maximum(t_compute, t_memory), serial)
+
+
+def quant_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
+    """A pass over the activations before the GEMM (per-token fp8 quantisation): their bf16
+    bytes at eta_q of the bandwidth. Activation elements from cost.py's FLOPs: a GEMM of F
+    FLOPs writing out_dim per row (per head for the BMMs) reads F / (2 out_dim) of them."""
+    per_row_out = pts.out_dim * np.where(pts.op == "kv_expand", pts.heads, 1.0)
+    return pts.flops / (2 * per_row_out) * 2 / (params["eta_q"] * bandwidth)
+
+
+def components(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None):
+    """(t_fixed, compute seconds, memory seconds, serial seconds) of each point: the parts
+    `predict` combines, kept apart so a batch of requests in one launch can add them up."""
+    flops = np.asarray(pts.flops, dtype=np.float64)
+    nbytes = np.asarray(pts.bytes, dtype=np.float64)
+    serial = np.zeros_like(flops)
+    attention = pts.op in ("absorb_attention", "expand_attention")
+    if attention and "kvpad" in terms:  # the cache is read in whole KV blocks (pages) per request
+        padded = np.ceil(pts.context / KV_BLOCK) * KV_BLOCK
+        with np.errstate(divide="ignore", invalid="ignore"):
+            nbytes = nbytes + np.where(pts.context > 0, pts.cache_bytes * (padded / pts.context - 1), 0.0)
+    if {"pad", "waves", "split", "serial"} & set(terms):
+        rows, ctas = _rows_and_ctas(pts)
+        if "pad" in terms:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                pad = np.where(rows > 0, np.ceil(rows / TILE_ROWS) * TILE_ROWS / rows, 1.0)
+            flops = flops * pad
+        finite = np.isfinite(ctas) & (ctas > 0)
+        s = np.ones_like(flops)
+        if sm_count and "split" in terms:
+            s = _splits(pts, ctas, sm_count)
+            # each piece writes an fp32 partial output and lse per (token, head); the merge reads them
+            nbytes = nbytes + np.where(s > 1, 2 * s * pts.batch * pts.new * pts.heads * (pts.out_dim * 4 + 4), 0.0)
+        if sm_count and "waves" in terms:  # the split pieces are CTAs too
+            c = np.where(finite, ctas * s, 1.0)
+            util = np.where(finite, c / (np.ceil(c / sm_count) * sm_count), 1.0)
+            flops = flops / util
+        if sm_count and "serial" in terms and attention:
+            waves = np.ceil(np.where(finite, ctas, 1.0) * s / sm_count)
+            iters = np.ceil(pts.context / (s * KV_BLOCK))
+            serial = params["t_iter_s"] * waves * iters
+    # roofline_time with only one side non-zero gives each side alone
+    t_compute = roofline_time(flops, 0.0, params["eta_c"] * peak, 1.0)
+    t_memory = roofline_time(0.0, nbytes, 1.0, params["eta_m"] * bandwidth)
+    return params.get("t_fixed_s", 0.0), t_compute, t_memory, serial

@@ -1,0 +1,147 @@
+"""Calibration files: versioned JSON under $MLACTL_HOME/calibrations/, written atomically.
+
+{
+  "schema": "mlactl.calibration", "schema_version": 1,
+  "name": "h200-aiconfigurator-sglang-0.5.14",     # file stem; what --calibration NAME finds
+  "hardware": "h200",                              # the profile the fit divided by
+  "ceilings": {"peak_flops": 9.89e14, "bandwidth_bytes_per_s": 4.8e12, "sm_count": 132},
+  "source": {"kind": "aiconfigurator", "system": "h200_sxm", "framework": "sglang",
+             "version": "0.5.14", "files": [...]},
+  "created": "2026-11-30T12:00:00Z", "mlactl_version": "0.1.0",
+  "fits": [{"op": "absorb_attention", "source": "flash_attention", "dtype": "bf16",
+            "terms": ["fixed", "kvpad", "serial"], "n": 1448,
+            "params": {"t_fixed_s": 1.3e-5, "eta_c": 0.55, "eta_m": 0.8, "t_iter_s": 3e-7},
+            "in_sample": {"median": 0.1, "p90": 0.2}, "held_out": {"median": 0.11, "p90": 0.25}}]
+}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlactl import dirs
+from mlactl.calibration.model import OP_CLASSES, PATH_CLASSES, TERMS, param_names
+from mlactl.errors import MlactlError
+
+SCHEMA = "mlactl.calibration"
+SCHEMA_VERSION = 1
+
+
+def calibrations_dir() -> Path:
+    return dirs.home() / "calibrations"
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "calibration"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    name: str
+    hardware: str
+    data: dict
+    path: str | None = None
+
+    @property
+    def fits(self) -> list[dict]:
+        return self.data["fits"]
+
+    def fit_for(self, op: str, dtype: str | None = None, phase: str | None = None) -> dict | None:
+        """The fit of an op class: of the wanted dtype if there is one, then of the phase
+        (`prefill` or `decode`, the end of its source) if there is one, else the first listed."""
+        found = [f for f in self.fits if f["op"] == op]
+        if not found:
+            return None
+        found = [f for f in found if f.get("dtype") == dtype] or found
+        if phase is not None:
+            found = [f for f in found if str(f.get("source", "")).endswith(":" + phase)] or found
+        return found[0]
+
+    def describe(self) -> dict:
+        """What JSON outputs record about the calibration used."""
+        return {"name": self.name, "hardware": self.hardware, "path": self.path, "source": self.data.get("source")}
+
+
+def validate(data, where: str) -> Calibration:
+    """Check every field a prediction reads; one MlactlError line on anything wrong."""
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise MlactlError(f'{where} is not an mlactl calibration file (no "schema": "{SCHEMA}")')
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise MlactlError(
+            f"{where} has calibration schema version {data.get('schema_version')!r}; this mlactl reads "
+            f"version {SCHEMA_VERSION} (run `mlactl calibrate` again)"
+        )
+    for key in ("name", "hardware"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise MlactlError(f"{where}: {key!r} must be a non-empty string")
+    fits = data.get("fits")
+    if not isinstance(fits, list) or not fits:
+        raise MlactlError(f"{where}: 'fits' must be a non-empty list")
+    for i, f in enumerate(fits):
+        at = f"{where}: fits[{i}]"
+        if not isinstance(f, dict):
+            raise MlactlError(f"{at} must be an object")
+        if f.get("op") not in OP_CLASSES + PATH_CLASSES:
+            raise MlactlError(f"{at}: unknown op {f.get('op')!r}; ops: {', '.join(OP_CLASSES + PATH_CLASSES)}")
+        terms = f.get("terms")
+        if not isinstance(terms, list) or any(t not in TERMS for t in terms):
+            raise MlactlError(f"{at}: 'terms' must list some of {', '.join(TERMS)}")
+        params = f.get("params")
+        if not isinstance(params, dict):
+            raise MlactlError(f"{at}: 'params' must be an object")
+        need = set(param_names(terms)) - ({"t_fixed_s"} if "fixed" not in terms else set())
+        for k in sorted(need):
+            v = params.get(k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v != v or v == float("inf"):
+                raise MlactlError(f"{at}: params.{k} must be a finite number >= 0, got {v!r}")
+        if any(params[k] <= 0 for k in ("eta_c", "eta_m", "eta_q") if k in need):
+            raise MlactlError(f"{at}: efficiencies (eta_*) must be positive")
+    return Calibration(data["name"], data["hardware"], data, where)
+
+
+def load(path: str | Path) -> Calibration:
+    from mlactl.io import read_json
+
+    return validate(read_json(path, "calibration file"), str(path))
+
+
+def names() -> list[str]:
+    folder = calibrations_dir()
+    return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+
+
+def resolve(spec: str) -> Calibration:
+    """--calibration NAME (a file in $MLACTL_HOME/calibrations/) or FILE."""
+    if spec.endswith(".json") or "/" in spec:
+        if not Path(spec).is_file():
+            raise MlactlError(f"--calibration {spec}: no such file")
+        return load(spec)
+    path = calibrations_dir() / f"{spec}.json"
+    if not path.is_file():
+        have = names()
+        raise MlactlError(
+            f"no calibration named {spec!r} in {calibrations_dir()}; "
+            + (f"known: {', '.join(have)}" if have else "run `mlactl calibrate` first")
+        )
+    return load(path)
+
+
+def check_hardware(cal: Calibration, hw_name: str) -> None:
+    if cal.hardware != hw_name:
+        raise MlactlError(
+            f"calibration {cal.name!r} was made for hardware {cal.hardware!r}, not {hw_name!r}: "
+            f"pass --hardware {cal.hardware}, or calibrate for {hw_name}"
+        )
+
+
+def write(data: dict, folder: Path | None = None) -> Path:
+    """Validate, then write atomically as <folder>/<name>.json; returns the path."""
+    from mlactl.io import atomic_write
+
+    validate(data, "the new calibration")
+    path = (folder or calibrations_dir()) / f"{safe_name(data['name'])}.json"
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    return path
