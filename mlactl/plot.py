@@ -52,6 +52,9 @@ def image_format(path) -> str:
     return suffix
 
 
+MIN_DPI = 20  # FreeType refuses a font rendered below one pixel per em: 7 pt at 10 dpi
+
+
 def check_pixels(inches, dpi: int) -> None:
     """A PNG's canvas: Agg draws at most 2^16 - 1 pixels a side, and the canvas must fit memory."""
     from mlactl.limits import check_plot
@@ -73,6 +76,10 @@ def save(fig, path, dpi: int = 100) -> None:
     from mlactl.io import atomic_open
 
     fmt = image_format(path)
+    if dpi < MIN_DPI:
+        raise MlactlError(
+            f"--dpi {dpi} is too small: at least {MIN_DPI} (smaller rounds the 7-point labels to no pixels)"
+        )
     if fmt == "png":
         check_pixels(fig.get_size_inches(), dpi)
     # a fixed salt for the SVG's element ids, which are otherwise random

@@ -2,7 +2,7 @@
 
 A workload is a list of shapes (batch, new, prefix), each a batch of alike requests, with a weight
 (how often it runs). An engine's loss at a shape is the time its path takes beyond the best path
-that fits, by the time model of `path_times_for` (roofline today); the workload's loss is the
+that fits, by the time model of `path_times_for` (roofline, or a calibration); the workload's loss is the
 weighted sum. The sweeps are exact: a threshold only matters where it crosses a shape's summed
 prefix (SGLang) or query length (vLLM), so every distinct value is tried.
 """
@@ -15,21 +15,20 @@ from pathlib import Path
 
 import numpy as np
 
+from mlactl.calibration.time import path_times
 from mlactl.cost import MLA_PATHS, CostModel
 from mlactl.engines import EngineParams, grid_paths, is_decode, time_lost, time_of
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 from mlactl.policy import fitting_times
-from mlactl.roofline import path_times
 
-TIME_MODEL = "roofline"
 WORST = 5  # shapes listed per engine
 
 
-def path_times_for(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> dict[str, np.ndarray]:
-    """Seconds of each MLA path at each shape, +inf where its expanded K/V does not fit. The one
-    place this module asks for time: a calibrated model plugs in here."""
-    times = path_times(cost, hw, MLA_PATHS, batch, new, prefix)
+def path_times_for(cost: CostModel, hw: HardwareProfile, batch, new, prefix, calibration=None) -> dict[str, np.ndarray]:
+    """Seconds of each MLA path at each shape, +inf where it does not fit: roofline time, or
+    calibrated with `calibration` (the one time function analyze and batch use too)."""
+    times = path_times(cost, hw, calibration, batch, new, prefix, MLA_PATHS)
     return fitting_times(cost, hw, {p: t.time_s for p, t in times.items()}, batch, new, prefix)
 
 
@@ -146,6 +145,7 @@ class WorkloadReport:
     best_time: np.ndarray  # per shape, per run
     total_best_s: float
     engines: list[EngineLoss]
+    calibration: object | None = None  # mlactl.calibration.Calibration the times came from
 
     def worst(self, e: EngineLoss, most: int = WORST) -> list[int]:
         """Indices of the shapes where the engine loses most (weighted), largest first."""
@@ -215,12 +215,18 @@ def sweep_vllm(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> S
 
 
 def report(
-    cost: CostModel, hw: HardwareProfile, wl: Workload, engines: list[EngineParams], *, sweep: bool = True
+    cost: CostModel,
+    hw: HardwareProfile,
+    wl: Workload,
+    engines: list[EngineParams],
+    *,
+    sweep: bool = True,
+    calibration=None,
 ) -> WorkloadReport:
     if len(wl) == 0:
         raise MlactlError("the workload has no shapes")
     hw.peak_flops(cost.dtype)  # fail early, with the profile's name, if it lacks this dtype
-    times = path_times_for(cost, hw, wl.batch, wl.new, wl.prefix)
+    times = path_times_for(cost, hw, wl.batch, wl.new, wl.prefix, calibration)
     best_time = np.min(np.stack([times[p] for p in MLA_PATHS]), axis=0)  # absorb always fits
     best = np.asarray(MLA_PATHS)[np.stack([times[p] for p in MLA_PATHS]).argmin(axis=0)]
     out = []
@@ -234,4 +240,4 @@ def report(
             s = sweep_vllm(e, wl, times)
         total = float(np.sum(time_of(paths, times) * wl.weight))
         out.append(EngineLoss(e, paths, lost, total, float(np.sum(lost * wl.weight)), s))
-    return WorkloadReport(cost, hw, wl, best, best_time, float(np.sum(best_time * wl.weight)), out)
+    return WorkloadReport(cost, hw, wl, best, best_time, float(np.sum(best_time * wl.weight)), out, calibration)

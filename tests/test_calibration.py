@@ -452,3 +452,20 @@ def test_pathmap_takes_a_calibration(home):
     out = home / "map.png"
     run("plot", "pathmap", "--hardware", "h200", "--new", "1,256", "--prefix", "0,4K", "--calibration", name, "-o", out)
     assert out.stat().st_size > 0
+
+
+def test_engines_summary_takes_a_calibration(home):
+    # Every op at half the ceilings and no fixed cost: each path takes twice its roofline time, so
+    # every engine's time and loss doubles and no threshold moves (the ranking is unchanged).
+    name = make_calibration(home, eta=0.5)
+    args = ["engines", "--hardware", "h200", "--new", "1,64,1024", "--prefix", "0,4K,32K", "-f", "json"]
+    roof, cal = json.loads(run(*args).stdout), json.loads(run(*args, "--calibration", name).stdout)
+    assert roof["time_model"] == "roofline" and cal["time_model"] == "calibrated"
+    assert cal["calibration"]["name"] == name
+    for r, c in zip(roof["engines"], cal["engines"]):
+        assert c["time_s"] == pytest.approx(2 * r["time_s"], rel=1e-9)
+        assert c["lost_s"] == pytest.approx(2 * r["lost_s"], rel=1e-9)
+        if r["sweep"] is not None:
+            assert c["sweep"]["best_range"] == r["sweep"]["best_range"]
+    refused = run("engines", "--hardware", "h100-sxm", "--calibration", name, ok=False)
+    assert "h200" in error_line(refused) and "h100" in error_line(refused)

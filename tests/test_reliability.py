@@ -600,3 +600,15 @@ def test_broken_pipe_exits_quietly():
     err = proc.stderr.read()
     proc.wait(60)
     assert err == b"" and proc.returncode != 2
+
+
+def test_dpi_too_small_for_the_labels_is_one_error_line(tmp_path):
+    # Found by the fuzz suite: --dpi 1 made FreeType fail on the 7-point labels (a RuntimeError).
+    from typer.testing import CliRunner
+
+    from mlactl.cli import app
+
+    out = CliRunner().invoke(app, ["plot", "roofline", "--dpi", "1", "-o", str(tmp_path / "r.png")])
+    assert out.exit_code == 2, out.output
+    assert "--dpi 1 is too small: at least 20" in out.output
+    assert not (tmp_path / "r.png").exists()

@@ -16,6 +16,7 @@ from mlactl.cli import (  # noqa: E402
     DTYPES,
     KV_DTYPES,
     BatchOpt,
+    CalibrationOpt,
     ChunkOpt,
     DtypeOpt,
     EngineOptionOpt,
@@ -26,9 +27,12 @@ from mlactl.cli import (  # noqa: E402
     ModelOpt,
     OutputOpt,
     TpOpt,
+    calibration_json,
+    calibration_line,
     choice,
     cli_errors,
     emit,
+    load_calibration,
     load_hardware,
     load_model,
     one_int,
@@ -70,6 +74,7 @@ def engines_cmd(
         ),
     ] = None,
     engine_option: EngineOptionOpt = None,
+    calibration: CalibrationOpt = None,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -80,7 +85,8 @@ def engines_cmd(
     Rules: sgl-project/sglang@0a8dcfa9 attention_backend_handler.py; vllm-project/vllm@0014ca6b
     mla_attention.py and each backend's reorder_batch_threshold (docs/engines.md cites each).
 
-    Times are roofline times of the paths that fit in memory.
+    Times are roofline times of the paths that fit in memory, or calibrated times with
+    --calibration (docs/calibration.md).
 
     Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
     """
@@ -92,6 +98,7 @@ def engines_cmd(
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
+    cal = load_calibration(calibration, hw)
     params = parse_engines(engines or ",".join(ENGINES), engine_option)
     cost = CostModel(
         cfg,
@@ -108,7 +115,7 @@ def engines_cmd(
         wl = wl_mod.grid_workload(b, n, p)
     if len(wl) > 1_000_000:
         raise MlactlError(f"{len(wl)} shapes; at most 1,000,000 at once")
-    result = wl_mod.report(cost, hw, wl, params)
+    result = wl_mod.report(cost, hw, wl, params, calibration=cal)
     emit(
         fmt,
         output,
@@ -138,7 +145,8 @@ def tables(result) -> list:
     head = (
         f"[bold]{result.cost.cfg.name}[/] on [bold]{result.hw.display}[/] "
         f"({'measured' if result.hw.using_measured else 'nominal'} ceilings), kv cache {result.cost.kv_dtype}; "
-        f"{len(wl)} shapes ({wl.source}); roofline times of the paths that fit, weighted by each shape's weight"
+        f"{len(wl)} shapes ({wl.source}); {'roofline' if result.calibration is None else 'calibrated'} times of the "
+        "paths that fit, weighted by each shape's weight"
     )
     total = Table(title="What each engine's rule loses on this workload")
     total.add_column("engine", no_wrap=True)
@@ -179,6 +187,8 @@ def tables(result) -> list:
         if e.sweep is not None:
             out.append(sentence(result, e))
     out.append("Sources: " + "; ".join(sorted({e.params.citation for e in result.engines})))
+    if result.calibration is not None:
+        out.append(calibration_line(result.calibration))
     return out
 
 
@@ -229,7 +239,8 @@ def to_json(result) -> dict:
         "kv_dtype": result.cost.kv_dtype,
         "dtype": result.cost.dtype,
         "chunk": result.cost.chunk,
-        "time_model": "roofline",
+        "time_model": "roofline" if result.calibration is None else "calibrated",
+        **calibration_json(result.calibration),
         "workload": {"source": wl.source, "shapes": len(wl), "total_weight": float(wl.weight.sum())},
         "best_time_s": result.total_best_s,
         "engines": engines,
