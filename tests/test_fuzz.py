@@ -109,7 +109,7 @@ SIZE = st.one_of(
     st.text(max_size=12),
 )
 WORD = st.one_of(st.sampled_from(["bf16", "fp16", "fp8", "fp32", "int4", "auto", "", "BF16"]), st.text(max_size=8))
-SIZE_OPTIONS = ["--batch", "--new", "--prefix", "--context", "--chunk", "--tp", "--threshold", "--layers"]
+SIZE_OPTIONS = ["--batch", "--new", "--prefix", "--context", "--chunk", "--tp", "--layers"]
 
 
 def options(names: list[str], values) -> st.SearchStrategy[list[str]]:
@@ -126,6 +126,18 @@ COMMON = st.one_of(
     options(["--format"], st.sampled_from(["json", "csv", "table", "xml"])),
     options(["--bogus", "-Z", "--new="], st.text(max_size=4)),
 )
+ENGINE_OPTIONS = st.one_of(
+    options(["--engines"], st.one_of(st.sampled_from(["sglang", "vllm,sglang", "sglang-triton", "sgl", ","]), WORD)),
+    options(
+        ["--engine-option"],
+        st.one_of(
+            st.sampled_from(["threshold=0", "threshold=-1", "sglang.threshold=8K", "vllm.threshold=1.5"]),
+            st.sampled_from(["vllm.backend=flashmla", "vllm.backend=x", "sglang.capacity=2147483648", "x=y", "="]),
+            st.text(max_size=10),
+        ),
+    ),
+    options(["--calibration"], st.sampled_from(["nope", "/", "x.json", "../x", ""])),
+)
 FLAGS = st.lists(st.sampled_from(["--ops", "--crossover", "--measured", "-h"]), max_size=2, unique=True)
 OUTPUT = st.sampled_from([[], ["-o", "out.json"], ["-o", "out.csv"], ["-o", "out.txt"], ["-o", "out.xml"], ["-o", "."]])
 
@@ -135,6 +147,12 @@ def test_fuzz_analyze_and_crossover_options(command, opts, flags, output):
     if command == "crossover":
         flags = [f for f in flags if f != "--ops" and f != "--crossover"]
     run(command, [command, *opts, *flags, *output])
+
+
+@settings(max_examples=max(5, (EXAMPLES or settings().max_examples) // 2))
+@given(command=st.sampled_from(["analyze", "engines"]), opts=COMMON, engine_opts=ENGINE_OPTIONS, output=OUTPUT)
+def test_fuzz_engine_options(command, opts, engine_opts, output):
+    run(command, [command, *opts, *engine_opts, *output])
 
 
 @given(opts=options(["--format", "-f"], st.one_of(st.sampled_from(["json", "table"]), WORD)), output=OUTPUT)
