@@ -242,6 +242,38 @@ KEYS = st.sampled_from(
 PATHS = st.lists(st.one_of(KEYS, st.integers(0, 5)), min_size=1, max_size=4)
 
 
+GOOD_CALIBRATION = {
+    "schema": "mlactl.calibration",
+    "schema_version": 1,
+    "name": "fuzz-h200",
+    "hardware": "h200",
+    "fits": [
+        {"op": op, "source": "fuzz", "dtype": "bf16", "terms": ["fixed"]}
+        | {"params": {"t_fixed_s": 5e-6, "eta_c": 0.6, "eta_m": 0.8}}
+        for op in ("kv_expand", "expand_attention", "lse_merge", "q_absorb", "absorb_attention", "out_absorb")
+    ],
+}
+CAL_KEYS = st.sampled_from(
+    ["schema", "schema_version", "name", "hardware", "fits", "op", "source", "dtype", "terms", "params"]
+    + ["t_fixed_s", "eta_c", "eta_m", "pad", "waves"]
+)
+
+
+@given(
+    path=st.lists(st.one_of(CAL_KEYS, st.integers(0, 6)), min_size=1, max_size=4),
+    value=JSON_VALUE,
+    raw=st.one_of(st.none(), st.binary(max_size=40), st.text(max_size=40)),
+    command=st.sampled_from([["analyze"], ["crossover"], ["engines", "--new", "1,512"]]),
+)
+def test_fuzz_calibration_files(path, value, raw, command):
+    body = mutate(GOOD_CALIBRATION, path, value) if raw is None else raw
+    text = json.dumps(body) if raw is None else raw
+    args = [*command, "--hardware", "h200", "--prefix", "4096", "-f", "json"]
+    run("calibration file", [*args, "--calibration", "c.json"], files={"c.json": text})
+    # by name, from $MLACTL_HOME/calibrations/
+    run("calibration in home", [*args, "--calibration", "fuzz-h200"], home={"calibrations/fuzz-h200.json": text})
+
+
 @given(path=PATHS, value=JSON_VALUE, raw=st.one_of(st.none(), st.binary(max_size=40), st.text(max_size=40)))
 def test_fuzz_results_files(path, value, raw):
     body = mutate(GOOD_RESULTS, path, value) if raw is None else raw
