@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -127,6 +128,12 @@ class Run:
     repeats: int = 2  # re-measurements of a timing whose CV stays over 10%
     ray: Optional[str] = None  # a Ray address; "local" starts a cluster on this machine
     workers: Optional[int] = None  # with ray: this many CPU actors instead of one per GPU
+
+    @classmethod
+    def from_options(cls, options: dict) -> Run:
+        """A Run from a command's parameters (its `locals()` on entry): the ones Run has a field for."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in options.items() if k in names})
 
     def __post_init__(self) -> None:
         backend = "interpret" if self.interpret else choice(self.backend, "--backend", TUNE_BACKENDS)
@@ -482,23 +489,7 @@ def tune_all(
     """
     if ctx.invoked_subcommand is not None:
         return
-    run = Run(
-        model=model,
-        tp=tp,
-        backend=backend,
-        interpret=interpret,
-        device=device,
-        kv_dtype=kv_dtype,
-        dtype=dtype,
-        quick=quick,
-        budget=budget,
-        force=force,
-        results_file=results_file,
-        warm=warm,
-        repeats=repeats,
-        ray=ray,
-        workers=workers,
-    )
+    run = Run.from_options(locals())
     run_ceilings(run)
     run.ctx.deadline = run.deadline(0.55)
     run_kernels(run, None, None)
@@ -569,23 +560,7 @@ def tune_kernels_cmd(
 
     Example: mlactl tune kernels --tp 8 --ray auto   (one worker per GPU of the cluster)
     """
-    run = Run(
-        model=model,
-        tp=tp,
-        backend=backend,
-        interpret=interpret,
-        device=device,
-        kv_dtype=kv_dtype,
-        dtype=dtype,
-        quick=quick,
-        budget=budget,
-        force=force,
-        results_file=results_file,
-        warm=warm,
-        repeats=repeats,
-        ray=ray,
-        workers=workers,
-    )
+    run = Run.from_options(locals())
     run.ctx.deadline = run.deadline(1.0)
     run_kernels(run, kernel, space)
     run.finish()
@@ -625,23 +600,7 @@ def tune_paths_cmd(
 
     Example: mlactl tune paths --backend torch --model teaching --tp 8 --ray --workers 2
     """
-    run = Run(
-        model=model,
-        tp=tp,
-        backend=backend,
-        interpret=interpret,
-        device=device,
-        kv_dtype=kv_dtype,
-        dtype=dtype,
-        quick=quick,
-        budget=budget,
-        force=force,
-        results_file=results_file,
-        warm=warm,
-        repeats=repeats,
-        ray=ray,
-        workers=workers,
-    )
+    run = Run.from_options(locals())
     run.ctx.deadline = run.deadline(1.0)
     run_paths(run, batch, new, prefix)
     run.finish()
