@@ -179,3 +179,34 @@ def test_listed_defaults_do_not_spill_on_sm90():
     ]
     assert not bad, bad
     assert all(r["ptxas"] == "ptxas-blackwell" for r in results)  # the ptxas Triton uses for sm_90
+
+
+def test_report_table_never_cuts_the_bucket_or_kernel_at_80_columns():
+    # A hand-made result row (no compile): the bucket and kernel are names a user types.
+    from rich.console import Console
+
+    from mlactl.tune import compile as stage
+
+    row = {
+        "kernel": "merge_attn_states",
+        "shape": {"B": 128, "H": 128, "S_q": 1, "ctx": 131072},
+        "config": {"BLOCK_H": 64, "BLOCK_N": 32, "num_splits": 1, "num_warps": 8, "num_stages": 3},
+        "arch": "sm_90",
+        "smem_bytes": 147456,
+        "registers": 249,
+        "spill_bytes": 0,
+        "stack_bytes": 0,
+        "wgmma_per_loop": 74,
+        "mma_per_loop": 0,
+        "warnings": [],
+        "dropped": None,
+    }
+    for width in (80, None):
+        con = Console(width=width or 200, record=True, file=None)
+        with con.capture() as cap:
+            con.print(stage.table([row], width))
+        text = cap.get()
+        assert "B=128,H=128,S_q=1,ctx=131072" in text and "merge_attn_states" in text
+        assert "…" not in text
+        if width:
+            assert max(len(line) for line in text.splitlines()) <= 80

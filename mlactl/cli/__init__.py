@@ -299,12 +299,8 @@ def measured_results(ctx, path: Optional[Path], model, tp, dtype, kv_dtype, hard
 def table_width(output: Optional[Path]) -> tuple[int, bool]:
     """The width tables must fit, and whether it is a terminal's (where columns may be dropped);
     piped or written to a file, the tables print every value in full within 132 columns."""
-    from rich.console import Console
-
-    con = Console()
-    if output is None and con.is_terminal:
-        return con.width, True
-    return 132, False
+    width = fit_width(output)
+    return (132, False) if width is None else (width, True)
 
 
 def load_calibration(spec: Optional[str], hw):

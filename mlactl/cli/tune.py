@@ -634,7 +634,7 @@ def tune_compile_cmd(
 
     Example: mlactl tune compile --arch sm_90 --kernel mla_decode --kv-dtype fp8 -f json
     """
-    from mlactl.cli import emit, output_format
+    from mlactl.cli import emit, fit_width, output_format
     from mlactl.tune import compile as stage
 
     arch = choice(arch, "--arch", tuple(stage.ARCHS))
@@ -654,4 +654,5 @@ def tune_compile_cmd(
         results = stage.run_report(cfg, names, arch, dtype, kv_dtype, candidates)
     except (RuntimeError, ImportError) as exc:
         raise MlactlError(str(exc)) from None
-    emit(fmt, output, json_data=lambda: results, tables=[stage.table(results)] if fmt == "table" else ())
+    width = fit_width(output)
+    emit(fmt, output, json_data=lambda: results, tables=[stage.table(results, width)] if fmt == "table" else ())

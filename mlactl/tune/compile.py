@@ -307,40 +307,33 @@ def run_report(cfg, kernels, arch: str, dtype: str, kv_dtype: str, candidates: b
     return results
 
 
-def table(results: list[dict]):
-    """A rich table of compile results, one row per config."""
-    from rich.table import Table
+def table(results: list[dict], width: int | None = None):
+    """A rich table of compile results, one row per config, fitted to `width` (None: full values):
+    the kernel and bucket are never cut, the config and warnings fold."""
+    from mlactl.narrow import Col
+    from mlactl.narrow import table as fitted
 
-    t = Table(title="compile report (no GPU: Triton + ptxas for the target; mma/loop: wgmma, else mma.sync)")
-    for col in (
-        "kernel",
-        "shape",
-        "config",
-        "arch",
-        "smem KiB",
-        "regs",
-        "spill B",
-        "stack B",
-        "mma/loop",
-        "warnings",
-    ):
-        t.add_column(col, justify="right" if col in ("smem KiB", "regs", "spill B", "stack B", "mma/loop") else "left")
+    cols = [Col("kernel", "left", typed=True), Col("shape", "left", typed=True), Col("config", "left", fold=24)]
+    cols += [Col("arch", "left"), Col("smem KiB"), Col("regs"), Col("spill B"), Col("stack B")]
+    cols += [Col("mma/loop", drop=1), Col("warnings", "left", fold=20)]
+    rows = []
     for r in results:
         shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
         config = " ".join(f"{k}={v}" for k, v in r["config"].items())
         if r.get("variant"):
             config += f" [{r['variant']}]"
         if r.get("error"):
-            t.add_row(r["kernel"], shape, config, r["arch"], "-", "-", "-", "-", "-", f"[red]{r['error']}[/]")
+            rows.append([r["kernel"], shape, config, r["arch"], "-", "-", "-", "-", "-", f"[red]{r['error']}[/]"])
             continue
         loop = r["wgmma_per_loop"] or r["mma_per_loop"]
         spill = str(r["spill_bytes"]) if not r["spill_bytes"] else f"[red]{r['spill_bytes']}[/]"
         warn = "; ".join(r["warnings"]) or ("[red]" + r["dropped"] + "[/]" if r.get("dropped") else "")
-        t.add_row(
+        rows.append([
             r["kernel"], shape, config, r["arch"], f"{r['smem_bytes'] / 1024:.1f}", str(r["registers"]), spill,
             str(r["stack_bytes"]), str(loop), warn,
-        )  # fmt: skip
-    return t
+        ])  # fmt: skip
+    title = "compile report (no GPU: Triton + ptxas for the target; mma/loop: wgmma, else mma.sync)"
+    return fitted(title, cols, rows, width, elsewhere="-f json")
 
 
 def _main() -> None:
