@@ -6,20 +6,21 @@ rows for a table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from mlactl.calibration.time import batch_time as timed_batch
 from mlactl.calibration.time import own_times, path_times
 from mlactl.cost import MLA_PATHS, PATHS, CostModel
-from mlactl.defaults import DEFAULT_CHUNK
-from mlactl.engines import EngineParams, batch_paths, grid_paths, parse_engines, time_lost
+from mlactl.defaults import DEFAULT_CHUNK, ENGINES
+from mlactl.engines import EngineParams, batch_paths, chunk_sizes, default_params, grid_paths, parse_engines, time_lost
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 from mlactl.model import MLAConfig
 from mlactl.policy import argmin_path, fitting_times
 from mlactl.roofline import PathTime, crossover_by_time
+from mlactl.workload import engine_times
 
 MAX_CROSSOVER_PREFIXES = 256  # per-prefix crossovers are solved for at most this many (batch, prefix)
 DEFAULT_MAX_NEW = 1 << 17  # how far the roofline crossover search goes
@@ -78,6 +79,13 @@ class Analysis:
 
     def __len__(self) -> int:
         return len(self.new)
+
+
+def _policy_lost(policy: str, chosen: np.ndarray, engines, engine_lost, times: dict) -> np.ndarray:
+    """What a policy's choice loses: an engine's rule at the engine's own chunk size."""
+    if policy in ENGINES:
+        return engine_lost(next((e for e in engines if e.engine == policy), default_params(policy)), chosen)
+    return time_lost(chosen, times)
 
 
 def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> list[str]:
@@ -168,10 +176,20 @@ def analyze(
     fitting = fitting_times(cost, hw, {p: paths[p].time_s for p in PATHS}, batch, new, prefix)
     best = argmin_path(fitting)
     mla_times = {p: fitting[p] for p in MLA_PATHS}  # +inf where a path's expanded K/V would not fit
+    best_time = np.min(np.stack(list(mla_times.values())), axis=0)
     engine_paths = {e.engine: grid_paths(e, batch, new, prefix) for e in engines}
+
+    def engine_lost(e: EngineParams, chosen: np.ndarray) -> np.ndarray:  # at the engine's own chunk size
+        own = engine_times(cost, hw, calibration, e, batch, new, prefix, mla_times, layers)
+        return time_lost(chosen, own, best_time)
+
+    by_name = {e.engine: e for e in engines}
     policy_path = None
     if policy is not None:
         policy_path = _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data)
+    policy_lost = None
+    if policy is not None and policy_path is not None:
+        policy_lost = _policy_lost(policy, policy_path, engines, engine_lost, mla_times)
     span = int(prefix.max()) + 1 if len(prefix) else 1
     keys = np.unique(batch * span + prefix)  # distinct (batch, prefix) pairs, one int each
     batch_prefix = list(zip((keys // span).tolist(), (keys % span).tolist()))
@@ -191,12 +209,12 @@ def analyze(
         best=best,
         best_by_flops=argmin_path({p: paths[p].flops for p in MLA_PATHS}),
         engine_paths=engine_paths,
-        engine_time_lost={e: time_lost(path, mla_times) for e, path in engine_paths.items()},
+        engine_time_lost={name: engine_lost(by_name[name], path) for name, path in engine_paths.items()},
         crossover=crossover_table(cost, hw, batch_prefix, max_new, calibration),
         notes=notes_for(cost, layers) + _cache_note(cost, hw, batch, new, prefix),
         policy=policy,
         policy_path=policy_path,
-        policy_time_lost=None if policy_path is None else time_lost(policy_path, mla_times),
+        policy_time_lost=policy_lost,
         calibration=calibration,
     )
 
@@ -294,7 +312,12 @@ def analyze_batch(
         "all_absorb": np.full(len(new), "absorb"),
     }
     engines = parse_engines(None) if engines is None else list(engines)
+    costs = {}  # an engine that sizes its own chunks (vLLM) runs expand_chunked at that size
     for e in engines:
         assignments[e.engine] = batch_paths(e, new, prefix, count)
-    totals = {s: batch_time(cost, hw, new, prefix, count, a, calibration) for s, a in assignments.items()}
+        with_context = int(count[assignments[e.engine] == "expand_chunked"].sum())
+        chunks = chunk_sizes(e, [with_context])
+        if chunks is not None and with_context:
+            costs[e.engine] = replace(cost, chunk=int(chunks[0]))
+    totals = {s: batch_time(costs.get(s, cost), hw, new, prefix, count, a, calibration) for s, a in assignments.items()}
     return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, engines, calibration)

@@ -208,6 +208,17 @@ def vllm_context_chunk(num_prefills_with_context: int, p: EngineParams) -> int:
     return (p.workspace // num_prefills_with_context) // VLLM_PAGE * VLLM_PAGE
 
 
+def chunk_sizes(p: EngineParams, batch) -> np.ndarray | None:
+    """Context tokens per chunk of the engine's own `expand_chunked` at each grid point (a batch of
+    `batch` alike prefills with context), or None where mlactl's `--chunk` stands in for it. vLLM
+    sizes it from the workspace (`vllm_context_chunk`); SGLang's chunked prefix cache is not
+    modelled here (docs/engines.md)."""
+    if p.engine != "vllm":
+        return None
+    batch = np.maximum(np.asarray(batch, dtype=np.int64), 1)
+    return np.maximum((p.workspace // batch) // VLLM_PAGE * VLLM_PAGE, VLLM_PAGE)
+
+
 def is_decode(new, prefix) -> np.ndarray:
     """One new token after a cached prefix."""
     return (np.asarray(new) == 1) & (np.asarray(prefix) > 0)
@@ -251,9 +262,12 @@ def time_of(chosen: np.ndarray, times: dict[str, np.ndarray]) -> np.ndarray:
     return out
 
 
-def time_lost(chosen: np.ndarray, times: dict[str, np.ndarray]) -> np.ndarray:
+def time_lost(chosen: np.ndarray, times: dict[str, np.ndarray], best: np.ndarray | None = None) -> np.ndarray:
     """Time the chosen path loses against the fastest path that fits (+inf if it does not fit, and
-    where nothing fits: the latent cache alone can be too big)."""
-    best = np.min(np.stack([np.broadcast_to(t, np.shape(chosen)) for t in times.values()]), axis=0)
+    where nothing fits: the latent cache alone can be too big). `best` (default: the fastest of
+    `times`) is the time to beat, when the engine's own times differ from the reference ones."""
+    if best is None:
+        best = np.min(np.stack([np.broadcast_to(t, np.shape(chosen)) for t in times.values()]), axis=0)
+    best = np.minimum(best, time_of(chosen, times))  # an engine's own chunking can beat ours
     with np.errstate(invalid="ignore"):
         return np.where(np.isfinite(best), time_of(chosen, times) - best, np.inf)

@@ -17,7 +17,7 @@ import numpy as np
 
 from mlactl.calibration.time import path_times
 from mlactl.cost import MLA_PATHS, CostModel
-from mlactl.engines import EngineParams, grid_paths, is_decode, time_lost, time_of
+from mlactl.engines import EngineParams, chunk_sizes, grid_paths, is_decode, time_lost, time_of
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 from mlactl.policy import fitting_times
@@ -25,11 +25,40 @@ from mlactl.policy import fitting_times
 WORST = 5  # shapes listed per engine
 
 
-def path_times_for(cost: CostModel, hw: HardwareProfile, batch, new, prefix, calibration=None) -> dict[str, np.ndarray]:
+def path_times_for(
+    cost: CostModel, hw: HardwareProfile, batch, new, prefix, calibration=None, paths=MLA_PATHS, layers: int = 1
+) -> dict[str, np.ndarray]:
     """Seconds of each MLA path at each shape, +inf where it does not fit: roofline time, or
     calibrated with `calibration` (the one time function analyze and batch use too)."""
-    times = path_times(cost, hw, calibration, batch, new, prefix, MLA_PATHS)
+    times = path_times(cost, hw, calibration, batch, new, prefix, paths, layers)
     return fitting_times(cost, hw, {p: t.time_s for p, t in times.items()}, batch, new, prefix)
+
+
+def engine_times(
+    cost: CostModel,
+    hw: HardwareProfile,
+    calibration,
+    p: EngineParams,
+    batch,
+    new,
+    prefix,
+    times: dict[str, np.ndarray],
+    layers: int = 1,
+) -> dict[str, np.ndarray]:
+    """`times` as engine `p` runs the paths: its `expand_chunked` at its own chunk size where it
+    sets one (vLLM: the workspace over its prefills with context), else `times` unchanged."""
+    chunks = chunk_sizes(p, batch)
+    if chunks is None:
+        return times
+    batch, new, prefix = (
+        np.broadcast_to(np.asarray(a, dtype=np.int64), np.shape(chunks)) for a in (batch, new, prefix)
+    )
+    chunked = np.array(np.broadcast_to(times["expand_chunked"], np.shape(chunks)), dtype=np.float64)
+    for c in np.unique(chunks):
+        at = chunks == c
+        args = (batch[at], new[at], prefix[at], calibration, ("expand_chunked",), layers)
+        chunked[at] = path_times_for(replace(cost, chunk=int(c)), hw, *args)["expand_chunked"]
+    return dict(times, expand_chunked=chunked)
 
 
 @dataclass(frozen=True)
@@ -232,12 +261,13 @@ def report(
     out = []
     for e in engines:
         paths = grid_paths(e, wl.batch, wl.new, wl.prefix)
-        lost = time_lost(paths, times)
+        own = engine_times(cost, hw, calibration, e, wl.batch, wl.new, wl.prefix, times)
+        lost = time_lost(paths, own, best_time)
         s = None
         if sweep and e.engine == "sglang":
-            s = sweep_sglang(e, wl, times)
+            s = sweep_sglang(e, wl, own)
         elif sweep and e.engine == "vllm":
-            s = sweep_vllm(e, wl, times)
-        total = float(np.sum(time_of(paths, times) * wl.weight))
+            s = sweep_vllm(e, wl, own)
+        total = float(np.sum(time_of(paths, own) * wl.weight))
         out.append(EngineLoss(e, paths, lost, total, float(np.sum(lost * wl.weight)), s))
     return WorkloadReport(cost, hw, wl, best, best_time, float(np.sum(best_time * wl.weight)), out, calibration)

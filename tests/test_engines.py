@@ -218,6 +218,11 @@ def brute_force(wl, engine, thresholds, hw="h200"):
     """The workload's weighted time at each threshold, by running the rule again for each."""
     cost = CostModel(model.from_name("deepseek-v3"))
     times = workload.path_times_for(cost, hardware.from_name(hw), wl.batch, wl.new, wl.prefix)
+    if engine == "vllm":  # vLLM expands context in chunks of its workspace (64K) over its prefills
+        assert set(wl.batch.tolist()) == {1}
+        own = CostModel(model.from_name("deepseek-v3"), chunk=65536)
+        chunked = workload.path_times_for(own, hardware.from_name(hw), wl.batch, wl.new, wl.prefix)["expand_chunked"]
+        times = dict(times, expand_chunked=chunked)
     out = {}
     for t in thresholds:
         p = parse_engines(engine, [f"threshold={t}"])[0]
@@ -422,3 +427,25 @@ def test_engines_csv_has_each_engines_path_and_loss(tmp_path):
     header, row = text.splitlines()
     assert header == "batch,new,prefix,weight,best,best_time_s,vllm.path,vllm.time_lost_s"
     assert row.startswith("1,4096,1024,3,expand,") and ",expand_chunked," in row
+
+
+def test_vllm_expands_context_at_its_own_chunk_size():
+    # vLLM sizes a context chunk as its 64K workspace over the prefills with context, rounded down
+    # to the 64-token page (hand: 65536 // 3 = 21845 -> 21824); mlactl's --chunk does not apply.
+    from mlactl.engines import chunk_sizes
+
+    vllm = parse_engines("vllm")[0]
+    assert chunk_sizes(vllm, [1, 3, 2048, 4096]).tolist() == [65536, 21824, 64, 64]
+    assert chunk_sizes(parse_engines("sglang")[0], [1]) is None
+    # one request with a 32K prefix: its context fits one vLLM chunk, so its time cannot depend
+    # on --chunk, and it loses less than 8192-token chunks would (one merge instead of four)
+    args = ["analyze", "--hardware", "h200", "--engines", "vllm", "--new", "256", "--prefix", "32K", "-f", "json"]
+    lost = {}
+    for chunk in ("8192", "65536"):
+        row = json.loads(runner.invoke(app, [*args, "--chunk", chunk]).output)["rows"][0]
+        assert row["engines"]["vllm"]["path"] == "expand_chunked"
+        lost[chunk] = row["engines"]["vllm"]["time_lost_s"]
+    assert lost["8192"] == pytest.approx(lost["65536"], rel=1e-12)
+    old = CostModel(model.from_name("deepseek-v3"))  # what the engine lost when timed at --chunk 8192
+    t = workload.path_times_for(old, hardware.from_name("h200"), 1, 256, 32768)
+    assert 0 < lost["8192"] < float(t["expand_chunked"] - min(t.values()))
