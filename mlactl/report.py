@@ -258,7 +258,8 @@ def batch_json(ba) -> dict:
             dict(
                 engine_json(e),
                 time_s=ba.totals[e.engine],
-                lost_s=ba.totals[e.engine] - ba.totals[ba.best_strategy],
+                # never negative: vLLM's own chunk size can beat the best assignment at --chunk
+                lost_s=max(0.0, ba.totals[e.engine] - ba.totals[ba.best_strategy]),
             )
             for e in ba.engines
         ],

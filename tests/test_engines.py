@@ -449,3 +449,19 @@ def test_vllm_expands_context_at_its_own_chunk_size():
     old = CostModel(model.from_name("deepseek-v3"))  # what the engine lost when timed at --chunk 8192
     t = workload.path_times_for(old, hardware.from_name("h200"), 1, 256, 32768)
     assert 0 < lost["8192"] < float(t["expand_chunked"] - min(t.values()))
+
+
+def test_batch_times_vllm_chunks_at_its_workspace_over_its_prefills(tmp_path):
+    # Three prefills of 512 new tokens after 32K: vLLM chunks the context at 65536 // 3 -> 21824
+    # tokens (rounded down to 64), whatever --chunk says; mlactl's all_expand_chunked strategy at
+    # --chunk 21824 runs the same three requests the same way.
+    path = tmp_path / "r.csv"
+    path.write_text("new,prefix,count\n512,32768,3\n")
+    args = ["batch", str(path), "--hardware", "h200", "--engines", "vllm", "--format", "json"]
+    default = json.loads(runner.invoke(app, args).output)
+    same = json.loads(runner.invoke(app, [*args, "--chunk", "21824"]).output)
+    vllm = next(e for e in default["engines"] if e["name"] == "vllm")
+    assert default["requests"][0]["engine_paths"]["vllm"] == "expand_chunked"
+    assert vllm["time_s"] == pytest.approx(same["totals"]["all_expand_chunked"]["time_s"], rel=1e-12)
+    assert vllm["time_s"] != pytest.approx(default["totals"]["all_expand_chunked"]["time_s"], rel=1e-6)
+    assert vllm["lost_s"] >= 0
