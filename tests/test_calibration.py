@@ -469,3 +469,76 @@ def test_engines_summary_takes_a_calibration(home):
             assert c["sweep"]["best_range"] == r["sweep"]["best_range"]
     refused = run("engines", "--hardware", "h100-sxm", "--calibration", name, ok=False)
     assert "h200" in error_line(refused) and "h100" in error_line(refused)
+
+
+def test_tile128_term_recovers_128_row_tiles_of_expand_prefill():
+    # expand's causal prefill of n new tokens, DeepSeek-V3 (H=128, dC=128, dR=64, dV=128), by hand:
+    # FLOPs 2H(dC+dR) + 2H dV = 81,920 per (query, key) pair, n(n+1)/2 pairs; bytes per token
+    # q H(dC+dR)*2 + k,v H(dC+dV)*2 + RoPE key dR*2 + out H dV*2 = 147,584. The kernel computes
+    # whole 128-row query tiles: F * ceil(n/128)*128/n at eta_c 0.2; memory at eta_m 0.8.
+    from mlactl.calibration import select
+
+    n = np.array([1.0, 16, 100, 150, 200, 300, 400, 520, 650, 777, 1000, 1300, 2100, 4100])
+    b = np.array([1.0, 4, 16])
+    nn, bb = (a.ravel() for a in np.meshgrid(n, b))
+    flops = bb * nn * (nn + 1) / 2 * 81920
+    nbytes = bb * nn * 147584
+    t = 10e-6 + np.maximum(flops * np.ceil(nn / 128) * 128 / nn / (0.2 * PEAK), nbytes / (0.8 * BW))
+    pts = points_for(CostModel(from_name("deepseek-v3")), "expand_attention", bb, nn, 0, t)
+    assert np.allclose(pts.flops, flops) and np.allclose(pts.bytes, nbytes)
+    machine = Machine(PEAK, BW, SMS)
+    params = fit_params(pts, machine, ("fixed", "pad", "tile128"))
+    assert params["eta_c"] == pytest.approx(0.2, rel=0.01)
+    assert params["eta_m"] == pytest.approx(0.8, rel=0.01)
+    assert params["t_fixed_s"] == pytest.approx(10e-6, rel=0.02)
+    best, tried = select(
+        "expand_attention", "synthetic", "bf16", pts, machine, (("fixed", "pad"), ("fixed", "pad", "tile128"))
+    )
+    assert best.terms == ("fixed", "pad", "tile128")
+    assert tried[0].held_out["p90"] > 0.05 > 0.001 > best.held_out["p90"]  # 64-row tiles miss by 7-28%
+
+
+@pytest.mark.parametrize(
+    "ctas, n_blocks, want",
+    [
+        # hand-worked from flash-attention hopper/heuristics.h (13d0fd9c), 132 SMs:
+        (8, 2048, 15),  # eff(s) = 8s/132 / ceil(8s/132); best 1.0 at s=33; first >= 0.85: 120/132 at s=15
+        (1, 2048, 109),  # at most 128 splits: best 128/132; first >= 0.85 * that: 109/132
+        (2, 10, 9),  # at most 10 splits (KV blocks): best 20/132; first >= 0.85 * that: s=9 (18/132)
+        (110, 2048, 1),  # 110 CTAs fill 80% of 132 SMs: no split
+        (4, 4, 1),  # 4 KV blocks or fewer: no split
+    ],
+)
+def test_fa3_split_count_matches_the_heuristic_by_hand(ctas, n_blocks, want):
+    from mlactl.calibration.model import fa3_splits
+
+    assert fa3_splits(np.array([ctas]), np.array([n_blocks]), 132).tolist() == [want]
+
+
+def test_fa3split_term_recovers_a_decode_split_the_fa3_way():
+    # absorb decode, 16 heads of one token: one 64-row tile per request, so b CTAs on 132 SMs.
+    # FA3 splits into s pieces (hand-picked per the heuristic above); each piece of ctx/s keys
+    # takes ctx/s/64 KV blocks at 5 us each in one wave: t = 5 us + blocks * 5 us, a latency-bound
+    # regime. `split` alone takes ceil(132/b) pieces and mispredicts b = 8 (17 pieces, 2 waves).
+    from dataclasses import replace
+
+    from mlactl.calibration.model import relevant_terms
+
+    heads = 16
+    cost = CostModel(replace(from_name("deepseek-v3"), H=heads))
+    hand = {1: 109, 2: 57, 4: 29, 8: 15, 16: 8}  # first s with eff >= 0.85 * best: 16*7 = 112 < 0.85*132
+    ctx = np.array([8192.0, 16384, 32768, 65536])
+    bb, cc = (a.ravel() for a in np.meshgrid(list(hand), ctx))
+    s = np.array([hand[int(v)] for v in bb])
+    t = 5e-6 + np.ceil(cc / (s * 64)) * 5e-6
+    pts = points_for(cost, "absorb_attention", bb, 1, cc - 1, t)
+    # ceilings 100x the H200's, so the bytes and FLOPs never bind and the block latency alone shows
+    machine = Machine(100 * PEAK, 100 * BW, SMS)
+    terms = relevant_terms("absorb_attention", ("fixed", "split", "serial", "fa3split"))
+    assert terms == ("fixed", "split", "serial", "fa3split")
+    params = fit_params(pts, machine, terms)
+    assert params["t_iter_s"] == pytest.approx(5e-6, rel=0.01)
+    assert params["t_fixed_s"] == pytest.approx(5e-6, rel=0.05)
+    plain = fit(pts, machine, ("fixed", "split", "serial"), "synthetic", "bf16")
+    fa3 = fit(pts, machine, terms, "synthetic", "bf16")
+    assert fa3.held_out["p90"] < 0.01 < plain.held_out["p90"]

@@ -31,6 +31,12 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     ("fixed", "pad", "waves", "split", "kvpad", "serial"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "sum"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum"),
+    # 128 x 128 attention tiles (TRT-LLM's context FMHA, Blackwell kernels) and FA3's split count
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "sum", "tile128"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "tile128"),
+    ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128"),
+    ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "fa3split"),
 )
 
 SELECT_MARGIN = 0.002  # mean of held-out median and p90, absolute

@@ -28,8 +28,14 @@ quant   a pass over the activations before the GEMM, not overlapped with it: the
         inside the timing)
 sum     compute and memory time added instead of overlapped: a timed call that converts its
         operands before it computes overlaps neither
-
-Every parameter is fitted in log space, so efficiencies and times stay positive.
+tile128 the attention kernel's tiles are 128 query rows by 128 keys, not 64 by 64 (TRT-LLM's
+        context FMHA and FA3 at head dim 192 on Hopper/Blackwell): pad, waves, kvpad and serial
+        count in 128s. On TRT-LLM's B200 expand prefill it lowers the held-out median 11% -> 6%
+fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_splits_heuristic,
+        commit 13d0fd9c): none when the CTAs fill 80% of the SMs or there are <= 4 KV blocks;
+        else the fewest splits within 85% of the best wave efficiency (ctas*s/SMs over its
+        ceiling), at most min(128, SMs, KV blocks). `split` alone fills the SMs with
+        ceil(SMs/ctas) pieces, which spills 8 requests on 132 SMs (17 pieces) into a second wave
 """
 
 from __future__ import annotations
@@ -46,7 +52,21 @@ PROJ_TILE_N = 128  # output columns of a GEMM CTA tile (projections)
 OP_CLASSES = ("kv_expand", "q_absorb", "out_absorb", "absorb_attention", "expand_attention", "lse_merge")
 # whole paths, for measurements that time a path end to end (`mlactl tune paths`)
 PATH_CLASSES = ("path:expand", "path:expand_chunked", "path:absorb")
-TERMS = ("fixed", "pad", "waves", "split", "serial", "kvpad", "sum", "quant", "combine", "request")
+TERMS = (
+    "fixed",
+    "pad",
+    "waves",
+    "split",
+    "serial",
+    "kvpad",
+    "sum",
+    "quant",
+    "combine",
+    "request",
+    "tile128",
+    "fa3split",
+)
+BIG_TILE = 128  # rows and keys of a tile under `tile128`
 PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb")
 DECODE_MAX_NEW = 8  # query tokens per request that decode kernels (and decode fits) serve
 KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
@@ -98,15 +118,20 @@ class Points:
         )
 
 
-def _rows_and_ctas(pts: Points) -> tuple[np.ndarray, np.ndarray]:
+def _tile(op: str, terms) -> int:
+    """Query rows (and keys) of one attention tile under these terms."""
+    return BIG_TILE if "tile128" in terms and op in ("absorb_attention", "expand_attention") else TILE_ROWS
+
+
+def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.ndarray]:
     """Query rows per tile group and the CTAs one launch starts (before any split)."""
     b, n, h = pts.batch, pts.new, pts.heads
     if pts.op == "absorb_attention":  # MQA: every head of a token shares the latent cache
         rows = n * h
-        ctas = b * np.ceil(rows / TILE_ROWS)
+        ctas = b * np.ceil(rows / tile)
     elif pts.op == "expand_attention":  # MHA: one tile group per (request, head)
         rows = n
-        ctas = b * h * np.ceil(rows / TILE_ROWS)
+        ctas = b * h * np.ceil(rows / tile)
     elif pts.op in ("q_absorb", "out_absorb"):  # one GEMM per head over the batch's tokens
         rows = b * n
         ctas = h * np.ceil(rows / TILE_ROWS) * np.ceil(pts.out_dim / PROJ_TILE_N)
@@ -119,7 +144,8 @@ def _rows_and_ctas(pts: Points) -> tuple[np.ndarray, np.ndarray]:
     return rows, ctas
 
 
-ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request")  # terms that only act on attention ops
+# terms that only act on attention ops
+ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split")
 
 
 def relevant_terms(op: str, terms) -> tuple[str, ...]:
@@ -128,6 +154,8 @@ def relevant_terms(op: str, terms) -> tuple[str, ...]:
         return tuple(t for t in terms if t in ("fixed", "sum"))
     if op in PROJECTIONS:
         return tuple(t for t in terms if t not in ATTENTION_TERMS)
+    if op != "absorb_attention" or "split" not in terms:  # only absorb's attention is split
+        terms = tuple(t for t in terms if t != "fa3split")
     return tuple(t for t in terms if t != "quant")
 
 
@@ -163,11 +191,27 @@ def pack(params: dict, terms) -> np.ndarray:
     return np.log(np.asarray(v, dtype=np.float64))
 
 
-def _splits(pts: Points, ctas: np.ndarray, sm_count: int) -> np.ndarray:
+def fa3_splits(ctas, n_blocks, sm_count: int, max_splits: int = 128) -> np.ndarray:
+    """FA3's split count (see `fa3split` above), vectorised over points."""
+    ctas = np.maximum(np.asarray(ctas, dtype=np.float64), 1.0)
+    n_blocks = np.asarray(n_blocks, dtype=np.float64)
+    cap = np.minimum(np.minimum(max_splits, sm_count), n_blocks)
+    s = np.arange(1, min(max_splits, sm_count) + 1, dtype=np.float64)[None, :]
+    waves = ctas[:, None] * s / sm_count
+    eff = np.where(s <= cap[:, None], waves / np.ceil(waves), 0.0)
+    good = eff >= 0.85 * eff.max(axis=1, keepdims=True)
+    pick = s[0, np.argmax(good, axis=1)]  # the first (fewest) splits that qualify
+    return np.where((ctas >= 0.8 * sm_count) | (n_blocks <= 4), 1.0, pick)
+
+
+def _splits(pts: Points, ctas: np.ndarray, sm_count: int, block: int = KV_BLOCK, fa3: bool = False) -> np.ndarray:
     """Split-KV factor: fill the SMs when the CTAs are fewer, at most one piece per KV block."""
+    if fa3 and pts.op == "absorb_attention":
+        c = np.where(np.isfinite(ctas), ctas, float(sm_count))
+        return fa3_splits(c, np.ceil(pts.context / block), sm_count)
     few = np.isfinite(ctas) & (ctas < sm_count)
     c = np.where(few, np.maximum(ctas, 1.0), 1.0)
-    s = np.minimum(np.ceil(sm_count / c), np.ceil(pts.context / KV_BLOCK))
+    s = np.minimum(np.ceil(sm_count / c), np.ceil(pts.context / block))
     return np.where(few & (pts.op == "absorb_attention"), np.maximum(s, 1.0), 1.0)
 
 
@@ -177,8 +221,9 @@ def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_
     if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
         t_fixed = t_fixed + params["t_request_s"] * pts.batch
     if "combine" in terms and "split" in terms and sm_count and pts.op == "absorb_attention":
-        _, ctas = _rows_and_ctas(pts)  # a split launch is followed by a combine kernel
-        t_fixed = t_fixed + params["t_combine_s"] * (_splits(pts, ctas, sm_count) > 1)
+        tile = _tile(pts.op, terms)
+        _, ctas = _rows_and_ctas(pts, tile)  # a split launch is followed by a combine kernel
+        t_fixed = t_fixed + params["t_combine_s"] * (_splits(pts, ctas, sm_count, tile, "fa3split" in terms) > 1)
     if "quant" in terms and pts.op in PROJECTIONS:
         t_fixed = t_fixed + quant_seconds(params, pts, bandwidth)
     if "sum" in terms:  # compute and memory do not overlap
@@ -201,20 +246,21 @@ def components(params: dict, terms, pts: Points, peak: float, bandwidth: float, 
     nbytes = np.asarray(pts.bytes, dtype=np.float64)
     serial = np.zeros_like(flops)
     attention = pts.op in ("absorb_attention", "expand_attention")
+    tile = _tile(pts.op, terms)
     if attention and "kvpad" in terms:  # the cache is read in whole KV blocks (pages) per request
-        padded = np.ceil(pts.context / KV_BLOCK) * KV_BLOCK
+        padded = np.ceil(pts.context / tile) * tile
         with np.errstate(divide="ignore", invalid="ignore"):
             nbytes = nbytes + np.where(pts.context > 0, pts.cache_bytes * (padded / pts.context - 1), 0.0)
     if {"pad", "waves", "split", "serial"} & set(terms):
-        rows, ctas = _rows_and_ctas(pts)
+        rows, ctas = _rows_and_ctas(pts, tile)
         if "pad" in terms:
             with np.errstate(divide="ignore", invalid="ignore"):
-                pad = np.where(rows > 0, np.ceil(rows / TILE_ROWS) * TILE_ROWS / rows, 1.0)
+                pad = np.where(rows > 0, np.ceil(rows / tile) * tile / rows, 1.0)
             flops = flops * pad
         finite = np.isfinite(ctas) & (ctas > 0)
         s = np.ones_like(flops)
         if sm_count and "split" in terms:
-            s = _splits(pts, ctas, sm_count)
+            s = _splits(pts, ctas, sm_count, tile, "fa3split" in terms)
             # each piece writes an fp32 partial output and lse per (token, head); the merge reads them
             nbytes = nbytes + np.where(s > 1, 2 * s * pts.batch * pts.new * pts.heads * (pts.out_dim * 4 + 4), 0.0)
         if sm_count and "waves" in terms:  # the split pieces are CTAs too
@@ -223,7 +269,7 @@ def components(params: dict, terms, pts: Points, peak: float, bandwidth: float, 
             flops = flops / util
         if sm_count and "serial" in terms and attention:
             waves = np.ceil(np.where(finite, ctas, 1.0) * s / sm_count)
-            iters = np.ceil(pts.context / (s * KV_BLOCK))
+            iters = np.ceil(pts.context / (s * tile))
             serial = params["t_iter_s"] * waves * iters
     # roofline_time with only one side non-zero gives each side alone
     t_compute = roofline_time(flops, 0.0, params["eta_c"] * peak, 1.0)
