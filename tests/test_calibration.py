@@ -542,3 +542,31 @@ def test_fa3split_term_recovers_a_decode_split_the_fa3_way():
     plain = fit(pts, machine, ("fixed", "split", "serial"), "synthetic", "bf16")
     fa3 = fit(pts, machine, terms, "synthetic", "bf16")
     assert fa3.held_out["p90"] < 0.01 < plain.held_out["p90"]
+
+
+def test_kvcast_term_recovers_a_pass_over_the_cache():
+    # absorb decode at 16 and 128 heads, fp8 cache: a pass over the cache keys (ctx * (r+dR) bytes
+    # per request, 1 byte each) at 20% of the bandwidth runs before the kernel (eta_c 0.1, eta_m 0.8):
+    # the pass is the same at 16 heads as at 128, where the FLOPs bind and the base model must miss
+    from dataclasses import replace
+
+    from mlactl.calibration import select
+
+    machine = Machine(PEAK, BW, SMS)
+    parts = []
+    for heads in (16, 128):
+        cost = CostModel(replace(from_name("deepseek-v3"), H=heads), kv_dtype="fp8")
+        bb, cc = (a.ravel() for a in np.meshgrid([1.0, 8, 64, 512], [64.0, 1024, 8192, 65536]))
+        cast = bb * cc * (R + DR) * 1 / (0.2 * BW)
+        pts = points_for(cost, "absorb_attention", bb, 1, cc - 1, np.ones(len(bb)))
+        assert np.allclose(pts.cache_bytes, bb * cc * (R + DR))  # cost.py agrees with the hand count
+        t = 8e-6 + cast + np.maximum(pts.flops / (0.1 * PEAK), pts.bytes / (0.8 * BW))
+        parts.append(points_for(cost, "absorb_attention", bb, 1, cc - 1, t))
+    from mlactl.calibration.sources import _concat
+
+    pts = _concat(parts)
+    best, tried = select("absorb_attention", "synthetic", "fp8", pts, machine, (("fixed",), ("fixed", "kvcast")))
+    assert best.terms == ("fixed", "kvcast")
+    assert best.params["eta_x"] == pytest.approx(0.2, rel=0.02)
+    assert best.params["eta_c"] == pytest.approx(0.1, rel=0.02)  # (the FLOPs bind at both head counts)
+    assert tried[0].held_out["p90"] > 0.1 > 0.001 > best.held_out["p90"]  # base: 26% at p90

@@ -37,6 +37,11 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128"),
     ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "fa3split"),
+    # a pass over the cache keys before the kernel (SGLang's fp8-cache decode)
+    ("fixed", "kvcast"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "kvcast"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "fa3split", "kvcast"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "sum", "tile128", "kvcast"),
 )
 
 SELECT_MARGIN = 0.002  # mean of held-out median and p90, absolute

@@ -31,6 +31,10 @@ sum     compute and memory time added instead of overlapped: a timed call that c
 tile128 the attention kernel's tiles are 128 query rows by 128 keys, not 64 by 64 (TRT-LLM's
         context FMHA and FA3 at head dim 192 on Hopper/Blackwell): pad, waves, kvpad and serial
         count in 128s. On TRT-LLM's B200 expand prefill it lowers the held-out median 11% -> 6%
+kvcast  a pass over the cache keys the launch reads, before the kernel and not overlapped with
+        it: their cache bytes at eta_x of the bandwidth. SGLang's FA3 decode with an fp8 cache
+        on an H200 takes the same time per key at 16 heads as at 128 (2.05 vs 2.22 ms for a
+        million keys): a per-key pass (converting the fp8 cache), not the heads' FLOPs, bounds it
 fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_splits_heuristic,
         commit 13d0fd9c): none when the CTAs fill 80% of the SMs or there are <= 4 KV blocks;
         else the fewest splits within 85% of the best wave efficiency (ctas*s/SMs over its
@@ -145,7 +149,7 @@ def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.n
 
 
 # terms that only act on attention ops
-ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split")
+ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast")
 
 
 def relevant_terms(op: str, terms) -> tuple[str, ...]:
@@ -168,6 +172,7 @@ def param_names(terms) -> list[str]:
         + ["eta_q"] * ("quant" in terms)
         + ["t_combine_s"] * ("combine" in terms)
         + ["t_request_s"] * ("request" in terms)
+        + ["eta_x"] * ("kvcast" in terms)
     )
 
 
@@ -186,7 +191,7 @@ def unpack(theta: np.ndarray, terms) -> dict:
 
 
 def pack(params: dict, terms) -> np.ndarray:
-    start = {"t_fixed_s": 1e-12, "t_iter_s": 1e-7, "eta_q": 0.5, "t_combine_s": 2e-6, "t_request_s": 2e-8}
+    start = {"t_fixed_s": 1e-12, "t_iter_s": 1e-7, "eta_q": 0.5, "t_combine_s": 2e-6, "t_request_s": 2e-8, "eta_x": 0.3}
     v = [max(params.get(k, start.get(k, 1.0)), 1e-12) for k in param_names(terms)]
     return np.log(np.asarray(v, dtype=np.float64))
 
@@ -218,17 +223,27 @@ def _splits(pts: Points, ctas: np.ndarray, sm_count: int, block: int = KV_BLOCK,
 def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> np.ndarray:
     """Calibrated seconds of each point (see the module docstring for the terms)."""
     t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count)
-    if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
-        t_fixed = t_fixed + params["t_request_s"] * pts.batch
-    if "combine" in terms and "split" in terms and sm_count and pts.op == "absorb_attention":
-        tile = _tile(pts.op, terms)
-        _, ctas = _rows_and_ctas(pts, tile)  # a split launch is followed by a combine kernel
-        t_fixed = t_fixed + params["t_combine_s"] * (_splits(pts, ctas, sm_count, tile, "fa3split" in terms) > 1)
-    if "quant" in terms and pts.op in PROJECTIONS:
-        t_fixed = t_fixed + quant_seconds(params, pts, bandwidth)
+    t_fixed = t_fixed + added_seconds(params, terms, pts, bandwidth, sm_count)
     if "sum" in terms:  # compute and memory do not overlap
         return t_fixed + np.maximum(t_compute + t_memory, serial)
     return t_fixed + np.maximum(np.maximum(t_compute, t_memory), serial)
+
+
+def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: int | None) -> np.ndarray:
+    """Seconds each point adds outside the overlapped roofline: per-request setup, the combine
+    launch after a split, a pass over the activations (quant) or over the cache keys (kvcast)."""
+    out = np.zeros(len(pts))
+    if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
+        out = out + params["t_request_s"] * pts.batch
+    if "combine" in terms and "split" in terms and sm_count and pts.op == "absorb_attention":
+        tile = _tile(pts.op, terms)
+        _, ctas = _rows_and_ctas(pts, tile)  # a split launch is followed by a combine kernel
+        out = out + params["t_combine_s"] * (_splits(pts, ctas, sm_count, tile, "fa3split" in terms) > 1)
+    if "kvcast" in terms and pts.op in ("absorb_attention", "expand_attention"):
+        out = out + pts.cache_bytes / (params["eta_x"] * bandwidth)
+    if "quant" in terms and pts.op in PROJECTIONS:
+        out = out + quant_seconds(params, pts, bandwidth)
+    return out
 
 
 def quant_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
