@@ -196,17 +196,27 @@ def pack(params: dict, terms) -> np.ndarray:
     return np.log(np.asarray(v, dtype=np.float64))
 
 
+_FA3_CACHE: dict = {}  # split counts depend on the shapes only; a fit asks for them ~1000 times
+
+
 def fa3_splits(ctas, n_blocks, sm_count: int, max_splits: int = 128) -> np.ndarray:
     """FA3's split count (see `fa3split` above), vectorised over points."""
     ctas = np.maximum(np.asarray(ctas, dtype=np.float64), 1.0)
     n_blocks = np.asarray(n_blocks, dtype=np.float64)
+    key = (sm_count, max_splits, ctas.tobytes(), n_blocks.tobytes())
+    if key in _FA3_CACHE:
+        return _FA3_CACHE[key]
     cap = np.minimum(np.minimum(max_splits, sm_count), n_blocks)
     s = np.arange(1, min(max_splits, sm_count) + 1, dtype=np.float64)[None, :]
     waves = ctas[:, None] * s / sm_count
     eff = np.where(s <= cap[:, None], waves / np.ceil(waves), 0.0)
     good = eff >= 0.85 * eff.max(axis=1, keepdims=True)
     pick = s[0, np.argmax(good, axis=1)]  # the first (fewest) splits that qualify
-    return np.where((ctas >= 0.8 * sm_count) | (n_blocks <= 4), 1.0, pick)
+    out = np.where((ctas >= 0.8 * sm_count) | (n_blocks <= 4), 1.0, pick)
+    if len(_FA3_CACHE) > 64:
+        _FA3_CACHE.clear()
+    _FA3_CACHE[key] = out
+    return out
 
 
 def _splits(pts: Points, ctas: np.ndarray, sm_count: int, block: int = KV_BLOCK, fa3: bool = False) -> np.ndarray:
