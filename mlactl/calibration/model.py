@@ -69,6 +69,7 @@ TERMS = (
     "request",
     "tile128",
     "fa3split",
+    "kvcast",
 )
 BIG_TILE = 128  # rows and keys of a tile under `tile128`
 PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb")
@@ -242,7 +243,7 @@ def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_
 def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: int | None) -> np.ndarray:
     """Seconds each point adds outside the overlapped roofline: per-request setup, the combine
     launch after a split, a pass over the activations (quant) or over the cache keys (kvcast)."""
-    out = np.zeros(len(pts))
+    out = np.zeros(np.shape(pts.flops))
     if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
         out = out + params["t_request_s"] * pts.batch
     if "combine" in terms and "split" in terms and sm_count and pts.op == "absorb_attention":
