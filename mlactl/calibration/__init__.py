@@ -1,7 +1,8 @@
 """Calibrated time: cost.py's FLOPs and bytes mapped to measured time, per op class.
 
 model.py    the time of one op class: t_fixed + roofline with fitted efficiencies + the terms
-            the data earns (tile padding, waves, split-KV, serial KV-block latency)
+            the data earns (tile padding, waves, split-KV as FA3 picks it, serial KV-block latency,
+            a pass over the cache)
 fit.py      robust fit in relative error; k-fold held-out error
 sources     aiconfigurator.py (NVIDIA's measured tables), sources.py (tune results, CSV)
 store.py    calibration files under $MLACTL_HOME/calibrations/

@@ -1,6 +1,6 @@
 """The calibrated time of one op: the roofline with fitted efficiencies and the terms the data earns.
 
-    t = t_fixed + t_quant + t_request + t_combine
+    t = t_fixed + t_quant + t_request + t_combine + t_kvcast
         + max(roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw), t_iter * waves * iters)
 
 F and B are cost.py's FLOPs and bytes of the op; roofline() is mlactl.roofline's max(F/peak,
@@ -28,9 +28,10 @@ quant   a pass over the activations before the GEMM, not overlapped with it: the
         inside the timing)
 sum     compute and memory time added instead of overlapped: a timed call that converts its
         operands before it computes overlaps neither
-tile128 the attention kernel's tiles are 128 query rows by 128 keys, not 64 by 64 (TRT-LLM's
-        context FMHA and FA3 at head dim 192 on Hopper/Blackwell): pad, waves, kvpad and serial
-        count in 128s. On TRT-LLM's B200 expand prefill it lowers the held-out median 11% -> 6%
+tile128 the attention kernel's tiles are 128 query rows by 128 keys, not 64 by 64: pad, waves,
+        kvpad and serial count in 128s. TRT-LLM's fmha_v2 names its kernels by tile (e.g.
+        `..._flash_attention_fp16_128_128_S_qkv_...`); which tile these tables ran is read from
+        the held-out error, not the collector: on TRT-LLM's B200 expand prefill 11% -> 6% median
 kvcast  a pass over the cache keys the launch reads, before the kernel and not overlapped with
         it: their cache bytes at eta_x of the bandwidth. SGLang's FA3 decode with an fp8 cache
         on an H200 takes the same time per key at 16 heads as at 128 (2.05 vs 2.22 ms for a
