@@ -570,3 +570,32 @@ def test_kvcast_term_recovers_a_pass_over_the_cache():
     assert best.params["eta_x"] == pytest.approx(0.2, rel=0.02)
     assert best.params["eta_c"] == pytest.approx(0.1, rel=0.02)  # (the FLOPs bind at both head counts)
     assert tried[0].held_out["p90"] > 0.1 > 0.001 > best.held_out["p90"]  # base: 26% at p90
+
+
+def test_qrow_term_recovers_a_cost_per_query_row():
+    # absorb decode at 16, 32 and 128 heads, bf16: 2 ns per query row (request x head) outside the
+    # kernel's overlap, then the roofline at eta_c 0.6, eta_m 0.8 (hand formula of decode_by_hand's
+    # kind, per head count: FLOPs 2h(r+dR) + 2hr per key; bytes ctx(r+dR)*2 + h(r+dR)*2 + h*r*2)
+    from dataclasses import replace
+
+    from mlactl.calibration import select
+    from mlactl.calibration.sources import _concat
+
+    parts = []
+    bb, cc = (a.ravel() for a in np.meshgrid([1.0, 16, 128, 1024], [2.0, 128, 2048, 32768]))
+    for h in (16, 32, 128):
+        flops = bb * cc * (2 * h * (R + DR) + 2 * h * R)
+        nbytes = bb * (cc * (R + DR) * 2 + h * (R + DR) * 2 + h * R * 2)
+        t = 9e-6 + 2e-9 * bb * h + np.maximum(flops / (0.6 * PEAK), nbytes / (0.8 * BW))
+        cost = CostModel(replace(from_name("deepseek-v3"), H=h))
+        pts = points_for(cost, "absorb_attention", bb, 1, cc - 1, t)
+        assert np.allclose(pts.flops, flops) and np.allclose(pts.bytes, nbytes)
+        parts.append(pts)
+    pts = _concat(parts)
+    best, tried = select(
+        "absorb_attention", "synthetic", "bf16", pts, Machine(PEAK, BW, SMS), (("fixed",), ("fixed", "qrow"))
+    )
+    assert best.terms == ("fixed", "qrow")
+    assert best.params["t_row_s"] == pytest.approx(2e-9, rel=0.02)
+    assert best.params["t_fixed_s"] == pytest.approx(9e-6, rel=0.02)
+    assert tried[0].held_out["p90"] > 0.1 > 0.001 > best.held_out["p90"]

@@ -43,6 +43,9 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "kvcast"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "fa3split", "kvcast"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "sum", "tile128", "kvcast"),
+    # a cost per query row (token x head) outside the kernel's overlap (TRT-LLM's fp8 decode)
+    ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split", "qrow"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "fa3split", "kvcast", "qrow"),
 )
 
 SELECT_MARGIN = 0.002  # mean of held-out median and p90, absolute

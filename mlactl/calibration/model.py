@@ -36,6 +36,9 @@ kvcast  a pass over the cache keys the launch reads, before the kernel and not o
         it: their cache bytes at eta_x of the bandwidth. SGLang's FA3 decode with an fp8 cache
         on an H200 takes the same time per key at 16 heads as at 128 (2.05 vs 2.22 ms for a
         million keys): a per-key pass (converting the fp8 cache), not the heads' FLOPs, bounds it
+qrow    t_row per query row (token x head), not overlapped: TRT-LLM 1.3's fp8 decode on a B200
+        at context 2 takes 45, 85 and 146 us for 1024 requests of 16, 32 and 128 heads, where
+        the bytes of q and out need 4-33 us: a per-row step (the query's fp8 conversion, say)
 fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_splits_heuristic,
         commit 13d0fd9c): none when the CTAs fill 80% of the SMs or there are <= 4 KV blocks;
         else the fewest splits within 85% of the best wave efficiency (ctas*s/SMs over its
@@ -71,6 +74,7 @@ TERMS = (
     "tile128",
     "fa3split",
     "kvcast",
+    "qrow",
 )
 BIG_TILE = 128  # rows and keys of a tile under `tile128`
 PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb")
@@ -151,7 +155,7 @@ def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.n
 
 
 # terms that only act on attention ops
-ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast")
+ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast", "qrow")
 
 
 def relevant_terms(op: str, terms) -> tuple[str, ...]:
@@ -175,6 +179,7 @@ def param_names(terms) -> list[str]:
         + ["t_combine_s"] * ("combine" in terms)
         + ["t_request_s"] * ("request" in terms)
         + ["eta_x"] * ("kvcast" in terms)
+        + ["t_row_s"] * ("qrow" in terms)
     )
 
 
@@ -193,7 +198,15 @@ def unpack(theta: np.ndarray, terms) -> dict:
 
 
 def pack(params: dict, terms) -> np.ndarray:
-    start = {"t_fixed_s": 1e-12, "t_iter_s": 1e-7, "eta_q": 0.5, "t_combine_s": 2e-6, "t_request_s": 2e-8, "eta_x": 0.3}
+    start = {
+        "t_fixed_s": 1e-12,
+        "t_iter_s": 1e-7,
+        "eta_q": 0.5,
+        "t_combine_s": 2e-6,
+        "t_request_s": 2e-8,
+        "eta_x": 0.3,
+        "t_row_s": 1e-9,
+    }
     v = [max(params.get(k, start.get(k, 1.0)), 1e-12) for k in param_names(terms)]
     return np.log(np.asarray(v, dtype=np.float64))
 
@@ -253,6 +266,8 @@ def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: 
         out = out + params["t_combine_s"] * (_splits(pts, ctas, sm_count, tile, "fa3split" in terms) > 1)
     if "kvcast" in terms and pts.op in ("absorb_attention", "expand_attention"):
         out = out + pts.cache_bytes / (params["eta_x"] * bandwidth)
+    if "qrow" in terms and pts.op in ("absorb_attention", "expand_attention"):
+        out = out + params["t_row_s"] * pts.batch * pts.new * pts.heads
     if "quant" in terms and pts.op in PROJECTIONS:
         out = out + quant_seconds(params, pts, bandwidth)
     return out
