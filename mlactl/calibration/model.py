@@ -1,6 +1,6 @@
 """The calibrated time of one op: the roofline with fitted efficiencies and the terms the data earns.
 
-    t = t_fixed + t_quant + t_request + t_combine + t_kvcast
+    t = t_fixed + t_quant + t_request + t_combine + t_kvcast + t_row
         + max(roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw), t_iter * waves * iters)
 
 F and B are cost.py's FLOPs and bytes of the op; roofline() is mlactl.roofline's max(F/peak,
