@@ -599,3 +599,25 @@ def test_qrow_term_recovers_a_cost_per_query_row():
     assert best.params["t_row_s"] == pytest.approx(2e-9, rel=0.02)
     assert best.params["t_fixed_s"] == pytest.approx(9e-6, rel=0.02)
     assert tried[0].held_out["p90"] > 0.1 > 0.001 > best.held_out["p90"]
+
+
+def test_new_terms_run_on_the_time_functions_grids(home):
+    # crossover and batch evaluate calibrated time on grids (prefix x new tokens): a fit with
+    # every attention term must give numbers there, not a broadcasting traceback
+    from mlactl.calibration import store
+    from mlactl.calibration.model import fa3_splits
+
+    assert fa3_splits(np.array([[8.0], [1.0]]), np.array([[2048.0, 4.0]]), 132).tolist() == [[15, 1], [109, 1]]
+    terms = ["fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split", "kvcast", "qrow"]
+    params = {"t_fixed_s": 1e-5, "eta_c": 0.5, "eta_m": 0.7, "t_iter_s": 1e-7, "t_combine_s": 1e-6}
+    params |= {"t_request_s": 1e-8, "eta_x": 0.3, "t_row_s": 1e-9}
+    data = {
+        "schema": "mlactl.calibration",
+        "schema_version": 1,
+        "name": "test-terms",
+        "hardware": "h200",
+        "fits": [{"op": "absorb_attention", "source": "test", "dtype": "bf16", "terms": terms, "params": params}],
+    }
+    store.write(data)
+    out = run("crossover", "--hardware", "h200", "--prefix", "0,4K,32K", "-f", "json", "--calibration", "test-terms")
+    assert json.loads(out.stdout)["time"] == "calibrated"

@@ -216,9 +216,12 @@ _FA3_CACHE: dict = {}  # split counts depend on the shapes only; a fit asks for 
 
 def fa3_splits(ctas, n_blocks, sm_count: int, max_splits: int = 128) -> np.ndarray:
     """FA3's split count (see `fa3split` above), vectorised over points."""
-    ctas = np.maximum(np.asarray(ctas, dtype=np.float64), 1.0)
-    n_blocks = np.asarray(n_blocks, dtype=np.float64)
-    key = (sm_count, max_splits, ctas.tobytes(), n_blocks.tobytes())
+    ctas, n_blocks = np.broadcast_arrays(
+        np.maximum(np.asarray(ctas, dtype=np.float64), 1.0), np.asarray(n_blocks, dtype=np.float64)
+    )
+    shape = ctas.shape  # the time function passes grids (crossover: prefixes x new tokens)
+    ctas, n_blocks = ctas.ravel(), n_blocks.ravel()
+    key = (sm_count, max_splits, shape, ctas.tobytes(), n_blocks.tobytes())
     if key in _FA3_CACHE:
         return _FA3_CACHE[key]
     cap = np.minimum(np.minimum(max_splits, sm_count), n_blocks)
@@ -227,7 +230,7 @@ def fa3_splits(ctas, n_blocks, sm_count: int, max_splits: int = 128) -> np.ndarr
     eff = np.where(s <= cap[:, None], waves / np.ceil(waves), 0.0)
     good = eff >= 0.85 * eff.max(axis=1, keepdims=True)
     pick = s[0, np.argmax(good, axis=1)]  # the first (fewest) splits that qualify
-    out = np.where((ctas >= 0.8 * sm_count) | (n_blocks <= 4), 1.0, pick)
+    out = np.where((ctas >= 0.8 * sm_count) | (n_blocks <= 4), 1.0, pick).reshape(shape)
     if len(_FA3_CACHE) > 64:
         _FA3_CACHE.clear()
     _FA3_CACHE[key] = out
