@@ -469,3 +469,155 @@ def test_engines_summary_takes_a_calibration(home):
             assert c["sweep"]["best_range"] == r["sweep"]["best_range"]
     refused = run("engines", "--hardware", "h100-sxm", "--calibration", name, ok=False)
     assert "h200" in error_line(refused) and "h100" in error_line(refused)
+
+
+def test_tile128_term_recovers_128_row_tiles_of_expand_prefill():
+    # expand's causal prefill of n new tokens, DeepSeek-V3 (H=128, dC=128, dR=64, dV=128), by hand:
+    # FLOPs 2H(dC+dR) + 2H dV = 81,920 per (query, key) pair, n(n+1)/2 pairs; bytes per token
+    # q H(dC+dR)*2 + k,v H(dC+dV)*2 + RoPE key dR*2 + out H dV*2 = 147,584. The kernel computes
+    # whole 128-row query tiles: F * ceil(n/128)*128/n at eta_c 0.2; memory at eta_m 0.8.
+    from mlactl.calibration import select
+
+    n = np.array([1.0, 16, 100, 150, 200, 300, 400, 520, 650, 777, 1000, 1300, 2100, 4100])
+    b = np.array([1.0, 4, 16])
+    nn, bb = (a.ravel() for a in np.meshgrid(n, b))
+    flops = bb * nn * (nn + 1) / 2 * 81920
+    nbytes = bb * nn * 147584
+    t = 10e-6 + np.maximum(flops * np.ceil(nn / 128) * 128 / nn / (0.2 * PEAK), nbytes / (0.8 * BW))
+    pts = points_for(CostModel(from_name("deepseek-v3")), "expand_attention", bb, nn, 0, t)
+    assert np.allclose(pts.flops, flops) and np.allclose(pts.bytes, nbytes)
+    machine = Machine(PEAK, BW, SMS)
+    params = fit_params(pts, machine, ("fixed", "pad", "tile128"))
+    assert params["eta_c"] == pytest.approx(0.2, rel=0.01)
+    assert params["eta_m"] == pytest.approx(0.8, rel=0.01)
+    assert params["t_fixed_s"] == pytest.approx(10e-6, rel=0.02)
+    best, tried = select(
+        "expand_attention", "synthetic", "bf16", pts, machine, (("fixed", "pad"), ("fixed", "pad", "tile128"))
+    )
+    assert best.terms == ("fixed", "pad", "tile128")
+    assert tried[0].held_out["p90"] > 0.05 > 0.001 > best.held_out["p90"]  # 64-row tiles miss by 7-28%
+
+
+@pytest.mark.parametrize(
+    "ctas, n_blocks, want",
+    [
+        # hand-worked from flash-attention hopper/heuristics.h (13d0fd9c), 132 SMs:
+        (8, 2048, 15),  # eff(s) = 8s/132 / ceil(8s/132); best 1.0 at s=33; first >= 0.85: 120/132 at s=15
+        (1, 2048, 109),  # at most 128 splits: best 128/132; first >= 0.85 * that: 109/132
+        (2, 10, 9),  # at most 10 splits (KV blocks): best 20/132; first >= 0.85 * that: s=9 (18/132)
+        (110, 2048, 1),  # 110 CTAs fill 80% of 132 SMs: no split
+        (4, 4, 1),  # 4 KV blocks or fewer: no split
+    ],
+)
+def test_fa3_split_count_matches_the_heuristic_by_hand(ctas, n_blocks, want):
+    from mlactl.calibration.model import fa3_splits
+
+    assert fa3_splits(np.array([ctas]), np.array([n_blocks]), 132).tolist() == [want]
+
+
+def test_fa3split_term_recovers_a_decode_split_the_fa3_way():
+    # absorb decode, 16 heads of one token: one 64-row tile per request, so b CTAs on 132 SMs.
+    # FA3 splits into s pieces (hand-picked per the heuristic above); each piece of ctx/s keys
+    # takes ctx/s/64 KV blocks at 5 us each in one wave: t = 5 us + blocks * 5 us, a latency-bound
+    # regime. `split` alone takes ceil(132/b) pieces and mispredicts b = 8 (17 pieces, 2 waves).
+    from dataclasses import replace
+
+    from mlactl.calibration.model import relevant_terms
+
+    heads = 16
+    cost = CostModel(replace(from_name("deepseek-v3"), H=heads))
+    hand = {1: 109, 2: 57, 4: 29, 8: 15, 16: 8}  # first s with eff >= 0.85 * best: 16*7 = 112 < 0.85*132
+    ctx = np.array([8192.0, 16384, 32768, 65536])
+    bb, cc = (a.ravel() for a in np.meshgrid(list(hand), ctx))
+    s = np.array([hand[int(v)] for v in bb])
+    t = 5e-6 + np.ceil(cc / (s * 64)) * 5e-6
+    pts = points_for(cost, "absorb_attention", bb, 1, cc - 1, t)
+    # ceilings 100x the H200's, so the bytes and FLOPs never bind and the block latency alone shows
+    machine = Machine(100 * PEAK, 100 * BW, SMS)
+    terms = relevant_terms("absorb_attention", ("fixed", "split", "serial", "fa3split"))
+    assert terms == ("fixed", "split", "serial", "fa3split")
+    params = fit_params(pts, machine, terms)
+    assert params["t_iter_s"] == pytest.approx(5e-6, rel=0.01)
+    assert params["t_fixed_s"] == pytest.approx(5e-6, rel=0.05)
+    plain = fit(pts, machine, ("fixed", "split", "serial"), "synthetic", "bf16")
+    fa3 = fit(pts, machine, terms, "synthetic", "bf16")
+    assert fa3.held_out["p90"] < 0.01 < plain.held_out["p90"]
+
+
+def test_kvcast_term_recovers_a_pass_over_the_cache():
+    # absorb decode at 16 and 128 heads, fp8 cache: a pass over the cache keys (ctx * (r+dR) bytes
+    # per request, 1 byte each) at 20% of the bandwidth runs before the kernel (eta_c 0.1, eta_m 0.8):
+    # the pass is the same at 16 heads as at 128, where the FLOPs bind and the base model must miss
+    from dataclasses import replace
+
+    from mlactl.calibration import select
+
+    machine = Machine(PEAK, BW, SMS)
+    parts = []
+    for heads in (16, 128):
+        cost = CostModel(replace(from_name("deepseek-v3"), H=heads), kv_dtype="fp8")
+        bb, cc = (a.ravel() for a in np.meshgrid([1.0, 8, 64, 512], [64.0, 1024, 8192, 65536]))
+        cast = bb * cc * (R + DR) * 1 / (0.2 * BW)
+        pts = points_for(cost, "absorb_attention", bb, 1, cc - 1, np.ones(len(bb)))
+        assert np.allclose(pts.cache_bytes, bb * cc * (R + DR))  # cost.py agrees with the hand count
+        t = 8e-6 + cast + np.maximum(pts.flops / (0.1 * PEAK), pts.bytes / (0.8 * BW))
+        parts.append(points_for(cost, "absorb_attention", bb, 1, cc - 1, t))
+    from mlactl.calibration.sources import _concat
+
+    pts = _concat(parts)
+    best, tried = select("absorb_attention", "synthetic", "fp8", pts, machine, (("fixed",), ("fixed", "kvcast")))
+    assert best.terms == ("fixed", "kvcast")
+    assert best.params["eta_x"] == pytest.approx(0.2, rel=0.02)
+    assert best.params["eta_c"] == pytest.approx(0.1, rel=0.02)  # (the FLOPs bind at both head counts)
+    assert tried[0].held_out["p90"] > 0.1 > 0.001 > best.held_out["p90"]  # base: 26% at p90
+
+
+def test_qrow_term_recovers_a_cost_per_query_row():
+    # absorb decode at 16, 32 and 128 heads, bf16: 2 ns per query row (request x head) outside the
+    # kernel's overlap, then the roofline at eta_c 0.6, eta_m 0.8 (hand formula of decode_by_hand's
+    # kind, per head count: FLOPs 2h(r+dR) + 2hr per key; bytes ctx(r+dR)*2 + h(r+dR)*2 + h*r*2)
+    from dataclasses import replace
+
+    from mlactl.calibration import select
+    from mlactl.calibration.sources import _concat
+
+    parts = []
+    bb, cc = (a.ravel() for a in np.meshgrid([1.0, 16, 128, 1024], [2.0, 128, 2048, 32768]))
+    for h in (16, 32, 128):
+        flops = bb * cc * (2 * h * (R + DR) + 2 * h * R)
+        nbytes = bb * (cc * (R + DR) * 2 + h * (R + DR) * 2 + h * R * 2)
+        t = 9e-6 + 2e-9 * bb * h + np.maximum(flops / (0.6 * PEAK), nbytes / (0.8 * BW))
+        cost = CostModel(replace(from_name("deepseek-v3"), H=h))
+        pts = points_for(cost, "absorb_attention", bb, 1, cc - 1, t)
+        assert np.allclose(pts.flops, flops) and np.allclose(pts.bytes, nbytes)
+        parts.append(pts)
+    pts = _concat(parts)
+    best, tried = select(
+        "absorb_attention", "synthetic", "bf16", pts, Machine(PEAK, BW, SMS), (("fixed",), ("fixed", "qrow"))
+    )
+    assert best.terms == ("fixed", "qrow")
+    assert best.params["t_row_s"] == pytest.approx(2e-9, rel=0.02)
+    assert best.params["t_fixed_s"] == pytest.approx(9e-6, rel=0.02)
+    assert tried[0].held_out["p90"] > 0.1 > 0.001 > best.held_out["p90"]
+
+
+def test_new_terms_run_on_the_time_functions_grids(home):
+    # crossover and batch evaluate calibrated time on grids (prefix x new tokens): a fit with
+    # every attention term must give numbers there, not a broadcasting traceback
+    from mlactl.calibration import store
+    from mlactl.calibration.model import fa3_splits
+
+    assert fa3_splits(np.array([[8.0], [1.0]]), np.array([[2048.0, 4.0]]), 132).tolist() == [[15, 1], [109, 1]]
+    terms = ["fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split", "kvcast", "qrow"]
+    params = {"t_fixed_s": 1e-5, "eta_c": 0.5, "eta_m": 0.7, "t_iter_s": 1e-7, "t_combine_s": 1e-6}
+    params |= {"t_request_s": 1e-8, "eta_x": 0.3, "t_row_s": 1e-9}
+    data = {
+        "schema": "mlactl.calibration",
+        "schema_version": 1,
+        "name": "test-terms",
+        "hardware": "h200",
+        "fits": [{"op": "absorb_attention", "source": "test", "dtype": "bf16", "terms": terms, "params": params}],
+    }
+    store.write(data)
+    out = run("crossover", "--hardware", "h200", "--prefix", "0,4K,32K", "-f", "json", "--calibration", "test-terms")
+    assert json.loads(out.stdout)["time"] == "calibrated"

@@ -1,7 +1,8 @@
 """Calibrated time: cost.py's FLOPs and bytes mapped to measured time, per op class.
 
 model.py    the time of one op class: t_fixed + roofline with fitted efficiencies + the terms
-            the data earns (tile padding, waves, split-KV, serial KV-block latency)
+            the data earns (tile padding, waves, split-KV as FA3 picks it, serial KV-block latency,
+            a pass over the cache)
 fit.py      robust fit in relative error; k-fold held-out error
 sources     aiconfigurator.py (NVIDIA's measured tables), sources.py (tune results, CSV)
 store.py    calibration files under $MLACTL_HOME/calibrations/
@@ -31,6 +32,20 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     ("fixed", "pad", "waves", "split", "kvpad", "serial"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "sum"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum"),
+    # 128 x 128 attention tiles (TRT-LLM's context FMHA, Blackwell kernels) and FA3's split count
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "sum", "tile128"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "tile128"),
+    ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128"),
+    ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "fa3split"),
+    # a pass over the cache keys before the kernel (SGLang's fp8-cache decode)
+    ("fixed", "kvcast"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "kvcast"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "fa3split", "kvcast"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "sum", "tile128", "kvcast"),
+    # a cost per query row (token x head) outside the kernel's overlap (TRT-LLM's fp8 decode)
+    ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split", "qrow"),
+    ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "fa3split", "kvcast", "qrow"),
 )
 
 SELECT_MARGIN = 0.002  # mean of held-out median and p90, absolute

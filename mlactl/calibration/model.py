@@ -1,6 +1,6 @@
 """The calibrated time of one op: the roofline with fitted efficiencies and the terms the data earns.
 
-    t = t_fixed + t_quant + t_request + t_combine
+    t = t_fixed + t_quant + t_request + t_combine + t_kvcast + t_row
         + max(roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw), t_iter * waves * iters)
 
 F and B are cost.py's FLOPs and bytes of the op; roofline() is mlactl.roofline's max(F/peak,
@@ -28,8 +28,22 @@ quant   a pass over the activations before the GEMM, not overlapped with it: the
         inside the timing)
 sum     compute and memory time added instead of overlapped: a timed call that converts its
         operands before it computes overlaps neither
-
-Every parameter is fitted in log space, so efficiencies and times stay positive.
+tile128 the attention kernel's tiles are 128 query rows by 128 keys, not 64 by 64: pad, waves,
+        kvpad and serial count in 128s. TRT-LLM's fmha_v2 names its kernels by tile (e.g.
+        `..._flash_attention_fp16_128_128_S_qkv_...`); which tile these tables ran is read from
+        the held-out error, not the collector: on TRT-LLM's B200 expand prefill 11% -> 6% median
+kvcast  a pass over the cache keys the launch reads, before the kernel and not overlapped with
+        it: their cache bytes at eta_x of the bandwidth. SGLang's FA3 decode with an fp8 cache
+        on an H200 takes the same time per key at 16 heads as at 128 (2.05 vs 2.22 ms for a
+        million keys): a per-key pass (converting the fp8 cache), not the heads' FLOPs, bounds it
+qrow    t_row per query row (token x head), not overlapped: TRT-LLM 1.3's fp8 decode on a B200
+        at context 2 takes 45, 85 and 146 us for 1024 requests of 16, 32 and 128 heads, where
+        the bytes of q and out need 4-33 us: a per-row step (the query's fp8 conversion, say)
+fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_splits_heuristic,
+        commit 13d0fd9c): none when the CTAs fill 80% of the SMs or there are <= 4 KV blocks;
+        else the fewest splits within 85% of the best wave efficiency (ctas*s/SMs over its
+        ceiling), at most min(128, SMs, KV blocks). `split` alone fills the SMs with
+        ceil(SMs/ctas) pieces, which spills 8 requests on 132 SMs (17 pieces) into a second wave
 """
 
 from __future__ import annotations
@@ -46,7 +60,23 @@ PROJ_TILE_N = 128  # output columns of a GEMM CTA tile (projections)
 OP_CLASSES = ("kv_expand", "q_absorb", "out_absorb", "absorb_attention", "expand_attention", "lse_merge")
 # whole paths, for measurements that time a path end to end (`mlactl tune paths`)
 PATH_CLASSES = ("path:expand", "path:expand_chunked", "path:absorb")
-TERMS = ("fixed", "pad", "waves", "split", "serial", "kvpad", "sum", "quant", "combine", "request")
+TERMS = (
+    "fixed",
+    "pad",
+    "waves",
+    "split",
+    "serial",
+    "kvpad",
+    "sum",
+    "quant",
+    "combine",
+    "request",
+    "tile128",
+    "fa3split",
+    "kvcast",
+    "qrow",
+)
+BIG_TILE = 128  # rows and keys of a tile under `tile128`
 PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb")
 DECODE_MAX_NEW = 8  # query tokens per request that decode kernels (and decode fits) serve
 KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
@@ -98,15 +128,20 @@ class Points:
         )
 
 
-def _rows_and_ctas(pts: Points) -> tuple[np.ndarray, np.ndarray]:
+def _tile(op: str, terms) -> int:
+    """Query rows (and keys) of one attention tile under these terms."""
+    return BIG_TILE if "tile128" in terms and op in ("absorb_attention", "expand_attention") else TILE_ROWS
+
+
+def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.ndarray]:
     """Query rows per tile group and the CTAs one launch starts (before any split)."""
     b, n, h = pts.batch, pts.new, pts.heads
     if pts.op == "absorb_attention":  # MQA: every head of a token shares the latent cache
         rows = n * h
-        ctas = b * np.ceil(rows / TILE_ROWS)
+        ctas = b * np.ceil(rows / tile)
     elif pts.op == "expand_attention":  # MHA: one tile group per (request, head)
         rows = n
-        ctas = b * h * np.ceil(rows / TILE_ROWS)
+        ctas = b * h * np.ceil(rows / tile)
     elif pts.op in ("q_absorb", "out_absorb"):  # one GEMM per head over the batch's tokens
         rows = b * n
         ctas = h * np.ceil(rows / TILE_ROWS) * np.ceil(pts.out_dim / PROJ_TILE_N)
@@ -119,7 +154,8 @@ def _rows_and_ctas(pts: Points) -> tuple[np.ndarray, np.ndarray]:
     return rows, ctas
 
 
-ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request")  # terms that only act on attention ops
+# terms that only act on attention ops
+ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast", "qrow")
 
 
 def relevant_terms(op: str, terms) -> tuple[str, ...]:
@@ -128,6 +164,8 @@ def relevant_terms(op: str, terms) -> tuple[str, ...]:
         return tuple(t for t in terms if t in ("fixed", "sum"))
     if op in PROJECTIONS:
         return tuple(t for t in terms if t not in ATTENTION_TERMS)
+    if op != "absorb_attention" or "split" not in terms:  # only absorb's attention is split
+        terms = tuple(t for t in terms if t != "fa3split")
     return tuple(t for t in terms if t != "quant")
 
 
@@ -140,6 +178,8 @@ def param_names(terms) -> list[str]:
         + ["eta_q"] * ("quant" in terms)
         + ["t_combine_s"] * ("combine" in terms)
         + ["t_request_s"] * ("request" in terms)
+        + ["eta_x"] * ("kvcast" in terms)
+        + ["t_row_s"] * ("qrow" in terms)
     )
 
 
@@ -158,32 +198,82 @@ def unpack(theta: np.ndarray, terms) -> dict:
 
 
 def pack(params: dict, terms) -> np.ndarray:
-    start = {"t_fixed_s": 1e-12, "t_iter_s": 1e-7, "eta_q": 0.5, "t_combine_s": 2e-6, "t_request_s": 2e-8}
+    start = {
+        "t_fixed_s": 1e-12,
+        "t_iter_s": 1e-7,
+        "eta_q": 0.5,
+        "t_combine_s": 2e-6,
+        "t_request_s": 2e-8,
+        "eta_x": 0.3,
+        "t_row_s": 1e-9,
+    }
     v = [max(params.get(k, start.get(k, 1.0)), 1e-12) for k in param_names(terms)]
     return np.log(np.asarray(v, dtype=np.float64))
 
 
-def _splits(pts: Points, ctas: np.ndarray, sm_count: int) -> np.ndarray:
+_FA3_CACHE: dict = {}  # split counts depend on the shapes only; a fit asks for them ~1000 times
+
+
+def fa3_splits(ctas, n_blocks, sm_count: int, max_splits: int = 128) -> np.ndarray:
+    """FA3's split count (see `fa3split` above), vectorised over points."""
+    ctas, n_blocks = np.broadcast_arrays(
+        np.maximum(np.asarray(ctas, dtype=np.float64), 1.0), np.asarray(n_blocks, dtype=np.float64)
+    )
+    shape = ctas.shape  # the time function passes grids (crossover: prefixes x new tokens)
+    ctas, n_blocks = ctas.ravel(), n_blocks.ravel()
+    key = (sm_count, max_splits, shape, ctas.tobytes(), n_blocks.tobytes())
+    if key in _FA3_CACHE:
+        return _FA3_CACHE[key]
+    cap = np.minimum(np.minimum(max_splits, sm_count), n_blocks)
+    s = np.arange(1, min(max_splits, sm_count) + 1, dtype=np.float64)[None, :]
+    waves = ctas[:, None] * s / sm_count
+    eff = np.where(s <= cap[:, None], waves / np.ceil(waves), 0.0)
+    good = eff >= 0.85 * eff.max(axis=1, keepdims=True)
+    pick = s[0, np.argmax(good, axis=1)]  # the first (fewest) splits that qualify
+    out = np.where((ctas >= 0.8 * sm_count) | (n_blocks <= 4), 1.0, pick).reshape(shape)
+    if len(_FA3_CACHE) > 64:
+        _FA3_CACHE.clear()
+    _FA3_CACHE[key] = out
+    return out
+
+
+def _splits(pts: Points, ctas: np.ndarray, sm_count: int, block: int = KV_BLOCK, fa3: bool = False) -> np.ndarray:
     """Split-KV factor: fill the SMs when the CTAs are fewer, at most one piece per KV block."""
+    if fa3 and pts.op == "absorb_attention":
+        c = np.where(np.isfinite(ctas), ctas, float(sm_count))
+        return fa3_splits(c, np.ceil(pts.context / block), sm_count)
     few = np.isfinite(ctas) & (ctas < sm_count)
     c = np.where(few, np.maximum(ctas, 1.0), 1.0)
-    s = np.minimum(np.ceil(sm_count / c), np.ceil(pts.context / KV_BLOCK))
+    s = np.minimum(np.ceil(sm_count / c), np.ceil(pts.context / block))
     return np.where(few & (pts.op == "absorb_attention"), np.maximum(s, 1.0), 1.0)
 
 
 def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> np.ndarray:
     """Calibrated seconds of each point (see the module docstring for the terms)."""
     t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count)
-    if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
-        t_fixed = t_fixed + params["t_request_s"] * pts.batch
-    if "combine" in terms and "split" in terms and sm_count and pts.op == "absorb_attention":
-        _, ctas = _rows_and_ctas(pts)  # a split launch is followed by a combine kernel
-        t_fixed = t_fixed + params["t_combine_s"] * (_splits(pts, ctas, sm_count) > 1)
-    if "quant" in terms and pts.op in PROJECTIONS:
-        t_fixed = t_fixed + quant_seconds(params, pts, bandwidth)
+    t_fixed = t_fixed + added_seconds(params, terms, pts, bandwidth, sm_count)
     if "sum" in terms:  # compute and memory do not overlap
         return t_fixed + np.maximum(t_compute + t_memory, serial)
     return t_fixed + np.maximum(np.maximum(t_compute, t_memory), serial)
+
+
+def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: int | None) -> np.ndarray:
+    """Seconds each point adds outside the overlapped roofline: per-request setup, the combine
+    launch after a split, a pass over the activations (quant) or over the cache keys (kvcast)."""
+    out = np.zeros(np.shape(pts.flops))
+    if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
+        out = out + params["t_request_s"] * pts.batch
+    if "combine" in terms and "split" in terms and sm_count and pts.op == "absorb_attention":
+        tile = _tile(pts.op, terms)
+        _, ctas = _rows_and_ctas(pts, tile)  # a split launch is followed by a combine kernel
+        out = out + params["t_combine_s"] * (_splits(pts, ctas, sm_count, tile, "fa3split" in terms) > 1)
+    if "kvcast" in terms and pts.op in ("absorb_attention", "expand_attention"):
+        out = out + pts.cache_bytes / (params["eta_x"] * bandwidth)
+    if "qrow" in terms and pts.op in ("absorb_attention", "expand_attention"):
+        out = out + params["t_row_s"] * pts.batch * pts.new * pts.heads
+    if "quant" in terms and pts.op in PROJECTIONS:
+        out = out + quant_seconds(params, pts, bandwidth)
+    return out
 
 
 def quant_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
@@ -201,20 +291,21 @@ def components(params: dict, terms, pts: Points, peak: float, bandwidth: float, 
     nbytes = np.asarray(pts.bytes, dtype=np.float64)
     serial = np.zeros_like(flops)
     attention = pts.op in ("absorb_attention", "expand_attention")
+    tile = _tile(pts.op, terms)
     if attention and "kvpad" in terms:  # the cache is read in whole KV blocks (pages) per request
-        padded = np.ceil(pts.context / KV_BLOCK) * KV_BLOCK
+        padded = np.ceil(pts.context / tile) * tile
         with np.errstate(divide="ignore", invalid="ignore"):
             nbytes = nbytes + np.where(pts.context > 0, pts.cache_bytes * (padded / pts.context - 1), 0.0)
     if {"pad", "waves", "split", "serial"} & set(terms):
-        rows, ctas = _rows_and_ctas(pts)
+        rows, ctas = _rows_and_ctas(pts, tile)
         if "pad" in terms:
             with np.errstate(divide="ignore", invalid="ignore"):
-                pad = np.where(rows > 0, np.ceil(rows / TILE_ROWS) * TILE_ROWS / rows, 1.0)
+                pad = np.where(rows > 0, np.ceil(rows / tile) * tile / rows, 1.0)
             flops = flops * pad
         finite = np.isfinite(ctas) & (ctas > 0)
         s = np.ones_like(flops)
         if sm_count and "split" in terms:
-            s = _splits(pts, ctas, sm_count)
+            s = _splits(pts, ctas, sm_count, tile, "fa3split" in terms)
             # each piece writes an fp32 partial output and lse per (token, head); the merge reads them
             nbytes = nbytes + np.where(s > 1, 2 * s * pts.batch * pts.new * pts.heads * (pts.out_dim * 4 + 4), 0.0)
         if sm_count and "waves" in terms:  # the split pieces are CTAs too
@@ -223,7 +314,7 @@ def components(params: dict, terms, pts: Points, peak: float, bandwidth: float, 
             flops = flops / util
         if sm_count and "serial" in terms and attention:
             waves = np.ceil(np.where(finite, ctas, 1.0) * s / sm_count)
-            iters = np.ceil(pts.context / (s * KV_BLOCK))
+            iters = np.ceil(pts.context / (s * tile))
             serial = params["t_iter_s"] * waves * iters
     # roofline_time with only one side non-zero gives each side alone
     t_compute = roofline_time(flops, 0.0, params["eta_c"] * peak, 1.0)

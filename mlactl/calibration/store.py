@@ -97,7 +97,7 @@ def validate(data, where: str) -> Calibration:
             v = params.get(k)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v != v or v == float("inf"):
                 raise MlactlError(f"{at}: params.{k} must be a finite number >= 0, got {v!r}")
-        if any(params[k] <= 0 for k in ("eta_c", "eta_m", "eta_q") if k in need):
+        if any(params[k] <= 0 for k in ("eta_c", "eta_m", "eta_q", "eta_x") if k in need):
             raise MlactlError(f"{at}: efficiencies (eta_*) must be positive")
     return Calibration(data["name"], data["hardware"], data, where)
 

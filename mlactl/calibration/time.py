@@ -142,7 +142,7 @@ def batch_time(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, c
 def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> float:
     """Calibrated time of one launch per op over several request rows: one fixed cost, the rows'
     compute, memory and serial seconds each summed, the weights' read counted once."""
-    from mlactl.calibration.model import components
+    from mlactl.calibration.model import added_seconds, components
     from mlactl.calibration.sources import points_for
 
     peak, bandwidth = hw.peak_flops(cost.dtype), hw.bandwidth
@@ -163,7 +163,8 @@ def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str
         weights = sum(op.weight_bytes for op in ops) if whole else ops[k].weight_bytes
         w = np.broadcast_to(weights, np.shape(t_m)) / (fit["params"]["eta_m"] * bandwidth)
         memory = np.sum(t_m) - np.sum(w) + (np.max(w) if len(w) else 0.0)
-        total += float(t_fixed + max(np.sum(t_c), memory, np.sum(serial)))
+        added = np.sum(added_seconds(fit["params"], fit["terms"], pts, bandwidth, hw.sm_count))
+        total += float(t_fixed + added + max(np.sum(t_c), memory, np.sum(serial)))
     return total
 
 
