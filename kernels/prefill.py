@@ -282,24 +282,11 @@ def _mla_prefill_kernel(
 
 
 def _check_config(config) -> dict:
-    if not isinstance(config, dict):
-        raise ValueError(f"config must be a dict with keys {', '.join(_CONFIG_KEYS)}, got {type(config).__name__}")
-    unknown = sorted(set(config) - set(_CONFIG_KEYS))
-    if unknown:
-        raise ValueError(f"config has unknown keys {unknown}; allowed: {', '.join(_CONFIG_KEYS)}")
-    cfg = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}
-    cfg.update(config)
-    for key in ("BLOCK_M", "BLOCK_N"):
-        value = cfg[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
-            raise ValueError(f"config {key} must be a power of two >= 16 (tl.dot's minimum), got {value!r}")
-    for key in ("num_warps", "num_stages"):
-        value = cfg[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"config {key} must be a positive int, got {value!r}")
-    if cfg["num_warps"] & (cfg["num_warps"] - 1):
-        raise ValueError(f"config num_warps must be a power of two, got {cfg['num_warps']}")
-    return cfg
+    """A launch config over the defaults; BLOCK_M and BLOCK_N feed tl.dot, so at least 16."""
+    configs.check_config(
+        config, "config", pow2={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1}, positive=("num_stages",)
+    )
+    return {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES, **config}
 
 
 def smem_bytes(cfg: dict, d_qk: int, dV: int, elt: int) -> int:

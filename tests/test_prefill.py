@@ -283,11 +283,12 @@ def test_bad_inputs_name_the_argument(case, fn):
 @pytest.mark.parametrize(
     "config, match",
     [
-        pytest.param(dict(BLOCK_M=24), "config BLOCK_M", id="BLOCK_M-24"),
-        pytest.param(dict(BLOCK_N=8), "config BLOCK_N", id="BLOCK_N-8"),
+        pytest.param(dict(BLOCK_M=24), r"config\['BLOCK_M'\] must be a power of two >= 16", id="BLOCK_M-24"),
+        pytest.param(dict(BLOCK_N=8), r"config\['BLOCK_N'\] must be a power of two >= 16", id="BLOCK_N-8"),
         pytest.param(dict(num_warps=3), "num_warps", id="warps-3"),
         pytest.param(dict(BLOCK_K=32), "unknown keys", id="unknown-key"),
         pytest.param([64, 64], "config must be a dict", id="not-a-dict"),
+        pytest.param(dict(num_stages=0), "num_stages", id="stages-0"),
     ],
 )
 def test_bad_config(config, match):
