@@ -241,13 +241,16 @@ def test_resume_after_interruption(tmp_path, home, monkeypatch):
     }
     measured, kill_at = [], [5]
 
-    def fake_time(self, fn):
-        measured.append(1)
-        if len(measured) == kill_at[0]:
-            raise Killed  # killed in the middle of the sweep
-        return sweep.time_call(lambda: None, device=None, budget_s=0.001, warmup=0, min_repeats=1, max_repeats=1)
+    def fake_time_all(self, fns):  # the paths of one point, timed in turns
+        out = {}
+        for name in fns:
+            measured.append(1)
+            if len(measured) == kill_at[0]:
+                raise Killed  # killed in the middle of the sweep (the third point)
+            out[name] = sweep.time_call(lambda: None, budget_s=0.001, warmup=0, min_repeats=1, max_repeats=1)
+        return out
 
-    monkeypatch.setattr(sweep.Context, "time", fake_time)
+    monkeypatch.setattr(sweep.Context, "time_all", fake_time_all)
     import torch
 
     ctx = sweep.Context(model, torch.device("cpu"), "torch", "fp32", "fp32", store_mod.ResultsStore(out, header), None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from mlactl.tune import common
 from mlactl.tune import space as spaces
 from mlactl.tune.common import relative_error
-from mlactl.tune.timing import is_unstable, time_call, time_stable
+from mlactl.tune.timing import is_unstable, time_call, time_interleaved, time_stable, time_stable_all
 
 # Relative error a candidate may have against the twin, by (dtype, fp8 cache).
 TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 3e-2, "fp8": 6e-2}
@@ -60,6 +60,14 @@ class Context:
         timing = time_stable(fn, self.repeats, device=self.device, warm=self.warm, budget_s=self.timing_budget_s)
         self.unstable += is_unstable(timing)
         return timing
+
+    def time_all(self, fns: dict, quick: bool = False) -> dict:
+        """`time` for calls compared with each other (the paths at one shape): timed in turns."""
+        if quick:
+            return time_interleaved(fns, device=self.device, warm=self.warm, budget_s=0, warmup=1, min_repeats=3)
+        timings = time_stable_all(fns, self.repeats, device=self.device, warm=self.warm, budget_s=self.timing_budget_s)
+        self.unstable += sum(is_unstable(t) for t in timings.values())
+        return timings
 
     @contextlib.contextmanager
     def task(self, description: str, total: int):
@@ -400,7 +408,7 @@ def _measure_point(ctx: Context, cost, b: int, n: int, p: int, chunk: int) -> di
         ctx.cfg, b, n, p, ctx.kv_dtype, ctx.dtype, ctx.device, page=16 if ctx.device.type != "cuda" else 64
     )
     args = batch.attention_args()
-    outputs, found = {}, {}
+    outputs, found, runs = {}, {}, {}
     for path in wanted:
         entry = {"batch": b, "new": n, "prefix": p, "path": path, "status": "ok", "reason": ""}
         ops = cost.ops(path, b, n, p)
@@ -410,12 +418,19 @@ def _measure_point(ctx: Context, cost, b: int, n: int, p: int, chunk: int) -> di
             entry["predicted_s"] = float(path_time(ops, ctx.hw, ctx.dtype).time_s)
         try:
             outputs[path] = mla_attention(**args, path=path, chunk=chunk, backend=backend)
-            run = functools.partial(mla_attention, **args, path=path, chunk=chunk, backend=backend)
-            entry.update(ctx.time(run).to_dict())
-            found[path] = entry["median_s"]
+            runs[path] = functools.partial(mla_attention, **args, path=path, chunk=chunk, backend=backend)
         except Exception as exc:  # an out-of-memory or a kernel failure at one point is recorded
             entry.update(status="failed", reason=_failure(exc))
         rows[path] = entry
+    try:  # the paths in turns: a crossover compares them under the same conditions
+        timings = ctx.time_all(runs) if runs else {}
+    except Exception as exc:
+        timings = {}
+        for path in runs:
+            rows[path].update(status="failed", reason=_failure(exc))
+    for path, timing in timings.items():
+        rows[path].update(timing.to_dict())
+        found[path] = rows[path]["median_s"]
     # the paths compute one function: a path that disagrees must not set the policy
     if "expand" in outputs:
         for path, out in outputs.items():

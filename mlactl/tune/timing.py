@@ -80,14 +80,21 @@ def is_unstable(timing: Timing) -> bool:
 def time_stable(fn, repeats: int = 2, **kwargs) -> Timing:
     """`time_call`, measured again up to `repeats` times while unstable; the steadiest
     measurement (lowest CV) is kept, with `remeasured` saying how many more were taken."""
-    best = time_call(fn, **kwargs)
+    return time_stable_all({"fn": fn}, repeats, **kwargs)["fn"]
+
+
+def time_stable_all(fns: dict, repeats: int = 2, **kwargs) -> dict[str, Timing]:
+    """`time_interleaved`, measured again up to `repeats` times while any timing is unstable;
+    the steadiest set (lowest worst CV) is kept whole, so its timings stay side by side."""
+    best = time_interleaved(fns, **kwargs)
     extra = 0
-    while is_unstable(best) and extra < repeats:
+    while any(is_unstable(t) for t in best.values()) and extra < repeats:
         extra += 1
-        again = time_call(fn, **kwargs)
-        if again.cv < best.cv:
+        again = time_interleaved(fns, **kwargs)
+        if max(t.cv for t in again.values()) < max(t.cv for t in best.values()):
             best = again
-    best.remeasured = extra
+    for t in best.values():
+        t.remeasured = extra
     return best
 
 
@@ -118,47 +125,80 @@ def time_call(
     max_repeats: int = 200,
 ) -> Timing:
     """Time `fn()` (no arguments; it must do the whole measured work each call)."""
+    return time_interleaved(
+        {"fn": fn},
+        device=device,
+        warm=warm,
+        warmup=warmup,
+        budget_s=budget_s,
+        min_repeats=min_repeats,
+        max_repeats=max_repeats,
+    )["fn"]
+
+
+def time_interleaved(
+    fns: dict,
+    *,
+    device=None,
+    warm: bool = False,
+    warmup: int = 3,
+    budget_s: float = 0.1,
+    min_repeats: int = 5,
+    max_repeats: int = 200,
+) -> dict[str, Timing]:
+    """Time several calls in turns: round r runs each once, starting from a different one each
+    round, so a machine that slows down for a while slows every call alike. A comparison (which
+    path wins at this shape) then reads both under the same conditions; timed one after the other,
+    a shared machine's drift moved a CPU crossover by 20-50%. Each call gets about `budget_s`."""
     import torch
 
+    names = list(fns)
     cuda = device is not None and torch.device(device).type == "cuda"
-    if not cuda:
-        for _ in range(warmup):
-            fn()
-        t0 = time.perf_counter()
-        fn()
-        once = max(time.perf_counter() - t0, 1e-9)
-        repeats = int(min(max_repeats, max(min_repeats, budget_s / once)))
-        times = []
-        for _ in range(repeats):
+    flush = None
+    if cuda:
+        device = torch.device(device)
+        if not warm:
+            flush = _flushers.get(device)
+            if flush is None:
+                flush = _flushers[device] = _Flusher(device)
+
+    def timed_once(fn) -> float:
+        if not cuda:
             t0 = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - t0)
-        return summarize(times, "wall-clock", "warm")
+            return max(time.perf_counter() - t0, 1e-9)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return max(start.elapsed_time(end) / 1e3, 1e-7)
 
-    device = torch.device(device)
-    flush = None
-    if not warm:
-        flush = _flushers.get(device)
-        if flush is None:
-            flush = _flushers[device] = _Flusher(device)
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize(device)
-    once = max(start.elapsed_time(end) / 1e3, 1e-7)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    if cuda:
+        torch.cuda.synchronize(device)
+    once = max(timed_once(fns[name]) for name in names)
     repeats = int(min(max_repeats, max(min_repeats, budget_s / once)))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for i in range(repeats):
-        if flush is not None:
-            flush()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize(device)
-    times = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
-    return summarize(times, "cuda-events", "warm" if warm else "cold")
+    times: dict[str, list] = {name: [] for name in names}
+    for r in range(repeats):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            if not cuda:
+                t0 = time.perf_counter()
+                fns[name]()
+                times[name].append(time.perf_counter() - t0)
+                continue
+            if flush is not None:
+                flush()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[name]()
+            end.record()
+            times[name].append((start, end))
+    if cuda:
+        torch.cuda.synchronize(device)
+        times = {name: [s.elapsed_time(e) / 1e3 for s, e in pairs] for name, pairs in times.items()}
+    method, l2 = ("cuda-events", "warm" if warm else "cold") if cuda else ("wall-clock", "warm")
+    return {name: summarize(times[name], method, l2) for name in names}
