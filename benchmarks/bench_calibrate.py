@@ -113,7 +113,10 @@ def main() -> None:
                     "held_out": sel.held_out,
                     "in_sample": sel.in_sample,
                     "terms": list(sel.terms),
-                    "params": sel.params,
+                    # `near`'s residual table is the calibration file's business: here its size
+                    "params": {
+                        k: ({"points": len(v["log_residual"])} if k == "near" else v) for k, v in sel.params.items()
+                    },
                     "tried": [{"terms": list(t.terms), "held_out": t.held_out} for t in tried],
                 }
                 rows.append(row)

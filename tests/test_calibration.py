@@ -621,3 +621,222 @@ def test_new_terms_run_on_the_time_functions_grids(home):
     store.write(data)
     out = run("crossover", "--hardware", "h200", "--prefix", "0,4K,32K", "-f", "json", "--calibration", "test-terms")
     assert json.loads(out.stdout)["time"] == "calibrated"
+
+
+def _kv_expand_points(mm, hh, t):
+    from dataclasses import replace
+
+    from mlactl.calibration.sources import _concat
+
+    def cost(h):
+        return CostModel(replace(from_name("deepseek-v3"), H=int(h)))
+
+    return _concat([points_for(cost(h), "kv_expand", 1, mm[hh == h], 0, t[hh == h]) for h in np.unique(hh)])
+
+
+def test_align_term_recovers_a_cost_of_unaligned_rows():
+    # kv_expand at m = 1..64 tokens: a GEMM at eta_c 0.7 / eta_m 0.9 after 6 us fixed, and 60 us
+    # more wherever m is not a multiple of 4 (vLLM's DeepGEMM on a B200 does much this)
+    mm, hh = (a.ravel() for a in np.meshgrid(np.arange(1.0, 65), [1.0, 8, 32]))
+    flops = 2 * mm * R * hh * 256
+    nbytes = mm * R * 2 + hh * 256 * R * 2 + mm * hh * 256 * 2
+    t = 6e-6 + 60e-6 * (mm % 4 != 0) + np.maximum(flops / (0.7 * PEAK), nbytes / (0.9 * BW))
+    pts, machine = _kv_expand_points(mm, hh, t), Machine(PEAK, BW, SMS)
+    aligned = fit(pts, machine, ("fixed", "align"), "synthetic", "bf16")
+    assert aligned.params["t_align_s"] == pytest.approx(60e-6, rel=0.02)
+    assert aligned.params["t_fixed_s"] == pytest.approx(6e-6, rel=0.05)
+    assert aligned.held_out["p90"] < 0.02
+    assert fit(pts, machine, ("fixed",), "synthetic", "bf16").held_out["p90"] > 0.5  # without it
+
+
+def test_near_factor_by_hand():
+    from mlactl.calibration.model import near_factor
+
+    # measured shapes at log2 rows 0, 1 and 5 (1 head, unaligned), residuals 0.1, 0.3, 2.0
+    table = {"features": [[0.0, 0.0, 1.0], [1.0, 0.0, 1.0], [5.0, 0.0, 1.0]], "log_residual": [0.1, 0.3, 2.0]}
+    from dataclasses import replace
+
+    cost = CostModel(replace(from_name("deepseek-v3"), H=1))
+    pts = points_for(cost, "kv_expand", 1, np.array([1.5, 3.0, 1000.0, 1024.0]), 0, None)
+    got = near_factor(table, pts)
+    # 1.5 tokens: log2 0.58, both 0 and 1 within an octave -> median 0.2; 3 tokens: log2 1.58,
+    # only row 1 (0.58 away) -> 0.3; 1000 and 1024 tokens (log2 ~10): none within an octave -> 1
+    assert got == pytest.approx([np.exp(-0.2), np.exp(-0.3), 1.0, 1.0])
+
+
+def test_near_term_follows_steps_a_smooth_model_cannot():
+    # a GEMM library's buckets: 1.5x slower for m in (256, 2048]; measured on a grid of m and
+    # heads; `near` must lower the held-out error, and a shape far outside the grid keeps the
+    # parametric time
+    from mlactl.calibration import select
+    from mlactl.calibration.model import predict
+
+    m = np.unique(np.round(2 ** np.linspace(0, 13, 60)))
+    mm, hh = (a.ravel() for a in np.meshgrid(m, [1.0, 2, 4, 8, 16, 32, 64]))
+    flops = 2 * mm * R * hh * 256
+    nbytes = mm * R * 2 + hh * 256 * R * 2 + mm * hh * 256 * 2
+    step = np.where((mm > 256) & (mm <= 2048), 1.5, 1.0)
+    t = (5e-6 + np.maximum(flops / (0.7 * PEAK), nbytes / (0.9 * BW))) * step
+    pts = _kv_expand_points(mm, hh, t)
+    best, tried = select("kv_expand", "synthetic", "bf16", pts, Machine(PEAK, BW, SMS))
+    plain = [r for r in tried if "near" not in r.terms and "align" not in r.terms]
+    assert "near" in best.terms
+    assert best.held_out["p90"] < min(r.held_out["p90"] for r in plain) / 2
+    far = _kv_expand_points(np.array([2.0**20]), np.array([1.0]), np.array([1.0]))
+    plain_terms = tuple(t for t in best.terms if t != "near")
+    assert predict(best.params, best.terms, far, PEAK, BW, SMS) == pytest.approx(
+        predict(best.params, plain_terms, far, PEAK, BW, SMS)
+    )
+
+
+def test_a_broken_near_table_is_one_error_line(home, tmp_path):
+    bad = tmp_path / "near.json"
+    params = {"t_fixed_s": 1e-6, "eta_c": 0.5, "eta_m": 0.5, "near": {"features": [[0, 1]], "log_residual": [0.1]}}
+    fit = {"op": "kv_expand", "terms": ["fixed", "near"], "params": params}
+    head = {"schema": "mlactl.calibration", "schema_version": 1, "name": "x", "hardware": "h200"}
+    bad.write_text(json.dumps(dict(head, fits=[fit])))
+    assert "params.near must be" in error_line(run("analyze", "--calibration", bad, ok=False))
+
+
+def test_an_fp32_run_is_predicted_with_the_peak_it_was_fitted_with(tmp_path):
+    # a CPU run in fp32 (peak 0.2 TFLOP/s; bf16 would be 0.4): each path takes 100 us plus its
+    # roofline at 50% of the fp32 peak and 80% of the bandwidth. A calibration fitted on it must
+    # give back those times in an fp32 analysis (dividing by the bf16 peak halved them)
+    from mlactl import hardware
+    from mlactl.calibration import run as cal_run
+    from mlactl.calibration import store as cal_store
+    from mlactl.calibration.time import path_times
+
+    profile = tmp_path / "cpu.toml"
+    profile.write_text(
+        'name = "cpu"\nmatch = ["cpu"]\nmemory_gb = 16\nbandwidth_tbs = 0.02\n[peak_tflops]\nfp32 = 0.2\nbf16 = 0.4\n'
+    )
+    hw = hardware.load_profile(profile)
+    cfg = from_name("teaching").with_tp(8)
+    cost = CostModel(cfg, kv_dtype="fp32", dtype="fp32")
+
+    def by_hand(path, n, p):
+        ops = cost.ops(path, 1, n, p)
+        flops, nbytes = sum(float(o.flops) for o in ops), sum(float(o.bytes) for o in ops)
+        return 1e-4 + max(flops / (0.5 * 0.2e12), nbytes / (0.8 * 0.02e12))
+
+    grid = [(n, p) for n in (1, 8, 32, 64, 128, 256, 512) for p in (0, 256, 1024, 4096)]
+    rows = [
+        {"batch": 1, "new": n, "prefix": p, "path": path, "status": "ok", "median_s": by_hand(path, n, p)}
+        for n, p in grid
+        for path in ("expand", "absorb")
+    ]
+    data = {
+        "schema": "mlactl.results",
+        "schema_version": 1,
+        "device": {"name": "cpu", "type": "cpu", "hardware": None},
+        "backend": "torch",
+        "timing": {"method": "wall-clock"},
+        "model": cfg.to_dict(),
+        "kv_dtype": "fp32",
+        "dtype": "fp32",
+        "paths": rows,
+    }
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps(data))
+    name, hw, source, groups = cal_run.from_results([f], hw)
+    cal_data, _ = cal_run.build(name, hw, source, groups)
+    assert cal_data["ceilings"]["dtype"] == "fp32" and cal_data["ceilings"]["peak_flops"] == 0.2e12
+    cal = cal_store.validate(cal_data, "test")
+    got = path_times(cost, hw, cal, 1, np.array([16.0, 300.0]), 2048.0, paths=("expand", "absorb"))
+    for path in ("expand", "absorb"):
+        want = [by_hand(path, 16, 2048), by_hand(path, 300, 2048)]
+        assert got[path].time_s == pytest.approx(want, rel=0.02)
+
+
+def test_ops_and_scores_terms_recover_a_whole_path_by_hand():
+    # the absorb path of a small model, timed whole: attention at 10% of peak, the projections at
+    # 80%, plus 4 passes over the fp32 scores at 25% of the bandwidth (by hand below)
+    from mlactl.calibration import select
+    from mlactl.calibration.model import predict
+
+    cfg = from_name("teaching").with_tp(8)
+    cost = CostModel(cfg, kv_dtype="fp32", dtype="fp32")
+    peak, bw = 0.2e12, 0.02e12
+    n, p = (a.ravel().astype(float) for a in np.meshgrid([1, 8, 32, 64, 128, 256, 512], [0, 256, 1024, 4096]))
+    ops = cost.ops("absorb", 1, n, p)
+    attn = [o for o in ops if o.name == "attention"][0]
+    rest_f = sum(o.flops for o in ops if o.name != "attention")
+    rest_b = sum(o.bytes for o in ops if o.name != "attention")
+    scores = n * (n + p) * cfg.H * 4 * 4  # bytes: batch 1 x new x keys x heads, fp32, 4 passes
+    t = (
+        2e-5
+        + np.maximum(attn.flops / (0.1 * peak), attn.bytes / (0.7 * bw))
+        + np.maximum(rest_f / (0.8 * peak), rest_b / (0.7 * bw))
+        + scores / (0.25 * bw)
+    )
+    pts = points_for(cost, "path:absorb", 1, n, p, t)
+    machine = Machine(peak, bw, None)
+    r = fit(pts, machine, ("fixed", "ops", "scores"), "synthetic", "fp32")
+    assert r.params["eta_c"] == pytest.approx(0.1, rel=0.02)
+    assert r.params["eta_p"] == pytest.approx(0.8, rel=0.05)
+    assert r.params["eta_s"] == pytest.approx(0.25, rel=0.02)
+    assert r.held_out["p90"] < 0.01
+    best, _ = select("path:absorb", "synthetic", "fp32", pts, machine)
+    assert "ops" in best.terms and "scores" in best.terms
+    assert fit(pts, machine, ("fixed",), "synthetic", "fp32").held_out["p90"] > 0.2  # one efficiency
+    assert predict(r.params, r.terms, pts, peak, bw, None) == pytest.approx(t, rel=0.01)
+
+
+def test_paths_timed_side_by_side_are_fitted_without_their_common_drift():
+    # expand and absorb of a small model, each exactly t_fixed + its roofline at its own
+    # efficiencies; then every shape's two times multiplied by one random factor (0.7-1.4: a shared
+    # machine slowing down while that shape was measured). The paired fit must recover the
+    # parameters and the crossover the drift-free times have (found below by brute force)
+    from mlactl.calibration import fit_groups
+    from mlactl.calibration.model import predict
+
+    cfg = from_name("teaching").with_tp(8)
+    cost = CostModel(cfg, kv_dtype="fp32", dtype="fp32")
+    peak, bw = 0.2e12, 0.02e12
+    machine = Machine(peak, bw, None)
+    truth = {"expand": (3e-4, 0.6, 0.5), "absorb": (5e-5, 0.2, 0.5)}  # t_fixed, eta_c, eta_m
+
+    def exact(path, n, p):
+        ops = cost.ops(path, 1, n, p)
+        t0, ec, em = truth[path]
+        return t0 + np.maximum(sum(o.flops for o in ops) / (ec * peak), sum(o.bytes for o in ops) / (em * bw))
+
+    n, p = (
+        a.ravel().astype(float) for a in np.meshgrid([1, 8, 32, 64, 96, 128, 192, 256, 384, 512], [256, 1024, 4096])
+    )
+    drift = np.random.default_rng(3).uniform(0.7, 1.4, len(n))
+    groups = {
+        (f"path:{path}", "synthetic", "fp32"): points_for(cost, f"path:{path}", 1, n, p, exact(path, n, p) * drift)
+        for path in ("expand", "absorb")
+    }
+    fits = {f.op: f for f in fit_groups(groups, machine, select_terms=False)}
+    # the level of all times is the measurements' (their median drift), the ratios are exact:
+    # every efficiency is off by one common factor
+    level = fits["path:expand"].params["eta_c"] / truth["expand"][1]
+    assert 0.8 < level < 1.1
+    for path, (_, ec, _) in truth.items():
+        f = fits[f"path:{path}"]
+        assert f.drift is not None and f.drift["max_abs"] > 0.2
+        assert f.params["eta_c"] == pytest.approx(ec * level, rel=0.02)
+        assert f.held_out["p90"] < 0.02
+
+    def brute_force_crossover(times, prefix):
+        grid = np.arange(1.0, 2049)
+        wins = times("expand", grid, prefix) < times("absorb", grid, prefix)
+        return int(grid[np.argmax(wins)])
+
+    def fitted(path, n_, p_):
+        f = fits[f"path:{path}"]
+        return predict(f.params, f.terms, points_for(cost, f"path:{path}", 1, n_, p_, None), peak, bw, None)
+
+    for prefix in (1024, 4096):
+        want = brute_force_crossover(exact, prefix)
+        assert abs(brute_force_crossover(fitted, prefix) - want) <= max(2, 0.02 * want)
+    # fitted one path at a time, the same points give efficiencies off by the drift
+    from mlactl.calibration import select
+
+    alone = select(
+        "path:expand", "synthetic", "fp32", groups[("path:expand", "synthetic", "fp32")], machine, (("fixed",),)
+    )[0]
+    assert alone.held_out["p90"] > 0.15

@@ -46,9 +46,18 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     # a cost per query row (token x head) outside the kernel's overlap (TRT-LLM's fp8 decode)
     ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split", "qrow"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "fa3split", "kvcast", "qrow"),
+    # whole paths (`mlactl tune paths`): attention and the rest at their own efficiencies, and the
+    # score matrix an unfused kernel writes and reads back
+    ("fixed", "ops"),
+    ("fixed", "sum", "ops"),
+    ("fixed", "scores"),
+    ("fixed", "ops", "scores"),
+    ("fixed", "sum", "ops", "scores"),
 )
 
 SELECT_MARGIN = 0.002  # mean of held-out median and p90, absolute
+# tried on top of a projection's best term set: unaligned rows, then the nearest measured shapes
+PROJECTION_EXTRAS: tuple[tuple[str, ...], ...] = (("align",), ("near",), ("align", "near"))
 
 __all__ = ["CANDIDATE_TERMS", "TERMS", "Calibration", "check_hardware", "fit_groups", "load", "resolve", "select"]
 
@@ -58,21 +67,42 @@ def select(op: str, source: str, dtype: str, pts, machine, candidates=CANDIDATE_
     least held-out error (mean of median and p90); a set with more terms must beat the best so
     far by SELECT_MARGIN. Returns (best FitResult, every FitResult tried, base first)."""
     from mlactl.calibration.fit import K_FOLDS, fit
-    from mlactl.calibration.model import relevant_terms
+    from mlactl.calibration.model import PROJECTIONS, relevant_terms
 
     tried, best = [], None
-    for terms in dict.fromkeys(relevant_terms(op, t) for t in candidates):
+
+    def consider(terms):
+        nonlocal best
         result = fit(pts, machine, terms, source, dtype, k or K_FOLDS)
         tried.append(result)
         ho = result.held_out
         score = (ho["median"] + ho["p90"]) / 2 if ho["median"] is not None else 0.0
         if best is None or score < best[0] - SELECT_MARGIN:
             best = (score, result)
+
+    for terms in dict.fromkeys(relevant_terms(op, t) for t in candidates):
+        consider(terms)
+    if op in PROJECTIONS and len(candidates) > 1:  # extras on the best parametric set
+        base = best[1].terms
+        for extra in PROJECTION_EXTRAS:
+            consider(base + extra)
     return best[1], tried
 
 
 def fit_groups(groups: dict, machine, *, select_terms: bool = True, k: int | None = None) -> list:
     """Fit every (op class, source, dtype) group: with `select_terms` the best candidate term set
-    of each (see `select`), else the base model."""
+    of each (see `select`), else the base model. Whole paths timed side by side at the same
+    shapes are fitted together, each shape's common drift taken out (mlactl.calibration.paired)."""
+    from mlactl.calibration.paired import fit_paired, paired_groups
+
     candidates = CANDIDATE_TERMS if select_terms else (BASE_TERMS,)
-    return [select(op, src, dt, pts, machine, candidates, k)[0] for (op, src, dt), pts in sorted(groups.items())]
+
+    def select_one(key, pts):
+        op, src, dt = key
+        return select(op, src, dt, pts, machine, candidates, k)[0]
+
+    fitted: dict = {}
+    for keys in paired_groups(groups):
+        results, _ = fit_paired(groups, keys, machine, select_one)
+        fitted.update(zip(keys, results))
+    return [fitted[key] if key in fitted else select_one(key, pts) for key, pts in sorted(groups.items())]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlactl.calibration.model import Points, n_params, pack, param_names, predict, unpack
+from mlactl.calibration.model import Points, n_params, near_table, pack, param_names, predict, unpack
 from mlactl.errors import MlactlError
 
 K_FOLDS = 5
@@ -80,9 +80,10 @@ class FitResult:
     n: int
     in_sample: dict  # {"median", "p90"}
     held_out: dict
+    drift: dict | None = None  # whole paths fitted together: the shapes' common drift removed
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "op": self.op,
             "source": self.source,
             "dtype": self.dtype,
@@ -92,6 +93,9 @@ class FitResult:
             "in_sample": self.in_sample,
             "held_out": self.held_out,
         }
+        if self.drift is not None:
+            out["drift"] = self.drift
+        return out
 
 
 def rel_errors(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
@@ -105,7 +109,13 @@ def summary(errors: np.ndarray) -> dict:
 
 
 def fit_params(pts: Points, machine: Machine, terms) -> dict:
-    """Least-squares fit of one op class; returns named parameters."""
+    """Least-squares fit of one op class; returns named parameters. With `near`, the parametric
+    part is fitted first and its residuals at these points become params["near"]."""
+    if "near" in terms:
+        plain = tuple(t for t in terms if t != "near")
+        params = fit_params(pts, machine, plain)
+        params["near"] = near_table(params, plain, pts, machine.peak, machine.bandwidth, machine.sm_count)
+        return params
     try:
         from scipy.optimize import least_squares
     except ImportError:

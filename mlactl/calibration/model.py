@@ -1,7 +1,7 @@
 """The calibrated time of one op: the roofline with fitted efficiencies and the terms the data earns.
 
-    t = t_fixed + t_quant + t_request + t_combine + t_kvcast + t_row
-        + max(roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw), t_iter * waves * iters)
+    t = [t_fixed + t_quant + t_align + t_request + t_combine + t_kvcast + t_row
+         + max(roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw), t_iter * waves * iters)] * near
 
 F and B are cost.py's FLOPs and bytes of the op; roofline() is mlactl.roofline's max(F/peak,
 B/bw) (with `sum`, its two sides added instead). The terms, each switched on per fit (`terms`)
@@ -39,6 +39,18 @@ kvcast  a pass over the cache keys the launch reads, before the kernel and not o
 qrow    t_row per query row (token x head), not overlapped: TRT-LLM 1.3's fp8 decode on a B200
         at context 2 takes 45, 85 and 146 us for 1024 requests of 16, 32 and 128 heads, where
         the bytes of q and out need 4-33 us: a per-row step (the query's fp8 conversion, say)
+align   rows (tokens) not a multiple of 4: t_align more (projections). GEMMs reading fp32 row
+        scales by TMA need 16-byte rows; vLLM's DeepGEMM on a B200 takes ~175 us at m = 4, 8, 12
+        and ~240 us at every m between
+near    a projection's time times exp(-median log residual) of the NEAR_K nearest measured
+        shapes within NEAR_RADIUS octaves (of rows and heads, aligned with aligned): GEMM
+        libraries pick kernels by shape buckets, so time steps where no smooth term can follow
+        (SGLang's fp8 GEMM on an H200, n = 256: 6.1 us at m = 128, 8.7 us at m = 129). The
+        residuals of the fit's own points are stored in params["near"]
+ops     a whole path's attention at eta_c and its other ops at eta_p, each its own roofline, added
+        (they run one after another and reach different fractions of peak)
+scores  a whole path's unfused attention (torch twins) writing and re-reading its fp32 scores:
+        4 passes over batch x new x keys x heads values at eta_s of the bandwidth, not overlapped
 fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_splits_heuristic,
         commit 13d0fd9c): none when the CTAs fill 80% of the SMs or there are <= 4 KV blocks;
         else the fewest splits within 85% of the best wave efficiency (ctas*s/SMs over its
@@ -48,6 +60,7 @@ fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_spl
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,12 +88,21 @@ TERMS = (
     "fa3split",
     "kvcast",
     "qrow",
+    "align",
+    "near",
+    "ops",
+    "scores",
 )
 BIG_TILE = 128  # rows and keys of a tile under `tile128`
 PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb")
 DECODE_MAX_NEW = 8  # query tokens per request that decode kernels (and decode fits) serve
 KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
 BASE_TERMS = ("fixed",)
+ALIGN_ROWS = 4  # `align`: rows (tokens) a GEMM's fp32 row scales need for 16-byte TMA alignment
+# `near`: the k nearest measured shapes within a radius (octaves of rows and heads) correct a
+# projection's prediction; away from every measured shape the parametric model stands alone
+NEAR_K = 6
+NEAR_RADIUS = 1.0
 
 
 def op_class(path: str, op: str) -> str:
@@ -109,6 +131,9 @@ class Points:
     cache_bytes: np.ndarray  # keys and values an attention op reads (latent or per-head); else 0
     time_s: np.ndarray | None = None
     group: np.ndarray | None = field(default=None, compare=False)  # k-fold keeps a group together
+    # a whole path's attention op alone (the rest = flops/bytes less these), for `ops`
+    attn_flops: np.ndarray | None = None
+    attn_bytes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.flops)
@@ -125,6 +150,8 @@ class Points:
             ),
             time_s=pick(self.time_s),
             group=pick(self.group),
+            attn_flops=pick(self.attn_flops),
+            attn_bytes=pick(self.attn_bytes),
         )
 
 
@@ -158,15 +185,21 @@ def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.n
 ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast", "qrow")
 
 
+# terms that only act on projections (GEMMs and BMMs)
+PROJECTION_TERMS = ("quant", "align", "near")
+# terms that only act on whole paths
+PATH_TERMS = ("ops", "scores")
+
+
 def relevant_terms(op: str, terms) -> tuple[str, ...]:
     """The terms that change this op class's time: the others are dropped, not fitted."""
     if op.startswith("path:"):  # a whole path has no one tile shape; its ops may or may not overlap
-        return tuple(t for t in terms if t in ("fixed", "sum"))
+        return tuple(t for t in terms if t in ("fixed", "sum") + PATH_TERMS)
     if op in PROJECTIONS:
         return tuple(t for t in terms if t not in ATTENTION_TERMS)
     if op != "absorb_attention" or "split" not in terms:  # only absorb's attention is split
         terms = tuple(t for t in terms if t != "fa3split")
-    return tuple(t for t in terms if t != "quant")
+    return tuple(t for t in terms if t not in PROJECTION_TERMS + PATH_TERMS)
 
 
 def param_names(terms) -> list[str]:
@@ -180,6 +213,9 @@ def param_names(terms) -> list[str]:
         + ["t_request_s"] * ("request" in terms)
         + ["eta_x"] * ("kvcast" in terms)
         + ["t_row_s"] * ("qrow" in terms)
+        + ["t_align_s"] * ("align" in terms)
+        + ["eta_p"] * ("ops" in terms)
+        + ["eta_s"] * ("scores" in terms)
     )
 
 
@@ -206,6 +242,9 @@ def pack(params: dict, terms) -> np.ndarray:
         "t_request_s": 2e-8,
         "eta_x": 0.3,
         "t_row_s": 1e-9,
+        "t_align_s": 1e-6,
+        "eta_p": 0.5,
+        "eta_s": 0.3,
     }
     v = [max(params.get(k, start.get(k, 1.0)), 1e-12) for k in param_names(terms)]
     return np.log(np.asarray(v, dtype=np.float64))
@@ -253,8 +292,14 @@ def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_
     t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count)
     t_fixed = t_fixed + added_seconds(params, terms, pts, bandwidth, sm_count)
     if "sum" in terms:  # compute and memory do not overlap
-        return t_fixed + np.maximum(t_compute + t_memory, serial)
-    return t_fixed + np.maximum(np.maximum(t_compute, t_memory), serial)
+        t = t_fixed + np.maximum(t_compute + t_memory, serial)
+    else:
+        t = t_fixed + np.maximum(np.maximum(t_compute, t_memory), serial)
+    if "scores" in terms and pts.op.startswith("path:"):
+        t = t + score_seconds(params, pts, bandwidth)
+    if "near" in terms and pts.op in PROJECTIONS and params.get("near"):
+        t = t * near_factor(params["near"], pts)
+    return t
 
 
 def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: int | None) -> np.ndarray:
@@ -273,7 +318,60 @@ def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: 
         out = out + params["t_row_s"] * pts.batch * pts.new * pts.heads
     if "quant" in terms and pts.op in PROJECTIONS:
         out = out + quant_seconds(params, pts, bandwidth)
+    if "align" in terms and pts.op in PROJECTIONS:  # rows not a multiple of ALIGN_ROWS: a padded copy
+        out = out + params["t_align_s"] * (np.mod(_rows_and_ctas(pts)[0], ALIGN_ROWS) != 0)
     return out
+
+
+def score_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
+    """`scores`: a kernel that is not fused (the torch twins) writes the fp32 scores, the softmax
+    reads and writes them and the value product reads them: 4 passes over batch x new x keys x
+    heads fp32 values, at eta_s of the bandwidth, not overlapped."""
+    return 4 * 4 * pts.batch * pts.new * pts.context * pts.heads / (params["eta_s"] * bandwidth)
+
+
+def near_features(pts: Points) -> np.ndarray:
+    """Where a projection's shape lies for `near`: log2 rows, log2 heads, and whether the rows are
+    unaligned (a different kernel path: an unaligned shape's neighbours are unaligned ones)."""
+    rows = np.asarray(_rows_and_ctas(pts)[0], dtype=np.float64)
+    heads = np.broadcast_to(np.asarray(pts.heads, dtype=np.float64), rows.shape)
+    return np.stack(
+        [np.log2(np.maximum(rows, 1.0)), np.log2(np.maximum(heads, 1.0)), (np.mod(rows, ALIGN_ROWS) != 0) * 1.0],
+        axis=-1,
+    ).reshape(-1, 3)
+
+
+def near_table(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> dict:
+    """The residuals `near` corrects with: each measured point's features and log(predicted /
+    measured) under the parametric part of the fit (the terms less `near`)."""
+    plain = tuple(t for t in terms if t != "near")
+    pred = predict(params, plain, pts, peak, bandwidth, sm_count)
+    return {
+        "features": np.round(near_features(pts), 6).tolist(),
+        "log_residual": np.round(np.log(pred / np.asarray(pts.time_s)), 6).tolist(),
+    }
+
+
+def near_factor(table: dict, pts: Points, chunk: int = 2048) -> np.ndarray:
+    """exp(-median residual) of the NEAR_K nearest measured points within NEAR_RADIUS (those
+    only); 1 where none is that near."""
+    x = np.asarray(table["features"], dtype=np.float64)
+    r = np.asarray(table["log_residual"], dtype=np.float64)
+    f = near_features(pts)
+    out = np.ones(len(f))
+    k = min(NEAR_K, len(x))
+    for start in range(0, len(f), chunk):
+        part = f[start : start + chunk]
+        d = np.sqrt(((part[:, None, :] - x[None, :, :]) ** 2).sum(axis=2))
+        idx = np.argpartition(d, k - 1, axis=1)[:, :k]
+        near = np.take_along_axis(d, idx, axis=1) <= NEAR_RADIUS
+        res = np.where(near, r[idx], np.nan)
+        with warnings.catch_warnings():  # a row with no near neighbour: all-NaN median, factor 1
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(res, axis=1)
+        out[start : start + chunk] = np.where(np.isfinite(med), np.exp(-med), 1.0)
+    shape = np.shape(np.asarray(_rows_and_ctas(pts)[0]))
+    return out.reshape(shape) if shape else out[0]
 
 
 def quant_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
@@ -316,6 +414,16 @@ def components(params: dict, terms, pts: Points, peak: float, bandwidth: float, 
             waves = np.ceil(np.where(finite, ctas, 1.0) * s / sm_count)
             iters = np.ceil(pts.context / (s * tile))
             serial = params["t_iter_s"] * waves * iters
+    if "ops" in terms and pts.op.startswith("path:") and pts.attn_flops is not None:
+        # the path's ops run one after another: attention at eta_c, the rest (projections,
+        # merge) at eta_p, each its own roofline (or sum, with `sum`), added; returned as compute
+        combine = np.add if "sum" in terms else np.maximum
+        fa, ba = np.asarray(pts.attn_flops, dtype=np.float64), np.asarray(pts.attn_bytes, dtype=np.float64)
+        em = params["eta_m"] * bandwidth
+        t_ops = combine(fa / (params["eta_c"] * peak), ba / em) + combine(
+            (flops - fa) / (params["eta_p"] * peak), (nbytes - ba) / em
+        )
+        return params.get("t_fixed_s", 0.0), t_ops, np.zeros_like(t_ops), serial
     # roofline_time with only one side non-zero gives each side alone
     t_compute = roofline_time(flops, 0.0, params["eta_c"] * peak, 1.0)
     t_memory = roofline_time(0.0, nbytes, 1.0, params["eta_m"] * bandwidth)

@@ -19,7 +19,12 @@ def machine_for(hw: HardwareProfile, dtype: str = "bf16") -> Machine:
 
 
 def ceilings(hw: HardwareProfile, dtype: str = "bf16") -> dict:
-    return {"peak_flops": hw.peak_flops(dtype), "bandwidth_bytes_per_s": hw.bandwidth, "sm_count": hw.sm_count}
+    return {
+        "peak_flops": hw.peak_flops(dtype),
+        "bandwidth_bytes_per_s": hw.bandwidth,
+        "sm_count": hw.sm_count,
+        "dtype": dtype,
+    }
 
 
 def build(name: str, hw: HardwareProfile, source: dict, groups: dict, select: bool = True) -> tuple[dict, list]:
@@ -28,13 +33,14 @@ def build(name: str, hw: HardwareProfile, source: dict, groups: dict, select: bo
 
     if not groups:
         raise MlactlError("no measured points to calibrate from")
-    results = fit_groups(groups, machine_for(hw), select_terms=select)
+    dtype = source.get("dtype", "bf16")  # the runs' compute dtype: fits divide by its peak
+    results = fit_groups(groups, machine_for(hw, dtype), select_terms=select)
     data = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "name": safe_name(name),
         "hardware": hw.name,
-        "ceilings": ceilings(hw),
+        "ceilings": ceilings(hw, dtype),
         "source": source,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "mlactl_version": __version__,
@@ -75,10 +81,11 @@ def from_results(files, hw: HardwareProfile | None):
     from mlactl.calibration.sources import results_points
 
     groups: dict = {}
-    hw_names = set()
+    hw_names, dtypes = set(), {}
     for f in files:
         data = results.load(f)
         hw_names.add((data.get("device") or {}).get("hardware"))
+        dtypes[str(f)] = data.get("dtype", "bf16")
         for key, pts in results_points(data, str(f)).items():
             if key in groups:
                 from mlactl.calibration.sources import _concat
@@ -92,7 +99,10 @@ def from_results(files, hw: HardwareProfile | None):
                 "the results files name no single hardware profile (a CPU run has none): pass --hardware NAME|FILE"
             )
         hw = hardware.from_name(known.pop())
-    source = {"kind": "results", "files": [str(f) for f in files]}
+    if len(set(dtypes.values())) > 1:
+        listed = ", ".join(f"{f} ({d})" for f, d in dtypes.items())
+        raise MlactlError(f"the results files computed in different dtypes: {listed}; calibrate each dtype alone")
+    source = {"kind": "results", "files": [str(f) for f in files], "dtype": next(iter(dtypes.values()))}
     stem = "+".join(sorted({str(f).rsplit("/", 1)[-1].removesuffix(".json") for f in files}))[:80]
     return f"{hw.name}-results-{stem}", hw, source, groups
 

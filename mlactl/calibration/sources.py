@@ -35,10 +35,12 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None,
     class's own path by default; expand_chunked's kv_expand reads the weights once per chunk)."""
     b, n, p = (np.asarray(a, dtype=np.float64) for a in (batch, new, prefix))
     H, cfg = float(cost.cfg.H), cost.cfg
+    attn = None
     if op.startswith("path:"):
         ops = cost.ops(op.split(":", 1)[1], b, n, p)
         flops, nbytes = sum(o.flops for o in ops), sum(o.bytes for o in ops)
         out_dim, cache = cfg.dV, cost.kv_cache_bytes(b, n, p)
+        attn = [(o.flops, o.bytes) for o in ops if o.name == "attention"][0]
     else:
         default, name = {
             "kv_expand": ("expand", "kv_expand"),
@@ -59,6 +61,12 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None,
             cache = np.zeros_like(b * n)
     shape = np.broadcast_shapes(np.shape(b), np.shape(n), np.shape(p))
     full = [np.broadcast_to(np.asarray(a, dtype=np.float64), shape).copy() for a in (flops, nbytes, b, n, n + p)]
+    parts = {}
+    if attn is not None:
+        parts = {
+            k: np.broadcast_to(np.asarray(v, dtype=np.float64), shape).copy()
+            for k, v in zip(("attn_flops", "attn_bytes"), attn)
+        }
     return Points(
         op,
         *full,
@@ -67,11 +75,14 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None,
         np.broadcast_to(cache, shape).astype(np.float64),
         time_s=None if time_s is None else np.asarray(time_s, dtype=np.float64),
         group=group,
+        **parts,
     )
 
 
 def _concat(parts: list[Points]) -> Points:
-    fields = ("flops", "bytes", "batch", "new", "context", "heads", "out_dim", "cache_bytes", "time_s")
+    fields: tuple[str, ...] = ("flops", "bytes", "batch", "new", "context", "heads", "out_dim", "cache_bytes", "time_s")
+    if all(p.attn_flops is not None for p in parts):
+        fields += ("attn_flops", "attn_bytes")
     cat = {k: np.concatenate([getattr(p, k) for p in parts]) for k in fields}
     return Points(parts[0].op, **cat)
 

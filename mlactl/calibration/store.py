@@ -4,7 +4,8 @@
   "schema": "mlactl.calibration", "schema_version": 1,
   "name": "h200-aiconfigurator-sglang-0.5.14",     # file stem; what --calibration NAME finds
   "hardware": "h200",                              # the profile the fit divided by
-  "ceilings": {"peak_flops": 9.89e14, "bandwidth_bytes_per_s": 4.8e12, "sm_count": 132},
+  "ceilings": {"peak_flops": 9.89e14, "bandwidth_bytes_per_s": 4.8e12, "sm_count": 132,
+               "dtype": "bf16"},                   # the peak fits divided by: the measured runs' dtype
   "source": {"kind": "aiconfigurator", "system": "h200_sxm", "framework": "sglang",
              "version": "0.5.14", "files": [...]},
   "created": "2026-11-30T12:00:00Z", "mlactl_version": "0.1.0",
@@ -48,6 +49,11 @@ class Calibration:
     @property
     def fits(self) -> list[dict]:
         return self.data["fits"]
+
+    def peak(self, hw) -> float:
+        """The peak the fits divided by (the dtype the measured runs computed in; bf16 for files
+        that do not say): predictions must divide by the same one, whatever dtype is analysed."""
+        return hw.peak_flops((self.data.get("ceilings") or {}).get("dtype", "bf16"))
 
     def fit_for(self, op: str, dtype: str | None = None, phase: str | None = None) -> dict | None:
         """The fit of an op class: of the wanted dtype if there is one, then of the phase
@@ -97,9 +103,32 @@ def validate(data, where: str) -> Calibration:
             v = params.get(k)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v != v or v == float("inf"):
                 raise MlactlError(f"{at}: params.{k} must be a finite number >= 0, got {v!r}")
-        if any(params[k] <= 0 for k in ("eta_c", "eta_m", "eta_q", "eta_x") if k in need):
+        if any(params[k] <= 0 for k in ("eta_c", "eta_m", "eta_q", "eta_x", "eta_p", "eta_s") if k in need):
             raise MlactlError(f"{at}: efficiencies (eta_*) must be positive")
+        if "near" in terms:
+            _check_near(params.get("near"), at)
     return Calibration(data["name"], data["hardware"], data, where)
+
+
+def _check_near(table, at: str) -> None:
+    """The `near` term's residual table: features [log2 rows, log2 heads, unaligned] per measured
+    point and its log residual, as many of each, all finite."""
+    import math
+
+    bad = f"{at}: params.near must be {{'features': [[x, y, z], ...], 'log_residual': [r, ...]}} of equal length"
+    if not isinstance(table, dict):
+        raise MlactlError(bad)
+    feats, res = table.get("features"), table.get("log_residual")
+    if not isinstance(feats, list) or not isinstance(res, list) or not feats or len(feats) != len(res):
+        raise MlactlError(bad)
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not all(isinstance(f, list) and len(f) == 3 and all(number(v) for v in f) for f in feats):
+        raise MlactlError(bad)
+    if not all(number(v) for v in res):
+        raise MlactlError(bad)
 
 
 def load(path: str | Path) -> Calibration:

@@ -29,9 +29,10 @@ def _fit_dtype(cost: CostModel, cls: str) -> str:
 
 
 def calibrated_seconds(
-    cost: CostModel, hw: HardwareProfile, fit: dict, cls: str, batch, new, prefix, path: str | None = None
+    cost: CostModel, hw: HardwareProfile, peak: float, fit: dict, cls: str, batch, new, prefix, path: str | None = None
 ) -> np.ndarray:
-    """One op class's calibrated seconds (one layer) at the given points, as `path` runs it."""
+    """One op class's calibrated seconds (one layer) at the given points, as `path` runs it;
+    `peak` is the one the fit divided by (Calibration.peak)."""
     from mlactl.calibration.sources import points_for
 
     pts = points_for(cost, cls, batch, new, prefix, None, path=path)
@@ -40,7 +41,7 @@ def calibrated_seconds(
         # a fit on prefill tables (prefix 0) never saw few CTAs over a long cache; there the
         # kernel splits the KV (the split term has no parameter to fit), so add it
         terms.append("split")
-    return predict(fit["params"], terms, pts, hw.peak_flops(cost.dtype), hw.bandwidth, hw.sm_count)
+    return predict(fit["params"], terms, pts, peak, hw.bandwidth, hw.sm_count)
 
 
 def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batch, new, prefix, path=None):
@@ -53,10 +54,10 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     prefill = calibration.fit_for(cls, dtype, "prefill")
     if decode is None:
         return None
-    t_prefill = calibrated_seconds(cost, hw, prefill, cls, batch, new, prefix, path)
+    t_prefill = calibrated_seconds(cost, hw, calibration.peak(hw), prefill, cls, batch, new, prefix, path)
     if decode is prefill:
         return t_prefill
-    t_decode = calibrated_seconds(cost, hw, decode, cls, batch, new, prefix, path)
+    t_decode = calibrated_seconds(cost, hw, calibration.peak(hw), decode, cls, batch, new, prefix, path)
     decode_like = (np.asarray(prefix) > 0) & (np.asarray(new) <= DECODE_MAX_NEW)
     return np.where(decode_like, t_decode, t_prefill)
 
@@ -113,7 +114,8 @@ def path_times(
             timed.append(OpTime(op.name, op.flops, op.bytes, op.weight_bytes, t, op.compute_bound))
         total = sum(o.time_s for o in timed)
         if whole:
-            total = calibrated_seconds(cost, hw, whole, f"path:{p}", batch, new, prefix) * layers
+            peak = calibration.peak(hw)
+            total = calibrated_seconds(cost, hw, peak, whole, f"path:{p}", batch, new, prefix) * layers
         out[p] = PathTime(
             p, timed, roof.flops, roof.bytes, np.broadcast_to(total, np.shape(roof.flops)), roof.compute_bound
         )
@@ -145,7 +147,7 @@ def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str
     from mlactl.calibration.model import added_seconds, components
     from mlactl.calibration.sources import points_for
 
-    peak, bandwidth = hw.peak_flops(cost.dtype), hw.bandwidth
+    peak, bandwidth = calibration.peak(hw), hw.bandwidth
     whole = _whole_path_fit(cost, calibration, path)
     classes = [f"path:{path}"] if whole else [op_class(path, op.name) for op in cost.ops(path, 1, 1, 0)]
     ops = cost.ops(path, count, new, prefix)

@@ -108,9 +108,13 @@ def calibrate(
                     "dtype": f.dtype,
                     "terms": list(f.terms),
                     "n": f.n,
-                    "params": f.params,
+                    # `near`'s residual table stays in the file: here, how many points it holds
+                    "params": {
+                        k: ({"points": len(v["log_residual"])} if k == "near" else v) for k, v in f.params.items()
+                    },
                     "in_sample": f.in_sample,
                     "held_out": f.held_out,
+                    **({"drift": f.drift} if f.drift else {}),
                 }
                 for f in fits
             ],
@@ -139,6 +143,13 @@ def calibrate(
                 pct(f.held_out["median"]),
                 pct(f.held_out["p90"]),
             )
-        return [t, f"written: {path}  (use: --calibration {data['name']} --hardware {hw.name})"]
+        out: list = [t]
+        for drift in {id(f.drift): f.drift for f in fits if f.drift}.values():
+            out.append(
+                f"{' and '.join(drift['paired_with'])} were timed side by side at {drift['shapes']} shapes and fitted "
+                f"together: each shape's common drift (median {pct(drift['median_abs'])}, largest "
+                f"{pct(drift['max_abs'])}) was taken out first; the errors are against the drift-free times"
+            )
+        return out + [f"written: {path}  (use: --calibration {data['name']} --hardware {hw.name})"]
 
     emit(fmt, None, json_data=json_data, tables=tables() if fmt == "table" else ())
