@@ -1,0 +1,149 @@
+"""Measured against calibrated crossovers of the torch backend on this CPU (issue #9's CPU target).
+
+1. `mlactl tune paths --backend torch --device cpu` over new-token counts at each prefix (the
+   paths timed in turns at each shape; the run bisects the measured crossover), unless
+   --results FILE gives a run already made;
+2. `mlactl calibrate --from results` on that run (whole-path fits), and the crossover of the
+   calibrated times at each prefix (`mlactl crossover --calibration`);
+3. the same with each prefix held out: fitted on the other prefixes' points only.
+
+Prints the table and writes benchmarks/results/cpu-crossover.json. Never a test: the times are
+this machine's, and a shared machine's noise moves a measured crossover.
+
+    python benchmarks/bench_cpu_crossover.py                       # measure, then compare
+    python benchmarks/bench_cpu_crossover.py --results run.json    # compare a run already made
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mlactl import hardware, results
+from mlactl.calibration import store
+from mlactl.calibration.run import build
+from mlactl.calibration.sources import results_points
+from mlactl.cost import CostModel
+from mlactl.model import MLAConfig
+from mlactl.roofline import crossover_by_time
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "cpu-crossover.json"
+PROFILE = ROOT / "docs" / "results" / "cpu.toml"
+NEW = "1,32,64,128,192,256,320,384,512"
+PREFIX = "1024,2048,4096"
+
+
+def measure(path: Path, model: str, new: str, prefix: str, budget: int) -> None:
+    mlactl = str(Path(sys.executable).with_name("mlactl"))
+    cmd = [mlactl, "tune", "paths", "--backend", "torch", "--device", "cpu"]
+    cmd += ["--model", model, "--new", new, "--prefix", prefix, "--budget", str(budget), "--repeats", "3"]
+    cmd += ["--results-file", str(path)]
+    print("$ mlactl", " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def calibrated_crossovers(data: dict, hw, keep_prefix=None) -> tuple[dict, list[dict]]:
+    """Calibrate on the run's path points (only those whose prefix passes keep_prefix), then the
+    crossover of the calibrated times at every measured prefix; and the fits."""
+    rows = [r for r in data["paths"] if keep_prefix is None or keep_prefix(r["prefix"])]
+    groups = results_points(dict(data, paths=rows, kernels=[]), "run")
+    cal_data, fits = build("bench-cpu", hw, {"kind": "results", "files": []}, groups)
+    cal = store.validate(cal_data, "bench")
+    cfg = MLAConfig(**{k: v for k, v in data["model"].items() if k in MLAConfig.__dataclass_fields__})
+    cost = CostModel(cfg, kv_dtype=data["kv_dtype"], dtype=data["dtype"], chunk=data.get("chunk", 8192))
+    prefixes = sorted({c["prefix"] for c in data["crossovers"]})
+    found = crossover_by_time(cost, hw, prefixes, max_new=4096, calibration=cal)
+    return dict(zip(prefixes, found)), [f.to_json() for f in fits]
+
+
+def err(calibrated, measured) -> float | None:
+    if calibrated is None or not measured:
+        return None
+    return calibrated / measured - 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", help="a `tune paths` results file to compare (default: measure now)")
+    ap.add_argument("--model", default="deepseek-v2-lite")
+    ap.add_argument("--new", default=NEW)
+    ap.add_argument("--prefix", default=PREFIX)
+    ap.add_argument("--budget", type=int, default=1200)
+    ap.add_argument("--output", default=str(OUT))
+    args = ap.parse_args()
+    start = time.time()
+    if args.results:
+        run = Path(args.results)
+    else:
+        run = Path(args.output).with_suffix(".run.json")
+        if run.exists():
+            run.unlink()
+        measure(run, args.model, args.new, args.prefix, args.budget)
+    data = results.load(run)
+    hw = hardware.load_profile(PROFILE)
+    in_sample, fits = calibrated_crossovers(data, hw)
+    rows = []
+    for c in sorted(data["crossovers"], key=lambda c: c["prefix"]):
+        p = c["prefix"]
+        held, _ = calibrated_crossovers(data, hw, keep_prefix=lambda q, p=p: q != p)
+        rows.append(
+            {
+                "prefix": p,
+                "measured": c.get("measured"),
+                "measured_bracket": [c.get("measured_low"), c.get("measured_high")],
+                "nonmonotone": c.get("nonmonotone"),
+                "flops": c.get("predicted_by_flops"),
+                "calibrated": in_sample[p],
+                "calibrated_error": err(in_sample[p], c.get("measured")),
+                "calibrated_prefix_held_out": held[p],
+                "held_out_error": err(held[p], c.get("measured")),
+            }
+        )
+    print(
+        f"\n{'prefix':>6} {'measured':>9} {'bracket':>11} {'FLOPs':>6} {'calibrated':>10} {'err':>6} "
+        f"{'prefix held out':>15} {'err':>6}"
+    )
+    for r in rows:
+        e1 = "—" if r["calibrated_error"] is None else f"{100 * r['calibrated_error']:+.1f}%"
+        e2 = "—" if r["held_out_error"] is None else f"{100 * r['held_out_error']:+.1f}%"
+        bracket = "–".join("?" if v is None else str(v) for v in r["measured_bracket"])
+        print(
+            f"{r['prefix']:>6} {str(r['measured']):>9} {bracket:>11} {str(r['flops']):>6} "
+            f"{str(r['calibrated']):>10} {e1:>6} {str(r['calibrated_prefix_held_out']):>15} {e2:>6}"
+        )
+    for f in fits:
+        print(
+            f"  fit {f['op']:12} terms {'+'.join(f['terms']):24} held-out median "
+            f"{100 * f['held_out']['median']:.1f}% p90 {100 * f['held_out']['p90']:.1f}%"
+        )
+    within = [r for r in rows if r["calibrated_error"] is not None and abs(r["calibrated_error"]) <= 0.10]
+    print(f"\n{len(within)}/{len(rows)} prefixes with the calibrated crossover within 10% of the measured one")
+    out = {
+        "benchmark": "cpu-crossover",
+        "machine": {
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "run": str(run.resolve().relative_to(ROOT)) if run.resolve().is_relative_to(ROOT) else str(run),
+        "model": data["model"].get("name"),
+        "dtype": data["dtype"],
+        "seconds": round(time.time() - start, 1),
+        "prefixes": rows,
+        "fits": fits,
+    }
+    from mlactl.io import atomic_write
+
+    atomic_write(args.output, json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
