@@ -5,6 +5,7 @@ model.py    the time of one op class: t_fixed + roofline with fitted efficiencie
             a pass over the cache)
 fit.py      robust fit in relative error; k-fold held-out error
 sources     aiconfigurator.py (NVIDIA's measured tables), sources.py (tune results, CSV)
+paired.py   whole paths timed side by side, fitted together without each shape's drift
 store.py    calibration files under $MLACTL_HOME/calibrations/
 time.py     THE time function every printed time goes through (roofline or calibrated)
 
