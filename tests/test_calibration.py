@@ -840,3 +840,40 @@ def test_paths_timed_side_by_side_are_fitted_without_their_common_drift():
         "path:expand", "synthetic", "fp32", groups[("path:expand", "synthetic", "fp32")], machine, (("fixed",),)
     )[0]
     assert alone.held_out["p90"] > 0.15
+
+
+def test_a_batch_of_one_request_takes_the_path_time_with_near(home, tmp_path):
+    # a kv_expand fit with `near` (residual 0.5 at every measured shape): one request's batch
+    # launch and that request's path time must agree, and both carry the factor exp(-0.5)
+    from mlactl.calibration import store
+    from mlactl.calibration.time import batch_time, path_times
+    from mlactl.hardware import from_name as hw_named
+
+    cost = CostModel(from_name("deepseek-v3"))
+    hw = hw_named("h200")
+    m = np.arange(1.0, 20000, 37)
+    feats = [[float(np.log2(v)), float(np.log2(cost.cfg.H)), float(v % 4 != 0)] for v in m]
+    params = {
+        "t_fixed_s": 5e-6,
+        "eta_c": 0.5,
+        "eta_m": 0.5,
+        "near": {"features": feats, "log_residual": [0.5] * len(m)},
+    }
+    data = {
+        "schema": "mlactl.calibration",
+        "schema_version": 1,
+        "name": "near-test",
+        "hardware": "h200",
+        "fits": [{"op": "kv_expand", "source": "t", "dtype": "bf16", "terms": ["fixed", "near"], "params": params}],
+    }
+    cal = store.validate(data, "test")
+    plain = store.validate(dict(data, fits=[dict(data["fits"][0], terms=["fixed"])]), "test")
+    new, prefix = np.array([512.0]), np.array([4096.0])
+    one = path_times(cost, hw, cal, 1, new, prefix, paths=("expand",))["expand"]
+    kv = [o for o in one.ops if o.name == "kv_expand"][0]
+    kv_plain = [
+        o for o in path_times(cost, hw, plain, 1, new, prefix, paths=("expand",))["expand"].ops if o.name == "kv_expand"
+    ][0]
+    assert kv.time_s == pytest.approx(kv_plain.time_s * np.exp(-0.5))
+    launched = batch_time(cost, hw, cal, new, prefix, np.array([1.0]), np.array(["expand"]))
+    assert launched == pytest.approx(float(one.time_s[0]), rel=1e-9)

@@ -144,7 +144,7 @@ def batch_time(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, c
 def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> float:
     """Calibrated time of one launch per op over several request rows: one fixed cost, the rows'
     compute, memory and serial seconds each summed, the weights' read counted once."""
-    from mlactl.calibration.model import added_seconds, components
+    from mlactl.calibration.model import PROJECTIONS, added_seconds, components, near_factor
     from mlactl.calibration.sources import points_for
 
     peak, bandwidth = calibration.peak(hw), hw.bandwidth
@@ -166,7 +166,12 @@ def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str
         w = np.broadcast_to(weights, np.shape(t_m)) / (fit["params"]["eta_m"] * bandwidth)
         memory = np.sum(t_m) - np.sum(w) + (np.max(w) if len(w) else 0.0)
         added = np.sum(added_seconds(fit["params"], fit["terms"], pts, bandwidth, hw.sm_count))
-        total += float(t_fixed + added + max(np.sum(t_c), memory, np.sum(serial)))
+        launch = float(t_fixed + added + max(np.sum(t_c), memory, np.sum(serial)))
+        if "near" in fit["terms"] and cls in PROJECTIONS and fit["params"].get("near"):
+            # one GEMM over all the rows' tokens: its shape bucket is the summed one's
+            whole_gemm = points_for(cost, cls, 1, [np.sum(count * new)], [np.sum(count * prefix)], None, path=path)
+            launch *= float(np.asarray(near_factor(fit["params"]["near"], whole_gemm)).reshape(-1)[0])
+        total += launch
     return total
 
 
