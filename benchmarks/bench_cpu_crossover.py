@@ -54,7 +54,8 @@ def calibrated_crossovers(data: dict, hw, keep_prefix=None) -> tuple[dict, list[
     crossover of the calibrated times at every measured prefix; and the fits."""
     rows = [r for r in data["paths"] if keep_prefix is None or keep_prefix(r["prefix"])]
     groups = results_points(dict(data, paths=rows, kernels=[]), "run")
-    cal_data, fits = build("bench-cpu", hw, {"kind": "results", "files": []}, groups)
+    # the source `mlactl calibrate --from results` records: the run's dtype sets the peak
+    cal_data, fits = build("bench-cpu", hw, {"kind": "results", "files": [], "dtype": data["dtype"]}, groups)
     cal = store.validate(cal_data, "bench")
     cfg = MLAConfig(**{k: v for k, v in data["model"].items() if k in MLAConfig.__dataclass_fields__})
     cost = CostModel(cfg, kv_dtype=data["kv_dtype"], dtype=data["dtype"], chunk=data.get("chunk", 8192))
