@@ -57,8 +57,11 @@ def calibrate(
 ):
     """Fit calibrated time per op class and write a calibration file; print the fit quality.
 
-    For each op class: n points, the median and p90 of |predicted/measured - 1| in-sample and
-    held out (5-fold). Use the file with --calibration NAME on analyze, crossover, batch and plot.
+    Per op class: n, the terms kept, median and p90 of |predicted/measured - 1|, in-sample and held out (5-fold).
+
+    Paths timed side by side (tune paths) are fitted together, each shape's common drift taken out first.
+
+    Use the file with --calibration NAME on analyze, crossover, batch and plot.
 
     Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang
     """
