@@ -11,8 +11,9 @@ expand          gather the context latents, expand them by W_UK/W_UV, causal var
 expand_chunked  the same with the prefix expanded `chunk` tokens at a time and merged by lse
 absorb          q_nope . W_UK -> [latent | rope] query, split-KV MQA over the paged latent
                 cache (requests grouped by their new-token count), latent output . W_UV
-auto            per request, by mlactl.policy.AutoPolicy: the crossovers `mlactl tune paths`
-                measured on this GPU, else the roofline of its hardware profile, else FLOPs
+auto            per request, by mlactl.policy.AutoPolicy: a calibration of mlactl's own paths
+                on this device (`mlactl calibrate --from results`), else the crossovers `mlactl
+                tune paths` measured on it, else the roofline of its hardware profile, else FLOPs
 
 backend="triton" runs mlactl's Triton kernels; backend="torch" runs their plain-torch twins
 (any device, a CPU included). All paths compute the same function (docs/design.md, "The

@@ -207,3 +207,63 @@ def test_deepseek_v3_mixed_batch_gpu(path):
     out = mla_attention(**inputs, path=path, chunk=1024)
     ref = mla_attention(**inputs, path=path, chunk=1024, backend="torch")
     assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 2e-2
+
+
+def test_auto_policy_takes_a_calibration_of_its_own_paths_first(tmp_path, monkeypatch):
+    """With a cpu hardware profile and a calibration of mlactl's own paths on it (these dims, this
+    cache dtype), auto follows the calibrated times; a calibration of another engine's kernels,
+    or of other dims, is never taken."""
+    monkeypatch.setenv("MLACTL_HOME", str(tmp_path))
+    from mlactl.kernels import attention
+
+    (tmp_path / "hardware").mkdir(parents=True)
+    (tmp_path / "hardware" / "cpu.toml").write_text(
+        'name = "cpu"\nmatch = ["cpu"]\nmemory_gb = 16\nbandwidth_tbs = 0.02\n[peak_tflops]\nfp32 = 0.2\n'
+    )
+    folder = tmp_path / "calibrations"
+    folder.mkdir()
+    dims = {"H": H, "r": R, "dC": DC, "dR": DR, "dV": DV}
+
+    def write(name, expand_fixed, absorb_fixed, **source):
+        fits = [
+            {
+                "op": f"path:{p}",
+                "source": "mlactl-torch",
+                "dtype": "fp32",
+                "terms": ["fixed"],
+                "params": {"t_fixed_s": t, "eta_c": 1.0, "eta_m": 1.0},
+            }
+            for p, t in (("expand", expand_fixed), ("absorb", absorb_fixed))
+        ]
+        src = {"kind": "results", "files": [], "dtype": "fp32", "model": dims, "kv_dtype": "fp32", **source}
+        data = {
+            "schema": "mlactl.calibration",
+            "schema_version": 1,
+            "name": name,
+            "hardware": "cpu",
+            "ceilings": {"dtype": "fp32"},
+            "source": src,
+            "created": f"2026-11-30T0{len(list(folder.iterdir()))}:00:00Z",
+            "fits": fits,
+        }
+        (folder / f"{name}.json").write_text(json.dumps(data))
+
+    inputs, _, _ = make_batch([1, 50], [100, 100], torch.float32)
+    args = (inputs["q_nope"], inputs["kv_cache"], inputs["w_uk"], inputs["w_uv"])
+    # another engine's kernels, and our own at other dims: not taken (FLOPs would pick
+    # absorb, expand; both of these say expand everywhere)
+    write("aiconfigurator", 0.0, 1.0, kind="aiconfigurator")
+    write("other-dims", 0.0, 1.0, model=dict(dims, H=H * 2))
+    attention._auto_policy.cache_clear()
+    assert auto_policy(*args).kind == "roofline"
+    # our own paths, expand a second slower than absorb everywhere: absorb for the 50-token extend too
+    write("own", 1.0, 0.0)
+    attention._auto_policy.cache_clear()
+    policy = auto_policy(*args)
+    assert policy.kind == "calibrated" and "own.json" in policy.source
+    assert list(policy([1, 50], [100, 100])) == ["absorb", "absorb"]
+    # a newer one the other way round: expand for the decode too
+    write("own-newer", 0.0, 1.0)
+    attention._auto_policy.cache_clear()
+    assert list(auto_policy(*args)([1, 50], [100, 100])) == ["expand", "expand"]
+    attention._auto_policy.cache_clear()

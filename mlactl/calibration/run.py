@@ -10,6 +10,7 @@ from mlactl.calibration.store import SCHEMA, SCHEMA_VERSION, safe_name
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 
+MODEL_DIMS = ("H", "r", "dC", "dR", "dV")  # the dims a whole-path fit was measured at
 # aiconfigurator system -> mlactl hardware profile
 SYSTEM_PROFILES = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100-sxm"}
 
@@ -81,11 +82,18 @@ def from_results(files, hw: HardwareProfile | None):
     from mlactl.calibration.sources import results_points
 
     groups: dict = {}
-    hw_names, dtypes = set(), {}
+    hw_names, dtypes, runs = set(), {}, []
     for f in files:
         data = results.load(f)
         hw_names.add((data.get("device") or {}).get("hardware"))
         dtypes[str(f)] = data.get("dtype", "bf16")
+        runs.append(
+            (
+                tuple((data.get("model") or {}).get(k) for k in MODEL_DIMS),
+                data.get("kv_dtype"),
+                (data.get("device") or {}).get("name"),
+            )
+        )
         for key, pts in results_points(data, str(f)).items():
             if key in groups:
                 from mlactl.calibration.sources import _concat
@@ -103,6 +111,9 @@ def from_results(files, hw: HardwareProfile | None):
         listed = ", ".join(f"{f} ({d})" for f, d in dtypes.items())
         raise MlactlError(f"the results files computed in different dtypes: {listed}; calibrate each dtype alone")
     source = {"kind": "results", "files": [str(f) for f in files], "dtype": next(iter(dtypes.values()))}
+    if len(set(runs)) == 1:  # what `mla_attention(path="auto")` matches a calibration of its own paths by
+        dims, kv_dtype, device = runs[0]
+        source.update(model=dict(zip(MODEL_DIMS, dims)), kv_dtype=kv_dtype, device=device)
     stem = "+".join(sorted({str(f).rsplit("/", 1)[-1].removesuffix(".json") for f in files}))[:80]
     return f"{hw.name}-results-{stem}", hw, source, groups
 

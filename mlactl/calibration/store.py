@@ -158,6 +158,34 @@ def resolve(spec: str) -> Calibration:
     return load(path)
 
 
+def find_own(hw_name: str, dims: dict, kv_dtype: str) -> Calibration | None:
+    """The newest calibration of mlactl's own paths (`mlactl calibrate --from results` on
+    `mlactl tune paths` runs) made for this hardware profile, these model dims and this cache
+    dtype, with a whole-path fit of expand and of absorb; None if there is none. Never one of
+    another engine's kernels (aiconfigurator, CSV). A bad file is skipped with a warning."""
+    from mlactl.errors import warn
+
+    found = []
+    folder = calibrations_dir()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            cal = load(path)
+        except MlactlError as exc:
+            warn(f"skipped {exc}")
+            continue
+        source = cal.data.get("source") or {}
+        ops = {f["op"] for f in cal.fits}
+        if (
+            source.get("kind") == "results"
+            and cal.hardware == hw_name
+            and source.get("model") == dims
+            and source.get("kv_dtype") == kv_dtype
+            and {"path:expand", "path:absorb"} <= ops
+        ):
+            found.append((str(cal.data.get("created", "")), str(path), cal))
+    return max(found)[2] if found else None
+
+
 def check_hardware(cal: Calibration, hw_name: str) -> None:
     if cal.hardware != hw_name:
         raise MlactlError(
