@@ -4,7 +4,7 @@
 so a machine that slows down while one shape is measured slows every path of that shape alike:
 the ratio of two paths at a shape is measured well, the level of the shape less so (on the
 project's shared 2-core CPU, neighbouring shapes' absolute times jumped 20-30% while their
-expand/absorb ratios moved 2-4%). A fit to the absolute times takes that drift as noise and the
+expand/absorb ratios mostly moved 2-7%). A fit to the absolute times takes that drift as noise and the
 crossover, which depends only on the ratios, inherits it.
 
 So the path classes of one (source, dtype) are fitted together, alternating:
