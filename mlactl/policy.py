@@ -17,6 +17,7 @@ from mlactl.defaults import POLICIES  # noqa: F401  (re-exported)
 from mlactl.engines import ENGINES, EngineParams, default_params, grid_paths
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
+from mlactl.measured import DIMS
 from mlactl.roofline import path_times
 
 
@@ -104,18 +105,16 @@ class AutoPolicy:
         self.crossovers = None
         self.calibration = None
         self.hw = hardware.detect(device_name)
+        dims = {k: getattr(cost.cfg, k) for k in DIMS}
         if use_measured and self.hw is not None:
-            from mlactl.calibration.run import MODEL_DIMS
             from mlactl.calibration.store import find_own
 
-            dims = {k: getattr(cost.cfg, k) for k in MODEL_DIMS}
             self.calibration = find_own(self.hw.name, dims, cost.kv_dtype)
             if self.calibration is not None:
                 self.kind = "calibrated"
                 self.source = f"calibrated times of this device's own paths from {self.calibration.path}"
                 return
         if use_measured:
-            dims = {k: getattr(cost.cfg, k) for k in ("H", "r", "dC", "dR", "dV")}
             self.crossovers, where = results.find_crossovers(device_name, dims, cost.kv_dtype, results_folder)
             if self.crossovers:
                 self.kind, self.source = "measured", f"measured crossovers from {where}"

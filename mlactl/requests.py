@@ -21,6 +21,14 @@ CHECK_EVERY = 65_536
 MAX_LINE = 4096
 
 
+def set_prefix(values: dict, path, line: int) -> None:
+    """A row that gives `context` (new tokens included) instead of `prefix`: its prefix."""
+    if "context" in values:
+        if values["context"] < values["new"]:
+            raise MlactlError(f"{path}: line {line}: context {values['context']} is shorter than new {values['new']}")
+        values["prefix"] = values["context"] - values["new"]
+
+
 def _lines(fh, path: Path):
     """The file's lines, each read with a bounded readline: never a read that runs forever."""
     while True:
@@ -76,12 +84,7 @@ def read_requests(path: str | Path, fmt: str = "csv") -> tuple[array, array, arr
                         raise MlactlError(f"{path}: line {line}: {exc}") from None
                     if name in ("new", "count") and values[name] < 1:
                         raise MlactlError(f"{path}: line {line}: {name} must be at least 1")
-                if "context" in values:
-                    if values["context"] < values["new"]:
-                        raise MlactlError(
-                            f"{path}: line {line}: context {values['context']} is shorter than new {values['new']}"
-                        )
-                    values["prefix"] = values["context"] - values["new"]
+                set_prefix(values, path, line)
                 new.append(values["new"])
                 prefix.append(values["prefix"])
                 count.append(values.get("count", 1))

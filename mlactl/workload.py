@@ -21,6 +21,7 @@ from mlactl.engines import EngineParams, chunk_sizes, grid_paths, is_decode, tim
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
 from mlactl.policy import fitting_times
+from mlactl.requests import set_prefix
 
 WORST = 5  # shapes listed per engine
 
@@ -117,12 +118,7 @@ def read_workload(path: str | Path) -> Workload:
                 values[name] = int(cell)
         if values["new"] < 1 or values.get("batch", 1) < 1:
             raise MlactlError(f"{path}: line {line}: new and batch must be at least 1")
-        if "context" in values:
-            if values["context"] < values["new"]:
-                raise MlactlError(
-                    f"{path}: line {line}: context {values['context']} is shorter than new {values['new']}"
-                )
-            values["prefix"] = values["context"] - values["new"]
+        set_prefix(values, path, line)
         out["batch"].append(values.get("batch", 1))
         out["new"].append(values["new"])
         out["prefix"].append(values["prefix"])

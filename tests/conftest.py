@@ -25,6 +25,20 @@ if not HAS_CUDA:
 
 import pytest  # noqa: E402
 
+# Small enough for a CPU, with absorb much costlier per pair than expand (as in DeepSeek):
+# pair_absorb / pair_expand = 2176 / 384, so expand wins from a few dozen new tokens.
+SMALL = {
+    "model_type": "small-mla",
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "kv_lora_rank": 128,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 16,
+    "num_hidden_layers": 2,
+}
+
 
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:

@@ -8,6 +8,7 @@ import re
 import sys
 
 import pytest
+from conftest import SMALL  # small enough for a CPU, expand wins from a few dozen new tokens
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -18,18 +19,6 @@ from mlactl.tune import noise, sweep, timing
 runner = CliRunner()
 TERMINAL_80 = {"COLUMNS": "80", "LINES": "50", "TTY_COMPATIBLE": "1", "NO_COLOR": "1", "TERM": "xterm"}
 ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
-
-SMALL = {  # as tests/test_tune.py: small enough for a CPU, expand wins from a few dozen new tokens
-    "model_type": "small-mla",
-    "hidden_size": 256,
-    "num_attention_heads": 4,
-    "kv_lora_rank": 128,
-    "q_lora_rank": None,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 16,
-    "v_head_dim": 16,
-    "num_hidden_layers": 2,
-}
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 
 import pytest
+from conftest import SMALL  # small enough for a CPU; absorb much costlier per pair than expand
 from typer.testing import CliRunner
 
 from mlactl import results
@@ -21,19 +22,6 @@ from mlactl.tune import sweep
 
 runner = CliRunner()
 
-# Small enough for a CPU, with absorb much costlier per pair than expand (as in DeepSeek):
-# pair_absorb / pair_expand = 2176 / 384, so expand wins from a few dozen new tokens.
-SMALL = {
-    "model_type": "small-mla",
-    "hidden_size": 256,
-    "num_attention_heads": 4,
-    "kv_lora_rank": 128,
-    "q_lora_rank": None,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 16,
-    "v_head_dim": 16,
-    "num_hidden_layers": 2,
-}
 # What the interpreter can run quickly: power-of-two dims, two heads.
 TINY = dict(SMALL, model_type="tiny-mla", num_attention_heads=2, kv_lora_rank=32)
 

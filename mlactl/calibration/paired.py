@@ -45,8 +45,7 @@ def paired_groups(groups: dict) -> list[list]:
         if len(keys) < 2:
             continue
         shapes = [set(_shape_keys(groups[k])) for k in keys]
-        common = set.intersection(*shapes[:2]) if len(shapes) >= 2 else set()
-        if len(common) * 2 >= min(len(s) for s in shapes[:2]):
+        if len(shapes[0] & shapes[1]) * 2 >= min(len(shapes[0]), len(shapes[1])):
             out.append(sorted(keys))
     return out
 
@@ -76,11 +75,10 @@ def fit_paired(groups: dict, keys: list, machine, select_one) -> tuple[list, dic
         new = np.array([np.mean(v) if len(v) > 1 else np.nan for v in logs])
         paired = np.isfinite(new)
         drift = np.where(paired, new - np.median(new[paired]), 0.0) if paired.any() else np.zeros(len(shapes))
-    shown = np.abs(drift[np.isfinite(drift)])
     summary = {
         "paired_with": [k[0] for k in keys],
-        "shapes": int(len(shapes)),
-        "median_abs": float(np.median(shown)) if len(shown) else 0.0,
-        "max_abs": float(np.max(shown)) if len(shown) else 0.0,
+        "shapes": len(shapes),
+        "median_abs": float(np.median(np.abs(drift))),
+        "max_abs": float(np.max(np.abs(drift))),
     }
     return [replace(results[k], drift=summary) for k in keys], summary

@@ -9,8 +9,8 @@ from mlactl.calibration.fit import Machine
 from mlactl.calibration.store import SCHEMA, SCHEMA_VERSION, safe_name
 from mlactl.errors import MlactlError
 from mlactl.hardware import HardwareProfile
+from mlactl.measured import DIMS  # the dims a whole-path fit was measured at
 
-MODEL_DIMS = ("H", "r", "dC", "dR", "dV")  # the dims a whole-path fit was measured at
 # aiconfigurator system -> mlactl hardware profile
 SYSTEM_PROFILES = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100-sxm"}
 
@@ -89,7 +89,7 @@ def from_results(files, hw: HardwareProfile | None):
         dtypes[str(f)] = data.get("dtype", "bf16")
         runs.append(
             (
-                tuple((data.get("model") or {}).get(k) for k in MODEL_DIMS),
+                tuple((data.get("model") or {}).get(k) for k in DIMS),
                 data.get("kv_dtype"),
                 (data.get("device") or {}).get("name"),
             )
@@ -113,7 +113,7 @@ def from_results(files, hw: HardwareProfile | None):
     source = {"kind": "results", "files": [str(f) for f in files], "dtype": next(iter(dtypes.values()))}
     if len(set(runs)) == 1:  # what `mla_attention(path="auto")` matches a calibration of its own paths by
         dims, kv_dtype, device = runs[0]
-        source.update(model=dict(zip(MODEL_DIMS, dims)), kv_dtype=kv_dtype, device=device)
+        source.update(model=dict(zip(DIMS, dims)), kv_dtype=kv_dtype, device=device)
     stem = "+".join(sorted({str(f).rsplit("/", 1)[-1].removesuffix(".json") for f in files}))[:80]
     return f"{hw.name}-results-{stem}", hw, source, groups
 
