@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from mlactl import hardware
-from mlactl.calibration import aiconfigurator as ac
-from mlactl.calibration import select
-from mlactl.calibration.fit import rel_errors, summary
-from mlactl.calibration.model import predict
-from mlactl.calibration.run import SYSTEM_PROFILES, machine_for
-from mlactl.roofline import roofline_time
+from mlactl.decide.calibration import aiconfigurator as ac
+from mlactl.decide.calibration import select
+from mlactl.decide.calibration.fit import rel_errors, summary
+from mlactl.decide.calibration.model import predict
+from mlactl.decide.calibration.run import SYSTEM_PROFILES, machine_for
+from mlactl.model import hardware
+from mlactl.model.roofline import roofline_time
 
 SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm")
 FRAMEWORKS = ("sglang", "trtllm", "vllm")
@@ -175,7 +175,7 @@ def main() -> None:
         "transfer_h100_to_h200": transfer,
     }
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    from mlactl.io import atomic_write
+    from mlactl.util.io import atomic_write
 
     atomic_write(args.output, json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.output}")

@@ -25,13 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-from mlactl import hardware, results
-from mlactl.calibration import store
-from mlactl.calibration.run import build
-from mlactl.calibration.sources import results_points
-from mlactl.cost import CostModel
-from mlactl.model import MLAConfig
-from mlactl.roofline import crossover_by_time
+from mlactl.decide.calibration import store
+from mlactl.decide.calibration.run import build
+from mlactl.decide.calibration.sources import results_points
+from mlactl.model import hardware
+from mlactl.model.config import MLAConfig
+from mlactl.model.cost import CostModel
+from mlactl.model.roofline import crossover_by_time
+from mlactl.results import store as results
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "cpu-crossover.json"
@@ -140,7 +141,7 @@ def main() -> None:
         "prefixes": rows,
         "fits": fits,
     }
-    from mlactl.io import atomic_write
+    from mlactl.util.io import atomic_write
 
     atomic_write(args.output, json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.output}")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from mlactl.kernels.attention import mla_attention
-from mlactl.model import from_name
+from mlactl.model.config import from_name
 from mlactl.tune.inputs import paged_batch
 from mlactl.tune.timing import time_interleaved
 
@@ -83,7 +83,7 @@ def main() -> None:
         "rows": rows,
         "largest_disagreement": max(spread),
     }
-    from mlactl.io import atomic_write
+    from mlactl.util.io import atomic_write
 
     atomic_write(args.output, json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.output}")

@@ -13,9 +13,9 @@
      2048 tokens;
    * mla_attention, backend triton vs torch, paths absorb and expand, at a decode shape
      (B 64, prefix 8191, new 1, H 16) and an extend shape (B 1, new 2048, prefix 8192, H 16).
-   FLOPs and bytes of every row come from mlactl.cost.CostModel.ops: a kernel row counts its
+   FLOPs and bytes of every row come from mlactl.model.cost.CostModel.ops: a kernel row counts its
    path's attention op, a path row the whole path. Achieved FLOP/s = FLOPs / median time,
-   bytes/s = bytes / median; roofline time from mlactl.roofline on the profile that
+   bytes/s = bytes / median; roofline time from mlactl.model.roofline on the profile that
    hardware.detect finds for this GPU; fraction = roofline time / measured time.
 3. Prints a table and saves JSON (gpu-check-<device>-<YYYYMMDD-HHMMSS>.json in --out, default
    benchmarks/results/), rewritten after every row so a crash keeps what was measured.
@@ -117,7 +117,7 @@ TARGET_PREFILL = ("flops_per_s", 350 * TFLOPS)
 
 
 def smoke_model():
-    from mlactl.model import MLAConfig
+    from mlactl.model.config import MLAConfig
 
     return MLAConfig("smoke", hidden=64, H=4, q_lora_rank=None, r=32, dC=16, dR=16, dV=16, layers=1)
 
@@ -191,9 +191,9 @@ class Bench:
     def __init__(self, plan: Plan, smoke: bool):
         import torch
 
-        from mlactl import hardware
         from mlactl.kernels._checks import TORCH_DTYPES
-        from mlactl.model import from_name
+        from mlactl.model import hardware
+        from mlactl.model.config import from_name
 
         self.torch = torch
         self.plan = plan
@@ -260,14 +260,14 @@ class Bench:
         return t.to_dict()
 
     def cost(self, H: int, kv_dtype: str):
-        from mlactl.cost import CostModel
+        from mlactl.model.cost import CostModel
 
         cfg = self.model.with_tp(self.model.H // H)
         return CostModel(cfg, kv_dtype=kv_dtype, dtype=self.plan.dtype)
 
     def counts(self, cost, path: str, shape: tuple[int, int, int], whole_path: bool) -> dict:
         """FLOPs, bytes and roofline time of the path's attention op, or of the whole path."""
-        from mlactl.roofline import op_time, path_time
+        from mlactl.model.roofline import op_time, path_time
 
         ops = cost.ops(path, *shape)
         out = {"cost_path": path, "cost_op": "all ops" if whole_path else "attention"}
@@ -574,7 +574,7 @@ def _plain(x):
 
 
 def save(doc: dict, path: Path) -> None:
-    from mlactl.io import atomic_write
+    from mlactl.util.io import atomic_write
 
     doc["summary"] = summarize(doc)
     atomic_write(path, json.dumps(_plain(doc), indent=1, allow_nan=False) + "\n")

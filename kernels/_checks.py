@@ -9,7 +9,7 @@ import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name))
-# mlactl's dtype names (mlactl.defaults: the CLI's, the JSON's, the tuned files') and torch's dtypes.
+# mlactl's dtype names (mlactl.util.defaults: the CLI's, the JSON's, the tuned files') and torch's dtypes.
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 

@@ -11,7 +11,7 @@ expand          gather the context latents, expand them by W_UK/W_UV, causal var
 expand_chunked  the same with the prefix expanded `chunk` tokens at a time and merged by lse
 absorb          q_nope . W_UK -> [latent | rope] query, split-KV MQA over the paged latent
                 cache (requests grouped by their new-token count), latent output . W_UV
-auto            per request, by mlactl.policy.AutoPolicy: a calibration of mlactl's own paths
+auto            per request, by mlactl.decide.policy.AutoPolicy: a calibration of mlactl's own paths
                 on this device (`mlactl calibrate --from results`), else the crossovers `mlactl
                 tune paths` measured on it, else the roofline of its hardware profile, else FLOPs
 
@@ -27,8 +27,8 @@ from functools import lru_cache
 
 import torch
 
-from mlactl.defaults import DEFAULT_CHUNK, KERNEL_BACKENDS, MLA_PATHS
 from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor, dtype_name
+from mlactl.util.defaults import DEFAULT_CHUNK, KERNEL_BACKENDS, MLA_PATHS
 
 PATHS = MLA_PATHS
 BACKENDS = KERNEL_BACKENDS
@@ -36,9 +36,9 @@ BACKENDS = KERNEL_BACKENDS
 
 @lru_cache(maxsize=32)
 def _auto_policy(device_name: str, H: int, r: int, dC: int, dR: int, dV: int, kv_dtype: str, dtype: str):
-    from mlactl.cost import CostModel
-    from mlactl.model import MLAConfig
-    from mlactl.policy import AutoPolicy
+    from mlactl.decide.policy import AutoPolicy
+    from mlactl.model.config import MLAConfig
+    from mlactl.model.cost import CostModel
 
     cfg = MLAConfig("runtime", hidden=0, H=H, q_lora_rank=None, r=r, dC=dC, dR=dR, dV=dV, layers=1)
     return AutoPolicy(CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype), device_name)

@@ -11,7 +11,7 @@ A bucket key is ``name=value`` pairs of positive integers joined by commas. Look
 nearest bucket: the smallest sum of |log2(asked) - log2(bucket)| over the names, among buckets
 that have exactly the asked names; the heads ``H`` count 4 times (they set the tile shapes, and
 come from the model and its tensor parallelism, not from the traffic). Files live in the user
-folder (``$MLACTL_TUNED_DIR``, else ``$MLACTL_HOME/tuned``, see mlactl.dirs); mlactl ships none
+folder (``$MLACTL_TUNED_DIR``, else ``$MLACTL_HOME/tuned``, see mlactl.util.dirs); mlactl ships none
 until they are measured on the GPU they name. ``MLACTL_NO_TUNED=1`` turns lookups off.
 `check_config` is the one validator of a launch config (given or tuned) that the launchers share.
 Nothing here imports torch.
@@ -26,7 +26,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from mlactl.dirs import home
+from mlactl.util.dirs import home
 
 FORMAT_VERSION = 1
 ENV_DIR = "MLACTL_TUNED_DIR"
@@ -43,8 +43,8 @@ def user_dir() -> Path:
 
 def device_slug(device_name: str) -> str:
     """'NVIDIA H200' -> 'NVIDIA_H200' (the engines' file-name spelling); never a path: '..' or
-    '/x' become one safe name (mlactl.dirs.path_component)."""
-    from mlactl.dirs import path_component
+    '/x' become one safe name (mlactl.util.dirs.path_component)."""
+    from mlactl.util.dirs import path_component
 
     return path_component(re.sub(r"[^A-Za-z0-9.\-]+", "_", device_name.strip()))
 
@@ -109,7 +109,7 @@ def load(path: Path) -> dict:
 
 
 def _skip(path: Path, why) -> None:
-    from mlactl.errors import warn
+    from mlactl.util.errors import warn
 
     warn(f"skipped tuned configs {path}: {str(why).removeprefix(f'{path}: ')}")
 

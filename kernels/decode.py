@@ -3,7 +3,7 @@
 An MQA over the latent cache: every cache row is ``[c (r) | k_r (dR)]``, the key is the whole
 row and the value its latent part, so each row is read once and feeds both dot products.
 The plain-torch twin, to read first, is `decode_naive.mla_decode_naive`; FLOPs and bytes are
-counted in `mlactl.cost` (``2·H·(r+dR) + 2·H·r`` FLOPs per (query, key) pair).
+counted in `mlactl.model.cost` (``2·H·(r+dR) + 2·H·r`` FLOPs per (query, key) pair).
 
 Design (flash-decoding with grouped heads):
 
@@ -42,7 +42,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from mlactl.defaults import DTYPE_BYTES
+from mlactl.util.defaults import DTYPE_BYTES
 
 from . import configs, schedule
 from ._checks import DTYPE_NAMES, check_device, check_dim, check_scale, check_tensor, interpreting, latent_rank

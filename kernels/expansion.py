@@ -28,7 +28,6 @@ from collections.abc import Callable
 
 import torch
 
-from mlactl.defaults import DEFAULT_CHUNK  # prefix tokens per request and step (512 MiB of K/V at 128 heads)
 from mlactl.kernels._checks import (
     FLOAT_DTYPES,
     FP8_DTYPES,
@@ -40,6 +39,7 @@ from mlactl.kernels._checks import (
     torch_name,
 )
 from mlactl.kernels.prefill_naive import check_inner_stride, check_same_device
+from mlactl.util.defaults import DEFAULT_CHUNK  # prefix tokens per request and step (512 MiB of K/V at 128 heads)
 
 
 def _resolve_r(kv_cache: torch.Tensor, r) -> int:

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mlactl.calibration import aiconfigurator as ac
-from mlactl.calibration.fit import Machine, fit, fit_params, folds
-from mlactl.calibration.sources import points_for
 from mlactl.cli import app
-from mlactl.cost import CostModel
-from mlactl.errors import MlactlError
-from mlactl.model import from_name
+from mlactl.decide.calibration import aiconfigurator as ac
+from mlactl.decide.calibration.fit import Machine, fit, fit_params, folds
+from mlactl.decide.calibration.sources import points_for
+from mlactl.model.config import from_name
+from mlactl.model.cost import CostModel
+from mlactl.util.errors import MlactlError
 
 FIXTURE = Path(__file__).parent / "data" / "aiconfigurator"
 runner = CliRunner()
@@ -275,7 +275,7 @@ def test_csv_missing_columns_and_bad_op(tmp_path, home):
 
 
 def make_calibration(home, hardware="h200", t_fixed=0.0, eta=1.0, ops=None) -> str:
-    from mlactl.calibration import store
+    from mlactl.decide.calibration import store
 
     ops = ops or ["kv_expand", "expand_attention", "lse_merge", "q_absorb", "absorb_attention", "out_absorb"]
     data = {
@@ -365,10 +365,10 @@ def test_batch_records_the_calibration(home, tmp_path):
 
 
 def test_time_function_is_a_drop_in(home):
-    from mlactl.calibration import store
-    from mlactl.calibration.time import path_times
-    from mlactl.hardware import from_name as hw_named
-    from mlactl.roofline import path_times as roofline_times
+    from mlactl.decide.calibration import store
+    from mlactl.decide.calibration.time import path_times
+    from mlactl.model.hardware import from_name as hw_named
+    from mlactl.model.roofline import path_times as roofline_times
 
     cost = CostModel(from_name("deepseek-v3"))
     hw = hw_named("h200")
@@ -403,7 +403,7 @@ def test_installed_aiconfigurator_h200_sglang(home):
 
 
 def test_a_term_is_kept_only_where_it_lowers_the_held_out_error():
-    from mlactl.calibration import select
+    from mlactl.decide.calibration import select
 
     best, tried = select("absorb_attention", "synthetic", "bf16", synthetic(), Machine(PEAK, BW, SMS))
     assert len(tried) > 1  # the richer sets were fitted ...
@@ -413,7 +413,7 @@ def test_a_term_is_kept_only_where_it_lowers_the_held_out_error():
 def test_quant_term_recovers_a_pass_over_the_activations():
     # kv_expand of m tokens for H heads: FLOPs 2*m*r*H*(dC+dV); a bf16 pass over the m x r
     # activations at 40% of the bandwidth runs before a GEMM at eta_c 0.7, eta_m 0.9
-    from mlactl.calibration import select
+    from mlactl.decide.calibration import select
 
     m = np.array([1.0, 16, 64, 256, 1024, 4096, 16384, 65536])
     heads = np.array([1.0, 8, 32, 128])
@@ -427,7 +427,7 @@ def test_quant_term_recovers_a_pass_over_the_activations():
         return CostModel(replace(from_name("deepseek-v3"), H=int(h)))
 
     parts = [points_for(cost(h), "kv_expand", 1, mm[hh == h], 0, t[hh == h]) for h in heads]
-    from mlactl.calibration.sources import _concat
+    from mlactl.decide.calibration.sources import _concat
 
     pts = _concat(parts)
     assert np.allclose(pts.flops, np.concatenate([flops[hh == h] for h in heads]))
@@ -476,7 +476,7 @@ def test_tile128_term_recovers_128_row_tiles_of_expand_prefill():
     # FLOPs 2H(dC+dR) + 2H dV = 81,920 per (query, key) pair, n(n+1)/2 pairs; bytes per token
     # q H(dC+dR)*2 + k,v H(dC+dV)*2 + RoPE key dR*2 + out H dV*2 = 147,584. The kernel computes
     # whole 128-row query tiles: F * ceil(n/128)*128/n at eta_c 0.2; memory at eta_m 0.8.
-    from mlactl.calibration import select
+    from mlactl.decide.calibration import select
 
     n = np.array([1.0, 16, 100, 150, 200, 300, 400, 520, 650, 777, 1000, 1300, 2100, 4100])
     b = np.array([1.0, 4, 16])
@@ -510,7 +510,7 @@ def test_tile128_term_recovers_128_row_tiles_of_expand_prefill():
     ],
 )
 def test_fa3_split_count_matches_the_heuristic_by_hand(ctas, n_blocks, want):
-    from mlactl.calibration.model import fa3_splits
+    from mlactl.decide.calibration.model import fa3_splits
 
     assert fa3_splits(np.array([ctas]), np.array([n_blocks]), 132).tolist() == [want]
 
@@ -522,7 +522,7 @@ def test_fa3split_term_recovers_a_decode_split_the_fa3_way():
     # regime. `split` alone takes ceil(132/b) pieces and mispredicts b = 8 (17 pieces, 2 waves).
     from dataclasses import replace
 
-    from mlactl.calibration.model import relevant_terms
+    from mlactl.decide.calibration.model import relevant_terms
 
     heads = 16
     cost = CostModel(replace(from_name("deepseek-v3"), H=heads))
@@ -550,7 +550,7 @@ def test_kvcast_term_recovers_a_pass_over_the_cache():
     # the pass is the same at 16 heads as at 128, where the FLOPs bind and the base model must miss
     from dataclasses import replace
 
-    from mlactl.calibration import select
+    from mlactl.decide.calibration import select
 
     machine = Machine(PEAK, BW, SMS)
     parts = []
@@ -562,7 +562,7 @@ def test_kvcast_term_recovers_a_pass_over_the_cache():
         assert np.allclose(pts.cache_bytes, bb * cc * (R + DR))  # cost.py agrees with the hand count
         t = 8e-6 + cast + np.maximum(pts.flops / (0.1 * PEAK), pts.bytes / (0.8 * BW))
         parts.append(points_for(cost, "absorb_attention", bb, 1, cc - 1, t))
-    from mlactl.calibration.sources import _concat
+    from mlactl.decide.calibration.sources import _concat
 
     pts = _concat(parts)
     best, tried = select("absorb_attention", "synthetic", "fp8", pts, machine, (("fixed",), ("fixed", "kvcast")))
@@ -578,8 +578,8 @@ def test_qrow_term_recovers_a_cost_per_query_row():
     # kind, per head count: FLOPs 2h(r+dR) + 2hr per key; bytes ctx(r+dR)*2 + h(r+dR)*2 + h*r*2)
     from dataclasses import replace
 
-    from mlactl.calibration import select
-    from mlactl.calibration.sources import _concat
+    from mlactl.decide.calibration import select
+    from mlactl.decide.calibration.sources import _concat
 
     parts = []
     bb, cc = (a.ravel() for a in np.meshgrid([1.0, 16, 128, 1024], [2.0, 128, 2048, 32768]))
@@ -604,8 +604,8 @@ def test_qrow_term_recovers_a_cost_per_query_row():
 def test_new_terms_run_on_the_time_functions_grids(home):
     # crossover and batch evaluate calibrated time on grids (prefix x new tokens): a fit with
     # every attention term must give numbers there, not a broadcasting traceback
-    from mlactl.calibration import store
-    from mlactl.calibration.model import fa3_splits
+    from mlactl.decide.calibration import store
+    from mlactl.decide.calibration.model import fa3_splits
 
     assert fa3_splits(np.array([[8.0], [1.0]]), np.array([[2048.0, 4.0]]), 132).tolist() == [[15, 1], [109, 1]]
     terms = ["fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split", "kvcast", "qrow"]
@@ -626,7 +626,7 @@ def test_new_terms_run_on_the_time_functions_grids(home):
 def _kv_expand_points(mm, hh, t):
     from dataclasses import replace
 
-    from mlactl.calibration.sources import _concat
+    from mlactl.decide.calibration.sources import _concat
 
     def cost(h):
         return CostModel(replace(from_name("deepseek-v3"), H=int(h)))
@@ -650,7 +650,7 @@ def test_align_term_recovers_a_cost_of_unaligned_rows():
 
 
 def test_near_factor_by_hand():
-    from mlactl.calibration.model import near_factor
+    from mlactl.decide.calibration.model import near_factor
 
     # measured shapes at log2 rows 0, 1 and 5 (1 head, unaligned), residuals 0.1, 0.3, 2.0
     table = {"features": [[0.0, 0.0, 1.0], [1.0, 0.0, 1.0], [5.0, 0.0, 1.0]], "log_residual": [0.1, 0.3, 2.0]}
@@ -668,8 +668,8 @@ def test_near_term_follows_steps_a_smooth_model_cannot():
     # a GEMM library's buckets: 1.5x slower for m in (256, 2048]; measured on a grid of m and
     # heads; `near` must lower the held-out error, and a shape far outside the grid keeps the
     # parametric time
-    from mlactl.calibration import select
-    from mlactl.calibration.model import predict
+    from mlactl.decide.calibration import select
+    from mlactl.decide.calibration.model import predict
 
     m = np.unique(np.round(2 ** np.linspace(0, 13, 60)))
     mm, hh = (a.ravel() for a in np.meshgrid(m, [1.0, 2, 4, 8, 16, 32, 64]))
@@ -702,10 +702,10 @@ def test_an_fp32_run_is_predicted_with_the_peak_it_was_fitted_with(tmp_path):
     # a CPU run in fp32 (peak 0.2 TFLOP/s; bf16 would be 0.4): each path takes 100 us plus its
     # roofline at 50% of the fp32 peak and 80% of the bandwidth. A calibration fitted on it must
     # give back those times in an fp32 analysis (dividing by the bf16 peak halved them)
-    from mlactl import hardware
-    from mlactl.calibration import run as cal_run
-    from mlactl.calibration import store as cal_store
-    from mlactl.calibration.time import path_times
+    from mlactl.decide.calibration import run as cal_run
+    from mlactl.decide.calibration import store as cal_store
+    from mlactl.decide.calibration.time import path_times
+    from mlactl.model import hardware
 
     profile = tmp_path / "cpu.toml"
     profile.write_text(
@@ -752,8 +752,8 @@ def test_an_fp32_run_is_predicted_with_the_peak_it_was_fitted_with(tmp_path):
 def test_ops_and_scores_terms_recover_a_whole_path_by_hand():
     # the absorb path of a small model, timed whole: attention at 10% of peak, the projections at
     # 80%, plus 4 passes over the fp32 scores at 25% of the bandwidth (by hand below)
-    from mlactl.calibration import select
-    from mlactl.calibration.model import predict
+    from mlactl.decide.calibration import select
+    from mlactl.decide.calibration.model import predict
 
     cfg = from_name("teaching").with_tp(8)
     cost = CostModel(cfg, kv_dtype="fp32", dtype="fp32")
@@ -788,8 +788,8 @@ def test_paths_timed_side_by_side_are_fitted_without_their_common_drift():
     # efficiencies; then every shape's two times multiplied by one random factor (0.7-1.4: a shared
     # machine slowing down while that shape was measured). The paired fit must recover the
     # parameters and the crossover the drift-free times have (found below by brute force)
-    from mlactl.calibration import fit_groups
-    from mlactl.calibration.model import predict
+    from mlactl.decide.calibration import fit_groups
+    from mlactl.decide.calibration.model import predict
 
     cfg = from_name("teaching").with_tp(8)
     cost = CostModel(cfg, kv_dtype="fp32", dtype="fp32")
@@ -834,7 +834,7 @@ def test_paths_timed_side_by_side_are_fitted_without_their_common_drift():
         want = brute_force_crossover(exact, prefix)
         assert abs(brute_force_crossover(fitted, prefix) - want) <= max(2, 0.02 * want)
     # fitted one path at a time, the same points give efficiencies off by the drift
-    from mlactl.calibration import select
+    from mlactl.decide.calibration import select
 
     alone = select(
         "path:expand", "synthetic", "fp32", groups[("path:expand", "synthetic", "fp32")], machine, (("fixed",),)
@@ -845,9 +845,9 @@ def test_paths_timed_side_by_side_are_fitted_without_their_common_drift():
 def test_a_batch_of_one_request_takes_the_path_time_with_near(home, tmp_path):
     # a kv_expand fit with `near` (residual 0.5 at every measured shape): one request's batch
     # launch and that request's path time must agree, and both carry the factor exp(-0.5)
-    from mlactl.calibration import store
-    from mlactl.calibration.time import batch_time, path_times
-    from mlactl.hardware import from_name as hw_named
+    from mlactl.decide.calibration import store
+    from mlactl.decide.calibration.time import batch_time, path_times
+    from mlactl.model.hardware import from_name as hw_named
 
     cost = CostModel(from_name("deepseek-v3"))
     hw = hw_named("h200")

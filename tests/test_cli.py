@@ -252,7 +252,7 @@ def test_bad_hardware_file_via_cli(tmp_path):
 
 def test_analyze_and_import_do_not_load_torch_or_triton():
     code = (
-        "import sys, mlactl, mlactl.cli, mlactl.analysis, mlactl.report, mlactl.render\n"
+        "import sys, mlactl, mlactl.cli, mlactl.decide.analysis, mlactl.output.report, mlactl.output.render\n"
         "from typer.testing import CliRunner\n"
         "r = CliRunner().invoke(mlactl.cli.app, ['analyze', '--crossover', '--format', 'json'])\n"
         "assert r.exit_code == 0, r.output\n"
@@ -281,9 +281,11 @@ def test_paths_that_do_not_fit_are_never_chosen():
 
 
 def test_analysis_as_a_dataframe():
-    from mlactl import analysis, hardware, model
-    from mlactl.report import to_frame
-    from mlactl.shapes import grid
+    from mlactl.decide import analysis
+    from mlactl.model import config as model
+    from mlactl.model import hardware
+    from mlactl.model.shapes import grid
+    from mlactl.output.report import to_frame
 
     result = analysis.analyze(
         model.from_name("deepseek-v3"), hardware.from_name("h200"), *grid([1, 8], [1, 256], [0, 4096])

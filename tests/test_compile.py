@@ -89,7 +89,7 @@ def test_verdict():
 
 def test_drop_by_compile_records_why(monkeypatch):
     """tune's pruning: configs the stage rejects are dropped before timing, each with its reason."""
-    from mlactl import model
+    from mlactl.model import config as model
     from mlactl.tune import space
 
     def fake(cases):
@@ -163,7 +163,7 @@ LISTED += [("deepseek-v2-lite", 1)]
 def test_listed_defaults_do_not_spill_on_sm90():
     """Every listed model's decode default, bf16 and fp8 cache, compiled for sm_90 with the ptxas
     Triton selects: 0 spill bytes, no C7515, fits shared memory; prefill's defaults too."""
-    from mlactl import model
+    from mlactl.model import config as model
 
     cases = []
     for name, tp in LISTED:

@@ -11,10 +11,11 @@ import random
 import numpy as np
 import pytest
 
-from mlactl import hardware, model
-from mlactl.cost import CostModel, causal_pairs
-from mlactl.errors import MlactlError
-from mlactl.roofline import crossover_by_time, path_times
+from mlactl.model import config as model
+from mlactl.model import hardware
+from mlactl.model.cost import CostModel, causal_pairs
+from mlactl.model.roofline import crossover_by_time, path_times
+from mlactl.util.errors import MlactlError
 
 V3 = model.from_name("deepseek-v3")
 

@@ -6,7 +6,7 @@ import io
 import numpy as np
 import pytest
 
-from mlactl.csvout import write_csv
+from mlactl.output.csvout import write_csv
 
 
 def write(columns, header=None, chunk=7):

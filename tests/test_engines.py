@@ -18,10 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from mlactl import hardware, model, workload
 from mlactl.cli import app
-from mlactl.cost import CostModel
-from mlactl.engines import (
+from mlactl.decide import workload
+from mlactl.decide.engines import (
     batch_paths,
     default_params,
     grid_paths,
@@ -29,7 +28,10 @@ from mlactl.engines import (
     time_lost,
     vllm_context_chunk,
 )
-from mlactl.errors import MlactlError
+from mlactl.model import config as model
+from mlactl.model import hardware
+from mlactl.model.cost import CostModel
+from mlactl.util.errors import MlactlError
 
 runner = CliRunner()
 
@@ -432,7 +434,7 @@ def test_engines_csv_has_each_engines_path_and_loss(tmp_path):
 def test_vllm_expands_context_at_its_own_chunk_size():
     # vLLM sizes a context chunk as its 64K workspace over the prefills with context, rounded down
     # to the 64-token page (hand: 65536 // 3 = 21845 -> 21824); mlactl's --chunk does not apply.
-    from mlactl.engines import chunk_sizes
+    from mlactl.decide.engines import chunk_sizes
 
     vllm = parse_engines("vllm")[0]
     assert chunk_sizes(vllm, [1, 3, 2048, 4096]).tolist() == [65536, 21824, 64, 64]

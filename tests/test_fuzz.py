@@ -406,9 +406,9 @@ STORE_HEADER = {k: GOOD_RESULTS[k] for k in ("schema", "schema_version", "device
 def test_fuzz_results_store(path, value, force):
     """Resume or --force on a mutated file: either one MlactlError (file untouched) or a store
     that kept every entry that passes the schema; with --force the old bytes survive as a backup."""
-    from mlactl import results
-    from mlactl.errors import MlactlError
+    from mlactl.results import store as results
     from mlactl.tune.store import ResultsStore
+    from mlactl.util.errors import MlactlError
 
     body = json.dumps(mutate(GOOD_RESULTS, path, value))
     with tempfile.TemporaryDirectory() as tmp:

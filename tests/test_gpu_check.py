@@ -1,7 +1,7 @@
 """benchmarks/gpu_check.py --smoke: its plumbing on tiny shapes in Triton's CPU interpreter.
 
 Every FLOP and byte figure of the JSON is recomputed here by hand from docs/design.md's formulas (not
-through mlactl.cost), and every roofline time from the "teaching" profile's round numbers
+through mlactl.model.cost), and every roofline time from the "teaching" profile's round numbers
 (100 TFLOP/s fp16, 3 TB/s). Nothing here looks at how fast anything ran.
 """
 

@@ -1,7 +1,7 @@
 import pytest
 
-from mlactl import hardware
-from mlactl.errors import MlactlError
+from mlactl.model import hardware
+from mlactl.util.errors import MlactlError
 
 # name -> (bf16 TFLOP/s, fp8 TFLOP/s or None, TB/s, GB, SMs)
 ISSUE_FIGURES = {

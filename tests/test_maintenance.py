@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlactl import defaults
 from mlactl.kernels import _checks, configs
 from mlactl.kernels.reference import build_paged_cache
+from mlactl.util import defaults
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,18 +30,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_defaults_module_imports_nothing_heavy():
-    code = "import sys, mlactl.defaults; print(sorted(m for m in ('numpy', 'torch', 'typer') if m in sys.modules))"
+    code = "import sys, mlactl.util.defaults; print(sorted(m for m in ('numpy', 'torch', 'typer') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_chunk_defaults_to_8192_everywhere():
-    from mlactl.analysis import analyze, analyze_batch
     from mlactl.cli import analyze as analyze_cmd
-    from mlactl.cost import CostModel
-    from mlactl.engines import default_params
+    from mlactl.decide.analysis import analyze, analyze_batch
+    from mlactl.decide.engines import default_params
     from mlactl.kernels import mla_attention, mla_prefill_chunked
-    from mlactl.model import from_name
+    from mlactl.model.config import from_name
+    from mlactl.model.cost import CostModel
 
     assert CostModel(from_name("teaching")).chunk == 8192
     for fn, name in (
@@ -58,8 +58,10 @@ def test_chunk_defaults_to_8192_everywhere():
 
 
 def test_choice_lists_are_the_same_objects_everywhere():
-    from mlactl import cli, cost, policy
+    from mlactl import cli
+    from mlactl.decide import policy
     from mlactl.kernels import attention
+    from mlactl.model import cost
 
     assert defaults.KV_DTYPES == ("bf16", "fp16", "fp8", "fp32")
     assert defaults.ACT_DTYPES == ("bf16", "fp16", "fp32")
@@ -234,7 +236,8 @@ def test_versions(tmp_path):
 
 
 def test_measured_crossovers_names_one_thing():
-    from mlactl import plot, results
+    from mlactl.output import plot
+    from mlactl.results import store as results
 
     assert not hasattr(plot, "measured_crossovers")
     data = {"crossovers": [{"batch": 1, "prefix": 0, "measured": 5}, {"batch": 8, "prefix": 0, "measured": 9}]}

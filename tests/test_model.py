@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from mlactl import model
-from mlactl.errors import MlactlError
+from mlactl.model import config as model
+from mlactl.util.errors import MlactlError
 
 
 @pytest.mark.parametrize(

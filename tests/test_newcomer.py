@@ -12,8 +12,8 @@ from conftest import SMALL  # small enough for a CPU, expand wins from a few doz
 from rich.console import Console
 from typer.testing import CliRunner
 
-from mlactl import results
 from mlactl.cli import app
+from mlactl.results import store as results
 from mlactl.tune import noise, sweep, timing
 
 runner = CliRunner()
@@ -42,7 +42,8 @@ def render(table, width: int) -> str:
 
 
 def test_list_at_80_columns_cuts_no_name():
-    from mlactl import hardware, model
+    from mlactl.model import config as model
+    from mlactl.model import hardware
 
     out = runner.invoke(app, ["list"], env=TERMINAL_80)
     assert out.exit_code == 0, out.output
@@ -65,7 +66,7 @@ def test_list_piped_prints_full_values():
 
 
 def test_tune_tables_at_80_columns():
-    from mlactl.tune import report
+    from mlactl.output import tune_tables as report
 
     bucket = "B=128,H=128,S_q=1,ctx=131072"
     entries = [
@@ -94,7 +95,7 @@ def test_tune_tables_at_80_columns():
 
 
 def test_torch_backend_kernels_table_shows_only_what_means_something():
-    from mlactl.tune import report
+    from mlactl.output import tune_tables as report
 
     entry = {
         "kernel": "mla_decode",
@@ -115,8 +116,8 @@ def test_torch_backend_kernels_table_shows_only_what_means_something():
 
 
 def test_ceilings_table_names_the_previous_run():
-    from mlactl.hardware import HardwareProfile
-    from mlactl.tune import report
+    from mlactl.model.hardware import HardwareProfile
+    from mlactl.output import tune_tables as report
 
     cpu = HardwareProfile("cpu", "CPU", {"fp32": 0.01}, 0.003, 16, measured={"peak_tflops": {"fp32": 0.02}})
     text = render(report.ceilings_table({"peak_tflops": {"fp32": 0.01}}, cpu.with_measured(), None), 120)
@@ -163,7 +164,7 @@ def test_auto_policy_finds_cpu_results(cpu_run):
 
 
 def test_cpu_results_match_the_cpu_profile(tmp_path, home):
-    from mlactl import measured
+    from mlactl.results import measured
 
     (home / "hardware").mkdir(parents=True)
     (home / "hardware" / "cpu.toml").write_text(
@@ -181,7 +182,7 @@ def test_cpu_results_match_the_cpu_profile(tmp_path, home):
 
 
 def _results_file(**extra) -> dict:
-    from mlactl.model import from_name
+    from mlactl.model.config import from_name
 
     data = {
         "schema": "mlactl.results",
@@ -359,7 +360,7 @@ def test_budget_does_not_start_a_point_that_would_overrun(monkeypatch, tmp_path)
     point would start at 20 s and end at 30 s (20% over); with it, the sweep stops at 20 s."""
     import torch
 
-    from mlactl.model import from_name
+    from mlactl.model.config import from_name
     from mlactl.tune import store as store_mod
 
     clock = FakeClock()
@@ -416,7 +417,7 @@ def test_point_clock_predictions_by_hand():
 def test_interpreter_runs_write_no_tuned_configs(monkeypatch):
     import torch
 
-    from mlactl.model import from_name
+    from mlactl.model.config import from_name
     from mlactl.tune import store as store_mod
 
     written = []
@@ -546,13 +547,15 @@ def test_one_new_value_is_a_clear_error(tmp_path):
 
 
 def _teaching_analysis():
-    from mlactl import analysis, hardware, model
+    from mlactl.decide import analysis
+    from mlactl.model import config as model
+    from mlactl.model import hardware
 
     return analysis.analyze(model.from_name("teaching"), hardware.from_name("teaching"), [1], [64], [0])
 
 
 def test_points_above_the_roofline_are_flagged():
-    from mlactl import plot
+    from mlactl.output import plot
 
     result = _teaching_analysis()
     predicted = float(result.paths["absorb"].time_s[0])
@@ -576,8 +579,8 @@ def test_points_above_the_roofline_are_flagged():
 
 
 def test_ceiling_labels_read_plainly_and_are_drawn_once():
-    from mlactl import plot
-    from mlactl.hardware import HardwareProfile
+    from mlactl.model.hardware import HardwareProfile
+    from mlactl.output import plot
 
     cpu = HardwareProfile(
         "cpu",
@@ -595,7 +598,7 @@ def test_ceiling_labels_read_plainly_and_are_drawn_once():
 def test_tune_chart_says_when_the_default_is_faster():
     from pathlib import Path
 
-    from mlactl import plot
+    from mlactl.output import plot
 
     docs = Path(__file__).parents[1] / "docs" / "results" / "interpret-teaching-tp8-mla_decode.json"
     fig, drawn = plot.tune(results.load(docs))

@@ -14,12 +14,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from mlactl import analysis, hardware, model, plot
 from mlactl.cli import app
-from mlactl.cost import CostModel, causal_pairs
-from mlactl.engines import parse_engines
-from mlactl.errors import MlactlError
-from mlactl.shapes import grid
+from mlactl.decide import analysis
+from mlactl.decide.engines import parse_engines
+from mlactl.model import config as model
+from mlactl.model import hardware
+from mlactl.model.cost import CostModel, causal_pairs
+from mlactl.model.shapes import grid
+from mlactl.output import plot
+from mlactl.util.errors import MlactlError
 
 runner = CliRunner()
 

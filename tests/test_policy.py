@@ -1,10 +1,12 @@
 import numpy as np
 import pytest
 
-from mlactl import analysis, hardware, model
-from mlactl.cost import CostModel
-from mlactl.errors import MlactlError
-from mlactl.policy import AutoPolicy, measured_paths, select_paths
+from mlactl.decide import analysis
+from mlactl.decide.policy import AutoPolicy, measured_paths, select_paths
+from mlactl.model import config as model
+from mlactl.model import hardware
+from mlactl.model.cost import CostModel
+from mlactl.util.errors import MlactlError
 
 V3 = model.from_name("deepseek-v3")
 

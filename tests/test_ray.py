@@ -15,9 +15,9 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from mlactl import results
 from mlactl.cli import app
 from mlactl.cli.tune import Run, _ray_address_optional
+from mlactl.results import store as results
 
 runner = CliRunner()
 MODEL = ["--model", "teaching", "--tp", "8", "--backend", "torch", "--quick"]

@@ -20,11 +20,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mlactl import dirs, hardware, io, results
 from mlactl.cli import app
-from mlactl.errors import MlactlError, MlactlWarning
 from mlactl.kernels.configs import device_slug
+from mlactl.model import hardware
+from mlactl.results import store as results
 from mlactl.tune import store as store_mod
+from mlactl.util import dirs, io
+from mlactl.util.errors import MlactlError, MlactlWarning
 
 runner = CliRunner()
 ROOT = os.geteuid() == 0
@@ -352,9 +354,9 @@ def test_bad_file_in_home_is_skipped_with_a_warning(home):
         crossovers, where = results.find_crossovers("NVIDIA H200", dims, "bf16")
     assert crossovers == {0: 150} and where.name == "good.json"
     # mla_attention(path="auto") chooses with this policy object
-    from mlactl.cost import CostModel
-    from mlactl.model import from_name
-    from mlactl.policy import AutoPolicy
+    from mlactl.decide.policy import AutoPolicy
+    from mlactl.model.config import from_name
+    from mlactl.model.cost import CostModel
 
     with pytest.warns(MlactlWarning, match="newer.json"):
         policy = AutoPolicy(CostModel(from_name("deepseek-v3")), "NVIDIA H200")
@@ -391,7 +393,7 @@ def test_names_stay_one_path_component(name, home):
 
 
 def test_config_name_or_path_cannot_lead_tune_outside_home(tmp_path, home):
-    from mlactl.model import from_hf_config
+    from mlactl.model.config import from_hf_config
 
     config = {
         "_name_or_path": "../../../../tmp/escape",
@@ -464,7 +466,7 @@ def test_grid_memory_is_checked_before_it_is_built():
 
 
 def test_requests_csv_rows_are_counted_as_they_stream(tmp_path, monkeypatch):
-    from mlactl import requests
+    from mlactl.decide import requests
 
     monkeypatch.setattr(requests, "CHECK_EVERY", 100)
     csv = tmp_path / "many.csv"

@@ -1,7 +1,7 @@
 import pytest
 
-from mlactl.errors import MlactlError
-from mlactl.shapes import grid, parse_sizes
+from mlactl.model.shapes import grid, parse_sizes
+from mlactl.util.errors import MlactlError
 
 
 @pytest.mark.parametrize(

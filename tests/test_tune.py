@@ -12,13 +12,13 @@ import pytest
 from conftest import SMALL  # small enough for a CPU; absorb much costlier per pair than expand
 from typer.testing import CliRunner
 
-from mlactl import results
 from mlactl.cli import app
-from mlactl.errors import MlactlError
 from mlactl.kernels import configs
-from mlactl.model import from_hf_config
+from mlactl.model.config import from_hf_config
+from mlactl.results import store as results
 from mlactl.tune import store as store_mod
 from mlactl.tune import sweep
+from mlactl.util.errors import MlactlError
 
 runner = CliRunner()
 
@@ -366,7 +366,7 @@ def test_ceilings_on_cpu_write_a_measured_profile(tmp_path, home):
     assert result.exit_code == 0, result.output
     profile = home / "hardware" / "cpu.toml"
     assert profile.is_file()
-    from mlactl import hardware
+    from mlactl.model import hardware
 
     hw = hardware.resolve("cpu", measured=True)
     assert hw.using_measured and hw.bandwidth > 0 and hw.peak_flops("fp32") > 0

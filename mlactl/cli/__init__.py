@@ -17,9 +17,9 @@ import typer.core
 import typer.main
 
 from mlactl import __version__
-from mlactl.defaults import ACT_DTYPES, DEFAULT_CHUNK, KV_DTYPES, OUTPUT_FORMATS, POLICIES
-from mlactl.errors import MlactlError
-from mlactl.limits import check_points
+from mlactl.util.defaults import ACT_DTYPES, DEFAULT_CHUNK, KV_DTYPES, OUTPUT_FORMATS, POLICIES
+from mlactl.util.errors import MlactlError
+from mlactl.util.limits import check_points
 
 
 class LazyGroup(typer.core.TyperGroup):
@@ -163,7 +163,7 @@ def cli_errors(fn):
 
 
 def one_int(text: str, option: str, minimum: int = 1) -> int:
-    from mlactl.shapes import parse_sizes
+    from mlactl.model.shapes import parse_sizes
 
     values = parse_sizes(text, option, minimum)
     if len(values) != 1:
@@ -192,13 +192,13 @@ def output_format(fmt: Optional[str], output: Optional[Path]) -> str:
 
 
 def load_model(model: str, tp: str):
-    from mlactl import model as models
+    from mlactl.model import config as models
 
     return models.resolve(model).with_tp(one_int(tp, "--tp"))
 
 
 def load_hardware(hardware: str, measured: bool):
-    from mlactl import hardware as hw
+    from mlactl.model import hardware as hw
 
     return hw.resolve(hardware, measured=measured)
 
@@ -222,10 +222,10 @@ def fit_width(output: Optional[Path] = None) -> Optional[int]:
 
 def emit(fmt: str, output: Optional[Path], *, json_data=None, write_csv=None, tables=()):
     """Write json/csv/table output to stdout or, atomically, to a file."""
-    from mlactl.io import atomic_open
+    from mlactl.util.io import atomic_open
 
     if fmt == "json":
-        from mlactl.report import dumps
+        from mlactl.output.report import dumps
 
         text = dumps(json_data())
         if output is None:
@@ -262,9 +262,10 @@ def explicit(ctx, **values) -> dict:
 
 def measured_results(ctx, path: Optional[Path], model, tp, dtype, kv_dtype, hardware):
     """The results file for --policy measured and the settings it brings: the one given, or the
-    newest `mlactl tune paths` left for this model (mlactl.measured). Returns (data, settings
+    newest `mlactl tune paths` left for this model (mlactl.results.measured). Returns (data, settings
     {model, tp, dtype, kv_dtype, hardware}, notes)."""
-    from mlactl import measured, results
+    from mlactl.results import measured
+    from mlactl.results import store as results
 
     given = explicit(ctx, model=model, tp=tp, dtype=dtype, kv_dtype=kv_dtype, hardware=hardware)
     data: Optional[dict]
@@ -307,7 +308,7 @@ def load_calibration(spec: Optional[str], hw):
     """The calibration for --calibration (None without it), refused for another hardware."""
     if spec is None:
         return None
-    from mlactl.calibration import store
+    from mlactl.decide.calibration import store
 
     cal = store.resolve(spec)
     store.check_hardware(cal, hw.name)
@@ -402,9 +403,10 @@ def analyze(
     Example: mlactl analyze --model deepseek-v3 --hardware h200 --new 1:4096:*2 --prefix 0,32K
     (with --calibration NAME: calibrated time, see `mlactl calibrate`)
     """
-    from mlactl import analysis, render
-    from mlactl.engines import parse_engines
-    from mlactl.shapes import grid, parse_sizes
+    from mlactl.decide import analysis
+    from mlactl.decide.engines import parse_engines
+    from mlactl.model.shapes import grid, parse_sizes
+    from mlactl.output import render
 
     fmt = output_format(fmt, output)
     if policy is not None:
@@ -463,12 +465,12 @@ def analyze(
         )
 
     def json_data():
-        from mlactl.report import to_json
+        from mlactl.output.report import to_json
 
         return dict(to_json(result), **calibration_json(cal))
 
     def csv_data(fh):
-        from mlactl.report import write_analysis_csv
+        from mlactl.output.report import write_analysis_csv
 
         write_analysis_csv(fh, result, ops=ops)
 
@@ -500,9 +502,11 @@ def crossover_cmd(
 
     Example: mlactl crossover --hardware h200 --batch 1,64 --prefix 0:64K:8K
     """
-    from mlactl import analysis, cost, render, report
-    from mlactl.csvout import write_csv
-    from mlactl.shapes import parse_sizes
+    from mlactl.decide import analysis
+    from mlactl.model import cost
+    from mlactl.model.shapes import parse_sizes
+    from mlactl.output import render, report
+    from mlactl.output.csvout import write_csv
 
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
@@ -580,9 +584,10 @@ def batch_cmd(
 
     Example: mlactl batch requests.csv --hardware h200   (requests.csv: new,prefix / 1,8000 / 512,0 ...)
     """
-    from mlactl import analysis, render, report
-    from mlactl.engines import parse_engines
-    from mlactl.requests import read_requests
+    from mlactl.decide import analysis
+    from mlactl.decide.engines import parse_engines
+    from mlactl.decide.requests import read_requests
+    from mlactl.output import render, report
 
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
@@ -623,7 +628,9 @@ def list_cmd(
 
     Example: mlactl list --format json
     """
-    from mlactl import hardware, model, render
+    from mlactl.model import config as model
+    from mlactl.model import hardware
+    from mlactl.output import render
 
     fmt = output_format(fmt, output)
     if fmt == "csv":

@@ -12,7 +12,7 @@ calibrate_app = typer.Typer(
 )
 
 from mlactl.cli import FormatOpt, ModelOpt, TpOpt, choice, cli_errors, emit, load_model, output_format  # noqa: E402
-from mlactl.errors import MlactlError  # noqa: E402
+from mlactl.util.errors import MlactlError  # noqa: E402
 
 SOURCES = ("results", "aiconfigurator", "csv")
 
@@ -65,7 +65,7 @@ def calibrate(
 
     Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang
     """
-    from mlactl.calibration import run, store
+    from mlactl.decide.calibration import run, store
 
     fmt = output_format(fmt, None)
     if fmt == "csv":
@@ -73,7 +73,7 @@ def calibrate(
     choice(source, "--from", SOURCES)
     hw = None
     if hardware is not None:
-        from mlactl import hardware as hwmod
+        from mlactl.model import hardware as hwmod
 
         hw = hwmod.resolve(hardware)
     if source == "aiconfigurator":

@@ -1,6 +1,6 @@
 """`mlactl engines`: what each engine's path rule loses on a workload, and the best thresholds.
 
-Parse, call mlactl.workload, render. No math here.
+Parse, call mlactl.decide.workload, render. No math here.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from mlactl.cli import (  # noqa: E402
     one_int,
     output_format,
 )
-from mlactl.defaults import DEFAULT_CHUNK  # noqa: E402
-from mlactl.errors import MlactlError  # noqa: E402
+from mlactl.util.defaults import DEFAULT_CHUNK  # noqa: E402
+from mlactl.util.errors import MlactlError  # noqa: E402
 
 
 @engines_app.command(name="engines")
@@ -90,10 +90,10 @@ def engines_cmd(
 
     Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
     """
-    from mlactl import workload as wl_mod
-    from mlactl.cost import CostModel
-    from mlactl.engines import ENGINES, parse_engines
-    from mlactl.shapes import grid, parse_sizes
+    from mlactl.decide import workload as wl_mod
+    from mlactl.decide.engines import ENGINES, parse_engines
+    from mlactl.model.cost import CostModel
+    from mlactl.model.shapes import grid, parse_sizes
 
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
@@ -139,7 +139,7 @@ def sentence(result, e) -> str:
 def tables(result) -> list:
     from rich.table import Table
 
-    from mlactl.render import SHORT, seconds
+    from mlactl.output.render import SHORT, seconds
 
     wl = result.workload
     head = (
@@ -194,7 +194,7 @@ def tables(result) -> list:
 
 def to_json(result) -> dict:
     from mlactl import __version__
-    from mlactl.report import SCHEMA_VERSION, engine_json, number_or_none
+    from mlactl.output.report import SCHEMA_VERSION, engine_json, number_or_none
 
     wl = result.workload
     engines = []
@@ -249,7 +249,7 @@ def to_json(result) -> dict:
 
 def write_csv(fh, result) -> None:
     """One row per shape: its weight, the best path, and each engine's path and loss per run."""
-    from mlactl.csvout import write_csv as write
+    from mlactl.output.csvout import write_csv as write
 
     wl = result.workload
     header = ["batch", "new", "prefix", "weight", "best", "best_time_s"]

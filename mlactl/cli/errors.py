@@ -35,7 +35,7 @@ def _quiet_pipe() -> None:
 
 def run_root(main, args, prog_name, complete_var, standalone_mode, **extra):
     """Run click's `main` without its own error printing, and print errors as one line."""
-    from mlactl.errors import MlactlWarning
+    from mlactl.util.errors import MlactlWarning
 
     with warnings.catch_warnings():  # restored on return: a library caller's settings are its own
         warnings.simplefilter("always", MlactlWarning)

@@ -1,6 +1,6 @@
-"""`mlactl plot`: the charts of mlactl.plot from the command line. Parse, call, save; no math here.
+"""`mlactl plot`: the charts of mlactl.output.plot from the command line. Parse, call, save; no math here.
 
-matplotlib is imported only when a chart is drawn (inside mlactl.plot), so `mlactl --help` and
+matplotlib is imported only when a chart is drawn (inside mlactl.output.plot), so `mlactl --help` and
 `mlactl analyze` never load it.
 """
 
@@ -41,8 +41,8 @@ from mlactl.cli import (  # noqa: E402
     load_model,
     one_int,
 )
-from mlactl.defaults import DEFAULT_CHUNK  # noqa: E402
-from mlactl.errors import MlactlError  # noqa: E402
+from mlactl.util.defaults import DEFAULT_CHUNK  # noqa: E402
+from mlactl.util.errors import MlactlError  # noqa: E402
 
 ResultsOpt = Annotated[
     Optional[list[Path]],
@@ -90,8 +90,8 @@ def dtypes(kv_dtype: str, dtype: str) -> dict:
 def run_analysis(
     model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, engines=None, calibration=None
 ):
-    from mlactl import analysis
-    from mlactl.limits import check_plot
+    from mlactl.decide import analysis
+    from mlactl.util.limits import check_plot
 
     check_plot(len(batch), 0)  # before the analysis: a chart's points cost more than a table's
 
@@ -111,7 +111,8 @@ def run_analysis(
 
 def load_results(paths: Optional[list[Path]], result) -> list[dict]:
     """Read, validate and check each --results file against the model and machine analysed."""
-    from mlactl import plot, results
+    from mlactl.output import plot
+    from mlactl.results import store as results
 
     loaded = []
     for path in paths or ():
@@ -124,12 +125,12 @@ def load_results(paths: Optional[list[Path]], result) -> list[dict]:
 def write(
     fig, output: Path, dpi: str, chart: str = "", drawn: Optional[dict] = None, data: Optional[Path] = None
 ) -> None:
-    from mlactl import plot
+    from mlactl.output import plot
 
     plot.save(fig, output, dpi=one_int(dpi, "--dpi"))
     typer.echo(f"Wrote {output}")
     if data is not None:
-        from mlactl import chartdata
+        from mlactl.output import chartdata
 
         if drawn is None:
             raise MlactlError(f"the {chart} chart has no data to write to {data}")
@@ -139,8 +140,8 @@ def write(
 
 def check_output(output: Path, data: Optional[Path] = None) -> None:
     """Fail on a bad extension before any work is done."""
-    from mlactl import chartdata
-    from mlactl.plot import image_format
+    from mlactl.output import chartdata
+    from mlactl.output.plot import image_format
 
     image_format(output)
     chartdata.check(data)
@@ -184,7 +185,7 @@ def roofline(
     """
     import numpy as np
 
-    from mlactl.shapes import grid, parse_sizes
+    from mlactl.model.shapes import grid, parse_sizes
 
     check_output(output, data)
     if prefix is not None and context is not None:
@@ -204,7 +205,7 @@ def roofline(
     calibrated = None
     if calibration is not None:
         calibrated = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, None, calibration)
-    from mlactl import plot
+    from mlactl.output import plot
 
     fig, drawn = plot.roofline(result, load_results(results, result), calibrated=calibrated)
     write(fig, output, dpi, "roofline", drawn, data)
@@ -240,8 +241,8 @@ def crossover(
 
     Example: mlactl plot crossover --hardware h200 --prefix 0,4K,32K --results run.json -o crossover.png
     """
-    from mlactl import plot
-    from mlactl.shapes import grid, parse_sizes
+    from mlactl.model.shapes import grid, parse_sizes
+    from mlactl.output import plot
 
     check_output(output, data)
     b, n, p = grid(
@@ -306,9 +307,9 @@ def pathmap(
 
     Example: mlactl plot pathmap --hardware h200 --policy sglang --engine-option threshold=4096 -o pathmap.pdf
     """
-    from mlactl import plot
-    from mlactl.engines import parse_engines
-    from mlactl.shapes import grid, parse_sizes
+    from mlactl.decide.engines import parse_engines
+    from mlactl.model.shapes import grid, parse_sizes
+    from mlactl.output import plot
 
     check_output(output, data)
     news = parse_sizes(new, "--new") if new is not None else geometric_fill(parse_sizes(PATHMAP_NEW, "--new"))
@@ -347,8 +348,8 @@ def tune(
 
     Example: mlactl plot tune --results run.json --kernel mla_decode --bucket "B=128,H=128,S_q=1,ctx=8192"
     """
-    from mlactl import plot
-    from mlactl import results as results_store
+    from mlactl.output import plot
+    from mlactl.results import store as results_store
 
     check_output(output, data)
     fig, drawn = plot.tune(results_store.load(results), kernel=kernel, bucket=bucket)

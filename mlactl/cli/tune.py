@@ -47,8 +47,8 @@ from mlactl.cli import (  # noqa: E402  (tune_app exists before mlactl.cli impor
     load_model,
     one_int,
 )
-from mlactl.defaults import ACT_DTYPES, DEFAULT_CHUNK, TUNE_BACKENDS  # noqa: E402
-from mlactl.errors import MlactlError  # noqa: E402
+from mlactl.util.defaults import ACT_DTYPES, DEFAULT_CHUNK, TUNE_BACKENDS  # noqa: E402
+from mlactl.util.errors import MlactlError  # noqa: E402
 
 BackendOpt = Annotated[
     str,
@@ -239,8 +239,8 @@ class Run:
     def open_store(self, info: dict, versions: dict, timing: dict):
         """The results store of one device (the device's own name keys it) and the hardware
         profile to predict with, if any."""
-        from mlactl import hardware
         from mlactl.kernels.configs import device_slug
+        from mlactl.model import hardware
         from mlactl.tune import store
 
         on_gpu = info["type"] == "cuda"
@@ -372,7 +372,8 @@ class Run:
 
 
 def run_ceilings(run: Run) -> None:
-    from mlactl.tune import report, sweep
+    from mlactl.output import tune_tables as report
+    from mlactl.tune import sweep
 
     if run.cluster is not None:
         from mlactl.tune import ray_runner
@@ -386,7 +387,7 @@ def run_ceilings(run: Run) -> None:
         result = sweep.tune_ceilings(run.ctx)
     run.console.print(report.ceilings_table(result, run.hw, run.width))
     if run.device_type != "cuda" and run.backend != "interpret":
-        from mlactl import hardware
+        from mlactl.model import hardware
 
         measured = hardware.detect("cpu").with_measured()  # predict with what was just measured
         if run.ctx.dtype in measured.peak_tflops:
@@ -399,8 +400,9 @@ def run_ceilings(run: Run) -> None:
 
 
 def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None:
-    from mlactl.tune import report, sweep
+    from mlactl.output import tune_tables as report
     from mlactl.tune import space as spaces
+    from mlactl.tune import sweep
 
     names = None
     if kernels:
@@ -410,7 +412,7 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
             raise MlactlError(f"--kernel {unknown[0]!r} is unknown; kernels: {', '.join(spaces.KERNELS)}")
     override = None
     if space is not None:
-        from mlactl.io import MAX_CONFIG_BYTES, read_json
+        from mlactl.util.io import MAX_CONFIG_BYTES, read_json
 
         override = read_json(space, "--space file", limit=MAX_CONFIG_BYTES)
         if not isinstance(override, list) or not all(isinstance(c, dict) for c in override):
@@ -430,8 +432,9 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
 
 
 def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Optional[str]) -> None:
-    from mlactl.shapes import parse_sizes
-    from mlactl.tune import report, sweep
+    from mlactl.model.shapes import parse_sizes
+    from mlactl.output import tune_tables as report
+    from mlactl.tune import sweep
 
     kind = run.device_type
     news = parse_sizes(new or (sweep.QUICK_NEW if run.quick else sweep.DEFAULT_NEW)[kind], "--new")

@@ -12,9 +12,10 @@ import re
 import time
 from pathlib import Path
 
-from mlactl import dirs, hardware
-from mlactl.io import atomic_write
+from mlactl.model import hardware
 from mlactl.tune.timing import time_call
+from mlactl.util import dirs
+from mlactl.util.io import atomic_write
 
 # (matmul n, copy bytes) per device type and mode: big enough to fill the device, small enough
 # that `tune ceilings` takes seconds. 8192^3 bf16 is 1.1 TFLOP: ~1.4 ms on an H200.

@@ -310,8 +310,8 @@ def run_report(cfg, kernels, arch: str, dtype: str, kv_dtype: str, candidates: b
 def table(results: list[dict], width: int | None = None):
     """A rich table of compile results, one row per config, fitted to `width` (None: full values):
     the kernel and bucket are never cut, the config and warnings fold."""
-    from mlactl.narrow import Col
-    from mlactl.narrow import table as fitted
+    from mlactl.output.narrow import Col
+    from mlactl.output.narrow import table as fitted
 
     cols = [Col("kernel", "left", typed=True), Col("shape", "left", typed=True), Col("config", "left", fold=24)]
     cols += [Col("arch", "left"), Col("smem KiB"), Col("regs"), Col("spill B"), Col("stack B")]

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlactl.errors import MlactlError
 from mlactl.tune.units import Unit, UnitStore, is_done, measure_unit, seed_for
+from mlactl.util.errors import MlactlError
 
 INSTALL_HINT = "--ray needs Ray, an optional extra: pip install -e '.[ray]' (or pip install 'mlactl[ray]')"
 RETRIES = 2  # a unit lost with its worker runs at most 1 + RETRIES times
@@ -559,7 +559,7 @@ class _Group:
 def tune_paths(cluster: Cluster, batches, news, prefixes, refine: bool = True, deadline: float = math.inf, **run_kw):
     """Both paths at every point on every device type, the crossover bisected as in the serial
     run once a (batch, prefix) has all its points. Returns ({device: [crossover rows]}, Stats)."""
-    from mlactl.cost import CostModel
+    from mlactl.model.cost import CostModel
     from mlactl.tune.sweep import REFINE_STEPS, crossover_row, next_refine_point, store_crossovers
 
     s = cluster.setup

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mlactl.cost import CostModel
+from mlactl.model.cost import CostModel
 from mlactl.tune import inputs
 
 HOPPER_SMEM = 227 * 1024  # opt-in shared memory per block when the device does not say

@@ -18,9 +18,10 @@ import os
 import time
 from pathlib import Path
 
-from mlactl import dirs, results
-from mlactl.errors import MlactlError, warn
-from mlactl.io import atomic_write, locked
+from mlactl.results import store as results
+from mlactl.util import dirs
+from mlactl.util.errors import MlactlError, warn
+from mlactl.util.io import atomic_write, locked
 
 
 def _key(section: str, entry: dict) -> tuple:

@@ -85,7 +85,7 @@ def environment(device, backend: str) -> tuple[dict, dict, dict]:
     """(device, versions, timing) headers of a results file."""
     import torch
 
-    from mlactl import hardware
+    from mlactl.model import hardware
 
     versions = common.versions()
     if device.type == "cuda":
@@ -228,7 +228,7 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
         "configs": [],
     }
     if ctx.hw is not None:
-        from mlactl.roofline import op_time
+        from mlactl.model.roofline import op_time
 
         entry["predicted_s"] = float(op_time(op, ctx.hw.peak_flops(ctx.dtype), ctx.hw.bandwidth).time_s)
     try:
@@ -393,7 +393,7 @@ def _measure_point(ctx: Context, cost, b: int, n: int, p: int, chunk: int) -> di
     import torch
 
     from mlactl.kernels.attention import mla_attention
-    from mlactl.roofline import path_time
+    from mlactl.model.roofline import path_time
     from mlactl.tune.inputs import paged_batch
 
     wanted = _paths_at(p, chunk)
@@ -465,7 +465,7 @@ def measured_crossover(times: dict[int, dict[str, float]]) -> int | None:
 def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool = True) -> list[dict]:
     """Both paths end to end over new-token counts for each (batch, prefix); measured and
     predicted crossovers. Returns the crossover rows."""
-    from mlactl.cost import CostModel
+    from mlactl.model.cost import CostModel
 
     cost = CostModel(ctx.cfg, kv_dtype=ctx.kv_dtype, dtype=ctx.dtype, chunk=chunk)
     rows = []
@@ -496,7 +496,7 @@ def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool =
 def crossover_row(ctx: Context, cost, b: int, p: int, times: dict[int, dict[str, float]], cut: bool = False) -> dict:
     """The measured crossover of one (batch, prefix), with its status (found, never, or cut by the
     budget) and its bracket widened by noise, and the predicted ones. `store_crossovers` keeps it."""
-    from mlactl.analysis import crossover_table
+    from mlactl.decide.analysis import crossover_table
     from mlactl.tune import noise
 
     measured = measured_crossover(times)

@@ -153,7 +153,7 @@ def measure_unit(ctx, unit: Unit, chunk: int = 8192, override: list | None = Non
             configs = candidates[unit.part :: unit.parts]
         sweep._tune_bucket(ctx, spec, unit.shape, unit.bucket, cost, smem, configs)
     elif unit.section == "paths":
-        from mlactl.cost import CostModel
+        from mlactl.model.cost import CostModel
 
         cost = CostModel(ctx.cfg, kv_dtype=ctx.kv_dtype, dtype=ctx.dtype, chunk=chunk)
         sweep._measure_point(ctx, cost, unit.batch, unit.new, unit.prefix, chunk)

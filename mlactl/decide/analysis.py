@@ -1,0 +1,331 @@
+"""`mlactl analyze` as a library call: every path timed on a grid, the choices, the crossover.
+
+Everything here is arrays over the grid's points; report.py turns an Analysis into JSON, CSV or
+rows for a table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from mlactl.decide.calibration.time import batch_time as timed_batch
+from mlactl.decide.calibration.time import own_times, path_times
+from mlactl.decide.engines import (
+    EngineParams,
+    batch_paths,
+    chunk_sizes,
+    default_params,
+    grid_paths,
+    parse_engines,
+    time_lost,
+)
+from mlactl.decide.policy import argmin_path, fitting_times
+from mlactl.decide.workload import engine_times
+from mlactl.model.config import MLAConfig
+from mlactl.model.cost import MLA_PATHS, PATHS, CostModel
+from mlactl.model.hardware import HardwareProfile
+from mlactl.model.roofline import PathTime, crossover_by_time
+from mlactl.util.defaults import DEFAULT_CHUNK, ENGINES
+from mlactl.util.errors import MlactlError
+
+MAX_CROSSOVER_PREFIXES = 256  # per-prefix crossovers are solved for at most this many (batch, prefix)
+DEFAULT_MAX_NEW = 1 << 17  # how far the roofline crossover search goes
+
+
+@dataclass(frozen=True)
+class CrossoverRow:
+    batch: int
+    prefix: int
+    by_flops: int | None  # smallest new count where expand takes fewer FLOPs than absorb
+    by_time: int | None  # ... where expand is faster by roofline time
+    by_time_chunked: int | None  # ... where expand_chunked is faster by roofline time
+
+
+@dataclass(frozen=True)
+class Crossover:
+    asymptotic_new: float | None
+    rows: list[CrossoverRow]
+    max_new: int
+    note: str = ""
+    time_kind: str = "roofline"  # or "calibrated": what by_time and by_time_chunked are solved by
+
+
+@dataclass
+class Analysis:
+    cost: CostModel
+    hw: HardwareProfile
+    layers: int
+    engines: list[EngineParams]  # the engines whose rules are shown, with their parameters
+    batch: np.ndarray
+    new: np.ndarray
+    prefix: np.ndarray
+    paths: dict[str, PathTime]
+    peak_expanded: dict[str, np.ndarray]
+    fits_memory: dict[str, np.ndarray]  # expanded K/V within the GPU's memory (per layer)
+    kv_cache_bytes: np.ndarray
+    mha_cache_bytes: np.ndarray
+    best: np.ndarray
+    best_by_flops: np.ndarray
+    engine_paths: dict[str, np.ndarray]  # engine name -> its path at each point
+    engine_time_lost: dict[str, np.ndarray]  # ... and the time it loses (+inf: does not fit)
+    crossover: Crossover
+    notes: list[str] = field(default_factory=list)
+    policy: str | None = None  # a policy shown beside the model's choice (--policy)
+    policy_path: np.ndarray | None = None
+    policy_time_lost: np.ndarray | None = None
+    calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
+
+    @property
+    def cfg(self) -> MLAConfig:
+        return self.cost.cfg
+
+    @property
+    def context(self) -> np.ndarray:
+        return self.prefix + self.new
+
+    def __len__(self) -> int:
+        return len(self.new)
+
+
+def _policy_lost(policy: str, chosen: np.ndarray, engines, engine_lost, times: dict) -> np.ndarray:
+    """What a policy's choice loses: an engine's rule at the engine's own chunk size."""
+    if policy in ENGINES:
+        return engine_lost(next((e for e in engines if e.engine == policy), default_params(policy)), chosen)
+    return time_lost(chosen, times)
+
+
+def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> list[str]:
+    """A line when at some point the latent cache alone overflows the GPU: no path runs there."""
+    cache = cost.kv_cache_bytes(batch, new, prefix)
+    over = cache > hw.memory_gb * 1e9
+    if not np.any(over):
+        return []
+    return [
+        f"[red]at {int(over.sum())} point(s) the latent cache alone (up to {float(cache.max()):.3g} bytes "
+        f"per layer) exceeds the {hw.memory_gb:g} GB of {hw.name}: no path fits there (✗)[/]"
+    ]
+
+
+def notes_for(cost: CostModel, layers: int) -> list[str]:
+    cfg = cost.cfg
+    notes = []
+    if cfg.tp > 1:
+        notes.append(
+            f"tensor parallel {cfg.tp}: {cfg.H} heads per GPU; the latent cache "
+            f"({cost.latent_row_bytes()} bytes per token and layer) is replicated on every GPU, "
+            "so its bytes do not shrink with --tp"
+        )
+    if layers > 1:
+        notes.append(f"figures cover {layers} layers; peak expanded K/V is per layer (freed between layers)")
+    return notes
+
+
+def crossover_table(
+    cost: CostModel, hw: HardwareProfile, batch_prefix, max_new: int = DEFAULT_MAX_NEW, calibration=None
+) -> Crossover:
+    """Crossovers for each (batch, prefix) pair given; by calibrated time with `calibration`."""
+    pairs = sorted(set((int(b), int(p)) for b, p in batch_prefix))
+    note = ""
+    if len(pairs) > MAX_CROSSOVER_PREFIXES:
+        note = (
+            f"{len(pairs)} (batch, prefix) pairs: per-prefix crossovers solved for none; "
+            f"use `mlactl crossover` on at most {MAX_CROSSOVER_PREFIXES}"
+        )
+        pairs = []
+    rows = []
+    for b in sorted(set(b for b, _ in pairs)):
+        prefixes = [p for bb, p in pairs if bb == b]
+        by_time = crossover_by_time(
+            cost, hw, prefixes, batch=b, path="expand", max_new=max_new, calibration=calibration
+        )
+        chunked = crossover_by_time(
+            cost, hw, prefixes, batch=b, path="expand_chunked", max_new=max_new, calibration=calibration
+        )
+        for p, t, c in zip(prefixes, by_time, chunked):
+            rows.append(CrossoverRow(b, p, cost.crossover_by_flops(p), t, c))
+    kind = "roofline" if calibration is None else "calibrated"
+    return Crossover(cost.asymptotic_crossover(), rows, max_new, note, kind)
+
+
+def analyze(
+    cfg: MLAConfig,
+    hw: HardwareProfile,
+    batch,
+    new,
+    prefix,
+    *,
+    kv_dtype: str = "bf16",
+    dtype: str = "bf16",
+    chunk: int = DEFAULT_CHUNK,
+    layers: int = 1,
+    engines: list[EngineParams] | None = None,
+    max_new: int = DEFAULT_MAX_NEW,
+    policy: str | None = None,
+    results_data: dict | None = None,
+    calibration=None,
+) -> Analysis:
+    """Cost, roofline time, choice and crossover of every path at every (batch, new, prefix).
+
+    `engines` (default: sglang and vllm with their defaults) adds each engine's path and the
+    time it loses against the best path that fits. `policy` (roofline, flops, measured or an
+    engine) adds that policy's path and the time it loses; measured takes its crossovers from
+    `results_data` (a loaded results file), per batch size.
+    """
+    engines = parse_engines(None) if engines is None else list(engines)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise MlactlError(f"--layers must be a positive integer or 'all', got {layers!r}")
+    cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
+    hw.peak_flops(dtype)  # fail early, with the profile's name, if it lacks this dtype
+    batch, new, prefix = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (batch, new, prefix))
+    batch, new, prefix = np.broadcast_arrays(batch, new, prefix)
+    paths = path_times(cost, hw, calibration, batch, new, prefix, PATHS, layers)
+    fitting = fitting_times(cost, hw, {p: paths[p].time_s for p in PATHS}, batch, new, prefix)
+    best = argmin_path(fitting)
+    mla_times = {p: fitting[p] for p in MLA_PATHS}  # +inf where a path's expanded K/V would not fit
+    best_time = np.min(np.stack(list(mla_times.values())), axis=0)
+    engine_paths = {e.engine: grid_paths(e, batch, new, prefix) for e in engines}
+
+    def engine_lost(e: EngineParams, chosen: np.ndarray) -> np.ndarray:  # at the engine's own chunk size
+        own = engine_times(cost, hw, calibration, e, batch, new, prefix, mla_times, layers)
+        return time_lost(chosen, own, best_time)
+
+    by_name = {e.engine: e for e in engines}
+    policy_path = None
+    if policy is not None:
+        policy_path = _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data)
+    policy_lost = None
+    if policy is not None and policy_path is not None:
+        policy_lost = _policy_lost(policy, policy_path, engines, engine_lost, mla_times)
+    span = int(prefix.max()) + 1 if len(prefix) else 1
+    keys = np.unique(batch * span + prefix)  # distinct (batch, prefix) pairs, one int each
+    batch_prefix = list(zip((keys // span).tolist(), (keys % span).tolist()))
+    return Analysis(
+        cost=cost,
+        hw=hw,
+        layers=layers,
+        engines=engines,
+        batch=batch,
+        new=new,
+        prefix=prefix,
+        paths=paths,
+        peak_expanded={p: cost.peak_expanded_bytes(p, batch, new, prefix) for p in PATHS},
+        fits_memory={p: np.isfinite(fitting[p]) for p in PATHS},
+        kv_cache_bytes=cost.kv_cache_bytes(batch, new, prefix) * layers,
+        mha_cache_bytes=cost.mha_cache_bytes(batch, new, prefix) * layers,
+        best=best,
+        best_by_flops=argmin_path({p: paths[p].flops for p in MLA_PATHS}),
+        engine_paths=engine_paths,
+        engine_time_lost={name: engine_lost(by_name[name], path) for name, path in engine_paths.items()},
+        crossover=crossover_table(cost, hw, batch_prefix, max_new, calibration),
+        notes=notes_for(cost, layers) + _cache_note(cost, hw, batch, new, prefix),
+        policy=policy,
+        policy_path=policy_path,
+        policy_time_lost=policy_lost,
+        calibration=calibration,
+    )
+
+
+def _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data):
+    from mlactl.decide.policy import select_paths
+    from mlactl.results import store as results
+
+    if policy != "measured":
+        engine = next((e for e in engines if e.engine == policy), None)
+        return select_paths(cost, hw, new, prefix, batch=batch, policy=policy, engine=engine)
+    if results_data is None:
+        raise MlactlError(
+            "--policy measured needs measured crossovers: pass --results FILE from "
+            "`mlactl tune paths`, or run it for this model and hardware"
+        )
+    out = np.empty(len(new), dtype=object)
+    for b in np.unique(batch):
+        rows = batch == b
+        out[rows] = select_paths(
+            cost,
+            hw,
+            new[rows],
+            prefix[rows],
+            policy="measured",
+            crossovers=results.measured_crossovers(results_data, int(b)),
+        )
+    return out.astype(str)
+
+
+# -- mixed batches --------------------------------------------------------------------------------
+
+STRATEGIES = ("per_request", "all_expand", "all_expand_chunked", "all_absorb")
+
+
+@dataclass
+class BatchAnalysis:
+    """A mixed batch of requests: the path of each, and the batch's time under each strategy.
+
+    Requests on the same path run as one launch per op, so they share one read of the weights;
+    everything else adds up. `per_request` gives each request the path with the least time of
+    its own (weights left out, since the batch shares them); the model's choice is the strategy
+    with the least total. Each engine's rule is applied to the whole batch the engine's way
+    (mlactl.decide.engines.batch_paths) and timed the same way, under the engine's name.
+    """
+
+    cost: CostModel
+    hw: HardwareProfile
+    new: np.ndarray
+    prefix: np.ndarray
+    count: np.ndarray
+    own_time: dict[str, np.ndarray]  # per request row, weights left out
+    assignments: dict[str, np.ndarray]  # strategy or engine -> path of each request row
+    totals: dict[str, float]  # strategy or engine -> batch time in seconds
+    engines: list[EngineParams]
+    calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
+
+    @property
+    def best_strategy(self) -> str:
+        return min(STRATEGIES, key=lambda s: (self.totals[s], STRATEGIES.index(s)))
+
+
+def batch_time(cost: CostModel, hw: HardwareProfile, new, prefix, count, paths, calibration=None) -> float:
+    """Time of a batch whose request rows run `paths` (an array of names): roofline, or
+    calibrated with `calibration` (mlactl.decide.calibration.time.batch_time)."""
+    return timed_batch(cost, hw, calibration, new, prefix, count, paths)
+
+
+def analyze_batch(
+    cfg: MLAConfig,
+    hw: HardwareProfile,
+    new,
+    prefix,
+    count=None,
+    *,
+    kv_dtype: str = "bf16",
+    dtype: str = "bf16",
+    chunk: int = DEFAULT_CHUNK,
+    engines: list[EngineParams] | None = None,
+    calibration=None,
+) -> BatchAnalysis:
+    cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
+    new = np.asarray(new, dtype=np.int64)
+    prefix = np.asarray(prefix, dtype=np.int64)
+    count = np.ones_like(new) if count is None else np.asarray(count, dtype=np.int64)
+    if len(new) == 0:
+        raise MlactlError("the batch has no requests")
+    hw.peak_flops(dtype)  # fail early, with the profile's name, if it lacks this dtype
+    own = own_times(cost, hw, calibration, new, prefix, count)
+    assignments = {
+        # a path whose expanded K/V would not fit is never chosen (as in analyze)
+        "per_request": argmin_path(fitting_times(cost, hw, own, count, new, prefix)),
+        "all_expand": np.full(len(new), "expand"),
+        "all_expand_chunked": np.full(len(new), "expand_chunked"),
+        "all_absorb": np.full(len(new), "absorb"),
+    }
+    engines = parse_engines(None) if engines is None else list(engines)
+    costs = {}  # an engine that sizes its own chunks (vLLM) runs expand_chunked at that size
+    for e in engines:
+        assignments[e.engine] = batch_paths(e, new, prefix, count)
+        with_context = int(count[assignments[e.engine] == "expand_chunked"].sum())
+        chunks = chunk_sizes(e, [with_context])
+        if chunks is not None and with_context:
+            costs[e.engine] = replace(cost, chunk=int(chunks[0]))
+    totals = {s: batch_time(costs.get(s, cost), hw, new, prefix, count, a, calibration) for s, a in assignments.items()}
+    return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, engines, calibration)

@@ -1,0 +1,221 @@
+"""aiconfigurator's measured kernel tables as calibration points.
+
+NVIDIA's aiconfigurator (github.com/ai-dynamo/aiconfigurator, Apache-2.0) ships the latencies
+its collectors measured in the `aiconfigurator-core` package (0.12) as
+
+    systems/data/<system>/{mla,mla_bmm,gemm}/<framework>/<version>/*.parquet
+
+What each table times, read from the collector code (ai-dynamo/aiconfigurator, collector/,
+files at the commits named; docs/calibration.md has the whole mapping):
+
+context_mla_perf     sglang/collect_mla.py (046f0d64): isl new tokens, prefix 0, causal. On
+                     Hopper the FA3 backend runs the ABSORB kernel (head dim 576 = r + dR,
+                     value 512 = r, one KV head); on Blackwell (kernel_source trtllm_mla) it is
+                     EXPAND (192 / 128). trtllm/collect_mla.py (070f5afd): EXPAND (head dim
+                     dC + dR = 192, value dV = 128, per-head K/V).
+generation_mla_perf  both: ABSORB, one new token after `step` cached ones (context step + 1).
+                     `num_heads` is the heads on one GPU (num_heads // tp_size).
+mla_bmm_perf         sglang/collect_mla_bmm.py (32b65071): mla_gen_pre = q_absorb
+                     (tokens x heads x dC -> r), mla_gen_post = out_absorb (r -> dV).
+gemm_perf            generic GEMMs m x n x k; the rows with k = r = 512 and n = H * (dC + dV)
+                     are kv_expand for H heads (m = tokens).
+*_module_perf, wideep_*  the whole MLA module (projections, norms, RoPE) or DeepEP's layout:
+                     not one op of cost.py, so not fitted here.
+
+Latencies in the tables are milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlactl.decide.calibration.model import Points
+from mlactl.model.config import MLAConfig
+from mlactl.model.cost import CostModel
+from mlactl.util.errors import MlactlError
+
+TABLES = {  # folder/file stem -> what it holds; only these are read
+    "mla/context_mla_perf": "attention, context (prefill)",
+    "mla/generation_mla_perf": "attention, generation (decode)",
+    "mla_bmm/mla_bmm_perf": "q_absorb and out_absorb",
+    "gemm/gemm_perf": "kv_expand (k = 512 GEMMs)",
+}
+COLUMNS = {
+    "mla": ("kernel_source", "kv_cache_dtype", "num_heads", "batch_size", "isl", "step", "latency"),
+    "mla_bmm": ("op_name", "kernel_source", "bmm_dtype", "num_tokens", "num_heads", "latency"),
+    "gemm": ("kernel_source", "gemm_dtype", "m", "n", "k", "latency"),
+}
+KV_DTYPES = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8"}
+# DeepSeek-V3's MLA dims, which every collector above uses; H varies per row
+DSV3 = dict(hidden=7168, q_lora_rank=1536, r=512, dC=128, dR=64, dV=128, layers=1)
+EXPAND_KERNELS = ("trtllm_mla",)  # sglang's Blackwell context kernel (expand); see above
+MS = 1e-3
+# a fit's source ends in its phase, so the time function picks decode's fit for one new token
+PHASES = {"context_mla_perf": ":prefill", "generation_mla_perf": ":decode"}
+
+
+def default_data_dir() -> Path:
+    try:
+        import aiconfigurator_core
+    except ImportError:
+        raise MlactlError(
+            "aiconfigurator-core is not installed: `pip install 'mlactl[calibrate]'`, or pass --data-dir DIR "
+            "(a folder laid out as <system>/{mla,mla_bmm,gemm}/<framework>/<version>/*.parquet)"
+        ) from None
+    return Path(aiconfigurator_core.__file__).parent / "systems" / "data"
+
+
+def _children(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+@dataclass(frozen=True)
+class Table:
+    system: str
+    framework: str
+    version: str
+    name: str  # e.g. "mla/generation_mla_perf"
+    path: Path
+
+
+def find_tables(data_dir: Path, system: str, framework: str, version: str | None = None) -> list[Table]:
+    """The tables this module reads for one system and framework (newest version of each folder
+    unless `version` is given). Unknown system/framework/version: an error listing what exists."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise MlactlError(f"--data-dir {data_dir}: no such folder")
+    systems = [s for s in _children(data_dir) if any((data_dir / s / k).is_dir() for k in COLUMNS)]
+    if not systems:
+        raise MlactlError(
+            f"{data_dir} holds no aiconfigurator tables (expected <system>/{{mla,mla_bmm,gemm}}/<framework>/"
+            "<version>/*.parquet)"
+        )
+    if system not in systems:
+        raise MlactlError(f"unknown system {system!r} in {data_dir}; available: {', '.join(systems)}")
+    frameworks = sorted({f for k in COLUMNS for f in _children(data_dir / system / k)})
+    if framework not in frameworks:
+        raise MlactlError(f"unknown framework {framework!r} for {system}; available: {', '.join(frameworks)}")
+    versions = sorted({v for k in COLUMNS for v in _children(data_dir / system / k / framework)})
+    if version is not None and version not in versions:
+        raise MlactlError(f"unknown version {version!r} of {framework} for {system}; available: {', '.join(versions)}")
+    found = []
+    for name in TABLES:
+        folder, stem = name.split("/")
+        have = _children(data_dir / system / folder / framework)
+        pick = [version] if version is not None else sorted(have, key=_version_key)[-1:]
+        for v in pick:
+            path = data_dir / system / folder / framework / v / f"{stem}.parquet"
+            if path.is_file():
+                found.append(Table(system, framework, v, name, path))
+    if not found:
+        raise MlactlError(
+            f"no MLA tables for {system}/{framework}{'' if version is None else ' ' + version} in {data_dir} "
+            f"(looked for {', '.join(n + '.parquet' for n in TABLES)})"
+        )
+    return found
+
+
+def _version_key(v: str):
+    import re
+
+    return [int(x) if x.isdigit() else -1 for x in re.split(r"[.a-z]+", v) if x] + [v]
+
+
+def read_table(path: Path, kind: str):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MlactlError("reading aiconfigurator tables needs pyarrow: `pip install 'mlactl[calibrate]'`") from None
+    try:
+        frame = pq.read_table(path).to_pandas()
+    except Exception as exc:  # pyarrow raises several types for a bad file
+        raise MlactlError(f"{path}: not a readable parquet table ({exc})") from None
+    missing = [c for c in COLUMNS[kind] if c not in frame.columns]
+    if missing:
+        raise MlactlError(
+            f"{path}: missing columns {', '.join(missing)} (a {kind} table needs {', '.join(COLUMNS[kind])})"
+        )
+    if len(frame) == 0:
+        raise MlactlError(f"{path}: the table has no rows")
+    return frame
+
+
+def _cost(heads: int, kv_dtype: str = "bf16") -> CostModel:
+    cfg = MLAConfig("aiconfigurator-dsv3", H=int(heads), **DSV3)
+    return CostModel(cfg, kv_dtype=kv_dtype, dtype="bf16")
+
+
+def _op_points(op_name: str, path: str, op_index: int, frame, batch, new, prefix, out_dim, kv_dtype) -> Points:
+    """cost.py's op at each row; heads differ per row, so cost is evaluated per head count."""
+    heads = frame["num_heads"].to_numpy(np.float64)
+    flops = np.empty(len(frame))
+    nbytes = np.empty(len(frame))
+    cache = np.zeros(len(frame))
+    for h in np.unique(heads):
+        rows = heads == h
+        cost = _cost(int(h), kv_dtype)
+        op = cost.ops(path, batch[rows], new[rows], prefix[rows])[op_index]
+        flops[rows], nbytes[rows] = op.flops, op.bytes
+        if op_name == "absorb_attention":
+            cache[rows] = cost.kv_cache_bytes(batch[rows], new[rows], prefix[rows])
+        elif op_name == "expand_attention":  # per-head K and V, as an MHA cache holds them
+            cache[rows] = cost.mha_cache_bytes(batch[rows], new[rows], prefix[rows])
+    return Points(
+        op_name,
+        flops,
+        nbytes,
+        batch.astype(np.float64),
+        new.astype(np.float64),
+        (new + prefix).astype(np.float64),
+        heads,
+        np.full(len(frame), float(out_dim)),
+        cache,
+        time_s=frame["latency"].to_numpy(np.float64) * MS,
+    )
+
+
+def table_points(table: Table) -> dict[tuple[str, str, str], Points]:
+    """{(op class, kernel source, dtype): points} of one table."""
+    folder = table.name.split("/")[0]
+    frame = read_table(table.path, folder)
+    frame = frame[np.isfinite(frame["latency"].to_numpy(np.float64)) & (frame["latency"] > 0)]
+    out: dict[tuple[str, str, str], Points] = {}
+    if folder == "mla":
+        context = table.name.endswith("context_mla_perf")
+        for (src, kvd), sub in frame.groupby(["kernel_source", "kv_cache_dtype"]):
+            kv = KV_DTYPES.get(str(kvd))
+            if kv is None:
+                continue
+            b = sub["batch_size"].to_numpy(np.float64)
+            if context:  # isl new tokens, nothing cached
+                n, p = sub["isl"].to_numpy(np.float64), np.zeros(len(sub))
+            else:  # one new token after `step` cached ones
+                n, p = np.ones(len(sub)), sub["step"].to_numpy(np.float64)
+            expand = context and (table.framework == "trtllm" or str(src) in EXPAND_KERNELS)
+            if expand:
+                pts = _op_points("expand_attention", "expand", 1, sub, b, n, p, DSV3["dV"], kv)
+            else:
+                pts = _op_points("absorb_attention", "absorb", 1, sub, b, n, p, DSV3["r"], kv)
+            out[(pts.op, str(src), kv)] = pts
+    elif folder == "mla_bmm":
+        names = {"mla_gen_pre": ("q_absorb", 0, DSV3["r"]), "mla_gen_post": ("out_absorb", 2, DSV3["dV"])}
+        for (name, src, dt), sub in frame.groupby(["op_name", "kernel_source", "bmm_dtype"]):
+            if name not in names:
+                continue
+            op, idx, out_dim = names[name]
+            # the weights are bf16 in cost.py's count; fp8 tables get their own parameters
+            tokens = sub["num_tokens"].to_numpy(np.float64)
+            pts = _op_points(op, "absorb", idx, sub, tokens, np.ones(len(sub)), np.zeros(len(sub)), out_dim, "bf16")
+            out[(op, str(src), KV_DTYPES.get(str(dt), str(dt)))] = pts
+    elif folder == "gemm":
+        per_head = DSV3["dC"] + DSV3["dV"]
+        frame = frame[(frame["k"] == DSV3["r"]) & (frame["n"] % per_head == 0)]
+        frame = frame.assign(num_heads=frame["n"] // per_head)
+        for (src, dt), sub in frame.groupby(["kernel_source", "gemm_dtype"]):
+            m = sub["m"].to_numpy(np.float64)
+            pts = _op_points("kv_expand", "expand", 0, sub, np.ones(len(sub)), m, np.zeros(len(sub)), per_head, "bf16")
+            out[("kv_expand", str(src), KV_DTYPES.get(str(dt), str(dt)))] = pts
+    return out

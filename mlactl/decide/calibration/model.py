@@ -1,0 +1,430 @@
+"""The calibrated time of one op: the roofline with fitted efficiencies and the terms the data earns.
+
+    t = [t_fixed + t_quant + t_align + t_request + t_combine + t_kvcast + t_row
+         + max(roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw), t_iter * waves * iters)] * near
+
+F and B are cost.py's FLOPs and bytes of the op; roofline() is mlactl.model.roofline's max(F/peak,
+B/bw) (with `sum`, its two sides added instead). The terms, each switched on per fit (`terms`)
+and kept only where it lowers the held-out error (docs/calibration.md has the figures):
+
+fixed   t_fixed: launch and setup, 11-15 us for FA3's MLA decode on an H200 (aiconfigurator)
+pad     the kernel computes whole 64-row tiles: rows of one tile are the query tokens times the
+        heads that share a KV head (all H for absorb's MQA, 1 for expand's MHA), so 16 heads of
+        one decode token cost a 64-row tile: F * 4
+waves   CTAs run in waves over the SMs; a last partial wave leaves SMs idle: compute time is
+        divided by u = ctas / (waves * sm_count)
+split   split-KV (absorb's attention): with fewer CTAs than SMs the kernel splits the context
+        into s pieces (at most one per 64-key block) to fill the SMs; each piece writes and the
+        merge reads back an fp32 partial output and lse per (token, head):
+        B_split = 2 * s * rows * (dV_out*4 + 4)
+kvpad   the cache is read in whole 64-token pages: cache bytes * ceil(ctx/64)*64/ctx
+serial  a CTA walks its KV blocks one after another: t_iter per block, per wave of CTAs; with
+        few CTAs this latency, not bandwidth, bounds the time (t_iter fitted)
+combine a split launch is followed by a kernel that merges the pieces: t_combine where s > 1
+request per-request setup (page table, scheduling): t_request * batch, not overlapped; SGLang's
+        decode of 1024 requests, 1 head, context 2 takes 58 us on an H200 where its bytes need 1
+quant   a pass over the activations before the GEMM, not overlapped with it: their bf16 bytes at
+        eta_q of the bandwidth (projections only; aiconfigurator's fp8 GEMMs quantise per token
+        inside the timing)
+sum     compute and memory time added instead of overlapped: a timed call that converts its
+        operands before it computes overlaps neither
+tile128 the attention kernel's tiles are 128 query rows by 128 keys, not 64 by 64: pad, waves,
+        kvpad and serial count in 128s. TRT-LLM's fmha_v2 names its kernels by tile (e.g.
+        `..._flash_attention_fp16_128_128_S_qkv_...`); which tile these tables ran is read from
+        the held-out error, not the collector: on TRT-LLM's B200 expand prefill 11% -> 6% median
+kvcast  a pass over the cache keys the launch reads, before the kernel and not overlapped with
+        it: their cache bytes at eta_x of the bandwidth. SGLang's FA3 decode with an fp8 cache
+        on an H200 takes the same time per key at 16 heads as at 128 (2.05 vs 2.22 ms for a
+        million keys): a per-key pass (converting the fp8 cache), not the heads' FLOPs, bounds it
+qrow    t_row per query row (token x head), not overlapped: TRT-LLM 1.3's fp8 decode on a B200
+        at context 2 takes 45, 85 and 146 us for 1024 requests of 16, 32 and 128 heads, where
+        the bytes of q and out need 4-33 us: a per-row step (the query's fp8 conversion, say)
+align   rows (tokens) not a multiple of 4: t_align more (projections). GEMMs reading fp32 row
+        scales by TMA need 16-byte rows; vLLM's DeepGEMM on a B200 takes ~175 us at m = 4, 8, 12
+        and ~240 us at every m between
+near    a projection's time times exp(-median log residual) of the NEAR_K nearest measured
+        shapes within NEAR_RADIUS octaves (of rows and heads, aligned with aligned): GEMM
+        libraries pick kernels by shape buckets, so time steps where no smooth term can follow
+        (SGLang's fp8 GEMM on an H200, n = 256: 6.1 us at m = 128, 8.7 us at m = 129). The
+        residuals of the fit's own points are stored in params["near"]
+ops     a whole path's attention at eta_c and its other ops at eta_p, each its own roofline, added
+        (they run one after another and reach different fractions of peak)
+scores  a whole path's unfused attention (torch twins) writing and re-reading its fp32 scores:
+        4 passes over batch x new x keys x heads values at eta_s of the bandwidth, not overlapped
+fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_splits_heuristic,
+        commit 13d0fd9c): none when the CTAs fill 80% of the SMs or there are <= 4 KV blocks;
+        else the fewest splits within 85% of the best wave efficiency (ctas*s/SMs over its
+        ceiling), at most min(128, SMs, KV blocks). `split` alone fills the SMs with
+        ceil(SMs/ctas) pieces, which spills 8 requests on 132 SMs (17 pieces) into a second wave
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlactl.model.roofline import roofline_time
+
+TILE_ROWS = 64  # rows of a CTA's query tile in FA3/FlashMLA-style kernels (and our Triton ones)
+PROJ_TILE_N = 128  # output columns of a GEMM CTA tile (projections)
+# op classes of cost.py's ops, keyed by path: each path's attention is its own class
+OP_CLASSES = ("kv_expand", "q_absorb", "out_absorb", "absorb_attention", "expand_attention", "lse_merge")
+# whole paths, for measurements that time a path end to end (`mlactl tune paths`)
+PATH_CLASSES = ("path:expand", "path:expand_chunked", "path:absorb")
+TERMS = (
+    "fixed",
+    "pad",
+    "waves",
+    "split",
+    "serial",
+    "kvpad",
+    "sum",
+    "quant",
+    "combine",
+    "request",
+    "tile128",
+    "fa3split",
+    "kvcast",
+    "qrow",
+    "align",
+    "near",
+    "ops",
+    "scores",
+)
+BIG_TILE = 128  # rows and keys of a tile under `tile128`
+PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb")
+DECODE_MAX_NEW = 8  # query tokens per request that decode kernels (and decode fits) serve
+KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
+BASE_TERMS = ("fixed",)
+ALIGN_ROWS = 4  # `align`: rows (tokens) a GEMM's fp32 row scales need for 16-byte TMA alignment
+# `near`: the k nearest measured shapes within a radius (octaves of rows and heads) correct a
+# projection's prediction; away from every measured shape the parametric model stands alone
+NEAR_K = 6
+NEAR_RADIUS = 1.0
+
+
+def op_class(path: str, op: str) -> str:
+    """The calibration class of cost.py's op `op` on `path`."""
+    if op == "attention":
+        return "absorb_attention" if path == "absorb" else "expand_attention"
+    return op
+
+
+@dataclass(frozen=True)
+class Points:
+    """Instances of one op class: cost.py's FLOPs and bytes, and the shape the extra terms need.
+
+    batch: requests; new: query tokens per request; context: keys per request; heads: H on this
+    GPU; out_dim: the value width each (token, head) writes (r for absorb, dV for expand).
+    """
+
+    op: str
+    flops: np.ndarray
+    bytes: np.ndarray
+    batch: np.ndarray
+    new: np.ndarray
+    context: np.ndarray
+    heads: np.ndarray
+    out_dim: np.ndarray
+    cache_bytes: np.ndarray  # keys and values an attention op reads (latent or per-head); else 0
+    time_s: np.ndarray | None = None
+    group: np.ndarray | None = field(default=None, compare=False)  # k-fold keeps a group together
+    # a whole path's attention op alone (the rest = flops/bytes less these), for `ops`
+    attn_flops: np.ndarray | None = None
+    attn_bytes: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.flops)
+
+    def take(self, idx) -> Points:
+        def pick(a):
+            return None if a is None else np.asarray(a)[idx]
+
+        return Points(
+            self.op,
+            *(
+                pick(getattr(self, k))
+                for k in ("flops", "bytes", "batch", "new", "context", "heads", "out_dim", "cache_bytes")
+            ),
+            time_s=pick(self.time_s),
+            group=pick(self.group),
+            attn_flops=pick(self.attn_flops),
+            attn_bytes=pick(self.attn_bytes),
+        )
+
+
+def _tile(op: str, terms) -> int:
+    """Query rows (and keys) of one attention tile under these terms."""
+    return BIG_TILE if "tile128" in terms and op in ("absorb_attention", "expand_attention") else TILE_ROWS
+
+
+def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """Query rows per tile group and the CTAs one launch starts (before any split)."""
+    b, n, h = pts.batch, pts.new, pts.heads
+    if pts.op == "absorb_attention":  # MQA: every head of a token shares the latent cache
+        rows = n * h
+        ctas = b * np.ceil(rows / tile)
+    elif pts.op == "expand_attention":  # MHA: one tile group per (request, head)
+        rows = n
+        ctas = b * h * np.ceil(rows / tile)
+    elif pts.op in ("q_absorb", "out_absorb"):  # one GEMM per head over the batch's tokens
+        rows = b * n
+        ctas = h * np.ceil(rows / TILE_ROWS) * np.ceil(pts.out_dim / PROJ_TILE_N)
+    elif pts.op == "kv_expand":  # one GEMM: tokens x H*(dC+dV)
+        rows = b * pts.context
+        ctas = np.ceil(rows / TILE_ROWS) * np.ceil(h * pts.out_dim / PROJ_TILE_N)
+    else:  # lse_merge and whole paths: elementwise or mixed; no tile model
+        rows = np.full_like(pts.flops, float(TILE_ROWS))
+        ctas = np.full_like(pts.flops, np.inf)
+    return rows, ctas
+
+
+# terms that only act on attention ops
+ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast", "qrow")
+
+
+# terms that only act on projections (GEMMs and BMMs)
+PROJECTION_TERMS = ("quant", "align", "near")
+# terms that only act on whole paths
+PATH_TERMS = ("ops", "scores")
+
+
+def relevant_terms(op: str, terms) -> tuple[str, ...]:
+    """The terms that change this op class's time: the others are dropped, not fitted."""
+    if op.startswith("path:"):  # a whole path has no one tile shape; its ops may or may not overlap
+        return tuple(t for t in terms if t in ("fixed", "sum") + PATH_TERMS)
+    if op in PROJECTIONS:
+        return tuple(t for t in terms if t not in ATTENTION_TERMS)
+    if op != "absorb_attention" or "split" not in terms:  # only absorb's attention is split
+        terms = tuple(t for t in terms if t != "fa3split")
+    return tuple(t for t in terms if t not in PROJECTION_TERMS + PATH_TERMS)
+
+
+def param_names(terms) -> list[str]:
+    """The log-space parameter vector's layout for these terms (t_fixed always first; it is held
+    at 0 when `fixed` is off)."""
+    return (
+        ["t_fixed_s", "eta_c", "eta_m"]
+        + ["t_iter_s"] * ("serial" in terms)
+        + ["eta_q"] * ("quant" in terms)
+        + ["t_combine_s"] * ("combine" in terms)
+        + ["t_request_s"] * ("request" in terms)
+        + ["eta_x"] * ("kvcast" in terms)
+        + ["t_row_s"] * ("qrow" in terms)
+        + ["t_align_s"] * ("align" in terms)
+        + ["eta_p"] * ("ops" in terms)
+        + ["eta_s"] * ("scores" in terms)
+    )
+
+
+def n_params(terms) -> int:
+    """Free parameters of a fit with these terms."""
+    return len(param_names(terms)) - ("fixed" not in terms)
+
+
+def unpack(theta: np.ndarray, terms) -> dict:
+    """Log-space parameter vector -> named parameters."""
+    e = np.exp(np.asarray(theta, dtype=np.float64))
+    out = {k: float(v) for k, v in zip(param_names(terms), e)}
+    if "fixed" not in terms:
+        out["t_fixed_s"] = 0.0
+    return out
+
+
+def pack(params: dict, terms) -> np.ndarray:
+    start = {
+        "t_fixed_s": 1e-12,
+        "t_iter_s": 1e-7,
+        "eta_q": 0.5,
+        "t_combine_s": 2e-6,
+        "t_request_s": 2e-8,
+        "eta_x": 0.3,
+        "t_row_s": 1e-9,
+        "t_align_s": 1e-6,
+        "eta_p": 0.5,
+        "eta_s": 0.3,
+    }
+    v = [max(params.get(k, start.get(k, 1.0)), 1e-12) for k in param_names(terms)]
+    return np.log(np.asarray(v, dtype=np.float64))
+
+
+_FA3_CACHE: dict = {}  # split counts depend on the shapes only; a fit asks for them ~1000 times
+
+
+def fa3_splits(ctas, n_blocks, sm_count: int, max_splits: int = 128) -> np.ndarray:
+    """FA3's split count (see `fa3split` above), vectorised over points."""
+    ctas, n_blocks = np.broadcast_arrays(
+        np.maximum(np.asarray(ctas, dtype=np.float64), 1.0), np.asarray(n_blocks, dtype=np.float64)
+    )
+    shape = ctas.shape  # the time function passes grids (crossover: prefixes x new tokens)
+    ctas, n_blocks = ctas.ravel(), n_blocks.ravel()
+    key = (sm_count, max_splits, shape, ctas.tobytes(), n_blocks.tobytes())
+    if key in _FA3_CACHE:
+        return _FA3_CACHE[key]
+    cap = np.minimum(np.minimum(max_splits, sm_count), n_blocks)
+    s = np.arange(1, min(max_splits, sm_count) + 1, dtype=np.float64)[None, :]
+    waves = ctas[:, None] * s / sm_count
+    eff = np.where(s <= cap[:, None], waves / np.ceil(waves), 0.0)
+    good = eff >= 0.85 * eff.max(axis=1, keepdims=True)
+    pick = s[0, np.argmax(good, axis=1)]  # the first (fewest) splits that qualify
+    out = np.where((ctas >= 0.8 * sm_count) | (n_blocks <= 4), 1.0, pick).reshape(shape)
+    if len(_FA3_CACHE) > 64:
+        _FA3_CACHE.clear()
+    _FA3_CACHE[key] = out
+    return out
+
+
+def _splits(pts: Points, ctas: np.ndarray, sm_count: int, block: int = KV_BLOCK, fa3: bool = False) -> np.ndarray:
+    """Split-KV factor: fill the SMs when the CTAs are fewer, at most one piece per KV block."""
+    if fa3 and pts.op == "absorb_attention":
+        c = np.where(np.isfinite(ctas), ctas, float(sm_count))
+        return fa3_splits(c, np.ceil(pts.context / block), sm_count)
+    few = np.isfinite(ctas) & (ctas < sm_count)
+    c = np.where(few, np.maximum(ctas, 1.0), 1.0)
+    s = np.minimum(np.ceil(sm_count / c), np.ceil(pts.context / block))
+    return np.where(few & (pts.op == "absorb_attention"), np.maximum(s, 1.0), 1.0)
+
+
+def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> np.ndarray:
+    """Calibrated seconds of each point (see the module docstring for the terms)."""
+    t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count)
+    t_fixed = t_fixed + added_seconds(params, terms, pts, bandwidth, sm_count)
+    if "sum" in terms:  # compute and memory do not overlap
+        t = t_fixed + np.maximum(t_compute + t_memory, serial)
+    else:
+        t = t_fixed + np.maximum(np.maximum(t_compute, t_memory), serial)
+    if "scores" in terms and pts.op.startswith("path:"):
+        t = t + score_seconds(params, pts, bandwidth)
+    if "near" in terms and pts.op in PROJECTIONS and params.get("near"):
+        t = t * near_factor(params["near"], pts)
+    return t
+
+
+def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: int | None) -> np.ndarray:
+    """Seconds each point adds outside the overlapped roofline: per-request setup, the combine
+    launch after a split, a pass over the activations (quant) or over the cache keys (kvcast)."""
+    out = np.zeros(np.shape(pts.flops))
+    if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
+        out = out + params["t_request_s"] * pts.batch
+    if "combine" in terms and "split" in terms and sm_count and pts.op == "absorb_attention":
+        tile = _tile(pts.op, terms)
+        _, ctas = _rows_and_ctas(pts, tile)  # a split launch is followed by a combine kernel
+        out = out + params["t_combine_s"] * (_splits(pts, ctas, sm_count, tile, "fa3split" in terms) > 1)
+    if "kvcast" in terms and pts.op in ("absorb_attention", "expand_attention"):
+        out = out + pts.cache_bytes / (params["eta_x"] * bandwidth)
+    if "qrow" in terms and pts.op in ("absorb_attention", "expand_attention"):
+        out = out + params["t_row_s"] * pts.batch * pts.new * pts.heads
+    if "quant" in terms and pts.op in PROJECTIONS:
+        out = out + quant_seconds(params, pts, bandwidth)
+    if "align" in terms and pts.op in PROJECTIONS:  # rows not a multiple of ALIGN_ROWS: a padded copy
+        out = out + params["t_align_s"] * (np.mod(_rows_and_ctas(pts)[0], ALIGN_ROWS) != 0)
+    return out
+
+
+def score_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
+    """`scores`: a kernel that is not fused (the torch twins) writes the fp32 scores, the softmax
+    reads and writes them and the value product reads them: 4 passes over batch x new x keys x
+    heads fp32 values, at eta_s of the bandwidth, not overlapped."""
+    return 4 * 4 * pts.batch * pts.new * pts.context * pts.heads / (params["eta_s"] * bandwidth)
+
+
+def near_features(pts: Points) -> np.ndarray:
+    """Where a projection's shape lies for `near`: log2 rows, log2 heads, and whether the rows are
+    unaligned (a different kernel path: an unaligned shape's neighbours are unaligned ones)."""
+    rows = np.asarray(_rows_and_ctas(pts)[0], dtype=np.float64)
+    heads = np.broadcast_to(np.asarray(pts.heads, dtype=np.float64), rows.shape)
+    return np.stack(
+        [np.log2(np.maximum(rows, 1.0)), np.log2(np.maximum(heads, 1.0)), (np.mod(rows, ALIGN_ROWS) != 0) * 1.0],
+        axis=-1,
+    ).reshape(-1, 3)
+
+
+def near_table(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> dict:
+    """The residuals `near` corrects with: each measured point's features and log(predicted /
+    measured) under the parametric part of the fit (the terms less `near`)."""
+    plain = tuple(t for t in terms if t != "near")
+    pred = predict(params, plain, pts, peak, bandwidth, sm_count)
+    return {
+        "features": np.round(near_features(pts), 6).tolist(),
+        "log_residual": np.round(np.log(pred / np.asarray(pts.time_s)), 6).tolist(),
+    }
+
+
+def near_factor(table: dict, pts: Points, chunk: int = 2048) -> np.ndarray:
+    """exp(-median residual) of the NEAR_K nearest measured points within NEAR_RADIUS (those
+    only); 1 where none is that near."""
+    x = np.asarray(table["features"], dtype=np.float64)
+    r = np.asarray(table["log_residual"], dtype=np.float64)
+    f = near_features(pts)
+    out = np.ones(len(f))
+    k = min(NEAR_K, len(x))
+    for start in range(0, len(f), chunk):
+        part = f[start : start + chunk]
+        d = np.sqrt(((part[:, None, :] - x[None, :, :]) ** 2).sum(axis=2))
+        idx = np.argpartition(d, k - 1, axis=1)[:, :k]
+        near = np.take_along_axis(d, idx, axis=1) <= NEAR_RADIUS
+        res = np.where(near, r[idx], np.nan)
+        with warnings.catch_warnings():  # a row with no near neighbour: all-NaN median, factor 1
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(res, axis=1)
+        out[start : start + chunk] = np.where(np.isfinite(med), np.exp(-med), 1.0)
+    shape = np.shape(np.asarray(_rows_and_ctas(pts)[0]))
+    return out.reshape(shape) if shape else out[0]
+
+
+def quant_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
+    """A pass over the activations before the GEMM (per-token fp8 quantisation): their bf16
+    bytes at eta_q of the bandwidth. Activation elements from cost.py's FLOPs: a GEMM of F
+    FLOPs writing out_dim per row (per head for the BMMs) reads F / (2 out_dim) of them."""
+    per_row_out = pts.out_dim * np.where(pts.op == "kv_expand", pts.heads, 1.0)
+    return pts.flops / (2 * per_row_out) * 2 / (params["eta_q"] * bandwidth)
+
+
+def components(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None):
+    """(t_fixed, compute seconds, memory seconds, serial seconds) of each point: the parts
+    `predict` combines, kept apart so a batch of requests in one launch can add them up."""
+    flops = np.asarray(pts.flops, dtype=np.float64)
+    nbytes = np.asarray(pts.bytes, dtype=np.float64)
+    serial = np.zeros_like(flops)
+    attention = pts.op in ("absorb_attention", "expand_attention")
+    tile = _tile(pts.op, terms)
+    if attention and "kvpad" in terms:  # the cache is read in whole KV blocks (pages) per request
+        padded = np.ceil(pts.context / tile) * tile
+        with np.errstate(divide="ignore", invalid="ignore"):
+            nbytes = nbytes + np.where(pts.context > 0, pts.cache_bytes * (padded / pts.context - 1), 0.0)
+    if {"pad", "waves", "split", "serial"} & set(terms):
+        rows, ctas = _rows_and_ctas(pts, tile)
+        if "pad" in terms:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                pad = np.where(rows > 0, np.ceil(rows / tile) * tile / rows, 1.0)
+            flops = flops * pad
+        finite = np.isfinite(ctas) & (ctas > 0)
+        s = np.ones_like(flops)
+        if sm_count and "split" in terms:
+            s = _splits(pts, ctas, sm_count, tile, "fa3split" in terms)
+            # each piece writes an fp32 partial output and lse per (token, head); the merge reads them
+            nbytes = nbytes + np.where(s > 1, 2 * s * pts.batch * pts.new * pts.heads * (pts.out_dim * 4 + 4), 0.0)
+        if sm_count and "waves" in terms:  # the split pieces are CTAs too
+            c = np.where(finite, ctas * s, 1.0)
+            util = np.where(finite, c / (np.ceil(c / sm_count) * sm_count), 1.0)
+            flops = flops / util
+        if sm_count and "serial" in terms and attention:
+            waves = np.ceil(np.where(finite, ctas, 1.0) * s / sm_count)
+            iters = np.ceil(pts.context / (s * tile))
+            serial = params["t_iter_s"] * waves * iters
+    if "ops" in terms and pts.op.startswith("path:") and pts.attn_flops is not None:
+        # the path's ops run one after another: attention at eta_c, the rest (projections,
+        # merge) at eta_p, each its own roofline (or sum, with `sum`), added; returned as compute
+        combine = np.add if "sum" in terms else np.maximum
+        fa, ba = np.asarray(pts.attn_flops, dtype=np.float64), np.asarray(pts.attn_bytes, dtype=np.float64)
+        em = params["eta_m"] * bandwidth
+        t_ops = combine(fa / (params["eta_c"] * peak), ba / em) + combine(
+            (flops - fa) / (params["eta_p"] * peak), (nbytes - ba) / em
+        )
+        return params.get("t_fixed_s", 0.0), t_ops, np.zeros_like(t_ops), serial
+    # roofline_time with only one side non-zero gives each side alone
+    t_compute = roofline_time(flops, 0.0, params["eta_c"] * peak, 1.0)
+    t_memory = roofline_time(0.0, nbytes, 1.0, params["eta_m"] * bandwidth)
+    return params.get("t_fixed_s", 0.0), t_compute, t_memory, serial

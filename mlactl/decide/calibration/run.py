@@ -1,0 +1,127 @@
+"""`mlactl calibrate` as library calls: points from a source, fits, a calibration file's dict."""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+from mlactl.decide.calibration import fit_groups
+from mlactl.decide.calibration.fit import Machine
+from mlactl.decide.calibration.store import SCHEMA, SCHEMA_VERSION, safe_name
+from mlactl.model.hardware import HardwareProfile
+from mlactl.results.measured import DIMS  # the dims a whole-path fit was measured at
+from mlactl.util.errors import MlactlError
+
+# aiconfigurator system -> mlactl hardware profile
+SYSTEM_PROFILES = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100-sxm"}
+
+
+def machine_for(hw: HardwareProfile, dtype: str = "bf16") -> Machine:
+    return Machine(hw.peak_flops(dtype), hw.bandwidth, hw.sm_count)
+
+
+def ceilings(hw: HardwareProfile, dtype: str = "bf16") -> dict:
+    return {
+        "peak_flops": hw.peak_flops(dtype),
+        "bandwidth_bytes_per_s": hw.bandwidth,
+        "sm_count": hw.sm_count,
+        "dtype": dtype,
+    }
+
+
+def build(name: str, hw: HardwareProfile, source: dict, groups: dict, select: bool = True) -> tuple[dict, list]:
+    """Fit every group and assemble the calibration file's dict; returns (data, fit results)."""
+    from mlactl import __version__
+
+    if not groups:
+        raise MlactlError("no measured points to calibrate from")
+    dtype = source.get("dtype", "bf16")  # the runs' compute dtype: fits divide by its peak
+    results = fit_groups(groups, machine_for(hw, dtype), select_terms=select)
+    data = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "name": safe_name(name),
+        "hardware": hw.name,
+        "ceilings": ceilings(hw, dtype),
+        "source": source,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "mlactl_version": __version__,
+        "fits": [r.to_json() for r in results],
+    }
+    return data, results
+
+
+def from_aiconfigurator(system: str, framework: str, version: str | None, data_dir, hw: HardwareProfile | None):
+    from mlactl.decide.calibration import aiconfigurator as ac
+    from mlactl.model import hardware
+
+    folder = ac.default_data_dir() if data_dir is None else data_dir
+    tables = ac.find_tables(folder, system, framework, version)
+    if hw is None:
+        if system not in SYSTEM_PROFILES:
+            raise MlactlError(f"no hardware profile for system {system!r}: pass --hardware NAME|FILE")
+        hw = hardware.from_name(SYSTEM_PROFILES[system])
+    groups = {}
+    for t in tables:
+        phase = ac.PHASES.get(t.name.split("/")[1], "")
+        for (op, src, dtype), pts in ac.table_points(t).items():
+            groups[(op, f"{framework}-{t.version}:{src}{phase}", dtype)] = pts
+    versions = sorted({t.version for t in tables})
+    source = {
+        "kind": "aiconfigurator",
+        "system": system,
+        "framework": framework,
+        "version": "+".join(versions),
+        "files": [str(t.path) for t in tables],
+    }
+    name = f"{hw.name}-aiconfigurator-{framework}-{'+'.join(versions)}"
+    return name, hw, source, groups
+
+
+def from_results(files, hw: HardwareProfile | None):
+    from mlactl.decide.calibration.sources import results_points
+    from mlactl.model import hardware
+    from mlactl.results import store as results
+
+    groups: dict = {}
+    hw_names, dtypes, runs = set(), {}, []
+    for f in files:
+        data = results.load(f)
+        hw_names.add((data.get("device") or {}).get("hardware"))
+        dtypes[str(f)] = data.get("dtype", "bf16")
+        runs.append(
+            (
+                tuple((data.get("model") or {}).get(k) for k in DIMS),
+                data.get("kv_dtype"),
+                (data.get("device") or {}).get("name"),
+            )
+        )
+        for key, pts in results_points(data, str(f)).items():
+            if key in groups:
+                from mlactl.decide.calibration.sources import _concat
+
+                pts = _concat([groups[key], pts])
+            groups[key] = pts
+    if hw is None:
+        known = {h for h in hw_names if h}
+        if len(known) != 1 or None in hw_names:
+            raise MlactlError(
+                "the results files name no single hardware profile (a CPU run has none): pass --hardware NAME|FILE"
+            )
+        hw = hardware.from_name(known.pop())
+    if len(set(dtypes.values())) > 1:
+        listed = ", ".join(f"{f} ({d})" for f, d in dtypes.items())
+        raise MlactlError(f"the results files computed in different dtypes: {listed}; calibrate each dtype alone")
+    source = {"kind": "results", "files": [str(f) for f in files], "dtype": next(iter(dtypes.values()))}
+    if len(set(runs)) == 1:  # what `mla_attention(path="auto")` matches a calibration of its own paths by
+        dims, kv_dtype, device = runs[0]
+        source.update(model=dict(zip(DIMS, dims)), kv_dtype=kv_dtype, device=device)
+    stem = "+".join(sorted({str(f).rsplit("/", 1)[-1].removesuffix(".json") for f in files}))[:80]
+    return f"{hw.name}-results-{stem}", hw, source, groups
+
+
+def from_csv(file, cfg, hw: HardwareProfile):
+    from mlactl.decide.calibration.sources import csv_points
+
+    groups = csv_points(file, cfg)
+    source = {"kind": "csv", "files": [str(file)], "model": cfg.name}
+    return f"{hw.name}-csv-{str(file).rsplit('/', 1)[-1].removesuffix('.csv')}", hw, source, groups

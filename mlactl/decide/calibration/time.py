@@ -1,0 +1,189 @@
+"""The one time function: every time mlactl prints is asked of `path_times` (or `batch_time`).
+
+With no calibration it is the roofline (mlactl.model.roofline); with one, each op takes its op class's
+fitted time, and an op class the calibration lacks keeps its roofline time (listed by
+`missing_ops`). A calibration with a whole-path fit (`path:<path>`, from `mlactl tune paths`)
+times that path as one.
+
+    times = path_times(cost, hw, calibration_or_None, batch, new, prefix)   # {path: PathTime}
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlactl.decide.calibration.model import DECODE_MAX_NEW, op_class, predict
+from mlactl.model.cost import MLA_PATHS, PATHS, CostModel, Op
+from mlactl.model.hardware import HardwareProfile
+from mlactl.model.roofline import OpTime, PathTime, path_time, roofline_time
+
+
+def _scaled(ops: list[Op], layers: int) -> list[Op]:
+    if layers == 1:
+        return ops
+    return [Op(op.name, op.flops * layers, op.bytes * layers, op.weight_bytes * layers) for op in ops]
+
+
+def _fit_dtype(cost: CostModel, cls: str) -> str:
+    return cost.kv_dtype if "attention" in cls or cls.startswith("path:") else cost.dtype
+
+
+def calibrated_seconds(
+    cost: CostModel, hw: HardwareProfile, peak: float, fit: dict, cls: str, batch, new, prefix, path: str | None = None
+) -> np.ndarray:
+    """One op class's calibrated seconds (one layer) at the given points, as `path` runs it;
+    `peak` is the one the fit divided by (Calibration.peak)."""
+    from mlactl.decide.calibration.sources import points_for
+
+    pts = points_for(cost, cls, batch, new, prefix, None, path=path)
+    terms = list(fit["terms"])
+    if cls == "absorb_attention" and "waves" in terms and "split" not in terms:
+        # a fit on prefill tables (prefix 0) never saw few CTAs over a long cache; there the
+        # kernel splits the KV (the split term has no parameter to fit), so add it
+        terms.append("split")
+    return predict(fit["params"], terms, pts, peak, hw.bandwidth, hw.sm_count)
+
+
+def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batch, new, prefix, path=None):
+    """Calibrated seconds of an op class, or None if the calibration has no fit for it. Where it
+    has a decode and a prefill fit (aiconfigurator's two tables), a point with a cached prefix and
+    at most DECODE_MAX_NEW new tokens takes decode's (the range the decode table measured), every
+    other point prefill's: a decode table is memory-bound and says little about compute."""
+    dtype = _fit_dtype(cost, cls)
+    decode = calibration.fit_for(cls, dtype, "decode")
+    prefill = calibration.fit_for(cls, dtype, "prefill")
+    if decode is None:
+        return None
+    t_prefill = calibrated_seconds(cost, hw, calibration.peak(hw), prefill, cls, batch, new, prefix, path)
+    if decode is prefill:
+        return t_prefill
+    t_decode = calibrated_seconds(cost, hw, calibration.peak(hw), decode, cls, batch, new, prefix, path)
+    decode_like = (np.asarray(prefix) > 0) & (np.asarray(new) <= DECODE_MAX_NEW)
+    return np.where(decode_like, t_decode, t_prefill)
+
+
+def _whole_path_fit(cost: CostModel, calibration, path: str) -> dict | None:
+    """A whole-path fit for `path`; expand_chunked without its own takes expand's, applied to
+    expand_chunked's own FLOPs and bytes (the same ops, chunk by chunk, plus the lse merges)."""
+    fit = calibration.fit_for(f"path:{path}", _fit_dtype(cost, f"path:{path}"))
+    if fit is None and path == "expand_chunked":
+        fit = calibration.fit_for("path:expand", _fit_dtype(cost, "path:expand"))
+    return fit
+
+
+def missing_ops(calibration, paths=MLA_PATHS) -> list[str]:
+    """Op classes of `paths` the calibration has no fit for (they keep roofline time)."""
+    if calibration is None:
+        return []
+    from mlactl.model.cost import OPS
+
+    have = {f["op"] for f in calibration.fits}
+    out = []
+    for p in paths:
+        if f"path:{p}" in have:
+            continue
+        out += [c for c in (op_class(p, o) for o in OPS[p]) if c not in have and c not in out]
+    return out
+
+
+def path_times(
+    cost: CostModel,
+    hw: HardwareProfile,
+    calibration,
+    batch,
+    new,
+    prefix,
+    paths=PATHS,
+    layers: int = 1,
+) -> dict[str, PathTime]:
+    """{path: PathTime} at every point, roofline or calibrated; `layers` multiplies (each layer
+    launches its own kernels, so a fixed cost counts once per layer)."""
+    out = {}
+    for p in paths:
+        ops = _scaled(cost.ops(p, batch, new, prefix), layers)
+        roof = path_time(ops, hw, cost.dtype, p)
+        if calibration is None:
+            out[p] = roof
+            continue
+        whole = _whole_path_fit(cost, calibration, p)
+        timed = []
+        for op in roof.ops:
+            cls = op_class(p, op.name)
+            t = None if whole else op_seconds(cost, hw, calibration, cls, batch, new, prefix, p)
+            t = op.time_s if t is None else t * layers
+            timed.append(OpTime(op.name, op.flops, op.bytes, op.weight_bytes, t, op.compute_bound))
+        total = sum(o.time_s for o in timed)
+        if whole:
+            peak = calibration.peak(hw)
+            total = calibrated_seconds(cost, hw, peak, whole, f"path:{p}", batch, new, prefix) * layers
+        out[p] = PathTime(
+            p, timed, roof.flops, roof.bytes, np.broadcast_to(total, np.shape(roof.flops)), roof.compute_bound
+        )
+    return out
+
+
+def batch_time(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count, paths) -> float:
+    """Time of a mixed batch whose request rows run `paths` (an array of names): requests on one
+    path share one launch per op, so one read of the weights (roofline) and one fixed cost
+    (calibrated: the rows' times less all but one t_fixed)."""
+    total = 0.0
+    for path in MLA_PATHS:
+        rows = paths == path
+        if not rows.any():
+            continue
+        if calibration is None:
+            for op in cost.ops(path, count[rows], new[rows], prefix[rows]):
+                flops = op.flops.sum()
+                nbytes = (op.bytes - op.weight_bytes).sum() + op.weight_bytes.max()
+                total += float(roofline_time(flops, nbytes, hw.peak_flops(cost.dtype), hw.bandwidth))
+            continue
+        total += _launch_seconds(cost, hw, calibration, path, count[rows], new[rows], prefix[rows])
+    return total
+
+
+def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> float:
+    """Calibrated time of one launch per op over several request rows: one fixed cost, the rows'
+    compute, memory and serial seconds each summed, the weights' read counted once."""
+    from mlactl.decide.calibration.model import PROJECTIONS, added_seconds, components, near_factor
+    from mlactl.decide.calibration.sources import points_for
+
+    peak, bandwidth = calibration.peak(hw), hw.bandwidth
+    whole = _whole_path_fit(cost, calibration, path)
+    classes = [f"path:{path}"] if whole else [op_class(path, op.name) for op in cost.ops(path, 1, 1, 0)]
+    ops = cost.ops(path, count, new, prefix)
+    total = 0.0
+    for k, cls in enumerate(classes):
+        decode = bool(np.all((prefix > 0) & (new <= DECODE_MAX_NEW)))
+        fit = whole or calibration.fit_for(cls, _fit_dtype(cost, cls), "decode" if decode else "prefill")
+        if fit is None:  # no fit: the roofline of the summed op, weights once
+            op = ops[k]
+            nbytes = (op.bytes - op.weight_bytes).sum() + op.weight_bytes.max()
+            total += float(roofline_time(op.flops.sum(), nbytes, peak, bandwidth))
+            continue
+        pts = points_for(cost, cls, count, new, prefix, None, path=path)
+        t_fixed, t_c, t_m, serial = components(fit["params"], fit["terms"], pts, peak, bandwidth, hw.sm_count)
+        weights = sum(op.weight_bytes for op in ops) if whole else ops[k].weight_bytes
+        w = np.broadcast_to(weights, np.shape(t_m)) / (fit["params"]["eta_m"] * bandwidth)
+        memory = np.sum(t_m) - np.sum(w) + (np.max(w) if len(w) else 0.0)
+        added = np.sum(added_seconds(fit["params"], fit["terms"], pts, bandwidth, hw.sm_count))
+        launch = float(t_fixed + added + max(np.sum(t_c), memory, np.sum(serial)))
+        if "near" in fit["terms"] and cls in PROJECTIONS and fit["params"].get("near"):
+            # one GEMM over all the rows' tokens: its shape bucket is the summed one's
+            whole_gemm = points_for(cost, cls, 1, [np.sum(count * new)], [np.sum(count * prefix)], None, path=path)
+            launch *= float(np.asarray(near_factor(fit["params"]["near"], whole_gemm)).reshape(-1)[0])
+        total += launch
+    return total
+
+
+def own_times(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count) -> dict[str, np.ndarray]:
+    """Each request row's time on each path, weights left out (the batch shares their read)."""
+    if calibration is None:
+        peak, bandwidth = hw.peak_flops(cost.dtype), hw.bandwidth
+        return {
+            p: sum(
+                roofline_time(op.flops, op.bytes - op.weight_bytes, peak, bandwidth)
+                for op in cost.ops(p, count, new, prefix)
+            )
+            for p in MLA_PATHS
+        }
+    return {p: t.time_s for p, t in path_times(cost, hw, calibration, count, new, prefix, paths=MLA_PATHS).items()}

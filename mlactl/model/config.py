@@ -1,0 +1,118 @@
+"""MLA model shapes: one dataclass, a plain registry of presets, and a Hugging Face config loader.
+
+Names follow docs/design.md ("The math"): H heads, r = kv_lora_rank, dC = qk_nope_head_dim,
+dR = qk_rope_head_dim, dV = v_head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from mlactl.util.errors import MlactlError
+from mlactl.util.io import MAX_CONFIG_BYTES, read_json
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    name: str
+    hidden: int  # hidden_size
+    H: int  # attention heads (per GPU once tensor parallelism is applied)
+    q_lora_rank: int | None  # None: queries come straight from the hidden state
+    r: int  # kv_lora_rank: the latent each token caches
+    dC: int  # qk_nope_head_dim
+    dR: int  # qk_rope_head_dim: the RoPE key, one per token, shared by all heads
+    dV: int  # v_head_dim
+    layers: int  # num_hidden_layers
+    tp: int = 1  # tensor-parallel degree already applied to H
+
+    @property
+    def softmax_scale(self) -> float:
+        """The model's scale, 1/sqrt(dC + dR); the same on both paths."""
+        return 1.0 / math.sqrt(self.dC + self.dR)
+
+    def with_tp(self, tp: int) -> MLAConfig:
+        """Heads per GPU under tensor parallelism; the latent cache is replicated, not split."""
+        if not isinstance(tp, int) or tp < 1:
+            raise MlactlError(f"--tp must be a positive integer, got {tp!r}")
+        if self.H % tp:
+            raise MlactlError(f"--tp {tp} does not divide the {self.H} heads of {self.name}")
+        return replace(self, H=self.H // tp, tp=self.tp * tp)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, MLAConfig] = {
+    # Public config.json facts of each model.
+    "deepseek-v3": MLAConfig("deepseek-v3", 7168, 128, 1536, 512, 128, 64, 128, 61),
+    "deepseek-v2": MLAConfig("deepseek-v2", 5120, 128, 1536, 512, 128, 64, 128, 60),
+    "deepseek-v2-lite": MLAConfig("deepseek-v2-lite", 2048, 16, None, 512, 128, 64, 128, 27),
+    "kimi-k2": MLAConfig("kimi-k2", 7168, 64, 1536, 512, 128, 64, 128, 61),
+    # Round numbers for teaching and tests.
+    "teaching": MLAConfig("teaching", 4096, 32, 1024, 512, 128, 64, 128, 1),
+}
+ALIASES = {"deepseek-r1": "deepseek-v3"}
+
+HF_FIELDS = {
+    "hidden": "hidden_size",
+    "H": "num_attention_heads",
+    "q_lora_rank": "q_lora_rank",
+    "r": "kv_lora_rank",
+    "dC": "qk_nope_head_dim",
+    "dR": "qk_rope_head_dim",
+    "dV": "v_head_dim",
+    "layers": "num_hidden_layers",
+}
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS) + sorted(ALIASES)
+
+
+def from_name(name: str) -> MLAConfig:
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in PRESETS:
+        raise MlactlError(
+            f"unknown model {name!r}; presets: {', '.join(preset_names())} "
+            "(or give the path of a Hugging Face config.json)"
+        )
+    return PRESETS[key]
+
+
+def from_hf_config(path: str | Path) -> MLAConfig:
+    """Read an MLA model from a Hugging Face config.json (or a folder holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    data = read_json(path, "model config", limit=MAX_CONFIG_BYTES)
+    if not isinstance(data, dict):
+        raise MlactlError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    # Multimodal wrappers (e.g. Kimi-VL) keep the language model's fields under text_config.
+    if "kv_lora_rank" not in data and isinstance(data.get("text_config"), dict):
+        data = data["text_config"]
+    missing = [hf for key, hf in HF_FIELDS.items() if hf not in data and key != "q_lora_rank"]
+    if missing:
+        raise MlactlError(f"{path} is not an MLA model config: missing {', '.join(missing)}")
+    values: dict[str, Any] = {}  # int, or None for an absent q_lora_rank
+    for key, hf in HF_FIELDS.items():
+        value = data.get(hf)
+        if key == "q_lora_rank" and value is None:
+            values[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MlactlError(f"{path}: {hf} must be a positive integer, got {value!r}")
+        values[key] = value
+    name = data.get("_name_or_path") or data.get("model_type") or path.parent.name or "custom"
+    return MLAConfig(name=str(name), **values)
+
+
+def resolve(spec: str) -> MLAConfig:
+    """A preset name, or a path to a config.json / a model folder."""
+    looks_like_path = spec.endswith(".json") or "/" in spec or Path(spec).exists()
+    if looks_like_path:
+        return from_hf_config(spec)
+    return from_name(spec)

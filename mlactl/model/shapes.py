@@ -1,0 +1,130 @@
+"""Workload points: parsing lists and ranges of sizes, and building the (batch, new, prefix) grid.
+
+A size list is comma-separated items; each item is
+  an integer            4096, 8K (K = 1024), 1M (M = 1024*1024)
+  a linear range        start:stop:step   both ends included when stop is on the step (0:32K:4K)
+  a geometric range     start:stop:*factor                                       (1:4096:*2)
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from mlactl.util.errors import MlactlError
+from mlactl.util.limits import MAX_SIZE, check_points, max_values
+
+_SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
+# ASCII digits only: str.isdigit() and \\d also take '²' or '٣', which int() then refuses or reads.
+_INT = re.compile(r"^\s*([+-]?[0-9]+)\s*([kKmM]?)\s*$", re.ASCII)
+MAX_POINTS = 50_000_000
+
+
+def _must(minimum: int) -> str:
+    return "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+
+def _int(text: str, option: str, item: str, minimum: int = 1) -> int:
+    match = _INT.match(text)
+    if not match:
+        raise MlactlError(f"{option}: {item!r} is not a whole number (use digits, optionally K or M)")
+    digits = match.group(1).lstrip("+-").lstrip("0")
+    if len(digits) > 19:  # do not even build a 10**4300-digit int
+        value = MAX_SIZE + 1
+    else:
+        value = int(match.group(1)) * _SUFFIX[match.group(2).lower()]
+    if value > MAX_SIZE:
+        raise MlactlError(f"{option}: {item.strip()!r} is above the limit of {MAX_SIZE:,} (2^31 - 1)")
+    if value < 0:
+        raise MlactlError(f"{option}: {item.strip()} must be {_must(max(minimum, 0))}")
+    return value
+
+
+def parse_int(text: str, option: str, minimum: int = 0) -> int:
+    """One size, K and M suffixes allowed, minimum <= value <= MAX_SIZE: how a CSV cell is read."""
+    value = _int(text, option, text, minimum)
+    if value < minimum:
+        raise MlactlError(f"{option} {value} must be {_must(minimum)}")
+    return value
+
+
+def parse_sizes(spec: str | int | list, option: str, minimum: int = 1) -> list[int]:
+    """'1,64,512' / '0:32K:4K' / '1:4096:*2' -> sorted unique ints, each >= minimum."""
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        items = [str(spec)]
+    elif isinstance(spec, (list, tuple)):
+        items = [str(s) for s in spec]
+    else:
+        items = str(spec).split(",")
+    values: set[int] = set()
+    cap, count = min(MAX_POINTS, max_values()), 0
+    for item in items:
+        item = item.strip()
+        if not item:
+            raise MlactlError(f"{option}: empty item in {spec!r}")
+        parts = item.split(":")
+        if len(parts) == 1:
+            values.add(_int(parts[0], option, item, minimum))
+            continue
+        if len(parts) not in (2, 3):
+            raise MlactlError(f"{option}: {item!r} is not a range; write start:stop:step or start:stop:*factor")
+        start, stop = _int(parts[0], option, item, minimum), _int(parts[1], option, item, minimum)
+        if stop < start:
+            raise MlactlError(f"{option}: range {item!r} ends before it starts")
+        step_text = parts[2].strip() if len(parts) == 3 else "1"
+        if step_text.startswith("*"):
+            factor = _int(step_text[1:], option, item)
+            if factor < 2:
+                raise MlactlError(f"{option}: geometric factor in {item!r} must be at least 2")
+            if start == 0:
+                raise MlactlError(f"{option}: geometric range {item!r} cannot start at 0")
+            v = start
+            while v <= stop:
+                values.add(v)
+                v *= factor
+        else:
+            step = _int(step_text, option, item)
+            if step < 1:
+                raise MlactlError(f"{option}: step in {item!r} must be at least 1")
+            count += (stop - start) // step + 1
+            if count > cap:  # before building it: 50M Python ints take 4 GB
+                raise MlactlError(
+                    f"{option}: {count:,} values, more than the {cap:,} a grid could hold in memory; "
+                    "split the range over several runs or take a coarser step"
+                )
+            values.update(range(start, stop + 1, step))
+    bad = sorted(v for v in values if v < minimum)
+    if bad:
+        raise MlactlError(f"{option}: {bad[0]} must be {_must(minimum)}")
+    return sorted(values)
+
+
+def grid(
+    batch: list[int], new: list[int], prefix: list[int] | None = None, context: list[int] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every combination, ordered batch, then prefix (or context), then new; int64 arrays.
+
+    With `context` instead of `prefix`, prefix = context - new, and a context shorter than a new
+    count is an error rather than a silently dropped point.
+    """
+    if (prefix is None) == (context is None):
+        raise MlactlError("give either --prefix or --context, not both")
+    outer: list[int] = prefix if prefix is not None else context  # type: ignore[assignment]  # one is set
+    total = len(batch) * len(outer) * len(new)
+    if total > MAX_POINTS:
+        raise MlactlError(f"the grid has {total:,} points; the limit is {MAX_POINTS:,}")
+    check_points(total)
+    b, o, n = (
+        axis.reshape(-1)
+        for axis in np.meshgrid(
+            np.asarray(batch, np.int64), np.asarray(outer, np.int64), np.asarray(new, np.int64), indexing="ij"
+        )
+    )
+    if context is None:
+        return b, n, o
+    short = o < n
+    if short.any():
+        i = int(np.flatnonzero(short)[0])
+        raise MlactlError(f"--context {o[i]} is shorter than --new {n[i]}: the context includes the new tokens")
+    return b, n, o - n

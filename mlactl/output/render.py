@@ -1,0 +1,247 @@
+"""Rich tables for eyes. Nothing here computes a figure: it only formats what analysis made."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from mlactl.decide.analysis import Analysis, BatchAnalysis, Crossover
+from mlactl.model.cost import MLA_PATHS, PATHS
+
+SHORT = {"expand": "expand", "expand_chunked": "chunked", "absorb": "absorb", "mha": "mha"}
+
+
+def si(x: float, unit: str = "", digits: int = 3) -> str:
+    """1.23e12 -> '1.23 T' + unit (decimal prefixes)."""
+    x = float(x)
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.{digits}g} {prefix}{unit}"
+    return f"{x:.{digits}g} {unit}".rstrip()
+
+
+def seconds(t: float) -> str:
+    t = float(t)
+    if t >= 1:
+        return f"{t:.3g}s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3g}ms"
+    if t >= 1e-6 or t == 0:
+        return f"{t * 1e6:.3g}µs"
+    return f"{t * 1e9:.3g}ns"
+
+
+def header(analysis: Analysis) -> str:
+    cfg, hw, cost = analysis.cfg, analysis.hw, analysis.cost
+    tp = f", tp {cfg.tp}" if cfg.tp > 1 else ""
+    ceilings = "measured" if hw.using_measured else "nominal"
+    return (
+        f"[bold]{cfg.name}[/]: H={cfg.H}{tp} r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}, "
+        f"kv cache {cost.kv_dtype}, {cost.dtype} compute, {analysis.layers} layer(s)\n"
+        f"[bold]{hw.display}[/] ({ceilings}): {hw.peak_tflops[cost.dtype]:g} TFLOP/s {cost.dtype}, "
+        f"{hw.bandwidth_tbs:g} TB/s, ridge {hw.ridge(cost.dtype):.1f} FLOP/byte"
+    )
+
+
+def _time_cell(time_s: float, compute_bound: bool, best: bool, fits: bool = True) -> Text:
+    if not fits:  # its expanded K/V alone would overflow the GPU's memory
+        return Text(f"{seconds(time_s)} ✗", style="dim")
+    text = Text(f"{seconds(time_s)} {'C' if compute_bound else 'M'}")
+    if best:
+        text.stylize("bold green")
+    return text
+
+
+def _lost(t: float) -> Text:
+    if t == float("inf"):
+        return Text("does not fit", style="red")
+    return Text(seconds(t), style="red") if t > 0 else Text("—", style="dim")
+
+
+def _engine_cell(path: str, lost: float) -> Text:
+    """An engine's path and what it loses: `absorb`, `chunked +1.73ms`, `expand ✗` (does not fit)."""
+    if lost == float("inf"):
+        return Text(f"{SHORT[path]} ✗", style="red")
+    text = Text(SHORT[path])
+    if lost > 0:
+        text.append(f" +{seconds(lost)}", style="red")
+    return text
+
+
+def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = None, drop: bool = False):
+    """The per-point table, as one or more tables (a rich Group) that fit `width` without cutting
+    a value: with `drop` (a terminal), `by FLOPs` and `mha*` may be left out; what still does
+    not fit is stacked into a second table that repeats batch, new and prefix."""
+    from rich.console import Group
+
+    from mlactl.output.tablefit import KEY, Column, fit
+
+    shown = range(min(len(analysis), max_rows))
+    kind = "Roofline" if getattr(analysis, "calibration", None) is None else "Calibrated"
+    paths = analysis.paths
+    columns = [
+        Column(c, [str(getattr(analysis, c)[i]) for i in shown], priority=KEY) for c in ("batch", "new", "prefix")
+    ]
+    for p in PATHS:
+        cells = [
+            _time_cell(paths[p].time_s[i], paths[p].compute_bound[i], p == analysis.best[i], analysis.fits_memory[p][i])
+            for i in shown
+        ]
+        columns.append(Column(SHORT[p] + ("*" if p == "mha" else ""), cells, priority=2 if p == "mha" else 0))
+    columns.append(Column("best", [SHORT[analysis.best[i]] for i in shown], justify="left"))
+    columns.append(Column("by FLOPs", [SHORT[analysis.best_by_flops[i]] for i in shown], justify="left", priority=1))
+    for e in analysis.engines:
+        path, lost = analysis.engine_paths[e.engine], analysis.engine_time_lost[e.engine]
+        columns.append(Column(e.engine, [_engine_cell(path[i], lost[i]) for i in shown], justify="left"))
+    if analysis.policy is not None and analysis.policy not in analysis.engine_paths:
+        cells = [_engine_cell(analysis.policy_path[i], analysis.policy_time_lost[i]) for i in shown]
+        columns.append(Column(analysis.policy, cells, justify="left"))
+    caption = ""
+    if len(analysis) > max_rows:
+        caption = f"first {max_rows} of {len(analysis)} rows; use --format csv or json for all"
+    fitted = fit(
+        columns,
+        width,
+        drop=drop,
+        title=f"{kind} time per path (C compute-bound, M memory-bound, ✗ expanded K/V exceeds the "
+        "GPU's memory; best in green; mha* is the reference with an expanded cache). Engines: "
+        "their path, + the time it loses against the best path that fits",
+        caption=caption,
+    )
+    return Group(*fitted.tables)
+
+
+def ops_table(analysis: Analysis, max_rows: int = 200) -> Table:
+    table = Table(title="Ops per path")
+    for col, justify in (
+        ("batch", "right"),
+        ("new", "right"),
+        ("prefix", "right"),
+        ("path", "left"),
+        ("op", "left"),
+        ("FLOPs", "right"),
+        ("bytes", "right"),
+        ("FLOP/byte", "right"),
+        ("time", "right"),
+        ("bound", "left"),
+    ):
+        table.add_column(col, justify=justify)
+    shown = min(len(analysis), max_rows)
+    for i in range(shown):
+        for p in MLA_PATHS:
+            pt = analysis.paths[p]
+            for op in pt.ops:
+                ai = op.flops[i] / op.bytes[i] if op.bytes[i] else float("nan")
+                table.add_row(
+                    str(analysis.batch[i]),
+                    str(analysis.new[i]),
+                    str(analysis.prefix[i]),
+                    SHORT[p],
+                    op.name,
+                    si(op.flops[i]),
+                    si(op.bytes[i], "B"),
+                    f"{ai:.1f}",
+                    seconds(op.time_s[i]),
+                    "compute" if op.compute_bound[i] else "memory",
+                )
+        if i + 1 < shown:
+            table.add_section()
+    return table
+
+
+def crossover_table(crossover: Crossover) -> Table:
+    asym = "none" if crossover.asymptotic_new is None else f"{crossover.asymptotic_new:.1f}"
+    table = Table(title=f"Crossover: new tokens from which expand beats absorb (asymptotic, by FLOPs: {asym})")
+    kind = crossover.time_kind
+    for col in ("batch", "prefix", "by FLOPs", f"by {kind}", f"chunked, by {kind}"):
+        table.add_column(col, justify="right")
+    limit = f"> {crossover.max_new}"
+    for r in crossover.rows:
+        table.add_row(
+            str(r.batch),
+            str(r.prefix),
+            *(limit if v is None else str(v) for v in (r.by_flops, r.by_time, r.by_time_chunked)),
+        )
+    if crossover.note:
+        table.caption = crossover.note
+    return table
+
+
+def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
+    per = ba.assignments["per_request"]
+    names = [e.engine for e in ba.engines]
+    rows = Table(title="Requests (own time leaves out the weights the batch shares)")
+    for col in ("row", "count", "new", "prefix", "expand", "chunked", "absorb", "per request", *names):
+        rows.add_column(col, justify="right" if col not in ("per request", *names) else "left", no_wrap=True)
+    for i in range(min(len(ba.new), max_rows)):
+        rows.add_row(
+            str(i + 1),
+            str(ba.count[i]),
+            str(ba.new[i]),
+            str(ba.prefix[i]),
+            *(seconds(ba.own_time[p][i]) for p in MLA_PATHS),
+            SHORT[per[i]],
+            *(SHORT[ba.assignments[e][i]] for e in names),
+        )
+    if len(ba.new) > max_rows:
+        rows.caption = f"first {max_rows} of {len(ba.new)} rows"
+    totals = Table(title="Batch total by strategy, and by each engine's rule")
+    totals.add_column("strategy", no_wrap=True)
+    totals.add_column("time", justify="right")
+    totals.add_column("vs best", justify="right")
+    best = ba.best_strategy
+    for s, t in ba.totals.items():
+        ratio = t / ba.totals[best] if ba.totals[best] else 1.0
+        style = "bold green" if s == best else ""
+        label = next((e.label for e in ba.engines if e.engine == s), s)
+        totals.add_row(Text(label, style=style), seconds(t), f"{ratio:.2f}x")
+    sources = "Engine rules: " + "; ".join(sorted({e.citation for e in ba.engines})) if ba.engines else ""
+    return [rows, totals, sources]
+
+
+def models_table(models, width: int | None = None) -> Table:
+    from mlactl.output.narrow import Col, table
+
+    cols = [Col("name", "left", typed=True)] + [
+        Col(c, drop={"hidden": 2, "layers": 1}.get(c, 0))
+        for c in ("hidden", "H", "q_lora_rank", "r", "dC", "dR", "dV", "layers")
+    ]
+    rows = [
+        [
+            name,
+            *(str(v) for v in (cfg.hidden, cfg.H, cfg.q_lora_rank or "—", cfg.r, cfg.dC, cfg.dR, cfg.dV, cfg.layers)),
+        ]
+        for name, cfg in models
+    ]
+    aliases = [f"{name} = {cfg.name}" for name, cfg in models if name != cfg.name]
+    caption = f"aliases: {', '.join(aliases)}" if aliases else None
+    return table("Models (presets; or --model path/to/config.json)", cols, rows, width, caption=caption)
+
+
+def hardware_table(profiles, width: int | None = None) -> Table:
+    from mlactl.output.narrow import Col, table
+
+    cols = [
+        Col("name", "left", typed=True),
+        Col("device", "left", drop=1, fold=21),  # "NVIDIA H800 SXM5 80GB" on one line
+        Col("bf16 TFLOP/s"),
+        Col("fp8 TFLOP/s"),
+        Col("TB/s"),
+        Col("GB"),
+        Col("SMs", drop=2),
+        Col("measured", drop=3),
+    ]
+    rows = [
+        [
+            hw.name,
+            hw.display,
+            f"{hw.peak_tflops.get('bf16', float('nan')):g}",
+            f"{hw.peak_tflops['fp8']:g}" if "fp8" in hw.peak_tflops else "—",
+            f"{hw.bandwidth_tbs:g}",
+            f"{hw.memory_gb:g}",
+            str(hw.sm_count or "—"),
+            "yes" if hw.measured else "",
+        ]
+        for hw in profiles
+    ]
+    return table("Hardware (profiles; or --hardware path/to/profile.toml)", cols, rows, width)

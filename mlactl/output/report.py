@@ -1,0 +1,308 @@
+"""An Analysis as the documented JSON schema (version 2) and as its CSV flattening.
+
+JSON numbers are raw SI units: FLOPs, bytes, seconds, FLOP/byte. Integral figures are written as
+integers. See README.md, "JSON schema", for every field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from mlactl import __version__
+from mlactl.decide.analysis import STRATEGIES, Analysis, Crossover
+from mlactl.model.cost import OPS, PATHS
+from mlactl.output.csvout import Labels, write_csv
+from mlactl.util.errors import MlactlError
+
+SCHEMA = "mlactl.analysis"
+# 2: the `fixed` rule and `threshold` gave way to the engines' rules: a header `engines` list and,
+# per row, `engines: {name: {path, time_lost_s}}` (was `fixed_threshold`); CSV `NAME.path`,
+# `NAME.time_lost_s`; batch JSON `engines` (was `threshold`/`fixed_path`).
+SCHEMA_VERSION = 2
+
+
+def number(x):
+    """A float as JSON wants it: int when integral, None when not finite."""
+    x = float(x)
+    if not math.isfinite(x):
+        return None
+    if x.is_integer() and abs(x) < 2**63:
+        return int(x)
+    return x
+
+
+def number_or_none(x: float):
+    """A float for JSON; None where it is not finite (a chosen path that does not fit)."""
+    return x if math.isfinite(x) else None
+
+
+def bound_name(compute_bound) -> str:
+    return "compute" if compute_bound else "memory"
+
+
+def model_json(analysis: Analysis) -> dict:
+    return dict(analysis.cfg.to_dict(), softmax_scale=analysis.cfg.softmax_scale)
+
+
+def hardware_json(analysis: Analysis) -> dict:
+    hw = analysis.hw
+    out = hw.to_dict()
+    out["ridge"] = {d: hw.ridge(d) for d in sorted(hw.peak_tflops)}
+    return out
+
+
+def crossover_json(crossover: Crossover) -> dict:
+    return {
+        "asymptotic_new": crossover.asymptotic_new,
+        "max_new": crossover.max_new,
+        "by_prefix": [
+            {
+                "batch": r.batch,
+                "prefix": r.prefix,
+                "by_flops": r.by_flops,
+                "by_time": r.by_time,
+                "by_time_chunked": r.by_time_chunked,
+            }
+            for r in crossover.rows
+        ],
+        "note": crossover.note,
+    }
+
+
+def engine_json(e) -> dict:
+    """An engine rule's name, parameters and source (mlactl.decide.engines.EngineParams)."""
+    out = {"name": e.engine, "label": e.label, "source": e.citation}
+    out.update({k: getattr(e, k) for k in e.options})
+    return out
+
+
+def header_json(analysis: Analysis) -> dict:
+    cost = analysis.cost
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "mlactl_version": __version__,
+        "model": model_json(analysis),
+        "hardware": hardware_json(analysis),
+        "kv_dtype": cost.kv_dtype,
+        "dtype": cost.dtype,
+        "chunk": cost.chunk,
+        "layers": analysis.layers,
+        "engines": [engine_json(e) for e in analysis.engines],
+        "policy": analysis.policy,
+        "notes": analysis.notes,
+    }
+
+
+def to_json(analysis: Analysis) -> dict:
+    """The whole analysis as one JSON-ready dict."""
+    cols = {
+        k: v.tolist()
+        for k, v in {
+            "batch": analysis.batch,
+            "new": analysis.new,
+            "prefix": analysis.prefix,
+            "kv": analysis.kv_cache_bytes,
+            "mha": analysis.mha_cache_bytes,
+            "best": analysis.best,
+            "best_by_flops": analysis.best_by_flops,
+        }.items()
+    }
+    engine_cols = {
+        e: (analysis.engine_paths[e].tolist(), analysis.engine_time_lost[e].tolist()) for e in analysis.engine_paths
+    }
+    paths = {}
+    for name, pt in analysis.paths.items():
+        paths[name] = {
+            "flops": pt.flops.tolist(),
+            "bytes": pt.bytes.tolist(),
+            "time_s": pt.time_s.tolist(),
+            "intensity": pt.intensity.tolist(),
+            "cb": pt.compute_bound.tolist(),
+            "peak": analysis.peak_expanded[name].tolist(),
+            "fits": analysis.fits_memory[name].tolist(),
+            "ops": [
+                (o.name, o.flops.tolist(), o.bytes.tolist(), o.time_s.tolist(), o.compute_bound.tolist())
+                for o in pt.ops
+            ],
+        }
+    rows = []
+    if analysis.policy is not None:
+        policy_paths, policy_lost = analysis.policy_path.tolist(), analysis.policy_time_lost.tolist()
+    for i in range(len(analysis)):
+        row_paths = {}
+        for name, p in paths.items():
+            row_paths[name] = {
+                "flops": number(p["flops"][i]),
+                "bytes": number(p["bytes"][i]),
+                "intensity": number(p["intensity"][i]),
+                "time_s": p["time_s"][i],
+                "bound": bound_name(p["cb"][i]),
+                "peak_expanded_bytes": number(p["peak"][i]),
+                "fits_memory": p["fits"][i],
+                "ops": [
+                    {
+                        "name": op,
+                        "flops": number(f[i]),
+                        "bytes": number(b[i]),
+                        "time_s": t[i],
+                        "bound": bound_name(cb[i]),
+                    }
+                    for op, f, b, t, cb in p["ops"]
+                ],
+            }
+        rows.append(
+            {
+                "batch": cols["batch"][i],
+                "new": cols["new"][i],
+                "prefix": cols["prefix"][i],
+                "context": cols["prefix"][i] + cols["new"][i],
+                "paths": row_paths,
+                "best": cols["best"][i],
+                "best_by_flops": cols["best_by_flops"][i],
+                "kv_cache_bytes": number(cols["kv"][i]),
+                "mha_cache_bytes": number(cols["mha"][i]),
+                "engines": {
+                    e: {"path": path[i], "time_lost_s": number_or_none(lost[i])}
+                    for e, (path, lost) in engine_cols.items()
+                },
+            }
+        )
+        if analysis.policy is not None:
+            rows[-1]["policy"] = {
+                "name": analysis.policy,
+                "path": policy_paths[i],
+                "time_lost_s": number_or_none(policy_lost[i]),
+            }
+    out = header_json(analysis)
+    out["rows"] = rows
+    out["crossover"] = crossover_json(analysis.crossover)
+    return out
+
+
+def dumps(data: dict) -> str:
+    """Strict JSON: a NaN or Infinity (which JSON has not) is an error, never written."""
+    try:
+        return json.dumps(data, indent=1, allow_nan=False) + "\n"
+    except ValueError:
+        raise MlactlError(
+            "a figure came out infinite or NaN (are the profile's ceilings within range?); nothing was written"
+        ) from None
+
+
+def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[np.ndarray]]:
+    """The CSV flattening: one row per point; path columns `expand.time_s`, and with `ops`
+    also op columns `expand.kv_expand.flops`."""
+
+    def path_labels(names):
+        return Labels(sum(i * (names == p) for i, p in enumerate(PATHS)), PATHS)
+
+    cols: dict[str, np.ndarray] = {
+        "batch": analysis.batch,
+        "new": analysis.new,
+        "prefix": analysis.prefix,
+        "context": analysis.context,
+        "best": path_labels(analysis.best),
+        "best_by_flops": path_labels(analysis.best_by_flops),
+        "kv_cache_bytes": analysis.kv_cache_bytes,
+        "mha_cache_bytes": analysis.mha_cache_bytes,
+    }
+    for e in analysis.engine_paths:
+        cols[f"{e}.path"] = path_labels(analysis.engine_paths[e])
+        cols[f"{e}.time_lost_s"] = analysis.engine_time_lost[e]
+    if analysis.policy is not None:
+        cols["policy.path"] = path_labels(analysis.policy_path)
+        cols["policy.time_lost_s"] = analysis.policy_time_lost
+    bounds = ["memory", "compute"]
+    for name in PATHS:
+        pt = analysis.paths[name]
+        cols[f"{name}.flops"] = pt.flops
+        cols[f"{name}.bytes"] = pt.bytes
+        cols[f"{name}.intensity"] = pt.intensity
+        cols[f"{name}.time_s"] = pt.time_s
+        cols[f"{name}.bound"] = Labels(pt.compute_bound, bounds)
+        cols[f"{name}.peak_expanded_bytes"] = analysis.peak_expanded[name]
+        cols[f"{name}.fits_memory"] = Labels(analysis.fits_memory[name], ["false", "true"])
+        if ops:
+            for op in pt.ops:
+                assert op.name in OPS[name]
+                cols[f"{name}.{op.name}.flops"] = op.flops
+                cols[f"{name}.{op.name}.bytes"] = op.bytes
+                cols[f"{name}.{op.name}.time_s"] = op.time_s
+                cols[f"{name}.{op.name}.bound"] = Labels(op.compute_bound, bounds)
+    return list(cols), list(cols.values())
+
+
+def write_analysis_csv(fh, analysis: Analysis, ops: bool = False) -> None:
+    header, columns = csv_columns(analysis, ops)
+    write_csv(fh, header, columns)
+
+
+def batch_json(ba) -> dict:
+    """A mixed batch (analysis.BatchAnalysis) as JSON: requests, then totals per strategy."""
+    from mlactl.model.cost import MLA_PATHS
+
+    return {
+        "schema": "mlactl.batch",
+        "schema_version": SCHEMA_VERSION,
+        "mlactl_version": __version__,
+        "model": dict(ba.cost.cfg.to_dict(), softmax_scale=ba.cost.cfg.softmax_scale),
+        "hardware": ba.hw.to_dict(),
+        "kv_dtype": ba.cost.kv_dtype,
+        "dtype": ba.cost.dtype,
+        "chunk": ba.cost.chunk,
+        "engines": [
+            dict(
+                engine_json(e),
+                time_s=ba.totals[e.engine],
+                # never negative: vLLM's own chunk size can beat the best assignment at --chunk
+                lost_s=max(0.0, ba.totals[e.engine] - ba.totals[ba.best_strategy]),
+            )
+            for e in ba.engines
+        ],
+        "requests": [
+            {
+                "new": int(ba.new[i]),
+                "prefix": int(ba.prefix[i]),
+                "count": int(ba.count[i]),
+                "own_time_s": {p: float(ba.own_time[p][i]) for p in MLA_PATHS},
+                "path": str(ba.assignments["per_request"][i]),
+                "engine_paths": {e.engine: str(ba.assignments[e.engine][i]) for e in ba.engines},
+            }
+            for i in range(len(ba.new))
+        ],
+        "totals": {s: {"time_s": ba.totals[s]} for s in STRATEGIES},
+        "best_strategy": ba.best_strategy,
+    }
+
+
+def write_batch_csv(fh, ba) -> None:
+    from mlactl.model.cost import MLA_PATHS
+
+    names = [e.engine for e in ba.engines]
+    header = ["new", "prefix", "count"] + [f"{p}.own_time_s" for p in MLA_PATHS] + ["path"]
+    header += [f"{e}.path" for e in names]
+    columns = (
+        [ba.new, ba.prefix, ba.count]
+        + [ba.own_time[p] for p in MLA_PATHS]
+        + [ba.assignments["per_request"]]
+        + [ba.assignments[e] for e in names]
+    )
+    write_csv(fh, header, columns)
+
+
+def to_frame(analysis: Analysis, ops: bool = False):
+    """The CSV flattening as a pandas DataFrame, for notebooks (pandas is imported here only)."""
+    import pandas as pd
+
+    header, columns = csv_columns(analysis, ops)
+    data = {}
+    for name, col in zip(header, columns):
+        if isinstance(col, Labels):
+            data[name] = pd.Categorical.from_codes(col.codes, categories=col.labels)
+        else:
+            data[name] = np.asarray(col)
+    return pd.DataFrame(data)

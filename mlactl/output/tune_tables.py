@@ -1,0 +1,165 @@
+"""Closing tables of `mlactl tune`: what was measured, against the roofline and the baselines."""
+
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+from mlactl.output.render import seconds
+
+
+def _config_text(config) -> str:
+    if config is None:
+        return "—"
+    short = {
+        "BLOCK_H": "H",
+        "BLOCK_N": "N",
+        "BLOCK_M": "M",
+        "num_warps": "w",
+        "num_stages": "s",
+        "num_splits": "splits",
+    }
+    return " ".join(f"{short.get(k, k)}{v}" for k, v in config.items()) or "default"
+
+
+def _ratio(a, b) -> str:
+    if not a or not b or math.isinf(a) or math.isinf(b):
+        return "—"
+    return f"{b / a:.2f}x"
+
+
+def _roofline_share(e: dict, t: float) -> str:
+    """Achieved share of the roofline; above 100% the ceilings are wrong (too low), marked '!'."""
+    if not e.get("predicted_s"):
+        return "—"
+    share = e["predicted_s"] / t
+    return f"{100 * share:.0f}%" + ("!" if share > 1 else "")
+
+
+ABOVE_CEILING = "!: faster than the ceilings allow: they are too low (measure them again without --quick)"
+
+
+def kernels_table(entries: list[dict], meaningful: bool, width: int | None = None, backend: str = "triton") -> Table:
+    """One row per bucket. The torch backend has no launch configs (the twins run as they are):
+    only its time and rates; the interpreter's times mean nothing: only configs and counts."""
+    from mlactl.output.narrow import Col, table
+
+    name, bucket = Col("kernel", "left", typed=True), Col("bucket", "left", typed=True)
+    rates = [Col("time"), Col("TFLOP/s", drop=2), Col("GB/s", drop=3), Col("% roofline", drop=1)]
+    counts_col = Col("ok/failed/wrong", drop=4)
+    above = False
+    rows = []
+    if backend == "torch":
+        title, cols = "Kernels: the plain-torch twins, one timing per bucket", [name, bucket, *rates]
+    elif not meaningful:
+        title = "Kernels: configs that ran under the interpreter (times not meaningful)"
+        cols = [name, bucket, Col("best config", "left", fold=12), counts_col]
+    else:
+        title = "Kernels: best config per bucket"
+        cols = [name, bucket, Col("best config", "left", fold=12), *rates]
+        cols += [Col("vs default", drop=5), Col("vs twin", drop=6), counts_col]
+    for e in entries:
+        t = e.get("best_median_s")
+        statuses = [c["status"] for c in e.get("configs", [])]
+        counts = f"{statuses.count('ok')}/{statuses.count('failed')}/{statuses.count('wrong')}"
+        if backend == "torch":
+            row = [e["kernel"], e["bucket"]]
+        elif not meaningful:
+            rows.append([e["kernel"], e["bucket"], _config_text(e.get("best")) if t else "none passed", counts])
+            continue
+        else:
+            row = [e["kernel"], e["bucket"], _config_text(e.get("best")) if t else "none passed"]
+        if t:
+            share = _roofline_share(e, t)
+            above = above or share.endswith("!")
+            row += [seconds(t), f"{e['flops'] / t / 1e12:.3g}", f"{e['bytes'] / t / 1e9:.4g}", share]
+        else:
+            row += ["—"] * 4
+        if backend != "torch":
+            row += (
+                [_ratio(t, e.get("default_median_s")), _ratio(t, e.get("twin_median_s")), counts]
+                if t
+                else [
+                    "—",
+                    "—",
+                    counts,
+                ]
+            )
+        rows.append(row)
+    return table(
+        title,
+        cols,
+        rows,
+        width,
+        caption=ABOVE_CEILING if above else None,
+        elsewhere="a wider terminal or the results file",
+    )
+
+
+PATHS_CAPTION = (
+    "64 (32–128): expand wins from 64 new tokens; noise leaves it anywhere above 32 and up to 128. "
+    "↓: below the crossover of a shorter prefix (noise, or too few counts). never ≤256: expand won "
+    "at none of the counts measured. cut (budget): the time budget stopped the sweep first."
+)
+
+
+def paths_table(rows: list[dict], meaningful: bool, width: int | None = None) -> Table:
+    from mlactl.output.narrow import Col, table
+    from mlactl.tune.noise import crossover_text
+
+    cols = [
+        Col("batch"),
+        Col("prefix"),
+        Col("measured (bracket)", "left"),
+        Col("predicted (roofline)", drop=2),
+        Col("predicted (FLOPs)", drop=1),
+        Col("counts", drop=3),
+    ]
+
+    def show(v):
+        return "never" if v is None else str(v)
+
+    body = [
+        [
+            str(r["batch"]),
+            str(r["prefix"]),
+            crossover_text(r),
+            show(r.get("predicted")) if "predicted" in r else "— (no profile)",
+            show(r["predicted_by_flops"]),
+            str(len(r.get("measured_new", []))),
+        ]
+        for r in rows
+    ]
+    title = "Paths: measured crossover (new tokens from which expand beats absorb)" + (
+        "" if meaningful else " (interpreter: not meaningful)"
+    )
+    return table(title, cols, body, width, caption=PATHS_CAPTION, elsewhere="a wider terminal or the results file")
+
+
+def ceilings_table(ceilings: dict, hw, width: int | None = None) -> Table:
+    """Measured ceilings beside the profile's: the datasheet's, or (a profile that already holds a
+    measurement, as a CPU's does) the previous run's."""
+    from mlactl.output.narrow import Col, table
+
+    previous = hw is not None and getattr(hw, "using_measured", False)
+    other = "previous run" if previous else "datasheet"
+    cols = [Col("", "left"), Col("measured"), Col(other), Col("fraction")]
+    rows = []
+    for dtype, value in sorted(ceilings.get("peak_tflops", {}).items()):
+        nominal = hw.peak_tflops.get(dtype) if hw is not None else None
+        rows.append(
+            [
+                f"matmul {dtype} TFLOP/s",
+                f"{value:.4g}",
+                f"{nominal:g}" if nominal else "—",
+                f"{value / nominal:.0%}" if nominal else "—",
+            ]
+        )
+    bw = ceilings.get("bandwidth_tbs")
+    if bw is not None:
+        nominal = hw.bandwidth_tbs if hw is not None else None
+        rows.append(
+            ["copy TB/s", f"{bw:.4g}", f"{nominal:g}" if nominal else "—", f"{bw / nominal:.0%}" if nominal else "—"]
+        )
+    return table(f"Ceilings: measured against the {other}", cols, rows, width)
