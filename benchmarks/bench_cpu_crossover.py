@@ -28,10 +28,10 @@ from pathlib import Path
 from mlactl.decide.calibration import store
 from mlactl.decide.calibration.run import build
 from mlactl.decide.calibration.sources import results_points
+from mlactl.decide.calibration.time import crossover_by_time
 from mlactl.model import hardware
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel
-from mlactl.model.roofline import crossover_by_time
 from mlactl.results import store as results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def calibrated_crossovers(data: dict, hw, keep_prefix=None) -> tuple[dict, list[
     cfg = MLAConfig(**{k: v for k, v in data["model"].items() if k in MLAConfig.__dataclass_fields__})
     cost = CostModel(cfg, kv_dtype=data["kv_dtype"], dtype=data["dtype"], chunk=data.get("chunk", 8192))
     prefixes = sorted({c["prefix"] for c in data["crossovers"]})
-    found = crossover_by_time(cost, hw, prefixes, max_new=4096, calibration=cal)
+    found = crossover_by_time(cost, hw, cal, prefixes, max_new=4096)
     return dict(zip(prefixes, found)), [f.to_json() for f in fits]
 
 

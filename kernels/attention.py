@@ -27,7 +27,10 @@ from functools import lru_cache
 
 import torch
 
+from mlactl.decide.policy import AutoPolicy
 from mlactl.kernels._checks import FLOAT_DTYPES, FP8_DTYPES, check_new_lens, check_scale, check_tensor, dtype_name
+from mlactl.model.config import MLAConfig
+from mlactl.model.cost import CostModel
 from mlactl.util.defaults import DEFAULT_CHUNK, KERNEL_BACKENDS, MLA_PATHS
 
 PATHS = MLA_PATHS
@@ -36,9 +39,6 @@ BACKENDS = KERNEL_BACKENDS
 
 @lru_cache(maxsize=32)
 def _auto_policy(device_name: str, H: int, r: int, dC: int, dR: int, dV: int, kv_dtype: str, dtype: str):
-    from mlactl.decide.policy import AutoPolicy
-    from mlactl.model.config import MLAConfig
-    from mlactl.model.cost import CostModel
 
     cfg = MLAConfig("runtime", hidden=0, H=H, q_lora_rank=None, r=r, dC=dC, dR=dR, dV=dV, layers=1)
     return AutoPolicy(CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype), device_name)

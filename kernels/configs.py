@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from functools import lru_cache
 from pathlib import Path
 
-from mlactl.util.dirs import home
+from mlactl.util.dirs import device_slug, home
+from mlactl.util.errors import warn
 
 FORMAT_VERSION = 1
 ENV_DIR = "MLACTL_TUNED_DIR"
@@ -39,14 +39,6 @@ def user_dir() -> Path:
     if os.environ.get(ENV_DIR):
         return Path(os.environ[ENV_DIR]).expanduser()
     return home() / "tuned"
-
-
-def device_slug(device_name: str) -> str:
-    """'NVIDIA H200' -> 'NVIDIA_H200' (the engines' file-name spelling); never a path: '..' or
-    '/x' become one safe name (mlactl.util.dirs.path_component)."""
-    from mlactl.util.dirs import path_component
-
-    return path_component(re.sub(r"[^A-Za-z0-9.\-]+", "_", device_name.strip()))
 
 
 def file_name(kernel: str, device_name: str, dtype: str) -> str:
@@ -109,7 +101,6 @@ def load(path: Path) -> dict:
 
 
 def _skip(path: Path, why) -> None:
-    from mlactl.util.errors import warn
 
     warn(f"skipped tuned configs {path}: {str(why).removeprefix(f'{path}: ')}")
 

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlactl.cli import app
+from mlactl.output import tune_tables
 from mlactl.tune import compile as stage
 
 # A ptxas -v log as ptxas-blackwell (CUDA 13) prints it, figures changed by hand
@@ -103,13 +104,13 @@ def test_drop_by_compile_records_why(monkeypatch):
     entry = {}
     candidates = [{"BLOCK_H": 64, "BLOCK_N": n, "num_warps": 8, "num_stages": 3} for n in (16, 64)]
     shape = {"B": 128, "H": 128, "S_q": 1, "ctx": 8192}
-    kept = space.drop_by_compile(ctx, space.KERNELS["mla_decode"], shape, candidates, entry, arch="sm_90")
+    kept = stage.drop_by_compile(ctx, space.KERNELS["mla_decode"], shape, candidates, entry, arch="sm_90")
     assert kept == candidates[:1]
     assert entry["compile_dropped"] == [{"config": candidates[1], "reason": "spills 16 B (stack 0 B)"}]
     assert len(ctx.skipped) == 1 and "spills 16 B" in ctx.skipped[0]
     # no arch (a CPU run): nothing compiled, nothing dropped
     ctx.backend = "interpret"
-    assert space.drop_by_compile(ctx, space.KERNELS["mla_decode"], shape, candidates, {}) == candidates
+    assert stage.drop_by_compile(ctx, space.KERNELS["mla_decode"], shape, candidates, {}) == candidates
 
 
 @pytest.mark.parametrize(
@@ -185,8 +186,6 @@ def test_report_table_never_cuts_the_bucket_or_kernel_at_80_columns():
     # A hand-made result row (no compile): the bucket and kernel are names a user types.
     from rich.console import Console
 
-    from mlactl.tune import compile as stage
-
     row = {
         "kernel": "merge_attn_states",
         "shape": {"B": 128, "H": 128, "S_q": 1, "ctx": 131072},
@@ -204,7 +203,7 @@ def test_report_table_never_cuts_the_bucket_or_kernel_at_80_columns():
     for width in (80, None):
         con = Console(width=width or 200, record=True, file=None)
         with con.capture() as cap:
-            con.print(stage.table([row], width))
+            con.print(tune_tables.compile_table([row], width))
         text = cap.get()
         assert "B=128,H=128,S_q=1,ctx=131072" in text and "merge_attn_states" in text
         assert "…" not in text

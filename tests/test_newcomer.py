@@ -13,6 +13,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from mlactl.cli import app
+from mlactl.output import tune_tables
 from mlactl.results import store as results
 from mlactl.tune import noise, sweep, timing
 
@@ -307,7 +308,7 @@ def test_crossover_bracket_widened_by_noise():
     assert noise.bracket(points, 32) == (8, 64)
     assert noise.bracket(points, None) == (None, None)
     row = {"measured": 32, "measured_low": 8, "measured_high": 64, "measured_status": "found"}
-    assert noise.crossover_text(row) == "32 (8–64)"
+    assert tune_tables.crossover_text(row) == "32 (8–64)"
 
 
 def test_nonmonotone_over_prefix_is_flagged():
@@ -318,7 +319,7 @@ def test_nonmonotone_over_prefix_is_flagged():
     ]
     noise.flag_nonmonotone(rows)
     assert [r["nonmonotone"] for r in rows] == [False, False, True]
-    assert noise.crossover_text(rows[2]).endswith("↓")
+    assert tune_tables.crossover_text(rows[2]).endswith("↓")
     # never (expand won at none of 256 counts) at a short prefix, then 64 at a longer one
     rows = [
         {"batch": 1, "prefix": 0, "measured": None, "measured_status": "never", "measured_new": [1, 256]},
@@ -331,8 +332,8 @@ def test_nonmonotone_over_prefix_is_flagged():
 def test_never_and_budget_cut_are_told_apart():
     never = {"measured": None, "measured_status": "never", "measured_new": [1, 4, 16, 256]}
     cut = {"measured": None, "measured_status": "budget", "measured_new": [1, 4]}
-    assert noise.crossover_text(never) == "never ≤256"
-    assert noise.crossover_text(cut) == "cut (budget)"
+    assert tune_tables.crossover_text(never) == "never ≤256"
+    assert tune_tables.crossover_text(cut) == "cut (budget)"
     data = {
         "crossovers": [
             {"batch": 1, "prefix": 0, **never},

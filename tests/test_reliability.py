@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from mlactl.cli import app
 from mlactl.kernels.configs import device_slug
 from mlactl.model import hardware
+from mlactl.results import measured
 from mlactl.results import store as results
 from mlactl.tune import store as store_mod
 from mlactl.util import dirs, io
@@ -351,7 +352,7 @@ def test_bad_file_in_home_is_skipped_with_a_warning(home):
     bad.write_text(json.dumps(header(crossovers=[{"batch": "x", "prefix": 0}])))
     dims = {"H": 128, "r": 512, "dC": 128, "dR": 64, "dV": 128}
     with pytest.warns(MlactlWarning, match=f"skipped {bad}: crossovers"):
-        crossovers, where = results.find_crossovers("NVIDIA H200", dims, "bf16")
+        crossovers, where = measured.find_crossovers("NVIDIA H200", dims, "bf16")
     assert crossovers == {0: 150} and where.name == "good.json"
     # mla_attention(path="auto") chooses with this policy object
     from mlactl.decide.policy import AutoPolicy

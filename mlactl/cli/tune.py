@@ -638,6 +638,7 @@ def tune_compile_cmd(
     Example: mlactl tune compile --arch sm_90 --kernel mla_decode --kv-dtype fp8 -f json
     """
     from mlactl.cli import emit, fit_width, output_format
+    from mlactl.output import tune_tables
     from mlactl.tune import compile as stage
 
     arch = choice(arch, "--arch", tuple(stage.ARCHS))
@@ -658,4 +659,9 @@ def tune_compile_cmd(
     except (RuntimeError, ImportError) as exc:
         raise MlactlError(str(exc)) from None
     width = fit_width(output)
-    emit(fmt, output, json_data=lambda: results, tables=[stage.table(results, width)] if fmt == "table" else ())
+    emit(
+        fmt,
+        output,
+        json_data=lambda: results,
+        tables=[tune_tables.compile_table(results, width)] if fmt == "table" else (),
+    )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from mlactl.decide.calibration.time import batch_time as timed_batch
-from mlactl.decide.calibration.time import own_times, path_times
+from mlactl.decide.calibration.time import crossover_by_time, own_times, path_times
 from mlactl.decide.engines import (
     EngineParams,
     batch_paths,
@@ -21,12 +21,13 @@ from mlactl.decide.engines import (
     parse_engines,
     time_lost,
 )
-from mlactl.decide.policy import argmin_path, fitting_times
+from mlactl.decide.policy import argmin_path, fitting_times, select_paths
 from mlactl.decide.workload import engine_times
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import MLA_PATHS, PATHS, CostModel
 from mlactl.model.hardware import HardwareProfile
-from mlactl.model.roofline import PathTime, crossover_by_time
+from mlactl.model.roofline import PathTime
+from mlactl.results import store as results
 from mlactl.util.defaults import DEFAULT_CHUNK, ENGINES
 from mlactl.util.errors import MlactlError
 
@@ -137,12 +138,8 @@ def crossover_table(
     rows = []
     for b in sorted(set(b for b, _ in pairs)):
         prefixes = [p for bb, p in pairs if bb == b]
-        by_time = crossover_by_time(
-            cost, hw, prefixes, batch=b, path="expand", max_new=max_new, calibration=calibration
-        )
-        chunked = crossover_by_time(
-            cost, hw, prefixes, batch=b, path="expand_chunked", max_new=max_new, calibration=calibration
-        )
+        by_time = crossover_by_time(cost, hw, calibration, prefixes, batch=b, path="expand", max_new=max_new)
+        chunked = crossover_by_time(cost, hw, calibration, prefixes, batch=b, path="expand_chunked", max_new=max_new)
         for p, t, c in zip(prefixes, by_time, chunked):
             rows.append(CrossoverRow(b, p, cost.crossover_by_flops(p), t, c))
     kind = "roofline" if calibration is None else "calibrated"
@@ -228,8 +225,6 @@ def analyze(
 
 
 def _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data):
-    from mlactl.decide.policy import select_paths
-    from mlactl.results import store as results
 
     if policy != "measured":
         engine = next((e for e in engines if e.engine == policy), None)

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from mlactl.decide.calibration.store import find_own
+from mlactl.decide.calibration.time import path_times as timed
 from mlactl.decide.engines import ENGINES, EngineParams, default_params, grid_paths
+from mlactl.model import hardware
 from mlactl.model.cost import MLA_PATHS, CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import path_times
+from mlactl.results import measured
 from mlactl.results.measured import DIMS
 from mlactl.util.defaults import POLICIES  # noqa: F401  (re-exported)
 from mlactl.util.errors import MlactlError
@@ -98,8 +102,6 @@ class AutoPolicy:
     """
 
     def __init__(self, cost: CostModel, device_name: str, *, results_folder=None, use_measured: bool = True):
-        from mlactl.model import hardware
-        from mlactl.results import store as results
 
         self.cost = cost
         self.device_name = device_name
@@ -108,15 +110,13 @@ class AutoPolicy:
         self.hw = hardware.detect(device_name)
         dims = {k: getattr(cost.cfg, k) for k in DIMS}
         if use_measured and self.hw is not None:
-            from mlactl.decide.calibration.store import find_own
-
             self.calibration = find_own(self.hw.name, dims, cost.kv_dtype)
             if self.calibration is not None:
                 self.kind = "calibrated"
                 self.source = f"calibrated times of this device's own paths from {self.calibration.path}"
                 return
         if use_measured:
-            self.crossovers, where = results.find_crossovers(device_name, dims, cost.kv_dtype, results_folder)
+            self.crossovers, where = measured.find_crossovers(device_name, dims, cost.kv_dtype, results_folder)
             if self.crossovers:
                 self.kind, self.source = "measured", f"measured crossovers from {where}"
                 return
@@ -127,8 +127,6 @@ class AutoPolicy:
 
     def __call__(self, new, prefix) -> np.ndarray:
         if self.kind == "calibrated":
-            from mlactl.decide.calibration.time import path_times as timed
-
             paths = timed(self.cost, self.hw, self.calibration, 1, new, prefix, paths=MLA_PATHS)
             times = {p: t.time_s for p, t in paths.items()}
             return argmin_path(fitting_times(self.cost, self.hw, times, 1, np.asarray(new), np.asarray(prefix)))

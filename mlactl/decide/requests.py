@@ -13,7 +13,9 @@ import csv
 from array import array
 from pathlib import Path
 
+from mlactl.model.shapes import _INT, parse_int
 from mlactl.util.errors import MlactlError
+from mlactl.util.limits import check_requests
 
 # Rows between memory checks: cheap enough to be invisible, fine enough to stop early.
 CHECK_EVERY = 65_536
@@ -42,8 +44,6 @@ def _lines(fh, path: Path):
 
 def read_requests(path: str | Path, fmt: str = "csv") -> tuple[array, array, array]:
     """(new, prefix, count) as int64 arrays (sequences of int), one entry per CSV row."""
-    from mlactl.model.shapes import _INT, parse_int
-    from mlactl.util.limits import check_requests
 
     path = Path(path)
     try:

@@ -22,6 +22,7 @@ from mlactl.decide.requests import set_prefix
 from mlactl.model.cost import MLA_PATHS, CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.util.errors import MlactlError
+from mlactl.util.io import read_text
 
 WORST = 5  # shapes listed per engine
 
@@ -83,7 +84,6 @@ def read_workload(path: str | Path) -> Workload:
     """A CSV with a header naming `new` and `prefix` (or `context`); optionally `batch` (requests
     per batch, default 1) and `weight` (how often the shape runs, default 1; `count` is read as
     the weight too, so a requests CSV of `mlactl batch` works). Other columns are ignored."""
-    from mlactl.util.io import read_text
 
     path = Path(path)
     rows = list(csv.reader(read_text(path, "workload").splitlines()))

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field, replace
+from importlib.resources import files
 from pathlib import Path
 
 from mlactl.util import dirs
-from mlactl.util.errors import MlactlError
+from mlactl.util.errors import MlactlError, warn
+from mlactl.util.io import MAX_CONFIG_BYTES, read_text
+from mlactl.util.suggest import did_you_mean
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -162,7 +165,6 @@ def parse_profile(data: dict, where: str) -> HardwareProfile:
 
 
 def load_profile(path: str | Path) -> HardwareProfile:
-    from mlactl.util.io import MAX_CONFIG_BYTES, read_text
 
     text = read_text(path, "hardware profile", limit=MAX_CONFIG_BYTES)
     try:
@@ -173,7 +175,6 @@ def load_profile(path: str | Path) -> HardwareProfile:
 
 
 def shipped_dir() -> Path:
-    from importlib.resources import files
 
     return Path(str(files("mlactl.profiles"))) / "hardware"
 
@@ -195,8 +196,6 @@ def from_name(name: str) -> HardwareProfile:
     files = _profile_files()
     key = name.strip().lower()
     if key not in files:
-        from mlactl.util.suggest import did_you_mean
-
         raise MlactlError(
             f"unknown hardware {name!r}{did_you_mean(key, files)}; known: {', '.join(sorted(files))} "
             "(or give the path of a .toml profile)"
@@ -216,7 +215,6 @@ def resolve(spec: str, measured: bool = False) -> HardwareProfile:
 def all_profiles() -> list[HardwareProfile]:
     """Every profile that loads. A bad file in $MLACTL_HOME/hardware/ is skipped with a warning
     naming it: it must not break `list` or `tune`, which did not ask for it."""
-    from mlactl.util.errors import warn
 
     profiles = []
     for _, path in sorted(_profile_files().items()):

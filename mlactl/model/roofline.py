@@ -78,11 +78,12 @@ def crossover_by_time(
     batch: int = 1,
     path: str = "expand",
     max_new: int = 1 << 17,
-    calibration=None,
+    times=None,
 ) -> list[int | None]:
     """For each prefix, the smallest new-token count (up to max_new) at which `path` is strictly
-    faster than absorb by roofline time (calibrated time with `calibration`); None where it never
-    is within max_new.
+    faster than absorb by roofline time; None where it never is within max_new. `times(batch, new,
+    prefix, paths) -> {path: PathTime}` replaces the roofline (mlactl.decide.calibration.time
+    passes the calibrated one).
 
     Roofline times are piecewise (a max per op), so there is no closed form: every n from 1 up
     is evaluated, in blocks, until each prefix has its answer.
@@ -95,13 +96,11 @@ def crossover_by_time(
         stop = min(start + block, max_new + 1)
         n = np.arange(start, stop, dtype=np.float64)[None, :]
         p = prefixes[todo][:, None]
-        if calibration is None:
-            times = path_times(cost, hw, (path, "absorb"), batch, n, p)
+        if times is None:
+            timed = path_times(cost, hw, (path, "absorb"), batch, n, p)
         else:
-            from mlactl.decide.calibration.time import path_times as timed
-
-            times = timed(cost, hw, calibration, batch, n, p, paths=(path, "absorb"))
-        wins = times[path].time_s < times["absorb"].time_s  # [len(todo), block]
+            timed = times(batch, n, p, (path, "absorb"))
+        wins = timed[path].time_s < timed["absorb"].time_s  # [len(todo), block]
         hit = wins.any(axis=1)
         first = wins.argmax(axis=1)
         for i in np.flatnonzero(hit):

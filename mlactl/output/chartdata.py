@@ -11,7 +11,9 @@ import csv
 import io
 from pathlib import Path
 
+from mlactl.output.report import dumps
 from mlactl.util.errors import MlactlError
+from mlactl.util.io import atomic_write
 
 
 def _roofline(data: dict) -> list[dict]:
@@ -102,14 +104,11 @@ def to_csv(chart: str, data: dict) -> str:
 
 def write(path: Path, chart: str, data: dict) -> None:
     """Write what `chart` drew to `path`: CSV, or JSON for a .json name; atomically."""
-    from mlactl.util.io import atomic_write
 
     suffix = Path(path).suffix.lower()
     if suffix not in (".csv", ".json"):
         raise MlactlError(f"--data {path}: use a .csv or .json file name")
     if suffix == ".json":
-        from mlactl.output.report import dumps
-
         text = dumps(data)
     else:
         text = to_csv(chart, data)

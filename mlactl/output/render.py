@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from mlactl.decide.analysis import Analysis, BatchAnalysis, Crossover
 from mlactl.model.cost import MLA_PATHS, PATHS
+from mlactl.output.narrow import Col, table
+from mlactl.output.tablefit import KEY, Column, fit
 
 SHORT = {"expand": "expand", "expand_chunked": "chunked", "absorb": "absorb", "mha": "mha"}
 
@@ -72,9 +75,6 @@ def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = 
     """The per-point table, as one or more tables (a rich Group) that fit `width` without cutting
     a value: with `drop` (a terminal), `by FLOPs` and `mha*` may be left out; what still does
     not fit is stacked into a second table that repeats batch, new and prefix."""
-    from rich.console import Group
-
-    from mlactl.output.tablefit import KEY, Column, fit
 
     shown = range(min(len(analysis), max_rows))
     kind = "Roofline" if getattr(analysis, "calibration", None) is None else "Calibrated"
@@ -200,7 +200,6 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
 
 
 def models_table(models, width: int | None = None) -> Table:
-    from mlactl.output.narrow import Col, table
 
     cols = [Col("name", "left", typed=True)] + [
         Col(c, drop={"hidden": 2, "layers": 1}.get(c, 0))
@@ -219,7 +218,6 @@ def models_table(models, width: int | None = None) -> Table:
 
 
 def hardware_table(profiles, width: int | None = None) -> Table:
-    from mlactl.output.narrow import Col, table
 
     cols = [
         Col("name", "left", typed=True),

@@ -13,7 +13,7 @@ import numpy as np
 
 from mlactl import __version__
 from mlactl.decide.analysis import STRATEGIES, Analysis, Crossover
-from mlactl.model.cost import OPS, PATHS
+from mlactl.model.cost import MLA_PATHS, OPS, PATHS
 from mlactl.output.csvout import Labels, write_csv
 from mlactl.util.errors import MlactlError
 
@@ -243,7 +243,6 @@ def write_analysis_csv(fh, analysis: Analysis, ops: bool = False) -> None:
 
 def batch_json(ba) -> dict:
     """A mixed batch (analysis.BatchAnalysis) as JSON: requests, then totals per strategy."""
-    from mlactl.model.cost import MLA_PATHS
 
     return {
         "schema": "mlactl.batch",
@@ -280,7 +279,6 @@ def batch_json(ba) -> dict:
 
 
 def write_batch_csv(fh, ba) -> None:
-    from mlactl.model.cost import MLA_PATHS
 
     names = [e.engine for e in ba.engines]
     header = ["new", "prefix", "count"] + [f"{p}.own_time_s" for p in MLA_PATHS] + ["path"]

@@ -6,7 +6,9 @@ import math
 
 from rich.table import Table
 
+from mlactl.output.narrow import Col, table
 from mlactl.output.render import seconds
+from mlactl.tune import noise
 
 
 def _config_text(config) -> str:
@@ -43,8 +45,6 @@ ABOVE_CEILING = "!: faster than the ceilings allow: they are too low (measure th
 def kernels_table(entries: list[dict], meaningful: bool, width: int | None = None, backend: str = "triton") -> Table:
     """One row per bucket. The torch backend has no launch configs (the twins run as they are):
     only its time and rates; the interpreter's times mean nothing: only configs and counts."""
-    from mlactl.output.narrow import Col, table
-
     name, bucket = Col("kernel", "left", typed=True), Col("bucket", "left", typed=True)
     rates = [Col("time"), Col("TFLOP/s", drop=2), Col("GB/s", drop=3), Col("% roofline", drop=1)]
     counts_col = Col("ok/failed/wrong", drop=4)
@@ -105,9 +105,6 @@ PATHS_CAPTION = (
 
 
 def paths_table(rows: list[dict], meaningful: bool, width: int | None = None) -> Table:
-    from mlactl.output.narrow import Col, table
-    from mlactl.tune.noise import crossover_text
-
     cols = [
         Col("batch"),
         Col("prefix"),
@@ -140,8 +137,6 @@ def paths_table(rows: list[dict], meaningful: bool, width: int | None = None) ->
 def ceilings_table(ceilings: dict, hw, width: int | None = None) -> Table:
     """Measured ceilings beside the profile's: the datasheet's, or (a profile that already holds a
     measurement, as a CPU's does) the previous run's."""
-    from mlactl.output.narrow import Col, table
-
     previous = hw is not None and getattr(hw, "using_measured", False)
     other = "previous run" if previous else "datasheet"
     cols = [Col("", "left"), Col("measured"), Col(other), Col("fraction")]
@@ -163,3 +158,46 @@ def ceilings_table(ceilings: dict, hw, width: int | None = None) -> Table:
             ["copy TB/s", f"{bw:.4g}", f"{nominal:g}" if nominal else "—", f"{bw / nominal:.0%}" if nominal else "—"]
         )
     return table(f"Ceilings: measured against the {other}", cols, rows, width)
+
+
+def crossover_text(row: dict) -> str:
+    """The measured crossover as a table shows it: '64 (32-128)', 'never ≤256', 'cut (budget)'."""
+    value, status = row.get("measured"), row.get("measured_status")
+    if value is None:
+        if status == noise.BUDGET:
+            return "cut (budget)"
+        largest = max(row.get("measured_new") or [0])
+        return f"never ≤{largest}" if largest else "never"
+    low, high = row.get("measured_low"), row.get("measured_high")
+    text = str(value)
+    if "measured_low" in row or "measured_high" in row:
+        text += f" ({'?' if low is None else low}–{'?' if high is None else high})"
+    if row.get("nonmonotone"):
+        text += " ↓"
+    return text
+
+
+def compile_table(results: list[dict], width: int | None = None):
+    """A rich table of compile results, one row per config, fitted to `width` (None: full values):
+    the kernel and bucket are never cut, the config and warnings fold."""
+    cols = [Col("kernel", "left", typed=True), Col("shape", "left", typed=True), Col("config", "left", fold=24)]
+    cols += [Col("arch", "left"), Col("smem KiB"), Col("regs"), Col("spill B"), Col("stack B")]
+    cols += [Col("mma/loop", drop=1), Col("warnings", "left", fold=20)]
+    rows = []
+    for r in results:
+        shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
+        config = " ".join(f"{k}={v}" for k, v in r["config"].items())
+        if r.get("variant"):
+            config += f" [{r['variant']}]"
+        if r.get("error"):
+            rows.append([r["kernel"], shape, config, r["arch"], "-", "-", "-", "-", "-", f"[red]{r['error']}[/]"])
+            continue
+        loop = r["wgmma_per_loop"] or r["mma_per_loop"]
+        spill = str(r["spill_bytes"]) if not r["spill_bytes"] else f"[red]{r['spill_bytes']}[/]"
+        warn = "; ".join(r["warnings"]) or ("[red]" + r["dropped"] + "[/]" if r.get("dropped") else "")
+        rows.append([
+            r["kernel"], shape, config, r["arch"], f"{r['smem_bytes'] / 1024:.1f}", str(r["registers"]), spill,
+            str(r["stack_bytes"]), str(loop), warn,
+        ])  # fmt: skip
+    title = "compile report (no GPU: Triton + ptxas for the target; mma/loop: wgmma, else mma.sync)"
+    return table(title, cols, rows, width, elsewhere="-f json")

@@ -6,13 +6,12 @@ which writes them. The store's functions are re-exported here, where `mlactl.res
 before the package had layers.
 """
 
+from mlactl.results.measured import find_crossovers, find_results
 from mlactl.results.store import (
     SCHEMA,
     SCHEMA_VERSION,
     SECTIONS,
     check_matches,
-    find_crossovers,
-    find_results,
     load,
     measured_crossovers,
     paths_frame,

@@ -14,7 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlactl.util.errors import MlactlError
+from mlactl.model import config as models
+from mlactl.model import hardware
+from mlactl.results import store
+from mlactl.util import dirs
+from mlactl.util.errors import MlactlError, warn
 
 DIMS = ("H", "r", "dC", "dR", "dV")
 
@@ -25,8 +29,6 @@ def file_hardware(data: dict) -> str | None:
     device = data.get("device") or {}
     if device.get("hardware"):
         return str(device["hardware"])
-    from mlactl.model import hardware
-
     found = hardware.detect(str(device.get("name", "")))
     return found.name if found is not None else None
 
@@ -52,12 +54,8 @@ def _file_model(data: dict) -> tuple[str | None, int]:
 def _same(key: str, want: str, have) -> bool:
     """Whether a flag's value names what the file has (a path or an alias resolved first)."""
     if key == "model":
-        from mlactl.model import config as models
-
         return models.resolve(want).name == have
     if key == "hardware":
-        from mlactl.model import hardware
-
         return hardware.resolve(want).name == have
     return want.strip().lower() == str(have).lower()
 
@@ -69,7 +67,6 @@ def adopt(data: dict, where: str, given: dict[str, str | None]) -> Adopted:
     """The settings of the results file at `where`; `given` maps model, tp, dtype, kv_dtype and
     hardware to what the user passed explicitly (None: not given). Conflicts: one MlactlError
     that lists them all."""
-    from mlactl.model import config as models
 
     model_name, file_tp = _file_model(data)
     values = {
@@ -120,12 +117,61 @@ def find(
     """The newest results file with a measured crossover for these model dims; `kv_dtype` and
     `hardware_name` filter only when not None. A file whose device has no recorded hardware
     (every CPU run) matches a hardware name through the profile detected for its device."""
-    from mlactl.results import store as results
-
-    return results.find_results(dims, kv_dtype, hardware_name=hardware_name, folder=folder)
+    return find_results(dims, kv_dtype, hardware_name=hardware_name, folder=folder)
 
 
 def usable_crossovers(data: dict) -> bool:
     """A crossover row tells the policy something unless the budget cut its sweep short: a
     measured count, or "expand never won" over the counts measured (absorb everywhere)."""
     return any(r.get("measured") is not None or r.get("measured_status") == "never" for r in data.get("crossovers", []))
+
+
+def find_results(
+    dims: dict,
+    kv_dtype: str | None,
+    *,
+    device_name: str | None = None,
+    hardware_name: str | None = None,
+    folder: Path | None = None,
+):
+    """The newest results file with a usable measured crossover for a model with these dims {H, r,
+    dC, dR, dV}: (data, path), or (None, None). Each filter applies only when not None: the cache
+    dtype, the device (by CUDA name: its folder), the hardware profile (a file with no recorded
+    hardware, as every CPU run, matches through the profile detected for its device). A file that
+    fails the schema is skipped with a warning naming it. The one lookup behind `mla_attention(
+    path="auto")` and `analyze --policy measured`."""
+    root = folder or dirs.results_dir()
+    if folder is None and device_name is not None:
+        root = root / dirs.device_slug(device_name)
+    best, best_created, best_path = None, "", None
+    files = sorted(root.rglob("*.json")) if root.is_dir() else []
+    for path in files:
+        try:
+            data = store.load(path)
+        except MlactlError as exc:  # one bad file must not hide the others, nor stop the command
+            warn(f"skipped {exc}")
+            continue
+        model, device = data.get("model", {}), data["device"]
+        if any(model.get(k) != v for k, v in dims.items()):
+            continue
+        if kv_dtype is not None and data.get("kv_dtype") != kv_dtype:
+            continue
+        if device_name is not None and device.get("name") != device_name:
+            continue
+        if hardware_name is not None and file_hardware(data) != hardware_name:
+            continue
+        if not usable_crossovers(data):
+            continue
+        if data.get("created", "") >= best_created:
+            best, best_created, best_path = data, data.get("created", ""), path
+    return best, best_path
+
+
+def find_crossovers(device_name: str, dims: dict, kv_dtype: str, folder: Path | None = None, batch: int | None = None):
+    """The measured crossovers of the newest matching results file for this device:
+    ({prefix: crossover}, path), or (None, None). How `mla_attention(path="auto")` finds the
+    measured policy `mlactl tune paths` left."""
+    data, path = find_results(dims, kv_dtype, device_name=device_name, folder=folder)
+    if data is None:
+        return None, None
+    return store.measured_crossovers(data, batch), path

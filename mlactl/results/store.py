@@ -47,10 +47,12 @@ them on every load. Fields not named there are allowed and kept (a newer mlactl'
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from mlactl.util import schema as S
-from mlactl.util.errors import MlactlError, warn
+from mlactl.util.errors import MlactlError
+from mlactl.util.io import read_json
 from mlactl.util.limits import MAX_SIZE
 
 SCHEMA = "mlactl.results"
@@ -175,7 +177,6 @@ def validate(data, where: str, drop_bad: bool = False) -> dict:
 
 def load(path: str | Path, drop_bad: bool = False) -> dict:
     """Read and validate one results file; one clear line on any problem."""
-    from mlactl.util.io import read_json
 
     data = read_json(path, "results", "; the file is corrupt or was cut short")
     return validate(data, str(path), drop_bad)
@@ -200,7 +201,6 @@ def check_matches(data: dict, where: str, model_name: str | None = None, hardwar
 def measured_crossovers(data: dict, batch: int | None = None) -> dict[int, int | None]:
     """{prefix: measured crossover} for the measured batch size nearest `batch` (in log2; the
     smallest measured one if None). Across several results files, as rows: plot.measured_crossover_rows."""
-    import math
 
     rows = data.get("crossovers", [])
     if not rows:
@@ -213,61 +213,6 @@ def measured_crossovers(data: dict, batch: int | None = None) -> dict[int, int |
         for r in rows
         if r["batch"] == pick and (r.get("measured") is not None or r.get("measured_status") != "budget")
     }
-
-
-def find_results(
-    dims: dict,
-    kv_dtype: str | None,
-    *,
-    device_name: str | None = None,
-    hardware_name: str | None = None,
-    folder: Path | None = None,
-):
-    """The newest results file with a usable measured crossover for a model with these dims {H, r,
-    dC, dR, dV}: (data, path), or (None, None). Each filter applies only when not None: the cache
-    dtype, the device (by CUDA name: its folder), the hardware profile (a file with no recorded
-    hardware, as every CPU run, matches through the profile detected for its device). A file that
-    fails the schema is skipped with a warning naming it. The one lookup behind `mla_attention(
-    path="auto")` and `analyze --policy measured`."""
-    from mlactl.kernels.configs import device_slug
-    from mlactl.results.measured import file_hardware, usable_crossovers
-    from mlactl.util import dirs
-
-    root = folder or dirs.results_dir()
-    if folder is None and device_name is not None:
-        root = root / device_slug(device_name)
-    best, best_created, best_path = None, "", None
-    files = sorted(root.rglob("*.json")) if root.is_dir() else []
-    for path in files:
-        try:
-            data = load(path)
-        except MlactlError as exc:  # one bad file must not hide the others, nor stop the command
-            warn(f"skipped {exc}")
-            continue
-        model, device = data.get("model", {}), data["device"]
-        if any(model.get(k) != v for k, v in dims.items()):
-            continue
-        if kv_dtype is not None and data.get("kv_dtype") != kv_dtype:
-            continue
-        if device_name is not None and device.get("name") != device_name:
-            continue
-        if hardware_name is not None and file_hardware(data) != hardware_name:
-            continue
-        if not usable_crossovers(data):
-            continue
-        if data.get("created", "") >= best_created:
-            best, best_created, best_path = data, data.get("created", ""), path
-    return best, best_path
-
-
-def find_crossovers(device_name: str, dims: dict, kv_dtype: str, folder: Path | None = None, batch: int | None = None):
-    """The measured crossovers of the newest matching results file for this device:
-    ({prefix: crossover}, path), or (None, None). How `mla_attention(path="auto")` finds the
-    measured policy `mlactl tune paths` left."""
-    data, path = find_results(dims, kv_dtype, device_name=device_name, folder=folder)
-    if data is None:
-        return None, None
-    return measured_crossovers(data, batch), path
 
 
 def paths_frame(data: dict):

@@ -7,6 +7,7 @@ measured hardware profile: the nominal profile's fields plus a [measured] table.
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import time
@@ -86,8 +87,6 @@ def measure(device, quick: bool = False, on_step=None) -> dict:
     if device.type == "cuda":
         memory = torch.cuda.get_device_properties(device).total_memory
     else:
-        import os
-
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
     return {"peak_tflops": peaks, "bandwidth_tbs": bandwidth, "memory_gb": memory / 1e9, "details": details}
 

@@ -26,6 +26,8 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 
+from mlactl.util.defaults import KV_PAGE
+
 ARCHS = {"sm_80": 80, "sm_90": 90, "sm_100": 100}
 # opt-in shared memory per block: A100 163 KiB; H100/H200 and B200 227 KiB (CUDA guide, table 21)
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}
@@ -46,7 +48,7 @@ class Case:
     dR: int = 64
     dC: int = 128
     dV: int = 128
-    page: int = 64
+    page: int = KV_PAGE
     label: str = ""  # "default" or "candidate"
     extra: dict = field(default_factory=dict)
 
@@ -133,20 +135,20 @@ def verdict(result: dict) -> str | None:
 def _build(case: Case):
     """(jit function, signature, constants, divisible-by-16 argument names, options) for a case."""
     if case.kernel == "mla_decode":
-        from mlactl.kernels.decode import compile_spec
+        from mlactl.kernels import decode
 
-        return compile_spec(
+        return decode.compile_spec(
             case.shape, case.config, case.r, case.dR, case.page, case.dtype, case.kv_dtype,
             capability=ARCHS[case.arch], **case.extra,
         )  # fmt: skip
     if case.kernel == "mla_prefill":
-        from mlactl.kernels.prefill import compile_spec
+        from mlactl.kernels import prefill
 
-        return compile_spec(case.config, case.dC, case.dR, case.dV, case.dtype)
+        return prefill.compile_spec(case.config, case.dC, case.dR, case.dV, case.dtype)
     if case.kernel == "merge_attn_states":
-        from mlactl.kernels.merge import compile_spec
+        from mlactl.kernels import merge
 
-        return compile_spec(case.config, case.dV, case.dtype)
+        return merge.compile_spec(case.config, case.dV, case.dtype)
     raise ValueError(f"unknown kernel {case.kernel!r}; kernels: {', '.join(KERNELS)}")
 
 
@@ -307,33 +309,47 @@ def run_report(cfg, kernels, arch: str, dtype: str, kv_dtype: str, candidates: b
     return results
 
 
-def table(results: list[dict], width: int | None = None):
-    """A rich table of compile results, one row per config, fitted to `width` (None: full values):
-    the kernel and bucket are never cut, the config and warnings fold."""
-    from mlactl.output.narrow import Col
-    from mlactl.output.narrow import table as fitted
+def cuda_arch(device) -> str | None:
+    """'sm_90' for an H100/H200 and so on: the compile stage's target for a CUDA device, else None."""
+    import torch
 
-    cols = [Col("kernel", "left", typed=True), Col("shape", "left", typed=True), Col("config", "left", fold=24)]
-    cols += [Col("arch", "left"), Col("smem KiB"), Col("regs"), Col("spill B"), Col("stack B")]
-    cols += [Col("mma/loop", drop=1), Col("warnings", "left", fold=20)]
-    rows = []
-    for r in results:
-        shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
-        config = " ".join(f"{k}={v}" for k, v in r["config"].items())
-        if r.get("variant"):
-            config += f" [{r['variant']}]"
-        if r.get("error"):
-            rows.append([r["kernel"], shape, config, r["arch"], "-", "-", "-", "-", "-", f"[red]{r['error']}[/]"])
-            continue
-        loop = r["wgmma_per_loop"] or r["mma_per_loop"]
-        spill = str(r["spill_bytes"]) if not r["spill_bytes"] else f"[red]{r['spill_bytes']}[/]"
-        warn = "; ".join(r["warnings"]) or ("[red]" + r["dropped"] + "[/]" if r.get("dropped") else "")
-        rows.append([
-            r["kernel"], shape, config, r["arch"], f"{r['smem_bytes'] / 1024:.1f}", str(r["registers"]), spill,
-            str(r["stack_bytes"]), str(loop), warn,
-        ])  # fmt: skip
-    title = "compile report (no GPU: Triton + ptxas for the target; mma/loop: wgmma, else mma.sync)"
-    return fitted(title, cols, rows, width, elsewhere="-f json")
+    if getattr(device, "type", None) != "cuda":
+        return None
+    major, _ = torch.cuda.get_device_capability(device)
+    return {8: "sm_80", 9: "sm_90", 10: "sm_100"}.get(major)
+
+
+def drop_by_compile(ctx, spec, shape: dict, candidates: list[dict], entry: dict, arch=None) -> list[dict]:
+    """The candidates that compile for the GPU without spilling and fit its shared memory.
+
+    Runs the compile stage (mlactl/tune/compile.py: Triton + ptxas, seconds per config, no launch)
+    only for the Triton backend on a GPU it knows (or for `arch` given); each config dropped is
+    recorded in entry["compile_dropped"] and ctx.skipped with its reason. If the stage itself
+    cannot run, the candidates are kept and the reason is noted once.
+    """
+    arch = arch or (cuda_arch(ctx.device) if ctx.backend == "triton" else None)
+    if arch is None or not candidates:
+        return candidates
+    why = available()
+    cfg = ctx.cfg
+    base = dict(arch=arch, dtype=ctx.dtype, kv_dtype=ctx.kv_dtype, r=cfg.r, dR=cfg.dR, dC=cfg.dC, dV=cfg.dV)
+    cases = [Case(spec.name, shape, c, page=KV_PAGE, label="candidate", **base) for c in candidates]
+    try:
+        if why:
+            raise RuntimeError(why)
+        results = compile_cases(cases)
+    except (RuntimeError, OSError, ValueError) as exc:
+        ctx.skipped.append(f"{spec.name}: compile stage not run ({exc}); configs kept untested")
+        return candidates
+    kept, dropped = [], entry.setdefault("compile_dropped", [])
+    for config, res in zip(candidates, results):
+        reason = verdict(res)
+        if reason is None:
+            kept.append(config)
+        else:
+            dropped.append({"config": config, "reason": reason})
+            ctx.skipped.append(f"{spec.name} {config}: dropped before timing, {reason}")
+    return kept
 
 
 def _main() -> None:

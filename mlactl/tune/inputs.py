@@ -13,8 +13,9 @@ import torch
 
 from mlactl.kernels._checks import TORCH_DTYPES
 from mlactl.kernels.reference import build_paged_cache
+from mlactl.util.defaults import KV_PAGE
 
-PAGE = 64  # FlashMLA's page size
+PAGE = KV_PAGE
 FP8_SCALE = 0.05  # per-tensor scale of an fp8 cache: N(0,1) values / 0.05 stay inside e4m3's range
 
 

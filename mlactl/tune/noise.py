@@ -67,20 +67,3 @@ def flag_nonmonotone(rows: list[dict]) -> None:
             level = math.inf if value is None else value
             row["nonmonotone"] = level < highest
             highest = max(highest, level)
-
-
-def crossover_text(row: dict) -> str:
-    """The measured crossover as a table shows it: '64 (32-128)', 'never ≤256', 'cut (budget)'."""
-    value, status = row.get("measured"), row.get("measured_status")
-    if value is None:
-        if status == BUDGET:
-            return "cut (budget)"
-        largest = max(row.get("measured_new") or [0])
-        return f"never ≤{largest}" if largest else "never"
-    low, high = row.get("measured_low"), row.get("measured_high")
-    text = str(value)
-    if "measured_low" in row or "measured_high" in row:
-        text += f" ({'?' if low is None else low}–{'?' if high is None else high})"
-    if row.get("nonmonotone"):
-        text += " ↓"
-    return text

@@ -24,7 +24,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlactl.tune.units import Unit, UnitStore, is_done, measure_unit, seed_for
+from mlactl.model.cost import CostModel
+from mlactl.tune import ceilings
+from mlactl.tune import store as store_mod
+from mlactl.tune.units import Unit, UnitStore, is_done, kernel_units, measure_unit, seed_for
 from mlactl.util.errors import MlactlError
 
 INSTALL_HINT = "--ray needs Ray, an optional extra: pip install -e '.[ray]' (or pip install 'mlactl[ray]')"
@@ -395,7 +398,6 @@ class Cluster:
                 stats.failed += 1
 
     def _merge(self, device: str, out: dict) -> None:
-        from mlactl.tune import store as store_mod
         from mlactl.tune.sweep import _update_best
 
         store = self.devices[device].store
@@ -493,7 +495,6 @@ def tune_kernels(cluster: Cluster, names, override=None, deadline: float = math.
     tuned-config file. Returns ({device: [kernel entries]}, Stats)."""
     from mlactl.tune import space as spaces
     from mlactl.tune.sweep import write_best_config
-    from mlactl.tune.units import kernel_units
 
     s = cluster.setup
     parts = 1 if s.backend == "torch" else max(1, min(MAX_PARTS, len(cluster.slots)))
@@ -559,7 +560,6 @@ class _Group:
 def tune_paths(cluster: Cluster, batches, news, prefixes, refine: bool = True, deadline: float = math.inf, **run_kw):
     """Both paths at every point on every device type, the crossover bisected as in the serial
     run once a (batch, prefix) has all its points. Returns ({device: [crossover rows]}, Stats)."""
-    from mlactl.model.cost import CostModel
     from mlactl.tune.sweep import REFINE_STEPS, crossover_row, next_refine_point, store_crossovers
 
     s = cluster.setup
@@ -600,7 +600,6 @@ def tune_paths(cluster: Cluster, batches, news, prefixes, refine: bool = True, d
 def tune_ceilings(cluster: Cluster, write_profile: bool = True, **run_kw):
     """The ceilings of each device type, measured on one of its workers; a measured hardware
     profile per type. Returns ({device: ceilings}, Stats)."""
-    from mlactl.tune import ceilings
 
     found: dict[str, dict] = {}
 

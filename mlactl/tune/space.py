@@ -170,51 +170,6 @@ def _merge_space(cfg, shape, kv_dtype, dtype, smem):
     ]
 
 
-def cuda_arch(device) -> str | None:
-    """'sm_90' for an H100/H200 and so on: the compile stage's target for a CUDA device, else None."""
-    import torch
-
-    if getattr(device, "type", None) != "cuda":
-        return None
-    major, _ = torch.cuda.get_device_capability(device)
-    return {8: "sm_80", 9: "sm_90", 10: "sm_100"}.get(major)
-
-
-def drop_by_compile(ctx, spec: KernelSpec, shape: dict, candidates: list[dict], entry: dict, arch=None) -> list[dict]:
-    """The candidates that compile for the GPU without spilling and fit its shared memory.
-
-    Runs the compile stage (mlactl/tune/compile.py: Triton + ptxas, seconds per config, no launch)
-    only for the Triton backend on a GPU it knows (or for `arch` given); each config dropped is
-    recorded in entry["compile_dropped"] and ctx.skipped with its reason. If the stage itself
-    cannot run, the candidates are kept and the reason is noted once.
-    """
-    from mlactl.tune import compile as stage
-
-    arch = arch or (cuda_arch(ctx.device) if ctx.backend == "triton" else None)
-    if arch is None or not candidates:
-        return candidates
-    why = stage.available()
-    cfg = ctx.cfg
-    base = dict(arch=arch, dtype=ctx.dtype, kv_dtype=ctx.kv_dtype, r=cfg.r, dR=cfg.dR, dC=cfg.dC, dV=cfg.dV)
-    cases = [stage.Case(spec.name, shape, c, page=inputs.PAGE, label="candidate", **base) for c in candidates]
-    try:
-        if why:
-            raise RuntimeError(why)
-        results = stage.compile_cases(cases)
-    except (RuntimeError, OSError, ValueError) as exc:
-        ctx.skipped.append(f"{spec.name}: compile stage not run ({exc}); configs kept untested")
-        return candidates
-    kept, dropped = [], entry.setdefault("compile_dropped", [])
-    for config, res in zip(candidates, results):
-        reason = stage.verdict(res)
-        if reason is None:
-            kept.append(config)
-        else:
-            dropped.append({"config": config, "reason": reason})
-            ctx.skipped.append(f"{spec.name} {config}: dropped before timing, {reason}")
-    return kept
-
-
 def _file_dtype(kv_dtype, dtype):
     return "fp8" if kv_dtype == "fp8" else dtype
 

@@ -18,6 +18,7 @@ import os
 import time
 from pathlib import Path
 
+from mlactl.kernels import configs
 from mlactl.results import store as results
 from mlactl.util import dirs
 from mlactl.util.errors import MlactlError, warn
@@ -193,12 +194,11 @@ def write_tuned_config(
     folder: Path | None = None,
 ) -> Path:
     """Record the best config of one bucket in the user's tuned-config file (merged, locked)."""
-    from mlactl.kernels import configs  # pure Python: no torch import
 
     folder = folder or configs.user_dir()
     path = folder / configs.file_name(kernel, device_name, dtype)
     with locked(path):
-        data = {
+        data: dict = {
             "version": configs.FORMAT_VERSION,
             "kernel": kernel,
             "device_name": device_name,

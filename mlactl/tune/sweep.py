@@ -10,13 +10,22 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import platform
 import time
 import warnings
 from dataclasses import dataclass, field
 
-from mlactl.tune import common
+from mlactl.decide.analysis import crossover_table
+from mlactl.kernels import configs as tuned_configs
+from mlactl.kernels.configs import ENV_OFF
+from mlactl.model import hardware
+from mlactl.model.cost import CostModel
+from mlactl.model.roofline import op_time, path_time
+from mlactl.tune import ceilings, common, noise
+from mlactl.tune import compile as stage
 from mlactl.tune import space as spaces
+from mlactl.tune import store as store_mod
 from mlactl.tune.common import relative_error
 from mlactl.tune.timing import is_unstable, time_call, time_interleaved, time_stable, time_stable_all
 
@@ -85,8 +94,6 @@ def environment(device, backend: str) -> tuple[dict, dict, dict]:
     """(device, versions, timing) headers of a results file."""
     import torch
 
-    from mlactl.model import hardware
-
     versions = common.versions()
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -131,9 +138,6 @@ def _smem_limit(device, hw) -> int | None:
 @contextlib.contextmanager
 def _heuristics_only():
     """Launchers skip tuned configs inside: config=None then means the launcher's heuristic."""
-    import os
-
-    from mlactl.kernels.configs import ENV_OFF
 
     old = os.environ.get(ENV_OFF)
     os.environ[ENV_OFF] = "1"
@@ -171,7 +175,6 @@ def _try_config(ctx: Context, spec, kwargs, config, reference, tol) -> dict:
 
 def tune_kernels(ctx: Context, names=None, configs_override=None, write_configs: bool = True) -> list[dict]:
     """Sweep every bucket of every kernel. Returns the kernel entries measured (or resumed)."""
-    from mlactl.kernels import configs as tuned_configs
 
     names = list(names or spaces.KERNELS)
     smem = _smem_limit(ctx.device, ctx.hw)
@@ -197,7 +200,6 @@ def tune_kernels(ctx: Context, names=None, configs_override=None, write_configs:
 def write_best_config(ctx: Context, name: str, file_dtype: str, bucket: str, entry: dict) -> None:
     """Keep a bucket's best config in the tuned-config file of the store's device, when it is at
     least as fast as the launcher's own default (the twins have no configs to keep)."""
-    from mlactl.tune.store import write_tuned_config
 
     best = entry.get("best")
     if (
@@ -205,7 +207,7 @@ def write_best_config(ctx: Context, name: str, file_dtype: str, bucket: str, ent
         and ctx.backend == "triton"  # the twins have no configs; the interpreter's times mean nothing
         and entry.get("best_median_s", math.inf) <= (entry.get("default_median_s") or math.inf)
     ):
-        write_tuned_config(
+        store_mod.write_tuned_config(
             name,
             ctx.store.data["device"]["name"],
             file_dtype,
@@ -228,8 +230,6 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
         "configs": [],
     }
     if ctx.hw is not None:
-        from mlactl.model.roofline import op_time
-
         entry["predicted_s"] = float(op_time(op, ctx.hw.peak_flops(ctx.dtype), ctx.hw.bandwidth).time_s)
     try:
         kwargs = spec.make_inputs(ctx.cfg, shape, ctx.kv_dtype, ctx.dtype, ctx.device)
@@ -258,7 +258,7 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
         candidates = spec.space(ctx.cfg, shape, ctx.kv_dtype, ctx.dtype, smem)
         if ctx.quick:  # every 4th: still every tile height and keys per tile, fewer warps/stages
             candidates = candidates[::4]
-        candidates = spaces.drop_by_compile(ctx, spec, shape, candidates, entry)  # spills, smem: no GPU time
+        candidates = stage.drop_by_compile(ctx, spec, shape, candidates, entry)  # spills, smem: no GPU time
         candidates = spread_order(candidates)
     tried = {_key(c["config"]) for c in entry["configs"]}
     last_trial_s = 0.0
@@ -321,9 +321,8 @@ def spread_order(items: list) -> list:
 
 
 def _key(config) -> str:
-    from mlactl.tune.store import config_key
 
-    return config_key(config)
+    return store_mod.config_key(config)
 
 
 def _update_best(entry: dict) -> None:
@@ -338,7 +337,6 @@ def _update_best(entry: dict) -> None:
 
 def tune_ceilings(ctx: Context, write_profile: bool = True) -> dict:
     """Measure the matmul and copy ceilings; keep them in the run and as a measured profile."""
-    from mlactl.tune import ceilings
 
     found = ctx.store.data.get("ceilings")
     if found and found.get("peak_tflops"):
@@ -362,7 +360,6 @@ def tune_ceilings(ctx: Context, write_profile: bool = True) -> dict:
 
 
 def _free_bytes(device) -> int:
-    import os
 
     import torch
 
@@ -393,7 +390,6 @@ def _measure_point(ctx: Context, cost, b: int, n: int, p: int, chunk: int) -> di
     import torch
 
     from mlactl.kernels.attention import mla_attention
-    from mlactl.model.roofline import path_time
     from mlactl.tune.inputs import paged_batch
 
     wanted = _paths_at(p, chunk)
@@ -465,7 +461,6 @@ def measured_crossover(times: dict[int, dict[str, float]]) -> int | None:
 def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool = True) -> list[dict]:
     """Both paths end to end over new-token counts for each (batch, prefix); measured and
     predicted crossovers. Returns the crossover rows."""
-    from mlactl.model.cost import CostModel
 
     cost = CostModel(ctx.cfg, kv_dtype=ctx.kv_dtype, dtype=ctx.dtype, chunk=chunk)
     rows = []
@@ -496,8 +491,6 @@ def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool =
 def crossover_row(ctx: Context, cost, b: int, p: int, times: dict[int, dict[str, float]], cut: bool = False) -> dict:
     """The measured crossover of one (batch, prefix), with its status (found, never, or cut by the
     budget) and its bracket widened by noise, and the predicted ones. `store_crossovers` keeps it."""
-    from mlactl.decide.analysis import crossover_table
-    from mlactl.tune import noise
 
     measured = measured_crossover(times)
     row = {
@@ -521,7 +514,6 @@ def crossover_row(ctx: Context, cost, b: int, p: int, times: dict[int, dict[str,
 
 def store_crossovers(ctx: Context, rows: list[dict]) -> None:
     """Flag the rows whose crossover falls as the prefix grows, and keep them all in the store."""
-    from mlactl.tune import noise
 
     noise.flag_nonmonotone(rows)
     for row in rows:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from mlactl.kernels import configs as tuned_configs
+from mlactl.model.cost import CostModel
 from mlactl.tune import store as store_mod
 
 
@@ -56,7 +58,6 @@ class Unit:
 
 def kernel_units(cfg, names, quick: bool, device_type: str, parts: int) -> list[Unit]:
     """Every bucket of every kernel, each cut into `parts` slices of its launch space."""
-    from mlactl.kernels import configs as tuned_configs
     from mlactl.tune import space as spaces
 
     units = []
@@ -153,8 +154,6 @@ def measure_unit(ctx, unit: Unit, chunk: int = 8192, override: list | None = Non
             configs = candidates[unit.part :: unit.parts]
         sweep._tune_bucket(ctx, spec, unit.shape, unit.bucket, cost, smem, configs)
     elif unit.section == "paths":
-        from mlactl.model.cost import CostModel
-
         cost = CostModel(ctx.cfg, kv_dtype=ctx.kv_dtype, dtype=ctx.dtype, chunk=chunk)
         sweep._measure_point(ctx, cost, unit.batch, unit.new, unit.prefix, chunk)
     else:

@@ -26,4 +26,7 @@ POLICIES = ("roofline", "flops", "measured", *ENGINES)
 KERNEL_BACKENDS = ("triton", "torch")
 TUNE_BACKENDS = (*KERNEL_BACKENDS, "interpret")
 
+# Tokens per page of a paged latent cache, as FlashMLA lays it out (tune's inputs, compile cases).
+KV_PAGE = 64
+
 OUTPUT_FORMATS = ("table", "json", "csv")

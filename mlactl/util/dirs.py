@@ -4,6 +4,7 @@ $XDG_DATA_HOME/mlactl or ~/.local/share/mlactl. Not a cache: nothing here is thr
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 ENV_HOME = "MLACTL_HOME"
@@ -28,7 +29,11 @@ def path_component(name: str, limit: int = 120) -> str:
     """`name` as one safe file or folder name: letters, digits, '.', '-', '_' and '=' kept, any
     other run of characters (a '/' above all) becomes '_', and no leading dot, so '..', '/tmp/x'
     or '../../x' from a config.json's _name_or_path stays one name inside its folder."""
-    import re
-
     safe = re.sub(r"[^A-Za-z0-9.=\-_]+", "_", str(name).strip()).strip("._") or "unnamed"
     return safe[:limit]
+
+
+def device_slug(device_name: str) -> str:
+    """'NVIDIA H200' -> 'NVIDIA_H200' (the engines' file-name spelling of a device, for tuned
+    configs and results folders); never a path: '..' or '/x' become one safe name."""
+    return path_component(re.sub(r"[^A-Za-z0-9.\-]+", "_", device_name.strip()))

@@ -1,5 +1,7 @@
 """One exception type for bad user input: the CLI prints its message as one line and exits 2."""
 
+import warnings
+
 
 class MlactlError(ValueError):
     """A user-facing error: the message says what is wrong and, where it can, what would be right."""
@@ -10,6 +12,5 @@ class MlactlWarning(UserWarning):
 
 
 def warn(message: str) -> None:
-    import warnings
 
     warnings.warn(message, MlactlWarning, stacklevel=2)

@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import stat
 import tempfile
 from pathlib import Path
 
 from mlactl.util.errors import MlactlError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no file locks
+    fcntl = None  # type: ignore[assignment]
 
 # The largest file each reader takes. A config.json or a TOML profile is a few KiB; a results file
 # of a long tune run a few MiB. A file above its cap is an error, never a read that runs forever.
@@ -128,7 +134,6 @@ def read_text(path: str | Path, what: str, limit: int = MAX_READ_BYTES) -> str:
 def loads_json(text: str, where: str, hint: str = ""):
     """Parsed JSON, or one line naming `where` and the line where it stops being JSON. NaN and
     Infinity are not JSON and are refused."""
-    import json
 
     def no_constant(name):
         raise ValueError(f"{name} is not a JSON number")
@@ -162,9 +167,7 @@ def locked(path: str | Path):
     starts over on the new one. POSIX only; elsewhere it does not lock."""
     path = Path(path)
     lock_path = path.parent / f".{path.name}.lock"
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
+    if fcntl is None:  # pragma: no cover - Windows
         yield
         return
     try:

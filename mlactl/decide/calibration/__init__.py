@@ -14,7 +14,9 @@ Importing this package does not import scipy (only fitting does) nor torch.
 
 from __future__ import annotations
 
-from mlactl.decide.calibration.model import BASE_TERMS, TERMS
+from mlactl.decide.calibration.fit import K_FOLDS, fit
+from mlactl.decide.calibration.model import BASE_TERMS, PROJECTIONS, TERMS, relevant_terms
+from mlactl.decide.calibration.paired import fit_paired, paired_groups
 from mlactl.decide.calibration.store import Calibration, check_hardware, load, resolve
 
 # the candidate term sets a fit tries; the one with the least held-out error is kept, so a term
@@ -67,8 +69,6 @@ def select(op: str, source: str, dtype: str, pts, machine, candidates=CANDIDATE_
     """Fit each candidate term set (the terms that act on this op class) and keep the one with the
     least held-out error (mean of median and p90); a set with more terms must beat the best so
     far by SELECT_MARGIN. Returns (best FitResult, every FitResult tried, base first)."""
-    from mlactl.decide.calibration.fit import K_FOLDS, fit
-    from mlactl.decide.calibration.model import PROJECTIONS, relevant_terms
 
     tried, best = [], None
 
@@ -94,7 +94,6 @@ def fit_groups(groups: dict, machine, *, select_terms: bool = True, k: int | Non
     """Fit every (op class, source, dtype) group: with `select_terms` the best candidate term set
     of each (see `select`), else the base model. Whole paths timed side by side at the same
     shapes are fitted together, each shape's common drift taken out (mlactl.decide.calibration.paired)."""
-    from mlactl.decide.calibration.paired import fit_paired, paired_groups
 
     candidates = CANDIDATE_TERMS if select_terms else (BASE_TERMS,)
 

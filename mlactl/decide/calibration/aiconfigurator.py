@@ -27,6 +27,7 @@ Latencies in the tables are milliseconds.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,7 +120,6 @@ def find_tables(data_dir: Path, system: str, framework: str, version: str | None
 
 
 def _version_key(v: str):
-    import re
 
     return [int(x) if x.isdigit() else -1 for x in re.split(r"[.a-z]+", v) if x] + [v]
 

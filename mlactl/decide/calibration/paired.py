@@ -25,6 +25,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from mlactl.decide.calibration.model import predict
+
 ITERATIONS = 4
 
 
@@ -53,7 +55,6 @@ def paired_groups(groups: dict) -> list[list]:
 def fit_paired(groups: dict, keys: list, machine, select_one) -> tuple[list, dict]:
     """Fit the path groups `keys` together (see the module docstring). `select_one(key, pts)`
     fits one group and returns its FitResult. Returns (FitResults, drift summary)."""
-    from mlactl.decide.calibration.model import predict
 
     raw = {k: np.asarray(groups[k].time_s, dtype=np.float64) for k in keys}
     shape_of = {k: _shape_keys(groups[k]) for k in keys}

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import datetime as _dt
 
+from mlactl import __version__
+from mlactl.decide.calibration import aiconfigurator as ac
 from mlactl.decide.calibration import fit_groups
 from mlactl.decide.calibration.fit import Machine
+from mlactl.decide.calibration.sources import _concat, csv_points, results_points
 from mlactl.decide.calibration.store import SCHEMA, SCHEMA_VERSION, safe_name
+from mlactl.model import hardware
 from mlactl.model.hardware import HardwareProfile
+from mlactl.results import store as results
 from mlactl.results.measured import DIMS  # the dims a whole-path fit was measured at
 from mlactl.util.errors import MlactlError
 
@@ -30,7 +35,6 @@ def ceilings(hw: HardwareProfile, dtype: str = "bf16") -> dict:
 
 def build(name: str, hw: HardwareProfile, source: dict, groups: dict, select: bool = True) -> tuple[dict, list]:
     """Fit every group and assemble the calibration file's dict; returns (data, fit results)."""
-    from mlactl import __version__
 
     if not groups:
         raise MlactlError("no measured points to calibrate from")
@@ -51,8 +55,6 @@ def build(name: str, hw: HardwareProfile, source: dict, groups: dict, select: bo
 
 
 def from_aiconfigurator(system: str, framework: str, version: str | None, data_dir, hw: HardwareProfile | None):
-    from mlactl.decide.calibration import aiconfigurator as ac
-    from mlactl.model import hardware
 
     folder = ac.default_data_dir() if data_dir is None else data_dir
     tables = ac.find_tables(folder, system, framework, version)
@@ -78,9 +80,6 @@ def from_aiconfigurator(system: str, framework: str, version: str | None, data_d
 
 
 def from_results(files, hw: HardwareProfile | None):
-    from mlactl.decide.calibration.sources import results_points
-    from mlactl.model import hardware
-    from mlactl.results import store as results
 
     groups: dict = {}
     hw_names, dtypes, runs = set(), {}, []
@@ -97,8 +96,6 @@ def from_results(files, hw: HardwareProfile | None):
         )
         for key, pts in results_points(data, str(f)).items():
             if key in groups:
-                from mlactl.decide.calibration.sources import _concat
-
                 pts = _concat([groups[key], pts])
             groups[key] = pts
     if hw is None:
@@ -120,7 +117,6 @@ def from_results(files, hw: HardwareProfile | None):
 
 
 def from_csv(file, cfg, hw: HardwareProfile):
-    from mlactl.decide.calibration.sources import csv_points
 
     groups = csv_points(file, cfg)
     source = {"kind": "csv", "files": [str(file)], "model": cfg.name}

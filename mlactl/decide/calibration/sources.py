@@ -17,6 +17,7 @@ from cost.py with the model given to `mlactl calibrate --model`.
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, Points
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel
 from mlactl.util.errors import MlactlError
+from mlactl.util.io import read_text
 
 CSV_REQUIRED = ("op", "batch", "new", "prefix", "time_s")
 KERNEL_OPS = {"mla_decode": "absorb_attention", "mla_prefill": "expand_attention"}
@@ -120,7 +122,6 @@ def results_points(data: dict, where: str) -> dict[tuple[str, str, str], Points]
 
 
 def csv_points(path: str | Path, cfg: MLAConfig) -> dict[tuple[str, str, str], Points]:
-    from mlactl.util.io import read_text
 
     text = read_text(path, "CSV")
     reader = csv.DictReader(text.splitlines())
@@ -147,8 +148,6 @@ def csv_points(path: str | Path, cfg: MLAConfig) -> dict[tuple[str, str, str], P
         raise MlactlError(f"{path}: no rows after the header")
     out: dict[tuple[str, str, str], list[Points]] = {}
     for (op, source, dtype, heads), rows in groups.items():
-        from dataclasses import replace
-
         kv = dtype if dtype in ("bf16", "fp16", "fp8", "fp32") else "bf16"
         cost = CostModel(replace(cfg, H=int(heads)), kv_dtype=kv, dtype="bf16" if kv == "fp8" else kv)
         arr = np.asarray(rows)

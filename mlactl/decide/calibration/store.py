@@ -19,13 +19,15 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, TERMS, param_names
 from mlactl.util import dirs
-from mlactl.util.errors import MlactlError
+from mlactl.util.errors import MlactlError, warn
+from mlactl.util.io import atomic_write, read_json
 
 SCHEMA = "mlactl.calibration"
 SCHEMA_VERSION = 1
@@ -113,7 +115,6 @@ def validate(data, where: str) -> Calibration:
 def _check_near(table, at: str) -> None:
     """The `near` term's residual table: features [log2 rows, log2 heads, unaligned] per measured
     point and its log residual, as many of each, all finite."""
-    import math
 
     bad = f"{at}: params.near must be {{'features': [[x, y, z], ...], 'log_residual': [r, ...]}} of equal length"
     if not isinstance(table, dict):
@@ -132,7 +133,6 @@ def _check_near(table, at: str) -> None:
 
 
 def load(path: str | Path) -> Calibration:
-    from mlactl.util.io import read_json
 
     return validate(read_json(path, "calibration file"), str(path))
 
@@ -163,7 +163,6 @@ def find_own(hw_name: str, dims: dict, kv_dtype: str) -> Calibration | None:
     `mlactl tune paths` runs) made for this hardware profile, these model dims and this cache
     dtype, with a whole-path fit of expand and of absorb; None if there is none. Never one of
     another engine's kernels (aiconfigurator, CSV). A bad file is skipped with a warning."""
-    from mlactl.util.errors import warn
 
     found = []
     folder = calibrations_dir()
@@ -196,7 +195,6 @@ def check_hardware(cal: Calibration, hw_name: str) -> None:
 
 def write(data: dict, folder: Path | None = None) -> Path:
     """Validate, then write atomically as <folder>/<name>.json; returns the path."""
-    from mlactl.util.io import atomic_write
 
     validate(data, "the new calibration")
     path = (folder or calibrations_dir()) / f"{safe_name(data['name'])}.json"

@@ -12,8 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlactl.decide.calibration.model import DECODE_MAX_NEW, op_class, predict
-from mlactl.model.cost import MLA_PATHS, PATHS, CostModel, Op
+from mlactl.decide.calibration.model import (
+    DECODE_MAX_NEW,
+    PROJECTIONS,
+    added_seconds,
+    components,
+    near_factor,
+    op_class,
+    predict,
+)
+from mlactl.decide.calibration.sources import points_for
+from mlactl.model import roofline
+from mlactl.model.cost import MLA_PATHS, OPS, PATHS, CostModel, Op
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import OpTime, PathTime, path_time, roofline_time
 
@@ -33,7 +43,6 @@ def calibrated_seconds(
 ) -> np.ndarray:
     """One op class's calibrated seconds (one layer) at the given points, as `path` runs it;
     `peak` is the one the fit divided by (Calibration.peak)."""
-    from mlactl.decide.calibration.sources import points_for
 
     pts = points_for(cost, cls, batch, new, prefix, None, path=path)
     terms = list(fit["terms"])
@@ -75,7 +84,6 @@ def missing_ops(calibration, paths=MLA_PATHS) -> list[str]:
     """Op classes of `paths` the calibration has no fit for (they keep roofline time)."""
     if calibration is None:
         return []
-    from mlactl.model.cost import OPS
 
     have = {f["op"] for f in calibration.fits}
     out = []
@@ -122,6 +130,18 @@ def path_times(
     return out
 
 
+def crossover_by_time(cost: CostModel, hw: HardwareProfile, calibration, prefixes, **kwargs) -> list[int | None]:
+    """mlactl.model.roofline.crossover_by_time by the times of `path_times`: roofline, or
+    calibrated with `calibration`. Keyword arguments as there (batch, path, max_new)."""
+    if calibration is None:
+        return roofline.crossover_by_time(cost, hw, prefixes, **kwargs)
+
+    def times(batch, new, prefix, paths):
+        return path_times(cost, hw, calibration, batch, new, prefix, paths=paths)
+
+    return roofline.crossover_by_time(cost, hw, prefixes, times=times, **kwargs)
+
+
 def batch_time(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count, paths) -> float:
     """Time of a mixed batch whose request rows run `paths` (an array of names): requests on one
     path share one launch per op, so one read of the weights (roofline) and one fixed cost
@@ -144,8 +164,6 @@ def batch_time(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, c
 def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> float:
     """Calibrated time of one launch per op over several request rows: one fixed cost, the rows'
     compute, memory and serial seconds each summed, the weights' read counted once."""
-    from mlactl.decide.calibration.model import PROJECTIONS, added_seconds, components, near_factor
-    from mlactl.decide.calibration.sources import points_for
 
     peak, bandwidth = calibration.peak(hw), hw.bandwidth
     whole = _whole_path_fit(cost, calibration, path)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -27,8 +28,11 @@ from mlactl.decide.analysis import Analysis
 from mlactl.model.cost import MLA_PATHS, CostModel
 from mlactl.model.hardware import HardwareProfile, load_profile
 from mlactl.model.roofline import path_time
+from mlactl.output.render import seconds
 from mlactl.results import store as results_store
 from mlactl.util.errors import MlactlError
+from mlactl.util.io import atomic_open
+from mlactl.util.limits import check_plot
 
 FORMATS = ("png", "svg", "pdf")
 PATH_COLOURS = {"expand": "tab:orange", "expand_chunked": "tab:green", "absorb": "tab:blue", "mha": "tab:gray"}
@@ -43,7 +47,6 @@ NO_DATE = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDa
 
 def image_format(path) -> str:
     """The image format a file name asks for; an unsupported extension is an error."""
-    from pathlib import Path
 
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in FORMATS:
@@ -57,7 +60,6 @@ MIN_DPI = 20  # FreeType refuses a font rendered below one pixel per em: 7 pt at
 
 def check_pixels(inches, dpi: int) -> None:
     """A PNG's canvas: Agg draws at most 2^16 - 1 pixels a side, and the canvas must fit memory."""
-    from mlactl.util.limits import check_plot
 
     width, height = (float(x) * dpi for x in inches)
     if max(width, height) >= 2**16:
@@ -72,8 +74,6 @@ def check_pixels(inches, dpi: int) -> None:
 def save(fig, path, dpi: int = 100) -> None:
     """Write `fig` to `path` (png, svg or pdf, from the extension), atomically."""
     import matplotlib
-
-    from mlactl.util.io import atomic_open
 
     fmt = image_format(path)
     if dpi < MIN_DPI:
@@ -860,7 +860,6 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
     data: {"title", "kernel", "bucket", "configs": [{"label", "config", "status", "reason",
     "median_s"}], "best": label, "best_median_s", "default_median_s", "twin_median_s"}
     """
-    from mlactl.output.render import seconds
 
     sweeps = data.get("kernels", [])
     device = data["device"]["name"]
