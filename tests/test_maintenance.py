@@ -36,7 +36,7 @@ def test_defaults_module_imports_nothing_heavy():
 
 
 def test_chunk_defaults_to_8192_everywhere():
-    from mlactl.cli import analyze as analyze_cmd
+    from mlactl.cli.analyze import analyze as analyze_cmd
     from mlactl.decide.analysis import analyze, analyze_batch
     from mlactl.decide.engines import default_params
     from mlactl.kernels import mla_attention, mla_prefill_chunked
@@ -58,14 +58,15 @@ def test_chunk_defaults_to_8192_everywhere():
 
 
 def test_choice_lists_are_the_same_objects_everywhere():
-    from mlactl import cli
+    from mlactl.cli import analyze as cli_analyze
+    from mlactl.cli import common as cli
     from mlactl.decide import policy
     from mlactl.kernels import attention
     from mlactl.model import cost
 
     assert defaults.KV_DTYPES == ("bf16", "fp16", "fp8", "fp32")
     assert defaults.ACT_DTYPES == ("bf16", "fp16", "fp32")
-    assert cli.KV_DTYPES is cost.KV_DTYPES is defaults.KV_DTYPES
+    assert cli_analyze.KV_DTYPES is cost.KV_DTYPES is defaults.KV_DTYPES
     assert cli.DTYPES is cost.ACT_DTYPES is defaults.ACT_DTYPES
     assert cost.MLA_PATHS is attention.PATHS is defaults.MLA_PATHS
     assert policy.POLICIES is defaults.POLICIES

@@ -6,13 +6,18 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
+
+from mlactl.cli.common import choice, cli_errors, emit, load_model, output_format
+from mlactl.cli.options import FormatOpt, ModelOpt, TpOpt
+from mlactl.decide.calibration import run, store
+from mlactl.model import hardware as hwmod
+from mlactl.util.errors import MlactlError
 
 calibrate_app = typer.Typer(
     help="Fit calibrated time to measured kernels: tune results, aiconfigurator's tables or a CSV.",
 )
 
-from mlactl.cli import FormatOpt, ModelOpt, TpOpt, choice, cli_errors, emit, load_model, output_format  # noqa: E402
-from mlactl.util.errors import MlactlError  # noqa: E402
 
 SOURCES = ("results", "aiconfigurator", "csv")
 
@@ -65,7 +70,6 @@ def calibrate(
 
     Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang
     """
-    from mlactl.decide.calibration import run, store
 
     fmt = output_format(fmt, None)
     if fmt == "csv":
@@ -73,8 +77,6 @@ def calibrate(
     choice(source, "--from", SOURCES)
     hw = None
     if hardware is not None:
-        from mlactl.model import hardware as hwmod
-
         hw = hwmod.resolve(hardware)
     if source == "aiconfigurator":
         if files:
@@ -124,7 +126,6 @@ def calibrate(
         }
 
     def tables():
-        from rich.table import Table
 
         t = Table(title=f"Calibration {data['name']} (hardware {hw.name}); |predicted/measured - 1|")
         for col in ("op", "source", "dtype", "n", "terms", "in-sample median", "p90", "held-out median", "p90"):

@@ -9,12 +9,23 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.table import Table
 
-engines_app = typer.Typer(add_completion=False)
-
-from mlactl.cli import (  # noqa: E402
+from mlactl import __version__
+from mlactl.cli.common import (
     DTYPES,
-    KV_DTYPES,
+    calibration_json,
+    calibration_line,
+    choice,
+    cli_errors,
+    emit,
+    load_calibration,
+    load_hardware,
+    load_model,
+    one_int,
+    output_format,
+)
+from mlactl.cli.options import (
     BatchOpt,
     CalibrationOpt,
     ChunkOpt,
@@ -27,19 +38,18 @@ from mlactl.cli import (  # noqa: E402
     ModelOpt,
     OutputOpt,
     TpOpt,
-    calibration_json,
-    calibration_line,
-    choice,
-    cli_errors,
-    emit,
-    load_calibration,
-    load_hardware,
-    load_model,
-    one_int,
-    output_format,
 )
-from mlactl.util.defaults import DEFAULT_CHUNK  # noqa: E402
-from mlactl.util.errors import MlactlError  # noqa: E402
+from mlactl.decide import workload as wl_mod
+from mlactl.decide.engines import ENGINES, parse_engines
+from mlactl.model.cost import CostModel
+from mlactl.model.shapes import grid, parse_sizes
+from mlactl.output.csvout import write_csv as write
+from mlactl.output.render import SHORT, seconds
+from mlactl.output.report import SCHEMA_VERSION, engine_json, number_or_none
+from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
+from mlactl.util.errors import MlactlError
+
+engines_app = typer.Typer(add_completion=False)
 
 
 @engines_app.command(name="engines")
@@ -90,10 +100,6 @@ def engines_cmd(
 
     Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
     """
-    from mlactl.decide import workload as wl_mod
-    from mlactl.decide.engines import ENGINES, parse_engines
-    from mlactl.model.cost import CostModel
-    from mlactl.model.shapes import grid, parse_sizes
 
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
@@ -137,9 +143,6 @@ def sentence(result, e) -> str:
 
 
 def tables(result) -> list:
-    from rich.table import Table
-
-    from mlactl.output.render import SHORT, seconds
 
     wl = result.workload
     head = (
@@ -193,8 +196,6 @@ def tables(result) -> list:
 
 
 def to_json(result) -> dict:
-    from mlactl import __version__
-    from mlactl.output.report import SCHEMA_VERSION, engine_json, number_or_none
 
     wl = result.workload
     engines = []
@@ -249,7 +250,6 @@ def to_json(result) -> dict:
 
 def write_csv(fh, result) -> None:
     """One row per shape: its weight, the best path, and each engine's path and loss per run."""
-    from mlactl.output.csvout import write_csv as write
 
     wl = result.workload
     header = ["batch", "new", "prefix", "weight", "best", "best_time_s"]

@@ -9,6 +9,8 @@ import warnings
 
 import typer
 
+from mlactl.util.errors import MlactlWarning
+
 try:  # typer >= 0.24 carries its own click
     from typer._click import exceptions as click_errors
 except ImportError:  # pragma: no cover
@@ -35,8 +37,6 @@ def _quiet_pipe() -> None:
 
 def run_root(main, args, prog_name, complete_var, standalone_mode, **extra):
     """Run click's `main` without its own error printing, and print errors as one line."""
-    from mlactl.util.errors import MlactlWarning
-
     with warnings.catch_warnings():  # restored on return: a library caller's settings are its own
         warnings.simplefilter("always", MlactlWarning)
         warnings.showwarning = _show

@@ -9,19 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
+import numpy as np
 import typer
 
-# Made before importing mlactl.cli, as mlactl/cli/tune.py does its tune_app: the root group
-# (LazyGroup in mlactl/cli/__init__.py) imports this module only when `plot` is asked for.
-plot_app = typer.Typer(
-    help="Charts: roofline, crossover, path map and tune sweep, predicted and measured.\n\n"
-    "Example: mlactl plot crossover --hardware h200 --results run.json -o crossover.png",
-    no_args_is_help=True,
-)
-
-from mlactl.cli import (  # noqa: E402
-    DTYPES,
-    KV_DTYPES,
+from mlactl.cli.common import DTYPES, choice, cli_errors, load_calibration, load_hardware, load_model, one_int
+from mlactl.cli.options import (
     BatchOpt,
     CalibrationOpt,
     ChunkOpt,
@@ -34,15 +26,26 @@ from mlactl.cli import (  # noqa: E402
     ModelOpt,
     PrefixOpt,
     TpOpt,
-    choice,
-    cli_errors,
-    load_calibration,
-    load_hardware,
-    load_model,
-    one_int,
 )
-from mlactl.util.defaults import DEFAULT_CHUNK  # noqa: E402
-from mlactl.util.errors import MlactlError  # noqa: E402
+from mlactl.decide import analysis
+from mlactl.decide.engines import parse_engines
+from mlactl.model.shapes import grid, parse_sizes
+from mlactl.output import chartdata, plot
+from mlactl.output.plot import image_format
+from mlactl.results import store as results
+from mlactl.results import store as results_store
+from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
+from mlactl.util.errors import MlactlError
+from mlactl.util.limits import check_plot
+
+# Made before importing mlactl.cli, as mlactl/cli/tune.py does its tune_app: the root group
+# (LazyGroup in mlactl/cli/__init__.py) imports this module only when `plot` is asked for.
+plot_app = typer.Typer(
+    help="Charts: roofline, crossover, path map and tune sweep, predicted and measured.\n\n"
+    "Example: mlactl plot crossover --hardware h200 --results run.json -o crossover.png",
+    no_args_is_help=True,
+)
+
 
 ResultsOpt = Annotated[
     Optional[list[Path]],
@@ -73,7 +76,6 @@ PATHMAP_PREFIX = "0,64:128K:*2"
 def geometric_fill(values: list[int], per_octave: int = 4) -> list[int]:
     """The given sizes plus `per_octave` log-spaced integers between consecutive ones: a smooth
     map from a short default list. User-given lists are drawn as given."""
-    import numpy as np
 
     positive = [v for v in values if v > 0]
     filled = set(values)
@@ -90,8 +92,6 @@ def dtypes(kv_dtype: str, dtype: str) -> dict:
 def run_analysis(
     model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, engines=None, calibration=None
 ):
-    from mlactl.decide import analysis
-    from mlactl.util.limits import check_plot
 
     check_plot(len(batch), 0)  # before the analysis: a chart's points cost more than a table's
 
@@ -111,8 +111,6 @@ def run_analysis(
 
 def load_results(paths: Optional[list[Path]], result) -> list[dict]:
     """Read, validate and check each --results file against the model and machine analysed."""
-    from mlactl.output import plot
-    from mlactl.results import store as results
 
     loaded = []
     for path in paths or ():
@@ -125,13 +123,10 @@ def load_results(paths: Optional[list[Path]], result) -> list[dict]:
 def write(
     fig, output: Path, dpi: str, chart: str = "", drawn: Optional[dict] = None, data: Optional[Path] = None
 ) -> None:
-    from mlactl.output import plot
 
     plot.save(fig, output, dpi=one_int(dpi, "--dpi"))
     typer.echo(f"Wrote {output}")
     if data is not None:
-        from mlactl.output import chartdata
-
         if drawn is None:
             raise MlactlError(f"the {chart} chart has no data to write to {data}")
         chartdata.write(data, chart, drawn)
@@ -140,8 +135,6 @@ def write(
 
 def check_output(output: Path, data: Optional[Path] = None) -> None:
     """Fail on a bad extension before any work is done."""
-    from mlactl.output import chartdata
-    from mlactl.output.plot import image_format
 
     image_format(output)
     chartdata.check(data)
@@ -183,9 +176,6 @@ def roofline(
 
     Example: mlactl plot roofline --hardware h200 --results run.json -o roofline.svg
     """
-    import numpy as np
-
-    from mlactl.model.shapes import grid, parse_sizes
 
     check_output(output, data)
     if prefix is not None and context is not None:
@@ -205,7 +195,6 @@ def roofline(
     calibrated = None
     if calibration is not None:
         calibrated = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, None, calibration)
-    from mlactl.output import plot
 
     fig, drawn = plot.roofline(result, load_results(results, result), calibrated=calibrated)
     write(fig, output, dpi, "roofline", drawn, data)
@@ -241,8 +230,6 @@ def crossover(
 
     Example: mlactl plot crossover --hardware h200 --prefix 0,4K,32K --results run.json -o crossover.png
     """
-    from mlactl.model.shapes import grid, parse_sizes
-    from mlactl.output import plot
 
     check_output(output, data)
     b, n, p = grid(
@@ -307,9 +294,6 @@ def pathmap(
 
     Example: mlactl plot pathmap --hardware h200 --policy sglang --engine-option threshold=4096 -o pathmap.pdf
     """
-    from mlactl.decide.engines import parse_engines
-    from mlactl.model.shapes import grid, parse_sizes
-    from mlactl.output import plot
 
     check_output(output, data)
     news = parse_sizes(new, "--new") if new is not None else geometric_fill(parse_sizes(PATHMAP_NEW, "--new"))
@@ -348,8 +332,6 @@ def tune(
 
     Example: mlactl plot tune --results run.json --kernel mla_decode --bucket "B=128,H=128,S_q=1,ctx=8192"
     """
-    from mlactl.output import plot
-    from mlactl.results import store as results_store
 
     check_output(output, data)
     fig, drawn = plot.tune(results_store.load(results), kernel=kernel, bucket=bucket)

@@ -10,6 +10,22 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from mlactl.cli.common import choice, cli_errors, emit, fit_width, load_model, one_int, output_format
+from mlactl.cli.options import FormatOpt, ModelOpt, OutputOpt, TpOpt
+from mlactl.kernels.configs import device_slug
+from mlactl.model import hardware
+from mlactl.model.shapes import parse_sizes
+from mlactl.output import tune_tables
+from mlactl.output import tune_tables as report
+from mlactl.tune import compile as stage
+from mlactl.tune import ray_runner, store
+from mlactl.tune.ray_runner import import_ray
+from mlactl.util.defaults import ACT_DTYPES, DEFAULT_CHUNK, KV_DTYPES, TUNE_BACKENDS
+from mlactl.util.errors import MlactlError
+from mlactl.util.io import MAX_CONFIG_BYTES, read_json
 
 
 def _ray_address_optional(args: list[str]) -> list[str]:
@@ -35,20 +51,6 @@ tune_app = typer.Typer(
     invoke_without_command=True,
     no_args_is_help=False,
 )
-
-from mlactl.cli import (  # noqa: E402  (tune_app exists before mlactl.cli imports this module)
-    KV_DTYPES,
-    FormatOpt,
-    ModelOpt,
-    OutputOpt,
-    TpOpt,
-    choice,
-    cli_errors,
-    load_model,
-    one_int,
-)
-from mlactl.util.defaults import ACT_DTYPES, DEFAULT_CHUNK, TUNE_BACKENDS  # noqa: E402
-from mlactl.util.errors import MlactlError  # noqa: E402
 
 BackendOpt = Annotated[
     str,
@@ -140,8 +142,6 @@ class Run:
         if self.workers is not None and self.ray is None:
             raise MlactlError("--workers counts Ray workers: add --ray (or --ray auto for an existing cluster)")
         if self.ray is not None:
-            from mlactl.tune.ray_runner import import_ray
-
             import_ray()  # without the extra: one line on how to install it, before anything starts
         if backend == "interpret":
             os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton's JIT
@@ -167,7 +167,6 @@ class Run:
         self.budget_s = one_int(self.budget, "--budget") if self.budget else (60 if self.quick else 300)
         self.start = time.monotonic()
         self.stores: list = []
-        from rich.console import Console
 
         self.console = Console(stderr=True)
         if not self.console.is_terminal:  # piped or captured: do not fold the tables at 80 columns
@@ -180,7 +179,6 @@ class Run:
             self.store, self.hw = self.open_store(*sweep.environment(self.torch_device, backend))
             self.ctx = self.context(self.store, self.hw, self.torch_device)
             return
-        from mlactl.tune import ray_runner
 
         setup = ray_runner.WorkerSetup(
             self.cfg,
@@ -239,9 +237,6 @@ class Run:
     def open_store(self, info: dict, versions: dict, timing: dict):
         """The results store of one device (the device's own name keys it) and the hardware
         profile to predict with, if any."""
-        from mlactl.kernels.configs import device_slug
-        from mlactl.model import hardware
-        from mlactl.tune import store
 
         on_gpu = info["type"] == "cuda"
         timing = dict(timing, l2="warm" if self.warm or not on_gpu else "cold", budget_s=self.budget_s)
@@ -304,14 +299,6 @@ class Run:
         return self.start + share * self.budget_s
 
     def progress(self):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
 
         return Progress(
             TextColumn("{task.description}"),
@@ -372,12 +359,9 @@ class Run:
 
 
 def run_ceilings(run: Run) -> None:
-    from mlactl.output import tune_tables as report
     from mlactl.tune import sweep
 
     if run.cluster is not None:
-        from mlactl.tune import ray_runner
-
         for name, result in run.on_ray(ray_runner.tune_ceilings).items():
             run.say(f"[bold]{name}[/]")
             run.console.print(report.ceilings_table(result, run.hw, run.width))
@@ -387,8 +371,6 @@ def run_ceilings(run: Run) -> None:
         result = sweep.tune_ceilings(run.ctx)
     run.console.print(report.ceilings_table(result, run.hw, run.width))
     if run.device_type != "cuda" and run.backend != "interpret":
-        from mlactl.model import hardware
-
         measured = hardware.detect("cpu").with_measured()  # predict with what was just measured
         if run.ctx.dtype in measured.peak_tflops:
             run.ctx.hw = run.hw = measured
@@ -400,7 +382,6 @@ def run_ceilings(run: Run) -> None:
 
 
 def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None:
-    from mlactl.output import tune_tables as report
     from mlactl.tune import space as spaces
     from mlactl.tune import sweep
 
@@ -412,14 +393,10 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
             raise MlactlError(f"--kernel {unknown[0]!r} is unknown; kernels: {', '.join(spaces.KERNELS)}")
     override = None
     if space is not None:
-        from mlactl.util.io import MAX_CONFIG_BYTES, read_json
-
         override = read_json(space, "--space file", limit=MAX_CONFIG_BYTES)
         if not isinstance(override, list) or not all(isinstance(c, dict) for c in override):
             raise MlactlError(f"{space}: --space must hold a JSON list of config objects")
     if run.cluster is not None:
-        from mlactl.tune import ray_runner
-
         found = run.on_ray(ray_runner.tune_kernels, names or list(spaces.KERNELS), override, deadline=run.ctx.deadline)
         for name, entries in found.items():
             run.say(f"[bold]{name}[/]")
@@ -432,8 +409,6 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
 
 
 def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Optional[str]) -> None:
-    from mlactl.model.shapes import parse_sizes
-    from mlactl.output import tune_tables as report
     from mlactl.tune import sweep
 
     kind = run.device_type
@@ -443,8 +418,6 @@ def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Option
     )
     batches = parse_sizes(batch or "1", "--batch")
     if run.cluster is not None:
-        from mlactl.tune import ray_runner
-
         found = run.on_ray(
             ray_runner.tune_paths, batches, news, prefixes, refine=not run.quick, deadline=run.ctx.deadline
         )
@@ -637,9 +610,6 @@ def tune_compile_cmd(
 
     Example: mlactl tune compile --arch sm_90 --kernel mla_decode --kv-dtype fp8 -f json
     """
-    from mlactl.cli import emit, fit_width, output_format
-    from mlactl.output import tune_tables
-    from mlactl.tune import compile as stage
 
     arch = choice(arch, "--arch", tuple(stage.ARCHS))
     dtype = choice(dtype, "--dtype", ("bf16", "fp16", "fp32"))

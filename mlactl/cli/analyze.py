@@ -1,0 +1,175 @@
+"""`mlactl analyze`: every path of every shape, op by op; the best path; the crossover."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mlactl.cli.common import (
+    DTYPES,
+    calibration_json,
+    calibration_line,
+    choice,
+    cli_errors,
+    emit,
+    load_calibration,
+    load_hardware,
+    load_model,
+    measured_results,
+    one_int,
+    output_format,
+    table_width,
+)
+from mlactl.cli.options import (
+    BatchOpt,
+    CalibrationOpt,
+    ChunkOpt,
+    ContextOpt,
+    DtypeOpt,
+    EngineOptionOpt,
+    EnginesOpt,
+    FormatOpt,
+    HardwareOpt,
+    KvDtypeOpt,
+    LayersOpt,
+    MeasuredOpt,
+    ModelOpt,
+    NewOpt,
+    OutputOpt,
+    TpOpt,
+)
+from mlactl.decide import analysis
+from mlactl.decide.engines import parse_engines
+from mlactl.model.shapes import grid, parse_sizes
+from mlactl.output import render
+from mlactl.output.report import to_json, write_analysis_csv
+from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES, POLICIES
+from mlactl.util.errors import MlactlError
+from mlactl.util.limits import check_points
+
+analyze_app = typer.Typer(add_completion=False)
+
+
+@analyze_app.command(name="analyze")
+@cli_errors
+def analyze(
+    ctx: typer.Context,
+    model: ModelOpt = "deepseek-v3",
+    hardware: HardwareOpt = "h800",
+    measured: MeasuredOpt = False,
+    tp: TpOpt = "1",
+    batch: BatchOpt = "1",
+    new: NewOpt = "1,64,128,256,1024,4096",
+    prefix: Annotated[
+        Optional[str],
+        typer.Option(
+            "--prefix",
+            "-p",
+            help="Cached tokens before the new ones: list or range, e.g. 0:32K:4K (K = 1024) (default: 0,8K,32K).",
+        ),
+    ] = None,
+    context: ContextOpt = None,
+    kv_dtype: KvDtypeOpt = "bf16",
+    dtype: DtypeOpt = "bf16",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
+    layers: LayersOpt = "1",
+    engines: EnginesOpt = None,
+    engine_option: EngineOptionOpt = None,
+    ops: Annotated[bool, typer.Option("--ops", help="Also show every op (table) or add op columns (csv).")] = False,
+    crossover: Annotated[
+        bool, typer.Option("--crossover", help="Also print the crossover table (always in JSON).")
+    ] = False,
+    policy: Annotated[
+        Optional[str],
+        typer.Option(
+            "--policy",
+            help="Also show this policy's choice and what it loses: roofline, flops, measured, or an engine "
+            "(sglang, sglang-triton, sglang-trtllm, vllm).",
+        ),
+    ] = None,
+    results: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--results",
+            help="Results file of `mlactl tune paths` for --policy measured; its model, tp, dtypes and "
+            "hardware are used (default: the newest for this model).",
+        ),
+    ] = None,
+    calibration: CalibrationOpt = None,
+    fmt: FormatOpt = None,
+    output: OutputOpt = None,
+):
+    """FLOPs, bytes, intensity and roofline time of each path, op by op; the best path; the crossover.
+
+    Each row also shows what each engine's own rule runs (default: sglang and vllm) and the time
+    it loses against the best path that fits; docs/engines.md cites each rule's source.
+
+    Example: mlactl analyze --model deepseek-v3 --hardware h200 --new 1:4096:*2 --prefix 0,32K
+    (with --calibration NAME: calibrated time, see `mlactl calibrate`)
+    """
+
+    fmt = output_format(fmt, output)
+    if policy is not None:
+        choice(policy, "--policy", POLICIES)
+    results_data, settings_notes = None, []
+    if policy == "measured":
+        results_data, settings, settings_notes = measured_results(ctx, results, model, tp, dtype, kv_dtype, hardware)
+        model, tp, dtype, kv_dtype, hardware = (settings[k] for k in ("model", "tp", "dtype", "kv_dtype", "hardware"))
+    elif results is not None:
+        raise MlactlError("--results goes with --policy measured")
+    cfg = load_model(model, tp)
+    hw = load_hardware(hardware, measured)
+    cal = load_calibration(calibration, hw)
+    if prefix is not None and context is not None:
+        raise MlactlError("give either --prefix or --context, not both")
+    b, n, p = grid(
+        parse_sizes(batch, "--batch"),
+        parse_sizes(new, "--new"),
+        prefix=None if context is not None else parse_sizes(prefix or "0,8K,32K", "--prefix", minimum=0),
+        context=parse_sizes(context, "--context") if context is not None else None,
+    )
+    n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
+    engine_params = parse_engines(engines, engine_option)
+    check_points(len(b), fmt)
+    result = analysis.analyze(
+        cfg,
+        hw,
+        b,
+        n,
+        p,
+        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        dtype=choice(dtype, "--dtype", DTYPES),
+        chunk=one_int(chunk, "--chunk"),
+        layers=n_layers,
+        engines=engine_params,
+        policy=policy,
+        results_data=results_data,
+        calibration=cal,
+    )
+    width, terminal = table_width(output)
+    tables = [render.header(result), *result.notes, render.analysis_table(result, width=width, drop=terminal)]
+    if cal is not None:
+        tables.insert(1, calibration_line(cal))
+    if results_data is not None:
+        tables.insert(2, f"measured policy: {results_data['_path']} ({results_data['device']['name']})")
+        tables[3:3] = settings_notes
+    if ops:
+        tables.append(render.ops_table(result))
+    if crossover:
+        tables.append(render.crossover_table(result.crossover))
+    else:
+        asym = result.crossover.asymptotic_new
+        tables.append(
+            f"Crossover (asymptotic, by FLOPs): {'none' if asym is None else f'{asym:.1f}'} "
+            "new tokens; --crossover for the table per prefix"
+        )
+
+    def json_data():
+        return dict(to_json(result), **calibration_json(cal))
+
+    def csv_data(fh):
+        write_analysis_csv(fh, result, ops=ops)
+
+    emit(fmt, output, json_data=json_data, write_csv=csv_data, tables=tables)

@@ -1,0 +1,119 @@
+"""`mlactl crossover`: for each prefix, the new-token count from which expand beats absorb."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from mlactl.cli.common import (
+    DTYPES,
+    calibration_json,
+    calibration_line,
+    choice,
+    cli_errors,
+    emit,
+    load_calibration,
+    load_hardware,
+    load_model,
+    one_int,
+    output_format,
+)
+from mlactl.cli.options import (
+    BatchOpt,
+    CalibrationOpt,
+    ChunkOpt,
+    DtypeOpt,
+    FormatOpt,
+    HardwareOpt,
+    KvDtypeOpt,
+    MeasuredOpt,
+    ModelOpt,
+    OutputOpt,
+    TpOpt,
+)
+from mlactl.decide import analysis
+from mlactl.model import cost
+from mlactl.model.shapes import parse_sizes
+from mlactl.output import render, report
+from mlactl.output.csvout import write_csv
+from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
+from mlactl.util.errors import MlactlError
+
+crossover_app = typer.Typer(add_completion=False)
+
+
+@crossover_app.command(name="crossover")
+@cli_errors
+def crossover_cmd(
+    model: ModelOpt = "deepseek-v3",
+    hardware: HardwareOpt = "h800",
+    measured: MeasuredOpt = False,
+    tp: TpOpt = "1",
+    batch: BatchOpt = "1",
+    prefix: Annotated[
+        str, typer.Option("--prefix", "-p", help="Prefixes to solve for: list or range.")
+    ] = "0,1K,4K,8K,16K,32K,64K,128K",
+    kv_dtype: KvDtypeOpt = "bf16",
+    dtype: DtypeOpt = "bf16",
+    chunk: ChunkOpt = str(DEFAULT_CHUNK),
+    max_new: Annotated[
+        str, typer.Option("--max-new", help="Search the roofline crossover up to this many new tokens.")
+    ] = "128K",
+    calibration: CalibrationOpt = None,
+    fmt: FormatOpt = None,
+    output: OutputOpt = None,
+):
+    """For each prefix, the new-token count from which expand beats absorb, by FLOPs and by roofline.
+
+    Example: mlactl crossover --hardware h200 --batch 1,64 --prefix 0:64K:8K
+    """
+
+    fmt = output_format(fmt, output)
+    cfg = load_model(model, tp)
+    hw = load_hardware(hardware, measured)
+    cal = load_calibration(calibration, hw)
+    model_cost = cost.CostModel(
+        cfg,
+        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        dtype=choice(dtype, "--dtype", DTYPES),
+        chunk=one_int(chunk, "--chunk"),
+    )
+    hw.peak_flops(model_cost.dtype)
+    pairs = [(b, p) for b in parse_sizes(batch, "--batch") for p in parse_sizes(prefix, "--prefix", minimum=0)]
+    if len(pairs) > analysis.MAX_CROSSOVER_PREFIXES:
+        raise MlactlError(f"{len(pairs)} (batch, prefix) pairs; at most {analysis.MAX_CROSSOVER_PREFIXES} at once")
+    result = analysis.crossover_table(model_cost, hw, pairs, max_new=one_int(max_new, "--max-new"), calibration=cal)
+
+    def json_data():
+        return {
+            "schema": "mlactl.crossover",
+            "schema_version": report.SCHEMA_VERSION,
+            "model": dict(cfg.to_dict(), softmax_scale=cfg.softmax_scale),
+            "hardware": hw.to_dict(),
+            "kv_dtype": model_cost.kv_dtype,
+            "dtype": model_cost.dtype,
+            "chunk": model_cost.chunk,
+            "crossover": report.crossover_json(result),
+            **calibration_json(cal),
+        }
+
+    def csv_data(fh):
+        rows = result.rows
+        cols = [[r.batch for r in rows], [r.prefix for r in rows]] + [
+            [np.nan if v is None else v for v in (getattr(r, k) for r in rows)]
+            for k in ("by_flops", "by_time", "by_time_chunked")
+        ]
+        write_csv(
+            fh,
+            ["batch", "prefix", "by_flops", "by_time", "by_time_chunked"],
+            [np.asarray(c, dtype=np.float64) for c in cols],
+        )
+
+    header = (
+        f"[bold]{cfg.name}[/] on [bold]{hw.display}[/] ({'measured' if hw.using_measured else 'nominal'}), "
+        f"kv cache {model_cost.kv_dtype}"
+    )
+    lines = [header] + ([calibration_line(cal)] if cal is not None else [])
+    emit(fmt, output, json_data=json_data, write_csv=csv_data, tables=[*lines, render.crossover_table(result)])

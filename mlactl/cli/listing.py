@@ -1,0 +1,45 @@
+"""`mlactl list`: the models and hardware profiles mlactl knows."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from mlactl.cli.common import cli_errors, emit, fit_width, output_format
+from mlactl.cli.options import OutputOpt
+from mlactl.model import config as model
+from mlactl.model import hardware
+from mlactl.output import render
+from mlactl.util.errors import MlactlError
+
+list_app = typer.Typer(add_completion=False)
+
+
+@list_app.command(name="list")
+@cli_errors
+def list_cmd(
+    fmt: Annotated[
+        Optional[str], typer.Option("--format", "-f", help="table or json (default: from --output's extension).")
+    ] = None,
+    output: OutputOpt = None,
+):
+    """The models and the hardware profiles mlactl knows.
+
+    Example: mlactl list --format json
+    """
+
+    fmt = output_format(fmt, output)
+    if fmt == "csv":
+        raise MlactlError("mlactl list writes table or json (two tables do not make one CSV)")
+    models = [(name, model.from_name(name)) for name in model.preset_names()]
+    profiles = hardware.all_profiles()
+    emit(
+        fmt,
+        output,
+        json_data=lambda: {
+            "models": {n: c.to_dict() for n, c in models},
+            "hardware": {h.name: h.to_dict() for h in profiles},
+        },
+        tables=[render.models_table(models, fit_width(output)), render.hardware_table(profiles, fit_width(output))],
+    )
