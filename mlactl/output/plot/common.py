@@ -1,0 +1,239 @@
+"""What the charts share: saving an image, checking and placing measured points, titles, labels
+and the measured ceilings. matplotlib is imported inside the functions that draw."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from mlactl.decide.analysis import Analysis
+from mlactl.model.cost import CostModel
+from mlactl.model.hardware import HardwareProfile, load_profile
+from mlactl.model.roofline import path_time
+from mlactl.results import store as results_store
+from mlactl.util.errors import MlactlError
+from mlactl.util.io import atomic_open
+from mlactl.util.limits import check_plot
+
+FORMATS = ("png", "svg", "pdf")
+
+
+PATH_COLOURS = {"expand": "tab:orange", "expand_chunked": "tab:green", "absorb": "tab:blue", "mha": "tab:gray"}
+
+
+# Dates left out of the files, so that a regenerated image is byte-for-byte the same.
+NO_DATE = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}
+
+
+def image_format(path) -> str:
+    """The image format a file name asks for; an unsupported extension is an error."""
+
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in FORMATS:
+        got = f"'.{suffix}'" if suffix else "no extension"
+        raise MlactlError(f"cannot write an image to {path}: {got}; use .png, .svg or .pdf")
+    return suffix
+
+
+MIN_DPI = 20  # FreeType refuses a font rendered below one pixel per em: 7 pt at 10 dpi
+
+
+def check_pixels(inches, dpi: int) -> None:
+    """A PNG's canvas: Agg draws at most 2^16 - 1 pixels a side, and the canvas must fit memory."""
+
+    width, height = (float(x) * dpi for x in inches)
+    if max(width, height) >= 2**16:
+        most = int((2**16 - 1) / max(inches))
+        raise MlactlError(
+            f"--dpi {dpi} makes a {width:,.0f} x {height:,.0f} pixel image; a PNG is at most 65,535 a side "
+            f"(--dpi {most} at most here), or write .svg or .pdf"
+        )
+    check_plot(0, width * height)
+
+
+def save(fig, path, dpi: int = 100) -> None:
+    """Write `fig` to `path` (png, svg or pdf, from the extension), atomically."""
+    import matplotlib
+
+    fmt = image_format(path)
+    if dpi < MIN_DPI:
+        raise MlactlError(
+            f"--dpi {dpi} is too small: at least {MIN_DPI} (smaller rounds the 7-point labels to no pixels)"
+        )
+    if fmt == "png":
+        check_pixels(fig.get_size_inches(), dpi)
+    # a fixed salt for the SVG's element ids, which are otherwise random
+    with matplotlib.rc_context({"svg.hashsalt": "mlactl"}), atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format=fmt, dpi=dpi, metadata=NO_DATE[fmt])
+
+
+def check_results(data: dict, where: str, cost: CostModel, hw: HardwareProfile) -> None:
+    """A results file must come from the model, machine and dtypes asked: its points would
+    otherwise be placed with another cost model than the one they were measured with."""
+    results_store.check_matches(data, where, cost.cfg.name, hw.name)
+    heads = data["model"].get("H")
+    if heads is not None and heads != cost.cfg.H:
+        raise MlactlError(
+            f"{where} was measured with {heads} heads per GPU, not {cost.cfg.H} "
+            "(pass --tp to match, or another results file)"
+        )
+    for key, option in (("kv_dtype", "--kv-dtype"), ("dtype", "--dtype"), ("chunk", "--chunk")):
+        value = data.get(key)
+        if value is not None and value != getattr(cost, key):
+            raise MlactlError(
+                f"{where} was measured with {key} {value}, not {getattr(cost, key)} (pass {option} {value} to match)"
+            )
+
+
+def measured_label(data: dict) -> str:
+    """Device, backend, versions and timing method of a results file, for titles."""
+    versions = ", ".join(f"{k} {v}" for k, v in data.get("versions", {}).items() if k != "python")
+    timing = data.get("timing", {}).get("method")
+    parts = [data["device"]["name"], f"{data['backend']} backend", versions, timing]
+    return ", ".join(p for p in parts if p)
+
+
+def median_of(row: dict, where: str) -> float:
+    t = row.get("median_s")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+        raise MlactlError(f"{where}: median_s must be a positive number of seconds, got {t!r}")
+    return float(t)
+
+
+def measured_points(analysis: Analysis, results: list[dict]) -> list[dict]:
+    """Every measured path time of the results, placed by the cost model: FLOP/s = cost FLOPs of
+    the shape / median_s, intensity = cost FLOPs / cost bytes. `fraction` is the roofline's time
+    over the measured one (1.0: at the roofline)."""
+    if results and analysis.layers != 1:
+        raise MlactlError("measurements are per layer: analyse one layer to compare with them")
+    cost, hw = analysis.cost, analysis.hw
+    points = []
+    for source, data in enumerate(results):
+        for i, row in enumerate(data.get("paths", [])):
+            median = median_of(row, f"{data['device']['name']} paths[{i}]")
+            b, n, p = (int(row[k]) for k in ("batch", "new", "prefix"))
+            predicted = path_time(cost.ops(row["path"], b, n, p), hw, cost.dtype, row["path"])
+            flops, nbytes, predicted_s = (float(x) for x in (predicted.flops, predicted.bytes, predicted.time_s))
+            points.append(
+                {
+                    "source": source,
+                    "path": row["path"],
+                    "batch": b,
+                    "new": n,
+                    "prefix": p,
+                    "label": shape_label(b, n, p),
+                    "median_s": median,
+                    "predicted_s": predicted_s,
+                    "flops": flops,
+                    "bytes": nbytes,
+                    "intensity": flops / nbytes,
+                    "flops_per_s": flops / median,
+                    "predicted_flops_per_s": flops / predicted_s,
+                    "fraction": predicted_s / median,
+                    # faster than the roofline allows: the ceilings it was placed with are too low
+                    "above_ceiling": predicted_s > median,
+                }
+            )
+    return points
+
+
+def measured_crossover_rows(results: list[dict], batch: int) -> list[dict]:
+    """The measured crossover rows of one batch size, from every results file."""
+    rows = []
+    for source, data in enumerate(results):
+        for i, row in enumerate(data.get("crossovers", [])):
+            if not isinstance(row, dict) or "batch" not in row or "prefix" not in row:
+                raise MlactlError(f"{data['device']['name']} crossovers[{i}] lacks batch or prefix")
+            if int(row["batch"]) == batch:
+                rows.append(
+                    {"source": source, "batch": batch, "prefix": int(row["prefix"]), "new": row.get("measured")}
+                )
+    return rows
+
+
+def tokens(n) -> str:
+    """4096 -> '4K', 32768 -> '32K', 1000 -> '1000' (K = 1024, as the CLI reads it)."""
+    n = int(n)
+    for factor, suffix in ((1 << 20, "M"), (1 << 10, "K")):
+        if n >= factor and n % factor == 0:
+            return f"{n // factor}{suffix}"
+    return str(n)
+
+
+def shape_label(batch, new, prefix) -> str:
+    return f"b={batch} n={tokens(new)} p={tokens(prefix)}"
+
+
+def title(chart: str, analysis: Analysis, results: list[dict]) -> str:
+    """Model, machine, ceilings and cache dtype; then the measurements' devices, or that there are none."""
+    cfg, hw, cost = analysis.cfg, analysis.hw, analysis.cost
+    tp = f", tp {cfg.tp}" if cfg.tp > 1 else ""
+    ceilings = "measured" if hw.using_measured else "nominal"
+    head = (
+        f"{chart}: {cfg.name}{tp} on {hw.display} ({ceilings} ceilings), kv cache {cost.kv_dtype}, {cost.dtype} compute"
+    )
+    if not results:
+        return head + "\nanalytic only: no results file"
+    return head + "\nmeasured: " + "; ".join(measured_label(d) for d in results)
+
+
+def new_figure(width: float, height: float, nrows: int = 1, ncols: int = 1):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, axes
+
+
+def ceilings(hw: HardwareProfile, dtype: str, results: list[dict]) -> list[dict]:
+    """Rooflines to draw: the datasheet's for every compute dtype of the profile, and measured
+    ones (the profile's own, and each results file's) for the dtypes they measured -- or for the
+    compute dtype alone when they measured only the bandwidth."""
+    nominal = hw
+    if hw.using_measured:  # the profile's peaks were swapped: read the datasheet's back
+        nominal = load_profile(hw.path) if hw.path else None
+    rooflines = []
+    if nominal is not None:
+        rooflines.append(("nominal", nominal, sorted(nominal.peak_tflops)))
+    if hw.measured:
+        measured = hw if hw.using_measured else hw.with_measured()
+        device = hw.measured.get("device", hw.name)
+        rooflines.append((f"measured on {device}", measured, sorted(hw.measured.get("peak_tflops", {})) or [dtype]))
+    for data in results:
+        table = data.get("ceilings")
+        if not table:
+            continue
+        where = f"{data['device']['name']} ceilings"
+        peaks = table.get("peak_tflops", {})
+        for key, value in [
+            *(("peak_tflops." + k, v) for k, v in peaks.items()),
+            ("bandwidth_tbs", table.get("bandwidth_tbs", 1.0)),
+        ]:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise MlactlError(f"{where}: {key} must be a positive number, got {value!r}")
+        measured = replace(hw, measured=table).with_measured()
+        rooflines.append((f"measured on {data['device']['name']}", measured, sorted(peaks) or [dtype]))
+    out = [
+        {
+            "label": label,
+            "dtype": d,
+            "peak_flops": profile.peak_flops(d),
+            "bandwidth": profile.bandwidth,
+            "ridge": profile.ridge(d),
+        }
+        for label, profile, dtypes in rooflines
+        for d in dtypes
+    ]
+    # the profile's measurement and a results file's are often the same run: draw it once
+    unique = {(c["label"], c["dtype"], c["peak_flops"], c["bandwidth"]): c for c in reversed(out)}
+    return [c for c in out if unique[(c["label"], c["dtype"], c["peak_flops"], c["bandwidth"])] is c]
+
+
+def power_ticks(lo, hi, most: int = 9) -> list[int]:
+    """Powers of two from lo to hi, every 1, 2, 4... octaves so that at most `most` remain."""
+    first, last = math.ceil(math.log2(lo)), math.floor(math.log2(hi))
+    every = 1
+    while (last - first) // every + 1 > most:
+        every *= 2
+    return [1 << e for e in range(first, last + 1, every)]

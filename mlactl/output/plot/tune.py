@@ -1,0 +1,142 @@
+"""The tune chart: every launch config a kernel sweep timed for one shape bucket, against the
+heuristic's choice and the twin."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlactl.output.plot.common import (
+    measured_label,
+    median_of,
+    new_figure,
+)
+from mlactl.output.render import seconds
+from mlactl.util.errors import MlactlError
+
+
+def config_label(config: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.items()) or "(default)"
+
+
+def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
+    """One tuned shape of a results file: the median time of every launch config tried, failed
+    and wrong ones shown as such, the best one marked; the default config and the torch twin as
+    reference lines when measured. The sweep is the first of `kernel` (any kernel if None) and
+    `bucket` (the first if None).
+
+    data: {"title", "kernel", "bucket", "configs": [{"label", "config", "status", "reason",
+    "median_s"}], "best": label, "best_median_s", "default_median_s", "twin_median_s"}
+    """
+
+    sweeps = data.get("kernels", [])
+    device = data["device"]["name"]
+    if not sweeps:
+        raise MlactlError(f"the results from {device} hold no kernel sweeps (run `mlactl tune kernels`)")
+    if kernel is not None:
+        have = sorted({s.get("kernel") for s in sweeps})
+        sweeps = [s for s in sweeps if s.get("kernel") == kernel]
+        if not sweeps:
+            raise MlactlError(f"the results hold no sweep of kernel {kernel!r} (they have: {', '.join(have)})")
+    if bucket is not None:
+        have = [s.get("bucket") for s in sweeps]
+        sweeps = [s for s in sweeps if s.get("bucket") == bucket]
+        if not sweeps:
+            raise MlactlError(f"bucket {bucket!r} is not in the results (have: {'; '.join(map(str, have))})")
+    sweep = sweeps[0]
+    configs = []
+    for i, tried in enumerate(sweep.get("configs", [])):
+        status = tried.get("status", "ok")
+        median = median_of(tried, f"{sweep.get('kernel')} configs[{i}]") if status == "ok" else None
+        configs.append(
+            {
+                "label": config_label(tried.get("config", {})),
+                "config": tried.get("config", {}),
+                "status": status,
+                "reason": tried.get("reason", ""),
+                "median_s": median,
+            }
+        )
+    ok = [c for c in configs if c["status"] == "ok"]
+    if not configs:
+        raise MlactlError(f"the sweep of {sweep.get('kernel')} at {sweep.get('bucket')} tried no configs")
+    best = None
+    if ok:
+        chosen = [c for c in ok if c["config"] == sweep.get("best")]
+        best = (chosen or [min(ok, key=lambda c: c["median_s"])])[0]
+    out = {
+        "title": (
+            f"Tune: {sweep.get('kernel')} at {sweep.get('bucket')}\nmeasured: {measured_label(data)}, "
+            f"model {data['model'].get('name')}, kv cache {data.get('kv_dtype', '?')}"
+        ),
+        "kernel": sweep.get("kernel"),
+        "bucket": sweep.get("bucket"),
+        "configs": configs,
+        "best": None if best is None else best["label"],
+        "best_median_s": None if best is None else best["median_s"],
+        "default_median_s": sweep.get("default_median_s"),
+        "twin_median_s": sweep.get("twin_median_s"),
+    }
+    # The launcher's default config is timed apart from the space searched; when it beats every
+    # config tried, the sweep's "best" is only the best of those, and the chart must say so (the
+    # docs' interpreter sweep: 6 configs of BLOCK_N 16 at ~60 ms before the budget cut it, the
+    # default with wider tiles at 30.7 ms, with p10-p90 spreads of 5%: not noise).
+    default = out["default_median_s"]
+    out["default_faster"] = bool(best is not None and default and default < best["median_s"])
+    best_word = "  best tried: default faster" if out["default_faster"] else "  best"
+
+    fig, axes = new_figure(9, 1.6 + 0.28 * len(configs))
+    ax = axes[0, 0]
+    ys = np.arange(len(configs))[::-1]
+    times = [c["median_s"] for c in ok] + [t for t in (out["default_median_s"], out["twin_median_s"]) if t]
+    left = min(times) / 2 if times else 1e-6
+    for yy, c in zip(ys, configs):
+        if c["status"] != "ok":
+            ax.plot(left, yy, "x", color="tab:red", ms=8, mew=2)
+            ax.annotate(
+                f"{c['status']}: {c['reason']}".rstrip(": "),
+                (left, yy),
+                xytext=(8, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=7,
+                color="tab:red",
+            )
+            continue
+        is_best = c is best
+        ax.hlines(yy, left, c["median_s"], color="tab:green" if is_best else "tab:blue", lw=5 if is_best else 3)
+        ax.plot(
+            c["median_s"],
+            yy,
+            "*" if is_best else "o",
+            color="tab:green" if is_best else "tab:blue",
+            ms=13 if is_best else 5,
+            mec="black" if is_best else None,
+        )
+        ax.annotate(
+            seconds(c["median_s"]) + (best_word if is_best else ""),
+            (c["median_s"], yy),
+            xytext=(8, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=7,
+        )
+    for key, label, style in (("default_median_s", "default config", "--"), ("twin_median_s", "torch twin", ":")):
+        if out[key]:
+            ax.axvline(out[key], color="gray", ls=style, lw=1.2)
+            ax.annotate(
+                f"{label} {seconds(out[key])}",
+                (out[key], 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -10),
+                textcoords="offset points",
+                fontsize=7,
+                color="gray",
+            )
+    ax.set_yticks(ys, labels=[c["label"] for c in configs], fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlim(left / 1.2, max(times or [left]) * 3)
+    ax.set_ylim(-0.7, len(configs) - 0.3)
+    ax.set_xlabel("median time (s)")
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    fig.suptitle(out["title"], fontsize=9)
+    return fig, out
