@@ -8,8 +8,7 @@ from rich.text import Text
 
 from mlactl.decide.analysis import Analysis, BatchAnalysis, Crossover
 from mlactl.model.cost import MLA_PATHS, PATHS
-from mlactl.output.narrow import Col, table
-from mlactl.output.tablefit import KEY, Column, fit
+from mlactl.output.tables import KEY, Col, Column, fit, table
 
 SHORT = {"expand": "expand", "expand_chunked": "chunked", "absorb": "absorb", "mha": "mha"}
 

@@ -6,8 +6,8 @@ import math
 
 from rich.table import Table
 
-from mlactl.output.narrow import Col, table
 from mlactl.output.render import seconds
+from mlactl.output.tables import Col, table
 from mlactl.tune import noise
 
 
