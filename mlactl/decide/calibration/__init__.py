@@ -14,10 +14,14 @@ Importing this package does not import scipy (only fitting does) nor torch.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from mlactl.decide.calibration.evidence import evidence
 from mlactl.decide.calibration.fit import K_FOLDS, fit
 from mlactl.decide.calibration.model import BASE_TERMS, PROJECTIONS, TERMS, relevant_terms
 from mlactl.decide.calibration.paired import fit_paired, paired_groups
 from mlactl.decide.calibration.store import Calibration, check_hardware, load, resolve
+from mlactl.decide.calibration.uncertainty import members_of
 
 # the candidate term sets a fit tries; the one with the least held-out error is kept, so a term
 # stays only where it lowers the held-out error (docs/calibration.md)
@@ -65,29 +69,54 @@ PROJECTION_EXTRAS: tuple[tuple[str, ...], ...] = (("align",), ("near",), ("align
 __all__ = ["CANDIDATE_TERMS", "TERMS", "Calibration", "check_hardware", "fit_groups", "load", "resolve", "select"]
 
 
-def select(op: str, source: str, dtype: str, pts, machine, candidates=CANDIDATE_TERMS, k: int | None = None):
-    """Fit each candidate term set (the terms that act on this op class) and keep the one with the
-    least held-out error (mean of median and p90); a set with more terms must beat the best so
-    far by SELECT_MARGIN. Returns (best FitResult, every FitResult tried, base first)."""
+def score(result) -> float:
+    """What term selection minimises: the mean of the held-out median and p90 over the random
+    folds, plus the same over the blocked split (fit the lower part of the size axis, predict the
+    upper) where there is one. A term that wins the random folds but loses the blocked split by
+    more is not kept."""
+    ho, bl = result.held_out, result.blocked
+    out = (ho["median"] + ho["p90"]) / 2 if ho["median"] is not None else 0.0
+    if bl is not None and bl.get("median") is not None:
+        out += (bl["median"] + bl["p90"]) / 2
+    return out
 
-    tried, best = [], None
+
+def select(
+    op: str,
+    source: str,
+    dtype: str,
+    pts,
+    machine,
+    candidates=CANDIDATE_TERMS,
+    k: int | None = None,
+    extras: bool = True,
+):
+    """Fit each candidate term set (the terms that act on this op class) and keep the one with the
+    least `score`; a set with more terms must beat the best so far by SELECT_MARGIN. The sets that
+    score about as well become the kept fit's members, and its interval evidence is gathered
+    (mlactl.decide.calibration.uncertainty). Returns (best FitResult, every FitResult tried, the
+    first candidate first)."""
+
+    tried, scored, best = [], [], None
 
     def consider(terms):
         nonlocal best
         result = fit(pts, machine, terms, source, dtype, k or K_FOLDS)
         tried.append(result)
-        ho = result.held_out
-        score = (ho["median"] + ho["p90"]) / 2 if ho["median"] is not None else 0.0
-        if best is None or score < best[0] - SELECT_MARGIN:
-            best = (score, result)
+        s = score(result)
+        scored.append((s, result))
+        if best is None or s < best[0] - SELECT_MARGIN:
+            best = (s, result)
 
     for terms in dict.fromkeys(relevant_terms(op, t) for t in candidates):
         consider(terms)
-    if op in PROJECTIONS and len(candidates) > 1:  # extras on the best parametric set
+    if extras and op in PROJECTIONS and len(candidates) > 1:  # extras on the best parametric set
         base = best[1].terms
         for extra in PROJECTION_EXTRAS:
             consider(base + extra)
-    return best[1], tried
+    chosen = best[1]
+    members = members_of(scored, chosen)
+    return replace(chosen, extra=evidence(chosen, members, pts, machine)), tried
 
 
 def fit_groups(groups: dict, machine, *, select_terms: bool = True, k: int | None = None) -> list:

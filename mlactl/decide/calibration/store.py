@@ -24,12 +24,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlactl.decide.calibration.evidence import check_evidence
 from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, TERMS, param_names
 from mlactl.util import dirs
 from mlactl.util.errors import MlactlError, warn
 from mlactl.util.io import atomic_write, read_json
 
 SCHEMA = "mlactl.calibration"
+# Each fit may carry its evidence (mlactl calibrate writes it since issue 22): "range", "shapes",
+# "interval", "members", "blocked" (mlactl.decide.calibration.evidence). A fit without it (a file
+# from an earlier mlactl, or written by hand) predicts as before, without an interval, and every
+# op it times has basis `extrapolated` by an unknown distance: nothing says where it was measured.
 SCHEMA_VERSION = 1
 
 
@@ -94,22 +99,28 @@ def validate(data, where: str) -> Calibration:
             raise MlactlError(f"{at} must be an object")
         if f.get("op") not in OP_CLASSES + PATH_CLASSES:
             raise MlactlError(f"{at}: unknown op {f.get('op')!r}; ops: {', '.join(OP_CLASSES + PATH_CLASSES)}")
-        terms = f.get("terms")
-        if not isinstance(terms, list) or any(t not in TERMS for t in terms):
-            raise MlactlError(f"{at}: 'terms' must list some of {', '.join(TERMS)}")
-        params = f.get("params")
-        if not isinstance(params, dict):
-            raise MlactlError(f"{at}: 'params' must be an object")
-        need = set(param_names(terms)) - ({"t_fixed_s"} if "fixed" not in terms else set())
-        for k in sorted(need):
-            v = params.get(k)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v != v or v == float("inf"):
-                raise MlactlError(f"{at}: params.{k} must be a finite number >= 0, got {v!r}")
-        if any(params[k] <= 0 for k in ("eta_c", "eta_m", "eta_q", "eta_x", "eta_p", "eta_s") if k in need):
-            raise MlactlError(f"{at}: efficiencies (eta_*) must be positive")
-        if "near" in terms:
-            _check_near(params.get("near"), at)
+        _check_model(f, at)
+        check_evidence(f, at, _check_model)
     return Calibration(data["name"], data["hardware"], data, where)
+
+
+def _check_model(f: dict, at: str) -> None:
+    """A fit's (or a member's) terms and the parameters they need."""
+    terms = f.get("terms")
+    if not isinstance(terms, list) or any(t not in TERMS for t in terms):
+        raise MlactlError(f"{at}: 'terms' must list some of {', '.join(TERMS)}")
+    params = f.get("params")
+    if not isinstance(params, dict):
+        raise MlactlError(f"{at}: 'params' must be an object")
+    need = set(param_names(terms)) - ({"t_fixed_s"} if "fixed" not in terms else set())
+    for k in sorted(need):
+        v = params.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v != v or v == float("inf"):
+            raise MlactlError(f"{at}: params.{k} must be a finite number >= 0, got {v!r}")
+    if any(params[k] <= 0 for k in ("eta_c", "eta_m", "eta_q", "eta_x", "eta_p", "eta_s") if k in need):
+        raise MlactlError(f"{at}: efficiencies (eta_*) must be positive")
+    if "near" in terms:
+        _check_near(params.get("near"), at)
 
 
 def _check_near(table, at: str) -> None:

@@ -39,10 +39,20 @@ def _fit_dtype(cost: CostModel, cls: str) -> str:
 
 
 def calibrated_seconds(
-    cost: CostModel, hw: HardwareProfile, peak: float, fit: dict, cls: str, batch, new, prefix, path: str | None = None
+    cost: CostModel,
+    hw: HardwareProfile,
+    peak: float,
+    fit: dict,
+    cls: str,
+    batch,
+    new,
+    prefix,
+    path: str | None = None,
+    smooth: bool = False,
 ) -> np.ndarray:
     """One op class's calibrated seconds (one layer) at the given points, as `path` runs it;
-    `peak` is the one the fit divided by (Calibration.peak)."""
+    `peak` is the one the fit divided by (Calibration.peak). `fit` is a fit of the calibration
+    file or one of its members ({"terms", "params"}); `smooth`: without its counts' steps."""
 
     pts = points_for(cost, cls, batch, new, prefix, None, path=path)
     terms = list(fit["terms"])
@@ -50,7 +60,7 @@ def calibrated_seconds(
         # a fit on prefill tables (prefix 0) never saw few CTAs over a long cache; there the
         # kernel splits the KV (the split term has no parameter to fit), so add it
         terms.append("split")
-    return predict(fit["params"], terms, pts, peak, hw.bandwidth, hw.sm_count)
+    return predict(fit["params"], terms, pts, peak, hw.bandwidth, hw.sm_count, smooth)
 
 
 def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batch, new, prefix, path=None):
