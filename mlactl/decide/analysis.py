@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from mlactl.decide.calibration.estimate import Spans, crossover_intervals, estimates
+from mlactl.decide.calibration.estimate import spans as time_spans
 from mlactl.decide.calibration.time import batch_time as timed_batch
 from mlactl.decide.calibration.time import crossover_by_time, own_times, path_times
 from mlactl.decide.engines import (
@@ -40,8 +42,14 @@ class CrossoverRow:
     batch: int
     prefix: int
     by_flops: int | None  # smallest new count where expand takes fewer FLOPs than absorb
-    by_time: int | None  # ... where expand is faster by roofline time
-    by_time_chunked: int | None  # ... where expand_chunked is faster by roofline time
+    by_time: int | None  # ... where expand is faster by roofline (or calibrated) time
+    by_time_chunked: int | None  # ... where expand_chunked is faster by roofline (or calibrated) time
+    # calibrated only: the 80% intervals (hi None: past max_new), each deciding op's basis at the
+    # crossover ({path: {op: {"basis", ["octaves", "axis"]}}}), and a line when one is not measured
+    by_time_interval: tuple[int, int | None] | None = None
+    by_time_chunked_interval: tuple[int, int | None] | None = None
+    basis: dict | None = None
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,7 @@ class Analysis:
     policy_path: np.ndarray | None = None
     policy_time_lost: np.ndarray | None = None
     calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
+    spans: Spans | None = None  # calibrated: each time's 80% interval and each op's basis
 
     @property
     def cfg(self) -> MLAConfig:
@@ -140,10 +149,66 @@ def crossover_table(
         prefixes = [p for bb, p in pairs if bb == b]
         by_time = crossover_by_time(cost, hw, calibration, prefixes, batch=b, path="expand", max_new=max_new)
         chunked = crossover_by_time(cost, hw, calibration, prefixes, batch=b, path="expand_chunked", max_new=max_new)
-        for p, t, c in zip(prefixes, by_time, chunked):
-            rows.append(CrossoverRow(b, p, cost.crossover_by_flops(p), t, c))
+        if calibration is None:
+            rows += [CrossoverRow(b, p, cost.crossover_by_flops(p), t, c) for p, t, c in zip(prefixes, by_time, chunked)]
+            continue
+        found_spans = {
+            path: crossover_intervals(cost, hw, calibration, prefixes, batch=b, path=path, max_new=max_new)
+            for path in ("expand", "expand_chunked")
+        }
+        for i, (p, t, c) in enumerate(zip(prefixes, by_time, chunked)):
+            found = deciding_basis(cost, hw, calibration, b, p, t if t is not None else max_new)
+            rows.append(
+                CrossoverRow(
+                    b, p, cost.crossover_by_flops(p), t, c,
+                    _holding(found_spans["expand"][i], t), _holding(found_spans["expand_chunked"][i], c),
+                    found, basis_note(found, b, p),
+                )  # fmt: skip
+            )
     kind = "roofline" if calibration is None else "calibrated"
     return Crossover(cost.asymptotic_crossover(), rows, max_new, note, kind)
+
+
+def _holding(span: tuple[int, int | None], value: int | None) -> tuple[int, int | None]:
+    """A crossover's interval widened to hold its point value (None: past max_new)."""
+    lo, hi = span
+    if value is None:
+        return lo, None
+    return min(lo, value), None if hi is None else max(hi, value)
+
+
+DECIDING_SHARE = 0.05  # an op taking less of its path's time than this does not decide a crossover
+
+
+def deciding_basis(cost: CostModel, hw: HardwareProfile, calibration, batch: int, prefix: int, new: int) -> dict:
+    """{path: {op: basis}} of expand's and absorb's ops at a crossover (batch, new, prefix), the
+    ops that take at least DECIDING_SHARE of their path's time (they decide where it lies)."""
+    est = estimates(cost, hw, calibration, batch, np.array([new]), np.array([prefix]), ("expand", "absorb"))
+    out = {}
+    for path, e in est.items():
+        total = float(np.asarray(e.time).reshape(-1)[0])
+        out[path] = {
+            name: op.basis_json(0)
+            for name, op in e.ops.items()
+            if float(np.asarray(op.time).reshape(-1)[0]) >= DECIDING_SHARE * total
+        }
+    return out
+
+
+def basis_note(found: dict, batch: int, prefix: int) -> str:
+    """One line naming the deciding ops whose time was not measured there; "" if all were."""
+    parts = []
+    for path, ops in found.items():
+        for name, b in ops.items():
+            label = path if name == path else f"{path}'s {name}"
+            if b["basis"] == "roofline":
+                parts.append(f"{label} at roofline (no measurements)")
+            elif b["basis"] == "extrapolated":
+                far = "by an unknown distance" if b.get("octaves") is None else f"{b['octaves']:.1f} octaves ({b['axis']})"
+                parts.append(f"{label} extrapolated {far}")
+    if not parts:
+        return ""
+    return f"batch {batch}, prefix {prefix}: the crossover rests on " + ", ".join(parts)
 
 
 def analyze(
@@ -221,6 +286,7 @@ def analyze(
         policy_path=policy_path,
         policy_time_lost=policy_lost,
         calibration=calibration,
+        spans=None if calibration is None else time_spans(cost, hw, calibration, batch, new, prefix, PATHS, layers),
     )
 
 

@@ -55,19 +55,31 @@ def hardware_json(analysis: Analysis) -> dict:
 
 
 def crossover_json(crossover: Crossover) -> dict:
+    """Per (batch, prefix): the crossovers; calibrated, also their 80% intervals ([lo, hi], hi null
+    past max_new), each deciding op's basis and a note when one was not measured there."""
+
+    def row(r) -> dict:
+        out = {
+            "batch": r.batch,
+            "prefix": r.prefix,
+            "by_flops": r.by_flops,
+            "by_time": r.by_time,
+            "by_time_chunked": r.by_time_chunked,
+        }
+        if crossover.time_kind == "calibrated":
+            out["by_time_interval"] = None if r.by_time_interval is None else list(r.by_time_interval)
+            out["by_time_chunked_interval"] = (
+                None if r.by_time_chunked_interval is None else list(r.by_time_chunked_interval)
+            )
+            out["basis"] = r.basis
+            out["note"] = r.note
+        return out
+
     return {
         "asymptotic_new": crossover.asymptotic_new,
         "max_new": crossover.max_new,
-        "by_prefix": [
-            {
-                "batch": r.batch,
-                "prefix": r.prefix,
-                "by_flops": r.by_flops,
-                "by_time": r.by_time,
-                "by_time_chunked": r.by_time_chunked,
-            }
-            for r in crossover.rows
-        ],
+        "time": crossover.time_kind,
+        "by_prefix": [row(r) for r in crossover.rows],
         "note": crossover.note,
     }
 
@@ -132,6 +144,7 @@ def to_json(analysis: Analysis) -> dict:
     rows = []
     if analysis.policy is not None:
         policy_paths, policy_lost = analysis.policy_path.tolist(), analysis.policy_time_lost.tolist()
+    spans = analysis.spans
     for i in range(len(analysis)):
         row_paths = {}
         for name, p in paths.items():
@@ -154,6 +167,8 @@ def to_json(analysis: Analysis) -> dict:
                     for op, f, b, t, cb in p["ops"]
                 ],
             }
+            if spans is not None:
+                add_spans(row_paths[name], spans, name, i)
         rows.append(
             {
                 "batch": cols["batch"][i],
@@ -181,6 +196,20 @@ def to_json(analysis: Analysis) -> dict:
     out["rows"] = rows
     out["crossover"] = crossover_json(analysis.crossover)
     return out
+
+
+def _interval(span, i: int):
+    return None if span is None else [float(span[0][i]), float(span[1][i])]
+
+
+def add_spans(row_path: dict, spans, path: str, i: int) -> None:
+    """A calibrated row's path: its time's 80% interval and weakest basis; each op's interval and
+    basis ({"basis": "measured" | "extrapolated" | "roofline", "octaves", "axis"})."""
+    row_path["time_interval_s"] = _interval(spans.paths[path], i)
+    row_path["basis"] = str(spans.path_basis[path][i])
+    for op in row_path["ops"]:
+        op["time_interval_s"] = _interval(spans.ops[path][op["name"]], i)
+        op.update(spans.op_estimates[path][op["name"]].basis_json(i))
 
 
 def dumps(data: dict) -> str:
@@ -226,6 +255,11 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
         cols[f"{name}.bound"] = Labels(pt.compute_bound, bounds)
         cols[f"{name}.peak_expanded_bytes"] = analysis.peak_expanded[name]
         cols[f"{name}.fits_memory"] = Labels(analysis.fits_memory[name], ["false", "true"])
+        spans = analysis.spans
+        if spans is not None:  # calibrated: the 80% interval and the weakest basis of the path's ops
+            if spans.paths[name] is not None:
+                cols[f"{name}.time_lo_s"], cols[f"{name}.time_hi_s"] = spans.paths[name]
+            cols[f"{name}.basis"] = Labels.of(spans.path_basis[name])
         if ops:
             for op in pt.ops:
                 assert op.name in OPS[name]
@@ -233,6 +267,13 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
                 cols[f"{name}.{op.name}.bytes"] = op.bytes
                 cols[f"{name}.{op.name}.time_s"] = op.time_s
                 cols[f"{name}.{op.name}.bound"] = Labels(op.compute_bound, bounds)
+                if spans is not None:
+                    if spans.ops[name][op.name] is not None:
+                        lo, hi = spans.ops[name][op.name]
+                        cols[f"{name}.{op.name}.time_lo_s"], cols[f"{name}.{op.name}.time_hi_s"] = lo, hi
+                    est = spans.op_estimates[name][op.name]
+                    cols[f"{name}.{op.name}.basis"] = Labels.of(est.basis)
+                    cols[f"{name}.{op.name}.octaves"] = est.octaves
     return list(cols), list(cols.values())
 
 

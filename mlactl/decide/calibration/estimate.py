@@ -62,9 +62,12 @@ class OpEstimate:
         return out
 
     def interval(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The 80% interval of the op's time, widened to hold its point value (a roofline op's
+        point value is its lowest possible time)."""
         if not self.has_interval:
             return None
-        return u.percentiles(self.scenarios())
+        lo, hi = u.percentiles(self.scenarios())
+        return np.minimum(lo, self.time), np.maximum(hi, self.time)
 
     def basis_json(self, i: int) -> dict:
         """{"basis", ["octaves", "axis"]} of point i, as the JSON outputs write it."""
@@ -107,6 +110,53 @@ class PathEstimate:
         codes = np.stack([np.vectorize(order.get)(op.basis.reshape(-1)) for op in self.ops.values()])
         names = np.array([basis_mod.MEASURED, basis_mod.EXTRAPOLATED, basis_mod.ROOFLINE], dtype=object)
         return names[codes.max(axis=0)].reshape(np.shape(self.time))
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Intervals and bases of a grid of points, ready to print: per path its (lo, hi) and the
+    weakest basis of its ops; per op its (lo, hi) and basis (OpEstimate)."""
+
+    paths: dict[str, tuple[np.ndarray, np.ndarray] | None]
+    path_basis: dict[str, np.ndarray]
+    ops: dict[str, dict[str, tuple[np.ndarray, np.ndarray] | None]]
+    op_estimates: dict[str, dict[str, OpEstimate]]
+
+
+CHUNK = 4096  # points whose draws are held at once
+
+
+def spans(cost, hw, calibration, batch, new, prefix, paths=MLA_PATHS, layers: int = 1) -> Spans:
+    """`estimates` reduced to intervals and bases, CHUNK points at a time (the draws of a million
+    points would not fit in memory at once). batch, new, prefix: 1-D arrays of one length."""
+    batch, new, prefix = (np.asarray(a).reshape(-1) for a in np.broadcast_arrays(batch, new, prefix))
+    parts = [
+        estimates(cost, hw, calibration, batch[i : i + CHUNK], new[i : i + CHUNK], prefix[i : i + CHUNK], paths, layers)
+        for i in range(0, len(new), CHUNK)
+    ]
+
+    def cat(values):
+        return None if any(v is None for v in values) else tuple(np.concatenate(x) for x in zip(*values))
+
+    names = {p: list(parts[0][p].ops) for p in paths} if parts else {p: [] for p in paths}
+    return Spans(
+        paths={p: cat([e[p].interval() for e in parts]) for p in paths},
+        path_basis={p: np.concatenate([e[p].basis().reshape(-1) for e in parts]) for p in paths},
+        ops={p: {o: cat([e[p].ops[o].interval() for e in parts]) for o in names[p]} for p in paths},
+        op_estimates={p: {o: _joined([e[p].ops[o] for e in parts]) for o in names[p]} for p in paths},
+    )
+
+
+def _joined(ops: list[OpEstimate]) -> OpEstimate:
+    """The chunks' bases of one op as one OpEstimate (its parts are not kept: bases only)."""
+    return OpEstimate(
+        ops[0].cls,
+        np.concatenate([np.reshape(o.time, -1) for o in ops]),
+        [],
+        np.concatenate([np.reshape(o.basis, -1) for o in ops]),
+        np.concatenate([np.reshape(o.octaves, -1) for o in ops]),
+        np.concatenate([np.reshape(o.axis, -1) for o in ops]),
+    )
 
 
 def _fit_spread(cost, hw, calibration, fit: dict, cls: str, batch, new, prefix, path, layers) -> u.OpSpread:
