@@ -51,6 +51,8 @@ METAVARS = {
     "out_dir": "DIR",
     "arch": "ARCH",
     "workers": "INT",
+    "terms": "TERM,...",
+    "test": "PATH",
 }
 COMPLETION = ("install_completion", "show_completion")
 

@@ -150,7 +150,9 @@ def crossover_table(
         by_time = crossover_by_time(cost, hw, calibration, prefixes, batch=b, path="expand", max_new=max_new)
         chunked = crossover_by_time(cost, hw, calibration, prefixes, batch=b, path="expand_chunked", max_new=max_new)
         if calibration is None:
-            rows += [CrossoverRow(b, p, cost.crossover_by_flops(p), t, c) for p, t, c in zip(prefixes, by_time, chunked)]
+            rows += [
+                CrossoverRow(b, p, cost.crossover_by_flops(p), t, c) for p, t, c in zip(prefixes, by_time, chunked)
+            ]
             continue
         found_spans = {
             path: crossover_intervals(cost, hw, calibration, prefixes, batch=b, path=path, max_new=max_new)
@@ -160,9 +162,15 @@ def crossover_table(
             found = deciding_basis(cost, hw, calibration, b, p, t if t is not None else max_new)
             rows.append(
                 CrossoverRow(
-                    b, p, cost.crossover_by_flops(p), t, c,
-                    _holding(found_spans["expand"][i], t), _holding(found_spans["expand_chunked"][i], c),
-                    found, basis_note(found, b, p),
+                    b,
+                    p,
+                    cost.crossover_by_flops(p),
+                    t,
+                    c,
+                    _holding(found_spans["expand"][i], t),
+                    _holding(found_spans["expand_chunked"][i], c),
+                    found,
+                    basis_note(found, b, p),
                 )  # fmt: skip
             )
     kind = "roofline" if calibration is None else "calibrated"
@@ -204,7 +212,8 @@ def basis_note(found: dict, batch: int, prefix: int) -> str:
             if b["basis"] == "roofline":
                 parts.append(f"{label} at roofline (no measurements)")
             elif b["basis"] == "extrapolated":
-                far = "by an unknown distance" if b.get("octaves") is None else f"{b['octaves']:.1f} octaves ({b['axis']})"
+                octaves = b.get("octaves")
+                far = "by an unknown distance" if octaves is None else f"{octaves:.1f} octaves ({b['axis']})"
                 parts.append(f"{label} extrapolated {far}")
     if not parts:
         return ""

@@ -119,16 +119,19 @@ def select(
     return replace(chosen, extra=evidence(chosen, members, pts, machine)), tried
 
 
-def fit_groups(groups: dict, machine, *, select_terms: bool = True, k: int | None = None) -> list:
+def fit_groups(groups: dict, machine, *, select_terms: bool = True, k: int | None = None, terms=None) -> list:
     """Fit every (op class, source, dtype) group: with `select_terms` the best candidate term set
-    of each (see `select`), else the base model. Whole paths timed side by side at the same
-    shapes are fitted together, each shape's common drift taken out (mlactl.decide.calibration.paired)."""
+    of each (see `select`), else the base model; with `terms`, those (the ones that act on each
+    op class), no other. Whole paths timed side by side at the same shapes are fitted together,
+    each shape's common drift taken out (mlactl.decide.calibration.paired)."""
 
     candidates = CANDIDATE_TERMS if select_terms else (BASE_TERMS,)
+    if terms is not None:
+        candidates = (tuple(terms),)
 
     def select_one(key, pts):
         op, src, dt = key
-        return select(op, src, dt, pts, machine, candidates, k)[0]
+        return select(op, src, dt, pts, machine, candidates, k, extras=terms is None)[0]
 
     fitted: dict = {}
     for keys in paired_groups(groups):

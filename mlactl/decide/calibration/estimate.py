@@ -29,7 +29,7 @@ from mlactl.decide.calibration import basis as basis_mod
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.model import DECODE_MAX_NEW, OP_CLASSES, PATH_CLASSES, op_class
 from mlactl.decide.calibration.sources import points_for
-from mlactl.decide.calibration.time import _fit_dtype, _scaled, _whole_path_fit, calibrated_seconds, path_times
+from mlactl.decide.calibration.time import _fit_dtype, _scaled, _whole_path_fit, path_times, predict_fit
 from mlactl.model.cost import MLA_PATHS, CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import path_time
@@ -160,14 +160,16 @@ def _joined(ops: list[OpEstimate]) -> OpEstimate:
 
 
 def _fit_spread(cost, hw, calibration, fit: dict, cls: str, batch, new, prefix, path, layers) -> u.OpSpread:
-    """One fit's OpSpread at the points: its members, its step-free twin, its basis."""
-    peak = calibration.peak(hw)
-    t = calibrated_seconds(cost, hw, peak, fit, cls, batch, new, prefix, path) * layers
-    alts = [t] + [
-        calibrated_seconds(cost, hw, peak, m, cls, batch, new, prefix, path) * layers for m in fit.get("members", [])
-    ]
-    smooth = calibrated_seconds(cost, hw, peak, fit, cls, batch, new, prefix, path, smooth=True) * layers
+    """One fit's OpSpread at the points (`spread_of` on cost.py's figures there)."""
     pts = points_for(cost, cls, batch, new, prefix, None, path=path)
+    return spread_of(fit, cls, pts, calibration.peak(hw), hw.bandwidth, hw.sm_count, layers)
+
+
+def spread_of(fit: dict, cls: str, pts, peak: float, bandwidth: float, sm_count, layers: int = 1) -> u.OpSpread:
+    """One fit's OpSpread at Points `pts`: its members, its step-free twin, its basis."""
+    t = predict_fit(fit, cls, pts, peak, bandwidth, sm_count) * layers
+    alts = [t] + [predict_fit(m, cls, pts, peak, bandwidth, sm_count) * layers for m in fit.get("members", [])]
+    smooth = predict_fit(fit, cls, pts, peak, bandwidth, sm_count, smooth=True) * layers
     code, octaves, axis = basis_mod.basis(fit.get("range"), pts)
     shape = np.shape(t)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -38,6 +38,22 @@ def _fit_dtype(cost: CostModel, cls: str) -> str:
     return cost.kv_dtype if "attention" in cls or cls.startswith("path:") else cost.dtype
 
 
+def fit_terms(fit: dict, cls: str) -> list[str]:
+    """The terms a fit predicts with: its own, and `split` for an absorb attention fit with waves
+    but no split (see below)."""
+    terms = list(fit["terms"])
+    if cls == "absorb_attention" and "waves" in terms and "split" not in terms:
+        # a fit on prefill tables (prefix 0) never saw few CTAs over a long cache; there the
+        # kernel splits the KV (the split term has no parameter to fit), so add it
+        terms.append("split")
+    return terms
+
+
+def predict_fit(fit: dict, cls: str, pts, peak: float, bandwidth: float, sm_count, smooth: bool = False):
+    """A fit's (or a member's: {"terms", "params"}) seconds at `pts` (Points of class `cls`)."""
+    return predict(fit["params"], fit_terms(fit, cls), pts, peak, bandwidth, sm_count, smooth)
+
+
 def calibrated_seconds(
     cost: CostModel,
     hw: HardwareProfile,
@@ -55,12 +71,7 @@ def calibrated_seconds(
     file or one of its members ({"terms", "params"}); `smooth`: without its counts' steps."""
 
     pts = points_for(cost, cls, batch, new, prefix, None, path=path)
-    terms = list(fit["terms"])
-    if cls == "absorb_attention" and "waves" in terms and "split" not in terms:
-        # a fit on prefill tables (prefix 0) never saw few CTAs over a long cache; there the
-        # kernel splits the KV (the split term has no parameter to fit), so add it
-        terms.append("split")
-    return predict(fit["params"], terms, pts, peak, hw.bandwidth, hw.sm_count, smooth)
+    return predict_fit(fit, cls, pts, peak, hw.bandwidth, hw.sm_count, smooth)
 
 
 def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batch, new, prefix, path=None):
