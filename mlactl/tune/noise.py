@@ -1,5 +1,16 @@
-"""How far a measured crossover can be trusted: its bracket, widened by noise, and whether the
-crossovers of one batch grow with the prefix as they must.
+"""How far a measured crossover can be trusted: its estimate with a bootstrap interval, its
+bracket widened by noise, and whether the crossovers of one batch grow with the prefix as they must.
+
+The estimate (`root_crossover`): near the crossover expand and absorb are within a few percent
+of each other over many new-token counts, so whether expand wins at one count is decided by
+noise, and "the smallest count from which expand wins at every larger one" (kept as
+`first_stable`) moved by 28% between two runs of one command on the project's shared CPU. The
+ratio of the two paths is smooth in the count, though (they are timed in turns). So the crossover
+is the root of a straight line fitted to y = log(expand / absorb) against log2(new) over the
+ROOT_WINDOW counts measured on each side of the sign change before `first_stable` (at least
+two, one on each side). Its interval comes from BOOTSTRAP resamplings of the rounds of each
+timing (a round times both paths, so a resampled round keeps the pair together): the 10th and
+90th percentiles of the resampled roots.
 
 A point is *decided* when the 10th-90th percentile ranges of expand and absorb do not overlap;
 otherwise noise alone could flip which one wins there. The measured crossover X (the smallest
@@ -18,6 +29,8 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 # measured_status of a crossover row
 FOUND = "found"  # expand wins from `measured` on
@@ -67,3 +80,80 @@ def flag_nonmonotone(rows: list[dict]) -> None:
             level = math.inf if value is None else value
             row["nonmonotone"] = level < highest
             highest = max(highest, level)
+
+
+ROOT_WINDOW = 3  # measured counts on each side of the sign change that the local fit uses
+BOOTSTRAP = 200
+BOOTSTRAP_SEED = 22
+INTERVAL = (0.1, 0.9)  # the bootstrap interval's percentiles: 80%, as calibrated intervals
+
+
+def _log_ratio(expand: dict | None, absorb: dict | None) -> float | None:
+    if not expand or not absorb or not expand.get("median_s") or not absorb.get("median_s"):
+        return None
+    return math.log(expand["median_s"] / absorb["median_s"])
+
+
+def _root(x: np.ndarray, y: np.ndarray, low: float, high: float) -> float | None:
+    """The root of the least-squares line through (x, y), if it falls (y decreasing with x), kept
+    within [low, high] (the window's counts, log2)."""
+    if len(x) < 2 or np.ptp(x) == 0:
+        return None
+    slope, icept = np.polyfit(x, y, 1)
+    if not slope < 0:
+        return None
+    return float(np.clip(-icept / slope, low, high))
+
+
+def root_crossover(points: dict[int, dict[str, dict]], first_stable: int | None) -> dict | None:
+    """The crossover estimated as the root of a local fit of log(expand / absorb) (see above):
+    {"root", "measured" (the smallest whole count from the root on), "interval" ([lo, hi], None
+    without repeated timings), "window" ([lowest, highest] count fitted), "bootstrap" (draws
+    that gave a root)}; None where there is no sign change to fit (no count below first_stable
+    where absorb won, or no first_stable)."""
+    if first_stable is None:
+        return None
+    ys = {n: _log_ratio(rows.get("expand"), rows.get("absorb")) for n, rows in points.items()}
+    ns = sorted(n for n, y in ys.items() if y is not None)
+    if first_stable not in ns or ns.index(first_stable) == 0:
+        return None
+    i = ns.index(first_stable)
+    window = ns[max(0, i - ROOT_WINDOW) : i + ROOT_WINDOW]
+    x = np.log2(np.asarray(window, dtype=np.float64))
+    y = np.asarray([ys[n] for n in window])
+    root = _root(x, y, x[0], x[-1])
+    if root is None:
+        return None
+    out = {"root": round(2**root, 3), "measured": math.ceil(2**root - 1e-9), "window": [window[0], window[-1]]}
+    rounds = [_paired_rounds(points[n].get("expand"), points[n].get("absorb")) for n in window]
+    if any(r is None for r in rounds):
+        out.update(interval=None, bootstrap=0)
+        return out
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    roots = []
+    for _ in range(BOOTSTRAP):
+        yb = []
+        for e, a in rounds:
+            pick = rng.integers(0, len(e), len(e))
+            yb.append(math.log(float(np.median(e[pick])) / float(np.median(a[pick]))))
+        r = _root(x, np.asarray(yb), x[0], x[-1])
+        if r is not None:
+            roots.append(2**r)
+    if len(roots) < BOOTSTRAP / 2:  # most resamplings find no falling line: no interval worth the name
+        out.update(interval=None, bootstrap=len(roots))
+        return out
+    lo, hi = np.quantile(roots, INTERVAL)
+    out.update(
+        interval=[min(math.ceil(lo - 1e-9), out["measured"]), max(math.ceil(hi - 1e-9), out["measured"])],
+        bootstrap=len(roots),
+    )
+    return out
+
+
+def _paired_rounds(expand: dict | None, absorb: dict | None):
+    """(expand times, absorb times) of the rounds both were timed in, or None without them."""
+    e, a = (expand or {}).get("times_s"), (absorb or {}).get("times_s")
+    if not e or not a:
+        return None
+    k = min(len(e), len(a))
+    return np.asarray(e[:k], dtype=np.float64), np.asarray(a[:k], dtype=np.float64)

@@ -424,8 +424,8 @@ def _measure_point(ctx: Context, cost, b: int, n: int, p: int, chunk: int) -> di
         timings = {}
         for path in runs:
             rows[path].update(status="failed", reason=_failure(exc))
-    for path, timing in timings.items():
-        rows[path].update(timing.to_dict())
+    for path, timing in timings.items():  # each round's time too: the crossover's bootstrap resamples them
+        rows[path].update(timing.to_dict(keep_times=True))
         found[path] = rows[path]["median_s"]
     # the paths compute one function: a path that disagrees must not set the policy
     if "expand" in outputs:
@@ -492,21 +492,31 @@ def crossover_row(ctx: Context, cost, b: int, p: int, times: dict[int, dict[str,
     """The measured crossover of one (batch, prefix), with its status (found, never, or cut by the
     budget) and its bracket widened by noise, and the predicted ones. `store_crossovers` keeps it."""
 
-    measured = measured_crossover(times)
+    stable = measured_crossover(times)
     row = {
         "batch": b,
         "prefix": p,
-        "measured": measured,
-        "measured_status": noise.FOUND if measured is not None else (noise.BUDGET if cut else noise.NEVER),
+        "measured": stable,
+        "measured_status": noise.FOUND if stable is not None else (noise.BUDGET if cut else noise.NEVER),
         "measured_new": sorted(times),
         "predicted_by_flops": cost.crossover_by_flops(p),
+        "first_stable": stable,
     }
-    if measured is not None:
+    if stable is not None:
         points = {
             n: {path: ctx.store.find("paths", batch=b, new=n, prefix=p, path=path) for path in ("expand", "absorb")}
             for n in times
         }
-        row["measured_low"], row["measured_high"] = noise.bracket(points, measured)
+        row["measured_low"], row["measured_high"] = noise.bracket(points, stable)
+        found = noise.root_crossover(points, stable)
+        # the root of a local fit of log(expand/absorb), with its bootstrap interval; where there
+        # is no sign change to fit (expand wins from the smallest count), first_stable stands
+        row["estimator"] = "local_root" if found else "first_stable"
+        if found:
+            row["measured"] = found["measured"]
+            row["measured_root"] = found["root"]
+            row["measured_interval"] = found["interval"]
+            row["measured_window"] = found["window"]
     if ctx.hw is not None:
         row["predicted"] = crossover_table(cost, ctx.hw, [(b, p)]).rows[0].by_time
     return row
