@@ -189,6 +189,17 @@ def rows_of(pts: Points) -> np.ndarray:
     return np.asarray(pts.batch, dtype=np.float64) * np.asarray(pts.new, dtype=np.float64)
 
 
+def step_counts(pts: Points, sm_count: int | None, tile: int = TILE_ROWS) -> np.ndarray:
+    """[n, 2] what a predicted time steps with: the padding of query rows to whole tiles (padded
+    rows over rows), and the waves of CTAs over the SMs (0 without an SM count). Time steps up
+    where either grows from one point to the next."""
+    rows, ctas = _rows_and_ctas(pts, tile)
+    rows = np.maximum(np.asarray(rows, dtype=np.float64), 1.0)
+    pad = np.ceil(rows / tile) * tile / rows
+    waves = np.ceil(np.where(np.isfinite(ctas), ctas, 0.0) / sm_count) if sm_count else np.zeros_like(pad)
+    return np.stack([np.ravel(pad), np.ravel(waves)], axis=-1)
+
+
 # terms that only act on attention ops
 ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast", "qrow")
 
