@@ -209,6 +209,7 @@ def crossover_table(crossover: Crossover) -> Table:
     lines += [f"{BASIS_MARK} {r.note}" for r in crossover.rows if r.note]
     if lines:
         table.caption = "\n".join(lines)
+        table.caption_justify = "left"
     return table
 
 

@@ -69,7 +69,7 @@ PROJECTION_EXTRAS: tuple[tuple[str, ...], ...] = (("align",), ("near",), ("align
 __all__ = ["CANDIDATE_TERMS", "TERMS", "Calibration", "check_hardware", "fit_groups", "load", "resolve", "select"]
 
 
-def score(result) -> float:
+def selection_score(result) -> float:
     """What term selection minimises: the mean of the held-out median and p90 over the random
     folds, plus the same over the blocked split (fit the lower part of the size axis, predict the
     upper) where there is one. A term that wins the random folds but loses the blocked split by
@@ -92,7 +92,7 @@ def select(
     extras: bool = True,
 ):
     """Fit each candidate term set (the terms that act on this op class) and keep the one with the
-    least `score`; a set with more terms must beat the best so far by SELECT_MARGIN. The sets that
+    least `selection_score`; a set with more terms must beat the best so far by SELECT_MARGIN. The sets that
     score about as well become the kept fit's members, and its interval evidence is gathered
     (mlactl.decide.calibration.uncertainty). Returns (best FitResult, every FitResult tried, the
     first candidate first)."""
@@ -103,7 +103,7 @@ def select(
         nonlocal best
         result = fit(pts, machine, terms, source, dtype, k or K_FOLDS)
         tried.append(result)
-        s = score(result)
+        s = selection_score(result)
         scored.append((s, result))
         if best is None or s < best[0] - SELECT_MARGIN:
             best = (s, result)

@@ -302,6 +302,19 @@ def loss_interval(
 
 
 BLOCK_ELEMENTS = 1 << 21  # draws x prefixes x new counts evaluated at once by crossover_intervals
+EXACT_UP_TO = 512  # crossover_intervals tries every count up to this, then steps of 2**(1/64) (1.1%)
+
+
+def search_counts(max_new: int) -> np.ndarray:
+    """The new counts a crossover interval is searched over: every one up to EXACT_UP_TO, then a
+    geometric grid 64 to the octave, and max_new."""
+    exact = np.arange(1, min(EXACT_UP_TO, max_new) + 1)
+    if max_new <= EXACT_UP_TO:
+        return exact.astype(np.float64)
+    octaves = np.log2(max_new / EXACT_UP_TO)
+    geometric = np.round(EXACT_UP_TO * 2.0 ** (np.arange(1, int(np.ceil(64 * octaves)) + 1) / 64))
+    grid = np.unique(np.concatenate([exact, geometric[geometric < max_new], [max_new]]))
+    return grid.astype(np.float64)
 
 
 def crossover_intervals(
@@ -317,22 +330,23 @@ def crossover_intervals(
     """For each prefix, the 80% interval (lo, hi) of the crossover (the smallest new-token count at
     which `path` is faster than absorb, as mlactl.model.roofline.crossover_by_time defines it),
     over the draws of `path_scenarios`; hi None where more than a tenth of the draws find none
-    within max_new. The search runs in blocks of new counts, as the point value's does."""
+    within max_new. Counts are searched one by one up to EXACT_UP_TO and 1.1% apart beyond
+    (`search_counts`): an end above 512 is that close."""
     prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
+    grid = search_counts(max_new)
     found = np.full((scenarios, len(prefixes)), np.inf)
     todo = np.ones_like(found, dtype=bool)
-    start, block = 1, 256
-    while todo.any() and start <= max_new:
+    start = 0
+    while todo.any() and start < len(grid):
         cols = np.flatnonzero(todo.any(axis=0))
-        width = max(16, min(block, BLOCK_ELEMENTS // (scenarios * len(cols))))
-        stop = min(start + width, max_new + 1)
-        n = np.arange(start, stop, dtype=np.float64)[None, :]
+        width = max(16, min(256, BLOCK_ELEMENTS // (scenarios * len(cols))))
+        n = grid[start : start + width][None, :]
         est = estimates(cost, hw, calibration, batch, n, prefixes[cols][:, None], (path, "absorb"))
         wins = est[path].scenarios(scenarios) < est["absorb"].scenarios(scenarios)  # [S, cols, new]
         hit, first = wins.any(axis=2), wins.argmax(axis=2)
         pending = todo[:, cols]
-        found[:, cols] = np.where(pending & hit, start + first, found[:, cols])
+        found[:, cols] = np.where(pending & hit, n[0][first], found[:, cols])
         todo[:, cols] = pending & ~hit
-        start, block = stop, block * 2
+        start += width
     lo, hi = np.quantile(found, [u.LOW, u.HIGH], axis=0)
     return [(int(a), None if not np.isfinite(b) else int(np.ceil(b))) for a, b in zip(lo, hi)]
