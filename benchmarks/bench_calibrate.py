@@ -84,11 +84,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    ap.add_argument("--tables", default=None, help="only these tables, e.g. context_mla_perf,gemm_perf")
     ap.add_argument("--output", default=str(OUT))
     ap.add_argument("--only-missing", action="store_true", help="only the groups the saved JSON misses")
     args = ap.parse_args()
-    if args.only_missing and Path(args.output).resolve() == OUT.resolve():
-        ap.error("--only-missing writes a partial table: give --output elsewhere")
+    if (args.only_missing or args.tables) and Path(args.output).resolve() == OUT.resolve():
+        ap.error("--only-missing and --tables write a partial table: give --output elsewhere")
     missing = None
     if args.only_missing:
         saved = json.loads(OUT.read_text())["groups"]
@@ -112,6 +113,8 @@ def main() -> None:
         for framework in args.frameworks.split(","):
             for key, pts in sorted(groups_of(system, framework, data_dir).items()):
                 table, version, op, src, dtype = key
+                if args.tables and table not in args.tables.split(","):
+                    continue
                 if missing is not None and (system, framework, table, op, src, dtype) not in missing:
                     continue
                 roof = rel_errors(roofline_time(pts.flops, pts.bytes, machine.peak, machine.bandwidth), pts.time_s)

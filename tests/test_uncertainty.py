@@ -233,16 +233,18 @@ def test_blocked_split_at_8k_context_and_1024_rows_else_the_median():
 
 
 def test_eta_q_stays_within_its_physical_bounds():
-    # activations streamed at 3% of the bandwidth (a fixed cost in disguise): the fit may not
-    # follow below ETA_PASS_MIN
+    # a pass over the activations at 3% of the bandwidth (vLLM's per-token quantisation runs so)
+    # is recovered; one "faster than the bandwidth" (150%) is held at the bandwidth, eta_q = 1
     from test_calibration import _kv_expand_points
 
-    mm, hh = (a.ravel() for a in np.meshgrid(np.unique(np.round(2 ** np.linspace(0, 10, 25))), [1.0, 8, 64]))
+    mm, hh = (a.ravel() for a in np.meshgrid(np.unique(np.round(2 ** np.linspace(0, 14, 25))), [1.0, 8, 64]))
     flops, nbytes = 2 * mm * R * hh * 256, mm * R * 2 + hh * 256 * R * 2 + mm * hh * 256 * 2
-    t = 5e-6 + mm * R * 2 / (0.03 * BW) + np.maximum(flops / (0.7 * PEAK), nbytes / (0.9 * BW))
-    params = fit_params(_kv_expand_points(mm, hh, t), Machine(PEAK, BW, SMS), ("fixed", "quant"))
-    assert ETA_PASS_MIN - 1e-9 <= params["eta_q"] <= 1.0 + 1e-9
-    assert params["eta_q"] == pytest.approx(ETA_PASS_MIN, rel=1e-6)
+    machine = Machine(PEAK, BW, SMS)
+    for eta, want in ((0.03, 0.03), (1.5, 1.0)):
+        t = 5e-6 + mm * R * 2 / (eta * BW) + np.maximum(flops / (0.7 * PEAK), nbytes / (0.9 * BW))
+        params = fit_params(_kv_expand_points(mm, hh, t), machine, ("fixed", "quant"))
+        assert ETA_PASS_MIN <= params["eta_q"] <= 1.0 + 1e-9
+        assert params["eta_q"] == pytest.approx(want, rel=0.05)
 
 
 def test_a_term_that_wins_random_folds_but_loses_the_blocked_split_is_not_kept(monkeypatch):

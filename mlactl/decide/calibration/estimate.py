@@ -210,8 +210,8 @@ def op_estimate(cost, hw, calibration, cls: str, batch, new, prefix, path=None, 
 
 
 def _with_member(spread: u.OpSpread, extra: np.ndarray) -> u.OpSpread:
-    if not np.any(np.isfinite(extra)):
-        return spread
+    """`spread` with one more member, NaN (the kept fit's time) where it does not apply: always
+    added, so that a point's draws do not depend on the other points asked with it."""
     return replace(spread, alternatives=np.concatenate([spread.alternatives, extra[None]]))
 
 
@@ -348,5 +348,7 @@ def crossover_intervals(
         found[:, cols] = np.where(pending & hit, n[0][first], found[:, cols])
         todo[:, cols] = pending & ~hit
         start += width
-    lo, hi = np.quantile(found, [u.LOW, u.HIGH], axis=0)
-    return [(int(a), None if not np.isfinite(b) else int(np.ceil(b))) for a, b in zip(lo, hi)]
+    # order statistics (no interpolation between a count and "none found")
+    lo = np.quantile(found, u.LOW, axis=0, method="lower")
+    hi = np.quantile(found, u.HIGH, axis=0, method="higher")
+    return [(int(a), None if not np.isfinite(b) else int(b)) for a, b in zip(lo, hi)]

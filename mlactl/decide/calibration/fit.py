@@ -32,15 +32,16 @@ SEED = 0  # folds are random but fixed: the same data gives the same figures
 # bf16 peak and count bf16 operands, so an fp8 kernel may reach twice that, and a GEMM whose
 # weights stay in L2 over aiconfigurator's 6 back-to-back calls reads them faster than HBM;
 # without the bound a memory-bound table (decode) leaves eta_c free and it runs off to 50x, which
-# a prediction at prefill sizes would use. A pass over the activations (`quant`) is a plain
-# streaming kernel: it reads 2 bytes and writes 1 (and a scale per token) per element where the
-# term counts 2, so one at 90% of the bandwidth gives eta_q = 0.6; bounded to [ETA_PASS_MIN, 1].
-# Fitted to small GEMMs alone, eta_q fell to 0.028 (SGLang's fp8 GEMM on an H200): a fixed cost
-# passed off as a slow pass, which predicted 1-head shapes 3-9x too slow above 1024 rows; with
-# the bound its blocked held-out error (rows <= 1024 -> above) went from 28 / 52% to 8 / 22%
-# (median / p90) for the same terms.
+# a prediction at prefill sizes would use. A pass over the activations (`quant`) cannot beat the
+# bandwidth: eta_q <= 1. Its floor, ETA_PASS_MIN, only keeps the fit finite: vLLM 0.24's Cutlass
+# fp8 GEMM really spends ~7.4 ns per token quantising (247 us for 32K rows of one head on an
+# H200, where the bytes need 10 us): eta_q 0.027, which predicts the rows above 1024 within
+# 12% / 28% (blocked median / p90). A floor of 0.3 there gave 30% / 64%. Where a small eta_q is
+# a fixed cost in disguise (SGLang's fp8 GEMM on an H200 fitted 0.028 on small GEMMs and
+# predicted 1-head shapes 3-9x too slow above 1024 rows, issue 22), the blocked split in term
+# selection drops the term instead.
 ETA_MAX = 2.0
-ETA_PASS_MIN = 0.3
+ETA_PASS_MIN = 0.01
 BOUNDS = {  # parameter -> (lowest, highest); the others are only kept positive
     "eta_c": (None, ETA_MAX),
     "eta_m": (None, ETA_MAX),
@@ -246,10 +247,10 @@ def held_out_errors(pts: Points, machine: Machine, terms, k: int = K_FOLDS) -> n
 
 # Blocked split: fit the lower part of a size axis, predict the upper part. Attention and whole
 # paths split on the context (keys per request) at 8K, projections on the GEMM's rows at 1024
-# (issue 22's targets); where that leaves either side with under a fifth of the points, at the
-# median of the axis's distinct values instead.
+# (issue 22's targets); where that leaves fewer than BLOCKED_MIN_TEST points above or too few
+# to fit below, at the median of the axis's distinct values instead.
 BLOCKED_SPLITS = {"context": 8192.0, "rows": 1024.0}
-BLOCKED_MIN_SHARE = 0.2
+BLOCKED_MIN_TEST = 10
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,7 @@ def blocked_split(pts: Points, terms=("fixed",)) -> Split | None:
 
     def split_at(at: float) -> Split | None:
         train, test = np.flatnonzero(v <= at), np.flatnonzero(v > at)
-        if min(len(train), len(test)) < max(need, BLOCKED_MIN_SHARE * len(v)):
+        if len(train) < need or len(test) < max(need, BLOCKED_MIN_TEST):
             return None
         return Split(axis, float(at), train, test)
 

@@ -75,10 +75,16 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
         )
         if calibrated is not None:  # same grid, calibrated time
             crow = {(r.batch, r.prefix): r for r in calibrated.crossover.rows}.get((b, p))
+            spans = calibrated.spans  # each time's 80% interval, and the weakest basis of its ops
             panels[-1]["calibrated"] = {
                 "time_s": {path: calibrated.paths[path].time_s[idx].tolist() for path in MLA_PATHS},
                 "crossover": None if crow is None else crow.by_time,
+                "crossover_interval": None if crow is None else crow.by_time_interval,
                 "name": calibrated.calibration.name,
+                "interval_s": {
+                    p: None if spans.paths[p] is None else [v[idx].tolist() for v in spans.paths[p]] for p in MLA_PATHS
+                },  # fmt: skip
+                "basis": {p: spans.path_basis[p][idx].tolist() for p in MLA_PATHS},
             }
     data = {
         "title": title("Crossover", analysis, results),
@@ -113,6 +119,13 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
                     ls=":",
                     label=f"{path} (calibrated)",
                 )
+                band, basis = cal["interval_s"][path], np.asarray(cal["basis"][path])
+                if band is not None:  # the 80% interval, and dots where an op was not measured
+                    ax.fill_between(panel["new"], *(np.asarray(b) * 1e6 for b in band), color=PATH_COLOURS[path],
+                                    alpha=0.12, lw=0)  # fmt: skip
+                far = basis != "measured"
+                ax.plot(np.asarray(panel["new"])[far], np.asarray(cal["time_s"][path])[far] * 1e6, ".", ms=3,
+                        color=PATH_COLOURS[path])  # fmt: skip
         for m in panel["measured"]:
             ax.plot(m["new"], m["median_s"] * 1e6, "o", color=PATH_COLOURS[m["path"]], mec="black", ms=6)
         markers = []  # (new, label, colour, style)
@@ -121,7 +134,9 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
             if n is not None:
                 markers.append((n, f"predicted {path}: {n}", PATH_COLOURS[path], "-"))
         if cal is not None and cal["crossover"] is not None:
-            markers.append((cal["crossover"], f"calibrated expand: {cal['crossover']}", "tab:purple", "--"))
+            span = cal["crossover_interval"]
+            where = "" if span is None else f" ({span[0]}–{'?' if span[1] is None else span[1]})"
+            markers.append((cal["crossover"], f"calibrated expand: {cal['crossover']}{where}", "tab:purple", "--"))
         if asymptotic is not None:
             markers.append((asymptotic, f"by FLOPs, asymptotic: {asymptotic:.1f}", "gray", ":"))
         for m in panel["measured_crossovers"]:

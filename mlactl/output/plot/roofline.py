@@ -43,7 +43,9 @@ def _calibrated_points(calibrated: Analysis | None, paths) -> list[dict]:
         for path in paths:
             timed = calibrated.paths[path]
             flops, nbytes, t = (float(x[i]) for x in (timed.flops, timed.bytes, timed.time_s))
-            out.append({"path": path, "intensity": flops / nbytes, "flops_per_s": flops / t, "time_s": t})
+            basis = str(calibrated.spans.path_basis[path][i]) if calibrated.spans is not None else "measured"
+            point = {"path": path, "intensity": flops / nbytes, "flops_per_s": flops / t, "time_s": t}
+            out.append(dict(point, basis=basis))
     return out
 
 
@@ -194,7 +196,8 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS, cali
             )
 
     for pt in data["calibrated"]:
-        ax.plot(pt["intensity"], pt["flops_per_s"], "x", ms=8, mew=1.6, color=PATH_COLOURS.get(pt["path"], "black"))
+        marker = "x" if pt["basis"] == "measured" else "1"  # an op extrapolated or at roofline: a tripod
+        ax.plot(pt["intensity"], pt["flops_per_s"], marker, ms=8, mew=1.6, color=PATH_COLOURS.get(pt["path"], "black"))
 
     from matplotlib.lines import Line2D
 
@@ -223,6 +226,8 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS, cali
         )
     if data["calibrated"]:
         legend.append(Line2D([], [], ls="", marker="x", color="gray", label="calibrated (whole path)"))
+        if any(pt["basis"] != "measured" for pt in data["calibrated"]):
+            legend.append(Line2D([], [], ls="", marker="1", color="gray", label="calibrated, an op not measured"))
     ax.legend(handles=legend, loc="lower right", fontsize=7, ncols=2)
     ax.set_xscale("log")
     ax.set_yscale("log")
