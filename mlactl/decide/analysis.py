@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from mlactl.decide.calibration.estimate import Spans, crossover_intervals, estimates
+from mlactl.decide.calibration.estimate import Spans, batch_interval, crossover_intervals, estimates
 from mlactl.decide.calibration.estimate import spans as time_spans
 from mlactl.decide.calibration.time import batch_time as timed_batch
 from mlactl.decide.calibration.time import crossover_by_time, own_times, path_times
@@ -349,6 +349,7 @@ class BatchAnalysis:
     totals: dict[str, float]  # strategy or engine -> batch time in seconds
     engines: list[EngineParams]
     calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
+    intervals: dict[str, tuple[float, float]] | None = None  # calibrated: each total's 80% interval
 
     @property
     def best_strategy(self) -> str:
@@ -398,4 +399,10 @@ def analyze_batch(
         if chunks is not None and with_context:
             costs[e.engine] = replace(cost, chunk=int(chunks[0]))
     totals = {s: batch_time(costs.get(s, cost), hw, new, prefix, count, a, calibration) for s, a in assignments.items()}
-    return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, engines, calibration)
+    intervals = None
+    if calibration is not None:
+        intervals = {
+            s: batch_interval(costs.get(s, cost), hw, calibration, new, prefix, count, a)
+            for s, a in assignments.items()
+        }
+    return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, engines, calibration, intervals)

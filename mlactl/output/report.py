@@ -298,6 +298,7 @@ def batch_json(ba) -> dict:
             dict(
                 engine_json(e),
                 time_s=ba.totals[e.engine],
+                **({"time_interval_s": list(ba.intervals[e.engine])} if ba.intervals else {}),
                 # never negative: vLLM's own chunk size can beat the best assignment at --chunk
                 lost_s=max(0.0, ba.totals[e.engine] - ba.totals[ba.best_strategy]),
             )
@@ -314,7 +315,10 @@ def batch_json(ba) -> dict:
             }
             for i in range(len(ba.new))
         ],
-        "totals": {s: {"time_s": ba.totals[s]} for s in STRATEGIES},
+        "totals": {
+            s: {"time_s": ba.totals[s], **({"time_interval_s": list(ba.intervals[s])} if ba.intervals else {})}
+            for s in STRATEGIES
+        },
         "best_strategy": ba.best_strategy,
     }
 

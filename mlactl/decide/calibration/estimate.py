@@ -29,7 +29,14 @@ from mlactl.decide.calibration import basis as basis_mod
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.model import DECODE_MAX_NEW, OP_CLASSES, PATH_CLASSES, op_class
 from mlactl.decide.calibration.sources import points_for
-from mlactl.decide.calibration.time import _fit_dtype, _scaled, _whole_path_fit, path_times, predict_fit
+from mlactl.decide.calibration.time import (
+    _fit_dtype,
+    _scaled,
+    _whole_path_fit,
+    launch_parts,
+    path_times,
+    predict_fit,
+)
 from mlactl.model.cost import MLA_PATHS, CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import path_time
@@ -299,6 +306,29 @@ def loss_interval(
     for i, p in enumerate(names):
         mine = np.where(chosen == p, stack[i], mine)
     return u.percentiles(np.maximum(mine - best, 0.0))
+
+
+def batch_interval(
+    cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count, paths, scenarios: int = u.SCENARIOS
+) -> tuple[float, float]:
+    """The 80% interval of a mixed batch's calibrated time (time.batch_time: one launch per op and
+    path over its request rows). Draw by draw, each launch is scaled by its op's draws at those
+    rows, weighted by the rows' own times; the interval holds the point value."""
+    total = np.zeros(scenarios)
+    point = 0.0
+    for path in MLA_PATHS:
+        rows = paths == path
+        if not rows.any():
+            continue
+        launches = launch_parts(cost, hw, calibration, path, count[rows], new[rows], prefix[rows])
+        est = estimates(cost, hw, calibration, count[rows], new[rows], prefix[rows], (path,))[path]
+        for launch, op in zip(launches, est.ops.values()):
+            own = np.reshape(op.time, -1)
+            factor = op.scenarios(scenarios).reshape(scenarios, -1).sum(axis=1) / own.sum() if own.sum() > 0 else 1.0
+            total += launch * factor
+            point += launch
+    lo, hi = u.percentiles(total)
+    return float(min(lo, point)), float(max(hi, point))
 
 
 BLOCK_ELEMENTS = 1 << 21  # draws x prefixes x new counts evaluated at once by crossover_intervals

@@ -185,19 +185,24 @@ def batch_time(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, c
 def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> float:
     """Calibrated time of one launch per op over several request rows: one fixed cost, the rows'
     compute, memory and serial seconds each summed, the weights' read counted once."""
+    return sum(launch_parts(cost, hw, calibration, path, count, new, prefix))
+
+
+def launch_parts(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> list[float]:
+    """`_launch_seconds` op by op, in cost.ops's order (one entry for a whole-path fit)."""
 
     peak, bandwidth = calibration.peak(hw), hw.bandwidth
     whole = _whole_path_fit(cost, calibration, path)
     classes = [f"path:{path}"] if whole else [op_class(path, op.name) for op in cost.ops(path, 1, 1, 0)]
     ops = cost.ops(path, count, new, prefix)
-    total = 0.0
+    parts = []
     for k, cls in enumerate(classes):
         decode = bool(np.all((prefix > 0) & (new <= DECODE_MAX_NEW)))
         fit = whole or calibration.fit_for(cls, _fit_dtype(cost, cls), "decode" if decode else "prefill")
         if fit is None:  # no fit: the roofline of the summed op, weights once
             op = ops[k]
             nbytes = (op.bytes - op.weight_bytes).sum() + op.weight_bytes.max()
-            total += float(roofline_time(op.flops.sum(), nbytes, peak, bandwidth))
+            parts.append(float(roofline_time(op.flops.sum(), nbytes, peak, bandwidth)))
             continue
         pts = points_for(cost, cls, count, new, prefix, None, path=path)
         t_fixed, t_c, t_m, serial = components(fit["params"], fit["terms"], pts, peak, bandwidth, hw.sm_count)
@@ -210,8 +215,8 @@ def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str
             # one GEMM over all the rows' tokens: its shape bucket is the summed one's
             whole_gemm = points_for(cost, cls, 1, [np.sum(count * new)], [np.sum(count * prefix)], None, path=path)
             launch *= float(np.asarray(near_factor(fit["params"]["near"], whole_gemm)).reshape(-1)[0])
-        total += launch
-    return total
+        parts.append(launch)
+    return parts
 
 
 def own_times(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count) -> dict[str, np.ndarray]:
