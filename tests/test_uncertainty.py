@@ -518,3 +518,26 @@ def test_no_sign_change_no_root():
         for r in rows.values():
             r.pop("times_s")
     assert noise.root_crossover(old, 64)["interval"] is None
+
+
+def test_step_samples_around_the_steps_nearest_the_roofline_crossover_by_hand():
+    from mlactl.model import hardware
+    from mlactl.tune.sweep import step_samples
+
+    # steps after 32K on an H200 (above): 65, 67, 129, 133, 193, 199, ...; the roofline crossover
+    # there is 169: the 4 steps nearest it are 193, 199, 133, 129; each is measured with the count
+    # before it, less the counts the sweep has anyway (128, 192)
+    news = [1, 32, 64, 128, 192, 256, 384, 512]
+    assert step_samples(DSV3, hardware.from_name("h200"), 1, 32768, news) == [129, 132, 133, 193, 198, 199]
+
+
+def test_batch_totals_carry_an_interval(fixture_calibration, tmp_path):
+    requests = tmp_path / "r.csv"
+    requests.write_text("new,prefix\n1,8000\n512,0\n133,32768\n")
+    data = json.loads(run("batch", requests, "--hardware", "h200", "--calibration", fixture_calibration,
+                          "-f", "json").stdout)  # fmt: skip
+    for s, total in data["totals"].items():
+        lo, hi = total["time_interval_s"]
+        assert lo <= total["time_s"] <= hi and hi > lo
+    roof = json.loads(run("batch", requests, "--hardware", "h200", "-f", "json").stdout)
+    assert "time_interval_s" not in roof["totals"]["per_request"]

@@ -349,7 +349,7 @@ class BatchAnalysis:
     totals: dict[str, float]  # strategy or engine -> batch time in seconds
     engines: list[EngineParams]
     calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
-    intervals: dict[str, tuple[float, float]] | None = None  # calibrated: each total's 80% interval
+    intervals: dict[str, tuple[float, float] | None] | None = None  # calibrated: each total's 80% interval
 
     @property
     def best_strategy(self) -> str:

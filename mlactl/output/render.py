@@ -240,7 +240,8 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
         ratio = t / ba.totals[best] if ba.totals[best] else 1.0
         style = "bold green" if s == best else ""
         label = next((e.label for e in ba.engines if e.engine == s), s)
-        shown = seconds(t) if not ba.intervals else f"{seconds(t)} ({seconds_span(*ba.intervals[s])})"
+        span = ba.intervals.get(s) if ba.intervals else None
+        shown = seconds(t) if span is None else f"{seconds(t)} ({seconds_span(*span)})"
         totals.add_row(Text(label, style=style), shown, f"{ratio:.2f}x")
     sources = "Engine rules: " + "; ".join(sorted({e.citation for e in ba.engines})) if ba.engines else ""
     return [rows, totals, sources]

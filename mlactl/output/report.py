@@ -282,6 +282,10 @@ def write_analysis_csv(fh, analysis: Analysis, ops: bool = False) -> None:
     write_csv(fh, header, columns)
 
 
+def _pair(span):
+    return None if span is None else list(span)
+
+
 def batch_json(ba) -> dict:
     """A mixed batch (analysis.BatchAnalysis) as JSON: requests, then totals per strategy."""
 
@@ -298,7 +302,7 @@ def batch_json(ba) -> dict:
             dict(
                 engine_json(e),
                 time_s=ba.totals[e.engine],
-                **({"time_interval_s": list(ba.intervals[e.engine])} if ba.intervals else {}),
+                **({"time_interval_s": _pair(ba.intervals[e.engine])} if ba.intervals else {}),
                 # never negative: vLLM's own chunk size can beat the best assignment at --chunk
                 lost_s=max(0.0, ba.totals[e.engine] - ba.totals[ba.best_strategy]),
             )
@@ -316,7 +320,7 @@ def batch_json(ba) -> dict:
             for i in range(len(ba.new))
         ],
         "totals": {
-            s: {"time_s": ba.totals[s], **({"time_interval_s": list(ba.intervals[s])} if ba.intervals else {})}
+            s: {"time_s": ba.totals[s], **({"time_interval_s": _pair(ba.intervals[s])} if ba.intervals else {})}
             for s in STRATEGIES
         },
         "best_strategy": ba.best_strategy,

@@ -310,10 +310,11 @@ def loss_interval(
 
 def batch_interval(
     cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count, paths, scenarios: int = u.SCENARIOS
-) -> tuple[float, float]:
+) -> tuple[float, float] | None:
     """The 80% interval of a mixed batch's calibrated time (time.batch_time: one launch per op and
     path over its request rows). Draw by draw, each launch is scaled by its op's draws at those
-    rows, weighted by the rows' own times; the interval holds the point value."""
+    rows, weighted by the rows' own times; the interval holds the point value. None where an op
+    has no interval (a fit without evidence)."""
     total = np.zeros(scenarios)
     point = 0.0
     for path in MLA_PATHS:
@@ -322,6 +323,8 @@ def batch_interval(
             continue
         launches = launch_parts(cost, hw, calibration, path, count[rows], new[rows], prefix[rows])
         est = estimates(cost, hw, calibration, count[rows], new[rows], prefix[rows], (path,))[path]
+        if not est.has_interval:
+            return None
         for launch, op in zip(launches, est.ops.values()):
             own = np.reshape(op.time, -1)
             factor = op.scenarios(scenarios).reshape(scenarios, -1).sum(axis=1) / own.sum() if own.sum() > 0 else 1.0
