@@ -536,7 +536,7 @@ def test_batch_totals_carry_an_interval(fixture_calibration, tmp_path):
     requests.write_text("new,prefix\n1,8000\n512,0\n133,32768\n")
     data = json.loads(run("batch", requests, "--hardware", "h200", "--calibration", fixture_calibration,
                           "-f", "json").stdout)  # fmt: skip
-    for s, total in data["totals"].items():
+    for total in data["totals"].values():
         lo, hi = total["time_interval_s"]
         assert lo <= total["time_s"] <= hi and hi > lo
     roof = json.loads(run("batch", requests, "--hardware", "h200", "-f", "json").stdout)

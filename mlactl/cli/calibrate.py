@@ -197,13 +197,14 @@ def calibrate(
     if hardware is not None:
         hw = hwmod.resolve(hardware)
     if source == "aiconfigurator":
+        assert system is not None and framework is not None  # check_source said so
         default, hw, desc, groups = run.from_aiconfigurator(system, framework, version, data_dir, hw)
     elif source == "results":
         default, hw, desc, groups = run.from_results(files, hw)
     else:
         if hw is None:
             raise MlactlError("--from csv needs --hardware NAME|FILE: the profile the times were measured on")
-        default, hw, desc, groups = run.from_csv(files[0], load_model(model, tp), hw)
+        default, hw, desc, groups = run.from_csv((files or [])[0], load_model(model, tp), hw)
     test_groups = None
     if test is not None:  # read before fitting: a bad test file costs no fit
         test_groups = measured_groups(source, [test], None, None, None, None, model, tp)

@@ -21,6 +21,7 @@ the other may know more).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -102,7 +103,7 @@ class PathEstimate:
         return all(op.has_interval for op in self.ops.values())
 
     def scenarios(self, scenarios: int = u.SCENARIOS) -> np.ndarray:
-        return sum(op.scenarios(scenarios) for op in self.ops.values())
+        return functools.reduce(np.add, (op.scenarios(scenarios) for op in self.ops.values()))
 
     def interval(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The 80% interval of the path's time, widened to hold its point value."""
