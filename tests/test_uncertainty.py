@@ -541,3 +541,23 @@ def test_batch_totals_carry_an_interval(fixture_calibration, tmp_path):
         assert lo <= total["time_s"] <= hi and hi > lo
     roof = json.loads(run("batch", requests, "--hardware", "h200", "-f", "json").stdout)
     assert "time_interval_s" not in roof["totals"]["per_request"]
+
+
+def test_crossover_row_carries_the_root_its_interval_and_first_stable():
+    from types import SimpleNamespace
+
+    from mlactl.tune.sweep import crossover_row
+
+    news = [32, 64, 96, 128, 160, 192, 256]
+    pts = ratio_points(lambda n: math.exp(-0.2 * (math.log2(n) - math.log2(150))), news)
+
+    class Store:
+        def find(self, section, batch, new, prefix, path):
+            return pts[new][path]
+
+    times = {n: {p: r["median_s"] for p, r in pts[n].items()} for n in news}
+    row = crossover_row(SimpleNamespace(store=Store(), hw=None), DSV3, 1, 4096, times)
+    # expand wins from 160 on (ratio < 1 above 150): first_stable 160; the root of the line, 150
+    assert row["first_stable"] == 160 and row["estimator"] == "local_root"
+    assert row["measured"] == 150 and row["measured_interval"] == [150, 150]
+    assert row["measured_root"] == pytest.approx(150.0, abs=1e-3) and row["measured_window"] == [64, 256]
