@@ -39,6 +39,7 @@ from mlactl.model import hardware
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel
 from mlactl.results import store as results
+from mlactl.tune import noise
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "cpu-crossover.json"
@@ -75,6 +76,28 @@ def calibrated_crossovers(data: dict, hw, keep_prefix=None) -> tuple[dict, dict,
         for f in (x.to_json() for x in fits)
     ]
     return dict(zip(prefixes, found)), dict(zip(prefixes, spans)), summary
+
+
+def measured_now(data: dict, row: dict) -> dict:
+    """The crossover row's measured estimate, computed again from the run's timings (each round's
+    times) with this mlactl's estimator (noise.root_crossover), so a run made before a change to
+    it is read the same way; the row's first_stable where there is no sign change to fit."""
+    points: dict = {}
+    for r in data["paths"]:
+        if (r["batch"], r["prefix"]) == (row["batch"], row["prefix"]) and r.get("status", "ok") == "ok":
+            points.setdefault(r["new"], {})[r["path"]] = r
+    stable = row.get("first_stable", row.get("measured"))
+    found = noise.root_crossover(points, stable)
+    if found is None:
+        return {"measured": stable, "measured_interval": None, "estimator": "first_stable", "first_stable": stable}
+    return {
+        "measured": found["measured"],
+        "measured_root": found["root"],
+        "measured_interval": found["interval"],
+        "measured_window": found["window"],
+        "estimator": "local_root",
+        "first_stable": stable,
+    }
 
 
 def overlap(a, b) -> bool | None:
@@ -114,6 +137,7 @@ def main() -> None:
     in_sample, spans, fits = calibrated_crossovers(data, hw)
     rows = []
     for c in sorted(data["crossovers"], key=lambda c: c["prefix"]):
+        c = dict(c, **measured_now(data, c))
         p = c["prefix"]
         held, held_spans, _ = calibrated_crossovers(data, hw, keep_prefix=lambda q, p=p: q != p)
         measured_interval = c.get("measured_interval")
@@ -124,6 +148,7 @@ def main() -> None:
                 "measured_root": c.get("measured_root"),
                 "measured_interval": measured_interval,
                 "estimator": c.get("estimator"),
+                "measured_window": c.get("measured_window"),
                 "first_stable": c.get("first_stable", c.get("measured")),
                 "first_stable_bracket": [c.get("measured_low"), c.get("measured_high")],
                 "nonmonotone": c.get("nonmonotone"),
