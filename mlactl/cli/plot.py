@@ -90,8 +90,9 @@ def dtypes(kv_dtype: str, dtype: str) -> dict:
 
 
 def run_analysis(
-    model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, engines=None, calibration=None
-):
+    model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, engines=None, calibration=None,
+    crossover_spans=False,
+):  # fmt: skip
 
     check_plot(len(batch), 0)  # before the analysis: a chart's points cost more than a table's
 
@@ -106,6 +107,7 @@ def run_analysis(
         chunk=one_int(chunk, "--chunk"),
         engines=engines,
         calibration=load_calibration(calibration, hw),
+        crossover_spans=crossover_spans,  # the crossover chart's: the others draw no crossover interval
     )
 
 
@@ -240,7 +242,9 @@ def crossover(
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk)
     calibrated = None
     if calibration is not None:
-        calibrated = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, None, calibration)
+        calibrated = run_analysis(
+            model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, None, calibration, crossover_spans=True
+        )
     fig, drawn = plot.crossover(result, load_results(results, result), calibrated=calibrated)
     write(fig, output, dpi, "crossover", drawn, data)
 

@@ -133,9 +133,15 @@ def notes_for(cost: CostModel, layers: int) -> list[str]:
 
 
 def crossover_table(
-    cost: CostModel, hw: HardwareProfile, batch_prefix, max_new: int = DEFAULT_MAX_NEW, calibration=None
+    cost: CostModel,
+    hw: HardwareProfile,
+    batch_prefix,
+    max_new: int = DEFAULT_MAX_NEW,
+    calibration=None,
+    spans: bool = True,
 ) -> Crossover:
-    """Crossovers for each (batch, prefix) pair given; by calibrated time with `calibration`."""
+    """Crossovers for each (batch, prefix) pair given; by calibrated time with `calibration`, and
+    then (with `spans`) their intervals and the basis of the ops that decide them."""
     pairs = sorted(set((int(b), int(p)) for b, p in batch_prefix))
     note = ""
     if len(pairs) > MAX_CROSSOVER_PREFIXES:
@@ -149,7 +155,7 @@ def crossover_table(
         prefixes = [p for bb, p in pairs if bb == b]
         by_time = crossover_by_time(cost, hw, calibration, prefixes, batch=b, path="expand", max_new=max_new)
         chunked = crossover_by_time(cost, hw, calibration, prefixes, batch=b, path="expand_chunked", max_new=max_new)
-        if calibration is None:
+        if calibration is None or not spans:
             rows += [
                 CrossoverRow(b, p, cost.crossover_by_flops(p), t, c) for p, t, c in zip(prefixes, by_time, chunked)
             ]
@@ -236,13 +242,16 @@ def analyze(
     policy: str | None = None,
     results_data: dict | None = None,
     calibration=None,
+    crossover_spans: bool = True,
 ) -> Analysis:
     """Cost, roofline time, choice and crossover of every path at every (batch, new, prefix).
 
     `engines` (default: sglang and vllm with their defaults) adds each engine's path and the
     time it loses against the best path that fits. `policy` (roofline, flops, measured or an
     engine) adds that policy's path and the time it loses; measured takes its crossovers from
-    `results_data` (a loaded results file), per batch size.
+    `results_data` (a loaded results file), per batch size. Calibrated, each time's interval and
+    each op's basis are computed (`spans`), and with `crossover_spans` (the slow part: a search
+    per draw) each crossover's interval and the basis of the ops that decide it.
     """
     engines = parse_engines(None) if engines is None else list(engines)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
@@ -289,7 +298,7 @@ def analyze(
         best_by_flops=argmin_path({p: paths[p].flops for p in MLA_PATHS}),
         engine_paths=engine_paths,
         engine_time_lost={name: engine_lost(by_name[name], path) for name, path in engine_paths.items()},
-        crossover=crossover_table(cost, hw, batch_prefix, max_new, calibration),
+        crossover=crossover_table(cost, hw, batch_prefix, max_new, calibration, crossover_spans),
         notes=notes_for(cost, layers) + _cache_note(cost, hw, batch, new, prefix),
         policy=policy,
         policy_path=policy_path,

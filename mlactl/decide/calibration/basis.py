@@ -111,9 +111,10 @@ def basis(rng: dict | None, pts: Points) -> tuple[np.ndarray, np.ndarray, list[s
 def steps_sampled(shapes, pts: Points) -> np.ndarray:
     """Whether measured shapes lie within STEP_NEAR octaves on both sides of each point along the
     step axis, and within OTHER_NEAR on the other axes (see the module docstring)."""
-    x = log_features(pts)
+    x, back = np.unique(log_features(pts), axis=0, return_inverse=True)  # a grid repeats shapes
+    back = np.reshape(back, -1)
     if shapes is None or len(shapes) == 0:
-        return np.zeros(len(x), dtype=bool)
+        return np.zeros(len(back), dtype=bool)
     m = np.asarray(shapes, dtype=np.float64)
     names = axes_of(pts.op)
     k = names.index(step_axis(pts.op))
@@ -126,4 +127,4 @@ def steps_sampled(shapes, pts: Points) -> np.ndarray:
         below = np.any(close & (d <= 0) & (d >= -STEP_NEAR - 1e-9), axis=1)
         above = np.any(close & (d >= 0) & (d <= STEP_NEAR + 1e-9), axis=1)
         out[start : start + 1024] = below & above
-    return out
+    return out[back]

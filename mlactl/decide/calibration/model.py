@@ -387,7 +387,7 @@ def near_factor(table: dict, pts: Points, chunk: int = 2048) -> np.ndarray:
     only); 1 where none is that near."""
     x = np.asarray(table["features"], dtype=np.float64)
     r = np.asarray(table["log_residual"], dtype=np.float64)
-    f = near_features(pts)
+    f, back = np.unique(near_features(pts), axis=0, return_inverse=True)  # a grid repeats shapes
     out = np.ones(len(f))
     k = min(NEAR_K, len(x))
     for start in range(0, len(f), chunk):
@@ -400,6 +400,7 @@ def near_factor(table: dict, pts: Points, chunk: int = 2048) -> np.ndarray:
             warnings.simplefilter("ignore", RuntimeWarning)
             med = np.nanmedian(res, axis=1)
         out[start : start + chunk] = np.where(np.isfinite(med), np.exp(-med), 1.0)
+    out = out[np.reshape(back, -1)]
     shape = np.shape(np.asarray(_rows_and_ctas(pts)[0]))
     return out.reshape(shape) if shape else out[0]
 
