@@ -574,3 +574,12 @@ def test_crossover_row_carries_the_root_its_interval_and_first_stable():
     assert row["first_stable"] == 160 and row["estimator"] == "local_root"
     assert row["measured"] == 150 and row["measured_interval"] == [150, 150]
     assert row["measured_root"] == pytest.approx(150.0, abs=1e-3) and row["measured_window"] == [96, 192]
+
+
+def test_calibrated_crossover_csv_has_the_intervals(fixture_calibration):
+    out = run("crossover", "--hardware", "h200", "--prefix", "32K", "--calibration", fixture_calibration, "-f", "csv")
+    header, row = out.stdout.splitlines()[:2]
+    values = dict(zip(header.split(","), row.split(",")))
+    assert float(values["by_time_lo"]) <= float(values["by_time"])
+    plain = run("crossover", "--hardware", "h200", "--prefix", "32K", "-f", "csv").stdout.splitlines()[0]
+    assert plain == "batch,prefix,by_flops,by_time,by_time_chunked"
