@@ -35,7 +35,7 @@ from mlactl.cli.options import (
     TpOpt,
 )
 from mlactl.decide import analysis
-from mlactl.decide.engines import parse_engines
+from mlactl.decide.engines import context_for, parse_engines
 from mlactl.decide.requests import read_requests
 from mlactl.output import render, report
 from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
@@ -72,7 +72,8 @@ def batch_cmd(
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
-    engine_params = parse_engines(engines, engine_option)
+    kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
+    engine_params = parse_engines(engines, engine_option, context_for(cfg, hw, kv))
     cal = load_calibration(calibration, hw)
     new, prefix, count = read_requests(requests, fmt)
     result = analysis.analyze_batch(
@@ -81,7 +82,7 @@ def batch_cmd(
         new,
         prefix,
         count,
-        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        kv_dtype=kv,
         dtype=choice(dtype, "--dtype", DTYPES),
         chunk=one_int(chunk, "--chunk"),
         engines=engine_params,

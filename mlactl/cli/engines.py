@@ -40,11 +40,12 @@ from mlactl.cli.options import (
     TpOpt,
 )
 from mlactl.decide import workload as wl_mod
-from mlactl.decide.engines import ENGINES, parse_engines
+from mlactl.decide.engines import context_for, known_names, parse_engines
+from mlactl.decide.engines.catalog import ARCHS, CACHES, catalog, shorthands
 from mlactl.model.cost import CostModel
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output.csvout import write_csv as write
-from mlactl.output.render import SHORT, seconds
+from mlactl.output.render import SHORT, engine_lines, seconds
 from mlactl.output.report import SCHEMA_VERSION, engine_json, number_or_none
 from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
 from mlactl.util.errors import MlactlError
@@ -80,9 +81,18 @@ def engines_cmd(
         Optional[str],
         typer.Option(
             "--engines",
-            help="Engines to judge, comma-separated (default: all four: sglang, sglang-triton, sglang-trtllm, vllm).",
+            help="Engine rules to judge, comma-separated: ENGINE or ENGINE@VERSION (see --list; "
+            "default: sglang, sglang-triton, sglang-trtllm, vllm, the newest of each).",
         ),
     ] = None,
+    list_rules: Annotated[
+        bool,
+        typer.Option(
+            "--list",
+            help="List every rule set instead: its backends, default backend per GPU architecture and "
+            "cache dtype, options with their defaults, and source.",
+        ),
+    ] = False,
     engine_option: EngineOptionOpt = None,
     calibration: CalibrationOpt = None,
     fmt: FormatOpt = None,
@@ -92,23 +102,48 @@ def engines_cmd(
     threshold that would lose least on this hardware (SGLang's summed-prefix threshold, vLLM's
     decode threshold), found by trying every value that changes a path.
 
-    Rules: sgl-project/sglang@0a8dcfa9 attention_backend_handler.py; vllm-project/vllm@0014ca6b
-    mla_attention.py and each backend's reorder_batch_threshold (docs/engines.md cites each).
+    Rules are versioned (ENGINE@VERSION; a bare name is the newest) and resolved for the GPU's
+    architecture and the cache dtype: each prints the backend it runs and why. `--list` shows
+    every rule set; docs/engines.md cites each rule's source.
 
     Times are roofline times of the paths that fit in memory, or calibrated times with
     --calibration (docs/calibration.md).
 
     Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
+
+    Example: mlactl engines --list
     """
 
     fmt = output_format(fmt, output)
+    if list_rules:
+        if workload is not None:
+            raise MlactlError("--list lists the rule sets; give it without a workload")
+        if fmt == "csv":
+            raise MlactlError("mlactl engines --list writes table or json")
+        data = catalog()
+        emit(
+            fmt,
+            output,
+            json_data=lambda: {
+                "schema": "mlactl.engine_rules",
+                "schema_version": SCHEMA_VERSION,
+                "rule_sets": data,
+                "shorthands": shorthands(),
+                "mlactl_version": __version__,
+            },
+            tables=list_tables(data),
+        )
+        return
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
     cal = load_calibration(calibration, hw)
-    params = parse_engines(engines or ",".join(ENGINES), engine_option)
+    kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
+    params = parse_engines(
+        engines or "sglang,sglang-triton,sglang-trtllm,vllm", engine_option, context_for(cfg, hw, kv)
+    )
     cost = CostModel(
         cfg,
-        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        kv_dtype=kv,
         dtype=choice(dtype, "--dtype", DTYPES),
         chunk=one_int(chunk, "--chunk"),
     )
@@ -131,15 +166,63 @@ def engines_cmd(
     )
 
 
+def list_tables(data) -> list:
+    """`--list`: one table of rule sets and their defaults, then each rule set's options."""
+    top = Table(title="Engine rule sets (a bare name is the newest; default backend for DeepSeek-V3)")
+    for col in ("rule set", "backends", *(f"{a} {k}" for a in ARCHS for k in CACHES), "source"):
+        top.add_column(col, overflow="fold")
+    for r in data:
+        cells = {
+            (d["arch"], d["kv_dtype"]): (f"{d['backend']} ({d['threshold']})" if d["backend"] else "none")
+            for d in r["defaults"]
+        }
+        top.add_row(
+            r["name"] + (" (newest)" if r["newest"] else ""),
+            ", ".join(r["backends"]),
+            *(cells[(a, k)] for a in ARCHS for k in CACHES),
+            f"{r['source']['repo']}@{r['source']['commit'][:8] if '.' not in r['source']['commit'] else r['source']['commit']}",
+        )
+    out: list = [top]
+    for r in data:
+        t = Table(title=f"{r['name']} options (--engine-option {r['engine']}.KEY=VALUE)")
+        for col in ("option", "type", "default", "what it does"):
+            t.add_column(col, overflow="fold")
+        for k, o in r["options"].items():
+            default = (
+                "(resolved)"
+                if o["default"] is None
+                else str(o["default"]).lower()
+                if o["type"] == "bool"
+                else str(o["default"])
+            )
+            kind = o["type"] + (f": {', '.join(o['choices'])}" if o["choices"] else "")
+            t.add_row(k, kind, default, o["help"])
+        out.append(t)
+        out.append(
+            f"{r['name']} source: {r['source']['repo']} {r['source']['commit']}; "
+            + "; ".join(f"{p} ({w})" for p, w in r["source"]["files"]).replace("[", "\\[")
+        )
+        if r["source"]["note"]:
+            out.append(f"  note: {r['source']['note']}")
+        for note in r["notes"]:
+            out.append(f"  note: {note}")
+    out.append(
+        "Shorthands: "
+        + "; ".join(f"{k} = {v}" for k, v in shorthands().items())
+        + f". Known names: {', '.join(known_names())}"
+    )
+    return out
+
+
 def sentence(result, e) -> str:
-    """`SGLang's 8192 on H200 for this workload: best threshold X, saves Y%`."""
+    """`sglang's chunked_prefix_cache_threshold 8192 on h200 for this workload: best X, saves Y%`."""
     s = e.sweep
     span = f"{s.best_range[0]} up" if s.best_range[1] is None else f"{s.best_range[0]} to {s.best_range[1]}"
     if s.best == s.current or s.saves <= 0:
         verdict = f"already the best (any threshold from {span} does as well)"
     else:
         verdict = f"best threshold {s.best} (any from {span}), saves {s.saves:.1%}"
-    return f"{e.params.engine}'s threshold {s.current} on {result.hw.name} for this workload: {verdict}"
+    return f"{e.params.engine}'s {s.option} {s.current} on {result.hw.name} for this workload: {verdict}"
 
 
 def tables(result) -> list:
@@ -189,6 +272,7 @@ def tables(result) -> list:
     for e in result.engines:
         if e.sweep is not None:
             out.append(sentence(result, e))
+    out += engine_lines([e.params for e in result.engines])
     out.append("Sources: " + "; ".join(sorted({e.params.citation for e in result.engines})))
     if result.calibration is not None:
         out.append(calibration_line(result.calibration))
