@@ -260,10 +260,11 @@ def parse_engines(engines, options: list[str] | None = None, ctx: Context | None
                     f"--engine-option {text!r}: {key} belongs to {' and '.join(fams)}; name one, e.g. {fams[0]}.{key}={value}"
                 )
             if not targets:
-                known = sorted({f"{family[n]}.{o}" for n in names for o in ruleset_for(n)[0].options})
-                raise MlactlError(
-                    f"--engine-option {text!r}: no selected engine has an option {key!r}; valid: {', '.join(known)}"
+                valid = "; ".join(
+                    f"valid keys for {ruleset_for(n)[0].name}: {', '.join(ruleset_for(n)[0].options)}" for n in names
                 )
+                where = ruleset_for(names[0])[0].name if len(names) == 1 else "no selected engine"
+                raise MlactlError(f"--engine-option {text!r}: {where} has no option {key!r}; {valid}")
         for n in targets:
             rs, fixed = ruleset_for(n)
             canon = _canonical(rs, key)
