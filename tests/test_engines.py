@@ -14,8 +14,6 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from mlactl.cli import app
@@ -154,7 +152,10 @@ KNOWN = "choose from sglang, vllm, sglang-triton, sglang-trtllm, sglang@0.5.14"
 BAD = [
     (["analyze", "--engines", "tensorrt"], f"unknown engine 'tensorrt'; {KNOWN}"),
     (["analyze", "--policy", "fixed"], "--policy must be one of roofline, flops, measured, sglang"),
-    (["analyze", "--engine-option", "sglang.bogus=1"], "sglang@0.5.23 has no option 'bogus'; valid keys for sglang@0.5.23"),
+    (
+        ["analyze", "--engine-option", "sglang.bogus=1"],
+        "sglang@0.5.23 has no option 'bogus'; valid keys for sglang@0.5.23",
+    ),
     (["analyze", "--engine-option", "foo.threshold=1"], f"unknown engine 'foo'; {KNOWN}"),
     (["analyze", "--engine-option", "sglang.threshold=abc"], "chunked_prefix_cache_threshold takes a whole number"),
     (["analyze", "--engine-option", "vllm.threshold=0"], "reorder_batch_threshold must be from 1 to 2,147,483,647"),
@@ -164,9 +165,15 @@ BAD = [
     (["analyze", "--engine-option", "threshold=4096"], "threshold belongs to sglang and vllm"),
     (["analyze", "--engine-option", "threshold"], "takes [ENGINE.]KEY=VALUE"),
     (["analyze", "--engine-option", "vllm.backend=triton"], "backend must be one of flash_attn_mla, flashmla"),
-    (["analyze", "--engines", "sglang@0.5.14", "--engine-option", "disable_piecewise_cuda_graph=true"], "sglang@0.5.14 has no option"),
+    (
+        ["analyze", "--engines", "sglang@0.5.14", "--engine-option", "disable_piecewise_cuda_graph=true"],
+        "sglang@0.5.14 has no option",
+    ),
     (["analyze", "--engines", "vllm@9.9"], "no rule set for vllm@9.9; vllm versions: 0014ca6b, 0.33.0"),
-    (["analyze", "--hardware", "b200", "--engine-option", "vllm.backend=flashmla", "--kv-dtype", "fp32"], "FLASHMLA takes no fp32 cache"),
+    (
+        ["analyze", "--hardware", "b200", "--engine-option", "vllm.backend=flashmla", "--kv-dtype", "fp32"],
+        "FLASHMLA takes no fp32 cache",
+    ),
     (["analyze", "--threshold", "8192"], "No such option"),
     (["engines", "--engines", "sglang,x"], f"unknown engine 'x'; {KNOWN}"),
     (["engines", "--engine-option", "sglang.threshold=-1"], "takes a whole number"),
@@ -233,7 +240,9 @@ def test_batch_row_split_by_vllm(tmp_path):
     reorder puts the three last, behind the extend that ends the decodes (FLASH_ATTN_MLA, 512)."""
     path = tmp_path / "r.csv"
     path.write_text("new,prefix,count\n10,0,3\n5,100,2\n600,100,1\n")
-    data = json.loads(runner.invoke(app, ["batch", str(path), "--hardware", "h200", "--engines", "vllm", "-f", "json"]).output)
+    data = json.loads(
+        runner.invoke(app, ["batch", str(path), "--hardware", "h200", "--engines", "vllm", "-f", "json"]).output
+    )
     assert [r["engine_paths"]["vllm"] for r in data["requests"]] == ["expand", "absorb", "expand_chunked"]
 
 
@@ -334,7 +343,7 @@ def test_analyze_piped_prints_every_column_in_full():
         ("new,prefix,weight\n1,2,nan\n", "line 2: weight 'nan' must be a positive number"),
         ("batch,new,prefix\n0,1,2\n", "line 2: batch must be at least 1"),
         ("new,context\n10,5\n", "line 2: context 5 is shorter than new 10"),
-        ("new,prefix\n", "no rows after the header"),
+        ("new,prefix\n", "no shapes after the header"),
     ],
 )
 def test_bad_workload_csv(tmp_path, content, message):

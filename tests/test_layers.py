@@ -77,9 +77,7 @@ def heavy_modules(files: dict[str, Path]) -> set[str]:
     tops = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text())
-        tops[name] = {
-            t for n in _top_level_imports(tree) for t in _targets(name, n, path.name == "__init__.py", files)
-        }
+        tops[name] = {t for n in _top_level_imports(tree) for t in _targets(name, n, path.name == "__init__.py", files)}
     heavy: set[str] = set()
     grew = True
     while grew:

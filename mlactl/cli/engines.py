@@ -166,51 +166,41 @@ def engines_cmd(
     )
 
 
+def _cell(d: dict) -> str:
+    return f"{d['backend']} ({d['threshold']})" if d["backend"] else "none"
+
+
 def list_tables(data) -> list:
-    """`--list`: one table of rule sets and their defaults, then each rule set's options."""
-    top = Table(title="Engine rule sets (a bare name is the newest; default backend for DeepSeek-V3)")
-    for col in ("rule set", "backends", *(f"{a} {k}" for a in ARCHS for k in CACHES), "source"):
-        top.add_column(col, overflow="fold")
+    """`--list`: the default backend of each rule set per architecture and cache dtype, then each
+    rule set's backends, options and source."""
+    top = Table(title="Default backend (decode threshold) for DeepSeek-V3, per GPU architecture and cache dtype")
+    top.add_column("rule set", no_wrap=True)
+    for a in ARCHS:
+        for k in CACHES:
+            top.add_column(f"{a} {k}")
     for r in data:
-        cells = {
-            (d["arch"], d["kv_dtype"]): (f"{d['backend']} ({d['threshold']})" if d["backend"] else "none")
-            for d in r["defaults"]
-        }
-        top.add_row(
-            r["name"] + (" (newest)" if r["newest"] else ""),
-            ", ".join(r["backends"]),
-            *(cells[(a, k)] for a in ARCHS for k in CACHES),
-            f"{r['source']['repo']}@{r['source']['commit'][:8] if '.' not in r['source']['commit'] else r['source']['commit']}",
-        )
+        cells = {(d["arch"], d["kv_dtype"]): _cell(d) for d in r["defaults"]}
+        name = r["name"] + (" (newest)" if r["newest"] else "")
+        top.add_row(name, *(cells[(a, k)] for a in ARCHS for k in CACHES))
     out: list = [top]
     for r in data:
+        src = r["source"]
         t = Table(title=f"{r['name']} options (--engine-option {r['engine']}.KEY=VALUE)")
         for col in ("option", "type", "default", "what it does"):
             t.add_column(col, overflow="fold")
         for k, o in r["options"].items():
-            default = (
-                "(resolved)"
-                if o["default"] is None
-                else str(o["default"]).lower()
-                if o["type"] == "bool"
-                else str(o["default"])
-            )
+            default = o["default"]
+            shown = "(resolved)" if default is None else str(default).lower() if o["type"] == "bool" else str(default)
             kind = o["type"] + (f": {', '.join(o['choices'])}" if o["choices"] else "")
-            t.add_row(k, kind, default, o["help"])
+            t.add_row(k, kind, shown, o["help"])
         out.append(t)
-        out.append(
-            f"{r['name']} source: {r['source']['repo']} {r['source']['commit']}; "
-            + "; ".join(f"{p} ({w})" for p, w in r["source"]["files"]).replace("[", "\\[")
-        )
-        if r["source"]["note"]:
-            out.append(f"  note: {r['source']['note']}")
-        for note in r["notes"]:
+        out.append(f"{r['name']} backends: {', '.join(r['backends'])}")
+        files = "; ".join(f"{p} ({w})" for p, w in src["files"]).replace("[", "\\[")
+        out.append(f"{r['name']} source: {src['repo']} {src['commit']}: {files}")
+        for note in ([src["note"]] if src["note"] else []) + r["notes"]:
             out.append(f"  note: {note}")
-    out.append(
-        "Shorthands: "
-        + "; ".join(f"{k} = {v}" for k, v in shorthands().items())
-        + f". Known names: {', '.join(known_names())}"
-    )
+    marks = "; ".join(f"{k} = {v}" for k, v in shorthands().items())
+    out.append(f"Shorthands: {marks}. Names --engines takes: {', '.join(known_names())}")
     return out
 
 

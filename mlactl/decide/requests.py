@@ -68,7 +68,7 @@ def size_cell(cell: str, name: str) -> int:
     digits, suffix = match.groups()
     value = int(digits) * _SUFFIX[suffix.lower()] if len(digits.lstrip("0")) <= 19 else MAX_SIZE + 1
     if value > MAX_SIZE:
-        raise MlactlError(f"{name} {cell[:40]!r} is above the limit of {MAX_SIZE:,} (2^31 - 1)")
+        raise MlactlError(f"{name}: {cell[:40]!r} is above the limit of {MAX_SIZE:,} (2^31 - 1)")
     return value
 
 
@@ -114,7 +114,7 @@ def _header(row: list[str], path: Path) -> dict[str, int]:
     return {name: header.index(name) for name in KNOWN if name in header}
 
 
-def read_rows(path: str | Path, what: str = "requests", fmt: str = "csv") -> Rows:
+def read_rows(path: str | Path, what: str = "requests", fmt: str = "csv", rows_are: str = "requests") -> Rows:
     """Every row of a requests or workload CSV, checked (see the module docstring)."""
     path = Path(path)
     try:
@@ -166,7 +166,7 @@ def read_rows(path: str | Path, what: str = "requests", fmt: str = "csv") -> Row
         except OSError as exc:
             raise MlactlError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     if not rows:
-        raise MlactlError(f"{path}: no rows after the header")
+        raise MlactlError(f"{path}: no {rows_are} after the header")
 
     def column(name):
         return np.frombuffer(sizes[name], dtype=np.int64).copy() if name in sizes else None

@@ -84,7 +84,7 @@ def read_workload(path: str | Path) -> Workload:
     (mlactl.decide.requests): `new` and `prefix` (or `context`); optionally `batch` (requests
     per batch, default 1) and `weight` (how often the shape runs, default 1; `count` is read as
     the weight, so a requests CSV of `mlactl batch` works). Other columns are ignored."""
-    rows = read_rows(path, "workload")
+    rows = read_rows(path, "workload", rows_are="shapes")
     if rows.weight is not None and rows.count is not None:
         raise MlactlError(f"{path}: line 1: give weight or count, not both")
     weight = rows.weight if rows.weight is not None else rows.count

@@ -128,7 +128,8 @@ class EngineParams:
         return f"{self.ruleset.name}: {s.short} {s.files[0][0]}"
 
     @property
-    def backend_info(self) -> SGLangBackend | VLLMBackend:
+    def backend_info(self):
+        """The backend's data: SGLangBackend or VLLMBackend (rulesets.py)."""
         return self.ruleset.backends[self.backend]
 
     @property
@@ -257,7 +258,8 @@ def parse_engines(engines, options: list[str] | None = None, ctx: Context | None
             fams = sorted({family[n] for n in targets})
             if len(fams) > 1:
                 raise MlactlError(
-                    f"--engine-option {text!r}: {key} belongs to {' and '.join(fams)}; name one, e.g. {fams[0]}.{key}={value}"
+                    f"--engine-option {text!r}: {key} belongs to {' and '.join(fams)}; "
+                    f"name one, e.g. {fams[0]}.{key}={value}"
                 )
             if not targets:
                 valid = "; ".join(
@@ -453,8 +455,9 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
                     continue
                 backend = cand
                 break
-            if not backend:
-                raise MlactlError(f"{rs.name}: no MLA backend on {arch} takes a {kv} cache")
+            if not backend:  # vLLM would refuse to start; show the rule it has for a 16-bit cache
+                backend = next(c for c in rs.priorities[arch] if arch in rs.backends[c].arch)
+                why.append(f"no vLLM MLA backend on {arch} takes a {kv} cache (vLLM would not start); {backend} shown")
             reason = f"first {arch} priority that takes a {kv} cache" + (f"; {', '.join(skipped)}" if skipped else "")
         b = rs.backends[backend]
         head = f"{backend}"
