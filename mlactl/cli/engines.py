@@ -51,6 +51,8 @@ from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
 from mlactl.util.errors import MlactlError
 
 engines_app = typer.Typer(add_completion=False)
+# The sweep's table of every distinct threshold goes into the JSON up to this many entries.
+MAX_SWEEP_VALUES = 1000
 
 
 @engines_app.command(name="engines")
@@ -302,8 +304,10 @@ def to_json(result) -> dict:
                 "best_range": list(s.best_range),
                 "best_time_s": number_or_none(s.best_time_s),
                 "saves": s.saves,
-                "values": [{"threshold": t, "time_s": number_or_none(v)} for t, v in s.values],
+                "values_count": len(s.values),
             }
+            if len(s.values) <= MAX_SWEEP_VALUES:  # a million distinct sums would be a 100 MB table
+                item["sweep"]["values"] = [{"threshold": t, "time_s": number_or_none(v)} for t, v in s.values]
         engines.append(item)
     return {
         "schema": "mlactl.engines",

@@ -114,6 +114,44 @@ def _header(row: list[str], path: Path) -> dict[str, int]:
     return {name: header.index(name) for name in KNOWN if name in header}
 
 
+_SIZE_COLUMN = re.compile(r"[ \t]*[0-9]+[ \t]*(?:\n[ \t]*[0-9]+[ \t]*)*", re.ASCII)
+_WEIGHT_CELL = r"[ \t]*(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t]*"
+_WEIGHT_COLUMN = re.compile(f"{_WEIGHT_CELL}(?:\\n{_WEIGHT_CELL})*", re.ASCII)
+
+
+def _sizes(cells: list[str], name: str, lines, path) -> np.ndarray:
+    """A column of sizes: one regex over the whole column and one int conversion in C; only
+    where that fails (a K or M, a bad cell) does it go cell by cell, for the line's message."""
+    if max(map(len, cells)) <= 12 and _SIZE_COLUMN.fullmatch("\n".join(cells)):
+        values = np.fromiter(map(int, cells), dtype=np.int64, count=len(cells))
+        if values.max() <= MAX_SIZE:
+            return values
+    out = np.empty(len(cells), dtype=np.int64)
+    for i, cell in enumerate(cells):
+        try:
+            out[i] = size_cell(cell.strip(), name)
+        except MlactlError as exc:
+            raise MlactlError(f"{path}: line {lines[i]}: {exc}") from None
+    return out
+
+
+def _weights(cells: list[str], lines, path) -> np.ndarray:
+    if _WEIGHT_COLUMN.fullmatch("\n".join(cells)):
+        values = np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
+        if ((values > 0) & (values <= MAX_WEIGHT)).all():
+            return values
+    for i, cell in enumerate(cells):
+        try:
+            weight_cell(cell.strip(), "weight")
+        except MlactlError as exc:
+            raise MlactlError(f"{path}: line {lines[i]}: {exc}") from None
+    raise AssertionError("a weight column that failed as a whole passed cell by cell")  # pragma: no cover
+
+
+def _first(bad: np.ndarray) -> int:
+    return int(np.flatnonzero(bad)[0])
+
+
 def read_rows(path: str | Path, what: str = "requests", fmt: str = "csv", rows_are: str = "requests") -> Rows:
     """Every row of a requests or workload CSV, checked (see the module docstring)."""
     path = Path(path)
@@ -121,9 +159,8 @@ def read_rows(path: str | Path, what: str = "requests", fmt: str = "csv", rows_a
         fh = open(path, encoding="utf-8-sig", newline="")
     except OSError as exc:
         raise MlactlError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    sizes: dict[str, array] = {}
-    weights = array("d")
-    rows = 0
+    cells: dict[str, list[str]] = {}
+    lines = array("q")
     with fh:
         reader = csv.reader(_lines(fh, path))
         try:
@@ -132,53 +169,56 @@ def read_rows(path: str | Path, what: str = "requests", fmt: str = "csv", rows_a
                 raise MlactlError(f"{path}: empty file; expected a header such as new,prefix")
             col = _header(header_row, path)
             width = len(header_row)
-            size_cols = [(name, i) for name, i in col.items() if name in SIZES]
-            weight_col = col.get("weight")
-            sizes = {name: array("q") for name in (*(n for n, _ in size_cols), "prefix")}
+            cells = {name: [] for name in col}
+            take = [(cells[name].append, i) for name, i in col.items()]
             line = reader.line_num
             for row in reader:
                 start, line = line + 1, reader.line_num
                 if line != start:  # csv joined physical lines: a quoted cell holds a newline
                     raise MlactlError(f"{path}: line {start}: a quoted cell spans lines; one row per line")
-                if not any(cell.strip() for cell in row):
-                    continue
                 if len(row) != width:
+                    if not any(cell.strip() for cell in row):
+                        continue
                     raise MlactlError(f"{path}: line {line}: {len(row)} fields, the header has {width}")
-                try:
-                    values = {name: size_cell(row[i].strip(), name) for name, i in size_cols}
-                    if weight_col is not None:
-                        weights.append(weight_cell(row[weight_col].strip(), "weight"))
-                except MlactlError as exc:
-                    raise MlactlError(f"{path}: line {line}: {exc}") from None
-                for name in ("new", "batch", "count"):
-                    if values.get(name, 1) < 1:
-                        raise MlactlError(f"{path}: line {line}: {name} must be at least 1")
-                set_prefix(values, path, line)
-                for name, arr in sizes.items():
-                    arr.append(values[name])
-                rows += 1
-                if rows % CHECK_EVERY == 0:
-                    check_requests(rows, fmt)
+                if width == 1 and not row[0].strip():
+                    continue
+                for append, i in take:
+                    append(row[i])
+                lines.append(line)
+                if len(lines) % CHECK_EVERY == 0:
+                    check_requests(len(lines), fmt)
         except csv.Error as exc:
             raise MlactlError(f"{path}: line {reader.line_num}: not CSV ({exc})") from None
         except UnicodeDecodeError as exc:
             raise MlactlError(f"cannot read {what} {path}: not UTF-8 text ({exc.reason})") from None
         except OSError as exc:
             raise MlactlError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    if not rows:
+    if not lines:
         raise MlactlError(f"{path}: no {rows_are} after the header")
-
-    def column(name):
-        return np.frombuffer(sizes[name], dtype=np.int64).copy() if name in sizes else None
-
-    return Rows(
-        column("new"),
-        column("prefix"),
-        column("batch"),
-        column("count"),
-        np.frombuffer(weights, dtype=np.float64).copy() if weight_col is not None else None,
-        str(path),
-    )
+    # a row of empty cells (`,,`) is skipped, as a blank line is
+    blank = np.ones(len(lines), dtype=bool)
+    for values in cells.values():
+        blank &= np.fromiter((not c.strip() for c in values), dtype=bool, count=len(values))
+    if blank.any():
+        keep = np.flatnonzero(~blank)
+        cells = {k: [v[i] for i in keep] for k, v in cells.items()}
+        lines = array("q", (lines[i] for i in keep))
+        if not lines:
+            raise MlactlError(f"{path}: no {rows_are} after the header")
+    cols = {name: _sizes(c, name, lines, path) for name, c in cells.items() if name in SIZES}
+    weight = _weights(cells["weight"], lines, path) if "weight" in cells else None
+    for name in ("new", "batch", "count"):
+        if name in cols and (cols[name] < 1).any():
+            raise MlactlError(f"{path}: line {lines[_first(cols[name] < 1)]}: {name} must be at least 1")
+    if "context" in cols:
+        short = cols["context"] < cols["new"]
+        if short.any():
+            i = _first(short)
+            raise MlactlError(
+                f"{path}: line {lines[i]}: context {cols['context'][i]} is shorter than new {cols['new'][i]}"
+            )
+        cols["prefix"] = cols["context"] - cols["new"]
+    return Rows(cols["new"], cols["prefix"], cols.get("batch"), cols.get("count"), weight, str(path))
 
 
 def read_requests(path: str | Path, fmt: str = "csv") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
