@@ -36,7 +36,7 @@ def workload_csv(path: Path, rows: int, seed: int = 24) -> None:
     with open(path, "w") as fh:
         fh.write("batch,new,prefix,weight\n")
         for row in zip(batch.tolist(), new.tolist(), prefix.tolist(), weight.tolist()):
-            fh.write("%d,%d,%d,%d\n" % row)
+            fh.write(",".join(map(str, row)) + "\n")
 
 
 def timed(cmd: list[str], repeats: int) -> list[float]:
@@ -78,7 +78,8 @@ def main() -> None:
             s = {"rows": rows, "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
             results.append(s)
             print(
-                f"{rows:>9,} rows: median {s['median_s']:.2f} s (min {s['min_s']:.2f}, max {s['max_s']:.2f}, {len(times)} runs)"
+                f"{rows:>9,} rows: median {s['median_s']:.2f} s "
+                f"(min {s['min_s']:.2f}, max {s['max_s']:.2f}, {len(times)} runs)"
             )
     doc = {
         "benchmark": "mlactl engines on a random workload CSV",
