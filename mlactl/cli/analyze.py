@@ -86,7 +86,7 @@ def analyze(
         typer.Option(
             "--policy",
             help="Also show this policy's choice and what it loses: roofline, flops, measured, or an engine "
-            "(sglang, sglang-triton, sglang-trtllm, vllm).",
+            "(sglang, sglang-triton, sglang-trtllm, vllm, or ENGINE@VERSION such as sglang@0.5.14).",
         ),
     ] = None,
     results: Annotated[

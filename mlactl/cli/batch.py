@@ -46,7 +46,13 @@ batch_app = typer.Typer(add_completion=False)
 @batch_app.command(name="batch")
 @cli_errors
 def batch_cmd(
-    requests: Annotated[Path, typer.Argument(help="CSV with a header and columns new,prefix (and optionally count).")],
+    requests: Annotated[
+        Path,
+        typer.Argument(
+            help="CSV with a header and columns new and prefix (or context), optionally count (or batch): "
+            "alike requests per row."
+        ),
+    ],
     model: ModelOpt = "deepseek-v3",
     hardware: HardwareOpt = "h800",
     measured: MeasuredOpt = False,
@@ -64,7 +70,8 @@ def batch_cmd(
 
     Each engine's rule is applied to the whole batch the engine's way: SGLang judges the extend
     requests together on their summed prefix (decode requests run as their own batch), vLLM
-    judges each request on its query length (docs/engines.md).
+    reorders the batch and takes its leading short requests as decodes (docs/engines.md). Each
+    rule prints the backend it resolved to for this GPU and cache dtype, and why.
 
     Example: mlactl batch requests.csv --hardware h200   (requests.csv: new,prefix / 1,8000 / 512,0 ...)
     """

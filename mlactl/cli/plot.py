@@ -273,8 +273,7 @@ def pathmap(
         typer.Option(
             "--policy",
             help="Shade what this engine's rule loses against the best path instead: sglang, sglang-triton, "
-            "sglang-trtllm or vllm (rules from sgl-project/sglang@0a8dcfa9 and vllm-project/vllm@0014ca6b; "
-            "docs/engines.md).",
+            "sglang-trtllm, vllm or ENGINE@VERSION (see `mlactl engines --list` and docs/engines.md).",
         ),
     ] = None,
     engine_option: EngineOptionOpt = None,
