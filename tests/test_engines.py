@@ -391,3 +391,58 @@ def test_batch_times_vllm_chunks_at_its_workspace_over_its_prefills(tmp_path):
     assert vllm["time_s"] == pytest.approx(same["totals"]["all_expand_chunked"]["time_s"], rel=1e-12)
     assert vllm["time_s"] != pytest.approx(default["totals"]["all_expand_chunked"]["time_s"], rel=1e-6)
     assert vllm["lost_s"] >= 0
+
+
+# -- the one reader: both commands read the same forms ---------------------------------------------------
+
+FORMS = [
+    ("new,prefix\n4K,1K\n", None),  # K = 1024 in both
+    ("new,prefix\n-0,2\n", "new '-0' is not a whole number"),
+    ("new,prefix\n+1,2\n", "new '+1' is not a whole number"),
+    ("new,prefix\n1.5,2\n", "new '1.5' is not a whole number"),
+    ("new,prefix\n\u0664,2\n", "is not a whole number"),  # ARABIC-INDIC DIGIT FOUR
+    ("new,prefix\n1,\uff11\n", "is not a whole number"),  # FULLWIDTH DIGIT ONE
+    ("new,new,prefix\n1,2,3\n", "column 'new' is named twice"),
+    ("new,prefix\n3000000000,0\n", "new: '3000000000' is above the limit of 2,147,483,647"),
+]
+
+
+@pytest.mark.parametrize("content, message", FORMS, ids=[f"form-{i}" for i in range(len(FORMS))])
+@pytest.mark.parametrize("command", ["batch", "engines"])
+def test_both_commands_read_the_same_forms(tmp_path, command, content, message):
+    path = tmp_path / "r.csv"
+    path.write_text(content, encoding="utf-8")
+    if message is None:  # 4K new after 1K: both read 4096 and 1024
+        result = runner.invoke(app, [command, str(path), "-f", "csv"])
+        assert result.exit_code == 0, result.output
+        row = result.output.splitlines()[1]
+        assert row.startswith("4096,1024," if command == "batch" else "1,4096,1024,"), row
+        return
+    one_error_line([command, str(path)], message)
+
+
+def test_batch_takes_a_batch_column_and_refuses_weight(tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("batch,new,prefix\n64,512,256\n")
+    data = json.loads(runner.invoke(app, ["batch", str(path), "-f", "json", "--engines", "sglang@0.5.14"]).output)
+    # 64 alike requests of 256 cached tokens: the summed prefix 16,384 >= 8192, so SGLang expands
+    assert data["requests"][0]["count"] == 64 and data["requests"][0]["engine_paths"]["sglang@0.5.14"] == "expand"
+    path.write_text("new,prefix,weight\n1,100,3\n")
+    one_error_line(["batch", str(path)], "a weight column belongs to a workload (`mlactl engines`)")
+    path.write_text("new,prefix,batch,count\n1,100,3,2\n")
+    one_error_line(["batch", str(path)], "give count or batch")
+
+
+def test_why_lines_in_every_command(tmp_path):
+    data = json.loads(runner.invoke(app, ["analyze", "--hardware", "b200", "--kv-dtype", "fp8", "-f", "json"]).output)
+    why = {e["name"]: e["why"][0] for e in data["engines"]}
+    assert why["vllm"].startswith("vllm@0.33.0 on b200 (sm100), fp8 cache → FLASHINFER_MLA (threshold 1)")
+    assert why["sglang"].startswith("sglang@0.5.23 on b200 (sm100), fp8 cache → trtllm_mla")
+    sg = next(e for e in data["engines"] if e["name"] == "sglang")
+    assert sg["version"] == "0.5.23" and sg["options"]["enable_mixed_chunk"] is False and sg["options_set"] == []
+    table = runner.invoke(app, ["analyze", "--hardware", "h200"], env={"COLUMNS": "300"}).output
+    assert "vllm@0.33.0 on h200 (sm90), bf16 cache → FLASH_ATTN_MLA (threshold 512)" in table
+    path = tmp_path / "r.csv"
+    path.write_text("new,prefix\n1,100\n")
+    out = runner.invoke(app, ["batch", str(path), "--hardware", "h200"], env={"COLUMNS": "300"}).output
+    assert "sglang@0.5.23 on h200 (sm90), bf16 cache → fa3" in out
