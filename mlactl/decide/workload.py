@@ -170,14 +170,14 @@ def sweep_sglang(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) ->
     """SGLang's summed-prefix threshold t: an extend batch with summed prefix s > 0 runs MHA when
     s >= t, else MLA. Every t in (s_(k-1), s_k] gives the same paths, so t = s_k for each distinct
     s_k, and one past the largest (MHA only without a prefix), are all the choices there are.
-    None where the threshold moves no shape (its backend ignores it, or the chunked prefix cache
-    is off)."""
+    None where the threshold moves no shape (its backend ignores it, the chunked prefix cache is
+    off, or every shape is a decode, has no prefix, or runs inside the prefill graph)."""
     s = wl.batch * wl.prefix
     low, high = replace(p, threshold=1), replace(p, threshold=np.iinfo(np.int64).max)
     mha = time_of(grid_paths(low, wl.batch, wl.new, wl.prefix), times) * wl.weight
     mla = time_of(grid_paths(high, wl.batch, wl.new, wl.prefix), times) * wl.weight
     movable = (grid_paths(low, wl.batch, wl.new, wl.prefix) != grid_paths(high, wl.batch, wl.new, wl.prefix)) & (s > 0)
-    if not movable.any() and not p.chunked_prefix_cache:
+    if not movable.any():  # its backend ignores the threshold, or no shape has a prefix it can move
         return None
     fixed = float(
         np.sum(np.where(movable, 0.0, time_of(grid_paths(p, wl.batch, wl.new, wl.prefix), times) * wl.weight))
