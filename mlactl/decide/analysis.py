@@ -93,10 +93,9 @@ class Analysis:
         return len(self.new)
 
 
-def _policy_lost(policy: str, chosen: np.ndarray, engines, engine_lost, times: dict) -> np.ndarray:
+def _policy_lost(policy: str, chosen: np.ndarray, engines, engine_lost, times: dict, ctx) -> np.ndarray:
     """What a policy's choice loses: an engine's rule at the engine's own chunk size."""
     if is_engine(policy):
-        ctx = engines[0].ctx if engines else None
         return engine_lost(next((e for e in engines if e.engine == policy), default_params(policy, ctx)), chosen)
     return time_lost(chosen, times)
 
@@ -198,7 +197,7 @@ def analyze(
         policy_path = _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data)
     policy_lost = None
     if policy is not None and policy_path is not None:
-        policy_lost = _policy_lost(policy, policy_path, engines, engine_lost, mla_times)
+        policy_lost = _policy_lost(policy, policy_path, engines, engine_lost, mla_times, context_for(cfg, hw, kv_dtype))
     span = int(prefix.max()) + 1 if len(prefix) else 1
     keys = np.unique(batch * span + prefix)  # distinct (batch, prefix) pairs, one int each
     batch_prefix = list(zip((keys // span).tolist(), (keys % span).tolist()))
