@@ -225,10 +225,10 @@ BIG = 3000  # new tokens: above the 2048-token piecewise graph
 
 SGLANG_CASES = [
     # id, version, context, options, requests, expected, source
-    ("sum-below", "0.5.14", "h200", {}, [(512, D - 1)], ["absorb"], "handler L96: sum < threshold -> MLA"),
-    ("sum-at", "0.5.14", "h200", {}, [(512, D)], ["expand"], "handler L96: sum >= threshold -> MHA"),
+    ("sum-below", "0.5.14", "h200", {}, [(512, D - 1)], ["absorb"], "handler L99-L100: sum < threshold -> MLA"),
+    ("sum-at", "0.5.14", "h200", {}, [(512, D)], ["expand"], "handler L99-L100: sum >= threshold -> MHA"),
     ("two-summing", "0.5.14", "h200", {}, [(512, 4096)] * 2, ["expand"] * 2, "handler _get_sum_extend_prefix_lens"),
-    ("prefix0", "0.5.14", "h200", {}, [(4096, 0)], ["expand"], "handler L100: sum == 0 -> MHA"),
+    ("prefix0", "0.5.14", "h200", {}, [(4096, 0)], ["expand"], "handler L102: sum == 0 -> MHA"),
     ("cap", "0.5.14", "h200", {}, [(4096, 131072 - 4096)], ["expand"], "_support_mha_one_shot: <= capacity"),
     ("cap+1", "0.5.14", "h200", {}, [(4096, 131073 - 4096)], ["expand_chunked"], "_support_mha_one_shot: > capacity"),
     ("decode", "0.5.14", "h200", {}, [(1, 32768)], ["absorb"], "decode batch: not extend -> MLA"),
@@ -242,7 +242,7 @@ SGLANG_CASES = [
         "L14: cutlass_mla not one-shot",
     ),
     # the piecewise graph (0.5.23 on by default; 0.5.14 off)
-    ("graph-0.5.23", "0.5.23", "h200", {}, [(512, 0)], ["absorb"], "_handle_attention_backend: in graph -> MLA"),
+    ("graph-0.5.23", "0.5.23", "h200", {}, [(512, 0)], ["absorb"], "handler L80-L81: in graph -> MLA"),
     ("graph-edge", "0.5.23", "h200", {}, [(2048, 0)], ["absorb"], "max tokens 2048 (server_args, MLA)"),
     ("graph-above", "0.5.23", "h200", {}, [(2049, 0)], ["expand"], "above the capture size: handler as usual"),
     ("graph-off-0.5.14", "0.5.14", "h200", {}, [(512, 0)], ["expand"], "0.5.14: enable_piecewise_cuda_graph=False"),
@@ -266,7 +266,7 @@ SGLANG_CASES = [
         {},
         [(BIG, 100), (BIG, 0)],
         ["expand_chunked"] * 2,
-        "trtllm: every extend MHA_CHUNKED_KV",
+        "handler L142-L145: every extend MHA_CHUNKED_KV",
     ),
     ("b200-trtllm-small", "0.5.23", "b200", {}, [(16, 100)], ["expand_chunked"], "trtllm: graph off for V3 (issue 19)"),
     ("b200-decode", "0.5.23", "b200-fp8", {}, [(1, 100)], ["absorb"], "trtllm: decode -> MLA"),
@@ -296,9 +296,17 @@ SGLANG_CASES = [
         {"disable_chunked_prefix_cache": True},
         [(BIG, 20000)],
         ["absorb"],
-        "L96: and not disable_chunked_prefix_cache",
+        "handler L100: and not disable_chunked_prefix_cache",
     ),
-    ("no-cpc-0", "0.5.23", "h200", {"disable_chunked_prefix_cache": True}, [(BIG, 0)], ["expand"], "L100: or sum == 0"),
+    (
+        "no-cpc-0",
+        "0.5.23",
+        "h200",
+        {"disable_chunked_prefix_cache": True},
+        [(BIG, 0)],
+        ["expand"],
+        "handler L102: or sum == 0",
+    ),
     # flashinfer_mla_disable_ragged, deterministic, prefill CP
     (
         "ragged-off",
@@ -307,7 +315,7 @@ SGLANG_CASES = [
         {"attention_backend": "flashinfer", "flashinfer_mla_disable_ragged": True},
         [(BIG, 0)],
         ["absorb"],
-        "disable_ragged -> MLA",
+        "handler L90-L95: disable_ragged -> MLA",
     ),
     (
         "ragged-fa3",
@@ -325,7 +333,7 @@ SGLANG_CASES = [
         {"enable_deterministic_inference": True},
         [(BIG, 0)],
         ["absorb"],
-        "handle_attention_fa3",
+        "handler L116-L119: handle_attention_fa3",
     ),
     (
         "determ-triton",
@@ -352,7 +360,7 @@ SGLANG_CASES = [
         {"enable_prefill_context_parallel": True},
         [(BIG, 0)],
         ["absorb"],
-        "mla_use_prefill_cp -> MLA",
+        "handler L86-L87: mla_use_prefill_cp -> MLA",
     ),
     # mixed chunk
     (
@@ -393,7 +401,15 @@ SGLANG_CASES = [
         ["expand_chunked"],
         "handle_attention_fa4 on a decode",
     ),
-    ("fa4", "0.5.23", "b200", {"attention_backend": "fa4"}, [(16, 5)], ["expand_chunked"], "handle_attention_fa4"),
+    (
+        "fa4",
+        "0.5.23",
+        "b200",
+        {"attention_backend": "fa4"},
+        [(16, 5)],
+        ["expand_chunked"],
+        "handler L132-L134: handle_attention_fa4",
+    ),
     # triton (sm80 default), aiter
     ("a100-triton-0", "0.5.23", "a100", {}, [(BIG, 0)] * 50, ["expand"] * 50, "triton: sum == 0 -> MHA, never chunked"),
     ("a100-triton-prefix", "0.5.23", "a100", {}, [(BIG, 0), (BIG, 1)], ["absorb"] * 2, "triton: sum > 0 -> MLA"),
@@ -404,7 +420,7 @@ SGLANG_CASES = [
         {"attention_backend": "aiter"},
         [(BIG, 50000)],
         ["expand"],
-        "handle_attention_aiter: MHA",
+        "handler L156-L160: handle_attention_aiter",
     ),
     (
         "aiter-graph",

@@ -273,9 +273,16 @@ SGLANG_0_5_14 = RuleSet(
         SGL_REPO,
         "0a8dcfa94b4bdbf1d41231a013714329ceb72e25",
         (
-            (f"{HANDLER} L14 (MHA_ONE_SHOT_SUPPORTED_BACKENDS), L67-L106 (_handle_attention_backend)", "the rules"),
-            (f"{HANDLER} L114-L146", "fa3's deterministic switch, fa4, trtllm_mla, tokenspeed_mla"),
-            (f"{HANDLER} L155-L188", "aiter, triton"),
+            (
+                f"{HANDLER} L14 (MHA_ONE_SHOT_SUPPORTED_BACKENDS), L71-L76 (_support_mha_one_shot), "
+                "L79-L109 (_handle_attention_backend)",
+                "the rules",
+            ),
+            (
+                f"{HANDLER} L116-L121, L132-L134, L137-L153",
+                "fa3's deterministic switch, fa4, trtllm_mla, tokenspeed_mla",
+            ),
+            (f"{HANDLER} L156-L160, L177-L191; L24-L26", "aiter, triton; a backend without a handler gets triton's"),
             (SERVER_ARGS + " (version with enable_piecewise_cuda_graph = False)", "the piecewise graph is off"),
             (ENVIRON, "SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD 8192, SGLANG_MAX_KV_CHUNK_CAPACITY 128K"),
         ),
