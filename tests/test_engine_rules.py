@@ -149,7 +149,9 @@ VLLM_BACKENDS = {  # reorder_batch_threshold and query_len_support of each build
 }
 
 
-def vllm_threshold(backend, num_speculative_tokens=0, parallel_drafting=False, dcp=1, version="0.33.0", override=None):
+def vllm_threshold(
+    backend, num_speculative_tokens=0, parallel_drafting=False, dcp=1, version="0.33.0", override=None, pcp=1
+):
     t, qls, dcp_varlen = VLLM_BACKENDS[backend]
     t = override or t  # the builder's class attribute, replaced (mlactl's what-if)
     if backend == "FLASHINFER_MLA" and version != "0.33.0":
@@ -162,15 +164,32 @@ def vllm_threshold(backend, num_speculative_tokens=0, parallel_drafting=False, d
     return t, qls
 
 
-def vllm_reorder(requests, decode_threshold):
-    """reorder_batch_to_split_decodes_and_prefills, swap by swap (utils.py)."""
+def vllm_reorder(requests, decode_threshold, four_regions):
+    """reorder_batch_to_split_decodes_and_prefills, swap by swap. Three regions (utils.py at
+    00bd1493): decode, extend, prefill. Four (0.33): decode (done prefilling), short extend
+    (still prefilling, at most the threshold), long extend, prefill."""
     batch = list(requests)
     num_scheduled = [r[0] for r in batch]
     num_computed = [r[1] for r in batch]
-    is_prefill = [c == 0 for c in num_computed]
-    regions = [2 if is_prefill[i] else (0 if num_scheduled[i] <= decode_threshold else 1) for i in range(len(batch))]
-    num_decodes, num_extends = regions.count(0), regions.count(1)
-    target = [0] * num_decodes + [1] * num_extends + [2] * (len(batch) - num_decodes - num_extends)
+    done_prefilling = [r[0] == 1 and r[1] > 0 for r in batch]  # mlactl's decode rows
+    regions = []
+    for i in range(len(batch)):
+        has_context = num_computed[i] > 0
+        below = num_scheduled[i] <= decode_threshold
+        if four_regions:
+            if not has_context:
+                regions.append(3)
+            elif not below:
+                regions.append(2)
+            elif not done_prefilling[i]:
+                regions.append(1)
+            else:
+                regions.append(0)
+        else:
+            regions.append(2 if not has_context else (0 if below else 1))
+    target = []
+    for r in range(4 if four_regions else 3):
+        target += [r] * regions.count(r)
     needs_swap = [r != t for r, t in zip(regions, target)]
     orig = [i for i in range(len(batch)) if needs_swap[i]]
     src = sorted(orig, key=lambda i: regions[i])  # stable
@@ -185,27 +204,37 @@ def vllm_reorder(requests, decode_threshold):
     return batch
 
 
-def vllm_split(query_lens, decode_threshold, require_uniform):
-    """split_decodes_and_prefills: how many leading requests are decodes (utils.py)."""
-    if max(query_lens) <= decode_threshold and (not require_uniform or decode_threshold <= 1):
+def vllm_split(query_lens, decode_threshold, require_uniform, is_prefilling=None, short_as_decodes=True):
+    """split_decodes_and_prefills: how many leading requests are decodes (utils.py;
+    `short_as_decodes` is its treat_short_extends_as_decodes, False under PCP in 0.33)."""
+    if max(query_lens) <= decode_threshold and (not require_uniform or decode_threshold <= 1) and short_as_decodes:
         return len(query_lens)
     if query_lens[0] > decode_threshold:
         return 0
     if require_uniform:
-        if all(q == query_lens[0] for q in query_lens):
+        if short_as_decodes and all(q == query_lens[0] for q in query_lens):
             return len(query_lens)
         is_prefill = [q != query_lens[0] for q in query_lens]
     else:
         is_prefill = [q > decode_threshold for q in query_lens]
+    if not short_as_decodes:  # is_prefill |= is_prefilling
+        is_prefill = [a or b for a, b in zip(is_prefill, is_prefilling)]
     return is_prefill.index(True) if True in is_prefill else len(query_lens)
 
 
 def vllm_reference(requests, backend, **kw):
     """Paths in the order given (each request followed through the reorder)."""
     t, qls = vllm_threshold(backend, **kw)
+    newest = kw.get("version", "0.33.0") == "0.33.0"
     tagged = [(n, p, i) for i, (n, p) in enumerate(requests)]
-    ordered = vllm_reorder(tagged, t)
-    decodes = vllm_split([n for n, _, _ in ordered], t, require_uniform=qls != "VARLEN")
+    ordered = vllm_reorder(tagged, t, four_regions=newest)
+    decodes = vllm_split(
+        [n for n, _, _ in ordered],
+        t,
+        require_uniform=qls != "VARLEN",
+        is_prefilling=[not (n == 1 and p > 0) for n, p, _ in ordered],
+        short_as_decodes=not (newest and kw.get("pcp", 1) > 1),
+    )
     out = [None] * len(requests)
     for j, (_, p, i) in enumerate(ordered):
         out[i] = "absorb" if j < decodes else ("expand_chunked" if p > 0 else "expand")
@@ -599,6 +628,21 @@ VLLM_CASES = [
         ["absorb", "expand_chunked"],
         "what-if",
     ),
+    # four regions (0.33): a short extend still prefilling goes behind the decodes
+    ("four-regions", "0.33.0", "h200-fp8", {}, [(5, 100), (1, 100)], ["expand_chunked", "absorb"], "decode first"),
+    ("three-regions", "0014ca6b", "h200-fp8", {}, [(5, 100), (1, 100)], ["absorb", "expand_chunked"], "one region"),
+    # prefill context parallelism (0.33): short extends still prefilling are prefills
+    (
+        "pcp",
+        "0.33.0",
+        "h200",
+        {"prefill_context_parallel_size": 2},
+        [(1, 9), (99, 9)],
+        ["absorb", "expand_chunked"],
+        "|=",
+    ),
+    ("no-pcp", "0.33.0", "h200", {}, [(1, 9), (99, 9)], ["absorb", "absorb"], "max q <= 512: all decodes"),
+    ("pcp-one", "0.33.0", "h200", {"prefill_context_parallel_size": 2}, [(99, 9)], ["expand_chunked"], "no shortcut"),
 ]
 
 
@@ -613,6 +657,7 @@ def test_vllm_case(version, ctx, options, requests, expected, source):
         "dcp": options.get("decode_context_parallel_size", 1),
         "version": version,
         "override": options.get("reorder_batch_threshold"),
+        "pcp": options.get("prefill_context_parallel_size", 1),
     }
     assert vllm_reference(requests, p.backend, **kw) == expected, source
     new, prefix = np.array(requests).T
@@ -719,7 +764,11 @@ def test_options_route_by_family_and_version():
 
 # -- the vectorised rules agree with the reference on random steps --------------------------------------
 
-requests_st = st.lists(st.tuples(st.integers(1, 700), st.sampled_from([0, 1, 50, 4000, 9000])), min_size=1, max_size=10)
+requests_st = st.lists(
+    st.tuples(st.one_of(st.just(1), st.integers(1, 700)), st.sampled_from([0, 1, 50, 4000, 9000])),
+    min_size=1,
+    max_size=10,
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -727,10 +776,15 @@ requests_st = st.lists(st.tuples(st.integers(1, 700), st.sampled_from([0, 1, 50,
     steps=st.lists(requests_st, min_size=1, max_size=4),
     backend=st.sampled_from(["FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"]),
     spec=st.sampled_from([0, 2, 5]),
+    version=st.sampled_from(["0014ca6b", "0.33.0"]),
+    pcp=st.sampled_from([1, 2]),
 )
-def test_vllm_steps_match_reference(steps, backend, spec):
+def test_vllm_steps_match_reference(steps, backend, spec, version, pcp):
     ctx = B200 if backend == "FLASHINFER_MLA" else (H200_FP8 if backend == "FLASHMLA" else H200)
-    p = parse_engines("vllm", [f"backend={backend.lower()}", f"num_speculative_tokens={spec}"], ctx)[0]
+    options = [f"backend={backend.lower()}", f"num_speculative_tokens={spec}"]
+    if version == "0.33.0":
+        options.append(f"prefill_context_parallel_size={pcp}")
+    p = parse_engines(f"vllm@{version}", options, ctx)[0]
     new = np.array([n for s in steps for n, _ in s])
     prefix = np.array([q for s in steps for _, q in s])
     step = np.repeat(np.arange(len(steps)), [len(s) for s in steps])
@@ -740,7 +794,8 @@ def test_vllm_steps_match_reference(steps, backend, spec):
     for s in range(len(steps)):
         shuffle[slots == s] = np.flatnonzero(step == s)
     got = step_paths(p, new[shuffle], prefix[shuffle], step=step[shuffle])
-    want = np.concatenate([vllm_reference(s, backend, num_speculative_tokens=spec) for s in steps])[shuffle]
+    kw = {"num_speculative_tokens": spec, "version": version, "pcp": pcp}
+    want = np.concatenate([vllm_reference(s, backend, **kw) for s in steps])[shuffle]
     assert list(got) == list(want)
 
 

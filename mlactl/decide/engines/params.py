@@ -99,6 +99,7 @@ class EngineParams:
     query_len: str = ""  # vllm: single | uniform | varlen
     workspace: int = 0  # vllm: context tokens expanded at once, over all prefills with context
     block: int = 0  # vllm: KV block, the unit the context chunk rounds down to
+    short_extends_as_decodes: bool = True  # vllm: False under prefill context parallelism
 
     @property
     def engine(self) -> str:
@@ -476,6 +477,11 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
     L = values["max_model_len"] or ctx.max_model_len
     seqs = values["max_num_seqs"]
     workspace = max(min(max(8 * L, 4 * seqs * block), VLLM_WORKSPACE_CAP), seqs * block)
+    if rs.workspace_round_up:  # align_mla_chunked_context_workspace_size
+        workspace = -(-workspace // block) * block
+    pcp = values.get("prefill_context_parallel_size", 1) > 1
+    if pcp:
+        notes.append("prefill context parallelism: short extends still prefilling are prefills")
     first = f"{rs.name} {_where(ctx)} → {head} (threshold {t})"
     if values["backend"] is None:
         first += f": {reason}"
@@ -488,7 +494,12 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
         "single": "only one-token queries are decodes",
     }[b.query_len]
     why.append(
-        f"{backend} ({b.query_len}): the batch is reordered decode, extend, no-context prefill; "
+        f"{backend} ({b.query_len}): the batch is reordered "
+        + (
+            "decode, short extend, long extend, no-context prefill; "
+            if rs.reorder_regions == 4
+            else "decode, extend, no-context prefill; "
+        )
         + split.format(t=t)
         + f"; context expands in chunks of the {workspace:,}-token workspace over the prefills with context, "
         f"rounded down to the {block}-token block"
@@ -505,4 +516,5 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
         query_len=b.query_len,
         workspace=workspace,
         block=block,
+        short_extends_as_decodes=not pcp,
     )

@@ -31,8 +31,8 @@ def step_counts(p: EngineParams, new, prefix, count=None, step=None, decode=None
     one new token after a prefix)."""
     new = np.asarray(new, dtype=np.int64)
     count = np.ones(len(new), dtype=np.int64) if count is None else np.asarray(count, dtype=np.int64)
-    if p.family == "vllm":
-        return vllm.step_paths(p, new, prefix, count, step)
+    if p.family == "vllm":  # `decode` marks the requests done prefilling
+        return vllm.step_paths(p, new, prefix, count, step, decode)
     paths = sglang.step_paths(p, new, prefix, count, step, decode)
     return np.stack([np.where(paths == name, count, 0) for name in PATH_NAMES], axis=1)
 

@@ -102,8 +102,12 @@ class RuleSet:
     aliases: dict[str, str] = field(default_factory=dict)  # mlactl's older option names
     # vLLM: the MLA backend priority per architecture (platforms/cuda.py _get_backend_priorities)
     priorities: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # SGLang: the handler of aiter returns MHA inside a piecewise graph (0.5.23 on)
     model_kinds: tuple[str, ...] = ("mla",)  # the model kinds it has rules for (DSA: issue 21)
+    # vLLM: the reorder's regions: 3 (decode, extend, prefill) or 4 (decode, short extend, long
+    # extend, prefill: a short extend still prefilling goes behind the decodes)
+    reorder_regions: int = 3
+    # vLLM: the workspace rounded up to the block (align_mla_chunked_context_workspace_size)
+    workspace_round_up: bool = False
 
     @property
     def name(self) -> str:
@@ -347,7 +351,7 @@ def _vllm_backends(*, flashinfer_dcp_varlen: bool) -> dict[str, VLLMBackend]:
     return {b.name: b for b in out}
 
 
-def _vllm_options(backends) -> dict[str, Option]:
+def _vllm_options(backends, *, pcp: bool = False) -> dict[str, Option]:
     opts = [
         Option(
             "backend",
@@ -415,6 +419,18 @@ def _vllm_options(backends) -> dict[str, Option]:
             maximum=4096,
         ),
     ]
+    if pcp:
+        opts.append(
+            Option(
+                "prefill_context_parallel_size",
+                int,
+                1,
+                "PCP > 1: short extends still prefilling count as prefills (treat_short_extends_as_decodes=False)",
+                f"{MLA_ATTN} MLACommonMetadataBuilder.build, {UTILS} split_decodes_and_prefills",
+                minimum=1,
+                maximum=1024,
+            )
+        )
     return {o.name: o for o in opts}
 
 
@@ -475,20 +491,32 @@ VLLM_0_33_0 = RuleSet(
         (
             (f"{CUDA} at 002db495: _get_backend_priorities, check_and_update_config", "defaults"),
             (f"{MLA_DIR}/flashinfer_mla.py at 002d68ef", "FLASHINFER_MLA: UNIFORM, threshold 1, DCP varlen"),
-            (f"{UTILS} at 00bd1493", "split_decodes_and_prefills(require_uniform), reorder"),
-            (f"{MLA_ATTN} at 0014ca6b", "the split call and the context chunk"),
+            (
+                f"{UTILS} (newest stored: split_decodes_and_prefills with treat_short_extends_as_decodes)",
+                "the split, PCP",
+            ),
+            (
+                "vllm/v1/worker reorder_batch_to_split_decodes_and_prefills (four regions)",
+                "decode, short extend, long extend, prefill",
+            ),
+            (
+                f"{MLA_ATTN} (newest stored: build passes treat_short_extends_as_decodes=not use_pcp; "
+                "plan_mla_context_chunks, align_mla_chunked_context_workspace_size)",
+                "PCP, the packed context, the workspace rounded up to the block",
+            ),
         ),
         note=(
-            "the newest files the search tools hold; that they are the v0.33.0 tag is issue 19's "
-            "statement, not confirmed. 0.33's context packed into the workspace (and its minimum "
-            "rounded up to the block) was not found in them: the chunk is still the workspace split evenly"
+            "the newest files the search tools hold (the index shows no commit for several); that they are "
+            "the v0.33.0 tag is issue 19's statement, not confirmed"
         ),
     ),
-    options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=True)),
+    options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=True), pcp=True),
     backends=_vllm_backends(flashinfer_dcp_varlen=True),
     defaults=_vllm_defaults(confirmed=True),
     aliases=VLLM_ALIASES,
     priorities=_VLLM_PRIORITY,
+    reorder_regions=4,
+    workspace_round_up=True,
 )
 
 # -- the registry ----------------------------------------------------------------------------------

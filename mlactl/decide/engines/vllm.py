@@ -4,13 +4,17 @@ vLLM judges request by request, but in order (vllm/v1/attention/backends/utils.p
 
 1. `reorder_batch_to_split_decodes_and_prefills` reorders each step: decodes (at most
    `threshold` new tokens, with context), then extends (more, with context), then prefills (no
-   context). Requests already in their region keep their place; the others fill the remaining
-   places of their region in their original order.
+   context); from 0.33 in four regions: decodes done prefilling, short extends (at most
+   `threshold` tokens, still prefilling), long extends, prefills. Requests already in their
+   region keep their place; the others fill the remaining places of their region in their
+   original order.
 2. `split_decodes_and_prefills` then takes the leading requests as decodes: with a VARLEN
    backend, those up to the first of more than `threshold` new tokens; with a UNIFORM (or
    single-token) backend, those up to the first whose query length differs from the first
    request's. Everything is a decode when the longest query is at most the threshold and the
-   backend is VARLEN or the threshold is 1; nothing is when the first request is longer.
+   backend is VARLEN or the threshold is 1; nothing is when the first request is longer. Under
+   prefill context parallelism (0.33) a request still prefilling is a prefill, and neither
+   shortcut applies.
 
 A decode runs the decode pathway (absorb). A prefill runs MHA over its new tokens: with cached
 context (`expand_chunked`) the context is expanded in chunks of the workspace, merged by LSE;
@@ -30,47 +34,55 @@ ABSORB, EXPAND, CHUNKED = "absorb", "expand", "expand_chunked"
 MAX_REQUESTS = 1 << 23
 
 
-def request_paths(p: EngineParams, new, prefix, step=None) -> np.ndarray:
+def request_paths(p: EngineParams, new, prefix, step=None, done=None) -> np.ndarray:
     """The path of each request of many steps (arrays of one entry per request, in the order
-    the scheduler lists them; `step`: [N] int, the step of each, default all one)."""
+    the scheduler lists them; `step`: [N] int, the step of each, default all one; `done`: [N]
+    bool, requests done prefilling, default one new token after a prefix)."""
     q, ctx = np.asarray(new, dtype=np.int64), np.asarray(prefix, dtype=np.int64)
     n = len(q)
     if n == 0:
         return np.array([], dtype=str)
     step = np.zeros(n, dtype=np.int64) if step is None else np.asarray(step, dtype=np.int64)
+    done = (q == 1) & (ctx > 0) if done is None else np.asarray(done, dtype=bool)
     t = p.threshold
     # keep each step's requests in their listed order, steps one after another
     order = np.lexsort((np.arange(n), step))
-    q, ctx, s = q[order], ctx[order], step[order]
+    q, ctx, s, done = q[order], ctx[order], step[order], done[order]
     first = np.r_[True, s[1:] != s[:-1]]
     start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
     pos = np.arange(n) - start
     sid = np.cumsum(first) - 1
     nsteps = int(sid[-1]) + 1
     # 1. the reorder
-    region = np.where(ctx == 0, 2, np.where(q <= t, 0, 1))
-    n0 = np.bincount(sid, weights=region == 0, minlength=nsteps).astype(np.int64)
-    n1 = np.bincount(sid, weights=region == 1, minlength=nsteps).astype(np.int64)
-    target = np.where(pos < n0[sid], 0, np.where(pos < (n0 + n1)[sid], 1, 2))
+    if p.ruleset.reorder_regions == 4:
+        region = np.where(ctx == 0, 3, np.where(q > t, 2, np.where(done, 0, 1)))
+    else:
+        region = np.where(ctx == 0, 2, np.where(q <= t, 0, 1))
+    target = np.zeros(n, dtype=np.int64)
+    edge = np.zeros(nsteps, dtype=np.int64)
+    for r in range(p.ruleset.reorder_regions - 1):  # a place at or past a region's end is later
+        edge += np.bincount(sid, weights=region == r, minlength=nsteps).astype(np.int64)
+        target += pos >= edge[sid]
     moved = region != target
     src = np.flatnonzero(moved)
     src = src[np.lexsort((pos[src], region[src], sid[src]))]  # by step, region, original place
     dst = np.flatnonzero(moved)  # by step, then place (targets ascend with the place)
     perm = np.arange(n)
     perm[dst] = src  # the request that lands at each place
-    q, ctx = q[perm], ctx[perm]
+    q, ctx, done = q[perm], ctx[perm], done[perm]
     # 2. the split
     uniform = p.query_len != "varlen"
+    short_as_decodes = p.short_extends_as_decodes
     q0 = q[start]
-    qmax = np.maximum.reduceat(q, np.flatnonzero(first))[sid]
-    if uniform:
-        breaks = q != q0
-    else:
-        breaks = q > t
+    heads = np.flatnonzero(first)
+    qmax = np.maximum.reduceat(q, heads)[sid]
+    breaks = (q != q0) if uniform else (q > t)
+    if not short_as_decodes:  # is_prefill |= is_prefilling
+        breaks = breaks | ~done
     breaks_at = np.where(breaks, pos, np.iinfo(np.int64).max)
-    first_break = np.minimum.reduceat(breaks_at, np.flatnonzero(first))[sid]
+    first_break = np.minimum.reduceat(breaks_at, heads)[sid]
     decode = pos < first_break
-    all_decode = (qmax <= t) & (not uniform or t <= 1)
+    all_decode = (qmax <= t) & (not uniform or t <= 1) & short_as_decodes
     decode = np.where(all_decode, True, np.where(q0 > t, False, decode))
     paths = np.where(decode, ABSORB, np.where(ctx > 0, CHUNKED, EXPAND))
     out = np.empty(n, dtype=paths.dtype)
@@ -78,7 +90,7 @@ def request_paths(p: EngineParams, new, prefix, step=None) -> np.ndarray:
     return out
 
 
-def step_paths(p: EngineParams, new, prefix, count=None, step=None) -> np.ndarray:
+def step_paths(p: EngineParams, new, prefix, count=None, step=None, done=None) -> np.ndarray:
     """Per row of many steps: a [R, 3] count of the row's requests that run absorb, expand and
     expand_chunked (a row of alike requests can straddle the end of the decodes)."""
     new, prefix = np.asarray(new, dtype=np.int64), np.asarray(prefix, dtype=np.int64)
@@ -86,7 +98,8 @@ def step_paths(p: EngineParams, new, prefix, count=None, step=None) -> np.ndarra
     count = np.ones(rows, dtype=np.int64) if count is None else np.asarray(count, dtype=np.int64)
     step = np.zeros(rows, dtype=np.int64) if step is None else np.asarray(step, dtype=np.int64)
     from_row = _expand_rows(count)
-    paths = request_paths(p, new[from_row], prefix[from_row], step[from_row])
+    done_rows = None if done is None else np.asarray(done, dtype=bool)[from_row]
+    paths = request_paths(p, new[from_row], prefix[from_row], step[from_row], done_rows)
     out = np.zeros((rows, 3), dtype=np.int64)
     for j, name in enumerate((ABSORB, EXPAND, CHUNKED)):
         out[:, j] = np.bincount(from_row, weights=paths == name, minlength=rows).astype(np.int64)
