@@ -834,3 +834,24 @@ def test_counts_split_a_row_that_straddles_the_split():
         "expand",
         "expand",
     ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.sampled_from(
+        ["chunked_prefix_cache_threshold", "enable_mixed_chunk", "attention_backend", "num_speculative_tokens", "bogus"]
+    ),
+    value=st.text(max_size=40) | st.integers(-(2**70), 2**70).map(str),
+)
+def test_any_option_value_is_taken_or_refused_in_one_line(key, value):
+    """Whatever the text, an option value parses or is one MlactlError naming the option:
+    never an OverflowError, a ValueError or a silent wrap past int64."""
+    engine = "vllm" if key == "num_speculative_tokens" else "sglang"
+    try:
+        (p,) = parse_engines(engine, [f"{key}={value}"], H200)
+    except MlactlError as exc:
+        assert "\n" not in str(exc) and key in str(exc)
+        return
+    got = p.opt(key)
+    if isinstance(got, int) and not isinstance(got, bool):
+        assert 0 <= got <= 2**31 - 1
