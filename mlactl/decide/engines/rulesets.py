@@ -436,10 +436,13 @@ def _vllm_options(backends, *, pcp: bool = False) -> dict[str, Option]:
 
 VLLM_ALIASES = {"threshold": "reorder_batch_threshold"}
 
+# cuda.py _get_backend_priorities: one list for capability 10.x, one for every other; a backend
+# that does not run on the architecture (supports_compute_capability) is passed over.
+_NOT_SM100 = ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA")
 _VLLM_PRIORITY = {
-    "sm90": ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"),
+    "sm90": _NOT_SM100,
     "sm100": ("FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
-    "sm80": ("TRITON_MLA",),
+    "sm80": _NOT_SM100,
 }
 _VLLM_DEFAULTS_SRC = (
     f"{CUDA} _get_backend_priorities (the first backend that accepts the architecture and cache "
@@ -453,7 +456,7 @@ def _vllm_defaults(confirmed: bool) -> tuple[Default, ...]:
     return (
         Default("sm90", "FLASH_ATTN_MLA", "first SM90 priority that takes the cache dtype", _VLLM_DEFAULTS_SRC),
         Default("sm100", "FLASHINFER_MLA", "forced on sm100" + note, _VLLM_DEFAULTS_SRC, confirmed=confirmed),
-        Default("sm80", "TRITON_MLA", "the only MLA backend before SM90" + note, _VLLM_DEFAULTS_SRC, confirmed=False),
+        Default("sm80", "TRITON_MLA", "the only MLA backend before SM90", _VLLM_DEFAULTS_SRC),
     )
 
 
