@@ -46,6 +46,9 @@ from mlactl.util.defaults import DTYPE_BYTES
 
 from . import configs, schedule
 from ._checks import DTYPE_NAMES, check_device, check_dim, check_scale, check_tensor, interpreting, latent_rank
+from ._triton_compat import patch_interpreter_index
+
+patch_interpreter_index()  # Triton 3.6's interpreter with numpy >= 2.4 (see _triton_compat)
 
 # ---- tuning defaults (H200 / sm_90) ----
 # Figures marked "sm_90 compile" come from compiling these kernels offline for sm_90 with Triton
@@ -211,6 +214,73 @@ def _attend_keys(
 
 
 @triton.jit
+def _tile_rows(pid_h, H: tl.constexpr, S_Q: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Rows of row tile pid_h: (new token s, head h) flattened as s * H + h, padded to BLOCK_H.
+    Returns (o_row, m_row, o_s, o_hh), each [BLOCK_H]."""
+    o_row = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    return o_row, o_row < S_Q * H, o_row // H, o_row % H
+
+
+@triton.jit
+def _attend_request(
+    p_q, m_row, o_s, seqlen, start, end, kv, kv_desc, kpe_desc, p_bt, stride_kv_blk, stride_kv_tok,
+    qk_scale, kv_scale, num_pages, max_pages,
+    S_Q: tl.constexpr, R: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """One request's rows (query pointers p_q [BLOCK_H]) over its keys [start, end): the
+    normalised output [BLOCK_H, R] (fp32) and its natural-log LSE [BLOCK_H] (-inf: no key).
+
+    Traffic: the rows' queries once ([BLOCK_H, r + dR]), then every cache row of [start, end)
+    once (`_attend_keys`). Shared by the uniform (split) and the balanced (planned) kernels."""
+    o_r = tl.arange(0, R)
+    o_dr = tl.arange(0, DR)
+    b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
+    b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, DR]
+    if DOT_FP32:  # Triton's interpreter multiplies bf16 bit patterns in tl.dot: widen to fp32
+        b_q = b_q.to(tl.float32)
+        b_qpe = b_qpe.to(tl.float32)
+    # keys at positions < limit are visible to a row (new token s sits at seqlen - S_Q + s)
+    if CAUSAL:
+        limit = seqlen - S_Q + 1 + o_s  # [BLOCK_H]
+    else:
+        limit = tl.zeros([BLOCK_H], dtype=tl.int32) + seqlen  # [BLOCK_H]
+    m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)  # running max, base 2
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)  # running sum of exp2
+    acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)  # one [64, 512] fp32 accumulator over 8 warps:
+    # Triton splits its columns across the two warpgroups (128 registers/thread); splitting the
+    # value dim across programs instead would recompute the scores (53% of the FLOPs) twice.
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, b_q, b_qpe, kv, kv_desc, kpe_desc, p_bt, stride_kv_blk, stride_kv_tok,
+        start, end, limit, qk_scale, num_pages, max_pages,
+        R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, TMA,
+    )  # fmt: skip
+    has_keys = l_i > 0
+    b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
+    b_lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, -float("inf"))  # [BLOCK_H]
+    return b_o, b_lse
+
+
+@triton.jit
+def _store_rows(p_o, p_lse, b_o, b_lse, m_row, R: tl.constexpr):
+    """Write a tile's outputs (row pointers p_o [BLOCK_H], in p_o's dtype) and LSEs (p_lse [BLOCK_H])."""
+    o_r = tl.arange(0, R)
+    tl.store(p_o[:, None] + o_r[None, :], b_o.to(p_o.dtype.element_ty), mask=m_row[:, None])
+    tl.store(p_lse, b_lse, mask=m_row)
+
+
+@triton.jit
+def _merge_rows(acc, w_sum, m_use):
+    """Finish an LSE-weighted merge: (output acc / w_sum, natural-log LSE m_use + ln w_sum);
+    a row whose parts all saw no key (w_sum 0) gets 0 and -inf."""
+    has_keys = w_sum > 0
+    b_o = acc / tl.where(has_keys, w_sum, 1.0)
+    b_lse = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
+    return b_o, b_lse
+
+
+@triton.jit
 def _mla_decode_split_kernel(
     q,
     kv,
@@ -268,27 +338,7 @@ def _mla_decode_split_kernel(
         kv_scale = tl.load(kv_scale_ptr).to(tl.float32)
         qk_scale = qk_scale * kv_scale
     seqlen = tl.load(seqlens + pid_b)
-
-    # rows of this tile: (new token s, head h) flattened as s * H + h, padded to BLOCK_H
-    o_row = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_row = o_row < S_Q * H
-    o_s = o_row // H
-    o_hh = o_row % H
-    o_r = tl.arange(0, R)
-    o_dr = tl.arange(0, DR)
-
-    p_q = q + pid_b * stride_qb + o_s * stride_qs + o_hh * stride_qh  # [BLOCK_H]
-    b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
-    b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, DR]
-    if DOT_FP32:  # Triton's interpreter multiplies bf16 bit patterns in tl.dot: widen to fp32
-        b_q = b_q.to(tl.float32)
-        b_qpe = b_qpe.to(tl.float32)
-
-    # keys at positions < limit are visible to a row (new token s sits at seqlen - S_Q + s)
-    if CAUSAL:
-        limit = seqlen - S_Q + 1 + o_s  # [BLOCK_H]
-    else:
-        limit = tl.zeros([BLOCK_H], dtype=tl.int32) + seqlen  # [BLOCK_H]
+    o_row, m_row, o_s, o_hh = _tile_rows(pid_h, H, S_Q, BLOCK_H)
 
     # this split's keys: a contiguous run of whole BLOCK_N tiles, the last one cut at seqlen
     n_tiles = tl.cdiv(seqlen, BLOCK_N)
@@ -296,25 +346,15 @@ def _mla_decode_split_kernel(
     start = pid_split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, seqlen)
 
-    m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)  # running max, base 2
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)  # running sum of exp2
-    acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)  # one [64, 512] fp32 accumulator over 8 warps:
-    # Triton splits its columns across the two warpgroups (128 registers/thread); splitting the
-    # value dim across programs instead would recompute the scores (53% of the FLOPs) twice.
-    acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, b_q, b_qpe, kv, kv_desc, kpe_desc, block_table + pid_b * stride_bt, stride_kv_blk, stride_kv_tok,
-        start, end, limit, qk_scale, num_pages, max_pages,
-        R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, TMA,
+    b_o, b_lse = _attend_request(
+        q + pid_b * stride_qb + o_s * stride_qs + o_hh * stride_qh, m_row, o_s, seqlen, start, end,
+        kv, kv_desc, kpe_desc, block_table + pid_b * stride_bt, stride_kv_blk, stride_kv_tok,
+        qk_scale, kv_scale, num_pages, max_pages,
+        S_Q, R, DR, PAGE, BLOCK_H, BLOCK_N, CAUSAL, KV_FP8, DOT_PRECISION, DOT_FP32, TMA,
     )  # fmt: skip
-    has_keys = l_i > 0
-    b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
-    b_lse = tl.where(
-        has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, -float("inf")
-    )  # [BLOCK_H], natural log of the scaled scores
     p_o = o + pid_b * stride_ob + o_s * stride_os + o_hh * stride_oh + pid_split * stride_o_split
-    tl.store(p_o[:, None] + o_r[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
-    p_lse = lse + pid_b * stride_lb + o_s * stride_ls + o_hh * stride_lh
-    tl.store(p_lse + pid_split * stride_l_split, b_lse, mask=m_row)
+    p_lse = lse + pid_b * stride_lb + o_s * stride_ls + o_hh * stride_lh + pid_split * stride_l_split
+    _store_rows(p_o, p_lse, b_o, b_lse, m_row, R)
 
 
 @triton.jit
@@ -382,12 +422,7 @@ def _mla_decode_planned_kernel(
         qk_scale = qk_scale * kv_scale
     x0 = tl.load(cuts + pid_p)
     x1 = tl.load(cuts + pid_p + 1)
-    o_row = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_row = o_row < S_Q * H
-    o_s = o_row // H
-    o_hh = o_row % H
-    o_r = tl.arange(0, R)
-    o_dr = tl.arange(0, DR)
+    o_row, m_row, o_s, o_hh = _tile_rows(pid_h, H, S_Q, BLOCK_H)
     for b in range(tl.load(b_first + pid_p), tl.load(b_last + pid_p) + 1):
         i_b = tl.full([], 0, tl.int64) + b  # (the interpreter hands range() ints)
         seqlen = tl.load(seqlens + i_b)
@@ -397,37 +432,20 @@ def _mla_decode_planned_kernel(
         t1 = tl.minimum(tl.maximum(x1 - start_b, 0), n_tiles)
         owner = (n_tiles == 0) & (x0 <= start_b - FIXED) & (start_b - FIXED < x1)
         if (t1 > t0) | owner:
-            p_q = q + i_b * stride_qb + o_s * stride_qs + o_hh * stride_qh  # [BLOCK_H]
-            b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
-            b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, DR]
-            if DOT_FP32:
-                b_q = b_q.to(tl.float32)
-                b_qpe = b_qpe.to(tl.float32)
-            if CAUSAL:
-                limit = seqlen - S_Q + 1 + o_s  # [BLOCK_H]
-            else:
-                limit = tl.zeros([BLOCK_H], dtype=tl.int32) + seqlen  # [BLOCK_H]
-            m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)
-            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)
-            acc, m_i, l_i = _attend_keys(
-                acc, m_i, l_i, b_q, b_qpe, kv, kv_desc, kpe_desc, block_table + i_b * stride_bt, stride_kv_blk,
-                stride_kv_tok,
-                t0 * BLOCK_N, tl.minimum(t1 * BLOCK_N, seqlen), limit, qk_scale, num_pages, max_pages,
-                R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, TMA,
+            b_o, b_lse = _attend_request(
+                q + i_b * stride_qb + o_s * stride_qs + o_hh * stride_qh, m_row, o_s, seqlen,
+                t0 * BLOCK_N, tl.minimum(t1 * BLOCK_N, seqlen),
+                kv, kv_desc, kpe_desc, block_table + i_b * stride_bt, stride_kv_blk, stride_kv_tok,
+                qk_scale, kv_scale, num_pages, max_pages,
+                S_Q, R, DR, PAGE, BLOCK_H, BLOCK_N, CAUSAL, KV_FP8, DOT_PRECISION, DOT_FP32, TMA,
             )  # fmt: skip
-            has_keys = l_i > 0
-            b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
-            b_lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, -float("inf"))
-            if tl.load(n_splits + i_b) > 1:
+            if tl.load(n_splits + i_b) > 1:  # a piece of a split request: fp32, to its partial slot
                 slot = (tl.load(slots + i_b) + pid_p - tl.load(first_part + i_b)).to(tl.int64)
-                p_op = o_part + (slot * S_Q * H + o_row) * R  # [BLOCK_H]
-                tl.store(p_op[:, None] + o_r[None, :], b_o, mask=m_row[:, None])
-                tl.store(lse_part + slot * S_Q * H + o_row, b_lse, mask=m_row)
-            else:
+                _store_rows(o_part + (slot * S_Q * H + o_row) * R, lse_part + slot * S_Q * H + o_row,
+                            b_o, b_lse, m_row, R)  # fmt: skip
+            else:  # the whole request: its final output
                 p_o = o + i_b * stride_ob + o_s * stride_os + o_hh * stride_oh
-                tl.store(p_o[:, None] + o_r[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
-                tl.store(lse + i_b * stride_lb + o_s * stride_ls + o_hh * stride_lh, b_lse, mask=m_row)
+                _store_rows(p_o, lse + i_b * stride_lb + o_s * stride_ls + o_hh * stride_lh, b_o, b_lse, m_row, R)
 
 
 @triton.jit
@@ -465,9 +483,7 @@ def _mla_decode_planned_merge_kernel(
             w_k = tl.exp2((tl.load(lse_part + (first + k) * S_Q * H + pid_row) - m_use) * LOG2E)
             w_sum += w_k
             acc += w_k * tl.load(o_part + ((first + k) * S_Q * H + pid_row) * R + o_r)  # [R]
-        has_keys = w_sum > 0
-        b_o = acc / tl.where(has_keys, w_sum, 1.0)
-        b_lse = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
+        b_o, b_lse = _merge_rows(acc, w_sum, m_use)
         i_s = pid_row // H
         i_h = pid_row % H
         tl.store(o + pid_b * stride_ob + i_s * stride_os + i_h * stride_oh + o_r, b_o.to(o.dtype.element_ty))
@@ -519,9 +535,7 @@ def _mla_decode_merge_kernel(
         w_k = tl.exp2((tl.load(p_lse + k * stride_q_split) - m_use) * LOG2E)
         acc += w_k * tl.load(p_o + k * stride_p_split + o_r)  # [R]; an empty split wrote zeros
 
-    has_keys = w_sum > 0
-    b_o = acc / tl.where(has_keys, w_sum, 1.0)
-    b_lse_out = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
+    b_o, b_lse_out = _merge_rows(acc, w_sum, m_use)
     p_out = o + pid_b * stride_ob + i_s * stride_os + i_h * stride_oh
     tl.store(p_out + o_r, b_o.to(o.dtype.element_ty))
     tl.store(lse + pid_b * stride_lb + i_s * stride_ls + i_h * stride_lh, b_lse_out)

@@ -755,3 +755,38 @@ def test_gpu_unvalidated_big_batch(poisoned):
     q, kv, table, seqlens, _ = paged_case(lens, 128, 1, 512, 64, 64, torch.bfloat16)
     got = mla_decode(q, kv, table, seqlens, DSV3_SCALE, validate=False)
     assert_close(got, mla_decode_naive(q, kv, table, seqlens, DSV3_SCALE), BF16)
+
+
+# ---- Triton 3.6's interpreter with numpy >= 2.4 (kernels/_triton_compat.py) ---------------------
+
+
+def test_interpreter_index_compat_patches_only_the_old_rule():
+    """Triton 3.6 turns a loop bound into an int with int(array of shape [1]), which numpy 2.4
+    refuses; 3.9 squeezes first. The fix applies only where the interpreter's own rule fails."""
+    import numpy as np
+
+    from mlactl.kernels import _triton_compat as compat
+
+    def rule_36(tensor, scope):  # triton 3.6.0, triton/runtime/interpreter.py, _patch_lang_tensor
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+    def rule_39(tensor, scope):  # triton 3.9.0, the same function
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    try:
+        int(np.ones(1, dtype=np.int32))
+        numpy_refuses = False
+    except TypeError:
+        numpy_refuses = True
+    assert compat._needs_patch(rule_36) is numpy_refuses
+    assert compat._needs_patch(rule_39) is False
+
+    class Handle:
+        data = np.array([7], dtype=np.int64)
+
+    class Scalar:
+        handle = Handle()
+
+    assert compat._index_of(Scalar()) == 7
+    Scalar.__index__ = compat._index_of
+    assert list(range(Scalar(), 10)) == [7, 8, 9]

@@ -1,8 +1,9 @@
 """The compile stage of `mlactl tune`: build each kernel config for a GPU architecture, no GPU needed.
 
 For every (kernel, shape, config) it runs Triton's own compiler for the target (sm_80, sm_90 or
-sm_100) and then the ptxas that Triton selects for that target (the wheel's ``ptxas`` below
-sm_90, ``ptxas-blackwell`` from sm_90 on), and reports:
+sm_100) and then the ptxas that Triton selects for that target (``get_ptxas`` in
+triton/backends/nvidia/compiler.py: Triton 3.9 takes ``ptxas-blackwell``, CUDA 13.4, from sm_90
+on; Triton 3.6 takes its ``ptxas``, CUDA 12.8, below sm_100), and reports:
 
 * ``smem_bytes``: the shared memory Triton allocates (``metadata.shared``);
 * ``registers``, ``stack_bytes``, ``spill_bytes`` (spill stores + spill loads), from ``ptxas -v``;
@@ -158,6 +159,16 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
+def _ptxas_release(path: str) -> str | None:
+    """'12.8' from `ptxas --version` ("Cuda compilation tools, release 12.8, V12.8.93")."""
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"release (\d+\.\d+)", text)
+    return found.group(1) if found else None
+
+
 def compile_one(case: Case) -> dict:
     """Compile one case in this process (TRITON_INTERPRET must be unset); never raises."""
     import triton
@@ -203,6 +214,7 @@ def compile_one(case: Case) -> dict:
         run = subprocess.run(cmd, capture_output=True, text=True)
         out.update(parse_ptxas_log(run.stderr + run.stdout))
         out["ptxas"] = os.path.basename(cmd[0])
+        out["ptxas_version"] = _ptxas_release(cmd[0])
         cubin = os.path.join(tmp, "k.cubin")
         with open(cubin, "wb") as fh:
             fh.write(k.asm["cubin"])
