@@ -37,9 +37,9 @@ def _needs_patch(original) -> bool:
         def set_attr(self, obj, name, value):
             setattr(obj, name, value)
 
-    try:
+    try:  # the rule under test gives Stand its __index__
         original(Stand, Scope())
-        operator.index(Stand())  # type: ignore[arg-type]  (the rule under test adds __index__)
+        operator.index(Stand())  # type: ignore[arg-type]
     except TypeError:
         return True
     except Exception:  # noqa: BLE001 - an interpreter we do not know: leave it alone
