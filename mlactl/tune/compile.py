@@ -138,7 +138,7 @@ def loop_mma_macs(ptx: str) -> dict[str, int]:
     return best
 
 
-def issued_over_needed(macs: dict[str, int], num_warps: int, needed: int) -> float | None:
+def issued_over_needed(macs: dict[str, int], num_warps: int, needed: int | None) -> float | None:
     """Tensor-core multiply-adds one CTA issues per loop trip over those its tile needs.
 
     Each warpgroup (4 warps) issues the loop's wgmma and each warp its mma.sync, so a CTA issues
