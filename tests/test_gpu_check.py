@@ -85,7 +85,7 @@ HAND = {
 def test_smoke_run_succeeds(smoke):
     rc, doc = smoke
     assert rc == 0, [r.get("error") for r in doc["rows"]]
-    assert doc["schema"] == "mlactl-gpu-check" and doc["schema_version"] == 1
+    assert doc["schema"] == "mlactl-gpu-check" and doc["schema_version"] == 2
     assert doc["smoke"] is True and doc["timings_meaningful"] is False
     assert doc["tests"] == {"status": "not run", "reason": "--skip-tests"}
     assert doc["hardware_profile"]["name"] == "teaching"
@@ -106,12 +106,14 @@ def test_smoke_rows_cover_the_issue(smoke):
         "prefill-expand-L96-H4",
         "decode-absorb-H4-fp8",
         "decode-absorb-H2-fp8",
+        "decode-absorb-H4-fp16-nosplit",
         "path-absorb-decode-H2",
         "path-expand-decode-H2",
         "path-absorb-extend-H2",
         "path-expand-extend-H2",
     ]
     rows = {r["id"]: r for r in doc["rows"]}
+    assert rows["decode-absorb-H4-fp16-nosplit"]["config"]["SPLIT_SCORE"] == 0
     assert rows["decode-absorb-H4-fp16"]["target"]["metric"] == "flops_per_s"
     assert rows["decode-absorb-H2-fp16"]["target"]["metric"] == "bytes_per_s"
     assert rows["prefill-expand-L160-H4"]["target"]["min"] == 350e12
@@ -132,6 +134,7 @@ def test_smoke_rows_cover_the_issue(smoke):
         "decode-absorb-H2-fp16",
         "decode-absorb-H4-fp8",
         "decode-absorb-H2-fp8",
+        "decode-absorb-H4-fp16-nosplit",
         "prefill-expand-L160-H4",
         "prefill-expand-L96-H4",
         "path-absorb-decode-H2",
@@ -158,6 +161,68 @@ def test_smoke_counts_by_hand(smoke, row_id):
     assert row["achieved_bytes_per_s"] == pytest.approx(row["bytes"] / median)
     assert 0 < row["roofline_fraction"] < math.inf
     assert row["roofline_fraction"] == pytest.approx(roof / median)
+
+
+def test_smoke_baselines_ceilings_and_error_thresholds(smoke):
+    """Every decode row has the vectorised torch absorb as a baseline (its output within the
+    threshold of ours) and lists the optional MLA kernels; the long prefill row tries each SDPA
+    backend; every timed row has its fraction of the measured ceilings and its max error."""
+    _, doc = smoke
+    ceil = doc["ceilings"]
+    assert ceil["matmul"]["flops_per_s"] == pytest.approx(2 * 128**3 / ceil["matmul"]["timing"]["median_s"])
+    assert ceil["copy"]["bytes_per_s"] == pytest.approx(2 * 2**20 / ceil["copy"]["timing"]["median_s"])
+    rows = {r["id"]: r for r in doc["rows"]}
+    for row_id in ("decode-absorb-H4-fp16", "decode-absorb-H2-fp16", "decode-absorb-H4-fp8", "decode-absorb-H2-fp8"):
+        names = [b["name"] for b in rows[row_id]["baselines"]]
+        assert names == ["torch-vectorised", "flash_mla", "flashinfer-mla", "sgl_kernel", "flash_attn"]
+        torch_vec = rows[row_id]["baselines"][0]
+        assert torch_vec["status"] == "ok" and torch_vec["max_abs_diff_vs_kernel"] <= 4e-3
+        assert torch_vec["ratio"] == pytest.approx(torch_vec["timing"]["median_s"] / rows[row_id]["timing"]["median_s"])
+    assert [b["name"] for b in rows["prefill-expand-L160-H4"]["baselines"]] == [
+        "sdpa-flash",
+        "sdpa-cudnn",
+        "sdpa-efficient",
+    ]
+    for r in doc["rows"]:
+        of = r["fraction_of_measured"]
+        assert of["flops"] == pytest.approx(r["achieved_flops_per_s"] / ceil["matmul"]["flops_per_s"])
+        assert of["bytes"] == pytest.approx(r["achieved_bytes_per_s"] / ceil["copy"]["bytes_per_s"])
+        if "twin" in r:
+            assert r["twin"]["max_abs_err"] <= r["twin"]["max_abs_err_threshold"] == 4e-3
+
+
+def test_vectorised_absorb_matches_the_twin(gpu_check):
+    """The torch baseline computes what the twin computes (a second implementation, no loop)."""
+    import torch
+
+    from mlactl.kernels.decode_naive import mla_decode_naive
+
+    gen = torch.Generator().manual_seed(3)
+    B, H, r, dR, page, ctx = 3, 4, 32, 16, 16, 40
+    kv = torch.randn(B * 3 + 1, page, r + dR, generator=gen)
+    table = torch.randperm(B * 3 + 1, generator=gen)[: B * 3].reshape(B, 3).int()
+    seqlens = torch.full((B,), ctx, dtype=torch.int32)
+    q = torch.randn(B, 1, H, r + dR, generator=gen)
+    got = gpu_check.absorb_vectorised(q, kv, table, seqlens, 0.2, r)
+    want = mla_decode_naive(q, kv, table, seqlens, 0.2, r=r)[0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_bench_budget_counts_from_the_benchmark_not_the_tests(gpu_check, tmp_path, monkeypatch):
+    """Rows are skipped only when the benchmark itself ran past its budget, not the tests before it."""
+    import time
+
+    def slow_tests(timeout_s):
+        time.sleep(1.5)
+        return {"status": "passed", "passed": 1, "failed": 0, "errors": 0, "skipped": 0}
+
+    real = gpu_check.row_specs
+    monkeypatch.setattr(gpu_check, "run_gpu_tests", slow_tests)
+    monkeypatch.setattr(gpu_check, "row_specs", lambda plan, model: real(plan, model)[-1:])
+    monkeypatch.setattr(gpu_check, "measure_ceilings", lambda bench: None)
+    gpu_check.main(["--smoke", "--bench-budget", "1", "--out", str(tmp_path)])
+    doc = json.loads(next(tmp_path.glob("gpu-check-*.json")).read_text())
+    assert [r["status"] for r in doc["rows"]] == ["ok"]
 
 
 def test_decode_kernel_row_counts_one_pair_per_cached_token(smoke):
