@@ -273,3 +273,82 @@ def test_a_broken_row_is_recorded_and_the_others_still_run(gpu_check, tmp_path, 
 def test_parse_pytest(gpu_check, text, want):
     got = gpu_check.parse_pytest(text)
     assert {k: got[k] for k in want} == want
+
+
+# ---- benchmarks/device_check.sh: the one GPU run, planned to fit one call ------------------------
+
+DEVICE_CHECK = SCRIPT.parent / "device_check.sh"
+
+
+def _bash(args, env, cwd):
+    import os
+    import subprocess
+
+    return subprocess.run(
+        ["bash", str(DEVICE_CHECK), *args], env={**os.environ, **env}, cwd=cwd, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+
+
+def test_device_check_dry_run_checks_plan_and_imports(tmp_path):
+    """What CI runs of the GPU script on a CPU: the budgets printed up front add up to at most the
+    540 s one call allows, every module and script it runs imports, and nothing is written to $OUT."""
+    import sys
+
+    run = _bash(["--dry-run"], {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable}, tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    budgets = {}
+    for line in run.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[2] == "s" and parts[1].isdigit():
+            budgets[parts[0]] = int(parts[1])
+    total = budgets.pop("total")
+    assert list(budgets) == ["setup", "gpu_check", "tests", "schedules", "tune", "compile"]
+    assert total == sum(budgets.values()) <= 540
+    assert "imports ok" in run.stdout and list((tmp_path / "out").iterdir()) == []
+
+
+def test_device_check_dry_run_refuses_budgets_over_the_limit(tmp_path):
+    import sys
+
+    env = {"OUT": str(tmp_path), "PYTHON": sys.executable, "DEVICE_CHECK_STEPS": "setup:300 gpu_check:300"}
+    run = _bash(["--dry-run"], env, tmp_path)
+    assert run.returncode == 1 and "add up to 600 s, over the 540 s limit" in run.stderr
+
+
+def test_device_check_run_falls_back_times_out_and_skips(tmp_path):
+    """The real run's control flow with a stand-in python (no GPU): pip fails and the run goes on
+    from the source tree, a step past its budget is killed and recorded, a step that would end past
+    the limit is skipped, and every step is recorded in $OUT as it ends."""
+    fake = tmp_path / "python3"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'case "$*" in\n'
+        '  *"-m pip"*) echo "error: invalid command bdist_wheel" >&2; exit 1 ;;\n'
+        "  *gpu_check.py*) trap '' TERM; sleep 7 ;;\n"
+        '  *) echo "fake python $*" ;;\n'
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {
+        "OUT": str(out),
+        "PYTHON": str(fake),
+        "DEVICE_CHECK_LIMIT_S": "9",
+        "DEVICE_CHECK_STEPS": "setup:1 gpu_check:1 tests:1 schedules:1 tune:30 compile:1",
+        "PATH": f"{tmp_path}:/usr/bin:/bin",
+    }
+    run = _bash([], env, SCRIPT.parent.parent)
+    assert run.returncode == 1  # the plan's check, before anything runs: 35 s of budgets over 9 s
+    env["DEVICE_CHECK_STEPS"] = "setup:1 gpu_check:1 tests:1 schedules:1 tune:4 compile:1"
+    run = _bash([], env, SCRIPT.parent.parent)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "pip could not install; running from the source tree" in run.stdout
+    rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()[1:]]
+    status = {r[0]: r[1] for r in rows}
+    assert status["setup"] == "ok" and status["gpu_check"] == "timeout" and status["tests"] == "ok"
+    # gpu_check ignores the TERM at its 1 s budget and is killed 5 s later: tune's 4 s would then
+    # end past the 9 s limit, so it is skipped; compile's 1 s still fits
+    assert status["tune"] == "skipped" and status["compile"] == "ok"
+    assert list(status) == ["setup", "gpu_check", "tests", "schedules", "tune", "compile"]
+    assert len(list(out.iterdir())) <= 8 and (out / "device_check.log").exists()
