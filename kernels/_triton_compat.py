@@ -4,7 +4,7 @@ Triton's CPU interpreter (TRITON_INTERPRET=1) holds every scalar as a numpy arra
 and a loop ``for n0 in range(start, end, BLOCK_N)`` over run-time bounds turns each bound into a
 Python int through ``tensor.__index__``. Triton 3.6 writes that as ``int(handle.data)``, which
 numpy 2.4 and later refuse for a 1-D array ("only 0-dimensional arrays can be converted to
-Python scalars"); Triton 3.9 squeezes the array first (triton/runtime/interpreter.py,
+Python scalars"; numpy 2.3 warns that it will); Triton 3.9 squeezes the array first (triton/runtime/interpreter.py,
 ``_patch_lang_tensor``). Every decode kernel loops over run-time key ranges, so under Triton 3.6
 with a current numpy no kernel ran in the interpreter. `patch_interpreter_index` gives the older
 interpreter the newer rule. It changes nothing on a GPU (the interpreter is not used there) and
@@ -14,6 +14,7 @@ nothing where the interpreter already accepts a [1] array.
 from __future__ import annotations
 
 import operator
+import warnings
 
 import numpy as np
 
@@ -39,8 +40,10 @@ def _needs_patch(original) -> bool:
 
     try:  # the rule under test gives Stand its __index__
         original(Stand, Scope())
-        operator.index(Stand())  # type: ignore[arg-type]
-    except TypeError:
+        with warnings.catch_warnings():  # numpy 2.3 still converts, with a DeprecationWarning per bound
+            warnings.simplefilter("error", DeprecationWarning)
+            operator.index(Stand())  # type: ignore[arg-type]
+    except (TypeError, DeprecationWarning):
         return True
     except Exception:  # noqa: BLE001 - an interpreter we do not know: leave it alone
         return False
