@@ -666,6 +666,11 @@ def row_specs(plan: Plan, model) -> list[tuple[str, object]]:
     H_path = narrow
     specs = [
         (f"decode-absorb-H{wide}-{plan.dtype}", lambda b: row_decode(b, wide, False, TARGET_DECODE_WIDE)),
+        # the 64-row default without the split score (the previous default): which one is faster
+        (
+            f"decode-absorb-H{wide}-{plan.dtype}-nosplit",
+            lambda b: row_decode(b, wide, False, config=NOSPLIT_CONFIG, suffix="-nosplit"),
+        ),
         (f"decode-absorb-H{narrow}-{plan.dtype}", lambda b: row_decode(b, narrow, False, TARGET_DECODE_NARROW)),
         (
             f"prefill-expand-L{plan.prefill_tokens}-H{wide}",
@@ -677,11 +682,6 @@ def row_specs(plan: Plan, model) -> list[tuple[str, object]]:
         ),
         (f"decode-absorb-H{wide}-fp8", lambda b: row_decode(b, wide, True)),
         (f"decode-absorb-H{narrow}-fp8", lambda b: row_decode(b, narrow, True)),
-        # the 64-row default without the split score (the previous default): which one is faster
-        (
-            f"decode-absorb-H{wide}-{plan.dtype}-nosplit",
-            lambda b: row_decode(b, wide, False, config=NOSPLIT_CONFIG, suffix="-nosplit"),
-        ),
     ]
     for name, shape in (("decode", plan.path_decode), ("extend", plan.path_extend)):
         for path in ("absorb", "expand"):

@@ -101,12 +101,12 @@ def test_smoke_rows_cover_the_issue(smoke):
     ids = [r["id"] for r in doc["rows"]]
     assert ids == [
         "decode-absorb-H4-fp16",
+        "decode-absorb-H4-fp16-nosplit",
         "decode-absorb-H2-fp16",
         "prefill-expand-L160-H4",
         "prefill-expand-L96-H4",
         "decode-absorb-H4-fp8",
         "decode-absorb-H2-fp8",
-        "decode-absorb-H4-fp16-nosplit",
         "path-absorb-decode-H2",
         "path-expand-decode-H2",
         "path-absorb-extend-H2",
