@@ -24,11 +24,12 @@ Design (flash-decoding with grouped heads):
   [BLOCK_N, r + dR] rows: whole tiles unmasked, the last one masked; narrower tiles use
   contiguous row pointers.
 
-Known limit on Hopper: the [64, r] fp32 accumulator needs 8 warps (two warpgroups, each owning
-r/2 columns), and Triton gives every warp of a dot that feeds another dot to M, so both
-warpgroups compute the whole [64, BLOCK_N] score tile (sm_90 PTX: each issues all 72 m64n32k16
-per 64 keys). The score work, (r+dR)/(2r+dR) = 53% of the FLOPs, is done twice; tensor-core
-time is capped near 65% of peak. FlashMLA avoids this with hand-assigned warpgroup roles.
+Split score (SPLIT_SCORE, the 64-row default): the [64, r] fp32 accumulator needs 8 warps (two
+warpgroups), and Triton gives every warp of a dot that feeds another dot to M, so both warpgroups
+would compute the whole [64, BLOCK_N] score tile (53% of the FLOPs twice: 1.53 times the tile's
+tensor-core work). With SPLIT_SCORE no score value flows into a dot (the score dots are summed
+after scaling; p and alpha go through a per-program scratch slot across a barrier), so each
+warpgroup computes its half of the keys once (docs/kernels.md, "Split score").
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ NO_SPILL = {
     (16, True): (32, 3, "balanced", 0),  # 1.53; balanced at BLOCK_N 64: 96 B (split score: 356 B)
 }
 FP8_BLOCK_H = 32  # an fp8 cache on 64-row tiles spills 392-1064 B in every config compiled
-# (BLOCK_N 16-64, 1-3 stages, 8 or 16 warps): the widening to bf16 needs registers the [64, r]
-# accumulator holds; 32-row tiles (4 per request at H = 128, mma.sync) spill none
+# (BLOCK_N 16-64, 1-3 stages, 8 or 16 warps), 40-56 B with the split score at 32 keys: the
+# widening to bf16 needs registers the [64, r] accumulator holds; 32-row tiles (4 per request
+# at H = 128, mma.sync) spill none
 USE_TMA = True  # TMA descriptor loads for page-aligned tiles of TMA_MIN_BLOCK_H rows and more
 TMA_MIN_BLOCK_H = 64  # sm_90 compile: at 64 rows (wgmma) TMA frees the cp.async address registers,
 # 32 keys per tile then spill 0 B (252 registers) where pointer loads spill 40 B; at 16 and 32
@@ -917,7 +919,8 @@ def mla_decode(
         kv_scale: float or 1-element tensor on q's device; real cache value = stored * kv_scale.
         r: latent rank; default 512 for a 576-wide row.
         num_splits: split-KV factor (wins over `config`); else tuned config, else heuristic.
-        config: dict with any of BLOCK_H, BLOCK_N, num_splits, num_warps, num_stages.
+        config: dict with any of BLOCK_H, BLOCK_N, num_splits, num_warps, num_stages and
+            SPLIT_SCORE (0 or 1: the score tile split across warpgroups, see _score_and_accumulate).
         validate: read cache_seqlens and block_table to check them (one device sync). With False
             the heuristic sizes splits by block_table's width instead of the longest context.
         out: optional [B, S_q, H, r] tensor in q's dtype to write the output into.
