@@ -128,7 +128,7 @@ archive_home() {
 }
 
 run_step setup bash -c setup
-run_step gpu_check "$PY" benchmarks/gpu_check.py --skip-tests --out "$OUT" --bench-budget 150
+run_step gpu_check "$PY" benchmarks/gpu_check.py --skip-tests --out "$OUT" --bench-budget 135
 run_step tests "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
 run_step schedules "$PY" benchmarks/bench_decode_schedules.py --quick --out "$OUT" --budget 65
 run_step tune "$PY" -m mlactl.cli tune --quick --budget 60 --results-file "$OUT/tune-quick.json"
