@@ -11,7 +11,7 @@ import typer.core
 from rich.table import Table
 
 from mlactl.cli.common import choice, cli_errors, emit, load_model, output_format
-from mlactl.cli.options import CalibrationOpt, FormatOpt, ModelOpt, TpOpt
+from mlactl.cli.options import FormatOpt, ModelOpt, TpOpt
 from mlactl.decide.calibration import run, store
 from mlactl.decide.calibration.model import TERMS
 from mlactl.decide.calibration.score import score
@@ -34,8 +34,8 @@ calibrate_app = typer.Typer(
     cls=CalibrateGroup,
     help="Fit calibrated time to measured kernels (tune results, aiconfigurator's tables or a CSV), "
     "or score a calibration on your own measurements.\n\n"
-    "`mlactl calibrate \\[fit] ...` fits (`fit` may be left out); `mlactl calibrate score --calibration NAME "
-    "...` scores.\n\n"
+    "`mlactl calibrate ...` fits (the `fit` command: its name may be left out); "
+    "`mlactl calibrate score --calibration NAME ...` scores.\n\n"
     "Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang",
     no_args_is_help=False,
 )
@@ -290,7 +290,10 @@ def calibrate(
 @cli_errors
 def score_cmd(
     files: FilesArg = None,
-    calibration: CalibrationOpt = None,
+    calibration: Annotated[
+        Optional[str],
+        typer.Option("--calibration", help="The calibration to score: a name from `mlactl calibrate` or a file."),
+    ] = None,
     source: SourceOpt = "results",
     system: SystemOpt = None,
     framework: FrameworkOpt = None,
