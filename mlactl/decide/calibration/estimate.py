@@ -237,7 +237,8 @@ def estimates(
             cls = f"path:{p}"
             spread = _fit_spread(cost, hw, calibration, whole, cls, batch, new, prefix, None, layers)
             spread = _broadcast(spread, np.shape(roof.flops))
-            ops[p] = OpEstimate(cls, spread.time, [(np.ones(np.shape(spread.time), bool), spread)],
+            # the draws are the fit's: expand_chunked timed by expand's fit draws as expand does
+            ops[p] = OpEstimate(whole["op"], spread.time, [(np.ones(np.shape(spread.time), bool), spread)],
                                 spread.basis, spread.octaves, spread.axis)  # fmt: skip
         else:
             for op in roof.ops:
