@@ -31,12 +31,12 @@ from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.model import DECODE_MAX_NEW, OP_CLASSES, PATH_CLASSES, op_class
 from mlactl.decide.calibration.sources import points_for
 from mlactl.decide.calibration.time import (
-    _fit_dtype,
-    _scaled,
-    _whole_path_fit,
+    fit_dtype,
     launch_parts,
     path_times,
     predict_fit,
+    scaled_ops,
+    whole_path_fit,
 )
 from mlactl.model.cost import MLA_PATHS, CostModel
 from mlactl.model.hardware import HardwareProfile
@@ -194,7 +194,7 @@ def spread_of(fit: dict, cls: str, pts, peak: float, bandwidth: float, sm_count,
 def op_estimate(cost, hw, calibration, cls: str, batch, new, prefix, path=None, layers: int = 1) -> OpEstimate | None:
     """An op class's estimate, or None where the calibration has no fit for it (see the module
     docstring for decode and prefill fits)."""
-    dtype = _fit_dtype(cost, cls)
+    dtype = fit_dtype(cost, cls)
     decode = calibration.fit_for(cls, dtype, "decode")
     prefill = calibration.fit_for(cls, dtype, "prefill")
     if decode is None:
@@ -230,8 +230,8 @@ def estimates(
     interval and every op's basis is `roofline`)."""
     out = {}
     for p in paths:
-        roof = path_time(_scaled(cost.ops(p, batch, new, prefix), layers), hw, cost.dtype, p)
-        whole = _whole_path_fit(cost, calibration, p)
+        roof = path_time(scaled_ops(cost.ops(p, batch, new, prefix), layers), hw, cost.dtype, p)
+        whole = whole_path_fit(cost, calibration, p)
         ops: dict[str, OpEstimate] = {}
         if whole:
             cls = f"path:{p}"

@@ -28,13 +28,13 @@ from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import OpTime, PathTime, path_time, roofline_time
 
 
-def _scaled(ops: list[Op], layers: int) -> list[Op]:
+def scaled_ops(ops: list[Op], layers: int) -> list[Op]:
     if layers == 1:
         return ops
     return [Op(op.name, op.flops * layers, op.bytes * layers, op.weight_bytes * layers) for op in ops]
 
 
-def _fit_dtype(cost: CostModel, cls: str) -> str:
+def fit_dtype(cost: CostModel, cls: str) -> str:
     return cost.kv_dtype if "attention" in cls or cls.startswith("path:") else cost.dtype
 
 
@@ -79,7 +79,7 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     has a decode and a prefill fit (aiconfigurator's two tables), a point with a cached prefix and
     at most DECODE_MAX_NEW new tokens takes decode's (the range the decode table measured), every
     other point prefill's: a decode table is memory-bound and says little about compute."""
-    dtype = _fit_dtype(cost, cls)
+    dtype = fit_dtype(cost, cls)
     decode = calibration.fit_for(cls, dtype, "decode")
     prefill = calibration.fit_for(cls, dtype, "prefill")
     if decode is None:
@@ -92,12 +92,12 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     return np.where(decode_like, t_decode, t_prefill)
 
 
-def _whole_path_fit(cost: CostModel, calibration, path: str) -> dict | None:
+def whole_path_fit(cost: CostModel, calibration, path: str) -> dict | None:
     """A whole-path fit for `path`; expand_chunked without its own takes expand's, applied to
     expand_chunked's own FLOPs and bytes (the same ops, chunk by chunk, plus the lse merges)."""
-    fit = calibration.fit_for(f"path:{path}", _fit_dtype(cost, f"path:{path}"))
+    fit = calibration.fit_for(f"path:{path}", fit_dtype(cost, f"path:{path}"))
     if fit is None and path == "expand_chunked":
-        fit = calibration.fit_for("path:expand", _fit_dtype(cost, "path:expand"))
+        fit = calibration.fit_for("path:expand", fit_dtype(cost, "path:expand"))
     return fit
 
 
@@ -129,12 +129,12 @@ def path_times(
     launches its own kernels, so a fixed cost counts once per layer)."""
     out = {}
     for p in paths:
-        ops = _scaled(cost.ops(p, batch, new, prefix), layers)
+        ops = scaled_ops(cost.ops(p, batch, new, prefix), layers)
         roof = path_time(ops, hw, cost.dtype, p)
         if calibration is None:
             out[p] = roof
             continue
-        whole = _whole_path_fit(cost, calibration, p)
+        whole = whole_path_fit(cost, calibration, p)
         timed = []
         for op in roof.ops:
             cls = op_class(p, op.name)
@@ -192,13 +192,13 @@ def launch_parts(cost: CostModel, hw: HardwareProfile, calibration, path: str, c
     """`_launch_seconds` op by op, in cost.ops's order (one entry for a whole-path fit)."""
 
     peak, bandwidth = calibration.peak(hw), hw.bandwidth
-    whole = _whole_path_fit(cost, calibration, path)
+    whole = whole_path_fit(cost, calibration, path)
     classes = [f"path:{path}"] if whole else [op_class(path, op.name) for op in cost.ops(path, 1, 1, 0)]
     ops = cost.ops(path, count, new, prefix)
     parts = []
     for k, cls in enumerate(classes):
         decode = bool(np.all((prefix > 0) & (new <= DECODE_MAX_NEW)))
-        fit = whole or calibration.fit_for(cls, _fit_dtype(cost, cls), "decode" if decode else "prefill")
+        fit = whole or calibration.fit_for(cls, fit_dtype(cost, cls), "decode" if decode else "prefill")
         if fit is None:  # no fit: the roofline of the summed op, weights once
             op = ops[k]
             nbytes = (op.bytes - op.weight_bytes).sum() + op.weight_bytes.max()
