@@ -10,11 +10,13 @@ against the memory budget as they come, so a 10M-row file is refused before it f
 from __future__ import annotations
 
 import csv
+import io
 from array import array
 from pathlib import Path
 
 from mlactl.model.shapes import _INT, parse_int
 from mlactl.util.errors import MlactlError
+from mlactl.util.io import open_input
 from mlactl.util.limits import check_requests
 
 # Rows between memory checks: cheap enough to be invisible, fine enough to stop early.
@@ -46,10 +48,7 @@ def read_requests(path: str | Path, fmt: str = "csv") -> tuple[array, array, arr
     """(new, prefix, count) as int64 arrays (sequences of int), one entry per CSV row."""
 
     path = Path(path)
-    try:
-        fh = open(path, encoding="utf-8-sig", newline="")
-    except OSError as exc:
-        raise MlactlError(f"cannot read requests {path}: {exc.strerror or exc}") from None
+    fh = io.TextIOWrapper(open_input(path, "requests"), encoding="utf-8-sig", newline="")
     new, prefix, count = array("q"), array("q"), array("q")
     with fh:
         reader = csv.reader(_lines(fh, path))
