@@ -337,7 +337,8 @@ def keep_aside(path: str | Path) -> Path:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise MlactlError(f"cannot keep {safe.text(path)} aside as {safe.text(target)}: {exc.strerror or exc}") from None
+            why = exc.strerror or exc
+            raise MlactlError(f"cannot keep {safe.text(path)} aside as {safe.text(target)}: {why}") from None
         os.replace(path, target)  # over our own empty reservation only
         return target
     raise MlactlError(f"cannot keep {safe.text(path)} aside: 10,000 backups of it exist already")
@@ -376,5 +377,7 @@ def contained(path: str | Path, folder: str | Path) -> Path:
         )
     real, root = os.path.realpath(path), os.path.realpath(folder)
     if os.path.commonpath([real, root]) != root:
-        raise MlactlError(f"cannot write {safe.text(path)}: it resolves to {safe.text(real)}, outside {safe.text(folder)}")
+        raise MlactlError(
+            f"cannot write {safe.text(path)}: it resolves to {safe.text(real)}, outside {safe.text(folder)}"
+        )
     return path

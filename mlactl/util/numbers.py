@@ -52,7 +52,8 @@ def integer(
         limit = f"{maximum:,} (2^31 - 1)" if maximum == MAX_SIZE else f"{maximum:,}"
         raise MlactlError(f"{what}: {item.strip()!r} is above the limit of {limit}")
     if value < minimum or value < 0:
-        raise MlactlError(f"{what}: {item.strip()} must be {negative if value < 0 and negative else must_be(max(minimum, 0))}")
+        wanted = negative if value < 0 and negative else must_be(max(minimum, 0))
+        raise MlactlError(f"{what}: {item.strip()} must be {wanted}")
     return value
 
 
