@@ -344,7 +344,7 @@ def test_unknown_and_broken_calibrations(home, tmp_path):
     fit = {"op": "absorb_attention", "terms": ["fixed"], "params": {"eta_c": 1, "eta_m": -1}}
     head = {"schema": "mlactl.calibration", "schema_version": 1, "name": "x", "hardware": "h800"}
     bad.write_text(json.dumps(dict(head, fits=[fit])))
-    assert "params.eta_m must be a finite number >= 0, got -1" in error_line(
+    assert "params.eta_m must be a finite number >= 0.0001 and <= 1.2, got -1" in error_line(
         run("analyze", "--calibration", bad, ok=False)
     )
     bad.write_text('{"schema": "mlactl.calibration", "schema_version": 7}')
