@@ -182,7 +182,7 @@ def good_file(path: Path, rows: int = 48, **extra) -> Path:
 
 def test_backups_never_overwrite_one_another(tmp_path, monkeypatch):
     out = good_file(tmp_path / "r.json", rows=3)
-    monkeypatch.setattr(store_mod.time, "strftime", lambda fmt, *a: "20261130-120000")  # one second
+    monkeypatch.setattr(io.time, "strftime", lambda fmt, *a: "20261130-120000")  # one second
     taken = tmp_path / "r.20261130-120000.json"
     taken.write_text("a backup from before")
     first = store_mod.ResultsStore(out, header(), force=True)

@@ -12,41 +12,15 @@ import typer
 from rich.table import Table
 
 from mlactl import __version__
-from mlactl.cli.common import (
-    DTYPES,
-    calibration_json,
-    calibration_line,
-    choice,
-    cli_errors,
-    emit,
-    load_calibration,
-    load_hardware,
-    load_model,
-    one_int,
-    output_format,
-)
-from mlactl.cli.options import (
-    BatchOpt,
-    CalibrationOpt,
-    ChunkOpt,
-    DtypeOpt,
-    EngineOptionOpt,
-    FormatOpt,
-    HardwareOpt,
-    KvDtypeOpt,
-    MeasuredOpt,
-    ModelOpt,
-    OutputOpt,
-    TpOpt,
-)
+from mlactl.cli.common import calibration_json, calibration_line, cli_errors, emit, output_format, resolve
+from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, EngineOptionOpt, Opts, shared
 from mlactl.decide import workload as wl_mod
 from mlactl.decide.engines import ENGINES, parse_engines
-from mlactl.model.cost import CostModel
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output.csvout import write_csv as write
 from mlactl.output.render import SHORT, seconds
 from mlactl.output.report import SCHEMA_VERSION, engine_json, number_or_none
-from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
+from mlactl.util import progress, safe
 from mlactl.util.errors import MlactlError
 
 engines_app = typer.Typer(add_completion=False)
@@ -54,6 +28,7 @@ engines_app = typer.Typer(add_completion=False)
 
 @engines_app.command(name="engines")
 @cli_errors
+@shared(*MACHINE, end=OUTPUT)
 def engines_cmd(
     workload: Annotated[
         Optional[Path],
@@ -62,10 +37,7 @@ def engines_cmd(
             "(or count). Without it, the grid of --batch/--new/--prefix, every shape weight 1."
         ),
     ] = None,
-    model: ModelOpt = "deepseek-v3",
-    hardware: HardwareOpt = "h800",
-    measured: MeasuredOpt = False,
-    tp: TpOpt = "1",
+    opts: Opts = Opts(),
     batch: BatchOpt = "1",
     new: Annotated[str, typer.Option("--new", "-n", help="Grid: new tokens per request, list or range.")] = (
         "1,16,64,256,1024,4096"
@@ -73,9 +45,6 @@ def engines_cmd(
     prefix: Annotated[str, typer.Option("--prefix", "-p", help="Grid: cached tokens, list or range.")] = (
         "0,1K,4K,8K,16K,32K"
     ),
-    kv_dtype: KvDtypeOpt = "bf16",
-    dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     engines: Annotated[
         Optional[str],
         typer.Option(
@@ -84,9 +53,6 @@ def engines_cmd(
         ),
     ] = None,
     engine_option: EngineOptionOpt = None,
-    calibration: CalibrationOpt = None,
-    fmt: FormatOpt = None,
-    output: OutputOpt = None,
 ):
     """What each engine's own path rule loses on a workload, where it loses most, and the
     threshold that would lose least on this hardware (SGLang's summed-prefix threshold, vLLM's
@@ -101,17 +67,10 @@ def engines_cmd(
     Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
     """
 
-    fmt = output_format(fmt, output)
-    cfg = load_model(model, tp)
-    hw = load_hardware(hardware, measured)
-    cal = load_calibration(calibration, hw)
+    fmt = output_format(opts.fmt, opts.output)
+    setup = resolve(opts)
+    hw, cal, cost = setup.hw, setup.calibration, setup.cost()
     params = parse_engines(engines or ",".join(ENGINES), engine_option)
-    cost = CostModel(
-        cfg,
-        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
-        dtype=choice(dtype, "--dtype", DTYPES),
-        chunk=one_int(chunk, "--chunk"),
-    )
     if workload is not None:
         wl = wl_mod.read_workload(workload)
     else:
@@ -121,13 +80,14 @@ def engines_cmd(
         wl = wl_mod.grid_workload(b, n, p)
     if len(wl) > 1_000_000:
         raise MlactlError(f"{len(wl)} shapes; at most 1,000,000 at once")
-    result = wl_mod.report(cost, hw, wl, params, calibration=cal)
+    with progress.task(f"costing {len(wl):,} shapes on every engine's rule"):
+        result = wl_mod.report(cost, hw, wl, params, calibration=cal)
     emit(
         fmt,
-        output,
+        opts.output,
         json_data=lambda: to_json(result),
         write_csv=lambda fh: write_csv(fh, result),
-        tables=tables(result),
+        tables=tables(result, setup.markup_notes()),
     )
 
 
@@ -142,13 +102,14 @@ def sentence(result, e) -> str:
     return f"{e.params.engine}'s threshold {s.current} on {result.hw.name} for this workload: {verdict}"
 
 
-def tables(result) -> list:
+def tables(result, notes=()) -> list:
 
     wl = result.workload
     head = (
-        f"[bold]{result.cost.cfg.name}[/] on [bold]{result.hw.display}[/] "
+        f"[bold]{safe.markup(result.cost.cfg.name)}[/] on [bold]{safe.markup(result.hw.display)}[/] "
         f"({'measured' if result.hw.using_measured else 'nominal'} ceilings), kv cache {result.cost.kv_dtype}; "
-        f"{len(wl)} shapes ({wl.source}); {'roofline' if result.calibration is None else 'calibrated'} times of the "
+        f"{len(wl)} shapes ({safe.markup(wl.source)}); "
+        f"{'roofline' if result.calibration is None else 'calibrated'} times of the "
         "paths that fit, weighted by each shape's weight"
     )
     total = Table(title="What each engine's rule loses on this workload")
@@ -164,7 +125,7 @@ def tables(result) -> list:
             "—" if pct != pct else f"{pct:.1%}",
         )
     total.caption = f"best path everywhere: {seconds(result.total_best_s)}"
-    out: list = [head, total]
+    out: list = [head, *notes, total]
     for e in result.engines:
         worst = result.worst(e)
         if not worst:

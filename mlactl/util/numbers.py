@@ -39,7 +39,7 @@ def integer(
     """ASCII digits with an optional K (1024) or M (1024^2), from `minimum` to `maximum`.
     `item` is the text to quote in a message when `text` is part of a longer value; `negative`
     what a negative value is told it must be (default: what `minimum` asks)."""
-    item = text if item is None else item
+    item = _short(text if item is None else item)
     match = INT.match(text)
     if not match:
         raise MlactlError(f"{what}: {item!r} is not a whole number (use digits, optionally K or M)")
@@ -55,6 +55,12 @@ def integer(
         wanted = negative if value < 0 and negative else must_be(max(minimum, 0))
         raise MlactlError(f"{what}: {item.strip()} must be {wanted}")
     return value
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """A value as quoted in a message: a 10,000-digit one would hide the sentence around it."""
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _range(minimum: float, maximum: float, above: bool) -> str:
