@@ -143,15 +143,24 @@ class Opts:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def shared(*names: str, end: tuple[str, ...] = (), **override: Any) -> Callable[[F], F]:
-    """Give a command the shared options `names` (at its `opts: Opts` parameter) and `end` (after
-    its own options), each with its one definition from SHARED; `override` replaces a definition
-    for this command: an Option, or just another default. The command receives them as one
-    `opts: Opts` argument, with the names the user typed in `opts.given`.
+def shared(
+    *names: str,
+    end: tuple[str, ...] = (),
+    registry: dict[str, Option] | None = None,
+    into: Callable[[dict, frozenset], Any] | None = None,
+    **override: Any,
+) -> Callable[[F], F]:
+    """Give a command the shared options `names` (at its `opts` parameter) and `end` (after its
+    own options), each with its one definition from `registry` (default SHARED); `override`
+    replaces a definition for this command: an Option, or just another default. The command
+    receives them as one `opts` argument: an Opts with the names the user typed in `opts.given`,
+    or what `into(values, given)` makes of them.
 
         @shared(*MACHINE, end=OUTPUT)
         def analyze(opts: Opts, batch: BatchOpt = "1", ...): ...
     """
+    registry = SHARED if registry is None else registry
+    make = into or (lambda values, given: Opts(**values, given=given))
 
     def decorate(fn: F) -> F:
         signature = inspect.signature(fn, eval_str=True)  # the annotations as objects, for Typer
@@ -159,9 +168,9 @@ def shared(*names: str, end: tuple[str, ...] = (), **override: Any) -> Callable[
         at = [p.name for p in own].index("opts")
 
         def param(name: str) -> inspect.Parameter:
-            spec = override.get(name, SHARED[name])
+            spec = override.get(name, registry[name])
             if not isinstance(spec, Option):
-                spec = Option(SHARED[name].annotation, spec)
+                spec = Option(registry[name].annotation, spec)
             keyword = inspect.Parameter.KEYWORD_ONLY
             return inspect.Parameter(name, keyword, default=spec.default, annotation=spec.annotation)
 
@@ -174,7 +183,7 @@ def shared(*names: str, end: tuple[str, ...] = (), **override: Any) -> Callable[
             values = {n: kwargs.pop(n) for n in added}
             ctx = get_current_context(silent=True)
             given = frozenset(n for n in added if ctx is not None and _typed(ctx, n))
-            return fn(*args, opts=Opts(**values, given=given), **kwargs)
+            return fn(*args, opts=make(values, given), **kwargs)
 
         wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
