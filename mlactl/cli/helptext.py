@@ -45,7 +45,7 @@ METAVARS = {
     "source": "SOURCE",
     "system": "SYSTEM",
     "framework": "FRAMEWORK",
-    "version": "VERSION",
+    "framework_version": "VERSION",
     "data_dir": "DIR",
     "name": "NAME",
     "out_dir": "DIR",

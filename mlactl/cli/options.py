@@ -15,6 +15,7 @@ from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 
+from mlactl import __version__
 from mlactl.util.defaults import DEFAULT_CHUNK
 
 try:  # typer >= 0.24 carries its own click
@@ -80,6 +81,18 @@ FormatOpt = Annotated[
 ]
 OutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")
+]
+
+
+def version_callback(value: bool):
+    if value:
+        typer.echo(f"mlactl {__version__}")
+        raise typer.Exit()
+
+
+# mlactl's own version, on the root command and on any command that offers it (calibrate)
+VersionOpt = Annotated[
+    bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Print mlactl's version and exit.")
 ]
 CalibrationOpt = Annotated[
     Optional[str],
