@@ -93,7 +93,7 @@ def calibrate(
             for o, v, e in (("--system", system, "h200_sxm"), ("--framework", framework, "sglang"))
             if not v
         ]
-        if missing:
+        if missing or system is None or framework is None:
             raise MlactlError(f"--from aiconfigurator needs {' and '.join(missing)}")
         with progress.task("reading aiconfigurator's tables"):
             default, hw, desc, groups = run.from_aiconfigurator(system, framework, framework_version, data_dir, hw)
