@@ -171,8 +171,9 @@ def _bounded_search(timed, prefixes, todo, low: int, high: int, path: str, found
             p = np.broadcast_to(prefixes[k][:, None], ca.shape)
             # no win in [a, b] when path(a) >= absorb(b): each time grows with n
             open_ = (timed(ca, p, (path,))[path] < timed(cb, p, ("absorb",))["absorb"]) & real
-            for j, i in enumerate(k.tolist()):
+            for row, i in enumerate(k.tolist()):
                 if i in stacks:
-                    stacks[i].extend((int(x), int(y)) for x, y in zip(ca[j][open_[j]][::-1], cb[j][open_[j]][::-1]))
+                    kept = zip(ca[row][open_[row]][::-1], cb[row][open_[row]][::-1])
+                    stacks[i].extend((int(x), int(y)) for x, y in kept)
         for i in [i for i, stack in stacks.items() if not stack]:
             del stacks[i]  # every interval ruled out: no win up to `high`
