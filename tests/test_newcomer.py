@@ -574,9 +574,12 @@ def test_points_above_the_roofline_are_flagged():
     assert by_path["absorb"]["fraction"] == pytest.approx(2.0) and by_path["absorb"]["above_ceiling"] is True
     assert by_path["expand"]["above_ceiling"] is False
     assert "too low" in drawn["note"]
-    texts = [t.get_text() for t in fig.axes[0].texts]
-    assert any("200% (above the roofline!)" in t for t in texts)
-    assert any("measured, joined to predicted" == t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    # labelled points get a number beside them; what each is, in the legend below the axes (issue 24:
+    # no text on the points or curves)
+    assert [t.get_text() for t in fig.axes[0].texts if t.get_text().isdigit()] == ["1", "2"]
+    legend = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "1: b=1 n=64 p=0 absorb, 200% of the roofline (above the roofline!)" in legend
+    assert "measured, joined to predicted" in legend
 
 
 def test_ceiling_labels_read_plainly_and_are_drawn_once():
