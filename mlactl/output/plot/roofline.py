@@ -194,7 +194,7 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS, cali
             mew=1.2 if small else 1.6,
         )
     labelled = sorted(set(_labelled(measured)) | {i for i, m in enumerate(measured) if m["above_ceiling"]})
-    keys = []  # the labelled points' numbers, next to the point; what they are, in the legend
+    keys: list[tuple[str, str]] = []  # the labelled points' numbers, next to the point; what they are, in the legend
     for i, m in enumerate(measured):
         colour = PATH_COLOURS.get(m["path"], "black")
         ax.plot([m["intensity"]] * 2, [m["predicted_flops_per_s"], m["flops_per_s"]], color=colour, lw=0.8)
