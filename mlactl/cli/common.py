@@ -201,6 +201,15 @@ def fit_width(output: Optional[Path] = None) -> Optional[int]:
 def emit(fmt: str, output: Optional[Path], *, json_data=None, write_csv=None, tables=()):
     """Write json/csv/table output to stdout or, atomically, to a file."""
 
+    if fmt in ("json", "csv") and (output is not None or not sys.stdout.isatty()):
+        # a million rows take seconds; a spinner on the terminal meanwhile (not amid rows printed to it)
+        with progress.task(f"writing {fmt}"):
+            _emit(fmt, output, json_data, write_csv, tables)
+    else:
+        _emit(fmt, output, json_data, write_csv, tables)
+
+
+def _emit(fmt: str, output: Optional[Path], json_data, write_csv, tables) -> None:
     if fmt == "json":
         text = dumps(json_data())
         if output is None:

@@ -16,12 +16,31 @@ from typing import Annotated, Any, Optional, TypeVar
 import typer
 
 from mlactl import __version__
+from mlactl.util import numbers
 from mlactl.util.defaults import DEFAULT_CHUNK
+from mlactl.util.errors import MlactlError
 
 try:  # typer >= 0.24 carries its own click
     from typer._click.globals import get_current_context
 except ImportError:  # pragma: no cover
     from click import get_current_context  # type: ignore[no-redef]
+
+
+def whole_number(option: str, minimum: int = 0, maximum: int = 1 << 20):
+    """A parser for a typed integer option: ASCII digits only, within [minimum, maximum]
+    (mlactl.util.numbers), so `--repeats ٣` or `--workers 1e9` is one error line, where click's
+    int() would take the first and overflow on neither but hang on the work."""
+
+    def parse(text) -> int:
+        if isinstance(text, int) and not isinstance(text, bool):
+            text = str(text)
+        try:
+            return numbers.integer(str(text), option, minimum, maximum)
+        except MlactlError as exc:
+            raise typer.BadParameter(str(exc).removeprefix(f"{option}: ")) from None
+
+    return parse
+
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Preset name (see `mlactl list`) or path to a Hugging Face config.json.")

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from mlactl.cli.common import choice, cli_errors, console, emit, fit_width, load_model, one_int, output_format
-from mlactl.cli.options import SHARED, FormatOpt, ModelOpt, Option, OutputOpt, TpOpt, shared
+from mlactl.cli.options import SHARED, FormatOpt, ModelOpt, Option, OutputOpt, TpOpt, shared, whole_number
 from mlactl.kernels.configs import device_slug
 from mlactl.model import hardware
 from mlactl.model.shapes import parse_sizes
@@ -84,7 +84,7 @@ RepeatsOpt = Annotated[
     int,
     typer.Option(
         "--repeats",
-        min=0,
+        parser=whole_number("--repeats", 0, 100),
         metavar="INT",
         help="Measure an unstable timing (CV over 10%) again up to this many times; the steadiest is kept.",
     ),
@@ -102,7 +102,10 @@ RayOpt = Annotated[
 WorkersOpt = Annotated[
     Optional[int],
     typer.Option(
-        "--workers", min=1, help="With --ray: N CPU workers (--backend torch or --interpret) instead of GPUs."
+        "--workers",
+        parser=whole_number("--workers", 1, 4096),
+        metavar="INT",
+        help="With --ray: N CPU workers (--backend torch or --interpret) instead of GPUs.",
     ),
 ]
 

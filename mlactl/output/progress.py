@@ -25,7 +25,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from mlactl.util import safe
+from mlactl.util import numbers, safe
 
 # A task shorter than this shows no bar. $MLACTL_PROGRESS_AFTER overrides it (tests set 0).
 AFTER_S = 0.5
@@ -33,10 +33,8 @@ ENV_AFTER = "MLACTL_PROGRESS_AFTER"
 
 
 def _after() -> float:
-    try:
-        return max(0.0, float(os.environ.get(ENV_AFTER, AFTER_S)))
-    except ValueError:
-        return AFTER_S
+    text = os.environ.get(ENV_AFTER, "")
+    return min(float(text), 60.0) if numbers.FLOAT.match(text) else AFTER_S
 
 
 class _Bar:
