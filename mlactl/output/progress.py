@@ -74,7 +74,10 @@ class _Bar:
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
             ]
-        self.progress = Progress(*columns, console=self.console, transient=True)
+        # never take over stdout: the answer (a table, JSON, CSV) goes there while the bar draws
+        self.progress = Progress(
+            *columns, console=self.console, transient=True, redirect_stdout=False, redirect_stderr=False
+        )
         self.progress.start()
         self.id = self.progress.add_task(safe.markup(self.description), total=self.total, completed=int(self.done))
 
