@@ -879,3 +879,76 @@ def test_numbers_from_the_environment_are_ascii(monkeypatch):
         monkeypatch.setenv("MLACTL_MAX_MEMORY", bad)
         with pytest.raises(MlactlError, match="MLACTL_MAX_MEMORY"):
             limits.memory_budget()
+
+
+# -- unbounded work: the crossover search is bounded in memory and evaluations --------------------------------
+
+
+def _plain_search(times, prefixes, batch, path, max_new):
+    """The definition, by brute force: the first n in 1..max_new where `path` is faster."""
+    import numpy as np
+
+    n = np.arange(1, max_new + 1, dtype=np.float64)
+    out = []
+    for p in prefixes:
+        t = times(batch, n, np.full_like(n, p), (path, "absorb"))
+        wins = np.flatnonzero(t[path].time_s < t["absorb"].time_s)
+        out.append(int(wins[0]) + 1 if len(wins) else None)
+    return out
+
+
+@pytest.mark.parametrize("calibrated", [False, True], ids=["roofline", "calibrated"])
+@pytest.mark.parametrize("path", ["expand", "expand_chunked"])
+def test_the_bounded_crossover_search_finds_what_a_plain_scan_finds(calibrated, path):
+    """Beyond 1024 new tokens the search rules out whole intervals by a bound; it must land on
+    the same first win as evaluating every count (a second, plain implementation)."""
+    from mlactl.decide.calibration import store as cal_store
+    from mlactl.decide.calibration.time import path_times
+    from mlactl.model import config, roofline
+    from mlactl.model.cost import CostModel
+
+    hw = hardware.from_name("h200")
+    cal = None
+    if calibrated:  # slow expansion, several terms: crossovers far out, past the exhaustive range
+        data = _calibration()
+        for f in data["fits"]:
+            f["terms"] = ["fixed", "pad", "waves", "serial", "kvpad"]
+            f["params"] = {"t_fixed_s": 4e-6, "eta_c": 0.05 if f["op"] == "kv_expand" else 0.6}
+            f["params"] |= {"eta_m": 0.7, "t_iter_s": 2e-7}
+        cal = cal_store.validate(data, "test")
+    for name, tp in (("deepseek-v3", 1), ("kimi-k2", 8)):
+        cost = CostModel(config.from_name(name).with_tp(tp))
+
+        def times(b, n, p, paths, cost=cost):
+            return path_times(cost, hw, cal, b, n, p, paths=paths)
+
+        prefixes = [0, 300, 4096, 50_000, 250_000]
+        for batch in (1, 16):
+            got = roofline.crossover_by_time(cost, hw, prefixes, batch=batch, path=path, max_new=40_000, times=times)
+            assert got == _plain_search(times, prefixes, batch, path, 40_000), (name, batch)
+
+
+def test_the_crossover_search_is_bounded_whatever_max_new():
+    """The issue's case: a model where expand never wins, searched to 16M (and to 2^31 - 1)
+    new tokens, grew past 8 GB. Counted, not timed: the points evaluated stay in the thousands,
+    and no single evaluation is larger than a block."""
+    from mlactl.model import roofline
+    from mlactl.model.config import MLAConfig
+    from mlactl.model.cost import CostModel
+
+    never = MLAConfig("never", 7168, 128, 1536, 32, 128, 64, 128, 1)  # r = 32: absorb wins every pair
+    cost = CostModel(never)
+    hw = hardware.from_name("h800")
+    sizes = []
+
+    def times(batch, n, p, paths):
+        import numpy as np
+
+        sizes.append(int(np.broadcast(np.asarray(n), np.asarray(p)).size))
+        return roofline.path_times(cost, hw, paths, batch, n, p)
+
+    prefixes = [0, 1024, 4096, 8192, 16384, 32768, 65536, 131072]
+    for max_new in (1 << 24, (1 << 31) - 1):
+        sizes.clear()
+        assert roofline.crossover_by_time(cost, hw, prefixes, max_new=max_new, times=times) == [None] * 8
+        assert max(sizes) <= roofline.BLOCK and sum(sizes) < 20_000, (max_new, sum(sizes))
