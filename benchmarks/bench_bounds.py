@@ -77,6 +77,7 @@ def run(tree: Path, args: list[str], env: dict) -> tuple[float, int]:
     done = subprocess.run(
         [sys.executable, "-c", RUNNER, *args],
         env=dict(env, PYTHONPATH=str(tree)),
+        cwd=env["MLACTL_HOME"],  # not a checkout: `python -c` puts the working folder first on sys.path
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -96,6 +96,14 @@ def chart_analyses(setup: Setup, batch, new, prefix, engines=None, calibrated_on
         return roof, analysis.analyze(*args, calibration=setup.calibration, **kwargs)
 
 
+def draw(chart: str, setup: Setup, shapes, output: Path, dpi: str, data: Optional[Path]) -> None:
+    """Analyse the shapes (by roofline, and calibrated with a calibration), draw `chart` of
+    mlactl.output.plot with the measurements, and write it (and its --data)."""
+    result, calibrated = chart_analyses(setup, *shapes)
+    fig, drawn = getattr(plot, chart)(result, checked_results(setup, result), calibrated=calibrated)
+    write(fig, output, dpi, chart, drawn, data, setup.notes)
+
+
 def checked_results(setup: Setup, result) -> list[dict]:
     """The --results files (read once, by resolve), each checked against the model and machine
     analysed: a second file measured elsewhere is an error naming it."""
@@ -193,9 +201,7 @@ def roofline(
             prefix=None if context is not None else parse_sizes(prefix or "4K,32K", "--prefix", minimum=0),
             context=parse_sizes(context, "--context") if context is not None else None,
         )
-    result, calibrated = chart_analyses(setup, b, n, p)
-    fig, drawn = plot.roofline(result, checked_results(setup, result), calibrated=calibrated)
-    write(fig, output, dpi, "roofline", drawn, data, setup.notes)
+    draw("roofline", setup, (b, n, p), output, dpi, data)
 
 
 @plot_app.command()
@@ -246,9 +252,7 @@ def crossover(
     b, n, p = grid([batch_value], parse_sizes(new, "--new"), prefix=prefixes)
     if len(set(p.tolist())) > plot.MAX_CROSSOVER_PANELS:
         raise MlactlError(f"--prefix: at most {plot.MAX_CROSSOVER_PANELS} prefixes (one panel each)")
-    result, calibrated = chart_analyses(setup, b, n, p)
-    fig, drawn = plot.crossover(result, checked_results(setup, result), calibrated=calibrated)
-    write(fig, output, dpi, "crossover", drawn, data, setup.notes)
+    draw("crossover", setup, (b, n, p), output, dpi, data)
 
 
 @plot_app.command()

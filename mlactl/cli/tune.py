@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress
 
 from mlactl.cli.common import choice, cli_errors, console, emit, fit_width, load_model, one_int, output_format
 from mlactl.cli.options import SHARED, FormatOpt, ModelOpt, Option, OutputOpt, TpOpt, shared, whole_number
@@ -18,7 +18,8 @@ from mlactl.kernels.configs import device_slug
 from mlactl.model import hardware
 from mlactl.model.shapes import parse_sizes
 from mlactl.output import tune_tables
-from mlactl.output import tune_tables as report
+from mlactl.output.progress import columns_for
+from mlactl.output.progress import columns_for as report
 from mlactl.tune import compile as stage
 from mlactl.tune import ray_runner, store
 from mlactl.tune.ray_runner import import_ray
@@ -327,12 +328,7 @@ class Run:
     def progress(self):
 
         return Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            *columns_for(1),
             console=self.console,
             transient=False,
             disable=not self.console.is_terminal,

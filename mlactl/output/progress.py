@@ -37,6 +37,21 @@ def _after() -> float:
     return min(float(text), 60.0) if numbers.FLOAT.match(text) else AFTER_S
 
 
+def columns_for(total: float | None) -> list:
+    """A bar's columns: with a known total, the bar, done/total, time taken and left; without,
+    a spinner and the time taken (also what `mlactl tune`'s own bars show)."""
+    if total is None:
+        return [SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()]
+    return [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    ]
+
+
 class _Bar:
     """A task's bar, started by a timer once the task has run for `after` seconds."""
 
@@ -63,17 +78,7 @@ class _Bar:
                 self._start()
 
     def _start(self) -> None:
-        if self.total is None:
-            columns = [SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()]
-        else:
-            columns = [
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-            ]
+        columns = columns_for(self.total)
         # never take over stdout: the answer (a table, JSON, CSV) goes there while the bar draws
         self.progress = Progress(
             *columns, console=self.console, transient=True, redirect_stdout=False, redirect_stderr=False
