@@ -210,7 +210,7 @@ def roofline(
 def crossover(
     opts: Opts,
     batch: Annotated[
-        str, typer.Option("--batch", "-b", help="Requests per batch (one value; default 1, or the one measured).")
+        str, typer.Option("--batch", "-b", help="Requests per batch, one value (default: 1, or the one measured).")
     ] = "1",
     new: Annotated[str, typer.Option("--new", "-n", help="New tokens along the x axis: list or range.")] = "1:4096",
     prefix: Annotated[
@@ -218,7 +218,7 @@ def crossover(
         typer.Option(
             "--prefix",
             "-p",
-            help="One panel per prefix: list or range (K = 1024; default: those measured, else 0,4K,32K).",
+            help="One panel per prefix: list or range, K = 1024 (default: those measured, else 0,4K,32K).",
         ),
     ] = "0,4K,32K",
     results: ResultsOpt = None,

@@ -87,7 +87,7 @@ RepeatsOpt = Annotated[
         "--repeats",
         parser=whole_number("--repeats", 0, 100),
         metavar="INT",
-        help="Measure an unstable timing (CV over 10%) again up to this many times; the steadiest is kept.",
+        help="Measure an unstable timing (CV over 10%) again up to this many times (0 to 100); the steadiest is kept.",
     ),
 ]
 RayOpt = Annotated[
@@ -106,7 +106,7 @@ WorkersOpt = Annotated[
         "--workers",
         parser=whole_number("--workers", 1, 4096),
         metavar="INT",
-        help="With --ray: N CPU workers (--backend torch or --interpret) instead of GPUs.",
+        help="With --ray: N CPU workers (--backend torch or --interpret) instead of GPUs (1 to 4096).",
     ),
 ]
 
