@@ -301,10 +301,11 @@ def test_no_pointer_to_a_document_that_is_not_in_the_repo():
 
 def test_ci_runs_ruff_then_mypy_then_pytest():
     ci = (REPO / ".ci" / "run").read_text()
-    steps = [ci.index("ruff check ."), ci.index("\nmypy "), ci.index("\npytest ")]
+    steps = [ci.index("ruff check ."), ci.index("\nlint-imports "), ci.index("\nmypy "), ci.index("\npytest ")]
     assert steps == sorted(steps)
     readme = (REPO / "README.md").read_text()
-    assert "ruff format --check . && mypy && pytest" in readme and 'pytest -m "not slow and not gpu"' in readme
+    assert "ruff format --check . && lint-imports && mypy && pytest" in readme
+    assert 'pytest -m "not slow and not gpu"' in readme
     hooks = (REPO / ".pre-commit-config.yaml").read_text()
     assert re.findall(r"- id: (\S+)", hooks) == ["ruff", "ruff-format", "mypy", "lint-imports"]
 

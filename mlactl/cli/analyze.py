@@ -31,7 +31,7 @@ from mlactl.cli.options import (
     shared,
 )
 from mlactl.decide import analysis
-from mlactl.decide.engines import parse_engines
+from mlactl.decide.engines import context_for, is_engine, parse_engines
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output import render
 from mlactl.output.report import to_json, write_analysis_csv
@@ -71,7 +71,7 @@ def analyze(
         typer.Option(
             "--policy",
             help="Also show this policy's choice and what it loses: roofline, flops, measured, or an engine "
-            "(sglang, sglang-triton, sglang-trtllm, vllm).",
+            "(sglang, sglang-triton, sglang-trtllm, vllm, or ENGINE@VERSION such as sglang@0.5.14).",
         ),
     ] = None,
     results: Annotated[
@@ -93,7 +93,7 @@ def analyze(
     """
 
     fmt = output_format(opts.fmt, opts.output)
-    if policy is not None:
+    if policy is not None and not is_engine(policy):
         choice(policy, "--policy", POLICIES)
     if results is not None and policy != "measured":
         raise MlactlError("--results goes with --policy measured")
@@ -108,7 +108,7 @@ def analyze(
         context=parse_sizes(context, "--context") if context is not None else None,
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
-    engine_params = parse_engines(engines, engine_option)
+    engine_params = parse_engines(engines, engine_option, context_for(cfg, setup.hw, setup.kv_dtype))
     check_points(len(b), fmt)
     results_data = setup.results[0] if setup.results else None
     with progress.task(f"analysing {len(b):,} points"):
@@ -128,7 +128,12 @@ def analyze(
             calibration=cal,
         )
     width, terminal = table_width(opts.output)
-    tables = [render.header(result), *result.notes, render.analysis_table(result, width=width, drop=terminal)]
+    tables = [
+        render.header(result),
+        *result.notes,
+        render.analysis_table(result, width=width, drop=terminal),
+        *render.engine_lines(result.engines),
+    ]
     lines = [calibration_line(cal)] if cal is not None else []
     if results_data is not None:
         device = results_data["device"]["name"]

@@ -10,7 +10,7 @@ import typer
 from mlactl.cli.common import calibration_json, calibration_line, cli_errors, emit, output_format, resolve
 from mlactl.cli.options import MACHINE, OUTPUT, EngineOptionOpt, EnginesOpt, Opts, shared
 from mlactl.decide import analysis
-from mlactl.decide.engines import parse_engines
+from mlactl.decide.engines import context_for, parse_engines
 from mlactl.decide.requests import read_requests
 from mlactl.output import render, report
 from mlactl.util import progress
@@ -22,7 +22,13 @@ batch_app = typer.Typer(add_completion=False)
 @cli_errors
 @shared(*MACHINE, end=OUTPUT)
 def batch_cmd(
-    requests: Annotated[Path, typer.Argument(help="CSV with a header and columns new,prefix (and optionally count).")],
+    requests: Annotated[
+        Path,
+        typer.Argument(
+            help="CSV with a header and columns new and prefix (or context), optionally count (or batch): "
+            "alike requests per row."
+        ),
+    ],
     opts: Opts,
     engines: EnginesOpt = None,
     engine_option: EngineOptionOpt = None,
@@ -31,7 +37,8 @@ def batch_cmd(
 
     Each engine's rule is applied to the whole batch the engine's way: SGLang judges the extend
     requests together on their summed prefix (decode requests run as their own batch), vLLM
-    judges each request on its query length (docs/engines.md).
+    reorders the batch and takes its leading short requests as decodes (docs/engines.md). Each
+    rule prints the backend it resolved to for this GPU and cache dtype, and why.
 
     Example: mlactl batch requests.csv --hardware h200   (requests.csv: new,prefix / 1,8000 / 512,0 ...)
     """
@@ -39,7 +46,7 @@ def batch_cmd(
     fmt = output_format(opts.fmt, opts.output)
     setup = resolve(opts)
     cal = setup.calibration
-    engine_params = parse_engines(engines, engine_option)
+    engine_params = parse_engines(engines, engine_option, context_for(setup.cfg, setup.hw, setup.kv_dtype))
     with progress.task(f"reading {requests}"):
         new, prefix, count = read_requests(requests, fmt)
     with progress.task(f"analysing {len(new):,} requests"):

@@ -18,8 +18,8 @@ from mlactl.kernels.configs import device_slug
 from mlactl.model import hardware
 from mlactl.model.shapes import parse_sizes
 from mlactl.output import tune_tables
+from mlactl.output import tune_tables as report
 from mlactl.output.progress import columns_for
-from mlactl.output.progress import columns_for as report
 from mlactl.tune import compile as stage
 from mlactl.tune import ray_runner, store
 from mlactl.tune.ray_runner import import_ray

@@ -262,6 +262,17 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
         candidates = spread_order(candidates)
     tried = {_key(c["config"]) for c in entry["configs"]}
     last_trial_s = 0.0
+
+    def trial(config: dict) -> None:
+        """Time one config, keep it in the entry and the store (a kill loses only this one)."""
+        nonlocal last_trial_s
+        started = time.monotonic()
+        entry["configs"].append(_try_config(ctx, spec, kwargs, config, reference, tol))
+        last_trial_s = time.monotonic() - started
+        tried.add(_key(config))
+        _update_best(entry)
+        ctx.store.add("kernels", entry)
+
     with ctx.task(f"{spec.name} {bucket}", len(candidates)) as advance:
         for config in candidates:
             if _key(config) not in tried:
@@ -269,12 +280,7 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
                     left = sum(_key(c) not in tried for c in candidates)
                     ctx.skipped.append(f"{spec.name} {bucket}: {left} configs (time budget)")
                     break
-                started = time.monotonic()
-                entry["configs"].append(_try_config(ctx, spec, kwargs, config, reference, tol))
-                last_trial_s = time.monotonic() - started
-                tried.add(_key(config))
-                _update_best(entry)
-                ctx.store.add("kernels", entry)
+                trial(config)
             advance()
         if (
             spec.name == "mla_decode"
@@ -289,12 +295,7 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
                     if ctx.out_of_time(last_trial_s):
                         ctx.skipped.append(f"{spec.name} {bucket}: split-KV stage (time budget)")
                         break
-                    started = time.monotonic()
-                    entry["configs"].append(_try_config(ctx, spec, kwargs, config, reference, tol))
-                    last_trial_s = time.monotonic() - started
-                    tried.add(_key(config))
-                    _update_best(entry)
-                    ctx.store.add("kernels", entry)
+                    trial(config)
     _update_best(entry)
     ctx.store.add("kernels", entry)
     kwargs = reference = None  # free the bucket's tensors before emptying the cache

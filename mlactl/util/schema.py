@@ -1,7 +1,7 @@
 """A small checker for JSON read from files: each check returns None or what was expected.
 
 Schemas are written with these pieces where the file format is defined (the results schema is
-in mlactl/results.py), so every reader checks the same thing and no reader meets a string where
+in mlactl/results/store.py), so every reader checks the same thing and no reader meets a string where
 it wanted a number.
 """
 
