@@ -211,10 +211,11 @@ def shared(
         keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[at + 1 :]]
         params = own[:at] + [param(n) for n in names] + keyword + [param(n) for n in end]
         added = (*names, *end)
+        defaults = {p.name: p.default for p in params if p.name in added}
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            values = {n: kwargs.pop(n) for n in added}
+            values = {n: kwargs.pop(n, defaults[n]) for n in added}  # Typer passes all; a caller may not
             ctx = get_current_context(silent=True)
             given = frozenset(n for n in added if ctx is not None and _typed(ctx, n))
             return fn(*args, opts=make(values, given), **kwargs)
