@@ -196,7 +196,8 @@ def title(
     if results:
         lines.append("measured: " + "; ".join(measured_label(d) for d in results))
         for d in results:  # measured where no profile is known: say whose roofline it is drawn against
-            if file_hardware(d) is None:
+            device = str(d["device"]["name"]).lower()
+            if file_hardware(d) is None and not any(m.lower() in device for m in hw.match):
                 lines.append(
                     f"{safe.mathtext(d['device']['name'])} has no hardware profile (mlactl tune ceilings writes one): "
                     f"its times are against {safe.mathtext(hw.display)}'s roofline"

@@ -37,16 +37,20 @@ def _labelled(measured: list[dict]) -> set[int]:
     return keep
 
 
-# The width of a bandwidth label on the x axis, in decades (about 90 pixels at the default size).
-LABEL_DECADES = 0.5
+# A 7-point character is about 0.055 inch wide; the axes about 8.4 of the figure's 10 inches.
+CHAR_INCHES, AXES_INCHES = 0.055, 8.4
 
 
-def _free_spot(lo: float, ridge: float, taken: list[float]) -> float:
-    """Where on the memory roof (between the left edge and the ridge) a label reaching
-    LABEL_DECADES to the right lies in the widest gap between the points drawn: centred in it."""
+def _free_spot(lo: float, hi: float, ridge: float, taken: list[float], chars: int) -> float:
+    """Where on the memory roof (between the left edge and the ridge) a label of `chars`
+    characters, reaching left from that point, lies in the widest gap between the points drawn:
+    centred in it, or at the gap's right end with a small margin when it is narrower."""
+    decades_per_inch = math.log10(hi / lo) / AXES_INCHES
+    need = (chars * CHAR_INCHES + 0.15) * decades_per_inch  # the text and a margin each side
     edges = sorted([math.log10(lo), math.log10(ridge)] + [math.log10(x) for x in taken if lo < x < ridge])
     a, b = max(zip(edges, edges[1:]), key=lambda e: e[1] - e[0])
-    return 10 ** (a + max(0.0, (b - a - LABEL_DECADES) / 2))
+    margin = 0.1 * decades_per_inch
+    return 10 ** max(a + need - margin, b - margin - max(0.0, (b - a - need) / 2))
 
 
 def _calibrated_points(calibrated: Analysis | None, paths) -> list[dict]:
@@ -134,24 +138,29 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS, cali
             ax.plot(x, [min(peak, bw * v) for v in x], styles[k % len(styles)], color=colour, lw=1.2, alpha=0.8)
             names = "/".join(c["dtype"] for c in same)
             peak_labels.append((peak, f"{names} {peak / 1e12:.4g} TFLOP/s, {label}", colour))
-        on_slope = _free_spot(lo, hw.ridge(dtype), [pt["intensity"] for pt in points + measured])
-        # below and right of a point of the slope, in a gap between the points: the roof rises to the
-        # right, so a label there never crosses it; measured roofs' labels stack below the nominal's
+        text = f"{bw / 1e12:.3g} TB/s ({label})"
+        on_slope = _free_spot(lo, hi, hw.ridge(dtype), [pt["intensity"] for pt in points + measured], len(text))
+        # above and left of a point of the slope, in a gap between the points: nothing is drawn above
+        # the memory roof (no time beats it), and the roof falls to the left, so the label never
+        # crosses it; measured roofs' labels stack above the nominal's
         ax.annotate(
-            f"{bw / 1e12:.3g} TB/s ({label})",
+            text,
             (on_slope, bw * on_slope),
-            xytext=(6, -4 - 10 * k),
+            xytext=(-6, 4 + 10 * k),
             textcoords="offset points",
-            ha="left",
-            va="top",
+            ha="right",
+            va="bottom",
             fontsize=7,
             color=colour,
         )
     # labels of peaks within a factor 1.6 of each other would overlap: stack them 9 points apart
     placed: list[tuple[float, float]] = []
-    for peak, text, colour in sorted(peak_labels, key=lambda x: -x[0]):
-        near = [y for p, y in placed if p / peak < 1.6]
-        offset = min(near) - 9 if near else 3
+    # the same text (a profile's measurement and a results file's, alike to 4 digits) once
+    unique = {text: (peak, colour) for peak, text, colour in peak_labels}
+    for text, (peak, colour) in sorted(unique.items(), key=lambda x: x[1][0]):
+        # upwards from 6 points above the roof: clear of the markers that sit on it
+        near = [y for p, y in placed if peak / p < 1.6]
+        offset = max(near) + 9 if near else 6
         placed.append((peak, offset))
         ax.annotate(
             text,
