@@ -454,7 +454,7 @@ ANY_TEXT = st.text(alphabet=st.characters(), max_size=60)  # surrogates, control
 HOSTILE = st.one_of(
     ANY_TEXT,
     st.sampled_from(
-        ["[/]", "[bold]x", "[link=https://e.x]y[/link]", "$x^2$", "a$b", "\x1b[31mred", "\u202eevil", "a\\"]
+        ["[/]", "[bold]x", "[link=https://e.x]y[/link]", "$x^2$", "a$b", "\x1b[31mred", "\u202eevil", "a\\", ":fire:"]
         + ["-rf", "..", "../../x", "/etc/passwd", "a\nb", "\ud800", "%s%n", "{0}", "x" * 300]
     ),
 )

@@ -851,7 +851,7 @@ def test_a_255_byte_output_name_is_written(tmp_path):
 
 def test_names_with_markup_and_escapes_print_as_text(tmp_path):
     config = {
-        "_name_or_path": "[/] [link=http://x]y[/link] $a^2$ \x1b[31mred",
+        "_name_or_path": "[/] [link=http://x]y[/link] $a^2$ :fire: \x1b[31mred",
         "hidden_size": 1024,
         "num_attention_heads": 16,
         "kv_lora_rank": 256,
@@ -866,7 +866,7 @@ def test_names_with_markup_and_escapes_print_as_text(tmp_path):
     out = cli("analyze", "--model", path, "--new", "1", "--prefix", "0", "-o", tmp_path / "report.txt")
     assert out.exit_code == 0, out.output
     report = (tmp_path / "report.txt").read_text()
-    assert "[/] [link=http://x]y[/link] $a^2$ \\x1b[31mred:" in report and "\x1b" not in report
+    assert "[/] [link=http://x]y[/link] $a^2$ :fire: \\x1b[31mred:" in report and "\x1b" not in report
     chart = cli("plot", "crossover", "--model", path, "--new", "1:64:*4", "-o", tmp_path / "x.svg")
     assert chart.exit_code == 0, chart.output
     assert "$a^2$" in (tmp_path / "x.svg").read_text()  # drawn as written, not as mathtext

@@ -184,12 +184,14 @@ def _newest_results(opts: Opts, given: dict) -> dict:
 
 
 def console(output: Optional[Path] = None):
+    """The console tables print on: stdout's (or a recording for -o). No emoji codes: a name
+    like `:fire:` from a file prints as written (rich's markup escape does not cover them)."""
     if output is None:
-        con = Console()
+        con = Console(emoji=False)
         if not con.is_terminal:  # piped: rich would assume 80 columns and fold the tables
-            con = Console(width=max(con.width, 132))
+            con = Console(width=max(con.width, 132), emoji=False)
         return con
-    return Console(record=True, file=io.StringIO(), width=132)
+    return Console(record=True, file=io.StringIO(), width=132, emoji=False)
 
 
 def fit_width(output: Optional[Path] = None) -> Optional[int]:

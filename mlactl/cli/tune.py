@@ -196,7 +196,7 @@ class Run:
 
         # progress bars (and Ray's messages) on stderr, only where it is a terminal; tables and
         # what the run found on stdout, so `mlactl tune > run.txt` keeps them
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, emoji=False)
         self.out = console()
         self.width = fit_width()  # None: piped or to a file, full values
         self.cluster = None

@@ -97,7 +97,7 @@ class _Bar:
 def display(console: Console | None = None):
     """A display for mlactl.util.progress.showing: rich bars on `console` (default: stderr), or
     None when that is not a terminal."""
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, emoji=False)
     if not console.is_terminal:
         return None
 
