@@ -788,8 +788,10 @@ def test_calibrate_help_offers_what_it_has():
     assert "csv" not in text.split("--format")[1].split("\n")[0]  # its --format line offers no csv
     assert "--output" not in text
     assert "Example:" in text
-    version = runner.invoke(app, ["calibrate", "--version"])
-    assert version.exit_code == 0 and version.stdout.startswith("mlactl ")
+    # --version is mlactl's (on the root command); calibrate's old --version VERSION points to the new name
+    assert runner.invoke(app, ["--version"]).stdout.startswith("mlactl ")
+    old = runner.invoke(app, ["calibrate", "--version", "0.5.14"])
+    assert old.exit_code == 2 and "--framework-version" in old.stderr
 
 
 def test_calibrate_names_the_one_missing_option():
@@ -819,15 +821,15 @@ def test_no_crossover_reads_as_a_sentence(tmp_path):
 
 def test_the_calibrate_table_fits_100_columns_without_folding_a_name():
     from mlactl.decide.calibration.fit import FitResult
-    from mlactl.output.calibrate_tables import fits_table
+    from mlactl.output.calibrate_tables import fits_table, terms_lines
 
     errors = {"median": 0.045, "p90": 0.145}
     fits = [
-        FitResult(op, f"sglang-0.5.14:{kernel}:{phase}", "bf16", terms, {}, 60, errors, errors)
-        for op, kernel, phase, terms in (
-            ("absorb_attention", "flash_attention", "decode", ("fixed", "split", "kvpad", "serial", "combine")),
-            ("absorb_attention", "flash_attention", "prefill", ("fixed", "pad", "waves", "fa3split", "kvcast")),
-            ("kv_expand", "sglang_torch_linear", "prefill", ("fixed",)),
+        FitResult(op, f"sglang-0.5.14:{kernel}:{phase}", dtype, terms, {}, 1448, errors, errors)
+        for op, kernel, phase, dtype, terms in (
+            ("absorb_attention", "flash_attention", "decode", "bf16", ("fixed", "split", "kvpad", "serial")),
+            ("absorb_attention", "flash_attention", "prefill", "bf16", ("fixed", "pad", "waves", "fa3split")),
+            ("kv_expand", "sglang_deepgemm_gemm_nt_f8f8bf16", "prefill", "fp8_block", ("fixed",)),  # the longest
         )
     ]
     text = render(fits_table("h200-aiconfigurator-sglang-0.5.14", "h200", fits, 100), 100)
@@ -835,5 +837,12 @@ def test_the_calibrate_table_fits_100_columns_without_folding_a_name():
     assert max(len(line) for line in lines) <= 100
     body = [line for line in lines if "│" in line]
     assert len(body) == 3  # one line a fit: nothing folded onto a second
-    for name in ("absorb_attention", "kv_expand", "flash_attention", "sglang_torch_linear", "decode", "prefill"):
+    for name in ("absorb_attention", "kv_expand", "flash_attention", "sglang_deepgemm_gemm_nt_f8f8bf16", "fp8_block"):
         assert name in text
+    # piped (no width): every column, within rich's 132, still one line a fit
+    piped = render(fits_table("h200-aiconfigurator-sglang-0.5.14", "h200", fits, None), 132)
+    assert "held-out" in piped and "in-sample" in piped and "median and p90" in piped
+    assert len([line for line in piped.splitlines() if "│" in line]) == 3
+    assert terms_lines(fits)[0] == (
+        "terms kept: absorb_attention (flash_attention, decode, bf16): fixed + split + kvpad + serial"
+    )

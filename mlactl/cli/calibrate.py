@@ -8,10 +8,10 @@ from typing import Annotated, Optional
 import typer
 
 from mlactl.cli.common import choice, cli_errors, emit, fit_width, load_model, output_format
-from mlactl.cli.options import Option, Opts, VersionOpt, shared
+from mlactl.cli.options import Option, Opts, shared
 from mlactl.decide.calibration import run, store
 from mlactl.model import hardware as hwmod
-from mlactl.output.calibrate_tables import fits_table, pct
+from mlactl.output.calibrate_tables import fits_table, pct, terms_lines
 from mlactl.util import progress, safe
 from mlactl.util.errors import MlactlError
 
@@ -63,7 +63,6 @@ def calibrate(
     out_dir: Annotated[
         Optional[Path], typer.Option("--dir", help="Write the file here (default: $MLACTL_HOME/calibrations/).")
     ] = None,
-    version: VersionOpt = False,
 ):
     """Fit calibrated time per op class and write a calibration file; print the fit quality.
 
@@ -142,7 +141,7 @@ def calibrate(
         }
 
     def tables():
-        out: list = [fits_table(data["name"], hw.name, fits, fit_width())]
+        out: list = [fits_table(data["name"], hw.name, fits, fit_width()), *terms_lines(fits)]
         for drift in {id(f.drift): f.drift for f in fits if f.drift}.values():
             out.append(
                 f"{' and '.join(drift['paired_with'])} were timed side by side at {drift['shapes']} shapes and fitted "

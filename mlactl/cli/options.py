@@ -111,7 +111,8 @@ def version_callback(value: bool):
         raise typer.Exit()
 
 
-# mlactl's own version, on the root command and on any command that offers it (calibrate)
+# mlactl's own version, on the root command (`calibrate --version` was the framework's: now
+# --framework-version, and `calibrate --version` is refused with that suggestion)
 VersionOpt = Annotated[
     bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Print mlactl's version and exit.")
 ]
