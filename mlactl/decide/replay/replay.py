@@ -1,0 +1,364 @@
+"""`mlactl replay` as a library call: a request trace through each engine's scheduler and prefix
+cache, and what each engine's path rule costs on those steps.
+
+    result = replay(trace, cfg, weights, hw, engines, settings)
+
+For each engine: its scheduler forms the steps once (scheduler.py), the clock priced by the
+engine's own rule (clock.py); then every step is priced again, exactly, under the rule, the best
+path per step, the best path per request and the rule at every threshold that changes a path
+(pricing.py). Losses are paired: every comparison is on the same steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mlactl.decide.replay import rules
+from mlactl.decide.replay.cache import BlockPool
+from mlactl.decide.replay.clock import Clock
+from mlactl.decide.replay.pricing import STEP_TYPES, Pricer, blocks, rows_of, step_types
+from mlactl.decide.replay.scheduler import Schedule, Settings, scheduler_for
+from mlactl.decide.replay.traces import Trace
+from mlactl.model.config import MLAConfig
+from mlactl.model.cost import CostModel, WeightCost
+from mlactl.model.hardware import HardwareProfile
+from mlactl.model.weights import ModelWeights
+from mlactl.util.defaults import (
+    DEFAULT_CHUNK,
+    REPLAY_BLOCK,
+    REPLAY_MAX_BATCH_TOKENS,
+    REPLAY_MAX_RUNNING,
+    REPLAY_MEM_FRACTION,
+    REPLAY_TIMELINE_BINS,
+)
+from mlactl.util.errors import MlactlError
+
+CURVE_POINTS = 200  # thresholds of the sweep's curve kept for JSON and the chart
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    max_batch_tokens: int = REPLAY_MAX_BATCH_TOKENS
+    max_running: int = REPLAY_MAX_RUNNING
+    mem_fraction: float = REPLAY_MEM_FRACTION
+    cache_tokens: int | None = None  # the KV pool in tokens; None: what the GPU holds after the weights
+    prefix_cache: bool = True
+    step_overhead_s: float = 0.0
+    block: int = REPLAY_BLOCK
+    bins: int = REPLAY_TIMELINE_BINS
+
+
+@dataclass
+class Sweep:
+    """The engine's threshold tried at every value that changes a path. `best_range`: the
+    thresholds that all reach the least time (high None: no bound)."""
+
+    option: str
+    compares: str
+    current: int
+    current_time_s: float
+    best: int
+    best_range: tuple[int, int | None]
+    best_time_s: float
+    curve: list[tuple[int, float]]  # (threshold, attention seconds), at most CURVE_POINTS
+
+    @property
+    def saves(self) -> float:
+        return (self.current_time_s - self.best_time_s) / self.current_time_s if self.current_time_s else 0.0
+
+
+@dataclass
+class EngineReplay:
+    engine: rules.Engine
+    steps: int
+    start_s: float
+    end_s: float
+    step_time_s: float  # every step's clock time, attention, weights and overhead
+    time_s: float  # attention under the rule
+    best_step_s: float  # attention, the best one path per step (inf where nothing fits a step)
+    best_request_s: float  # attention, each request on its own best path
+    best_s: float  # per step the least of those two and of the rule's
+    lost_step_s: float  # what the rule loses against the best path per step, step by step (>= 0)
+    lost_request_s: float  # ... against each request on its own best path
+    tokens: dict[str, int]
+    paths: dict[str, dict[str, float]]  # path -> share of steps using it, share of new tokens on it
+    by_type: list[dict]
+    sweep: Sweep | None
+    timeline: dict  # bins of trace time: edges, attention, best, lost
+    latency: dict  # seconds: time to first token, end to end; p50, p90, p99
+    cache: dict  # hit rate, blocks evicted
+    per_step: dict = field(repr=False)  # [steps] arrays for CSV
+
+    @property
+    def lost_s(self) -> float:
+        return self.time_s - self.best_s
+
+    @property
+    def lost_pct(self) -> float:
+        return 100.0 * self.lost_s / self.time_s if self.time_s else 0.0
+
+
+@dataclass
+class Replay:
+    trace: Trace
+    cost: CostModel
+    weights: WeightCost
+    hw: HardwareProfile
+    settings: ReplaySettings
+    capacity_tokens: int
+    engines: list[EngineReplay]
+    calibration: Any = None  # mlactl.decide.calibration.Calibration the times came from
+
+    @property
+    def requests(self) -> int:
+        return len(self.trace)
+
+
+def capacity(weights: WeightCost, cost: CostModel, hw: HardwareProfile, s: ReplaySettings) -> int:
+    """KV tokens the pool holds: --cache-tokens, or what fits in mem_fraction of the GPU's memory
+    after its share of the weights (model weights / TP), at the latent's bytes for every layer."""
+    if s.cache_tokens is not None:
+        return int(s.cache_tokens)
+    per_token = cost.latent_row_bytes() * cost.cfg.layers
+    free = hw.memory_gb * 1e9 * s.mem_fraction - weights.model_bytes
+    tokens = int(free // per_token)
+    if tokens < s.block:
+        raise MlactlError(
+            f"{cost.cfg.name}'s weights take {weights.model_bytes / 1e9:.1f} GB per GPU at tp {cost.cfg.tp} "
+            f"({weights.weights.dtype}): {hw.name}'s {hw.memory_gb:g} GB at --mem-fraction {s.mem_fraction:g} "
+            "leave no room for the KV cache; raise --tp or --mem-fraction, or give --cache-tokens"
+        )
+    return tokens
+
+
+def replay(
+    trace: Trace,
+    cfg: MLAConfig,
+    weights: ModelWeights,
+    hw: HardwareProfile,
+    engines: list[rules.Engine],
+    settings: ReplaySettings | None = None,
+    *,
+    kv_dtype: str = "bf16",
+    dtype: str = "bf16",
+    chunk: int = DEFAULT_CHUNK,
+    calibration=None,
+) -> Replay:
+    s = settings or ReplaySettings()
+    _check_settings(s)
+    cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
+    wc = WeightCost(cfg, weights)
+    hw.peak_flops(dtype)  # fail early, naming the profile, if it lacks a dtype
+    hw.peak_flops(weights.dtype)
+    tokens = capacity(wc, cost, hw, s)
+    pool_blocks = tokens // s.block
+    need = -(-(trace.input + trace.output - 1) // s.block)
+    over = np.flatnonzero(need > pool_blocks)
+    if len(over):
+        i = int(over[0])
+        raise MlactlError(
+            f"{trace.path}: line {int(trace.line[i])}: a request of {int(trace.input[i] + trace.output[i] - 1):,} "
+            f"tokens does not fit the KV cache's {pool_blocks * s.block:,} tokens "
+            f"({len(over)} request(s) do not); raise --tp, --mem-fraction or --cache-tokens"
+        )
+    clock = Clock(cost, hw, wc, rules.paths(), s.step_overhead_s)
+    out = []
+    for e in engines:
+        pool = BlockPool(pool_blocks, caching=s.prefix_cache)
+        sched = scheduler_for(e)(trace, e, pool, clock, Settings(s.max_batch_tokens, s.max_running, s.block)).run()
+        out.append(_price(trace, cost, hw, calibration, e, sched, s))
+    return Replay(trace, cost, wc, hw, s, tokens, out, calibration)
+
+
+def _check_settings(s: ReplaySettings) -> None:
+    if s.max_batch_tokens < 1 or s.max_running < 1:
+        raise MlactlError("--max-batch-tokens and --max-running must be at least 1")
+    if not 0 < s.mem_fraction <= 1:
+        raise MlactlError(f"--mem-fraction must be above 0 and at most 1, got {s.mem_fraction:g}")
+    if s.step_overhead_s < 0 or not np.isfinite(s.step_overhead_s):
+        raise MlactlError("--step-overhead-ms must be a number of at least 0")
+
+
+def _price(trace: Trace, cost, hw, calibration, e: rules.Engine, sched: Schedule, s: ReplaySettings) -> EngineReplay:
+    pricer = Pricer(cost, hw, calibration, e)
+    n = len(sched)
+    engine_t, step_best, request_best = np.zeros(n), np.zeros(n), np.zeros(n)
+    kind = np.zeros(n, dtype=np.int8)
+    rows_per_step = np.zeros(n, dtype=np.int64)
+    path_steps = {p: np.zeros(n, dtype=bool) for p in pricer.paths}
+    path_tokens = {p: np.zeros(n) for p in pricer.paths}
+    sweep_parts = []
+    for first, last in blocks(sched):
+        rows = rows_of(sched, first, last)
+        figs = pricer.figures(rows)
+        codes = pricer.engine_codes(rows)
+        at = slice(first, last)
+        engine_t[at] = pricer.engine_seconds(e, figs, rows, codes)
+        step_best[at], request_best[at], _ = pricer.references(figs, rows)
+        kind[at] = step_types(rows)
+        rows_per_step[at] = np.diff(rows.starts, append=len(rows.step))
+        for k, p in enumerate(pricer.paths):
+            on = codes == k
+            path_steps[p][at] = np.bincount(rows.step[on], minlength=rows.steps) > 0
+            path_tokens[p][at] = np.bincount(rows.step[on], weights=rows.new[on], minlength=rows.steps)
+        if e.threshold is not None:
+            st, val, sec = pricer.sweep(figs, rows)
+            sweep_parts.append((st + first, val, sec))
+    best = np.minimum(np.minimum(step_best, request_best), engine_t)
+    tokens_step = np.sum([path_tokens[p] for p in pricer.paths], axis=0)
+    total_tokens = float(tokens_step.sum())
+    return EngineReplay(
+        engine=e,
+        steps=n,
+        start_s=float(sched.start[0]) if n else 0.0,
+        end_s=float(sched.start[-1] + sched.time[-1]) if n else 0.0,
+        step_time_s=float(sched.time.sum()),
+        time_s=float(engine_t.sum()),
+        best_step_s=float(step_best.sum()),
+        best_request_s=float(request_best.sum()),
+        best_s=float(best.sum()),
+        lost_step_s=float(np.maximum(engine_t - step_best, 0.0).sum()),
+        lost_request_s=float(np.maximum(engine_t - request_best, 0.0).sum()),
+        tokens=_tokens(trace, sched),
+        paths={
+            p: {
+                "steps": float(path_steps[p].mean()) if n else 0.0,
+                "tokens": float(path_tokens[p].sum() / total_tokens) if total_tokens else 0.0,
+            }
+            for p in pricer.paths
+        },
+        by_type=_by_type(kind, engine_t, best, tokens_step, path_tokens),
+        sweep=_sweep(e, engine_t, sweep_parts) if e.threshold is not None else None,
+        timeline=_timeline(sched, engine_t, best, s.bins),
+        latency=_latency(trace, sched),
+        cache=_cache(trace, sched),
+        per_step={
+            "start_s": sched.start,
+            "step_time_s": sched.time,
+            "attention_s": engine_t,
+            "clock_attention_s": sched.attention,
+            "best_step_s": step_best,
+            "best_request_s": request_best,
+            "best_s": best,
+            "type": kind,
+            "rows": rows_per_step,
+            "tokens": sched.tokens,
+            **{f"{p}_tokens": path_tokens[p] for p in pricer.paths},
+        },
+    )
+
+
+def _tokens(trace: Trace, sched: Schedule) -> dict[str, int]:
+    cached = int(sched.cached.sum())
+    return {
+        "prefill_computed": int(trace.input.sum()) - cached,
+        "prefill_cached": cached,
+        "decode": int((trace.output - 1).sum()),
+    }
+
+
+def _by_type(kind, engine_t, best, tokens_step, path_tokens) -> list[dict]:
+    out = []
+    for k, name in enumerate(STEP_TYPES):
+        at = kind == k
+        if not at.any():
+            continue
+        toks = float(tokens_step[at].sum())
+        out.append(
+            {
+                "type": name,
+                "steps": int(at.sum()),
+                "tokens": int(toks),
+                "time_s": float(engine_t[at].sum()),
+                "best_s": float(best[at].sum()),
+                "lost_s": float((engine_t[at] - best[at]).sum()),
+                "paths": {p: float(v[at].sum() / toks) if toks else 0.0 for p, v in path_tokens.items()},
+            }
+        )
+    return out
+
+
+def _sweep(e: rules.Engine, engine_t: np.ndarray, parts) -> Sweep:
+    """The trace's attention time at every threshold, from each varying step's time at each of
+    its own thresholds (a step runs at t what it runs at its largest value not above t)."""
+    if parts:
+        steps = np.concatenate([p[0] for p in parts])
+        values = np.concatenate([p[1] for p in parts])
+        seconds = np.concatenate([p[2] for p in parts])
+    else:
+        steps = values = np.zeros(0, dtype=np.int64)
+        seconds = np.zeros(0)
+    varying = np.zeros(len(engine_t), dtype=bool)
+    varying[steps] = True
+    base = float(engine_t[~varying].sum()) + float(seconds[values == 1].sum())
+    order = np.lexsort((values, steps))
+    steps, values, seconds = steps[order], values[order], seconds[order]
+    same_step = np.zeros(len(steps), dtype=bool)
+    same_step[1:] = steps[1:] == steps[:-1]
+    delta = np.zeros(len(steps))
+    delta[1:] = seconds[1:] - seconds[:-1]  # at each value above 1 (same_step)
+    at = same_step
+    thresholds, where = np.unique(values[at], return_inverse=True)
+    jumps = np.bincount(where, weights=delta[at], minlength=len(thresholds))
+    candidates = np.concatenate([[1], thresholds]).astype(np.int64)
+    totals = base + np.concatenate([[0.0], np.cumsum(jumps)])
+    current = int(e.threshold or 1)
+    now = float(totals[np.searchsorted(candidates, current, side="right") - 1])
+    least = totals.min()
+    tied = np.flatnonzero(totals <= least + 1e-12 * max(abs(least), 1e-30))
+    highs: list[int | None] = [int(c) - 1 for c in candidates[1:]] + [None]
+
+    def holds(i: int) -> bool:
+        high = highs[i]
+        return bool(candidates[i] <= current) and (high is None or current <= high)
+
+    found = [int(i) for i in tied if holds(int(i))]
+    pick = found[0] if found else int(tied[np.argmin(np.abs(np.log2(candidates[tied]) - np.log2(current)))])
+    keep = np.unique(
+        np.concatenate([np.linspace(0, len(candidates) - 1, min(len(candidates), CURVE_POINTS)).astype(int), [pick]])
+    )
+    return Sweep(
+        option="threshold",
+        compares=rules.SWEPT[e.name],
+        current=current,
+        current_time_s=now,
+        best=int(candidates[pick]),
+        best_range=(int(candidates[pick]), highs[pick]),
+        best_time_s=float(totals[pick]),
+        curve=[(int(candidates[i]), float(totals[i])) for i in keep],
+    )
+
+
+def _timeline(sched: Schedule, engine_t, best, bins: int) -> dict:
+    if not len(sched):
+        return {"edges_s": [], "time_s": [], "best_s": [], "lost_s": []}
+    lo, hi = float(sched.start[0]), float(sched.start[-1] + sched.time[-1])
+    edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+    where = np.clip(np.searchsorted(edges, sched.start, side="right") - 1, 0, bins - 1)
+    t = np.bincount(where, weights=engine_t, minlength=bins)
+    b = np.bincount(where, weights=best, minlength=bins)
+    return {"edges_s": edges.tolist(), "time_s": t.tolist(), "best_s": b.tolist(), "lost_s": (t - b).tolist()}
+
+
+def _percentiles(x: np.ndarray) -> dict:
+    x = x[np.isfinite(x)]
+    if not len(x):
+        return {"p50": None, "p90": None, "p99": None}
+    p = np.percentile(x, [50, 90, 99])
+    return {"p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2])}
+
+
+def _latency(trace: Trace, sched: Schedule) -> dict:
+    return {
+        "queue": _percentiles(sched.admitted - trace.arrival),
+        "first_token": _percentiles(sched.first_token - trace.arrival),
+        "end_to_end": _percentiles(sched.finished - trace.arrival),
+    }
+
+
+def _cache(trace: Trace, sched: Schedule) -> dict:
+    total = float(trace.input.sum())
+    return {"hit_rate": float(sched.cached.sum() / total) if total else 0.0, "blocks_evicted": int(sched.evicted)}
