@@ -78,9 +78,8 @@ def summary(times: list[float]) -> dict:
 
 
 def show(name: str, s: dict, extra: str = "") -> None:
-    print(
-        f"{name:<36} median {s['median_s']:8.2f} s   (min {s['min_s']:.2f}, max {s['max_s']:.2f}, {s['runs']} runs){extra}"
-    )
+    spread = f"(min {s['min_s']:.2f}, max {s['max_s']:.2f}, {s['runs']} runs)"
+    print(f"{name:<36} median {s['median_s']:8.2f} s   {spread}{extra}")
 
 
 def in_process(trace: Path) -> dict:

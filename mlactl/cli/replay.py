@@ -59,7 +59,7 @@ def _number(text: str, option: str, low: float, high: float = math.inf, low_open
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < low or (low_open and value == low) or value > high:
-        bound = f"above {low:g}" if low_open else f"at least {low:g}"
+        bound = f"above {low:g}" if low_open else f"of at least {low:g}"
         upper = "" if high == math.inf else f" and at most {high:g}"
         raise MlactlError(f"{option} must be a number {bound}{upper}, got {text!r}")
     return value

@@ -161,13 +161,15 @@ class _Builder:
         self.ids, self.id_start = array("q"), array("q", [0])
         self.last = -math.inf
 
-    def add(
-        self, errors: _Errors, line: int, arrival: float, inp: int, out: int, cached: int, session: int, ids=()
-    ) -> None:
-        if arrival < self.last:
-            errors.add(line, f"arrival {arrival:g} s is before the previous request's {self.last:g} s; sort the trace")
-            return
-        self.last = arrival
+    def arrives(self, arrival: float) -> float:
+        """Check that arrivals do not go backwards (against the last line whose arrival was
+        readable, bad or not); returns the arrival."""
+        last, self.last = self.last, max(self.last, arrival)
+        if arrival < last:
+            raise ValueError(f"arrival {arrival:g} s is before the previous request's {last:g} s; sort the trace")
+        return arrival
+
+    def add(self, line: int, arrival: float, inp: int, out: int, cached: int, session: int, ids=()) -> None:
         self.arrival.append(arrival)
         self.line.append(line)
         self.input.append(inp)
@@ -244,7 +246,7 @@ def _read_mooncake(lines, first: tuple[int, str], path: Path, errors: _Errors) -
             errors.add(number, f"missing {', '.join(missing)}")
             return
         try:
-            arrival = _seconds(row["timestamp"], "timestamp") / 1000.0
+            arrival = out.arrives(_seconds(row["timestamp"], "timestamp") / 1000.0)
             inp = _whole(row["input_length"], "input_length", 1)
             output = _whole(row["output_length"], "output_length", 1)
             ids = row["hash_ids"]
@@ -259,7 +261,7 @@ def _read_mooncake(lines, first: tuple[int, str], path: Path, errors: _Errors) -
         except ValueError as exc:
             errors.add(number, str(exc))
             return
-        out.add(errors, number, arrival, inp, output, -1, -1, ids)
+        out.add(number, arrival, inp, output, -1, -1, ids)
 
     one(*first)
     for number, text in lines:
@@ -294,7 +296,7 @@ def _read_csv(lines, first: tuple[int, str], path: Path, errors: _Errors) -> Tra
             errors.add(number, f"{len(row)} fields, the header has {len(header)}")
             continue
         try:
-            arrival = _seconds(_number(row[col["arrival_s"]], "arrival_s"), "arrival_s")
+            arrival = out.arrives(_seconds(_number(row[col["arrival_s"]], "arrival_s"), "arrival_s"))
             inp = _whole(_integer(row[col["input_tokens"]], "input_tokens"), "input_tokens", 1)
             output = _whole(_integer(row[col["output_tokens"]], "output_tokens"), "output_tokens", 1)
             cached = -1
@@ -319,7 +321,7 @@ def _read_csv(lines, first: tuple[int, str], path: Path, errors: _Errors) -> Tra
         except ValueError as exc:
             errors.add(number, str(exc))
             continue
-        out.add(errors, number, arrival, inp, output, cached, session)
+        out.add(number, arrival, inp, output, cached, session)
     errors.raise_all()
     return out.build()
 
