@@ -155,7 +155,8 @@ def replay_cmd(
     if weight_dtype is not None:
         choice(weight_dtype, "--weight-dtype", WEIGHT_DTYPES)
     weights = model_weights.resolve(model, weight_dtype)
-    chosen = rules.parse(engines, engine_option)
+    kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
+    chosen = rules.parse(engines, engine_option, cfg, hw, kv)
     settings = ReplaySettings(
         max_batch_tokens=one_int(max_batch_tokens, "--max-batch-tokens"),
         max_running=one_int(max_running, "--max-running"),
@@ -164,7 +165,6 @@ def replay_cmd(
         prefix_cache=not no_prefix_cache,
         step_overhead_s=_number(step_overhead_ms, "--step-overhead-ms", 0.0) / 1e3,
     )
-    kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
     act = choice(dtype, "--dtype", DTYPES)
     size = one_int(chunk, "--chunk")
     result = replay(

@@ -30,7 +30,7 @@ from mlactl.model.hardware import HardwareProfile
 from mlactl.model.linear import row_features
 from mlactl.util.defaults import REPLAY_LONG_PREFIX
 
-ROWS_PER_BLOCK = 1 << 21  # rows priced at once: ~1 GB of arrays at the peak, whatever the trace
+ROWS_PER_BLOCK = 1 << 19  # rows priced at once: ~100 MB of arrays at the peak, whatever the trace
 STEP_TYPES = ("decode", "prefill", "extend", "extend_long", "mixed_prefill", "mixed_extend", "mixed_extend_long")
 
 

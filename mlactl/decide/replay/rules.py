@@ -83,9 +83,13 @@ def _flag(text: str, option: str) -> bool:
     raise MlactlError(f"--engine-option {option}: expected true or false, got {text!r}")
 
 
-def parse(engines: str | None, options: list[str] | None = None) -> list[Engine]:
+def parse(
+    engines: str | None, options: list[str] | None = None, cfg=None, hw=None, kv_dtype: str = "bf16"
+) -> list[Engine]:
     """`--engines a,b` and `--engine-option [ENGINE.]KEY=VALUE` into one Engine each (all four
-    engines by default). A bare enable_mixed_chunk goes to every SGLang engine selected."""
+    engines by default). A bare enable_mixed_chunk goes to every SGLang engine selected. The
+    model, hardware and cache dtype are what versioned rule sets resolve a backend for (issue
+    19); today's rules have one backend default each and do not need them."""
     names = ",".join(DEFAULT_ENGINES) if engines is None else engines
     rule_options, mixed = [], {}
     for text in options or []:

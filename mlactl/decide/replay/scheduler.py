@@ -336,7 +336,8 @@ class Scheduler:
             return [self.decode_path] * B
         ids = dec_ids if dec_ids is not None else list(self.decoders)
         new = [1] * B + [new for _, new, _ in chunks]
-        prefix = [self._prefix(i) for i in ids[:B]] + [prefix for _, _, prefix in chunks]
+        D, c0, d0 = self.D, self.c0, self.d0
+        prefix = [c0[i] + D - d0[i] for i in ids[:B]] + [prefix for _, _, prefix in chunks]
         decode = [True] * B + [False] * len(chunks)
         zeros = np.zeros(len(new), dtype=np.int64)
         return rules.step_paths(self.engine, np.array(new), np.array(prefix), zeros, np.array(decode), 1).tolist()
