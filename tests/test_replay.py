@@ -67,13 +67,14 @@ def schedule(
 
 
 def step_rows(s, step):
-    """(new, prefix, decode) of every row of one step: its decode run's rows, then its chunks."""
+    """(new, prefix, decode) of every row of one step: the decodes of its decode count (each
+    request's span that covers it), then its chunks."""
     rows = []
-    for r in range(len(s.run_step)):
-        first, length = int(s.run_step[r]), int(s.run_length[r])
-        if first <= step < first + length:
-            for p in s.run_prefix[s.run_start[r] : s.run_start[r + 1]]:
-                rows.append((1, int(p) + step - first, True))
+    d = int(s.decode[step])
+    if d >= 0:
+        for k in np.argsort(s.span_req, kind="stable"):
+            if s.span_start[k] <= d < s.span_end[k]:
+                rows.append((1, int(s.span_c0[k] + d - s.span_d0[k]), True))
     at = s.chunk_step == step
     rows += [(int(n), int(p), False) for n, p in zip(s.chunk_new[at], s.chunk_prefix[at])]
     return rows

@@ -36,7 +36,8 @@ STEP_TYPES = ("decode", "prefill", "extend", "extend_long", "mixed_prefill", "mi
 
 @dataclass
 class Rows:
-    """A block of steps [first, first + steps) as rows grouped by step (decodes first in each).
+    """A block of steps [first, first + steps) as rows grouped by step (decodes first in each, in
+    the order the requests arrived).
     step: [rows] index within the block; starts: [steps] each step's first row."""
 
     first: int
@@ -49,15 +50,22 @@ class Rows:
     req: np.ndarray
 
 
+def _decoders(s: Schedule) -> np.ndarray:
+    """[decode steps]: the requests decoding at each decode count D."""
+    d = int(s.decode.max()) + 1 if len(s.decode) else 0
+    count = np.zeros(d + 1, dtype=np.int64)
+    np.add.at(count, s.span_start, 1)
+    np.add.at(count, s.span_end, -1)
+    return np.cumsum(count)[:d]
+
+
 def step_rows(s: Schedule) -> np.ndarray:
-    """[steps]: rows in each step (decodes of the runs that cover it, and its chunks)."""
+    """[steps]: rows in each step (the decodes of its decode count, and its chunks)."""
     n = len(s)
-    rows = np.zeros(n + 1, dtype=np.int64)
-    width = np.diff(s.run_start)
-    np.add.at(rows, s.run_step, width)
-    np.add.at(rows, s.run_step + s.run_length, -width)
-    rows = np.cumsum(rows)[:n]
-    return rows + np.bincount(s.chunk_step, minlength=n)[:n]
+    rows = np.bincount(s.chunk_step, minlength=n)[:n].astype(np.int64)
+    at = s.decode >= 0
+    rows[at] += _decoders(s)[s.decode[at]]
+    return rows
 
 
 def blocks(s: Schedule, per_block: int = ROWS_PER_BLOCK):
@@ -73,21 +81,29 @@ def blocks(s: Schedule, per_block: int = ROWS_PER_BLOCK):
 
 
 def rows_of(s: Schedule, first: int, last: int) -> Rows:
-    """The rows of steps [first, last). A step is covered by at most one decode run (the
-    scheduler records each step's decodes once), so the runs' rows, run after run and step after
-    step, are already in step order; each step's chunks go after its decodes."""
+    """The rows of steps [first, last): in each step its decodes (by request), then its chunks."""
     steps = last - first
-    r = np.flatnonzero((s.run_step < last) & (s.run_step + s.run_length > first))
-    lo = np.maximum(s.run_step[r], first)
-    hi = np.minimum(s.run_step[r] + s.run_length[r], last)
-    width = (s.run_start[r + 1] - s.run_start[r]).astype(np.int64)
-    count = width * (hi - lo)
-    total = int(count.sum())
-    run = np.repeat(np.arange(len(r)), count)
-    offset = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
-    j = offset // width[run]
-    at = s.run_start[r][run] + offset % width[run]
-    d_step = lo[run] + j - first
+    dec = s.decode[first:last]
+    on = np.flatnonzero(dec >= 0)
+    if len(on):
+        lo_d, hi_d = int(dec[on[0]]), int(dec[on[-1]]) + 1  # decode counts rise with the steps
+        step_of = np.full(hi_d - lo_d, -1, dtype=np.int64)
+        step_of[dec[on] - lo_d] = on
+        sp = np.flatnonzero((s.span_start < hi_d) & (s.span_end > lo_d))
+        a = np.maximum(s.span_start[sp], lo_d)
+        b = np.minimum(s.span_end[sp], hi_d)
+        count = b - a
+        total = int(count.sum())
+        span = np.repeat(np.arange(len(sp)), count)
+        d = np.repeat(a, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count))
+        d_req = s.span_req[sp][span]
+        d_prefix = s.span_c0[sp][span] + d - s.span_d0[sp][span]
+        d_step = step_of[d - lo_d]
+        order = np.lexsort((d_req, d_step))
+        d_step, d_req, d_prefix = d_step[order], d_req[order], d_prefix[order]
+    else:
+        total = 0
+        d_step = d_req = d_prefix = np.zeros(0, dtype=np.int64)
     a, b = np.searchsorted(s.chunk_step, [first, last])
     c_step = s.chunk_step[a:b] - first
     decodes = np.bincount(d_step, minlength=steps)
@@ -106,9 +122,9 @@ def rows_of(s: Schedule, first: int, last: int) -> Rows:
 
     step = place(d_step, c_step, np.int64)
     new = place(1, s.chunk_new[a:b], np.int64)
-    prefix = place(s.run_prefix[at] + (lo[run] - s.run_step[r][run]) + j, s.chunk_prefix[a:b], np.int64)
+    prefix = place(d_prefix, s.chunk_prefix[a:b], np.int64)
     decode = place(True, False, bool)
-    req = place(s.run_reqs[at], s.chunk_req[a:b], np.int64)
+    req = place(d_req, s.chunk_req[a:b], np.int64)
     return Rows(first, steps, step, starts, new, prefix, decode, req)
 
 

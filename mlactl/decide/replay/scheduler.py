@@ -27,8 +27,8 @@ token each of its budget (PrefillAdder's num_mixed_decode_tokens).
 A decode row's prefix is the prompt plus the tokens decoded before it; each engine's rows are
 formed once (the clock prices them by the engine's own rule; the feedback of other paths on when
 steps run is ignored). Pure-decode stretches are stepped without touching each request: decodes
-are kept as (prefix when they joined, decode count then), and the heap of their last steps says
-when the stretch ends. docs/replay.md lists what differs from the engines' real schedulers.
+are kept as (prefix when they joined, decode count then), the heap of their last steps says when
+the stretch ends, and each request's decodes are recorded once, as a span of decode steps. docs/replay.md lists what differs from the engines' real schedulers.
 """
 
 from __future__ import annotations
@@ -61,41 +61,43 @@ class Schedule:
     """What a scheduler made, as flat arrays (numpy after `finish`).
 
     Steps [S]: start (clock when it began), time (the clock's step time), attention (the part
-    of it the engine's attention takes), tokens (new tokens in it), sampled (rows that sample).
+    of it the engine's attention takes), tokens (new tokens in it), sampled (rows that sample),
+    decode (the decode count D of the step where its decoders decode, else -1: decode steps
+    count 0, 1, 2, ... in order).
     Chunk rows [C]: step, req, new, prefix, last (the chunk that completes the prompt).
-    Decode runs [R]: step (the first), length (steps), and their requests (`run_reqs`, flat;
-    `run_start`, [R+1], where each run's begin) with the prefix each had at the run's first step
-    (`run_prefix`): a request of a run decodes in every one of its steps, prefix + 1 each step.
+    Decode spans [P]: a request decodes in every decode step of D in [span_start, span_end),
+    with the prefix span_c0 + D - span_d0 (all it has before that token): one span a request,
+    more if it sat a step out (vLLM, when the budget runs out).
     Requests [N]: cached (tokens its prompt found cached), admitted, first_token, finished (clock).
     """
 
     STEP = ("start", "time", "attention")
-    STEP_INT = ("tokens", "sampled")
+    STEP_INT = ("tokens", "sampled", "decode")
     CHUNK = ("chunk_step", "chunk_req", "chunk_new", "chunk_prefix", "chunk_last")
-    RUN = ("run_step", "run_length", "run_start", "run_reqs", "run_prefix")
+    SPAN = ("span_req", "span_start", "span_end", "span_c0", "span_d0")
     # array("d"/"q") while the scheduler appends, numpy arrays after finish()
     start: Any
     time: Any
     attention: Any
     tokens: Any
     sampled: Any
+    decode: Any
     chunk_step: Any
     chunk_req: Any
     chunk_new: Any
     chunk_prefix: Any
     chunk_last: Any
-    run_step: Any
-    run_length: Any
-    run_start: Any
-    run_reqs: Any
-    run_prefix: Any
+    span_req: Any
+    span_start: Any
+    span_end: Any
+    span_c0: Any
+    span_d0: Any
 
     def __init__(self, requests: int):
         for name in self.STEP:
             setattr(self, name, array("d"))
-        for name in self.STEP_INT + self.CHUNK + self.RUN:
+        for name in self.STEP_INT + self.CHUNK + self.SPAN:
             setattr(self, name, array("q"))
-        self.run_start.append(0)
         self.cached = np.zeros(requests, dtype=np.int64)
         self.admitted = np.full(requests, np.nan)
         self.first_token = np.full(requests, np.nan)
@@ -108,13 +110,13 @@ class Schedule:
     def finish(self) -> Schedule:
         for name in self.STEP:
             setattr(self, name, np.frombuffer(getattr(self, name), dtype=np.float64).copy())
-        for name in self.STEP_INT + self.CHUNK + self.RUN:
+        for name in self.STEP_INT + self.CHUNK + self.SPAN:
             setattr(self, name, np.frombuffer(getattr(self, name), dtype=np.int64).copy())
         return self
 
     @property
     def decode_rows(self) -> int:
-        return int(np.sum(np.diff(self.run_start) * self.run_length))
+        return int(np.sum(self.span_end - self.span_start))
 
 
 class Scheduler:
@@ -137,6 +139,7 @@ class Scheduler:
         self.c0 = [0] * n
         self.d0 = [0] * n
         self.end = [0] * n
+        self.begin = [0] * n  # the decode count its current span began at
         self.heap: list[tuple[int, int]] = []
         self.decoders: dict[int, None] = {}  # in the order they were admitted
         self.sum_c0_d0 = 0  # sum of c0 - d0 over the decoders: their prefixes sum to this + B * D
@@ -268,9 +271,7 @@ class Scheduler:
         s.attention.append(attention)
         s.tokens.append(tokens)
         s.sampled.append(sampled)
-        if decoding and B:
-            ids = dec_ids if dec_ids is not None else list(self.decoders)
-            self._record_run(step, 1, ids)
+        s.decode.append(self.D if decoding and B else -1)
         end = now + t
         for i, new, prefix in chunks:
             last = prefix + new == self.inp[i]
@@ -353,7 +354,6 @@ class Scheduler:
         other = clock.other(B, B)
         sum_prefix = self.sum_c0_d0 + B * self.D
         s = self.s
-        first = len(s.start)
         k = 0
         while k < steps:
             if k and watch and arrival <= now:
@@ -365,10 +365,10 @@ class Scheduler:
             s.attention.append(attention)
             s.tokens.append(B)
             s.sampled.append(B)
+            s.decode.append(self.D + k)
             now += t
             sum_prefix += B
             k += 1
-        self._record_run(first, k, list(self.decoders))
         self.D += k
         self._finish_decodes(now)
         return now
@@ -386,22 +386,24 @@ class Scheduler:
         return self.c0[i] + self.D - self.d0[i]
 
     def _rebase(self, i: int, wait: int) -> None:
-        """Decoder i sits out `wait` decode steps: its prefix and its end move on by that."""
+        """Decoder i sits out `wait` decode steps (from the current one): its span ends here and a
+        new one begins after them; its prefix and its end move on by that."""
+        self._close_span(i, self.D)
+        self.begin[i] = self.D + wait
         self.d0[i] += wait
         self.sum_c0_d0 -= wait
         self.end[i] += wait
         heapq.heappush(self.heap, (self.end[i], i))
 
-    def _record_run(self, step: int, length: int, ids: list[int]) -> None:
-        if not length or not ids:
-            return
-        s = self.s
-        s.run_step.append(step)
-        s.run_length.append(length)
-        s.run_reqs.extend(ids)
-        D, c0, d0 = self.D, self.c0, self.d0
-        s.run_prefix.extend([c0[i] + D - d0[i] for i in ids])
-        s.run_start.append(len(s.run_reqs))
+    def _close_span(self, i: int, end: int) -> None:
+        """Decoder i's current span ends at decode count `end` (exclusive)."""
+        if end > self.begin[i]:
+            s = self.s
+            s.span_req.append(i)
+            s.span_start.append(self.begin[i])
+            s.span_end.append(end)
+            s.span_c0.append(self.c0[i])
+            s.span_d0.append(self.d0[i])
 
     def _computed(self, i: int, computed: int) -> None:
         """Request i's prompt is computed up to `computed` tokens: the blocks that completes join
@@ -427,6 +429,7 @@ class Scheduler:
             return
         self.phase[i] = DECODE
         self.c0[i], self.d0[i], self.end[i] = self.inp[i], self.D, self.D + left
+        self.begin[i] = self.D
         self.sum_c0_d0 += self.inp[i] - self.D
         self.decoders[i] = None
         heapq.heappush(self.heap, (self.end[i], i))
@@ -439,6 +442,7 @@ class Scheduler:
                 continue  # moved on since (it sat out a step)
             del self.decoders[i]
             self.sum_c0_d0 -= self.c0[i] - self.d0[i]
+            self._close_span(i, e)
             self._finish(i, now)
 
     def _finish(self, i: int, now: float) -> None:
