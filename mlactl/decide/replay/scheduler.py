@@ -28,7 +28,12 @@ A decode row's prefix is the prompt plus the tokens decoded before it; each engi
 formed once (the clock prices them by the engine's own rule; the feedback of other paths on when
 steps run is ignored). Pure-decode stretches are stepped without touching each request: decodes
 are kept as (prefix when they joined, decode count then), the heap of their last steps says when
-the stretch ends, and each request's decodes are recorded once, as a span of decode steps. docs/replay.md lists what differs from the engines' real schedulers.
+the stretch ends, and each request's decodes are recorded once, as a span of decode steps.
+docs/replay.md lists what differs from the engines' real schedulers.
+
+vLLM's loop lets the running requests after the one that spends the budget sit a step out; here
+that cannot happen (a step's decodes are never more than the step before's rows, so never more
+than the budget), but a decoder that sits out is handled as vLLM does.
 """
 
 from __future__ import annotations
