@@ -294,7 +294,7 @@ def test_clock_is_the_exact_engine_time_plus_weights_and_overhead(tmp_path):
     trace = mooncake(tmp_path / "t.jsonl", lines)
     t = read_trace(trace)
     settings = ReplaySettings(step_overhead_s=0.002)
-    out = replay(t, V3, weights_of("deepseek-v3"), H200, rules.parse(None), settings)
+    out = replay(t, V3, weights_of("deepseek-v3"), H200, rules.parse(None), settings, keep_steps=True)
     for e in out.engines:
         step = e.per_step
         np.testing.assert_allclose(step["clock_attention_s"], step["attention_s"], rtol=1e-9)

@@ -168,7 +168,17 @@ def replay_cmd(
     act = choice(dtype, "--dtype", DTYPES)
     size = one_int(chunk, "--chunk")
     result = replay(
-        read_trace(trace), cfg, weights, hw, chosen, settings, kv_dtype=kv, dtype=act, chunk=size, calibration=cal
+        read_trace(trace),
+        cfg,
+        weights,
+        hw,
+        chosen,
+        settings,
+        kv_dtype=kv,
+        dtype=act,
+        chunk=size,
+        calibration=cal,
+        keep_steps=fmt == "csv",
     )
     emit(
         fmt,

@@ -265,12 +265,14 @@ def write_csv(fh, result: Replay) -> None:
     the attention under the rule and each reference, and the new tokens on each path."""
     if not result.engines:
         return
+    if any(e.per_step is None for e in result.engines):
+        raise ValueError("the per-step CSV needs replay(..., keep_steps=True)")
     paths = list(result.engines[0].paths)
     names, cols = ["engine", "step", "start_s", "step_time_s", "type", "rows", "tokens"], []
     names += ["attention_s", "best_step_s", "best_request_s", "best_s", "lost_s"]
     names += [f"{p}.tokens" for p in paths]
     engines = [e.engine.name for e in result.engines]  # names: labels can hold commas
-    per = [e.per_step for e in result.engines]
+    per = [e.per_step or {} for e in result.engines]
     n = [e.steps for e in result.engines]
 
     def cat(key):

@@ -90,7 +90,7 @@ class EngineReplay:
     timeline: dict  # bins of trace time: edges, attention, best, lost
     latency: dict  # seconds: time to first token, end to end; p50, p90, p99
     cache: dict  # hit rate, blocks evicted
-    per_step: dict = field(repr=False)  # [steps] arrays for CSV
+    per_step: dict | None = field(repr=False)  # [steps] arrays, for the CSV (replay(keep_steps=True))
 
     @property
     def lost_s(self) -> float:
@@ -146,7 +146,10 @@ def replay(
     dtype: str = "bf16",
     chunk: int = DEFAULT_CHUNK,
     calibration=None,
+    keep_steps: bool = False,
 ) -> Replay:
+    """Replay `trace` through each engine (see the module docstring); `keep_steps` keeps what
+    every step took (EngineReplay.per_step), which the per-step CSV needs."""
     s = settings or ReplaySettings()
     _check_settings(s)
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
@@ -169,7 +172,7 @@ def replay(
     for e in engines:
         pool = BlockPool(pool_blocks, caching=s.prefix_cache)
         sched = scheduler_for(e)(trace, e, pool, clock, Settings(s.max_batch_tokens, s.max_running, s.block)).run()
-        out.append(_price(trace, cost, hw, calibration, e, sched, s))
+        out.append(_price(trace, cost, hw, calibration, e, sched, s, keep_steps))
     return Replay(trace, cost, wc, hw, s, tokens, out, calibration)
 
 
@@ -182,72 +185,123 @@ def _check_settings(s: ReplaySettings) -> None:
         raise MlactlError("--step-overhead-ms must be a number of at least 0")
 
 
-def _price(trace: Trace, cost, hw, calibration, e: rules.Engine, sched: Schedule, s: ReplaySettings) -> EngineReplay:
+def _price(
+    trace: Trace, cost, hw, calibration, e: rules.Engine, sched: Schedule, s: ReplaySettings, keep_steps: bool = False
+) -> EngineReplay:
+    """Price an engine's schedule a block of steps at a time, adding up as it goes: what every
+    step took is kept only with `keep_steps` (for the per-step CSV)."""
     pricer = Pricer(cost, hw, calibration, e)
     n = len(sched)
-    engine_t, step_best, request_best = np.zeros(n), np.zeros(n), np.zeros(n)
-    kind = np.zeros(n, dtype=np.int8)
-    rows_per_step = np.zeros(n, dtype=np.int64)
-    path_steps = {p: np.zeros(n, dtype=bool) for p in pricer.paths}
-    path_tokens = {p: np.zeros(n) for p in pricer.paths}
-    sweep_parts = []
+    paths, types = pricer.paths, len(STEP_TYPES)
+    start_s = float(sched.start[0]) if n else 0.0
+    end_s = float(sched.start[-1] + sched.time[-1]) if n else 0.0
+    edges = np.linspace(start_s, end_s if end_s > start_s else start_s + 1.0, s.bins + 1)
+    acc: dict[str, Any] = {
+        "time": 0.0,
+        "step": 0.0,
+        "request": 0.0,
+        "best": 0.0,
+        "lost_step": 0.0,
+        "lost_request": 0.0,
+        "path_steps": np.zeros(len(paths)),
+        "path_tokens": np.zeros(len(paths)),
+        "type_steps": np.zeros(types),
+        "type_time": np.zeros(types),
+        "type_best": np.zeros(types),
+        "type_tokens": np.zeros((types, len(paths))),
+        "bin_time": np.zeros(s.bins),
+        "bin_best": np.zeros(s.bins),
+        "sweep_base": 0.0,
+    }
+    sweep_parts, kept = [], []
     for first, last in blocks(sched):
         rows = rows_of(sched, first, last)
         figs = pricer.figures(rows)
         codes = pricer.engine_codes(rows)
-        at = slice(first, last)
-        engine_t[at] = pricer.engine_seconds(e, figs, rows, codes)
-        step_best[at], request_best[at], _ = pricer.references(figs, rows)
-        kind[at] = step_types(rows)
-        rows_per_step[at] = np.diff(rows.starts, append=len(rows.step))
-        for k, p in enumerate(pricer.paths):
-            on = codes == k
-            path_steps[p][at] = np.bincount(rows.step[on], minlength=rows.steps) > 0
-            path_tokens[p][at] = np.bincount(rows.step[on], weights=rows.new[on], minlength=rows.steps)
+        engine_t = pricer.engine_seconds(e, figs, rows, codes)
+        step_best, request_best, _ = pricer.references(figs, rows)
+        best = np.minimum(np.minimum(step_best, request_best), engine_t)
+        kind = step_types(rows)
+        tokens = np.stack(
+            [
+                np.bincount(rows.step[codes == k], weights=rows.new[codes == k], minlength=rows.steps)
+                for k in range(len(paths))
+            ]
+        )  # [paths, steps]
+        acc["time"] += engine_t.sum()
+        acc["step"] += step_best.sum()
+        acc["request"] += request_best.sum()
+        acc["best"] += best.sum()
+        acc["lost_step"] += np.maximum(engine_t - step_best, 0.0).sum()
+        acc["lost_request"] += np.maximum(engine_t - request_best, 0.0).sum()
+        acc["path_steps"] += (tokens > 0).sum(axis=1)
+        acc["path_tokens"] += tokens.sum(axis=1)
+        acc["type_steps"] += np.bincount(kind, minlength=types)
+        acc["type_time"] += np.bincount(kind, weights=engine_t, minlength=types)
+        acc["type_best"] += np.bincount(kind, weights=best, minlength=types)
+        for k in range(len(paths)):
+            acc["type_tokens"][:, k] += np.bincount(kind, weights=tokens[k], minlength=types)
+        where = np.clip(np.searchsorted(edges, sched.start[first:last], side="right") - 1, 0, s.bins - 1)
+        acc["bin_time"] += np.bincount(where, weights=engine_t, minlength=s.bins)
+        acc["bin_best"] += np.bincount(where, weights=best, minlength=s.bins)
         if e.threshold is not None:
             st, val, sec = pricer.sweep(figs, rows)
+            varying = np.zeros(rows.steps, dtype=bool)
+            varying[st] = True
+            acc["sweep_base"] += engine_t[~varying].sum()
             sweep_parts.append((st + first, val, sec))
-    best = np.minimum(np.minimum(step_best, request_best), engine_t)
-    tokens_step = np.sum([path_tokens[p] for p in pricer.paths], axis=0)
-    total_tokens = float(tokens_step.sum())
+        if keep_steps:
+            rows_in = np.diff(rows.starts, append=len(rows.step))
+            kept.append((engine_t, step_best, request_best, best, kind, rows_in, tokens))
+    total_tokens = float(acc["path_tokens"].sum())
+    per_step = None
+    if keep_steps:
+        cat = [np.concatenate([k[j] for k in kept]) if kept else np.zeros(0) for j in range(6)]
+        tok = np.concatenate([k[6] for k in kept], axis=1) if kept else np.zeros((len(paths), 0))
+        per_step = {
+            "start_s": sched.start,
+            "step_time_s": sched.time,
+            "attention_s": cat[0],
+            "clock_attention_s": sched.attention,
+            "best_step_s": cat[1],
+            "best_request_s": cat[2],
+            "best_s": cat[3],
+            "type": cat[4].astype(np.int8),
+            "rows": cat[5].astype(np.int64),
+            "tokens": sched.tokens,
+            **{f"{p}_tokens": tok[k] for k, p in enumerate(paths)},
+        }
     return EngineReplay(
         engine=e,
         steps=n,
-        start_s=float(sched.start[0]) if n else 0.0,
-        end_s=float(sched.start[-1] + sched.time[-1]) if n else 0.0,
+        start_s=start_s,
+        end_s=end_s,
         step_time_s=float(sched.time.sum()),
-        time_s=float(engine_t.sum()),
-        best_step_s=float(step_best.sum()),
-        best_request_s=float(request_best.sum()),
-        best_s=float(best.sum()),
-        lost_step_s=float(np.maximum(engine_t - step_best, 0.0).sum()),
-        lost_request_s=float(np.maximum(engine_t - request_best, 0.0).sum()),
+        time_s=float(acc["time"]),
+        best_step_s=float(acc["step"]),
+        best_request_s=float(acc["request"]),
+        best_s=float(acc["best"]),
+        lost_step_s=float(acc["lost_step"]),
+        lost_request_s=float(acc["lost_request"]),
         tokens=_tokens(trace, sched),
         paths={
             p: {
-                "steps": float(path_steps[p].mean()) if n else 0.0,
-                "tokens": float(path_tokens[p].sum() / total_tokens) if total_tokens else 0.0,
+                "steps": float(acc["path_steps"][k] / n) if n else 0.0,
+                "tokens": float(acc["path_tokens"][k] / total_tokens) if total_tokens else 0.0,
             }
-            for p in pricer.paths
+            for k, p in enumerate(paths)
         },
-        by_type=_by_type(kind, engine_t, best, tokens_step, path_tokens),
-        sweep=_sweep(e, engine_t, sweep_parts) if e.threshold is not None else None,
-        timeline=_timeline(sched, engine_t, best, s.bins),
+        by_type=_by_type(acc, paths),
+        sweep=_sweep(e, acc["sweep_base"], sweep_parts) if e.threshold is not None else None,
+        timeline={
+            "edges_s": edges.tolist() if n else [],
+            "time_s": acc["bin_time"].tolist() if n else [],
+            "best_s": acc["bin_best"].tolist() if n else [],
+            "lost_s": (acc["bin_time"] - acc["bin_best"]).tolist() if n else [],
+        },
         latency=_latency(trace, sched),
         cache=_cache(trace, sched),
-        per_step={
-            "start_s": sched.start,
-            "step_time_s": sched.time,
-            "attention_s": engine_t,
-            "clock_attention_s": sched.attention,
-            "best_step_s": step_best,
-            "best_request_s": request_best,
-            "best_s": best,
-            "type": kind,
-            "rows": rows_per_step,
-            "tokens": sched.tokens,
-            **{f"{p}_tokens": path_tokens[p] for p in pricer.paths},
-        },
+        per_step=per_step,
     )
 
 
@@ -260,30 +314,31 @@ def _tokens(trace: Trace, sched: Schedule) -> dict[str, int]:
     }
 
 
-def _by_type(kind, engine_t, best, tokens_step, path_tokens) -> list[dict]:
+def _by_type(acc: dict, paths) -> list[dict]:
     out = []
     for k, name in enumerate(STEP_TYPES):
-        at = kind == k
-        if not at.any():
+        steps = int(acc["type_steps"][k])
+        if not steps:
             continue
-        toks = float(tokens_step[at].sum())
+        toks = float(acc["type_tokens"][k].sum())
         out.append(
             {
                 "type": name,
-                "steps": int(at.sum()),
+                "steps": steps,
                 "tokens": int(toks),
-                "time_s": float(engine_t[at].sum()),
-                "best_s": float(best[at].sum()),
-                "lost_s": float((engine_t[at] - best[at]).sum()),
-                "paths": {p: float(v[at].sum() / toks) if toks else 0.0 for p, v in path_tokens.items()},
+                "time_s": float(acc["type_time"][k]),
+                "best_s": float(acc["type_best"][k]),
+                "lost_s": float(acc["type_time"][k] - acc["type_best"][k]),
+                "paths": {p: float(acc["type_tokens"][k, j] / toks) if toks else 0.0 for j, p in enumerate(paths)},
             }
         )
     return out
 
 
-def _sweep(e: rules.Engine, engine_t: np.ndarray, parts) -> Sweep:
+def _sweep(e: rules.Engine, constant: float, parts) -> Sweep:
     """The trace's attention time at every threshold, from each varying step's time at each of
-    its own thresholds (a step runs at t what it runs at its largest value not above t)."""
+    its own thresholds (a step runs at t what it runs at its largest value not above t), and
+    `constant`, the time of the steps that run the same at any threshold."""
     if parts:
         steps = np.concatenate([p[0] for p in parts])
         values = np.concatenate([p[1] for p in parts])
@@ -291,9 +346,7 @@ def _sweep(e: rules.Engine, engine_t: np.ndarray, parts) -> Sweep:
     else:
         steps = values = np.zeros(0, dtype=np.int64)
         seconds = np.zeros(0)
-    varying = np.zeros(len(engine_t), dtype=bool)
-    varying[steps] = True
-    base = float(engine_t[~varying].sum()) + float(seconds[values == 1].sum())
+    base = constant + float(seconds[values == 1].sum())
     order = np.lexsort((values, steps))
     steps, values, seconds = steps[order], values[order], seconds[order]
     same_step = np.zeros(len(steps), dtype=bool)
@@ -330,17 +383,6 @@ def _sweep(e: rules.Engine, engine_t: np.ndarray, parts) -> Sweep:
         best_time_s=float(totals[pick]),
         curve=[(int(candidates[i]), float(totals[i])) for i in keep],
     )
-
-
-def _timeline(sched: Schedule, engine_t, best, bins: int) -> dict:
-    if not len(sched):
-        return {"edges_s": [], "time_s": [], "best_s": [], "lost_s": []}
-    lo, hi = float(sched.start[0]), float(sched.start[-1] + sched.time[-1])
-    edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
-    where = np.clip(np.searchsorted(edges, sched.start, side="right") - 1, 0, bins - 1)
-    t = np.bincount(where, weights=engine_t, minlength=bins)
-    b = np.bincount(where, weights=best, minlength=bins)
-    return {"edges_s": edges.tolist(), "time_s": t.tolist(), "best_s": b.tolist(), "lost_s": (t - b).tolist()}
 
 
 def _percentiles(x: np.ndarray) -> dict:
