@@ -35,6 +35,7 @@ from mlactl.util.defaults import (
     REPLAY_TIMELINE_BINS,
 )
 from mlactl.util.errors import MlactlError
+from mlactl.util.limits import check_replay
 
 CURVE_POINTS = 200  # thresholds of the sweep's curve kept for JSON and the chart
 
@@ -152,6 +153,7 @@ def replay(
     every step took (EngineReplay.per_step), which the per-step CSV needs."""
     s = settings or ReplaySettings()
     _check_settings(s)
+    check_replay(len(trace))
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
     wc = WeightCost(cfg, weights)
     hw.peak_flops(dtype)  # fail early, naming the profile, if it lacks a dtype
