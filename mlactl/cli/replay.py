@@ -126,6 +126,10 @@ def replay_cmd(
         typer.Option("--step-overhead-ms", help="Milliseconds every step adds to the clock (scheduling, launches)."),
     ] = "0",
     calibration: CalibrationOpt = None,
+    jobs: Annotated[
+        Optional[str],
+        typer.Option("--jobs", help="Engines replayed side by side, in that many processes (default: one per CPU)."),
+    ] = None,
     fmt: FormatOpt = None,
     output: OutputOpt = None,
 ):
@@ -179,6 +183,7 @@ def replay_cmd(
         chunk=size,
         calibration=cal,
         keep_steps=fmt == "csv",
+        jobs=None if jobs is None else one_int(jobs, "--jobs"),
     )
     emit(
         fmt,

@@ -114,9 +114,12 @@ def check_plot(points: int, pixels: float) -> None:
     )
 
 
-def check_replay(requests: int) -> None:
+def check_replay(requests: int, processes: int = 1) -> None:
+    """A trace of `requests` replayed by `processes` engines side by side."""
+    side = f" in {processes} processes" if processes > 1 else ""
     check_memory(
-        requests * REPLAY_REQUEST_BYTES,
-        f"replaying {requests:,} requests",
-        "split the trace by time into several files and replay one at a time",
+        requests * processes * REPLAY_REQUEST_BYTES,
+        f"replaying {requests:,} requests{side}",
+        "split the trace by time into several files and replay one at a time"
+        + (", or give --jobs 1" if processes > 1 else ""),
     )

@@ -11,6 +11,10 @@ path per step, the best path per request and the rule at every threshold that ch
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,12 +152,18 @@ def replay(
     chunk: int = DEFAULT_CHUNK,
     calibration=None,
     keep_steps: bool = False,
+    jobs: int | None = None,
 ) -> Replay:
     """Replay `trace` through each engine (see the module docstring); `keep_steps` keeps what
-    every step took (EngineReplay.per_step), which the per-step CSV needs."""
+    every step took (EngineReplay.per_step), which the per-step CSV needs. The engines are
+    independent: `jobs` processes (default one per CPU, at most one per engine) replay them side
+    by side where the platform forks, each engine's figures the same as alone."""
     s = settings or ReplaySettings()
     _check_settings(s)
-    check_replay(len(trace))
+    workers = max(1, min(len(engines), jobs or os.cpu_count() or 1))
+    if "fork" not in multiprocessing.get_all_start_methods():
+        workers = 1
+    check_replay(len(trace), workers)
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
     wc = WeightCost(cfg, weights)
     hw.peak_flops(dtype)  # fail early, naming the profile, if it lacks a dtype
@@ -170,12 +180,52 @@ def replay(
             f"({len(over)} request(s) do not); raise --tp, --mem-fraction or --cache-tokens"
         )
     clock = Clock(cost, hw, wc, rules.paths(), s.step_overhead_s)
-    out = []
-    for e in engines:
-        pool = BlockPool(pool_blocks, caching=s.prefix_cache)
-        sched = scheduler_for(e)(trace, e, pool, clock, Settings(s.max_batch_tokens, s.max_running, s.block)).run()
-        out.append(_price(trace, cost, hw, calibration, e, sched, s, keep_steps))
+    job = _Job(trace, cost, hw, calibration, clock, pool_blocks, s, keep_steps, tuple(engines))
+    if workers == 1:
+        out = [job.run(k) for k in range(len(engines))]
+    else:
+        global _FORKED
+        _FORKED = job  # the workers are forked: they find it here, nothing is pickled on the way in
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                out = list(pool.map(_run_forked, range(len(engines))))
+        except BrokenProcessPool:
+            raise MlactlError(
+                "a replay process died (out of memory?); give --jobs 1 to replay one engine at a time"
+            ) from None
+        finally:
+            _FORKED = None
     return Replay(trace, cost, wc, hw, s, tokens, out, calibration)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One replay's inputs; `run(k)` replays engine k (in this process or a forked one)."""
+
+    trace: Trace
+    cost: CostModel
+    hw: HardwareProfile
+    calibration: Any
+    clock: Clock
+    pool_blocks: int
+    settings: ReplaySettings
+    keep_steps: bool
+    engines: tuple
+
+    def run(self, k: int) -> EngineReplay:
+        e, s = self.engines[k], self.settings
+        pool = BlockPool(self.pool_blocks, caching=s.prefix_cache)
+        settings = Settings(s.max_batch_tokens, s.max_running, s.block)
+        sched = scheduler_for(e)(self.trace, e, pool, self.clock, settings).run()
+        return _price(self.trace, self.cost, self.hw, self.calibration, e, sched, s, self.keep_steps)
+
+
+_FORKED: _Job | None = None
+
+
+def _run_forked(k: int) -> EngineReplay:
+    assert _FORKED is not None
+    return _FORKED.run(k)
 
 
 def _check_settings(s: ReplaySettings) -> None:
