@@ -50,9 +50,15 @@ def row_features(cost: CostModel, new, prefix, chunk=None) -> np.ndarray:
     """[6, rows]: the five FEATURES and m (the partials, for the weights) of each row."""
     n = np.asarray(new, dtype=np.float64)
     p = np.asarray(prefix, dtype=np.float64)
-    m = partials(cost, p, chunk)
-    merged = (m > 1) * 1.0
-    return np.stack([n, n + p, causal_pairs(n, p), merged * n, merged * m * n, m])
+    out = np.empty((6,) + n.shape)
+    out[0] = n
+    np.add(n, p, out=out[1])
+    out[2] = causal_pairs(n, p)
+    out[5] = partials(cost, p, chunk)
+    merged = out[5] > 1
+    np.multiply(merged, n, out=out[3])
+    np.multiply(out[3], out[5], out=out[4])
+    return out
 
 
 @lru_cache(maxsize=64)

@@ -36,8 +36,7 @@ STEP_TYPES = ("decode", "prefill", "extend", "extend_long", "mixed_prefill", "mi
 
 @dataclass
 class Rows:
-    """A block of steps [first, first + steps) as rows grouped by step (decodes first in each, in
-    the order the requests arrived).
+    """A block of steps [first, first + steps) as rows grouped by step (decodes first in each).
     step: [rows] index within the block; starts: [steps] each step's first row."""
 
     first: int
@@ -81,7 +80,7 @@ def blocks(s: Schedule, per_block: int = ROWS_PER_BLOCK):
 
 
 def rows_of(s: Schedule, first: int, last: int) -> Rows:
-    """The rows of steps [first, last): in each step its decodes (by request), then its chunks."""
+    """The rows of steps [first, last): in each step its decodes, then its chunks."""
     steps = last - first
     dec = s.decode[first:last]
     on = np.flatnonzero(dec >= 0)
@@ -99,7 +98,10 @@ def rows_of(s: Schedule, first: int, last: int) -> Rows:
         d_req = s.span_req[sp][span]
         d_prefix = s.span_c0[sp][span] + d - s.span_d0[sp][span]
         d_step = step_of[d - lo_d]
-        order = np.lexsort((d_req, d_step))
+        # grouped by step (a radix sort where the block's steps fit 16 bits); within a step the
+        # decodes keep their spans' order: no rule here depends on the order of decodes
+        key = d_step.astype(np.uint16) if steps < 1 << 16 else d_step
+        order = np.argsort(key, kind="stable")
         d_step, d_req, d_prefix = d_step[order], d_req[order], d_prefix[order]
     else:
         total = 0
@@ -150,6 +152,7 @@ class Pricer:
         self.layers = cost.cfg.layers
         self.paths = rules.paths()
         self.memory = hw.memory_gb * 1e9
+        self.decode_table = np.zeros(0, dtype=np.int8)  # own_choice of one token after p, by p
 
     def figures(self, rows: Rows) -> list[PathLaunches]:
         x = row_features(self.cost, rows.new, rows.prefix)  # shared by every path
@@ -250,9 +253,11 @@ class Pricer:
         one = (rows.new == 1) & (rows.prefix > 0)
         out = np.empty(len(rows.new), dtype=np.int8)
         if one.any():
-            lo, hi = int(rows.prefix[one].min()), int(rows.prefix[one].max())
-            p = np.arange(lo, hi + 1)
-            out[one] = self._own_codes(np.ones_like(p), p)[rows.prefix[one] - lo]
+            hi = int(rows.prefix[one].max())
+            if len(self.decode_table) <= hi:  # priced once per prefix, kept for the next blocks
+                p = np.arange(max(hi + 1, 2 * len(self.decode_table)))
+                self.decode_table = self._own_codes(np.ones_like(p), p)
+            out[one] = self.decode_table[rows.prefix[one]]
         rest = ~one
         if rest.any():
             out[rest] = self._own_codes(rows.new[rest], rows.prefix[rest])
