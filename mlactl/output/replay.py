@@ -41,7 +41,18 @@ def _pct(part: float, whole: float) -> str:
 
 
 def _time(t: float) -> str:
-    return seconds(t) if math.isfinite(t) else "no fit"
+    """Seconds for a table: a trace's totals run to thousands of seconds, printed in full."""
+    if not math.isfinite(t):
+        return "no fit"
+    if t == 0:
+        return "—"
+    return f"{t:,.0f}s" if abs(t) >= 100 else seconds(t)
+
+
+def _share(x: float) -> str:
+    """A saving as a percentage; one that rounds to 0.0% says how small it is."""
+    pct = 100.0 * x
+    return f"{pct:.1f}%" if pct >= 0.05 else f"{pct:.2g}%"
 
 
 def time_kind(result: Replay) -> str:
@@ -144,7 +155,7 @@ def sweep_sentence(result: Replay, e: EngineReplay) -> str:
     if s.best_time_s >= s.current_time_s * (1 - 1e-12):
         verdict = f"already the best (any threshold from {span} does as well)"
     else:
-        verdict = f"best threshold {s.best} (any from {span}), saves {100 * s.saves:.1f}%"
+        verdict = f"best threshold {s.best} (any from {span}), saves {_share(s.saves)}"
     return f"{e.engine.name}'s threshold ({s.compares}) {s.current} on {result.hw.name} for this trace: {verdict}"
 
 
