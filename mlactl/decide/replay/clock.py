@@ -97,14 +97,3 @@ class Clock:
         dense = max(w.dense_flops(tokens) / self.peak_weights, w.dense_bytes(tokens) / self.bandwidth)
         head = max(w.head_flops(sampled) / self.peak_head, w.head_bytes(sampled) / self.bandwidth)
         return dense + head + self.overhead
-
-
-def other_seconds(weights: WeightCost, hw: HardwareProfile, tokens, sampled) -> np.ndarray:
-    """`Clock.other` (less the overhead) over many steps at once ([steps] arrays)."""
-    tokens = np.asarray(tokens, dtype=np.float64)
-    sampled = np.asarray(sampled, dtype=np.float64)
-    dense = np.maximum(
-        weights.dense_flops(tokens) / hw.peak_flops(weights.weights.dtype), weights.dense_bytes(tokens) / hw.bandwidth
-    )
-    head = np.maximum(weights.head_flops(sampled) / hw.peak_flops("bf16"), weights.head_bytes(sampled) / hw.bandwidth)
-    return dense + head

@@ -1,9 +1,10 @@
 """Every step of a schedule priced at once: the engine's rule, the best path per step and per
 request, and the rule at every threshold that changes a path, all on the same rows.
 
-A schedule (scheduler.Schedule) is expanded into rows, a block of steps at a time (decode runs
-become one row per request and step), grouped by step. Each path's per-row parts are worked out
-once (calibration.steps.PathLaunches); every comparison is then a sum over those rows:
+A schedule (scheduler.Schedule) is expanded into rows, a block of steps at a time (each
+request's span of decode steps becomes one row a step), grouped by step. Each path's per-row
+parts are worked out once (calibration.steps.PathLaunches); every comparison is then a sum over
+those rows:
 
 * the engine: each row on the path its rule gives (rules.step_paths), its own expand_chunked at
   its own chunk where it sets one (vLLM: the workspace over the step's prefills with context);
@@ -46,11 +47,10 @@ class Rows:
     new: np.ndarray
     prefix: np.ndarray
     decode: np.ndarray
-    req: np.ndarray
 
 
 def _decoders(s: Schedule) -> np.ndarray:
-    """[decode steps]: the requests decoding at each decode count D."""
+    """[decode counts]: how many requests decode at each decode count D."""
     d = int(s.decode.max()) + 1 if len(s.decode) else 0
     count = np.zeros(d + 1, dtype=np.int64)
     np.add.at(count, s.span_start, 1)
@@ -95,17 +95,16 @@ def rows_of(s: Schedule, first: int, last: int) -> Rows:
         total = int(count.sum())
         span = np.repeat(np.arange(len(sp)), count)
         d = np.repeat(a, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count))
-        d_req = s.span_req[sp][span]
         d_prefix = s.span_c0[sp][span] + d - s.span_d0[sp][span]
         d_step = step_of[d - lo_d]
         # grouped by step (a radix sort where the block's steps fit 16 bits); within a step the
         # decodes keep their spans' order: no rule here depends on the order of decodes
         key = d_step.astype(np.uint16) if steps < 1 << 16 else d_step
         order = np.argsort(key, kind="stable")
-        d_step, d_req, d_prefix = d_step[order], d_req[order], d_prefix[order]
+        d_step, d_prefix = d_step[order], d_prefix[order]
     else:
         total = 0
-        d_step = d_req = d_prefix = np.zeros(0, dtype=np.int64)
+        d_step = d_prefix = np.zeros(0, dtype=np.int64)
     a, b = np.searchsorted(s.chunk_step, [first, last])
     c_step = s.chunk_step[a:b] - first
     decodes = np.bincount(d_step, minlength=steps)
@@ -126,8 +125,7 @@ def rows_of(s: Schedule, first: int, last: int) -> Rows:
     new = place(1, s.chunk_new[a:b], np.int64)
     prefix = place(d_prefix, s.chunk_prefix[a:b], np.int64)
     decode = place(True, False, bool)
-    req = place(d_req, s.chunk_req[a:b], np.int64)
-    return Rows(first, steps, step, starts, new, prefix, decode, req)
+    return Rows(first, steps, step, starts, new, prefix, decode)
 
 
 def step_types(rows: Rows) -> np.ndarray:

@@ -19,7 +19,7 @@ prompt extends the previous turn's prompt and output, so its leading full blocks
 conversation's, and the blocks its output completes are cached when it finishes. Without a
 session, a row's prompt shares nothing.
 
-Both are read line by line into flat arrays (about 50 bytes a request and 8 a Mooncake block),
+Both are read line by line into flat arrays (56 bytes a request and 8 a Mooncake block),
 never as a whole text, and checked against the memory budget as they grow. Arrivals must not
 go backwards. Each bad line is one `Error:` line naming the file and the line; reading stops
 after MAX_ERRORS of them.
