@@ -458,6 +458,17 @@ def test_kv_pool_is_what_the_weights_leave():
 # -- errors ---------------------------------------------------------------------------------------
 
 
+def test_the_report_never_replaces_the_trace(tmp_path):
+    trace = mooncake(tmp_path / "t.json", [(0, 100, 2, [])])
+    before = (tmp_path / "t.json").read_bytes()
+    line = run("replay", trace, "-o", trace, ok=False).output.strip()
+    assert line.startswith("Error: --output") and "is the trace being read" in line
+    assert (tmp_path / "t.json").read_bytes() == before
+    run("replay", trace, "-o", tmp_path / "r.json")
+    line = run("plot", "replay", tmp_path / "r.json", "--data", tmp_path / "r.json", ok=False).output.strip()
+    assert "is the report being read" in line
+
+
 def test_a_trace_too_big_for_the_memory_budget_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("MLACTL_MAX_MEMORY", "4K")
     trace = mooncake(tmp_path / "t.jsonl", [(0, 100, 2, [])] * 2)

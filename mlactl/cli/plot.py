@@ -357,6 +357,9 @@ def replay_chart(
     """
 
     check_output(output, data)
+    for target, option in ((output, "--output"), (data, "--data")):
+        if target is not None and target.exists() and report.exists() and target.resolve() == report.resolve():
+            raise MlactlError(f"{option} {target} is the report being read; write it elsewhere")
     found = read_json(report, "replay report")
     plot.check_report(found, str(report))
     fig, drawn = plot.replay(found)

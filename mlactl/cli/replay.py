@@ -4,6 +4,7 @@ each engine's path rule costs on that traffic. Parse, call mlactl.decide.replay,
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -51,6 +52,16 @@ from mlactl.util.defaults import (
 from mlactl.util.errors import MlactlError
 
 replay_app = typer.Typer(add_completion=False)
+
+
+def refuse_overwrite(output: Optional[Path], source: Path, what: str) -> None:
+    """-o must not name the file being read: the run would replace what it replays."""
+    try:
+        same = output is not None and output.exists() and source.exists() and os.path.samefile(output, source)
+    except OSError:
+        same = False
+    if same:
+        raise MlactlError(f"--output {output} is {what} being read; write the report elsewhere")
 
 
 def _number(text: str, option: str, low: float, high: float = math.inf, low_open: bool = False) -> float:
@@ -153,6 +164,7 @@ def replay_cmd(
     """
 
     fmt = output_format(fmt, output)
+    refuse_overwrite(output, trace, "the trace")
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
     cal = load_calibration(calibration, hw)
