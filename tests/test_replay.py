@@ -488,6 +488,9 @@ def test_a_trace_too_big_for_the_memory_budget_is_refused(tmp_path, monkeypatch)
         pytest.param(["--engine-option", "enable_mixed_chunk=maybe"], "expected true or false", id="mixed-value"),
         pytest.param(["--weight-dtype", "int4"], "--weight-dtype must be one of", id="wdtype"),
         pytest.param(["--tp", "1"], "leave no room for the KV cache", id="weights-too-big"),
+        pytest.param(
+            ["--hardware", "a100-sxm"], "has no fp8 peak (it has: bf16, fp16, fp32); give --weight-dtype", id="fp8"
+        ),
         pytest.param(["--cache-tokens", "1000"], "does not fit the KV cache's 512 tokens", id="pool-too-small"),
     ],
 )

@@ -167,7 +167,12 @@ def replay(
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
     wc = WeightCost(cfg, weights)
     hw.peak_flops(dtype)  # fail early, naming the profile, if it lacks a dtype
-    hw.peak_flops(weights.dtype)
+    if weights.dtype not in hw.peak_tflops:
+        have = ", ".join(sorted(hw.peak_tflops))
+        raise MlactlError(
+            f"{cfg.name}'s weights are {weights.dtype} and hardware {hw.name} has no {weights.dtype} peak "
+            f"(it has: {have}); give --weight-dtype with one it has (engines there run them dequantised)"
+        )
     tokens = capacity(wc, cost, hw, s)
     pool_blocks = tokens // s.block
     need = -(-(trace.input + trace.output - 1) // s.block)
