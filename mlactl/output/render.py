@@ -45,6 +45,14 @@ def header(analysis: Analysis) -> str:
     )
 
 
+def engine_lines(engines) -> list[str]:
+    """Why each engine rule runs what it runs: the resolved backend first, then what it does."""
+    out = []
+    for e in engines:
+        out.append(f"[bold]{e.label}[/]: " + "; ".join(e.why).replace("[", "\\["))
+    return out
+
+
 def _time_cell(time_s: float, compute_bound: bool, best: bool, fits: bool = True) -> Text:
     if not fits:  # its expanded K/V alone would overflow the GPU's memory
         return Text(f"{seconds(time_s)} ✗", style="dim")
@@ -195,7 +203,7 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
         label = next((e.label for e in ba.engines if e.engine == s), s)
         totals.add_row(Text(label, style=style), seconds(t), f"{ratio:.2f}x")
     sources = "Engine rules: " + "; ".join(sorted({e.citation for e in ba.engines})) if ba.engines else ""
-    return [rows, totals, sources]
+    return [rows, totals, *engine_lines(ba.engines), sources]
 
 
 def models_table(models, width: int | None = None) -> Table:
