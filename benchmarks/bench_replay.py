@@ -107,7 +107,7 @@ def in_process(trace: Path) -> dict:
     cost, wc, s = CostModel(cfg), WeightCost(cfg, weights_of("deepseek-v3")), ReplaySettings()
     blocks = capacity(wc, cost, hw, s) // s.block
     clock = Clock(cost, hw, wc, rules.paths())
-    for e in rules.parse(None):
+    for e in rules.parse(None, None, cfg, hw, "bf16"):
         start, cpu = time.perf_counter(), time.process_time()
         sched = scheduler_for(e)(t, e, BlockPool(blocks), clock, Settings(s.max_batch_tokens, s.max_running, s.block))
         sched = sched.run()
@@ -141,7 +141,8 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "load_average_before": os.getloadavg(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "setup": "deepseek-v3, tp 8, h200, bf16 kv, engines sglang, sglang-triton, sglang-trtllm, vllm; defaults",
+        "setup": "deepseek-v3, tp 8, h200, bf16 kv, engines sglang, sglang-triton, sglang-trtllm, vllm (the newest "
+        "rule sets: sglang@0.5.23, vllm@0.33.0); defaults",
     }
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.jsonl"
@@ -172,7 +173,8 @@ def main() -> None:
                 f"(cpu {p['schedule_cpu_s']:5.2f})   price {p['price_s']:6.2f} s (cpu {p['price_cpu_s']:5.2f})   "
                 f"{p['steps_per_s']:>9,.0f} steps/s"
             )
-        results["report"] = {e["name"]: {k: e[k] for k in ("steps", "time_s", "lost_pct")} for e in report["engines"]}
+        keys = ("version", "backend", "threshold", "steps", "time_s", "best_time_s", "lost_pct", "best_threshold")
+        results["report"] = {e["name"]: {k: e[k] for k in keys} for e in report["engines"]}
     results["load_average_after"] = os.getloadavg()
     path = args.json or HERE / "results" / f"replay-{platform.node() or 'host'}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")

@@ -22,6 +22,7 @@ from mlactl.cli.common import (
     output_format,
 )
 from mlactl.cli.options import (
+    AllEnginesOpt,
     CalibrationOpt,
     ChunkOpt,
     DtypeOpt,
@@ -100,13 +101,7 @@ def replay_cmd(
         ),
     ] = None,
     chunk: ChunkOpt = str(DEFAULT_CHUNK),
-    engines: Annotated[
-        Optional[str],
-        typer.Option(
-            "--engines",
-            help="Engines to replay, comma-separated (default: all four: sglang, sglang-triton, sglang-trtllm, vllm).",
-        ),
-    ] = None,
+    engines: AllEnginesOpt = None,
     engine_option: EngineOptionOpt = None,
     max_batch_tokens: Annotated[
         str,
@@ -157,10 +152,16 @@ def replay_cmd(
     engine's rule, the other weights read once, --step-overhead-ms). docs/replay.md has the
     model and how it differs from the engines' own schedulers.
 
+    Rules are versioned as the engines ship (ENGINE@VERSION; a bare name is the newest; `mlactl
+    engines --list`) and resolved for the GPU's architecture and the cache dtype: each prints
+    the backend it runs and why, and --engine-option sets the engine's own options.
+
     Times are roofline, or calibrated with --calibration. `-f json` for the report (and `mlactl
     plot replay`), `-f csv` for one row per engine and step.
 
     Example: mlactl replay conversation_trace.jsonl --hardware h200 --tp 8 -o replay.json
+
+    Example: mlactl replay trace.jsonl --engines sglang@0.5.14,sglang@0.5.23,vllm --kv-dtype fp8
     """
 
     fmt = output_format(fmt, output)

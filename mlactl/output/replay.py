@@ -7,7 +7,9 @@ not finite (a step where no path fits) is null.
     requests, tokens {prefill_computed, prefill_cached, decode}   the first engine's split
     trace {path, format, requests, first_arrival_s, duration_s}
     model, weights, hardware, kv_dtype, dtype, chunk, time, clock, settings, kv_cache_tokens
-    engines[]: name, label, source, options, steps, duration_s, step_time_s, time_s,
+    engines[]: name, engine, version, label, source, backend, decode_backend (SGLang), threshold,
+               options, options_set, why (the rule as resolved, as analyze's JSON gives it),
+               steps, duration_s, step_time_s, time_s,
                best_time_s, lost_s, lost_pct, best_step_time_s, lost_vs_step_s,
                best_request_time_s, lost_vs_request_s, best_threshold, sweep, tokens, paths,
                by_step_type[], timeline, latency_s, cache
@@ -25,7 +27,7 @@ from mlactl.decide.replay.pricing import STEP_TYPES
 from mlactl.decide.replay.replay import EngineReplay, Replay
 from mlactl.output.csvout import Labels
 from mlactl.output.csvout import write_csv as write
-from mlactl.output.render import SHORT, seconds
+from mlactl.output.render import SHORT, engine_lines, seconds
 
 SCHEMA = "mlactl.replay"
 SCHEMA_VERSION = 1
@@ -150,18 +152,19 @@ def serving_table(result: Replay) -> Table:
 def sweep_sentence(result: Replay, e: EngineReplay) -> str:
     s = e.sweep
     if s is None:
-        return f"{e.engine.name} has no threshold to sweep"
+        return f"{e.engine.name} on {e.engine.params.backend} reads no threshold: nothing to sweep"
     span = f"{s.best_range[0]} up" if s.best_range[1] is None else f"{s.best_range[0]} to {s.best_range[1]}"
     if s.best_time_s >= s.current_time_s * (1 - 1e-12):
         verdict = f"already the best (any threshold from {span} does as well)"
     else:
         verdict = f"best threshold {s.best} (any from {span}), saves {_share(s.saves)}"
-    return f"{e.engine.name}'s threshold ({s.compares}) {s.current} on {result.hw.name} for this trace: {verdict}"
+    head = f"{e.engine.name}'s {s.option} ({s.compares})"
+    return f"{head} {s.current} on {result.hw.name} for this trace: {verdict}"
 
 
 def tables(result: Replay) -> list:
     out: list = [header(result), summary_table(result), paths_table(result), types_table(result)]
-    out += [sweep_sentence(result, e) for e in result.engines if e.sweep is not None]
+    out += [sweep_sentence(result, e) for e in result.engines]
     first = result.engines[0] if result.engines else None
     if first is not None:
         tk = first.tokens
@@ -170,6 +173,7 @@ def tables(result: Replay) -> list:
             f"{tk['prefill_cached']:,} found cached, {tk['decode']:,} decoded"
         )
     out.append(serving_table(result))
+    out += engine_lines([e.engine for e in result.engines])
     out.append("Sources: " + "; ".join(sorted({e.engine.citation for e in result.engines})))
     if result.calibration is not None:
         out.append(
@@ -185,10 +189,7 @@ def tables(result: Replay) -> list:
 def engine_json(e: EngineReplay) -> dict:
     s = e.sweep
     return {
-        "name": e.engine.name,
-        "label": e.engine.label,
-        "source": e.engine.citation,
-        "options": e.engine.options(),
+        **e.engine.to_json(),
         "steps": e.steps,
         "duration_s": e.end_s - e.start_s,
         "step_time_s": e.step_time_s,

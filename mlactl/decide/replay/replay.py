@@ -427,16 +427,24 @@ def _sweep(e: rules.Engine, constant: float, parts) -> Sweep:
 
     found = [int(i) for i in tied if holds(int(i))]
     pick = found[0] if found else int(tied[np.argmin(np.abs(np.log2(candidates[tied]) - np.log2(current)))])
+    # the range: every neighbouring candidate as good (a value where nothing changed splits none)
+    is_tied = np.zeros(len(candidates), dtype=bool)
+    is_tied[tied] = True
+    low, high = pick, pick
+    while low > 0 and is_tied[low - 1]:
+        low -= 1
+    while high + 1 < len(candidates) and is_tied[high + 1]:
+        high += 1
     keep = np.unique(
         np.concatenate([np.linspace(0, len(candidates) - 1, min(len(candidates), CURVE_POINTS)).astype(int), [pick]])
     )
     return Sweep(
-        option="threshold",
-        compares=rules.SWEPT[e.name],
+        option=e.sweep_option,
+        compares=e.compares,
         current=current,
         current_time_s=now,
         best=int(candidates[pick]),
-        best_range=(int(candidates[pick]), highs[pick]),
+        best_range=(int(candidates[low]), highs[high]),
         best_time_s=float(totals[pick]),
         curve=[(int(candidates[i]), float(totals[i])) for i in keep],
     )

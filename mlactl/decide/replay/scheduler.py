@@ -154,7 +154,8 @@ class Scheduler:
         self.next_arrival = 0
         self.blocked_at: tuple[int, int] | None = None  # (head, finishes) when the head could not be admitted
         self.finishes = 0
-        self.decode_path = rules.decode_path(engine)
+        self.rule = rules.OneStep(engine)
+        self.decode_path = self.rule.decode
         self._own_chunk: dict[int, int | None] = {}
         if self.decode_path in self.clock.partial_paths:
             raise MlactlError(
@@ -299,9 +300,10 @@ class Scheduler:
         clock = self.clock
         rows_new = [new for _, new, _ in chunks]
         rows_prefix = [prefix for _, _, prefix in chunks]
+        sum_prefix = 0
         if B:
             sum_prefix = self.sum_c0_d0 + B * self.D if dec_ids is None else sum(self._prefix(i) for i in dec_ids)
-        paths = self._paths(chunks, B, dec_ids)
+        paths = self._paths(chunks, B, sum_prefix)
         launches: dict[str, list] = {}
         with_context = sum(1 for p in paths[:B] if p == "expand_chunked")  # a decode has a prefix
         with_context += sum(1 for p, pre in zip(paths[B:], rows_prefix) if p == "expand_chunked" and pre > 0)
@@ -336,17 +338,11 @@ class Scheduler:
             got[0] = [a + b for a, b in zip(got[0], features)]
             got[1] = max(got[1], m)
 
-    def _paths(self, chunks, B: int, dec_ids) -> list[str]:
-        """The engine's rule over the step's rows: B decodes, then the chunks."""
-        if not chunks:
-            return [self.decode_path] * B
-        ids = dec_ids if dec_ids is not None else list(self.decoders)
-        new = [1] * B + [new for _, new, _ in chunks]
-        D, c0, d0 = self.D, self.c0, self.d0
-        prefix = [c0[i] + D - d0[i] for i in ids[:B]] + [prefix for _, _, prefix in chunks]
-        decode = [True] * B + [False] * len(chunks)
-        zeros = np.zeros(len(new), dtype=np.int64)
-        return rules.step_paths(self.engine, np.array(new), np.array(prefix), zeros, np.array(decode), 1).tolist()
+    def _paths(self, chunks, B: int, decode_prefix_sum: int) -> list[str]:
+        """The engine's rule over the step's rows: B decodes (their prefixes summing to
+        decode_prefix_sum), then the chunks."""
+        dec, rest = self.rule.paths(B, decode_prefix_sum, [n for _, n, _ in chunks], [p for _, _, p in chunks])
+        return [dec] * B + rest
 
     def _decode_run(self, now: float) -> float:
         """Decode steps, every decoder in each, until one finishes or an arrival may change the
