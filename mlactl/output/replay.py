@@ -153,9 +153,12 @@ def sweep_sentence(result: Replay, e: EngineReplay) -> str:
     s = e.sweep
     if s is None:
         return f"{e.engine.name} on {e.engine.params.backend} reads no threshold: nothing to sweep"
-    span = f"{s.best_range[0]} up" if s.best_range[1] is None else f"{s.best_range[0]} to {s.best_range[1]}"
+    low, high = s.best_range
+    span = f"{low} up" if high is None else f"{low} to {high}"
     if s.best_time_s >= s.current_time_s * (1 - 1e-12):
         verdict = f"already the best (any threshold from {span} does as well)"
+    elif high == low:
+        verdict = f"best threshold {s.best} (that value only), saves {_share(s.saves)}"
     else:
         verdict = f"best threshold {s.best} (any from {span}), saves {_share(s.saves)}"
     head = f"{e.engine.name}'s {s.option} ({s.compares})"
