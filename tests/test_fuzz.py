@@ -500,8 +500,32 @@ REPLAY_OPTIONS = options(
 )
 
 
+# versioned rules and the options replay's scheduler and clock read (mixed chunk; fa4 decodes are refused)
+REPLAY_ENGINE_OPTIONS = st.one_of(
+    ENGINE_OPTIONS,
+    options(
+        ["--engines"],
+        st.sampled_from(["sglang@0.5.14,vllm@0014ca6b", "vllm@0.33.0", "sglang@9", "sglang-trtllm,vllm@0014ca6b"]),
+    ),
+    options(
+        ["--engine-option"],
+        st.sampled_from(
+            [
+                "sglang.enable_mixed_chunk=true",
+                "enable_mixed_chunk=1",
+                "sglang.decode_attention_backend=fa4",
+                "vllm.backend=flashmla",
+                "vllm.prefill_context_parallel_size=2",
+                "sglang.disable_piecewise_cuda_graph=true",
+                "sglang.piecewise_cuda_graph_max_tokens=0",
+            ]
+        ),
+    ),
+)
+
+
 @settings(max_examples=max(5, (EXAMPLES or settings().max_examples) // 4))
-@given(opts=REPLAY_OPTIONS, engine_opts=ENGINE_OPTIONS, output=OUTPUT)
+@given(opts=REPLAY_OPTIONS, engine_opts=REPLAY_ENGINE_OPTIONS, output=OUTPUT)
 def test_fuzz_replay_options(opts, engine_opts, output):
     trace = '{"timestamp": 0, "input_length": 3000, "output_length": 4, "hash_ids": [1, 2]}\n'
     run("replay", ["replay", "t.jsonl", *opts, *engine_opts, *output], files={"t.jsonl": trace})
