@@ -41,9 +41,12 @@ MAX_ERROR = 2000
 
 
 def error_line(message) -> str:
-    """`Error: ...` as one printable line (mlactl.util.safe.text): a path or a name with an
-    ANSI escape or a newline in it cannot colour the terminal or break the line."""
-    return f"Error: {safe.text(message, MAX_ERROR)}"
+    """`Error: ...` as printable text (mlactl.util.safe.text): a path or a name with an ANSI
+    escape or a newline in it cannot colour the terminal or start a line of its own. A message
+    that holds several errors on purpose (a trace's bad lines, each `\nError: ...`) keeps them
+    as lines, each printable."""
+    parts = str(message).split("\nError: ")
+    return "\n".join(f"Error: {safe.text(part, MAX_ERROR)}" for part in parts)
 
 
 def cli_errors(fn):

@@ -51,6 +51,15 @@ METAVARS = {
     "out_dir": "DIR",
     "arch": "ARCH",
     "workers": "INT",
+    "trace": "TRACE",
+    "report": "REPORT.JSON",
+    "weight_dtype": "DTYPE",
+    "max_batch_tokens": "INT",
+    "max_running": "INT",
+    "mem_fraction": "FRACTION",
+    "cache_tokens": "INT",
+    "step_overhead_ms": "MS",
+    "jobs": "INT",
 }
 COMPLETION = ("install_completion", "show_completion")
 
