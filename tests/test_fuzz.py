@@ -588,6 +588,8 @@ INPUTS = {
     "plot --results": ["plot", "roofline", "--results", "{}", "-o", "out.png"],
     "calibrate csv": ["calibrate", "--from", "csv", "{}", "--hardware", "h200"],
     "calibrate results": ["calibrate", "--from", "results", "{}", "--hardware", "h200"],
+    "replay trace": ["replay", "{}"],
+    "plot replay": ["plot", "replay", "{}", "-o", "out.png"],
 }
 
 
@@ -696,6 +698,7 @@ SAME_FILE = {
     "batch": (["batch", "r.csv", "-f", "csv"], "r.csv", "-o"),
     "engines": (["engines", "r.csv", "-f", "csv"], "r.csv", "-o"),
     "plot --data": (["plot", "roofline", "--results", "r.json", "-o", "out.png"], "r.json", "--data"),
+    "replay": (["replay", "t.jsonl", "-f", "json"], "t.jsonl", "-o"),
 }
 
 
@@ -729,6 +732,7 @@ def test_fuzz_an_output_never_replaces_an_input(case, how):
             "config.json": json.dumps(CONFIG),
             "c.json": json.dumps(GOOD_CALIBRATION),
             "r.csv": "new,prefix\n1,4096\n512,0\n",
+            "t.jsonl": '{"timestamp": 0, "input_length": 3000, "output_length": 4, "hash_ids": [1, 2]}\n',
         }
         for name, body in bodies.items():
             (work / name).write_text(body)
