@@ -199,7 +199,7 @@ def no_calibrations(home) -> bool:
             ["--system", "h200_sxm", "--framework", "tgi"], "unknown framework 'tgi'.*available: sglang", id="framework"
         ),
         pytest.param(
-            ["--system", "h200_sxm", "--framework", "sglang", "--version", "9.9"],
+            ["--system", "h200_sxm", "--framework", "sglang", "--framework-version", "9.9"],
             r"unknown version '9.9'.*available: 0\.5\.14",
             id="version",
         ),

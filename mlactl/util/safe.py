@@ -59,7 +59,8 @@ _TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
 
 def markup(value, limit: int = MAX_NAME) -> str:
     """`value` for a string rich reads as markup: printable (`text`), every tag escaped, so
-    `[/]` prints as `[/]` instead of raising and `[link=...]` is not a link. A trailing
+    `[/]` prints as `[/]` instead of raising and `[link=...]` is not a link. (Emoji codes such as
+    `:fire:` have no escape in rich: mlactl's consoles are made with `emoji=False`.) A trailing
     run of backslashes is doubled, so that it cannot escape the markup that follows the name
     (rich halves a run of backslashes before a tag)."""
     escaped = _TAG.sub(lambda m: f"{m.group(1)}{m.group(1)}\\{m.group(2)}", text(value, limit))
