@@ -41,15 +41,27 @@ def image_format(path) -> str:
 MIN_DPI = 20  # FreeType refuses a font rendered below one pixel per em: 7 pt at 10 dpi
 
 
-def check_pixels(inches, dpi: int) -> None:
-    """A PNG's canvas: Agg draws at most 2^16 - 1 pixels a side, and the canvas must fit memory."""
+def _rasterized(fig) -> bool:
+    """Whether any artist of `fig` is drawn as pixels even in an SVG or PDF (the path map's cells)."""
+    return any(getattr(a, "get_rasterized", lambda: False)() for a in fig.findobj())
+
+
+def check_pixels(inches, dpi: int, fmt: str = "png") -> None:
+    """The pixels Agg must draw: a PNG's whole canvas (at most 2^16 - 1 a side), or in an SVG or
+    PDF the rasterized artists at `dpi` (Agg's limit, 2^23 - 1 a side); either must fit memory."""
 
     width, height = (float(x) * dpi for x in inches)
-    if max(width, height) >= 2**16:
-        most = int((2**16 - 1) / max(inches))
+    side = 2**16 if fmt == "png" else 2**23
+    if max(width, height) >= side:
+        most = int((side - 1) / max(inches))
+        what = (
+            "a PNG is at most 65,535 a side"
+            if fmt == "png"
+            else "its cells are drawn as pixels, at most 8,388,607 a side"
+        )
+        hint = ", or write .svg or .pdf" if fmt == "png" else ""
         raise MlactlError(
-            f"--dpi {dpi} makes a {width:,.0f} x {height:,.0f} pixel image; a PNG is at most 65,535 a side "
-            f"(--dpi {most} at most here), or write .svg or .pdf"
+            f"--dpi {dpi} makes a {width:,.0f} x {height:,.0f} pixel image; {what} (--dpi {most} at most here){hint}"
         )
     check_plot(0, width * height)
 
@@ -63,8 +75,8 @@ def save(fig, path, dpi: int = 100) -> None:
         raise MlactlError(
             f"--dpi {dpi} is too small: at least {MIN_DPI} (smaller rounds the 7-point labels to no pixels)"
         )
-    if fmt == "png":
-        check_pixels(fig.get_size_inches(), dpi)
+    if fmt == "png" or _rasterized(fig):
+        check_pixels(fig.get_size_inches(), dpi, fmt)
     # a fixed salt for the SVG's element ids, which are otherwise random
     with matplotlib.rc_context({"svg.hashsalt": "mlactl"}), atomic_open(path, "wb") as fh:
         fig.savefig(fh, format=fmt, dpi=dpi, metadata=NO_DATE[fmt])
