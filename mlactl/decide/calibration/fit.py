@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from mlactl.decide.calibration.model import Points, n_params, near_table, pack, param_names, predict, unpack
-from mlactl.decide.calibration.store import eta_limit
+from mlactl.decide.calibration.store import ITER_SECONDS_MAX, SECONDS_MAX, eta_limit
 from mlactl.util.errors import MlactlError
 
 K_FOLDS = 5
@@ -155,6 +155,8 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
         for i, name in enumerate(param_names(terms)):
             if name.startswith("eta_"):
                 upper[i] = np.log(machine.eta_max)
+            else:  # a time: the same bounds the file's reader holds it to
+                upper[i] = np.log(ITER_SECONDS_MAX if name == "t_iter_s" else SECONDS_MAX)
         x0 = np.minimum(theta0[mask], upper[mask] - 1e-9)
         sol = least_squares(
             free_res, x0, bounds=(-np.inf, upper[mask]), loss="soft_l1", f_scale=0.05, method="trf", max_nfev=200

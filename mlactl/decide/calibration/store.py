@@ -85,9 +85,12 @@ class Calibration:
 ETA_LOWEST = 1e-4
 ETA_PHYSICAL = 1.2
 ETA_DTYPE = (("fp4", 4.0), ("fp8", 2.0), ("int8", 2.0))
-# A fitted time (a launch's fixed cost, a serial iteration, a request's or a row's cost): no
-# term of one kernel launch takes a second; the largest fitted is 0.2 ms (t_fixed, aiconfigurator).
+# A fitted time (a launch's fixed cost, a request's or a row's cost): no term of one kernel
+# launch takes a second; the largest fitted is 0.2 ms (t_fixed, aiconfigurator). A serial
+# iteration (t_iter_s, one tile of a kernel's loop) is multiplied by waves x iterations, tens of
+# thousands at long contexts, so it has its own bound: 1 ms, 500x the largest fitted (2 us).
 SECONDS_MAX = 1.0
+ITER_SECONDS_MAX = 1e-3
 # `near`: features are log2 rows and heads and an unaligned flag; a residual is log(predicted /
 # measured) of the parametric fit, and beyond e^9.2 = 10,000x it is not a correction but a
 # different kernel.
@@ -141,7 +144,10 @@ def _params_rule(fit: dict, where: str) -> None:
     top = eta_limit(fit.get("dtype"))
     for key in sorted(names):
         value = params.get(key)
-        check = S.number(ETA_LOWEST, maximum=top) if key.startswith("eta_") else S.number(0.0, maximum=SECONDS_MAX)
+        if key.startswith("eta_"):
+            check = S.number(ETA_LOWEST, maximum=top)
+        else:
+            check = S.number(0.0, maximum=ITER_SECONDS_MAX if key == "t_iter_s" else SECONDS_MAX)
         if key not in params:
             raise S.Invalid(f"{at}.{key}", "present", "nothing")
         expected = check(value)
