@@ -1,5 +1,4 @@
-"""`mlactl calibrate`: fit calibrated time to measurements and write a calibration file;
-`mlactl calibrate score`: score a calibration on measurements of one's own."""
+"""`mlactl calibrate`: fit calibrated time to measurements and write a calibration file."""
 
 from __future__ import annotations
 
@@ -8,15 +7,16 @@ from typing import Annotated, Optional
 
 import typer
 import typer.core
-from rich.table import Table
 
-from mlactl.cli.common import choice, cli_errors, emit, load_model, output_format
-from mlactl.cli.options import FormatOpt, ModelOpt, TpOpt
+from mlactl.cli.common import choice, cli_errors, emit, fit_width, load_model, output_format
+from mlactl.cli.options import Option, Opts, shared
 from mlactl.decide.calibration import run, store
 from mlactl.decide.calibration.model import TERMS
 from mlactl.decide.calibration.score import score
 from mlactl.decide.calibration.sources import csv_points
 from mlactl.model import hardware as hwmod
+from mlactl.output.calibrate_tables import fits_table, pct, score_table, terms_lines
+from mlactl.util import progress, safe
 from mlactl.util.errors import MlactlError
 
 
@@ -42,7 +42,8 @@ calibrate_app = typer.Typer(
 
 
 SOURCES = ("results", "aiconfigurator", "csv")
-
+# calibrate prints a table or JSON on stdout (the calibration itself is a file in --dir)
+FORMAT = Option(Annotated[Optional[str], typer.Option("--format", "-f", help="table or json (default: table).")], None)
 FilesArg = Annotated[
     Optional[list[Path]], typer.Argument(help="Results files (--from results) or one CSV (--from csv).")
 ]
@@ -53,39 +54,43 @@ SystemOpt = Annotated[
 FrameworkOpt = Annotated[
     Optional[str], typer.Option("--framework", help="aiconfigurator framework: sglang, trtllm or vllm.")
 ]
-VersionOpt = Annotated[
-    Optional[str], typer.Option("--version", help="Framework version (default: the newest of each table).")
+FrameworkVersionOpt = Annotated[
+    Optional[str],
+    typer.Option("--framework-version", help="aiconfigurator framework version (default: the newest of each table)."),
 ]
 DataDirOpt = Annotated[
     Optional[Path],
     typer.Option("--data-dir", help="A folder laid out as aiconfigurator's (default: the installed package's)."),
 ]
+HARDWARE = Option(
+    Annotated[
+        Optional[str],
+        typer.Option(
+            "--hardware", "-g", help="Profile the fit divides by (default: from the system or the results file)."
+        ),
+    ],
+    None,
+)
 
 
-def pct(v) -> str:
-    return "—" if v is None else f"{100 * v:.1f}%"
-
-
-def signed(v) -> str:
-    return "—" if v is None else f"{100 * v:+.1f}%"
-
-
-def check_source(source: str, files, system, framework, version, data_dir) -> None:
+def check_source(source: str, files, system, framework, framework_version, data_dir) -> None:
     """The source options agree with each other (one `Error:` line where they do not)."""
     choice(source, "--from", SOURCES)
     if source == "aiconfigurator":
         if files:
             raise MlactlError("--from aiconfigurator takes no files: give --system and --framework")
-        if not system or not framework:
-            raise MlactlError("--from aiconfigurator needs --system (e.g. h200_sxm) and --framework (e.g. sglang)")
+        missing = [
+            f"{o} (e.g. {e})"
+            for o, v, e in (("--system", system, "h200_sxm"), ("--framework", framework, "sglang"))
+            if not v
+        ]
+        if missing:
+            raise MlactlError(f"--from aiconfigurator needs {' and '.join(missing)}")
         return
-    if system or framework or version or data_dir:
-        raise MlactlError("--system, --framework, --version and --data-dir go with --from aiconfigurator")
+    if system or framework or framework_version or data_dir:
+        raise MlactlError("--system, --framework, --framework-version and --data-dir go with --from aiconfigurator")
     if not files:
         raise MlactlError(f"--from {source} needs a file: mlactl calibrate --from {source} FILE")
-    for f in files:
-        if not f.is_file():
-            raise MlactlError(f"{f}: no such file")
     if source == "csv" and len(files) != 1:
         raise MlactlError("--from csv takes one file")
 
@@ -97,55 +102,33 @@ def parse_terms(text: Optional[str]) -> Optional[tuple[str, ...]]:
     terms = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
     unknown = [t for t in terms if t not in TERMS]
     if not terms or unknown:
-        raise MlactlError(
-            f"--terms: {'unknown ' + ', '.join(repr(t) for t in unknown) if unknown else 'no terms'}; "
-            f"terms: {', '.join(TERMS)}"
-        )
+        what = "unknown " + ", ".join(repr(safe.text(t, 40)) for t in unknown) if unknown else "no terms"
+        raise MlactlError(f"--terms: {what}; terms: {', '.join(TERMS)}")
     return terms
 
 
-def score_table(title: str, scores) -> Table:
-    t = Table(title=title)
-    for col in ("op", "source", "dtype", "n", "median", "p90", "bias", "in 80% interval", "measured range"):
-        left = col in ("op", "source", "dtype")
-        t.add_column(col, justify="left" if left else "right", overflow="fold" if col == "source" else "ellipsis")
-    for s in scores:
-        t.add_row(
-            s.op, s.source, s.dtype, str(s.n), pct(s.median), pct(s.p90), signed(s.bias), pct(s.coverage),
-            "no fit" if s.fit is None else pct(s.measured),
-        )  # fmt: skip
-    t.caption = (
-        "|predicted/measured - 1| median and p90; bias: median of predicted/measured - 1 (> 0: predicted slow); "
-        "the share of measurements inside their 80% interval, and of points inside the fit's measured range"
-    )
-    return t
-
-
-def measured_groups(source, files, system, framework, version, data_dir, model, tp) -> dict:
+def measured_groups(source, files, system, framework, framework_version, data_dir, opts: Opts) -> dict:
+    """The measurements to score: {(op class, source, dtype): Points}."""
     if source == "aiconfigurator":
-        return run.aiconfigurator_groups(system, framework, version, data_dir)
+        with progress.task("reading aiconfigurator's tables"):
+            return run.aiconfigurator_groups(system, framework, framework_version, data_dir)
     if source == "results":
-        return run.results_groups(files)
-    return csv_points(files[0], load_model(model, tp))
+        with progress.task(f"reading {len(files)} results file(s)"):
+            return run.results_groups(files)
+    return csv_points(files[0], load_model(opts.model, opts.tp))
 
 
 @calibrate_app.command(name="fit")
 @cli_errors
+@shared("hardware", "model", "tp", end=("fmt",), hardware=HARDWARE, fmt=FORMAT)
 def calibrate(
     files: FilesArg = None,
     source: SourceOpt = "results",
     system: SystemOpt = None,
     framework: FrameworkOpt = None,
-    version: VersionOpt = None,
+    framework_version: FrameworkVersionOpt = None,
     data_dir: DataDirOpt = None,
-    hardware: Annotated[
-        Optional[str],
-        typer.Option(
-            "--hardware", "-g", help="Profile the fit divides by (default: from the system or the results file)."
-        ),
-    ] = None,
-    model: ModelOpt = "deepseek-v3",
-    tp: TpOpt = "1",
+    opts: Opts = Opts(),
     terms: Annotated[
         Optional[str],
         typer.Option(
@@ -164,7 +147,6 @@ def calibrate(
     out_dir: Annotated[
         Optional[Path], typer.Option("--dir", help="Write the file here (default: $MLACTL_HOME/calibrations/).")
     ] = None,
-    fmt: FormatOpt = None,
 ):
     """Fit calibrated time per op class and write a calibration file; print the fit quality.
 
@@ -176,45 +158,54 @@ def calibrate(
     Terms are selected by both held-out errors (--terms fixes them). Paths timed side by side
     (tune paths) are fitted together, each shape's common drift taken out first.
 
-    Use the file with --calibration NAME on analyze, crossover, batch and plot; score it on other
-    measurements with `mlactl calibrate score --calibration NAME`, or here with --test FILE.
+    A calibration of the same name already there is kept aside (NAME.YYYYMMDD-HHMMSS.json), never overwritten.
+
+    Use the file with --calibration NAME on analyze, crossover, batch, engines and plot (they take its
+    hardware); score it on other measurements with `mlactl calibrate score --calibration NAME`, or here
+    with --test FILE.
 
     Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang
     """
 
-    fmt = output_format(fmt, None)
+    fmt = output_format(opts.fmt, None)
     if fmt == "csv":
         raise MlactlError("mlactl calibrate writes table or json")
-    check_source(source, files, system, framework, version, data_dir)
+    check_source(source, files, system, framework, framework_version, data_dir)
     fixed = parse_terms(terms)
-    if test is not None:
-        if source == "aiconfigurator":
-            raise MlactlError("--test takes a results file or a CSV; score on aiconfigurator's tables with "
-                              "`mlactl calibrate score NAME --from aiconfigurator`")  # fmt: skip
-        if not test.is_file():
-            raise MlactlError(f"--test {test}: no such file")
+    if test is not None and source == "aiconfigurator":
+        raise MlactlError(
+            "--test takes a results file or a CSV; score on aiconfigurator's tables with "
+            "`mlactl calibrate score --calibration NAME --from aiconfigurator`"
+        )
     hw = None
-    if hardware is not None:
-        hw = hwmod.resolve(hardware)
+    if opts.hardware is not None:
+        hw = hwmod.resolve(opts.hardware)
     if source == "aiconfigurator":
         assert system is not None and framework is not None  # check_source said so
-        default, hw, desc, groups = run.from_aiconfigurator(system, framework, version, data_dir, hw)
+        with progress.task("reading aiconfigurator's tables"):
+            default, hw, desc, groups = run.from_aiconfigurator(system, framework, framework_version, data_dir, hw)
     elif source == "results":
-        default, hw, desc, groups = run.from_results(files, hw)
+        with progress.task(f"reading {len(files or [])} results file(s)"):
+            default, hw, desc, groups = run.from_results(files, hw)
     else:
         if hw is None:
             raise MlactlError("--from csv needs --hardware NAME|FILE: the profile the times were measured on")
-        default, hw, desc, groups = run.from_csv((files or [])[0], load_model(model, tp), hw)
+        default, hw, desc, groups = run.from_csv((files or [])[0], load_model(opts.model, opts.tp), hw)
     test_groups = None
     if test is not None:  # read before fitting: a bad test file costs no fit
-        test_groups = measured_groups(source, [test], None, None, None, None, model, tp)
+        test_groups = measured_groups(source, [test], None, None, None, None, opts)
     data, fits = run.build(name or default, hw, desc, groups, terms=fixed)
-    path = store.write(data, out_dir)
+    path, kept = store.save(data, out_dir)
     tested = None if test_groups is None else score(store.load(path), test_groups)
 
     def json_data():
         out = {
-            "calibration": {"name": data["name"], "hardware": data["hardware"], "path": str(path)},
+            "calibration": {
+                "name": data["name"],
+                "hardware": data["hardware"],
+                "path": str(path),
+                "replaced": None if kept is None else str(kept),  # where the earlier one was kept
+            },
             "fits": [
                 {
                     "op": f.op,
@@ -241,53 +232,33 @@ def calibrate(
         return out
 
     def tables():
-
-        t = Table(title=f"Calibration {data['name']} (hardware {hw.name}); |predicted/measured - 1|")
-        cols = ("op", "source", "dtype", "n", "terms", "in-sample median", "p90", "held-out median", "p90",
-                "blocked median", "p90", "in 80%")  # fmt: skip
-        for col in cols:
-            wide = col in ("source", "terms")  # a fit's source ends in its phase (:decode, :prefill)
-            t.add_column(
-                col,
-                justify="left" if col in ("op", "source", "dtype", "terms") else "right",
-                overflow="fold" if wide else "ellipsis",
-            )
-        for f in fits:
-            blocked = f.blocked or {}
-            t.add_row(
-                f.op,
-                f.source,
-                f.dtype,
-                str(f.n),
-                "+".join(f.terms),
-                pct(f.in_sample["median"]),
-                pct(f.in_sample["p90"]),
-                pct(f.held_out["median"]),
-                pct(f.held_out["p90"]),
-                pct(blocked.get("median")),
-                pct(blocked.get("p90")),
-                pct(((f.extra.get("interval") or {}).get("coverage") or {}).get("held_out")),
-            )
-        t.caption = (
-            "held out: 5 random folds; blocked: fitted on context <= 8K (GEMM rows <= 1024), predicting above; "
-            "in 80%: held-out measurements inside their 80% interval"
-        )
-        out: list = [t]
+        out: list = [fits_table(data["name"], hw.name, fits, fit_width()), *terms_lines(fits)]
         for drift in {id(f.drift): f.drift for f in fits if f.drift}.values():
             out.append(
                 f"{' and '.join(drift['paired_with'])} were timed side by side at {drift['shapes']} shapes and fitted "
                 f"together: each shape's common drift (median {pct(drift['median_abs'])}, largest "
                 f"{pct(drift['max_abs'])}) was taken out first; the errors are against the drift-free times"
             )
+        if kept is not None:
+            out.append(
+                f"replaced: {safe.markup(path)} (the earlier calibration of this name is kept as {safe.markup(kept)})"
+            )
+        else:
+            out.append(f"written: {safe.markup(path)}")
+        out.append(
+            f"use: --calibration {safe.markup(data['name'])}  (its hardware, {safe.markup(hw.name)}, comes with it)"
+        )
         if tested is not None:
-            out.append(score_table(f"Scored on {test} (measurements the fit never saw)", tested))
-        return out + [f"written: {path}  (use: --calibration {data['name']} --hardware {hw.name})"]
+            title = f"Scored on {safe.markup(test)} (measurements the fit never saw)"
+            out.append(score_table(title, tested, fit_width()))
+        return out
 
     emit(fmt, None, json_data=json_data, tables=tables() if fmt == "table" else ())
 
 
 @calibrate_app.command(name="score")
 @cli_errors
+@shared("model", "tp", end=("fmt",), fmt=FORMAT)
 def score_cmd(
     files: FilesArg = None,
     calibration: Annotated[
@@ -297,11 +268,9 @@ def score_cmd(
     source: SourceOpt = "results",
     system: SystemOpt = None,
     framework: FrameworkOpt = None,
-    version: VersionOpt = None,
+    framework_version: FrameworkVersionOpt = None,
     data_dir: DataDirOpt = None,
-    model: ModelOpt = "deepseek-v3",
-    tp: TpOpt = "1",
-    fmt: FormatOpt = None,
+    opts: Opts = Opts(),
 ):
     """Score a calibration on measurements: per op class n, median and p90 of |predicted/measured - 1|,
     bias, and the share of measurements inside their 80% interval.
@@ -312,14 +281,14 @@ def score_cmd(
     Example: mlactl calibrate score --calibration h200-aiconfigurator-sglang-0.5.14 --from csv my-h200.csv
     """
 
-    fmt = output_format(fmt, None)
+    fmt = output_format(opts.fmt, None)
     if fmt == "csv":
         raise MlactlError("mlactl calibrate score writes table or json")
     if calibration is None:
         raise MlactlError("mlactl calibrate score needs --calibration NAME|FILE: the calibration to score")
-    check_source(source, files, system, framework, version, data_dir)
+    check_source(source, files, system, framework, framework_version, data_dir)
     cal = store.resolve(calibration)
-    scores = score(cal, measured_groups(source, files, system, framework, version, data_dir, model, tp))
+    scores = score(cal, measured_groups(source, files, system, framework, framework_version, data_dir, opts))
     where = f"{system}/{framework}" if source == "aiconfigurator" else ", ".join(str(f) for f in files or [])
 
     def json_data():
@@ -329,5 +298,5 @@ def score_cmd(
             "scores": [s.to_json() for s in scores],
         }
 
-    title = f"Calibration {cal.name} scored on {where}"
-    emit(fmt, None, json_data=json_data, tables=[score_table(title, scores)] if fmt == "table" else ())
+    title = f"Calibration {safe.markup(cal.name)} scored on {safe.markup(where)}"
+    emit(fmt, None, json_data=json_data, tables=[score_table(title, scores, fit_width())] if fmt == "table" else ())

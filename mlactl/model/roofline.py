@@ -13,6 +13,7 @@ import numpy as np
 
 from mlactl.model.cost import CostModel, Op
 from mlactl.model.hardware import HardwareProfile
+from mlactl.util import progress
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,18 @@ def path_times(cost: CostModel, hw: HardwareProfile, paths, batch, new, prefix) 
     return {p: path_time(cost.ops(p, batch, new, prefix), hw, cost.dtype, p) for p in paths}
 
 
+# The crossover search (crossover_by_time). Every n up to EXACT_UP_TO is evaluated; beyond it
+# the range is searched by bounds, which is exact when each path's time does not fall as n grows
+# (the roofline's never does: every op's FLOPs and bytes grow with n).
+EXACT_UP_TO = 1024
+# Evaluations per array call: 2^16 points x 2 paths is a few MB of float64 temporaries, where the
+# old doubling blocks reached 8 GB on a 16M-token search.
+BLOCK = 1 << 16
+# An interval of at most LEAF counts that the bounds cannot rule out is evaluated point by point.
+LEAF = 64
+SPLIT = 16  # sub-intervals an undecided interval is cut into
+
+
 def crossover_by_time(
     cost: CostModel,
     hw: HardwareProfile,
@@ -85,26 +98,82 @@ def crossover_by_time(
     prefix, paths) -> {path: PathTime}` replaces the roofline (mlactl.decide.calibration.time
     passes the calibrated one).
 
-    Roofline times are piecewise (a max per op), so there is no closed form: every n from 1 up
-    is evaluated, in blocks, until each prefix has its answer.
+    Roofline times are piecewise (a max per op), so there is no closed form. Every n from 1 to
+    EXACT_UP_TO is evaluated, in blocks of at most BLOCK points. Beyond it, an interval [a, b]
+    of counts holds no win when `path` at a is already no faster than absorb at b (each time
+    grows with n), so whole intervals are ruled out at the cost of two evaluations, and only the
+    intervals the bound cannot rule out are cut finer, down to LEAF counts evaluated one by one.
+    Memory stays a few MB whatever max_new is, and a 2^31-token search takes milliseconds where
+    the crossover is far or absent (tests/test_cost.py checks it against the plain scan).
     """
+
+    def timed(n, p, paths):
+        n, p = np.asarray(n, dtype=np.float64), np.asarray(p, dtype=np.float64)
+        out = path_times(cost, hw, paths, batch, n, p) if times is None else times(batch, n, p, paths)
+        shape = np.broadcast_shapes(np.shape(n), np.shape(p))
+        return {k: np.broadcast_to(np.asarray(out[k].time_s, dtype=np.float64), shape) for k in paths}
+
     prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
     found: list[int | None] = [None] * len(prefixes)
-    todo = np.arange(len(prefixes))
-    start, block = 1, 256  # most crossovers lie in the hundreds: start small, double
-    while len(todo) and start <= max_new:
-        stop = min(start + block, max_new + 1)
-        n = np.arange(start, stop, dtype=np.float64)[None, :]
-        p = prefixes[todo][:, None]
-        if times is None:
-            timed = path_times(cost, hw, (path, "absorb"), batch, n, p)
-        else:
-            timed = times(batch, n, p, (path, "absorb"))
-        wins = timed[path].time_s < timed["absorb"].time_s  # [len(todo), block]
-        hit = wins.any(axis=1)
-        first = wins.argmax(axis=1)
-        for i in np.flatnonzero(hit):
-            found[todo[i]] = int(start + first[i])
-        todo = todo[~hit]
-        start, block = stop, block * 2
+    with progress.task(f"crossover search ({path} against absorb)", total=len(prefixes)) as bar:
+        # 1. every count up to EXACT_UP_TO, a block of counts for all open prefixes at a time
+        todo = np.arange(len(prefixes))
+        start, stop_at = 1, min(EXACT_UP_TO, max_new)
+        while len(todo) and start <= stop_at:
+            width = max(1, min(BLOCK // len(todo), stop_at - start + 1))
+            n = np.arange(start, start + width, dtype=np.float64)[None, :]
+            t = timed(n, prefixes[todo][:, None], (path, "absorb"))
+            wins = t[path] < t["absorb"]  # [len(todo), width]
+            hit = wins.any(axis=1)
+            first = wins.argmax(axis=1)
+            for i in np.flatnonzero(hit):
+                found[todo[i]] = int(start + first[i])
+            bar.advance(int(hit.sum()))
+            todo = todo[~hit]
+            start += width
+        # 2. beyond it, by bounds: intervals (prefix index, a, b), the undecided ones cut finer
+        if len(todo) and max_new > EXACT_UP_TO:
+            _bounded_search(timed, prefixes, todo, EXACT_UP_TO + 1, max_new, path, found)
+        bar.advance(len(todo))
     return found
+
+
+def _bounded_search(timed, prefixes, todo, low: int, high: int, path: str, found: list) -> None:
+    """The smallest winning count in [low, high] for each prefix index in `todo`, into `found`.
+
+    Depth first, leftmost first: each round takes every open prefix's leftmost interval; a leaf
+    is evaluated count by count (its first win is the prefix's answer, since every interval left
+    of it was ruled out or held no win), a larger one is cut into SPLIT pieces whose bounds are
+    evaluated together, and the pieces the bound cannot rule out go back on the prefix's stack,
+    leftmost on top. All prefixes' intervals of a round are evaluated in one call."""
+    stacks = {int(i): [(low, high)] for i in todo}  # each stack's last item is its leftmost interval
+    while stacks:
+        taken = [(i, *stacks[i].pop()) for i in list(stacks)]
+        leaves = [t for t in taken if t[2] - t[1] + 1 <= LEAF]
+        wide = [t for t in taken if t[2] - t[1] + 1 > LEAF]
+        for s in range(0, len(leaves), max(1, BLOCK // LEAF)):
+            part = np.asarray(leaves[s : s + BLOCK // LEAF], dtype=np.int64)
+            k, a, b = part[:, 0], part[:, 1], part[:, 2]
+            n = a[:, None] + np.arange(LEAF)[None, :]
+            valid = n <= b[:, None]
+            t = timed(np.minimum(n, b[:, None]), prefixes[k][:, None], (path, "absorb"))
+            wins = (t[path] < t["absorb"]) & valid
+            for j in np.flatnonzero(wins.any(axis=1)):
+                found[k[j]] = int(n[j, wins[j].argmax()])
+                stacks.pop(int(k[j]), None)  # its first win: nothing to its right can be smaller
+        if wide:
+            part = np.asarray(wide, dtype=np.int64)
+            k, a, b = part[:, 0], part[:, 1], part[:, 2]
+            size = -(-(b - a + 1) // SPLIT)
+            ca = a[:, None] + np.arange(SPLIT)[None, :] * size[:, None]  # [len(wide), SPLIT]
+            cb = np.minimum(ca + size[:, None] - 1, b[:, None])
+            real = ca <= b[:, None]
+            p = np.broadcast_to(prefixes[k][:, None], ca.shape)
+            # no win in [a, b] when path(a) >= absorb(b): each time grows with n
+            open_ = (timed(ca, p, (path,))[path] < timed(cb, p, ("absorb",))["absorb"]) & real
+            for row, i in enumerate(k.tolist()):
+                if i in stacks:
+                    kept = zip(ca[row][open_[row]][::-1], cb[row][open_[row]][::-1])
+                    stacks[i].extend((int(x), int(y)) for x, y in kept)
+        for i in [i for i, stack in stacks.items() if not stack]:
+            del stacks[i]  # every interval ruled out: no win up to `high`

@@ -9,6 +9,7 @@ from rich.text import Text
 from mlactl.decide.analysis import Analysis, BatchAnalysis, Crossover
 from mlactl.model.cost import MLA_PATHS, PATHS
 from mlactl.output.tables import KEY, Col, Column, fit, table
+from mlactl.util import safe
 
 SHORT = {"expand": "expand", "expand_chunked": "chunked", "absorb": "absorb", "mha": "mha"}
 
@@ -38,9 +39,9 @@ def header(analysis: Analysis) -> str:
     tp = f", tp {cfg.tp}" if cfg.tp > 1 else ""
     ceilings = "measured" if hw.using_measured else "nominal"
     return (
-        f"[bold]{cfg.name}[/]: H={cfg.H}{tp} r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}, "
+        f"[bold]{safe.markup(cfg.name)}[/]: H={cfg.H}{tp} r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}, "
         f"kv cache {cost.kv_dtype}, {cost.dtype} compute, {analysis.layers} layer(s)\n"
-        f"[bold]{hw.display}[/] ({ceilings}): {hw.peak_tflops[cost.dtype]:g} TFLOP/s {cost.dtype}, "
+        f"[bold]{safe.markup(hw.display)}[/] ({ceilings}): {hw.peak_tflops[cost.dtype]:g} TFLOP/s {cost.dtype}, "
         f"{hw.bandwidth_tbs:g} TB/s, ridge {hw.ridge(cost.dtype):.1f} FLOP/byte"
     )
 
@@ -287,8 +288,8 @@ def hardware_table(profiles, width: int | None = None) -> Table:
     ]
     rows = [
         [
-            hw.name,
-            hw.display,
+            safe.markup(hw.name),
+            safe.markup(hw.display),
             f"{hw.peak_tflops.get('bf16', float('nan')):g}",
             f"{hw.peak_tflops['fp8']:g}" if "fp8" in hw.peak_tflops else "—",
             f"{hw.bandwidth_tbs:g}",

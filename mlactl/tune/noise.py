@@ -144,8 +144,9 @@ def root_crossover(points: dict[int, dict[str, dict]], first_stable: int | None)
     count measured, or at none; `first_stable` None: expand does not win at the largest)."""
     if first_stable is None:
         return None
-    ys = {n: _log_ratio(rows.get("expand"), rows.get("absorb")) for n, rows in points.items()}
-    ns = sorted(n for n, y in ys.items() if y is not None)
+    ratios = {n: _log_ratio(rows.get("expand"), rows.get("absorb")) for n, rows in points.items()}
+    ys: dict[int, float] = {n: y for n, y in ratios.items() if y is not None}
+    ns = sorted(ys)
     i = sign_change(ns, [ys[n] for n in ns])
     if i is None:
         return None

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import os
 
+from mlactl.util import numbers
 from mlactl.util.errors import MlactlError
-
-# Largest size (batch, new, prefix, context, count). Shapes are int64 arrays and the analysis
-# keys a (batch, prefix) pair as batch * (max prefix + 1) + prefix: with both below 2^31 that
-# stays below 2^62. 2^31 tokens is 200x the longest context any MLA model serves (10M).
-MAX_SIZE = 2**31 - 1
+from mlactl.util.numbers import MAX_SIZE  # noqa: F401 - the size limit, where it was defined before
 
 # Peak memory per unit, measured with /usr/bin/time -f %M on 100K-point grids (2-core x86,
 # CPython 3.12, numpy 2): the analysis and its CSV or table output 1.3 KiB a point, its JSON
@@ -22,6 +19,9 @@ ANALYSIS_BYTES = 1_500
 JSON_BYTES = 30_000
 REQUEST_BYTES = 800
 REQUEST_JSON_BYTES = 4_000
+# `mlactl replay`: 342 MB max RSS for 100,000 requests (1.2 million steps) through one engine, the
+# ~100 MB of a bare `mlactl` run and the 512K-row pricing blocks included: 2.5 KB a request.
+REPLAY_REQUEST_BYTES = 2_500
 # A drawn point costs far more in matplotlib than in numpy (a path vertex, a marker, a label).
 PLOT_BYTES = 4_000
 # Agg's canvas: 4 bytes a pixel, drawn once and copied once to encode the PNG.
@@ -52,10 +52,9 @@ def memory_budget() -> int:
     text = os.environ.get(ENV_MEMORY, "").strip().upper().removesuffix("B")
     if text:
         number, unit = (text[:-1], text[-1]) if text[-1] in _SUFFIX else (text, "")
-        try:
-            value = float(number) * _SUFFIX[unit]
-        except ValueError:
-            raise MlactlError(f"${ENV_MEMORY} must be a size such as 4G or 512M, got {text!r}") from None
+        if not numbers.FLOAT.match(number):
+            raise MlactlError(f"${ENV_MEMORY} must be a size such as 4G or 512M, got {text!r}")
+        value = float(number) * _SUFFIX[unit]
         if not 0 < value < 2**63:
             raise MlactlError(f"${ENV_MEMORY} must be a positive size such as 4G, got {text!r}")
         return int(value)
@@ -108,4 +107,15 @@ def check_plot(points: int, pixels: float) -> None:
         points * PLOT_BYTES + pixels * PIXEL_BYTES,
         f"a chart of {points:,} points" if points else f"a {pixels / 1e6:,.0f}-megapixel image",
         "draw fewer points (a coarser --new or --prefix range, e.g. 1:1M:*2) or a lower --dpi, or write .svg/.pdf",
+    )
+
+
+def check_replay(requests: int, processes: int = 1) -> None:
+    """A trace of `requests` replayed by `processes` engines side by side."""
+    side = f" in {processes} processes" if processes > 1 else ""
+    check_memory(
+        requests * processes * REPLAY_REQUEST_BYTES,
+        f"replaying {requests:,} requests{side}",
+        "split the trace by time into several files and replay one at a time"
+        + (", or give --jobs 1" if processes > 1 else ""),
     )

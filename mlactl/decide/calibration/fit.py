@@ -9,7 +9,7 @@ under-prediction, and the same for a 10 us decode and a 10 ms prefill. A soft-L1
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -24,32 +24,36 @@ from mlactl.decide.calibration.model import (
     rows_of,
     unpack,
 )
+from mlactl.decide.calibration.store import ETA_LOWEST, ITER_SECONDS_MAX, SECONDS_MAX, eta_limit
 from mlactl.util.errors import MlactlError
 
 K_FOLDS = 5
 SEED = 0  # folds are random but fixed: the same data gives the same figures
-# Efficiencies are bounded where the physics bounds them. eta_c and eta_m by 2: fits divide by the
-# bf16 peak and count bf16 operands, so an fp8 kernel may reach twice that, and a GEMM whose
-# weights stay in L2 over aiconfigurator's 6 back-to-back calls reads them faster than HBM;
-# without the bound a memory-bound table (decode) leaves eta_c free and it runs off to 50x, which
-# a prediction at prefill sizes would use. A pass over the activations (`quant`) cannot beat the
-# bandwidth: eta_q <= 1. Its floor, ETA_PASS_MIN, only keeps the fit finite: vLLM 0.24's Cutlass
-# fp8 GEMM really spends ~7.4 ns per token quantising (247 us for 32K rows of one head on an
-# H200, where the bytes need 10 us): eta_q 0.027, which predicts the rows above 1024 within
-# 12% / 28% (blocked median / p90). A floor of 0.3 there gave 30% / 64%. Where a small eta_q is
-# a fixed cost in disguise (SGLang's fp8 GEMM on an H200 fitted 0.028 on small GEMMs and
-# predicted 1-head shapes 3-9x too slow above 1024 rows, issue 22), the blocked split in term
-# selection drops the term instead.
-ETA_MAX = 2.0
+# Parameters are bounded where the physics bounds them, the same bounds the file's reader holds
+# them to (store.py). Efficiencies by store.eta_limit: 1.2 of the ceiling divided by, twice that
+# for fp8 since fits divide by the bf16 peak and count bf16 operands; without the bound a
+# memory-bound table (decode) leaves eta_c free and it runs off to 50x, which a prediction at
+# prefill sizes would use. A pass over the activations (`quant`) cannot beat the bandwidth:
+# eta_q <= 1. Its floor, ETA_PASS_MIN, only keeps the fit finite: vLLM 0.24's Cutlass fp8 GEMM
+# really spends ~7.4 ns per token quantising (247 us for 32K rows of one head on an H200, where
+# the bytes need 10 us): eta_q 0.027, which predicts the rows above 1024 within 12% / 28%
+# (blocked median / p90). A floor of 0.3 there gave 30% / 64%. Where a small eta_q is a fixed
+# cost in disguise (SGLang's fp8 GEMM on an H200 fitted 0.028 on small GEMMs and predicted
+# 1-head shapes 3-9x too slow above 1024 rows, issue 22), the blocked split in term selection
+# drops the term instead. Times: at most a second, a serial iteration at most 1 ms.
+ETA_MAX = eta_limit("bf16")
 ETA_PASS_MIN = 0.01
-BOUNDS = {  # parameter -> (lowest, highest); the others are only kept positive
-    "eta_c": (None, ETA_MAX),
-    "eta_m": (None, ETA_MAX),
-    "eta_q": (ETA_PASS_MIN, 1.0),
-    "eta_x": (None, ETA_MAX),
-    "eta_p": (None, ETA_MAX),
-    "eta_s": (None, ETA_MAX),
-}
+
+
+def bounds(name: str, eta_max: float) -> tuple[float, float]:
+    """(lowest, highest) a parameter may take in a fit whose efficiencies reach eta_max."""
+    if name == "eta_q":
+        return ETA_PASS_MIN, 1.0
+    if name.startswith("eta_"):
+        return ETA_LOWEST, eta_max
+    return 0.0, ITER_SECONDS_MAX if name == "t_iter_s" else SECONDS_MAX
+
+
 # (the max makes the loss non-convex: one start lands in a worse minimum on 1 table in 10)
 STARTS = [
     {
@@ -95,6 +99,7 @@ class Machine:
     peak: float
     bandwidth: float
     sm_count: int | None
+    eta_max: float = ETA_MAX  # the largest efficiency a fit may reach (fit() sets it per dtype)
 
 
 @dataclass(frozen=True)
@@ -196,9 +201,9 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
 
         lower, upper = np.full(len(theta0), -np.inf), np.full(len(theta0), np.inf)
         for i, name in enumerate(param_names(terms)):
-            lo, hi = BOUNDS.get(name, (None, None))
-            lower[i] = -np.inf if lo is None else np.log(lo)
-            upper[i] = np.inf if hi is None else np.log(hi)
+            lo, hi = bounds(name, machine.eta_max)
+            lower[i] = -np.inf if lo <= 0 else np.log(lo)
+            upper[i] = np.log(hi)
         x0 = np.clip(theta0[mask], lower[mask] + 1e-9, upper[mask] - 1e-9)
         sol = least_squares(
             free_res, x0, bounds=(lower[mask], upper[mask]), loss="soft_l1", f_scale=0.05, method="trf", max_nfev=200
@@ -296,6 +301,7 @@ def fit(
 ) -> FitResult:
     """Fit `terms` to all the points; held-out error over k random folds and, with `blocked`,
     over the blocked split (fit the lower part of the size axis, predict the upper)."""
+    machine = replace(machine, eta_max=eta_limit(dtype))
     params = fit_params(pts, machine, terms)
     pred = _predict(params, terms, pts, machine)
     if len(pts) >= 2 * k:

@@ -1,0 +1,152 @@
+"""`mlactl replay`: a request trace through each engine's scheduler and prefix cache, and what
+each engine's path rule costs on that traffic. Parse, call mlactl.decide.replay, render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from mlactl.cli.common import choice, cli_errors, emit, one_int, output_format, resolve
+from mlactl.cli.options import MACHINE, OUTPUT, AllEnginesOpt, EngineOptionOpt, Opts, shared
+from mlactl.decide.replay import rules
+from mlactl.decide.replay.replay import ReplaySettings, replay
+from mlactl.decide.replay.traces import read_trace
+from mlactl.model import weights as model_weights
+from mlactl.output import replay as report
+from mlactl.util import numbers, progress
+from mlactl.util.defaults import (
+    REPLAY_HARDWARE,
+    REPLAY_MAX_BATCH_TOKENS,
+    REPLAY_MAX_RUNNING,
+    REPLAY_MEM_FRACTION,
+    REPLAY_TP,
+    WEIGHT_DTYPES,
+)
+from mlactl.util.io import refuse_input
+
+replay_app = typer.Typer(add_completion=False)
+
+
+@replay_app.command(name="replay")
+@cli_errors
+@shared(*MACHINE, end=OUTPUT, hardware=REPLAY_HARDWARE, tp=str(REPLAY_TP))  # a serving node's defaults
+def replay_cmd(
+    trace: Annotated[
+        Path,
+        typer.Argument(
+            help="Mooncake JSON lines (timestamp ms, input_length, output_length, hash_ids) or a CSV with "
+            "arrival_s,input_tokens,output_tokens and optionally cached_tokens, session (told from the content)."
+        ),
+    ],
+    opts: Opts,
+    weight_dtype: Annotated[
+        Optional[str],
+        typer.Option(
+            "--weight-dtype",
+            help="Weights outside attention: bf16, fp16 or fp8 (default: the model's; fp8 for DeepSeek-V3, Kimi K2).",
+        ),
+    ] = None,
+    engines: AllEnginesOpt = None,
+    engine_option: EngineOptionOpt = None,
+    max_batch_tokens: Annotated[
+        str,
+        typer.Option(
+            "--max-batch-tokens",
+            help="New tokens a step takes at most (vLLM max_num_batched_tokens, SGLang chunked_prefill_size).",
+        ),
+    ] = str(REPLAY_MAX_BATCH_TOKENS),
+    max_running: Annotated[
+        str,
+        typer.Option("--max-running", help="Requests running at once at most (max_num_seqs, max_running_requests)."),
+    ] = str(REPLAY_MAX_RUNNING),
+    mem_fraction: Annotated[
+        str,
+        typer.Option("--mem-fraction", help="Share of the GPU's memory for the weights and the KV cache together."),
+    ] = str(REPLAY_MEM_FRACTION),
+    cache_tokens: Annotated[
+        Optional[str],
+        typer.Option(
+            "--cache-tokens", help="KV cache size in tokens, instead of what --mem-fraction leaves after the weights."
+        ),
+    ] = None,
+    no_prefix_cache: Annotated[
+        bool, typer.Option("--no-prefix-cache", help="No prefix caching: every prompt is computed whole.")
+    ] = False,
+    step_overhead_ms: Annotated[
+        str,
+        typer.Option("--step-overhead-ms", help="Milliseconds every step adds to the clock (scheduling, launches)."),
+    ] = "0",
+    jobs: Annotated[
+        Optional[str],
+        typer.Option("--jobs", help="Engines replayed side by side, in that many processes (default: one per CPU)."),
+    ] = None,
+):
+    """Replay a request trace through each engine's scheduler and prefix cache, and say what its
+    MLA path rule costs on that traffic: attention time over the trace, the time lost against the
+    best path per step and per request on the same steps, the share of steps and tokens per
+    path, where it loses by step type, and the threshold that would lose least (every value
+    that changes a path is tried).
+
+    Each engine forms its own steps once, continuous batching with chunked prefill its own way
+    (vLLM: decodes and chunks in one step; SGLang: extend and decode batches apart unless
+    --engine-option sglang.enable_mixed_chunk=true), with an LRU prefix cache of 512-token
+    blocks; the clock runs at the roofline time of each step (attention of every layer by the
+    engine's rule, the other weights read once, --step-overhead-ms). docs/replay.md has the
+    model and how it differs from the engines' own schedulers.
+
+    Rules are versioned as the engines ship (ENGINE@VERSION; a bare name is the newest; `mlactl
+    engines --list`) and resolved for the GPU's architecture and the cache dtype: each prints
+    the backend it runs and why, and --engine-option sets the engine's own options.
+
+    Times are roofline, or calibrated with --calibration. `-f json` for the report (and `mlactl
+    plot replay`), `-f csv` for one row per engine and step.
+
+    Example: mlactl replay conversation_trace.jsonl --hardware h200 --tp 8 -o replay.json
+
+    Example: mlactl replay trace.jsonl --engines sglang@0.5.14,sglang@0.5.23,vllm --kv-dtype fp8
+    """
+
+    fmt = output_format(opts.fmt, opts.output)
+    setup = resolve(opts)
+    cfg, hw, kv = setup.cfg, setup.hw, setup.kv_dtype
+    if weight_dtype is not None:
+        choice(weight_dtype, "--weight-dtype", WEIGHT_DTYPES)
+    weights = model_weights.resolve(opts.model, weight_dtype)
+    chosen = rules.parse(engines, engine_option, cfg, hw, kv)
+    settings = ReplaySettings(
+        max_batch_tokens=one_int(max_batch_tokens, "--max-batch-tokens"),
+        max_running=one_int(max_running, "--max-running"),
+        mem_fraction=numbers.real(mem_fraction, "--mem-fraction", 0.0, 1.0, above=True),
+        cache_tokens=None if cache_tokens is None else one_int(cache_tokens, "--cache-tokens"),
+        prefix_cache=not no_prefix_cache,
+        step_overhead_s=numbers.real(step_overhead_ms, "--step-overhead-ms", 0.0, 1e6) / 1e3,
+    )
+    with progress.task(f"reading {trace}"):
+        requests = read_trace(trace)
+    # the trace is read (and remembered): an -o naming it is refused now, before the replay runs
+    if opts.output is not None:
+        refuse_input(opts.output, "--output")
+    with progress.task(f"replaying {len(requests):,} requests through {len(chosen)} engine rule(s)"):
+        result = replay(
+            requests,
+            cfg,
+            weights,
+            hw,
+            chosen,
+            settings,
+            kv_dtype=kv,
+            dtype=setup.dtype,
+            chunk=setup.chunk,
+            calibration=setup.calibration,
+            keep_steps=fmt == "csv",
+            jobs=None if jobs is None else one_int(jobs, "--jobs"),
+        )
+    emit(
+        fmt,
+        opts.output,
+        json_data=lambda: report.to_json(result),
+        write_csv=lambda fh: report.write_csv(fh, result),
+        tables=[*setup.markup_notes(), *report.tables(result)],
+    )

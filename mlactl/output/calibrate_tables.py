@@ -1,0 +1,123 @@
+"""The table `mlactl calibrate` prints: each fit's op class, kernel, terms and error, fitted to
+the terminal (mlactl.output.tables) without cutting an op name.
+
+A fit's source reads FRAMEWORK-VERSION:KERNEL[:PHASE] (aiconfigurator) or a single word (tune
+results, a CSV). The part all fits share goes in the title once and the phase gets its own short
+column; the terms each fit kept, a list of up to a dozen names, are lines below the table, one a
+fit, so no cell folds in mid-name at 100 columns and the table needs no more than 132 piped.
+"""
+
+from __future__ import annotations
+
+from mlactl.output.tables import Col, table
+from mlactl.util import safe
+
+PHASES = ("decode", "prefill")
+
+
+def pct(v) -> str:
+    return "—" if v is None else f"{100 * v:.1f}%"
+
+
+def signed(v) -> str:
+    return "—" if v is None else f"{100 * v:+.1f}%"
+
+
+def split_source(source: str) -> tuple[str, str, str]:
+    """'sglang-0.5.14:flash_attention:decode' -> ('sglang-0.5.14', 'flash_attention', 'decode')."""
+    parts = str(source).split(":")
+    phase = parts.pop() if len(parts) > 1 and parts[-1] in PHASES else ""
+    origin = parts.pop(0) if len(parts) > 1 else ""
+    return origin, ":".join(parts), phase
+
+
+def fits_table(name: str, hardware: str, fits, width: int | None):
+    """Each fit's op class, kernel, phase, dtype, points, held-out (random folds and blocked
+    split) and in-sample error, and the held-out share inside the 80% interval."""
+    sources = [split_source(f.source) for f in fits]
+    origins = {o for o, _, _ in sources}
+    shared = origins.pop() if len(origins) == 1 and "" not in origins else ""
+    cols = [
+        Col("op", "left", typed=True),
+        Col("kernel" if shared else "source", "left", typed=True),
+        Col("phase", "left"),
+        Col("dtype", "left", typed=True),
+        Col("n", drop=1),
+        Col("held-out"),
+        Col("p90"),
+        Col("blocked"),
+        Col(" p90"),  # (repeated headers: rich needs none distinct, they are for our reading)
+        Col("in 80%", drop=1),
+        Col("in-sample", drop=2),
+        Col("p90 ", drop=3),
+    ]
+    rows = []
+    for f, (origin, kernel, phase) in zip(fits, sources):
+        rows.append(
+            [
+                safe.markup(f.op),
+                safe.markup(kernel if shared else ":".join(p for p in (origin, kernel) if p)),
+                phase or "—",
+                safe.markup(f.dtype),
+                str(f.n),
+                pct(f.held_out["median"]),
+                pct(f.held_out["p90"]),
+                pct((f.blocked or {}).get("median")),
+                pct((f.blocked or {}).get("p90")),
+                pct(((f.extra.get("interval") or {}).get("coverage") or {}).get("held_out")),
+                pct(f.in_sample["median"]),
+                pct(f.in_sample["p90"]),
+            ]
+        )
+    where = f", {safe.markup(shared)}" if shared else ""
+    title = (
+        f"Calibration {safe.markup(name)} (hardware {safe.markup(hardware)}{where}): "
+        "median and p90 of |predicted/measured - 1|, held out (5 random folds; blocked: fitted on context "
+        "<= 8K or GEMM rows <= 1024, predicting above) and in-sample; in 80%: held-out measurements inside "
+        "their 80% interval"
+    )
+    return table(title, cols, rows, width, elsewhere="a wider terminal or --format json")
+
+
+def terms_lines(fits) -> list[str]:
+    """`terms kept: absorb_attention (flash_attention, decode): fixed + split + kvpad`, one a fit."""
+    out = []
+    for f in fits:
+        _, kernel, phase = split_source(f.source)
+        what = ", ".join(safe.markup(x) for x in (kernel, phase, f.dtype) if x)
+        out.append(f"terms kept: {safe.markup(f.op)} ({what}): {' + '.join(f.terms)}")
+    return out
+
+
+def score_table(title: str, scores, width: int | None):
+    """A calibration's errors on measurements it never saw, per op class (mlactl calibrate score)."""
+    cols = [
+        Col("op", "left", typed=True),
+        Col("source", "left", typed=True),
+        Col("dtype", "left", typed=True),
+        Col("n", drop=1),
+        Col("median"),
+        Col("p90"),
+        Col("bias"),
+        Col("in 80%"),
+        Col("in range", drop=2),
+    ]
+    rows = [
+        [
+            safe.markup(s.op),
+            safe.markup(s.source),
+            safe.markup(s.dtype),
+            str(s.n),
+            pct(s.median),
+            pct(s.p90),
+            signed(s.bias),
+            pct(s.coverage),
+            "no fit" if s.fit is None else pct(s.measured),
+        ]
+        for s in scores
+    ]
+    title += (
+        ": median and p90 of |predicted/measured - 1|; bias: median of predicted/measured - 1 (> 0: predicted "
+        "slow); in 80%: measurements inside their 80% interval; in range: points inside the fit's measured range"
+    )
+    return table(title, cols, rows, width, elsewhere="a wider terminal or --format json")
