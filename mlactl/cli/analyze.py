@@ -106,6 +106,10 @@ def analyze(
     Each row also shows what each engine's own rule runs (default: sglang and vllm) and the time
     it loses against the best path that fits; docs/engines.md cites each rule's source.
 
+    A DSA model (deepseek-v3.2, or a config with index_topk, index_n_heads, index_head_dim) has
+    the paths sparse_absorb, masked_expand and dense_expand (context at most top-k); the
+    engines' DSA rules are not modelled yet, so it shows no engine column.
+
     Example: mlactl analyze --model deepseek-v3 --hardware h200 --new 1:4096:*2 --prefix 0,32K
     (with --calibration NAME: calibrated time, see `mlactl calibrate`)
     """
@@ -159,6 +163,8 @@ def analyze(
         tables.append(render.ops_table(result))
     if crossover:
         tables.append(render.crossover_table(result.crossover))
+    elif cfg.is_dsa:
+        tables.append("DSA model: --crossover for the windows where masked or dense MHA beats sparse absorb")
     else:
         asym = result.crossover.asymptotic_new
         tables.append(

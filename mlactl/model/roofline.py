@@ -108,3 +108,45 @@ def crossover_by_time(
         todo = todo[~hit]
         start, block = stop, block * 2
     return found
+
+
+def window_by_time(
+    cost: CostModel,
+    hw: HardwareProfile,
+    prefixes,
+    batch: int = 1,
+    path: str = "masked_expand",
+    against: str = "sparse_absorb",
+    max_new: int = 1 << 17,
+    times=None,
+) -> list[tuple[int, int, int] | None]:
+    """For each prefix, where `path` is strictly faster than `against` over new-token counts 1 to
+    max_new: (first, last, count) -- the first and last such count and how many there are (count
+    == last - first + 1 when the wins form one run) -- or None where it never is. A point where
+    `path` cannot run (cost.applicable) is never a win. `times(batch, new, prefix, paths)` replaces
+    the roofline as in crossover_by_time.
+
+    Every n is evaluated, in blocks of rows of prefixes; a DSA model's windows close within a
+    few thousand new tokens, but the whole range is searched so that nothing is assumed."""
+    prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
+    first = np.full(len(prefixes), -1, dtype=np.int64)
+    last = np.full(len(prefixes), -1, dtype=np.int64)
+    count = np.zeros(len(prefixes), dtype=np.int64)
+    start, block = 1, 4096
+    while start <= max_new:
+        stop = min(start + block, max_new + 1)
+        n = np.arange(start, stop, dtype=np.float64)[None, :]
+        p = prefixes[:, None]
+        if times is None:
+            timed = path_times(cost, hw, (path, against), batch, n, p)
+        else:
+            timed = times(batch, n, p, (path, against))
+        wins = (timed[path].time_s < timed[against].time_s) & cost.applicable(path, batch, n, p)
+        hit = wins.any(axis=1)
+        lo = start + wins.argmax(axis=1)
+        hi = start + (wins.shape[1] - 1 - wins[:, ::-1].argmax(axis=1))
+        first = np.where(hit & (first < 0), lo, first)
+        last = np.where(hit, hi, last)
+        count += wins.sum(axis=1)
+        start = stop
+    return [None if f < 0 else (int(f), int(l), int(c)) for f, l, c in zip(first, last, count)]
