@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+import numpy as np
 from rich.table import Table
 
 from mlactl import __version__
@@ -98,6 +99,9 @@ def engines_cmd(
     Times are roofline times of the paths that fit in memory, or calibrated times with
     --calibration (docs/calibration.md).
 
+    A DSA model (deepseek-v3.2) gets the best of its paths (sparse_absorb, masked_expand,
+    dense_expand) per shape; the engines' DSA rules are not modelled yet, so none is judged.
+
     Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
     """
 
@@ -164,7 +168,11 @@ def tables(result) -> list:
             "—" if pct != pct else f"{pct:.1%}",
         )
     total.caption = f"best path everywhere: {seconds(result.total_best_s)}"
-    out: list = [head, total]
+    if not result.engines:  # a DSA model: no engine rule to judge, the best paths only
+        paths, counts = np.unique(result.best, return_counts=True)
+        split = ", ".join(f"{SHORT[str(p)]} at {c}" for p, c in zip(paths, counts))
+        return [head, *result.notes, f"best path everywhere: {seconds(result.total_best_s)} ({split} shapes)"]
+    out: list = [head, *result.notes, total]
     for e in result.engines:
         worst = result.worst(e)
         if not worst:
@@ -189,7 +197,8 @@ def tables(result) -> list:
     for e in result.engines:
         if e.sweep is not None:
             out.append(sentence(result, e))
-    out.append("Sources: " + "; ".join(sorted({e.params.citation for e in result.engines})))
+    if result.engines:
+        out.append("Sources: " + "; ".join(sorted({e.params.citation for e in result.engines})))
     if result.calibration is not None:
         out.append(calibration_line(result.calibration))
     return out
@@ -245,6 +254,7 @@ def to_json(result) -> dict:
         "workload": {"source": wl.source, "shapes": len(wl), "total_weight": float(wl.weight.sum())},
         "best_time_s": result.total_best_s,
         "engines": engines,
+        "notes": result.notes,
     }
 
 

@@ -10,7 +10,7 @@ prefix (SGLang) or query length (vLLM), so every distinct value is tried.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ from mlactl.decide.calibration.time import path_times
 from mlactl.decide.engines import EngineParams, chunk_sizes, grid_paths, is_decode, time_lost, time_of
 from mlactl.decide.policy import fitting_times
 from mlactl.decide.requests import set_prefix
-from mlactl.model.cost import MLA_PATHS, CostModel
+from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import read_text
@@ -28,10 +28,12 @@ WORST = 5  # shapes listed per engine
 
 
 def path_times_for(
-    cost: CostModel, hw: HardwareProfile, batch, new, prefix, calibration=None, paths=MLA_PATHS, layers: int = 1
+    cost: CostModel, hw: HardwareProfile, batch, new, prefix, calibration=None, paths=None, layers: int = 1
 ) -> dict[str, np.ndarray]:
-    """Seconds of each MLA path at each shape, +inf where it does not fit: roofline time, or
-    calibrated with `calibration` (the one time function analyze and batch use too)."""
+    """Seconds of each path the model chooses between (default: cost.choices) at each shape,
+    +inf where it does not fit or cannot run: roofline time, or calibrated with `calibration`
+    (the one time function analyze and batch use too)."""
+    paths = cost.choices if paths is None else paths
     times = path_times(cost, hw, calibration, batch, new, prefix, paths, layers)
     return fitting_times(cost, hw, {p: t.time_s for p, t in times.items()}, batch, new, prefix)
 
@@ -171,6 +173,7 @@ class WorkloadReport:
     total_best_s: float
     engines: list[EngineLoss]
     calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
+    notes: list[str] = field(default_factory=list)
 
     def worst(self, e: EngineLoss, most: int = WORST) -> list[int]:
         """Indices of the shapes where the engine loses most (weighted), largest first."""
@@ -252,8 +255,17 @@ def report(
         raise MlactlError("the workload has no shapes")
     hw.peak_flops(cost.dtype)  # fail early, with the profile's name, if it lacks this dtype
     times = path_times_for(cost, hw, wl.batch, wl.new, wl.prefix, calibration)
-    best_time = np.min(np.stack([times[p] for p in MLA_PATHS]), axis=0)  # absorb always fits
-    best = np.asarray(MLA_PATHS)[np.stack([times[p] for p in MLA_PATHS]).argmin(axis=0)]
+    choices = cost.choices
+    best_time = np.min(np.stack([times[p] for p in choices]), axis=0)  # (sparse) absorb always fits
+    best = np.asarray(choices)[np.stack([times[p] for p in choices]).argmin(axis=0)]
+    notes = []
+    if cost.cfg.is_dsa and engines:  # the engines' MLA rules do not apply to a DSA model
+        notes.append(
+            f"engines ({', '.join(e.engine for e in engines)}): their DSA rules (SGLang's nsa backend, vLLM's "
+            "sparse MLA backends) are not modelled yet, so no engine is judged on this DSA model; "
+            "the best path's time is shown"
+        )
+        engines = []
     out = []
     for e in engines:
         paths = grid_paths(e, wl.batch, wl.new, wl.prefix)
@@ -266,4 +278,4 @@ def report(
             s = sweep_vllm(e, wl, own)
         total = float(np.sum(time_of(paths, own) * wl.weight))
         out.append(EngineLoss(e, paths, lost, total, float(np.sum(lost * wl.weight)), s))
-    return WorkloadReport(cost, hw, wl, best, best_time, float(np.sum(best_time * wl.weight)), out, calibration)
+    return WorkloadReport(cost, hw, wl, best, best_time, float(np.sum(best_time * wl.weight)), out, calibration, notes)
