@@ -118,6 +118,11 @@ def analyze(
     if policy is not None:
         choice(policy, "--policy", POLICIES)
     results_data, settings_notes = None, []
+    if policy == "measured" and results is None and load_model(model, tp).is_dsa:
+        raise MlactlError(
+            f"--policy measured: {model} is a DSA model and `mlactl tune paths` measures MLA paths only; "
+            "use roofline or flops"
+        )
     if policy == "measured":
         results_data, settings, settings_notes = measured_results(ctx, results, model, tp, dtype, kv_dtype, hardware)
         model, tp, dtype, kv_dtype, hardware = (settings[k] for k in ("model", "tp", "dtype", "kv_dtype", "hardware"))

@@ -130,7 +130,11 @@ def crossover_cmd(
 def window_columns(windows) -> tuple[list[str], list[np.ndarray]]:
     """A DSA model's windows as CSV columns: first, last and count of each window (empty: none)."""
     header, cols = ["batch", "prefix"], [[w.batch for w in windows], [w.prefix for w in windows]]
-    for name, key in (("masked_by_flops", "masked_by_flops"), ("masked_by_time", "masked_by_time"), ("dense_by_time", "dense_by_time")):
+    for name, key in (
+        ("masked_by_flops", "masked_by_flops"),
+        ("masked_by_time", "masked_by_time"),
+        ("dense_by_time", "dense_by_time"),
+    ):
         for part in ("first", "last", "count"):
             header.append(f"{name}.{part}")
             cols.append([np.nan if getattr(w, key) is None else getattr(getattr(w, key), part) for w in windows])

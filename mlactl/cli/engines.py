@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
-import typer
 import numpy as np
+import typer
 from rich.table import Table
 
 from mlactl import __version__

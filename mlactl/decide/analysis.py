@@ -202,7 +202,7 @@ def _windows(cost: CostModel, hw: HardwareProfile, pairs, max_new: int, calibrat
             cost, hw, calibration, prefixes, batch=b, path="masked_expand", against="sparse_absorb", max_new=max_new
         )
         # dense_expand runs only where prefix + new <= topk: search no further
-        dense_max = max(1, min(max_new, cost.cfg.topk))
+        dense_max = max(1, min(max_new, cost.cfg.index().topk))
         dense = window_by_time(
             cost, hw, calibration, prefixes, batch=b, path="dense_expand", against="sparse_absorb", max_new=dense_max
         )

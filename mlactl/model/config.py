@@ -13,10 +13,19 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import MAX_CONFIG_BYTES, read_json
+
+
+class Index(NamedTuple):
+    """A DSA model's indexer and selection, as plain ints (MLAConfig.index)."""
+
+    topk: int  # tokens each query's sparse attention reads
+    heads: int  # Hi, index heads (all of them on every GPU)
+    dim: int  # di, width of an index head
+    q_lora: int  # q_lora_rank: the query latent the indexer's wq_b projects
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,12 @@ class MLAConfig:
     def is_dsa(self) -> bool:
         """DeepSeek Sparse Attention: a lightning indexer picks `topk` tokens per query."""
         return self.topk is not None
+
+    def index(self) -> Index:
+        """The DSA fields; an error on a dense MLA model (or a DSA one missing any of them)."""
+        if self.topk is None or self.index_heads is None or self.index_dim is None or self.q_lora_rank is None:
+            raise MlactlError(f"{self.name} is not a DSA model: it has no indexer")
+        return Index(self.topk, self.index_heads, self.index_dim, self.q_lora_rank)
 
     @property
     def softmax_scale(self) -> float:
@@ -154,9 +169,7 @@ def _dsa_values(data: dict, path: Path, values: dict) -> dict:
             raise MlactlError(f"{path}: {hf} must be a positive integer, got {value!r}")
         out[key] = value
     if values.get("q_lora_rank") is None:
-        raise MlactlError(
-            f"{path}: a DSA config needs q_lora_rank (the indexer's wq_b projects the query latent)"
-        )
+        raise MlactlError(f"{path}: a DSA config needs q_lora_rank (the indexer's wq_b projects the query latent)")
     return out
 
 

@@ -131,7 +131,9 @@ class CostModel:
     def _check_path(self, path: str) -> None:
         if path not in self.paths:
             kind = "DSA" if self.cfg.is_dsa else "MLA"
-            raise MlactlError(f"unknown path {path!r} for the {kind} model {self.cfg.name}; paths: {', '.join(self.paths)}")
+            raise MlactlError(
+                f"unknown path {path!r} for the {kind} model {self.cfg.name}; paths: {', '.join(self.paths)}"
+            )
 
     def applicable(self, path: str, batch, new, prefix) -> np.ndarray:
         """Where `path` can run at all: dense_expand only where the whole context is at most
@@ -139,7 +141,7 @@ class CostModel:
         self._check_path(path)
         b, n, p = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (batch, new, prefix)))
         if path == "dense_expand":
-            return (n + p) <= self.cfg.topk
+            return (n + p) <= self.cfg.index().topk
         return np.ones(b.shape, dtype=bool)
 
     # -- per-pair and per-token figures (the numbers docs/design.md quotes) --------------------------
@@ -156,25 +158,20 @@ class CostModel:
     def index_pair_flops(self) -> int:
         """FLOPs of one (query, key) pair in the indexer: a dot of width di per index head (the
         ReLU, the head weight and the sum over heads, 3*Hi more, are left out as a softmax is)."""
-        c = self._dsa()
-        return 2 * c.index_heads * c.index_dim
+        d = self.cfg.index()
+        return 2 * d.heads * d.dim
 
     def index_proj_flops(self) -> int:
         """FLOPs of the indexer's projections of one new token: wq_b (q_lora_rank -> Hi*di),
         wk (hidden -> di), weights_proj (hidden -> Hi)."""
-        c = self._dsa()
-        return 2 * (c.q_lora_rank * c.index_heads * c.index_dim + c.hidden * c.index_dim + c.hidden * c.index_heads)
+        d, hidden = self.cfg.index(), self.cfg.hidden
+        return 2 * (d.q_lora * d.heads * d.dim + hidden * d.dim + hidden * d.heads)
 
     def index_row_bytes(self) -> int:
         """The indexer's cache per token and layer: di fp8 values and one fp32 scale per 128
         (132 bytes for DeepSeek-V3.2; SGLang nsa_indexer.py head_dim_with_sf = 132)."""
-        c = self._dsa()
-        return c.index_dim + SCALE_BYTES * -(-c.index_dim // DSA_SCALE_TILE)
-
-    def _dsa(self) -> MLAConfig:
-        if not self.cfg.is_dsa:
-            raise MlactlError(f"{self.cfg.name} is not a DSA model: it has no indexer")
-        return self.cfg
+        dim = self.cfg.index().dim
+        return dim + SCALE_BYTES * -(-dim // DSA_SCALE_TILE)
 
     def expand_token_flops(self) -> int:
         """FLOPs to up-project one cached latent into every head's k_nope and v."""
@@ -328,19 +325,20 @@ class CostModel:
         nq = b * n
         nk = b * (n + p)
         pairs = b * causal_pairs(n, p)
-        selected = b * sparse_pairs(n, p, c.topk)
+        d = c.index()
+        selected = b * sparse_pairs(n, p, d.topk)
         zero = np.zeros_like(nq)
         H, r, dC, dR, dV = c.H, c.r, c.dC, c.dR, c.dV
-        Hi, di = c.index_heads, c.index_dim
+        Hi, di = d.heads, d.dim
 
         def indexer_proj():
-            w = zero + (c.q_lora_rank * Hi * di + c.hidden * di + c.hidden * Hi) * a
+            w = zero + (d.q_lora * Hi * di + c.hidden * di + c.hidden * Hi) * a
             # read the query latent and the hidden state, the three weights (once per launch);
             # write the fp8 index query, its fp32 per-head weights and the token's index row
             return Op(
                 "indexer_proj",
                 flops=self.index_proj_flops() * nq,
-                bytes=nq * (c.q_lora_rank + c.hidden) * a + w + nq * (Hi * di + Hi * SCALE_BYTES + self.index_row_bytes()),
+                bytes=nq * (d.q_lora + c.hidden) * a + w + nq * (Hi * di + Hi * SCALE_BYTES + self.index_row_bytes()),
                 weight_bytes=w,
             )
 
@@ -359,18 +357,20 @@ class CostModel:
             # 2-4 passes over a row held on chip); read the logits, write int32 indices
             return Op("topk", flops=pairs.copy(), bytes=pairs * LOGIT_BYTES + selected * INDEX_BYTES, weight_bytes=zero)
 
+        # a cache row is the latent (with an fp8 row's scales), which kv_expand reads, and the
+        # RoPE key (bf16 in an fp8 row), which the expand paths' attention reads
+        rope_bytes = dR * (ROPE_BYTES if self.kv_dtype == "fp8" else kv)
+        latent_bytes = self.latent_row_bytes() - rope_bytes
+
         def kv_expand(weight_reads):
             w = weight_reads * H * (dC + dV) * r * a + zero
-            # read the latents (values only: an fp8 row's scales and RoPE are read by attention),
-            # W_UK/W_UV once per launch; write k_nope and v
+            # read the latents, W_UK/W_UV once per launch; write k_nope and v
             return Op(
                 "kv_expand",
                 flops=self.expand_token_flops() * nk,
-                bytes=nk * r * kv + w + nk * H * (dC + dV) * a,
+                bytes=nk * latent_bytes + w + nk * H * (dC + dV) * a,
                 weight_bytes=w,
             )
-
-        rope_bytes = (self.latent_row_bytes() - r * kv) if (self.kv_dtype == "fp8") else dR * kv
 
         if path == "sparse_absorb":
             w_uk = zero + H * dC * r * a
@@ -530,7 +530,7 @@ class CostModel:
         2**53 (float64)."""
         n = np.asarray(new, dtype=np.float64)
         p = np.asarray(prefix, dtype=np.float64)
-        sel = sparse_pairs(n, p, self._dsa().topk)
+        sel = sparse_pairs(n, p, self.cfg.index().topk)
         return (
             self.pair_flops("sparse_absorb") * sel
             - self.pair_flops("masked_expand") * causal_pairs(n, p)
@@ -545,12 +545,12 @@ class CostModel:
         pair_expand*(p+n+1) from n to n+1: positive and growing while p+n+1 <= topk, then
         falling linearly for good. So e rises, then falls: where it is positive is one run of
         consecutive n, found here by bisection on each side of its peak."""
-        c = self._dsa()
+        topk = self.cfg.index().topk
         p = int(prefix)
         a, e_ = self.pair_flops("sparse_absorb"), self.pair_flops("masked_expand")
         # the step is positive for p+n+1 <= topk and while a*topk > e_*(p+n+1): peak at the last
         # n with a positive step, i.e. n_peak = max(1, floor(a*topk/e_) - p) (clipped to max_new)
-        peak = int(min(max(1, (a * c.topk) // e_ - p), max_new)) if a > e_ else 1
+        peak = int(min(max(1, (a * topk) // e_ - p), max_new)) if a > e_ else 1
 
         def wins(n: int) -> bool:
             return float(self.masked_excess_flops(n, p)) > 0

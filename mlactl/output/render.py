@@ -263,10 +263,14 @@ def _own(ba: BatchAnalysis, path: str, i: int) -> str:
 
 def models_table(models, width: int | None = None) -> Table:
 
-    cols = [Col("name", "left", typed=True)] + [
-        Col(c, drop={"hidden": 2, "layers": 1}.get(c, 0))
-        for c in ("hidden", "H", "q_lora_rank", "r", "dC", "dR", "dV", "layers")
-    ] + [Col("DSA topk/Hi/di", drop=1)]
+    cols = (
+        [Col("name", "left", typed=True)]
+        + [
+            Col(c, drop={"hidden": 2, "layers": 1}.get(c, 0))
+            for c in ("hidden", "H", "q_lora_rank", "r", "dC", "dR", "dV", "layers")
+        ]
+        + [Col("DSA topk/Hi/di", drop=1)]
+    )
     rows = [
         [
             name,

@@ -67,7 +67,10 @@ def crossover_json(crossover: Crossover) -> dict:
                 {
                     "batch": r.batch,
                     "prefix": r.prefix,
-                    "masked_expand": {"by_flops": window_json(r.masked_by_flops), "by_time": window_json(r.masked_by_time)},
+                    "masked_expand": {
+                        "by_flops": window_json(r.masked_by_flops),
+                        "by_time": window_json(r.masked_by_time),
+                    },
                     "dense_expand": {"by_time": window_json(r.dense_by_time)},
                 }
                 for r in crossover.windows

@@ -80,19 +80,20 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None,
             cache = cost.mha_cache_bytes(b, n, p)
         elif op == "sparse_attention":  # the selected rows each query reads
             out_dim = cfg.r
-            cache = sparse_pairs(n, p, cfg.topk) * b * cost.latent_row_bytes()
+            cache = sparse_pairs(n, p, cfg.index().topk) * b * cost.latent_row_bytes()
         elif op == "indexer":  # the index rows of the whole context
             cache = b * (n + p) * cost.index_row_bytes()
         elif op == "indexer_proj":
-            out_dim = cfg.index_heads * cfg.index_dim + cfg.index_dim + cfg.index_heads
+            d = cfg.index()
+            out_dim = d.heads * d.dim + d.dim + d.heads
         elif op == "indexer_key":
-            out_dim = cfg.index_dim
+            out_dim = cfg.index().dim
         if op not in ("absorb_attention", "expand_attention", "masked_attention", "sparse_attention", "indexer"):
             cache = np.zeros_like(b * n)
     shape = np.broadcast_shapes(np.shape(b), np.shape(n), np.shape(p))
     keys = n + p
     if op == "sparse_attention":  # the keys a query's kernel walks: its selected ones, on average
-        keys = sparse_pairs(n, p, cfg.topk) / np.maximum(n, 1.0)
+        keys = sparse_pairs(n, p, cfg.index().topk) / np.maximum(n, 1.0)
     full = [np.broadcast_to(np.asarray(a, dtype=np.float64), shape).copy() for a in (flops, nbytes, b, n, keys)]
     parts = {}
     if attn is not None:

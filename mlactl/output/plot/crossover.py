@@ -25,7 +25,8 @@ MAX_CROSSOVER_PANELS = 12
 def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis | None = None):
     """Time against new tokens, one panel per (batch, prefix) of the analysis: the predicted
     expand, expand_chunked and absorb curves (a DSA model's sparse_absorb, masked_expand and
-    dense_expand, with the edges of the windows where an expand path wins), measured path times, the predicted crossovers
+    dense_expand, with the edges of the windows where an expand path wins), measured path times,
+    the predicted crossovers
     (roofline, from the analysis's crossover table), the asymptotic crossover by FLOPs, and the
     measured crossovers, each marked with its value.
 
@@ -90,8 +91,12 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
         )
         if dsa and row is not None:
             panels[-1]["windows"] = {
-                "masked_expand": None if row.masked_by_time is None else [row.masked_by_time.first, row.masked_by_time.last],
-                "dense_expand": None if row.dense_by_time is None else [row.dense_by_time.first, row.dense_by_time.last],
+                "masked_expand": None
+                if row.masked_by_time is None
+                else [row.masked_by_time.first, row.masked_by_time.last],
+                "dense_expand": None
+                if row.dense_by_time is None
+                else [row.dense_by_time.first, row.dense_by_time.last],
             }
         if calibrated is not None:  # same grid, calibrated time
             rows = calibrated.crossover.windows if dsa else calibrated.crossover.rows

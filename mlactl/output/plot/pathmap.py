@@ -40,7 +40,8 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
     time, and by how much -- the speedup of the best path over the best of the other kind
     (absorb against the faster of expand and expand_chunked; for a DSA model, sparse_absorb
     against the faster of masked_expand and dense_expand, a + where dense_expand is best), with
-    the measured crossovers on top. With `policy` (an engine the analysis holds), a loss map instead: how many times slower
+    the measured crossovers on top. With `policy` (an engine the analysis holds), a loss map
+    instead: how many times slower
     that engine's rule is than the best path that fits, its path boundaries, and dots where it
     is more than WRONG_ABOVE times slower.
 
