@@ -385,14 +385,7 @@ class CostModel:
                     bytes=nq * H * dC * a + w_uk + nq * H * r * a,
                     weight_bytes=w_uk,
                 ),
-                Op(
-                    "attention",
-                    flops=self.pair_flops(path) * selected,
-                    # read each query's selected cache rows (its heads share them: one MQA
-                    # group), the queries (latent + RoPE); write the latent output
-                    bytes=selected * self.latent_row_bytes() + nq * H * (r + dR) * a + nq * H * r * a,
-                    weight_bytes=zero,
-                ),
+                self.sparse_attention(nq, selected),
                 Op(
                     "out_absorb",
                     flops=2 * H * r * dV * nq,
@@ -447,6 +440,22 @@ class CostModel:
                 weight_bytes=zero,
             ),
         ]
+
+    def sparse_attention(self, queries, selected) -> Op:
+        """The sparse MQA of `queries` query tokens reading `selected` cache rows in all (a sum
+        over queries of the rows each reads): pair_flops("sparse_absorb") a row; each query's
+        heads share its rows (one MQA group), so a row is read once per query that selects it;
+        plus the queries (latent + RoPE) read and the latent outputs written."""
+        c = self.cfg
+        a = DTYPE_BYTES[self.dtype]
+        nq = np.asarray(queries, dtype=np.float64)
+        sel = np.asarray(selected, dtype=np.float64)
+        return Op(
+            "attention",
+            flops=self.pair_flops("sparse_absorb") * sel,
+            bytes=sel * self.latent_row_bytes() + nq * c.H * (c.r + c.dR) * a + nq * c.H * c.r * a,
+            weight_bytes=np.zeros(np.broadcast_shapes(nq.shape, sel.shape)),
+        )
 
     # -- memory --------------------------------------------------------------------------------
 
