@@ -195,7 +195,7 @@ def mla_attention(
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     decode, prefill, merge = _ops(backend)
     sparse = topk_indices is not None
-    if sparse:
+    if topk_indices is not None:
         check_tensor("topk_indices", topk_indices, 2, (torch.int32,), contiguous=False)
         if topk_indices.shape[0] != q_nope.shape[0]:
             raise ValueError(

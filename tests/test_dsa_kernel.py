@@ -244,7 +244,7 @@ def test_mla_attention_sparse_path(backend, fp8):
     )  # fmt: skip
     t = 0
     for b in range(2):
-        for i in range(news[b]):
+        for _ in range(news[b]):
             pos = [p for p in positions[t].tolist() if p >= 0]
             phys = [int(table[b, p // page]) * page + p % page for p in pos]
             want = expand_form(
