@@ -353,3 +353,41 @@ def test_gpu_deepseek_v32(poisoned, B, S_q, H, dtype, fp8, splits, tol):
     out, lse = got
     torch.testing.assert_close(out.float(), want[0].float(), atol=tol["atol"], rtol=tol["rtol"])
     torch.testing.assert_close(lse, want[1], atol=tol["lse"], rtol=tol["lse"])
+
+
+# -- mlactl tune: the sparse kernel registered, checked against its twin -------------------------------
+
+
+def test_tune_kernels_sparse_decode_under_the_interpreter(tmp_path, monkeypatch):
+    import json
+    from dataclasses import replace
+
+    from typer.testing import CliRunner
+
+    from mlactl.cli import app
+    from mlactl.model.config import resolve
+    from mlactl.results import store as results
+    from mlactl.tune import space
+
+    monkeypatch.setenv("MLACTL_HOME", str(tmp_path / "home"))
+    tiny = {
+        "model_type": "tiny-dsa", "hidden_size": 64, "num_attention_heads": 2, "q_lora_rank": 32,
+        "kv_lora_rank": 128, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
+        "num_hidden_layers": 1, "index_topk": 32, "index_n_heads": 2, "index_head_dim": 16,
+    }  # fmt: skip
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(tiny))
+    cfg = resolve(str(model))
+    assert "mla_sparse_decode" in space.default_kernels(cfg)
+    assert "mla_sparse_decode" not in space.default_kernels(replace(cfg, topk=None))
+    grid = tmp_path / "space.json"
+    grid.write_text(json.dumps([{"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}]))
+    out = tmp_path / "run.json"
+    args = ["tune", "kernels", "--interpret", "--model", str(model), "--kernel", "mla_sparse_decode"]
+    result = CliRunner().invoke(app, [*args, "--space", str(grid), "--dtype", "fp32", "--results-file", str(out)])
+    assert result.exit_code == 0, result.output
+    (entry,) = results.load(out)["kernels"]
+    assert entry["kernel"] == "mla_sparse_decode" and entry["shape"] == {"B": 2, "H": 2, "S_q": 1, "topk": 32}
+    assert [c["status"] for c in entry["configs"]] == ["ok"]  # matched the twin
+    # FLOPs from cost.py: 2 queries x 32 rows x (2*2*(128 + 16) + 2*2*128)
+    assert entry["flops"] == 2 * 32 * (2 * 2 * 144 + 2 * 2 * 128)

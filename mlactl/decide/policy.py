@@ -92,7 +92,7 @@ def select_paths(
         what = "engines' DSA rules are" if policy in ENGINES else "measured DSA crossovers are"
         raise MlactlError(
             f"--policy {policy}: {cost.cfg.name} is a DSA model and the {what} not modelled yet; "
-            'use roofline or flops (docs/design.md, "DSA")'
+            "use roofline or flops (docs/engines.md: DeepSeek-V3.2)"
         )
     if policy in ENGINES:
         params = engine if engine is not None and engine.engine == policy else default_params(policy)

@@ -84,7 +84,7 @@ PRESETS: dict[str, MLAConfig] = {
     "kimi-k2": MLAConfig("kimi-k2", 7168, 64, 1536, 512, 128, 64, 128, 61),
     # DeepSeek-V3.2(-Exp): V3's MLA dims and 61 layers plus the indexer (index_n_heads 64,
     # index_head_dim 128, index_topk 2048), from deepseek-ai/DeepSeek-V3.2-Exp
-    # inference/config_671B_v3.2.json (docs/design.md, "DSA", cites it).
+    # inference/config_671B_v3.2.json (docs/design.md, "DSA: DeepSeek-V3.2's sparse MLA", cites it).
     "deepseek-v3.2": MLAConfig(
         "deepseek-v3.2", 7168, 128, 1536, 512, 128, 64, 128, 61, topk=2048, index_heads=64, index_dim=128
     ),

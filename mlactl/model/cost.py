@@ -22,7 +22,7 @@ mha             attention   reference MHA whose cache holds per-head K (dC+dR) a
 
 A DSA model (DeepSeek-V3.2, `cfg.is_dsa`) has three paths instead; L is a query's context
 (prefix + its position), topk the tokens its sparse attention reads, Hi/di the indexer's heads
-and width (docs/design.md, "DSA"):
+and width (docs/design.md, "DSA: DeepSeek-V3.2's sparse MLA"):
 
 sparse_absorb   indexer_proj  per new token: wq_b (q_lora -> Hi*di), wk (hidden -> di),
                               weights_proj (hidden -> Hi); writes the indexer cache row
