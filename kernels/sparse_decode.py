@@ -11,7 +11,7 @@ Design:
 * A program owns one query token, one tile of BLOCK_H of its heads and one split of its index
   list. The heads of a token share its rows (one MQA group), so each row a program gathers
   feeds BLOCK_H rows of scores: a token's rows are read ceil(H / BLOCK_H) times (once at
-  H <= 64), never once per head.
+  H <= 32), never once per head.
 * Stage 1 (`_sparse_decode_kernel`) walks the split's indices BLOCK_N at a time: one load of
   the indices, one gather of those cache rows (slot = page * block_size + offset, as FlashMLA's
   sparse kernels take them, so no block table), an online softmax in base 2, and writes a
@@ -39,13 +39,19 @@ from . import configs
 from ._checks import DTYPE_NAMES, check_device, check_scale, check_tensor, latent_rank
 from .sparse_decode_naive import FP8_TILE, sparse_fp8_row_bytes
 
-# ---- tuning defaults (sm_90 compile: Triton 3.9 for sm_90, ptxas 13.4; docs/kernels.md) ----
-BLOCK_H_WIDE = 64  # 64 heads a tile: the smallest M of Hopper's wgmma; 128 heads are two tiles
+# ---- tuning defaults (sm_90 compile: Triton 3.9 for sm_90, ptxas 13.4; docs/kernels.md has the
+# sweep of 78 configs per cache, benchmarks/results/compile-sm90-sparse-decode.json) ----
+BLOCK_H_WIDE = 32  # heads a tile: every 64-row config spills (276-11,428 B bf16, 880-10,376 B fp8:
+# the [64, 512] fp32 accumulator beside a gathered tile's addresses), so 128 heads are 4 tiles of
+# 32 (mma.sync), each reading the token's rows (the first from HBM, the rest mostly from L2)
 BLOCK_H_MIN = 16  # tl.dot needs 16 rows; fewer heads are masked padding
-# (cache kind) -> (BLOCK_N, num_stages, num_warps) at 64-row tiles: the largest gather of rows
-# that compiles with 0 spills for sm_90 (docs/kernels.md has the sweep)
-NO_SPILL = {"bf16": (32, 2, 8), "fp8": (16, 2, 8)}
-NO_SPILL_NARROW = {"bf16": (64, 2, 4), "fp8": (32, 2, 4)}  # at 16- or 32-row tiles
+# (cache kind) -> (BLOCK_N, num_stages, num_warps) at 32-row tiles: the largest gather of rows
+# that compiles with 0 spills for sm_90; bf16: 32 rows a gather, 3 stages, 159 registers, 74 KiB;
+# fp8: 32 rows, one stage (2 and 3 stages spill 1,132-1,140 B), 250 registers, 52 KiB
+NO_SPILL = {"bf16": (32, 3, 8), "fp8": (32, 1, 8)}
+# at 16-row tiles (16 heads or fewer, e.g. DeepSeek-V3.2 at TP 8): bf16 64 rows, 3 stages, 128
+# registers, 93 KiB; fp8 32 rows, 2 stages, 240 registers, 83 KiB (64 rows spill 0-16 B at 255)
+NO_SPILL_NARROW = {"bf16": (64, 3, 8), "fp8": (32, 2, 8)}
 WAVES = 2  # splits aim at ~2 waves of programs over the SMs
 MIN_SPLIT_ROWS = 256  # a split below 256 rows writes as much partial as it reads cache
 MAX_SPLITS = 16
@@ -229,7 +235,7 @@ def cache_kind(kv_dtype: str) -> str:
 
 
 def heuristic_config(T: int, H: int, topk: int, kv_dtype: str, num_sms: int) -> dict:
-    """The launch config without a tuned one: 64-head tiles (fewer heads: the next power of two,
+    """The launch config without a tuned one: 32-head tiles (fewer heads: the next power of two,
     at least 16), the no-spill gather of NO_SPILL, splits to ~WAVES waves of programs."""
     block_h = min(BLOCK_H_WIDE, max(BLOCK_H_MIN, triton.next_power_of_2(H)))
     table = NO_SPILL if block_h >= BLOCK_H_WIDE else NO_SPILL_NARROW

@@ -183,14 +183,19 @@ def test_positions_to_slots_and_indexer_select_what_the_twin_reads():
 
 
 def test_heuristic_for_deepseek_v32():
-    # decode of 64 requests at 128 heads on 132 SMs: 2 head tiles each, 128 programs -> 2 splits
+    # decode of 64 requests at 128 heads on 132 SMs: 4 head tiles of 32 each, 256 programs:
+    # round(2 * 132 / 256) = 1 split
     cfg = heuristic_config(64, 128, 2048, "bf16", 132)
-    assert cfg["BLOCK_H"] == 64 and cfg["num_splits"] == 2
-    assert (cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"]) == sparse_decode.NO_SPILL["bf16"]
-    # one request: 2 programs; splits capped by topk / 256 = 8
-    assert heuristic_config(1, 128, 2048, "fp8", 132)["num_splits"] == 8
-    # 16 heads (TP 8): 16-row tiles
-    assert heuristic_config(1, 16, 2048, "bf16", 132)["BLOCK_H"] == 16
+    assert (cfg["BLOCK_H"], cfg["num_splits"]) == (32, 1)
+    assert (cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"]) == (32, 3, 8)
+    # 16 requests: 64 programs -> round(264 / 64) = 4 splits
+    assert heuristic_config(16, 128, 2048, "fp8", 132)["num_splits"] == 4
+    # one request: 4 programs; splits capped by topk / 256 = 8
+    fp8 = heuristic_config(1, 128, 2048, "fp8", 132)
+    assert fp8["num_splits"] == 8 and (fp8["BLOCK_N"], fp8["num_stages"]) == (32, 1)
+    # 16 heads (TP 8): 16-row tiles, the narrow table
+    narrow = heuristic_config(1, 16, 2048, "bf16", 132)
+    assert (narrow["BLOCK_H"], narrow["BLOCK_N"], narrow["num_stages"]) == (16, 64, 3)
 
 
 # -- mla_attention's sparse path ------------------------------------------------------------------------
