@@ -60,7 +60,7 @@ def main() -> int:
                 got = mla_sparse_decode(**kwargs)[0]
                 want = mla_sparse_decode_naive(**kwargs)[0]
                 err = float((got.float() - want.float()).abs().max())
-                timing = time_call(lambda: mla_sparse_decode(**kwargs), device=device)
+                timing = time_call(lambda kw=kwargs: mla_sparse_decode(**kw), device=device)
                 op = cost.sparse_attention(B, B * topk)
                 row = {
                     "tp": tp,
