@@ -20,7 +20,9 @@ from mlactl.cli.tune import Run, _ray_address_optional
 from mlactl.results import store as results
 
 runner = CliRunner()
-MODEL = ["--model", "teaching", "--tp", "8", "--backend", "torch", "--quick"]
+# --budget: on a loaded machine the quick budget (60 s) could cut a point, and a test must not
+# depend on how fast the machine is
+MODEL = ["--model", "teaching", "--tp", "8", "--backend", "torch", "--quick", "--budget", "3600"]
 # 2 batches x 2 prefixes x 3 new counts = 12 points; at prefix 0 and 64 (< chunk 8192) each
 # point has the two paths expand and absorb: 24 rows
 PATHS = ["--batch", "1,2", "--prefix", "0,64", "--new", "1:64:*8"]
