@@ -8,6 +8,10 @@ over two ideals:
   are large: every request pays at least one);
 * bound:     (total tiles + one fixed cost per request) / SMs, a lower bound for any schedule.
 
+The fixed cost F of a request piece is FlashMLA's (5 tiles of 64 keys at every head count,
+kernels/schedule.py) or, at 16 heads, the bytes alone (1 tile): which is nearer the truth is for
+the GPU to say (bench_decode_schedules.py times both). Each row is planned and scored with its F.
+
 Mixes: one 128K context among 63 of 1K; 128 uniform requests of 4K; power-law lengths (Pareto,
 alpha 1.2, capped at 128K, seed 0): 64 requests from 256 tokens (a light batch, ~8 tiles per
 SM) and 128 from 1K. Shapes: DeepSeek-V3 at 128 heads per GPU
@@ -45,12 +49,19 @@ def mixes() -> dict[str, list[int]]:
     }
 
 
-def evaluate(lens: list[int], H: int, sms: int, block_n: int = 64, r: int = 512, dR: int = 64) -> dict:
+def evaluate(
+    lens: list[int], H: int, sms: int, block_n: int = 64, r: int = 512, dR: int = 64, fixed_model: str = "flashmla"
+) -> dict:
     rows = H  # S_q = 1
     block_h = min(BLOCK_H_WIDE, max(BLOCK_H_MIN, 1 << (rows - 1).bit_length()))
     n_h = -(-rows // block_h)
     parts = max(1, sms // n_h)
-    fixed = schedule.split_cost_tiles(block_h, r, dR, block_n, 2, 2)
+    keys = schedule.FIXED_OVERHEAD_KEYS
+    schedule.FIXED_OVERHEAD_KEYS = keys if fixed_model == "flashmla" else 0  # "bytes": the bytes alone
+    try:
+        fixed = schedule.split_cost_tiles(block_h, r, dR, block_n, 2, 2)
+    finally:
+        schedule.FIXED_OVERHEAD_KEYS = keys
     tiles = sum(-(-n // block_n) for n in lens)
     ideal = tiles * n_h / sms
     bound = (tiles + len(lens) * fixed) * n_h / sms
@@ -61,6 +72,7 @@ def evaluate(lens: list[int], H: int, sms: int, block_n: int = 64, r: int = 512,
     uniform = max(schedule.uniform_costs(lens, block_n, splits, sms, fixed, n_h))
     return {
         "H": H,
+        "fixed_model": fixed_model,
         "B": len(lens),
         "tiles": tiles,
         "fixed_tiles": fixed,
@@ -78,6 +90,7 @@ def evaluate(lens: list[int], H: int, sms: int, block_n: int = 64, r: int = 512,
         "uniform_over_ideal": uniform / ideal,
         "balanced_over_ideal": balanced / ideal,
         "balanced_over_bound": balanced / bound,
+        "bound_over_ideal": bound / ideal,
     }
 
 
@@ -89,13 +102,17 @@ def main() -> None:
     rows = []
     for name, lens in mixes().items():
         for H in (128, 16):
-            rows.append({"mix": name, **evaluate(lens, H, args.sms)})
-    head = f"{'mix':22s} {'H':>4s} {'tiles':>6s} {'F':>2s} {'ideal':>6s} {'uniform':>8s} {'x ideal':>8s}"
-    head += f" {'balanced':>8s} {'x ideal':>8s} {'x bound':>8s} {'split':>5s}"
+            for model in ("flashmla", "bytes"):
+                if H == 128 and model == "bytes":
+                    continue  # at 64-row tiles both give F = 5
+                rows.append({"mix": name, **evaluate(lens, H, args.sms, fixed_model=model)})
+    head = f"{'mix':22s} {'H':>4s} {'F from':>8s} {'tiles':>6s} {'F':>2s} {'ideal':>6s} {'bound':>6s} {'b/ideal':>7s}"
+    head += f" {'uniform':>8s} {'x ideal':>8s} {'balanced':>8s} {'x ideal':>8s} {'x bound':>8s} {'split':>5s}"
     print(head)
     for r in rows:
         print(
-            f"{r['mix']:22s} {r['H']:4d} {r['tiles']:6d} {r['fixed_tiles']:2d} {r['ideal_tiles_per_sm']:6.1f} "
+            f"{r['mix']:22s} {r['H']:4d} {r['fixed_model']:>8s} {r['tiles']:6d} {r['fixed_tiles']:2d} "
+            f"{r['ideal_tiles_per_sm']:6.1f} {r['bound_per_sm']:6.1f} {r['bound_over_ideal']:7.3f} "
             f"{r['uniform_makespan']:8d} {r['uniform_over_ideal']:8.2f} {r['balanced_makespan']:8d} "
             f"{r['balanced_over_ideal']:8.3f} {r['balanced_over_bound']:8.3f} {r['split_requests']:5d}"
         )

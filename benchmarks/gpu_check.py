@@ -52,9 +52,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SCHEMA = "mlactl-gpu-check"
-SCHEMA_VERSION = 1
-TEST_TIMEOUT_S = 150  # the GPU tests; leaves ~90 s of a 4-minute run to the benchmark
-BENCH_BUDGET_S = 200  # rows not started by then are skipped, so the whole run stays under 4 min
+SCHEMA_VERSION = 2  # 2: baselines, measured ceilings, max error with thresholds, the split-score row
+TEST_TIMEOUT_S = 150  # the GPU tests, when this script runs them (device_check.sh runs them apart)
+BENCH_BUDGET_S = 170  # rows not started this long after the benchmark's own start are skipped
 TAIL_CHARS = 4000  # of the test output kept in the JSON
 TFLOPS, TBS = 1e12, 1e12
 
@@ -114,6 +114,8 @@ SMOKE = Plan(
 TARGET_DECODE_WIDE = ("flops_per_s", 350 * TFLOPS)  # FlashMLA (CUDA) reports 660 on an H800
 TARGET_DECODE_NARROW = ("bytes_per_s", 2.5 * TBS)  # H 16 (TP 8): memory-bound
 TARGET_PREFILL = ("flops_per_s", 350 * TFLOPS)
+# decode's 64-row default before the split score (kernels/decode.py NO_SPILL): 32 keys, 3 stages
+NOSPLIT_CONFIG = {"BLOCK_N": 32, "num_stages": 3, "SPLIT_SCORE": 0}
 
 
 def smoke_model():
@@ -301,6 +303,9 @@ class Bench:
 
 AGREE_REL_ERR = 2e-2  # relative L2 error kernel vs twin above which the outputs disagree
 # (bf16 outputs of the same inputs land near 4e-3; tests/test_attention.py uses 2e-2 too)
+# largest elementwise |kernel - twin| allowed, by output dtype: bf16 keeps 8 bits, so an output
+# near 1 rounds by up to 2**-8 = 3.9e-3 on each side (tests/test_decode.py: atol 1.2e-2 for bf16)
+MAX_ABS_ERR = {"bf16": 2e-2, "fp16": 4e-3, "fp32": 1e-4}
 
 
 def finish(row: dict, timing: dict, target=None) -> None:
@@ -317,6 +322,14 @@ def finish(row: dict, timing: dict, target=None) -> None:
         row["meets_target"] = row[f"achieved_{metric}"] >= minimum
 
 
+def max_abs_error(got, want) -> float:
+    """Largest |got - want| over all elements (inf when got has a NaN or an infinity)."""
+    diff = (got.float() - want.float()).abs()
+    if not bool(diff.isfinite().all()):
+        return math.inf
+    return float(diff.max()) if diff.numel() else 0.0
+
+
 def twin_result(bench: Bench, name: str, fn, kernel_median: float, got=None) -> dict:
     """Time the twin on the same inputs; its speedup is twin time / kernel time."""
     twin = {"fn": name}
@@ -327,7 +340,11 @@ def twin_result(bench: Bench, name: str, fn, kernel_median: float, got=None) -> 
             from mlactl.tune.common import relative_error
 
             twin["rel_err"] = relative_error(got, want)
-            twin["outputs_agree"] = twin["rel_err"] < AGREE_REL_ERR
+            twin["max_abs_err"] = max_abs_error(got, want)
+            twin["max_abs_err_threshold"] = MAX_ABS_ERR[bench.plan.dtype]
+            twin["outputs_agree"] = (
+                twin["rel_err"] < AGREE_REL_ERR and twin["max_abs_err"] <= twin["max_abs_err_threshold"]
+            )
         del want
         twin["timing"] = bench.time(fn)
         twin["speedup"] = twin["timing"]["median_s"] / kernel_median
@@ -338,10 +355,150 @@ def twin_result(bench: Bench, name: str, fn, kernel_median: float, got=None) -> 
     return twin
 
 
+# -- the machine's own ceilings and the baselines ---------------------------------------------
+
+
+def measure_ceilings(bench: Bench) -> dict:
+    """What this GPU reaches, measured here (METHOD.md's two numbers): a bf16 (fp16 in a smoke
+    run) matrix product of n x n x n, and a device-to-device copy counting bytes read plus bytes
+    written. Each row's fraction of the ceilings is its achieved rate over these."""
+    torch = bench.torch
+    n, mib = (8192, 2048) if not bench.smoke else (128, 1)
+    a, b = bench.randn(n, n), bench.randn(n, n)
+    src = torch.empty(mib * 2**20, dtype=torch.uint8, device=bench.device).random_()
+    dst = torch.empty_like(src)
+    mm = bench.time(lambda: torch.matmul(a, b))
+    cp = bench.time(lambda: dst.copy_(src))
+    out = {
+        "matmul": {"n": n, "dtype": bench.plan.dtype, "timing": mm, "flops_per_s": 2 * n**3 / mm["median_s"]},
+        "copy": {"bytes": 2 * src.numel(), "timing": cp, "bytes_per_s": 2 * src.numel() / cp["median_s"]},
+    }
+    return out
+
+
+def ceiling_fractions(row: dict, ceilings: dict | None) -> None:
+    """Achieved FLOP/s and bytes/s of a timed row over the measured ceilings."""
+    if not ceilings or "timing" not in row:
+        return
+    row["fraction_of_measured"] = {
+        "flops": row["achieved_flops_per_s"] / ceilings["matmul"]["flops_per_s"],
+        "bytes": row["achieved_bytes_per_s"] / ceilings["copy"]["bytes_per_s"],
+    }
+
+
+def baseline_result(bench: Bench, name: str, fn, kernel_median: float, got) -> dict:
+    """Time a baseline on the row's inputs; ratio = its median / the kernel's (> 1: we are faster),
+    and its largest difference from the kernel's output (a second opinion on correctness)."""
+    result = {"name": name}
+    try:
+        theirs = fn()
+        bench.sync()
+        result["max_abs_diff_vs_kernel"] = max_abs_error(got, theirs)
+        del theirs
+        result["timing"] = bench.time(fn)
+        result["ratio"] = result["timing"]["median_s"] / kernel_median
+        result["status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - an unsupported backend is a result, not a crash
+        result.update(status="error", error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}")
+    return result
+
+
+def absorb_vectorised(q, kv_cache, block_table, seqlens, scale, r, kv_scale=None):
+    """The absorb attention as a torch user would batch it, no loop over requests: gather each
+    request's pages into [B, ctx, r + dR], one batched matmul for the scores, softmax in fp32, one
+    for the values. q: [B, 1, H, r + dR]; every request has the same context (the rows' shapes)."""
+    import torch
+
+    B, _, H, D = q.shape
+    ctx = int(seqlens[0])
+    page = kv_cache.shape[1]
+    kv = kv_cache[block_table[:, : -(-ctx // page)].long()].reshape(B, -1, D)[:, :ctx]  # [B, ctx, D]
+    kv = kv.to(q.dtype) * (kv_scale if kv_scale is not None else 1.0)
+    s = torch.matmul(q[:, 0], kv.transpose(1, 2)).float() * scale  # [B, H, ctx]
+    p = torch.softmax(s, dim=-1).to(q.dtype)
+    return torch.matmul(p, kv[..., :r]).unsqueeze(1)  # [B, 1, H, r]
+
+
+def decode_baselines(bench: Bench, q, kv, table, seqlens, scale, r, kv_scale, median, got) -> list[dict]:
+    """Baselines of an absorb decode row: the vectorised torch absorb, then the MLA kernels of
+    FlashMLA and FlashInfer where this machine has them (detected, never required)."""
+    import importlib.util
+
+    found = [baseline_result(bench, "torch-vectorised", lambda: absorb_vectorised(q, kv, table, seqlens, scale, r,
+                                                                                 kv_scale), median, got)]  # fmt: skip
+    if importlib.util.find_spec("flash_mla") is not None and not bench.smoke and kv_scale is None:
+        import flash_mla  # deepseek-ai/FlashMLA README: get_mla_metadata, flash_mla_with_kvcache
+
+        B, S_q, H, _ = q.shape
+        meta, splits = flash_mla.get_mla_metadata(seqlens, S_q * H, 1)
+        kv4 = kv.unsqueeze(2)  # [blocks, page, 1, r + dR]
+
+        def run():
+            return flash_mla.flash_mla_with_kvcache(q, kv4, table, seqlens, r, meta, splits, causal=True)[0]
+
+        found.append(baseline_result(bench, "flash_mla", run, median, got))
+    else:
+        found.append({"name": "flash_mla", "status": "absent" if importlib.util.find_spec("flash_mla") is None
+                      else "skipped (smoke or fp8 cache)"})  # fmt: skip
+    if importlib.util.find_spec("flashinfer") is not None and not bench.smoke and kv_scale is None:
+        found.append(baseline_result(bench, "flashinfer-mla", flashinfer_mla(bench, q, kv, table, seqlens, scale, r),
+                                     median, got))  # fmt: skip
+    else:
+        found.append({"name": "flashinfer-mla", "status": "absent" if importlib.util.find_spec("flashinfer") is None
+                      else "skipped (smoke or fp8 cache)"})  # fmt: skip
+    for module in ("sgl_kernel", "flash_attn"):  # their MLA decode entry points are not for sm_90 bf16 pages
+        found.append({"name": module, "status": "absent" if importlib.util.find_spec(module) is None
+                      else "present, no sm_90 MLA decode adapter here"})  # fmt: skip
+    return found
+
+
+def flashinfer_mla(bench: Bench, q, kv, table, seqlens, scale, r):
+    """FlashInfer's paged MLA decode (flashinfer.mla.BatchMLAPagedAttentionWrapper: plan once, run)."""
+    import flashinfer
+
+    torch = bench.torch
+    B, _, H, D = q.shape
+    page = kv.shape[1]
+    pages = -(-seqlens.long() // page)
+    kv_indptr = torch.cat([torch.zeros(1, dtype=torch.long, device=q.device), pages.cumsum(0)]).int()
+    kv_indices = torch.cat([table[b, : int(pages[b])] for b in range(B)]).int()
+    qo_indptr = torch.arange(B + 1, dtype=torch.int32, device=q.device)
+    workspace = torch.empty(128 * 2**20, dtype=torch.uint8, device=q.device)
+    wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace)
+    wrapper.plan(qo_indptr, kv_indptr, kv_indices, seqlens, H, r, D - r, page, False, scale, q.dtype, kv.dtype)
+    q_nope, q_pe = q[:, 0, :, :r].contiguous(), q[:, 0, :, r:].contiguous()
+    ckv, kpe = kv[..., :r], kv[..., r:]
+    return lambda: wrapper.run(q_nope, q_pe, ckv, kpe).unsqueeze(1)
+
+
+def prefill_baselines(bench: Bench, q, k_nope, k_rope, v, scale, median, got) -> list[dict]:
+    """Baselines of an expand prefill row: torch SDPA, causal, per backend (flash, cuDNN, memory-
+    efficient), on the same q, k = [k_nope | k_rope], v laid out [1, H, L, d]. A backend that
+    refuses the shapes (flash: dv 128 != dqk 192) is recorded with its reason."""
+    torch = bench.torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    L, H, _ = q.shape
+    k = torch.cat([k_nope, k_rope[:, None, :].expand(L, H, k_rope.shape[-1])], dim=-1)
+    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, H, L, d]
+    found = []
+    for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION)):  # fmt: skip
+
+        def run(backend=backend):
+            with sdpa_kernel(backend):
+                out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+            return out[0].transpose(0, 1)  # [L, H, dV]
+
+        found.append(baseline_result(bench, name, run, median, got))
+    return found
+
+
 # -- the rows: each builds its inputs, times, and lets them go when it returns -----------------
 
 
-def row_decode(bench: Bench, H: int, fp8: bool, target=None) -> dict:
+def row_decode(bench: Bench, H: int, fp8: bool, target=None, config=None, suffix="") -> dict:
+    """An absorb decode row; `config` launches a config of its own (suffix names it in the id)."""
     from mlactl.kernels.decode import mla_decode
     from mlactl.kernels.decode_naive import mla_decode_naive
 
@@ -349,7 +506,7 @@ def row_decode(bench: Bench, H: int, fp8: bool, target=None) -> dict:
     kv_dtype = "fp8" if fp8 else p.dtype
     B, ctx = p.decode_batch, p.decode_context
     row = {
-        "id": f"decode-absorb-H{H}-{kv_dtype}",
+        "id": f"decode-absorb-H{H}-{kv_dtype}{suffix}",
         "kind": "kernel",
         "fn": "mla_decode",
         "label": f"absorb decode B{B} ctx{ctx} H{H} {kv_dtype} cache",
@@ -370,11 +527,15 @@ def row_decode(bench: Bench, H: int, fp8: bool, target=None) -> dict:
     kv, table, seqlens, kv_scale = bench.paged_cache(B, ctx, m.r + m.dR, fp8)
     q = bench.randn(B, 1, H, m.r + m.dR)
     scale = m.softmax_scale
-    got, _ = mla_decode(q, kv, table, seqlens, scale, kv_scale=kv_scale, r=m.r)  # validated once
+    if config is not None:
+        row["config"] = config
+    got, _ = mla_decode(q, kv, table, seqlens, scale, kv_scale=kv_scale, r=m.r, config=config)  # validated once
     row["output_finite"] = bool(bench.torch.isfinite(got).all())
     finish(
         row,
-        bench.time(lambda: mla_decode(q, kv, table, seqlens, scale, kv_scale=kv_scale, r=m.r, validate=False)),
+        bench.time(
+            lambda: mla_decode(q, kv, table, seqlens, scale, kv_scale=kv_scale, r=m.r, validate=False, config=config)
+        ),
         target,
     )
     row["twin"] = twin_result(
@@ -384,6 +545,9 @@ def row_decode(bench: Bench, H: int, fp8: bool, target=None) -> dict:
         row["timing"]["median_s"],
         got,
     )
+    if not suffix:  # the baselines once per shape
+        row["baselines"] = decode_baselines(bench, q, kv, table, seqlens, scale, m.r, kv_scale,
+                                            row["timing"]["median_s"], got)  # fmt: skip
     return row
 
 
@@ -427,6 +591,8 @@ def row_prefill(bench: Bench, L: int, with_twin: bool, target=None) -> dict:
     got, _ = mla_prefill(q, k_nope, k_rope, v, cu, cu, scale, causal=True)
     row["output_finite"] = bool(bench.torch.isfinite(got).all())
     finish(row, bench.time(lambda: mla_prefill(q, k_nope, k_rope, v, cu, cu, scale, causal=True)), target)
+    if not with_twin:  # the long row: torch SDPA per backend at the same shape
+        row["baselines"] = prefill_baselines(bench, q, k_nope, k_rope, v, scale, row["timing"]["median_s"], got)
     if with_twin:
         row["twin"] = twin_result(
             bench,
@@ -500,6 +666,11 @@ def row_specs(plan: Plan, model) -> list[tuple[str, object]]:
     H_path = narrow
     specs = [
         (f"decode-absorb-H{wide}-{plan.dtype}", lambda b: row_decode(b, wide, False, TARGET_DECODE_WIDE)),
+        # the 64-row default without the split score (the previous default): which one is faster
+        (
+            f"decode-absorb-H{wide}-{plan.dtype}-nosplit",
+            lambda b: row_decode(b, wide, False, config=NOSPLIT_CONFIG, suffix="-nosplit"),
+        ),
         (f"decode-absorb-H{narrow}-{plan.dtype}", lambda b: row_decode(b, narrow, False, TARGET_DECODE_NARROW)),
         (
             f"prefill-expand-L{plan.prefill_tokens}-H{wide}",
@@ -559,6 +730,10 @@ def summarize(doc: dict) -> dict:
         "slower_than_twin": sum(not t["faster_than_twin"] for t in twins),
         "outputs_disagree": sum(t.get("outputs_agree") is False for t in twins),
         "outputs_not_finite": sum(r.get("output_finite") is False for r in rows),
+        "baselines_run": sum(b.get("status") == "ok" for r in rows for b in r.get("baselines", [])),
+        "baselines_faster": sum(
+            b.get("status") == "ok" and b["ratio"] < 1.0 for r in rows for b in r.get("baselines", [])
+        ),
     }
 
 
@@ -586,8 +761,8 @@ def _fmt(x, scale=1.0, spec=".4g", none="-"):
 
 def table(doc: dict) -> str:
     head = (
-        f"{'row':<28} {'median ms':>9} {'p10-p90 ms':>15} {'TFLOP/s':>9} {'GB/s':>9} "
-        f"{'roof ms':>9} {'frac':>7} {'target':>19} {'vs twin':>8}  status"
+        f"{'row':<32} {'median ms':>9} {'p10-p90 ms':>15} {'TFLOP/s':>8} {'GB/s':>7} {'%mm':>5} {'%copy':>5} "
+        f"{'frac':>5} {'target':>19} {'max err (thr)':>17} {'vs twin':>8}  status"
     )
     lines = [head, "-" * len(head)]
     for r in doc["rows"]:
@@ -608,16 +783,29 @@ def table(doc: dict) -> str:
         )
         if twin.get("status") == "ok" and not twin["faster_than_twin"]:
             vs += "!"
+        err = "-"
+        if twin.get("max_abs_err") is not None:
+            err = f"{twin['max_abs_err']:.2g} ({twin['max_abs_err_threshold']:.0e})"
         if twin.get("outputs_agree") is False or r.get("output_finite") is False:
             status = "WRONG OUTPUT"
         frac = r.get("roofline_fraction")
+        of = r.get("fraction_of_measured") or {}
         lines.append(
-            f"{r['id']:<28} {_fmt(t.get('median_s'), 1e-3):>9} {spread:>15} "
-            f"{_fmt(r.get('achieved_flops_per_s') if t else None, TFLOPS):>9} "
-            f"{_fmt(r.get('achieved_bytes_per_s') if t else None, 1e9):>9} "
-            f"{_fmt(r.get('roofline_s'), 1e-3):>9} {_fmt(frac, 1.0, '.2g'):>7} "
-            f"{target:>19} {vs:>8}  {status}"
+            f"{r['id']:<32} {_fmt(t.get('median_s'), 1e-3):>9} {spread:>15} "
+            f"{_fmt(r.get('achieved_flops_per_s') if t else None, TFLOPS, '.4g'):>8} "
+            f"{_fmt(r.get('achieved_bytes_per_s') if t else None, 1e9, '.4g'):>7} "
+            f"{_fmt(of.get('flops'), 0.01, '.0f'):>5} {_fmt(of.get('bytes'), 0.01, '.0f'):>5} "
+            f"{_fmt(frac, 1.0, '.2g'):>5} {target:>19} {err:>17} {vs:>8}  {status}"
         )
+        for base in r.get("baselines", []):
+            if base.get("status") == "ok":
+                lines.append(
+                    f"    vs {base['name']:<18} {base['ratio']:.3g}x  ({base['timing']['median_s'] * 1e3:.4g} ms; "
+                    f"max |diff| {base['max_abs_diff_vs_kernel']:.2g})"
+                )
+            else:
+                why = f": {base['error'][:80]}" if base.get("error") else ""
+                lines.append(f"    vs {base['name']:<18} {base['status']}{why}")
     return "\n".join(lines)
 
 
@@ -640,7 +828,16 @@ def print_report(doc: dict, path: Path) -> None:
     )
     print(f"roofline: {hw['note']}")
     print(table(doc))
-    print("frac = roofline time / measured median; vs twin = twin median / kernel median ('!' = not faster)")
+    ceil = doc.get("ceilings")
+    if ceil:
+        print(
+            f"measured ceilings: {ceil['matmul']['flops_per_s'] / TFLOPS:.4g} TFLOP/s ({ceil['matmul']['dtype']} "
+            f"{ceil['matmul']['n']}^3 matmul), {ceil['copy']['bytes_per_s'] / 1e9:.4g} GB/s (copy, read + write)"
+        )
+    print(
+        "%mm / %copy = achieved over the measured ceilings; frac = roofline time / measured median; max err ="
+        " max |kernel - twin| (threshold); vs twin and vs baselines = their median / ours ('!' = not faster)"
+    )
     print(
         f"targets met {s['targets_met']}, missed {s['targets_missed']}; slower than twin "
         f"{s['slower_than_twin']} of {s['twin_comparisons']}; rows ok {s['rows_ok']}, errors "
@@ -664,7 +861,8 @@ def print_report(doc: dict, path: Path) -> None:
     if s["outputs_disagree"] or s["outputs_not_finite"]:
         print(
             f"WRONG OUTPUT: {s['outputs_disagree']} row(s) differ from their twin by more than "
-            f"{AGREE_REL_ERR:g} (relative L2), {s['outputs_not_finite']} with NaN/inf outputs"
+            f"{AGREE_REL_ERR:g} (relative L2) or the max |error| threshold, {s['outputs_not_finite']} with NaN/inf"
+            " outputs"
         )
     print(f"saved {path}")
 
@@ -700,7 +898,8 @@ def main(argv: list[str] | None = None) -> int:
         "--bench-budget",
         type=float,
         default=BENCH_BUDGET_S,
-        help=f"seconds after which rows not yet started are skipped (default {BENCH_BUDGET_S}, counted from the start)",
+        help=f"seconds after which rows not yet started are skipped (default {BENCH_BUDGET_S}, counted from the "
+        "benchmark's start, after the tests)",
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -741,6 +940,10 @@ def main(argv: list[str] | None = None) -> int:
         doc["device"] = device_info(bench)
         doc["model"] = bench.model.to_dict()
         doc["hardware_profile"] = {"note": bench.hw_note, **(bench.hw.to_dict() if bench.hw is not None else {})}
+        try:
+            doc["ceilings"] = measure_ceilings(bench)
+        except Exception as exc:  # noqa: BLE001 - the rows still run; their fractions are left out
+            doc["ceilings_error"] = f"{type(exc).__name__}: {exc}"
         if args.smoke:
             doc["timing_note"] = "smoke run: tiny shapes, timings meaningless"
     except Exception as exc:  # noqa: BLE001
@@ -753,9 +956,10 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / f"gpu-check-{slug(name)}{'-smoke' if args.smoke else ''}-{now:%Y%m%d-%H%M%S}.json"
     save(doc, path)
 
+    bench_started = time.perf_counter()  # the budget counts from here, after the tests
     if bench is not None:
         for row_id, build in row_specs(plan, bench.model):
-            if time.perf_counter() - started > args.bench_budget:
+            if time.perf_counter() - bench_started > args.bench_budget:
                 doc["rows"].append(
                     {"id": row_id, "status": "skipped", "error": f"time budget of {args.bench_budget:.0f} s spent"}
                 )
@@ -765,6 +969,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 row = build(bench)
                 row["status"] = "ok"
+                ceiling_fractions(row, doc.get("ceilings"))
             except Exception as exc:  # noqa: BLE001 - one broken row must not lose the others
                 row = {
                     "id": row_id,

@@ -133,14 +133,17 @@ def _pow2_at_least(value, low: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value >= low and value & (value - 1) == 0
 
 
-def check_config(config, source: str, pow2: dict[str, int], positive: tuple[str, ...] = ()) -> dict:
+def check_config(
+    config, source: str, pow2: dict[str, int], positive: tuple[str, ...] = (), flags: tuple[str, ...] = ()
+) -> dict:
     """Validate a launch config and return it; a ValueError names `source` and the bad key.
 
     pow2: keys whose value must be a power of two at least the given minimum (16 for a tile that
-        feeds tl.dot, 1 for num_warps); positive: keys whose value must be an integer >= 1.
-    Keys outside both are refused, so a misspelt key never passes silently.
+        feeds tl.dot, 1 for num_warps); positive: keys whose value must be an integer >= 1;
+        flags: keys whose value must be 0 or 1 (a JSON file's false/true too).
+    Keys outside these are refused, so a misspelt key never passes silently.
     """
-    allowed = (*pow2, *positive)
+    allowed = (*pow2, *positive, *flags)
     if not isinstance(config, dict):
         raise ValueError(f"{source} must be a dict with keys from {', '.join(allowed)}, got {type(config).__name__}")
     unknown = sorted(set(config) - set(allowed))
@@ -151,4 +154,6 @@ def check_config(config, source: str, pow2: dict[str, int], positive: tuple[str,
             raise ValueError(f"{source}[{key!r}] must be a power of two >= {pow2[key]}, got {value!r}")
         if key in positive and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{source}[{key!r}] must be a positive integer, got {value!r}")
+        if key in flags and (not isinstance(value, int) or value not in (0, 1)):
+            raise ValueError(f"{source}[{key!r}] must be 0 or 1, got {value!r}")
     return config

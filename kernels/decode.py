@@ -24,11 +24,12 @@ Design (flash-decoding with grouped heads):
   [BLOCK_N, r + dR] rows: whole tiles unmasked, the last one masked; narrower tiles use
   contiguous row pointers.
 
-Known limit on Hopper: the [64, r] fp32 accumulator needs 8 warps (two warpgroups, each owning
-r/2 columns), and Triton gives every warp of a dot that feeds another dot to M, so both
-warpgroups compute the whole [64, BLOCK_N] score tile (sm_90 PTX: each issues all 72 m64n32k16
-per 64 keys). The score work, (r+dR)/(2r+dR) = 53% of the FLOPs, is done twice; tensor-core
-time is capped near 65% of peak. FlashMLA avoids this with hand-assigned warpgroup roles.
+Split score (SPLIT_SCORE, the 64-row default): the [64, r] fp32 accumulator needs 8 warps (two
+warpgroups), and Triton gives every warp of a dot that feeds another dot to M, so both warpgroups
+would compute the whole [64, BLOCK_N] score tile (53% of the FLOPs twice: 1.53 times the tile's
+tensor-core work). With SPLIT_SCORE no score value flows into a dot (the score dots are summed
+after scaling; p and alpha go through a per-program scratch slot across a barrier), so each
+warpgroup computes its half of the keys once (docs/kernels.md, "Split score").
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ from mlactl.util.defaults import DTYPE_BYTES
 
 from . import configs, schedule
 from ._checks import DTYPE_NAMES, check_device, check_dim, check_scale, check_tensor, interpreting, latent_rank
+from ._triton_compat import patch_interpreter_index
+
+patch_interpreter_index()  # Triton 3.6's interpreter with numpy >= 2.4 (see _triton_compat)
 
 # ---- tuning defaults (H200 / sm_90) ----
 # Figures marked "sm_90 compile" come from compiling these kernels offline for sm_90 with Triton
@@ -65,20 +69,25 @@ WAVES = 2  # split-KV aims at ~2 waves of programs over the SMs (1 wave idles SM
 MIN_SPLIT_TOKENS = 256  # under 256 keys a split spends as much writing its [rows, r] fp32 partial
 # as reading its keys, and the merge rereads it
 MAX_SPLITS = 64  # the merge loops over splits; beyond 64 it costs more than the parallelism buys
-# (BLOCK_H, fp8 cache) -> (BLOCK_N, num_stages, schedule): per tile height the largest KV tile
-# whose stage 1 compiles for sm_90 with 0 spill bytes (sm_90 compile, ptxas 13.4; the whole sweep
-# is in docs/kernels.md). The balanced kernel keeps more state live across its request loop: at
-# 64 rows it spills 1764-2688 B in every config, so 64-row tiles keep the uniform schedule.
+# (BLOCK_H, fp8 cache) -> (BLOCK_N, num_stages, schedule, SPLIT_SCORE): per tile height the
+# config whose stage 1 compiles for sm_90 with 0 spill bytes under Triton 3.9 (ptxas 13.4) and 3.6
+# (ptxas 12.8), for both outputs the launcher picks (one split: q's dtype; several: fp32 partials),
+# issuing each tensor-core multiply-add once where a config can (issued_mma_over_needed 1.0; the
+# sweep is in docs/kernels.md). The balanced kernel keeps more state live across its request loop:
+# at 64 rows it spills 1.2-2.7 KB in every config, so 64-row tiles keep the uniform schedule.
 NO_SPILL = {
-    (64, False): (32, 3, "uniform"),  # with TMA loads; pointer loads: 16 keys 0 B, 32 keys 40 B
-    (32, False): (32, 3, "balanced"),  # balanced at BLOCK_N 64: 192 B
-    (32, True): (32, 2, "uniform"),  # every 3-stage fp8 config spills 8-56 B
-    (16, False): (64, 3, "balanced"),
-    (16, True): (32, 3, "balanced"),  # balanced at BLOCK_N 64: 96 B
+    # split score (TMA loads): 1.00 issued/needed, 0 B under both; without the split 1.53, and the
+    # one-split bf16 output spills 152 B (3.9) / 48 B (3.6) at 3 stages, 168 B (3.9) at 2
+    (64, False): (32, 2, "uniform", 1),
+    (32, False): (32, 3, "balanced", 0),  # 1.53; balanced at BLOCK_N 64: 192 B (split score too)
+    (32, True): (32, 2, "uniform", 0),  # 1.53; every 3-stage fp8 config spills 8-56 B
+    (16, False): (64, 3, "balanced", 0),  # 1.00 already: 64 keys give each of the 8 warps its own
+    (16, True): (32, 3, "balanced", 0),  # 1.53; balanced at BLOCK_N 64: 96 B (split score: 356 B)
 }
 FP8_BLOCK_H = 32  # an fp8 cache on 64-row tiles spills 392-1064 B in every config compiled
-# (BLOCK_N 16-64, 1-3 stages, 8 or 16 warps): the widening to bf16 needs registers the [64, r]
-# accumulator holds; 32-row tiles (4 per request at H = 128, mma.sync) spill none
+# (BLOCK_N 16-64, 1-3 stages, 8 or 16 warps), 40-56 B with the split score at 32 keys: the
+# widening to bf16 needs registers the [64, r] accumulator holds; 32-row tiles (4 per request
+# at H = 128, mma.sync) spill none
 USE_TMA = True  # TMA descriptor loads for page-aligned tiles of TMA_MIN_BLOCK_H rows and more
 TMA_MIN_BLOCK_H = 64  # sm_90 compile: at 64 rows (wgmma) TMA frees the cp.async address registers,
 # 32 keys per tile then spill 0 B (252 registers) where pointer loads spill 40 B; at 16 and 32
@@ -87,7 +96,7 @@ INTERPRETER_SMS = 8  # stand-in SM count under TRITON_INTERPRET=1 (only shapes t
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2: exp2 is one MUFU op
 LN2 = tl.constexpr(0.6931471805599453)  # lse is returned in natural log
-CONFIG_KEYS = ("BLOCK_H", "BLOCK_N", "num_splits", "num_warps", "num_stages")
+CONFIG_KEYS = ("BLOCK_H", "BLOCK_N", "num_splits", "num_warps", "num_stages", "SPLIT_SCORE")
 _DTYPE_NAMES = DTYPE_NAMES
 _FP8 = (torch.float8_e4m3fn,) if hasattr(torch, "float8_e4m3fn") else ()
 _FITTED: dict = {}  # launch key -> (BLOCK_N, num_stages) that fit shared memory on this GPU
@@ -103,26 +112,68 @@ def _tma_row(p_bt, n0, num_pages, max_pages, PAGE: tl.constexpr):
 
 
 @triton.jit
+def _cta_barrier(n0, INTERPRETED: tl.constexpr):
+    """bar.sync 0 for every thread of the program, returning 0 as an int32 that the caller adds to
+    the addresses it loads next: those loads then stay after the barrier, and Triton's software
+    pipeliner keeps the KV loads of the loop in flight (tl.debug_barrier in a loop stops it: sm_90
+    compile, 1 KV buffer instead of num_stages). The interpreter runs programs one at a time."""
+    if INTERPRETED:
+        return n0 * 0
+    else:
+        return tl.inline_asm_elementwise(
+            "bar.sync 0;\n\tmov.u32 $0, 0;", "=r,r", [n0], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+@triton.jit
 def _score_and_accumulate(
-    acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, o_n, limit, qk_scale,
-    KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+    acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, n0, limit, qk_scale, x_p, x_a,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr, SPLIT_SCORE: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    """One KV tile of the online softmax: scores of the rows against keys o_n, then p @ v."""
+    """One KV tile of the online softmax: scores of the rows against keys n0 + [0, BLOCK_N), then p @ v.
+
+    SPLIT_SCORE: each score multiply-add is issued once per program. Triton gives a dot whose
+    result reaches another dot one warp layout along M only; at 64 rows and 8 warps that makes both
+    warpgroups compute the whole [64, BLOCK_N] score (53% of the FLOPs done twice). Here the two
+    score dots are scaled and summed (not chained), and the probabilities p and the rescale alpha
+    reach the value dot through this program's scratch (x_p [2, BLOCK_H, BLOCK_N], x_a [2,
+    BLOCK_H]: global memory that stays in L1/L2; consecutive tiles take the two slots in turn)
+    across a barrier, so no score value flows into a dot and Triton splits the score tile's keys
+    across the warpgroups. Extra traffic per tile: BLOCK_H x (2 BLOCK_N + 4) bytes written and
+    read back, beside the BLOCK_N x (r + dR) KV tile."""
+    o_t = tl.arange(0, BLOCK_N)
+    o_n = n0 + o_t  # key positions
     if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
         b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
         b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
     if DOT_FP32:
         b_kv = b_kv.to(tl.float32)
         b_kpe = b_kpe.to(tl.float32)
-    b_s = tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
-    b_s = tl.dot(b_q, tl.trans(b_kv), b_s, input_precision=DOT_PRECISION)
-    b_s = b_s * qk_scale
+    if SPLIT_SCORE:  # scaled before the sum, so the compiler cannot fold it into one chained dot
+        b_s = (
+            tl.dot(b_q, tl.trans(b_kv), input_precision=DOT_PRECISION) * qk_scale
+            + tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION) * qk_scale
+        )  # [BLOCK_H, BLOCK_N]
+    else:
+        b_s = tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
+        b_s = tl.dot(b_q, tl.trans(b_kv), b_s, input_precision=DOT_PRECISION)
+        b_s = b_s * qk_scale
     b_s = tl.where(o_n[None, :] < limit[:, None], b_s, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(b_s, 1))
     m_use = tl.where(m_new == -float("inf"), 0.0, m_new)  # a row with no key yet: no NaN
     b_p = tl.exp2(b_s - m_use[:, None])  # [BLOCK_H, BLOCK_N]
     alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(b_p, 1)
+    if SPLIT_SCORE:
+        o_x = tl.arange(0, BLOCK_H)
+        i_x = (n0 // BLOCK_N) % 2  # this tile's slot
+        o_xp = (i_x * BLOCK_H + o_x[:, None]) * BLOCK_N + o_t[None, :]  # [BLOCK_H, BLOCK_N]
+        tl.store(x_p + o_xp, b_p.to(x_p.dtype.element_ty))
+        tl.store(x_a + i_x * BLOCK_H + o_x, alpha)
+        zero = _cta_barrier(n0, INTERPRETED)  # every warp's part written before any reads
+        b_p = tl.load((x_p + zero) + o_xp)  # [BLOCK_H, BLOCK_N]
+        alpha = tl.load((x_a + zero) + i_x * BLOCK_H + o_x)  # [BLOCK_H]
     acc = acc * alpha[:, None]
     acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
     return acc, m_new, l_i
@@ -147,16 +198,26 @@ def _attend_keys(
     qk_scale,
     num_pages,
     max_pages,
+    x_p,
+    x_a,
     R: tl.constexpr,
     DR: tl.constexpr,
     PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     KV_FP8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
     TMA: tl.constexpr,
+    SPLIT_SCORE: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     """Online softmax of one request's rows over its keys [start, end), in tiles of BLOCK_N.
+
+    x_p, x_a: this program's scratch for SPLIT_SCORE ([2, BLOCK_H, BLOCK_N] in q's dtype and
+    [2, BLOCK_H] fp32): consecutive tiles take the two slots in turn, so a warp writing tile
+    i + 1 never overwrites what a slower warp still reads of tile i; a barrier at the end lets
+    the next call (the next request of a balanced program) start on either slot.
 
     TMA (page-aligned tiles only): kv_desc / kpe_desc are tensor descriptors over the cache as
     [blocks * PAGE, r + dR] with blocks [BLOCK_N, r] and [BLOCK_N, dR]: one bulk copy per tile
@@ -176,16 +237,18 @@ def _attend_keys(
             b_kv = kv_desc.load([row0, 0])  # [BLOCK_N, R]
             b_kpe = kpe_desc.load([row0, R])  # [BLOCK_N, DR]
             acc, m_i, l_i = _score_and_accumulate(
-                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, n0 + o_t, limit, qk_scale, KV_FP8, DOT_PRECISION, DOT_FP32
-            )
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, n0, limit, qk_scale, x_p, x_a,
+                BLOCK_H, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, SPLIT_SCORE, INTERPRETED,
+            )  # fmt: skip
         if full_end < end:  # the last tile: the rest of its page may hold anything, NaN too
             row0 = _tma_row(p_bt, full_end, num_pages, max_pages, PAGE)
             m_n = full_end + o_t < end
             b_kv = tl.where(m_n[:, None], kv_desc.load([row0, 0]), 0)  # [BLOCK_N, R]
             b_kpe = tl.where(m_n[:, None], kpe_desc.load([row0, R]), 0)  # [BLOCK_N, DR]
             acc, m_i, l_i = _score_and_accumulate(
-                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, full_end + o_t, limit, qk_scale, KV_FP8, DOT_PRECISION, DOT_FP32
-            )
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, full_end, limit, qk_scale, x_p, x_a,
+                BLOCK_H, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, SPLIT_SCORE, INTERPRETED,
+            )  # fmt: skip
     else:
         for n0 in range(start, end, BLOCK_N):
             o_n = n0 + o_t  # key positions
@@ -205,9 +268,79 @@ def _attend_keys(
             b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
             b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
             acc, m_i, l_i = _score_and_accumulate(
-                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, o_n, limit, qk_scale, KV_FP8, DOT_PRECISION, DOT_FP32
-            )
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, n0, limit, qk_scale, x_p, x_a,
+                BLOCK_H, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, SPLIT_SCORE, INTERPRETED,
+            )  # fmt: skip
+    if SPLIT_SCORE:
+        tl.debug_barrier()  # the last tile's slot is read by every warp before anyone reuses it
     return acc, m_i, l_i
+
+
+@triton.jit
+def _tile_rows(pid_h, H: tl.constexpr, S_Q: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Rows of row tile pid_h: (new token s, head h) flattened as s * H + h, padded to BLOCK_H.
+    Returns (o_row, m_row, o_s, o_hh), each [BLOCK_H]."""
+    o_row = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    return o_row, o_row < S_Q * H, o_row // H, o_row % H
+
+
+@triton.jit
+def _attend_request(
+    p_q, m_row, o_s, seqlen, start, end, kv, kv_desc, kpe_desc, p_bt, stride_kv_blk, stride_kv_tok,
+    qk_scale, kv_scale, num_pages, max_pages, x_p, x_a,
+    S_Q: tl.constexpr, R: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_FP32: tl.constexpr, TMA: tl.constexpr, SPLIT_SCORE: tl.constexpr, INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """One request's rows (query pointers p_q [BLOCK_H]) over its keys [start, end): the
+    normalised output [BLOCK_H, R] (fp32) and its natural-log LSE [BLOCK_H] (-inf: no key).
+
+    Traffic: the rows' queries once ([BLOCK_H, r + dR]), then every cache row of [start, end)
+    once (`_attend_keys`). Shared by the uniform (split) and the balanced (planned) kernels."""
+    o_r = tl.arange(0, R)
+    o_dr = tl.arange(0, DR)
+    b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
+    b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, DR]
+    if DOT_FP32:  # Triton's interpreter multiplies bf16 bit patterns in tl.dot: widen to fp32
+        b_q = b_q.to(tl.float32)
+        b_qpe = b_qpe.to(tl.float32)
+    # keys at positions < limit are visible to a row (new token s sits at seqlen - S_Q + s)
+    if CAUSAL:
+        limit = seqlen - S_Q + 1 + o_s  # [BLOCK_H]
+    else:
+        limit = tl.zeros([BLOCK_H], dtype=tl.int32) + seqlen  # [BLOCK_H]
+    m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)  # running max, base 2
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)  # running sum of exp2
+    acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)  # one [64, 512] fp32 accumulator over 8 warps:
+    # Triton splits its columns across the two warpgroups (128 registers/thread); splitting the
+    # value dim across programs instead would recompute the scores (53% of the FLOPs) twice.
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, b_q, b_qpe, kv, kv_desc, kpe_desc, p_bt, stride_kv_blk, stride_kv_tok,
+        start, end, limit, qk_scale, num_pages, max_pages, x_p, x_a,
+        R, DR, PAGE, BLOCK_H, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, TMA, SPLIT_SCORE, INTERPRETED,
+    )  # fmt: skip
+    has_keys = l_i > 0
+    b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
+    b_lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, -float("inf"))  # [BLOCK_H]
+    return b_o, b_lse
+
+
+@triton.jit
+def _store_rows(p_o, p_lse, b_o, b_lse, m_row, R: tl.constexpr):
+    """Write a tile's outputs (row pointers p_o [BLOCK_H], in p_o's dtype) and LSEs (p_lse [BLOCK_H])."""
+    o_r = tl.arange(0, R)
+    tl.store(p_o[:, None] + o_r[None, :], b_o.to(p_o.dtype.element_ty), mask=m_row[:, None])
+    tl.store(p_lse, b_lse, mask=m_row)
+
+
+@triton.jit
+def _merge_rows(acc, w_sum, m_use):
+    """Finish an LSE-weighted merge: (output acc / w_sum, natural-log LSE m_use + ln w_sum);
+    a row whose parts all saw no key (w_sum 0) gets 0 and -inf."""
+    has_keys = w_sum > 0
+    b_o = acc / tl.where(has_keys, w_sum, 1.0)
+    b_lse = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
+    return b_o, b_lse
 
 
 @triton.jit
@@ -216,6 +349,8 @@ def _mla_decode_split_kernel(
     kv,
     kv_desc,
     kpe_desc,
+    x_p,
+    x_a,
     block_table,
     seqlens,
     kv_scale_ptr,
@@ -253,6 +388,8 @@ def _mla_decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
     TMA: tl.constexpr,
+    SPLIT_SCORE: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     """One (row tile, split, request): online softmax over the split's keys, normalised output.
 
@@ -268,27 +405,8 @@ def _mla_decode_split_kernel(
         kv_scale = tl.load(kv_scale_ptr).to(tl.float32)
         qk_scale = qk_scale * kv_scale
     seqlen = tl.load(seqlens + pid_b)
-
-    # rows of this tile: (new token s, head h) flattened as s * H + h, padded to BLOCK_H
-    o_row = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_row = o_row < S_Q * H
-    o_s = o_row // H
-    o_hh = o_row % H
-    o_r = tl.arange(0, R)
-    o_dr = tl.arange(0, DR)
-
-    p_q = q + pid_b * stride_qb + o_s * stride_qs + o_hh * stride_qh  # [BLOCK_H]
-    b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
-    b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, DR]
-    if DOT_FP32:  # Triton's interpreter multiplies bf16 bit patterns in tl.dot: widen to fp32
-        b_q = b_q.to(tl.float32)
-        b_qpe = b_qpe.to(tl.float32)
-
-    # keys at positions < limit are visible to a row (new token s sits at seqlen - S_Q + s)
-    if CAUSAL:
-        limit = seqlen - S_Q + 1 + o_s  # [BLOCK_H]
-    else:
-        limit = tl.zeros([BLOCK_H], dtype=tl.int32) + seqlen  # [BLOCK_H]
+    o_row, m_row, o_s, o_hh = _tile_rows(pid_h, H, S_Q, BLOCK_H)
+    i_x = (pid_b * NUM_SPLITS + pid_split) * tl.num_programs(0) + pid_h  # this program's scratch
 
     # this split's keys: a contiguous run of whole BLOCK_N tiles, the last one cut at seqlen
     n_tiles = tl.cdiv(seqlen, BLOCK_N)
@@ -296,25 +414,16 @@ def _mla_decode_split_kernel(
     start = pid_split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, seqlen)
 
-    m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)  # running max, base 2
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)  # running sum of exp2
-    acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)  # one [64, 512] fp32 accumulator over 8 warps:
-    # Triton splits its columns across the two warpgroups (128 registers/thread); splitting the
-    # value dim across programs instead would recompute the scores (53% of the FLOPs) twice.
-    acc, m_i, l_i = _attend_keys(
-        acc, m_i, l_i, b_q, b_qpe, kv, kv_desc, kpe_desc, block_table + pid_b * stride_bt, stride_kv_blk, stride_kv_tok,
-        start, end, limit, qk_scale, num_pages, max_pages,
-        R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, TMA,
+    b_o, b_lse = _attend_request(
+        q + pid_b * stride_qb + o_s * stride_qs + o_hh * stride_qh, m_row, o_s, seqlen, start, end,
+        kv, kv_desc, kpe_desc, block_table + pid_b * stride_bt, stride_kv_blk, stride_kv_tok,
+        qk_scale, kv_scale, num_pages, max_pages, x_p + i_x * 2 * BLOCK_H * BLOCK_N, x_a + i_x * 2 * BLOCK_H,
+        S_Q, R, DR, PAGE, BLOCK_H, BLOCK_N, CAUSAL, KV_FP8, DOT_PRECISION, DOT_FP32, TMA, SPLIT_SCORE,
+        INTERPRETED,
     )  # fmt: skip
-    has_keys = l_i > 0
-    b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
-    b_lse = tl.where(
-        has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, -float("inf")
-    )  # [BLOCK_H], natural log of the scaled scores
     p_o = o + pid_b * stride_ob + o_s * stride_os + o_hh * stride_oh + pid_split * stride_o_split
-    tl.store(p_o[:, None] + o_r[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
-    p_lse = lse + pid_b * stride_lb + o_s * stride_ls + o_hh * stride_lh
-    tl.store(p_lse + pid_split * stride_l_split, b_lse, mask=m_row)
+    p_lse = lse + pid_b * stride_lb + o_s * stride_ls + o_hh * stride_lh + pid_split * stride_l_split
+    _store_rows(p_o, p_lse, b_o, b_lse, m_row, R)
 
 
 @triton.jit
@@ -323,6 +432,8 @@ def _mla_decode_planned_kernel(
     kv,
     kv_desc,
     kpe_desc,
+    x_p,
+    x_a,
     block_table,
     seqlens,
     kv_scale_ptr,
@@ -367,6 +478,8 @@ def _mla_decode_planned_kernel(
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
     TMA: tl.constexpr,
+    SPLIT_SCORE: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     """One (row tile, part) of a balanced plan (kernels/schedule.py): a persistent program walks
     the requests its part of the work line touches, each from its first to its last tile there.
@@ -382,12 +495,8 @@ def _mla_decode_planned_kernel(
         qk_scale = qk_scale * kv_scale
     x0 = tl.load(cuts + pid_p)
     x1 = tl.load(cuts + pid_p + 1)
-    o_row = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_row = o_row < S_Q * H
-    o_s = o_row // H
-    o_hh = o_row % H
-    o_r = tl.arange(0, R)
-    o_dr = tl.arange(0, DR)
+    o_row, m_row, o_s, o_hh = _tile_rows(pid_h, H, S_Q, BLOCK_H)
+    i_x = (pid_p * tl.num_programs(0) + pid_h).to(tl.int64)  # this program's scratch
     for b in range(tl.load(b_first + pid_p), tl.load(b_last + pid_p) + 1):
         i_b = tl.full([], 0, tl.int64) + b  # (the interpreter hands range() ints)
         seqlen = tl.load(seqlens + i_b)
@@ -397,37 +506,21 @@ def _mla_decode_planned_kernel(
         t1 = tl.minimum(tl.maximum(x1 - start_b, 0), n_tiles)
         owner = (n_tiles == 0) & (x0 <= start_b - FIXED) & (start_b - FIXED < x1)
         if (t1 > t0) | owner:
-            p_q = q + i_b * stride_qb + o_s * stride_qs + o_hh * stride_qh  # [BLOCK_H]
-            b_q = tl.load(p_q[:, None] + o_r[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, R]
-            b_qpe = tl.load(p_q[:, None] + R + o_dr[None, :], mask=m_row[:, None], other=0.0)  # [BLOCK_H, DR]
-            if DOT_FP32:
-                b_q = b_q.to(tl.float32)
-                b_qpe = b_qpe.to(tl.float32)
-            if CAUSAL:
-                limit = seqlen - S_Q + 1 + o_s  # [BLOCK_H]
-            else:
-                limit = tl.zeros([BLOCK_H], dtype=tl.int32) + seqlen  # [BLOCK_H]
-            m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)
-            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)
-            acc, m_i, l_i = _attend_keys(
-                acc, m_i, l_i, b_q, b_qpe, kv, kv_desc, kpe_desc, block_table + i_b * stride_bt, stride_kv_blk,
-                stride_kv_tok,
-                t0 * BLOCK_N, tl.minimum(t1 * BLOCK_N, seqlen), limit, qk_scale, num_pages, max_pages,
-                R, DR, PAGE, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, TMA,
+            b_o, b_lse = _attend_request(
+                q + i_b * stride_qb + o_s * stride_qs + o_hh * stride_qh, m_row, o_s, seqlen,
+                t0 * BLOCK_N, tl.minimum(t1 * BLOCK_N, seqlen),
+                kv, kv_desc, kpe_desc, block_table + i_b * stride_bt, stride_kv_blk, stride_kv_tok,
+                qk_scale, kv_scale, num_pages, max_pages, x_p + i_x * 2 * BLOCK_H * BLOCK_N, x_a + i_x * 2 * BLOCK_H,
+                S_Q, R, DR, PAGE, BLOCK_H, BLOCK_N, CAUSAL, KV_FP8, DOT_PRECISION, DOT_FP32, TMA, SPLIT_SCORE,
+                INTERPRETED,
             )  # fmt: skip
-            has_keys = l_i > 0
-            b_o = acc * (kv_scale / tl.where(has_keys, l_i, 1.0))[:, None]  # [BLOCK_H, R]
-            b_lse = tl.where(has_keys, (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2, -float("inf"))
-            if tl.load(n_splits + i_b) > 1:
+            if tl.load(n_splits + i_b) > 1:  # a piece of a split request: fp32, to its partial slot
                 slot = (tl.load(slots + i_b) + pid_p - tl.load(first_part + i_b)).to(tl.int64)
-                p_op = o_part + (slot * S_Q * H + o_row) * R  # [BLOCK_H]
-                tl.store(p_op[:, None] + o_r[None, :], b_o, mask=m_row[:, None])
-                tl.store(lse_part + slot * S_Q * H + o_row, b_lse, mask=m_row)
-            else:
+                _store_rows(o_part + (slot * S_Q * H + o_row) * R, lse_part + slot * S_Q * H + o_row,
+                            b_o, b_lse, m_row, R)  # fmt: skip
+            else:  # the whole request: its final output
                 p_o = o + i_b * stride_ob + o_s * stride_os + o_hh * stride_oh
-                tl.store(p_o[:, None] + o_r[None, :], b_o.to(o.dtype.element_ty), mask=m_row[:, None])
-                tl.store(lse + i_b * stride_lb + o_s * stride_ls + o_hh * stride_lh, b_lse, mask=m_row)
+                _store_rows(p_o, lse + i_b * stride_lb + o_s * stride_ls + o_hh * stride_lh, b_o, b_lse, m_row, R)
 
 
 @triton.jit
@@ -465,9 +558,7 @@ def _mla_decode_planned_merge_kernel(
             w_k = tl.exp2((tl.load(lse_part + (first + k) * S_Q * H + pid_row) - m_use) * LOG2E)
             w_sum += w_k
             acc += w_k * tl.load(o_part + ((first + k) * S_Q * H + pid_row) * R + o_r)  # [R]
-        has_keys = w_sum > 0
-        b_o = acc / tl.where(has_keys, w_sum, 1.0)
-        b_lse = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
+        b_o, b_lse = _merge_rows(acc, w_sum, m_use)
         i_s = pid_row // H
         i_h = pid_row % H
         tl.store(o + pid_b * stride_ob + i_s * stride_os + i_h * stride_oh + o_r, b_o.to(o.dtype.element_ty))
@@ -519,9 +610,7 @@ def _mla_decode_merge_kernel(
         w_k = tl.exp2((tl.load(p_lse + k * stride_q_split) - m_use) * LOG2E)
         acc += w_k * tl.load(p_o + k * stride_p_split + o_r)  # [R]; an empty split wrote zeros
 
-    has_keys = w_sum > 0
-    b_o = acc / tl.where(has_keys, w_sum, 1.0)
-    b_lse_out = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
+    b_o, b_lse_out = _merge_rows(acc, w_sum, m_use)
     p_out = o + pid_b * stride_ob + i_s * stride_os + i_h * stride_oh
     tl.store(p_out + o_r, b_o.to(o.dtype.element_ty))
     tl.store(lse + pid_b * stride_lb + i_s * stride_ls + i_h * stride_lh, b_lse_out)
@@ -544,14 +633,16 @@ def _device_info(device: torch.device) -> tuple[str, int]:
     return "cpu", INTERPRETER_SMS
 
 
-def smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8, r=None):
+def smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8, r=None, split_score=False):
     """Shared memory of one program as Triton 3.9 lays it out for sm_90 (checked against the
     compiler for the DeepSeek shapes): the query tile, two KV tiles in flight from num_stages 2
     on, one more cache-dtype tile for an fp8 cache's widening, and 1 KiB of scratch; with `r`,
     at least the [BLOCK_H, r] fp32 accumulator, which the epilogue converts through shared
-    memory (128 KiB at 64 rows: more than the loop's buffers once BLOCK_N is 16)."""
+    memory (128 KiB at 64 rows: more than the loop's buffers once BLOCK_N is 16); with
+    split_score, the [BLOCK_H, BLOCK_N] p tile the value dot reads from shared memory."""
     in_flight = min(stages, 2) + (1 if fp8 else 0)
     loop = block_h * row * q_bytes + in_flight * block_n * row * kv_bytes + 1024
+    loop += block_h * block_n * q_bytes if split_score else 0
     return max(loop, block_h * r * 4) if r else loop
 
 
@@ -571,15 +662,23 @@ def heuristic_config(B, H, S_q, r, dR, ctx, block_size, q_dtype, kv_dtype, num_s
         if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8, r) <= SMEM_BUDGET:
             block_n, stages = bn, st
             break
+    split_score = 0
     if (block_h, fp8) in NO_SPILL and (r, dR) == (512, 64):  # the DeepSeek latent the sweep compiled
-        bn, st, _ = NO_SPILL[block_h, fp8]
-        if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8, r) <= SMEM_BUDGET:
-            block_n, stages = bn, st
+        bn, st, _, split = NO_SPILL[block_h, fp8]
+        if smem_bytes(block_h, bn, st, row, q_bytes, kv_bytes, fp8, r, split) <= SMEM_BUDGET:
+            block_n, stages, split_score = bn, st, split
     num_warps = 8 if block_h * r >= WARPS_8_FROM else 4
     programs = B * triton.cdiv(rows, block_h)
     most = min(MAX_SPLITS, triton.cdiv(ctx, block_size), triton.cdiv(ctx, block_n), triton.cdiv(ctx, MIN_SPLIT_TOKENS))
     splits = max(1, min(most, round(WAVES * num_sms / max(programs, 1))))
-    return {"BLOCK_H": block_h, "BLOCK_N": block_n, "num_splits": splits, "num_warps": num_warps, "num_stages": stages}
+    return {
+        "BLOCK_H": block_h,
+        "BLOCK_N": block_n,
+        "num_splits": splits,
+        "num_warps": num_warps,
+        "num_stages": stages,
+        "SPLIT_SCORE": split_score,
+    }
 
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": _FP8[0] if _FP8 else None}
@@ -618,14 +717,18 @@ def compile_spec(
     capability: int = 90,
 ):
     """What `mlactl tune compile` needs to build stage 1 for a GPU target without launching it:
-    (jit function, signature, constants, argument names divisible by 16, compile options).
-    variant: "balanced" (the planned persistent kernel) or "uniform"; default: the one
-    schedule="auto" runs for this config (default_variant)."""
+    (jit function, signature, constants, argument names divisible by 16, compile options, launch),
+    built as `mla_decode` launches it: the schedule `launch_variant` picks (a config with its own
+    num_splits runs uniform), the split count of the config or the heuristic, and the output
+    dtype that split count implies (one split: stage 1 writes q's dtype; several: fp32 partials).
+    `launch` is {"variant", "num_splits", "out_dtype"} as recorded in the compile report.
+    variant: "balanced" or "uniform" to force one (schedule= of mla_decode)."""
     fp8 = kv_dtype == "fp8"
     full = {**default_config(shape, r, dR, page, dtype, kv_dtype), **config}
-    variant = variant or default_variant(full, fp8)
-    consts = _constants(shape["H"], shape["S_q"], r, dR, page, full["BLOCK_H"], full.get("num_splits", 1), causal,
-                        fp8, fp8, dtype == "fp32", False)  # fmt: skip
+    variant = launch_variant(full, fp8, "num_splits" in config, variant or "auto")
+    splits = full["num_splits"] if variant == "uniform" else 1
+    consts = _constants(shape["H"], shape["S_q"], r, dR, page, full["BLOCK_H"], splits, causal,
+                        fp8, fp8, dtype == "fp32", False, full.get("SPLIT_SCORE", 0))  # fmt: skip
     consts["BLOCK_N"] = full["BLOCK_N"]
     consts["TMA"] = (  # as _descriptors decides
         USE_TMA and full["BLOCK_H"] >= TMA_MIN_BLOCK_H and page % full["BLOCK_N"] == 0 and capability >= 90
@@ -636,10 +739,12 @@ def compile_spec(
         desc["kpe_desc"] = f"tensordesc<{kv_type}[{full['BLOCK_N']}, {dR}]>"
     else:
         desc = {"kv_desc": f"*{kv_type}", "kpe_desc": f"*{kv_type}"}
+    out_dtype = dtype if variant == "balanced" or splits == 1 else "fp32"
     types = dict(q=f"*{dtype}", kv="*u8" if fp8 else f"*{dtype}", block_table="*i32", seqlens="*i32", **desc,
-                 kv_scale_ptr="*fp32", o="*fp32", lse="*fp32", qk_scale="fp32", kv_scale="fp32")  # fmt: skip
-    aligned = ["q", "kv", "o", "lse", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk", "stride_kv_tok",
-               "stride_ob", "stride_os", "stride_oh"]  # fmt: skip
+                 kv_scale_ptr="*fp32", o=f"*{out_dtype}", lse="*fp32", qk_scale="fp32", kv_scale="fp32",
+                 x_p=f"*{dtype}", x_a="*fp32")  # fmt: skip
+    aligned = ["q", "kv", "o", "lse", "x_p", "x_a", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk",
+               "stride_kv_tok", "stride_ob", "stride_os", "stride_oh"]  # fmt: skip
     if variant == "balanced":
         fn = _mla_decode_planned_kernel
         del consts["NUM_SPLITS"]
@@ -647,19 +752,29 @@ def compile_spec(
         consts["FIXED"] = schedule.split_cost_tiles(
             full["BLOCK_H"], r, dR, full["BLOCK_N"], q_bytes, 1 if fp8 else q_bytes
         )
-        types.update(o=f"*{dtype}", o_part="*fp32", lse_part="*fp32")
+        types.update(o_part="*fp32", lse_part="*fp32")
         types.update({n: "*i32" for n in ("cuts", "b_first", "b_last", "starts", "first_part", "n_splits", "slots")})
         aligned += ["o_part", "lse_part"]
-    elif variant == "uniform":
-        fn = _mla_decode_split_kernel
-        aligned.append("stride_o_split")
     else:
-        raise ValueError(f"unknown mla_decode variant {variant!r}: balanced or uniform")
+        fn = _mla_decode_split_kernel
+        aligned.append("stride_o_split")  # 0 with one split: divisible by 16 too
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
-    return fn, sig, consts, aligned, {"num_warps": full["num_warps"], "num_stages": full["num_stages"]}
+    options = {"num_warps": full["num_warps"], "num_stages": full["num_stages"]}
+    launch = {"variant": variant, "num_splits": splits, "out_dtype": out_dtype}
+    return fn, sig, consts, aligned, options, launch
 
 
-def _constants(H, S_q, r, dR, page, block_h, splits, causal, fp8, from_ptr, fp32, dot_fp32):
+def launch_variant(config: dict, fp8: bool, explicit_splits: bool, schedule: str = "auto") -> str:
+    """The stage-1 kernel mla_decode runs: schedule= when it names one, uniform when a split count
+    is given (argument, config or tuned config), else the one NO_SPILL lists (default_variant)."""
+    if schedule not in ("auto", "balanced", "uniform"):
+        raise ValueError(f"schedule must be auto, balanced or uniform, got {schedule!r}")
+    if schedule != "auto":
+        return schedule
+    return "uniform" if explicit_splits else default_variant(config, fp8)
+
+
+def _constants(H, S_q, r, dR, page, block_h, splits, causal, fp8, from_ptr, fp32, dot_fp32, split_score):
     return dict(
         H=H,
         S_Q=S_q,
@@ -673,12 +788,18 @@ def _constants(H, S_q, r, dR, page, block_h, splits, causal, fp8, from_ptr, fp32
         KV_SCALE_FROM_PTR=from_ptr,
         DOT_PRECISION="ieee" if fp32 else "tf32",
         DOT_FP32=dot_fp32,
+        SPLIT_SCORE=bool(split_score),
+        INTERPRETED=interpreting(),
     )
 
 
 def _check_config(config, source):
     return configs.check_config(
-        config, source, pow2={"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 1}, positive=("num_splits", "num_stages")
+        config,
+        source,
+        pow2={"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 1},
+        positive=("num_splits", "num_stages"),
+        flags=("SPLIT_SCORE",),
     )
 
 
@@ -798,7 +919,8 @@ def mla_decode(
         kv_scale: float or 1-element tensor on q's device; real cache value = stored * kv_scale.
         r: latent rank; default 512 for a 576-wide row.
         num_splits: split-KV factor (wins over `config`); else tuned config, else heuristic.
-        config: dict with any of BLOCK_H, BLOCK_N, num_splits, num_warps, num_stages.
+        config: dict with any of BLOCK_H, BLOCK_N, num_splits, num_warps, num_stages and
+            SPLIT_SCORE (0 or 1: the score tile split across warpgroups, see _score_and_accumulate).
         validate: read cache_seqlens and block_table to check them (one device sync). With False
             the heuristic sizes splits by block_table's width instead of the longest context.
         out: optional [B, S_q, H, r] tensor in q's dtype to write the output into.
@@ -848,8 +970,6 @@ def mla_decode(
         _check_config(config, "config")
     cfg.update(config or tuned or {})
     explicit_splits = num_splits is not None or "num_splits" in (config or tuned or {})
-    if schedule not in ("auto", "balanced", "uniform"):
-        raise ValueError(f"schedule must be auto, balanced or uniform, got {schedule!r}")
     if num_splits is not None:
         _check_config({"num_splits": num_splits}, "num_splits")
         cfg["num_splits"] = num_splits
@@ -863,8 +983,7 @@ def mla_decode(
     else:
         kv_scale_val = 1.0 if kv_scale is None else float(kv_scale)
         scale_ptr, from_ptr = cache_seqlens, False  # the pointer is unused: any tensor will do
-    balanced_ok = default_variant(cfg, kv_cache.dtype in _FP8) == "balanced"
-    if schedule == "balanced" or (schedule == "auto" and not explicit_splits and balanced_ok):
+    if launch_variant(cfg, fp8, explicit_splits, schedule) == "balanced":
         _run_balanced(q, kv_arg, kv_cache, block_table, cache_seqlens, scale_ptr, out, lse, scale, kv_scale_val,
                       from_ptr, cfg, causal, r, dR, num_sms, device)  # fmt: skip
         return out, lse
@@ -913,6 +1032,7 @@ def mla_decode(
         from_ptr,
         q.dtype == torch.float32,
         q.dtype == torch.bfloat16 and device.type != "cuda",
+        cfg.get("SPLIT_SCORE", 0),
     )
     _launch_split(grid, args, constants, cfg, device)
     if splits > 1:
@@ -946,7 +1066,8 @@ def _run_balanced(q, kv_arg, kv_cache, block_table, seqlens, scale_ptr, out, lse
     q_bytes = q.element_size()
     kv_bytes = kv_cache.element_size()
     constants = _constants(H, S_q, r, dR, kv_cache.shape[1], cfg["BLOCK_H"], 1, causal, fp8, from_ptr,
-                           q.dtype == torch.float32, q.dtype == torch.bfloat16 and device.type != "cuda")  # fmt: skip
+                           q.dtype == torch.float32, q.dtype == torch.bfloat16 and device.type != "cuda",
+                           cfg.get("SPLIT_SCORE", 0))  # fmt: skip
     del constants["NUM_SPLITS"]
     key = (device, "balanced", *sorted(constants.items()), cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"])
     tries = [_FITTED.get(key, (cfg["BLOCK_N"], cfg["num_stages"]))]
@@ -957,9 +1078,10 @@ def _run_balanced(q, kv_arg, kv_cache, block_table, seqlens, scale_ptr, out, lse
         kv_desc, kpe_desc, tma = _descriptors(kv_arg, block_n, r, dR, device, cfg["BLOCK_H"])
         o_part = _empty((pl.max_partials, rows, r), torch.float32, device)
         lse_part = _empty((pl.max_partials, rows), torch.float32, device)
+        x_p, x_a = _scratch(n_h * parts, constants, block_n, q, lse)
         try:
             _mla_decode_planned_kernel[(n_h, parts)](
-                q, kv_arg, kv_desc, kpe_desc, block_table, seqlens, scale_ptr, out, lse, o_part, lse_part,
+                q, kv_arg, kv_desc, kpe_desc, x_p, x_a, block_table, seqlens, scale_ptr, out, lse, o_part, lse_part,
                 pl.cuts, pl.b_first, pl.b_last, pl.starts, pl.first_part, pl.n_splits, pl.slot,
                 scale * kv_scale_val * LOG2E.value, kv_scale_val,
                 q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
@@ -976,6 +1098,19 @@ def _run_balanced(q, kv_arg, kv_cache, block_table, seqlens, scale_ptr, out, lse
         o_part, lse_part, pl.n_splits, pl.slot, out, lse, *out.stride()[:3], *lse.stride(),
         H=H, S_Q=S_q, R=r, num_warps=4,
     )  # fmt: skip
+
+
+def _scratch(programs, constants, block_n, q, lse):
+    """SPLIT_SCORE's per-program exchange slots (see _score_and_accumulate): p [programs, 2,
+    BLOCK_H, BLOCK_N] in q's dtype and alpha [programs, 2, BLOCK_H] fp32; without it, two unused
+    pointers (q and lse)."""
+    if not constants["SPLIT_SCORE"]:
+        return q, lse
+    block_h = constants["BLOCK_H"]
+    return (
+        _empty((programs, 2, block_h, block_n), q.dtype, q.device),
+        _empty((programs, 2, block_h), torch.float32, q.device),
+    )
 
 
 def _tma_capable(device) -> bool:
@@ -1015,9 +1150,10 @@ def _launch_split(grid, args, constants, cfg, device):
         kv_desc, kpe_desc, tma = _descriptors(
             args[1], block_n, constants["R"], constants["DR"], device, constants["BLOCK_H"]
         )
+        x_p, x_a = _scratch(grid[0] * grid[1] * grid[2], constants, block_n, args[0], args[6])
         try:
             _mla_decode_split_kernel[grid](
-                args[0], args[1], kv_desc, kpe_desc, *args[2:], **constants, BLOCK_N=block_n, TMA=tma,
+                args[0], args[1], kv_desc, kpe_desc, x_p, x_a, *args[2:], **constants, BLOCK_N=block_n, TMA=tma,
                 num_warps=cfg["num_warps"], num_stages=stages,
             )  # fmt: skip
         except OutOfResources:

@@ -22,7 +22,10 @@ import triton.language as tl
 
 from mlactl.kernels import configs
 from mlactl.kernels._checks import FLOAT_DTYPES, check_device, check_tensor, dtype_name
+from mlactl.kernels._triton_compat import patch_interpreter_index
 from mlactl.kernels.prefill_naive import check_inner_stride, check_same_device
+
+patch_interpreter_index()  # Triton 3.6's interpreter with numpy >= 2.4 (see _triton_compat)
 
 # Elements of o per program: 4096 (BLOCK_H x BLOCK_D) keeps 16 fp32 registers per thread at 4
 # warps, enough bytes in flight per SM for a bandwidth-bound copy without spilling.

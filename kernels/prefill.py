@@ -20,7 +20,10 @@ from triton.runtime.errors import OutOfResources
 
 from mlactl.kernels import configs
 from mlactl.kernels._checks import DTYPE_NAMES, check_device, interpreting
+from mlactl.kernels._triton_compat import patch_interpreter_index
 from mlactl.kernels.prefill_naive import validate_prefill
+
+patch_interpreter_index()  # Triton 3.6's interpreter with numpy >= 2.4 (see _triton_compat)
 
 # Defaults for Hopper (H200, sm_90), chosen from shared-memory arithmetic, not yet timed on a
 # GPU. DeepSeek-V3 shapes: dC+dR = 192, dV = 128, bf16. Compiled for sm_90 with Triton 3.9
@@ -206,66 +209,17 @@ def _mla_prefill_kernel(
         n_full = len_k
         hi = len_k
     mid = (n_full // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attend_keys(
-        acc,
-        l_i,
-        m_i,
-        b_qn,
-        b_qr,
-        p_kn,
-        p_kr,
-        p_v,
-        s_kn_t,
-        s_kr_t,
-        s_v_t,
-        o_m,
-        o_n,
-        m_dc,
-        m_dr,
-        m_dv,
-        0,
-        mid,
-        len_k,
-        delta,
-        qk_scale,
-        False,
-        CAUSAL,
-        BLOCK_DC != DC,
-        BLOCK_DR != DR,
-        BLOCK_DV != DV,
-        BLOCK_N,
-        PRECISION,
-    )
-    acc, l_i, m_i = _attend_keys(
-        acc,
-        l_i,
-        m_i,
-        b_qn,
-        b_qr,
-        p_kn,
-        p_kr,
-        p_v,
-        s_kn_t,
-        s_kr_t,
-        s_v_t,
-        o_m,
-        o_n,
-        m_dc,
-        m_dr,
-        m_dv,
-        mid,
-        hi,
-        len_k,
-        delta,
-        qk_scale,
-        True,
-        CAUSAL,
-        BLOCK_DC != DC,
-        BLOCK_DR != DR,
-        BLOCK_DV != DV,
-        BLOCK_N,
-        PRECISION,
-    )
+    # two runs of the one loop body: key blocks [0, mid) unmasked, then [mid, hi) masked
+    for MASKED in tl.static_range(2):
+        if MASKED:
+            lo_run, hi_run = mid, hi
+        else:
+            lo_run, hi_run = 0, mid
+        acc, l_i, m_i = _attend_keys(
+            acc, l_i, m_i, b_qn, b_qr, p_kn, p_kr, p_v, s_kn_t, s_kr_t, s_v_t, o_m, o_n, m_dc, m_dr, m_dv,
+            lo_run, hi_run, len_k, delta, qk_scale,
+            MASKED, CAUSAL, BLOCK_DC != DC, BLOCK_DR != DR, BLOCK_DV != DV, BLOCK_N, PRECISION,
+        )  # fmt: skip
 
     seen = l_i > 0.0  # rows that saw no key (non-causal, len_k = 0): out 0, lse -inf
     l_safe = tl.where(seen, l_i, 1.0)
@@ -348,23 +302,28 @@ def default_config(capability: int, d_qk: int, dV: int, dtype: str, max_len_q: i
     return cfg
 
 
-def compile_spec(config: dict, dC: int, dR: int, dV: int, dtype: str, causal: bool = True):
-    """What `mlactl tune compile` needs to build the kernel for a GPU target without launching it:
-    (jit function, signature, constants, argument names divisible by 16, compile options)."""
-    names = _mla_prefill_kernel.arg_names
-    ptrs = ("p_q", "p_kn", "p_kr", "p_v", "p_o")
-    consts = dict(
+def _constants(cfg: dict, dC: int, dR: int, dV: int, causal: bool, fp32: bool) -> dict:
+    """The kernel's constexpr arguments: one definition for the launch and the compile stage."""
+    return dict(
         DC=dC,
         DR=dR,
         DV=dV,
         BLOCK_DC=max(16, triton.next_power_of_2(dC)),
         BLOCK_DR=max(16, triton.next_power_of_2(dR)),
         BLOCK_DV=max(16, triton.next_power_of_2(dV)),
-        BLOCK_M=config["BLOCK_M"],
-        BLOCK_N=config["BLOCK_N"],
-        CAUSAL=causal,
-        PRECISION="ieee" if dtype == "fp32" else "tf32",
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        CAUSAL=bool(causal),
+        PRECISION="ieee" if fp32 else "tf32",
     )
+
+
+def compile_spec(config: dict, dC: int, dR: int, dV: int, dtype: str, causal: bool = True):
+    """What `mlactl tune compile` needs to build the kernel for a GPU target without launching it:
+    (jit function, signature, constants, argument names divisible by 16, compile options)."""
+    names = _mla_prefill_kernel.arg_names
+    ptrs = ("p_q", "p_kn", "p_kr", "p_v", "p_o")
+    consts = _constants(config, dC, dR, dV, causal, dtype == "fp32")
 
     def kind(n):
         if n in consts:
@@ -503,16 +462,7 @@ def mla_prefill(
                 lse.stride(0),
                 lse.stride(1),
                 scale * _LOG2E,
-                DC=dC,
-                DR=dR,
-                DV=dV,
-                BLOCK_DC=max(16, triton.next_power_of_2(dC)),
-                BLOCK_DR=max(16, triton.next_power_of_2(dR)),
-                BLOCK_DV=max(16, triton.next_power_of_2(dV)),
-                BLOCK_M=cfg["BLOCK_M"],
-                BLOCK_N=cfg["BLOCK_N"],
-                CAUSAL=bool(causal),
-                PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                **_constants(cfg, dC, dR, dV, causal, q.dtype == torch.float32),
                 num_warps=cfg["num_warps"],
                 num_stages=cfg["num_stages"],
             )

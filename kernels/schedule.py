@@ -30,17 +30,30 @@ from dataclasses import dataclass
 
 import torch
 
+# FlashMLA's fixed cost of a request piece: 5 blocks of 64 keys at every head count
+# (deepseek-ai/FlashMLA, csrc/flash_api.cpp, get_mla_metadata, commit 27710fa: block_size_n =
+# Config::PAGE_BLOCK_SIZE = 64, fixed_overhead_num_blocks = Config::FIXED_OVERHEAD_NUM_BLOCKS = 5;
+# its tile is always 64 rows, BLOCK_SIZE_M). Kept in keys, so that a plan in tiles of BLOCK_N
+# keys charges the same time: 320 keys are 5 tiles of 64 or 10 of 32. bench_decode_schedules.py
+# sets it to time the planner with the bytes alone against FlashMLA's cost on a GPU.
+FIXED_OVERHEAD_KEYS = 5 * 64
+
 
 def split_cost_tiles(rows: int, r: int, dR: int, block_n: int, q_bytes: int, kv_bytes: int) -> int:
-    """Fixed cost of one request piece, in KV tiles: the bytes it moves besides its keys.
+    """Fixed cost of one request piece, in KV tiles of `block_n` keys: the larger of what it moves
+    besides its keys and FlashMLA's fixed cost (FIXED_OVERHEAD_KEYS).
 
-    A piece loads its [rows, r + dR] query tile and writes a [rows, r] fp32 partial that the merge
-    reads back; against one [BLOCK_N, r + dR] KV tile that is 4.6 tiles for DeepSeek-V3 at
-    H = 128 in bf16 (FlashMLA uses 5), 1.1 at H = 16.
+    By bytes, a piece loads its [rows, r + dR] query tile and writes a [rows, r] fp32 partial
+    that the merge reads back: against one [BLOCK_N, r + dR] KV tile that is 4.6 tiles of 64 keys
+    for DeepSeek-V3 at H = 128 in bf16 and 1.1 at H = 16. A piece also pays costs that do not
+    scale with its rows (the pipeline filling before its first tile, the epilogue, the launch
+    of the merge); FlashMLA charges 5 tiles of 64 keys at every head count for all of it, and
+    so does this planner unless FIXED_OVERHEAD_KEYS is set lower.
     """
     tile = block_n * (r + dR) * kv_bytes
     extra = rows * (r + dR) * q_bytes + 2 * rows * r * 4
-    return max(1, round(extra / tile))
+    by_bytes = max(1, round(extra / tile))
+    return max(by_bytes, -(-FIXED_OVERHEAD_KEYS // block_n))
 
 
 @dataclass

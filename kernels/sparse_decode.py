@@ -266,18 +266,24 @@ def _constants(H, r, dR, block_h, splits, fp8, fp32, dot_fp32):
 
 def compile_spec(shape: dict, config: dict, r: int, dR: int, dtype: str, kv_dtype: str):
     """What `mlactl tune compile` needs to build stage 1 for a GPU target without launching it:
-    (jit function, signature, constants, argument names divisible by 16, compile options)."""
+    (jit function, signature, constants, argument names divisible by 16, compile options, launch),
+    built as `mla_sparse_decode` launches it: the config over the heuristic's for the shape, and
+    stage 1's output an fp32 partial when split, else q's dtype. `launch` is {"num_splits",
+    "out_dtype"} as recorded in the compile report."""
     fp8 = kv_dtype == "fp8"
     full = {**default_config(shape, kv_dtype), **config}
+    full["BLOCK_H"] = min(full["BLOCK_H"], max(BLOCK_H_MIN, triton.next_power_of_2(shape["H"])))  # as launched
+    out_dtype = "fp32" if full["num_splits"] > 1 else dtype
     consts = _constants(shape["H"], r, dR, full["BLOCK_H"], full["num_splits"], fp8, dtype == "fp32", False)
     consts["BLOCK_N"] = full["BLOCK_N"]
     kv_type = "u8" if fp8 else dtype
     types = dict(q=f"*{dtype}", kv=f"*{kv_type}", kv_f32="*fp32", kv_b16="*bf16", indices="*i32",
-                 o="*fp32" if full["num_splits"] > 1 else f"*{dtype}", lse="*fp32", qk_scale="fp32")  # fmt: skip
+                 o=f"*{out_dtype}", lse="*fp32", qk_scale="fp32")  # fmt: skip
     fn = _sparse_decode_kernel
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
     aligned = ["q", "kv", "kv_f32", "kv_b16", "o", "lse", "stride_qt", "stride_qh", "stride_kv", "stride_ot"]
-    return fn, sig, consts, aligned, {"num_warps": full["num_warps"], "num_stages": full["num_stages"]}
+    options = {"num_warps": full["num_warps"], "num_stages": full["num_stages"]}
+    return fn, sig, consts, aligned, options, {"num_splits": full["num_splits"], "out_dtype": out_dtype}
 
 
 def _check_config(config, source):

@@ -60,7 +60,7 @@ def analyze_json(*args):
 
 def test_json_schema():
     data = analyze_json("--new", "1,256", "--prefix", "0,4K")
-    assert data["schema"] == "mlactl.analysis" and data["schema_version"] == 2
+    assert data["schema"] == "mlactl.analysis" and data["schema_version"] == 3
     for key in ("model", "hardware", "kv_dtype", "rows", "crossover"):
         assert key in data
     assert data["model"]["name"] == "deepseek-v3" and data["hardware"]["name"] == "h800"
@@ -115,10 +115,11 @@ def test_context_alternative():
 
 def test_engine_paths_and_loss():
     """Decode after 4K and 8K: both engines absorb, the best, and lose nothing (the old fixed
-    rule expanded after 8K). 512 new tokens after 4K: SGLang's summed prefix 4096 < 8192 sends
-    it to absorb; vLLM's 512 > 128 sends it to the chunked prefill path."""
-    data = analyze_json("--new", "1,512", "--prefix", "4K,8K", "--hardware", "h800")
-    assert data["schema_version"] == 2
+    rule expanded after 8K). 513 new tokens after 4K: SGLang's summed prefix 4096 < 8192 (and
+    its 2048-token prefill graph) sends it to absorb; vLLM's 513 > 512 (FLASH_ATTN_MLA on an
+    H800 with a bf16 cache) sends it to the chunked prefill path."""
+    data = analyze_json("--new", "1,513", "--prefix", "4K,8K", "--hardware", "h800")
+    assert data["schema_version"] == 3
     assert [e["name"] for e in data["engines"]] == ["sglang", "vllm"]
     rows = {(r["new"], r["prefix"]): r for r in data["rows"]}
     for p in (4096, 8192):
@@ -126,7 +127,7 @@ def test_engine_paths_and_loss():
             "sglang": {"path": "absorb", "time_lost_s": 0},
             "vllm": {"path": "absorb", "time_lost_s": 0},
         }
-    long = rows[(512, 4096)]
+    long = rows[(513, 4096)]
     assert long["engines"]["sglang"]["path"] == "absorb" and long["engines"]["vllm"]["path"] == "expand_chunked"
     t = {p: long["paths"][p]["time_s"] for p in ("expand", "expand_chunked", "absorb")}
     assert long["engines"]["sglang"]["time_lost_s"] == pytest.approx(t["absorb"] - min(t.values()))

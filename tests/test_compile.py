@@ -66,6 +66,30 @@ def test_loop_counts_take_the_busiest_loop():
     assert stage.loop_counts("no loops\n", {"wgmma": "wgmma"}) == {"wgmma": 0}
 
 
+PTX_MMA = """
+$L__BB0_1:
+\twgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {...};
+\twgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {...};
+\twgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {...};
+\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {...};
+\t@%p1 bra $L__BB0_1;
+\twgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {...};
+"""
+
+
+def test_loop_mma_macs_and_ratio():
+    # in the loop: 2 x 64*16*16 + 64*256*16 = 32768 + 262144 = 294912 wgmma MACs, 16*8*16 = 2048 mma
+    assert stage.loop_mma_macs(PTX_MMA) == {"wgmma": 294912, "mma": 2048}
+    # 8 warps: 2 warpgroups issue the wgmma, 8 warps the mma.sync: 589824 + 16384 = 606208
+    assert stage.issued_over_needed({"wgmma": 294912, "mma": 2048}, 8, 606208) == 1.0
+    assert stage.issued_over_needed({"wgmma": 0, "mma": 0}, 8, 100) is None  # FMA dots: no ratio
+    # the issue's figure for the 128-head default before the split score: per 32-key tile each of
+    # 2 warpgroups issues 72 m64n16k16 (score, K 576) and 2 m64n256k16 (value, K 32); the tile
+    # needs 64 x 32 x (576 + 512) = 2228224: (2 x (72 x 16384 + 2 x 262144)) / 2228224 = 1.529
+    got = stage.issued_over_needed({"wgmma": 72 * 16384 + 2 * 262144, "mma": 0}, 8, 64 * 32 * 1088)
+    assert round(got, 3) == 1.529
+
+
 def test_sass_counts():
     sass = (
         "        /*0100*/ HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], RZ ;\n  STL [R1+0x4], R2 ;\n  LDL R2, [R1+0x4] ;\n"
@@ -162,8 +186,11 @@ LISTED += [("deepseek-v2-lite", 1)]
 @pytest.mark.slow
 @needs_ptxas
 def test_listed_defaults_do_not_spill_on_sm90():
-    """Every listed model's decode default, bf16 and fp8 cache, compiled for sm_90 with the ptxas
-    Triton selects: 0 spill bytes, no C7515, fits shared memory; prefill's defaults too."""
+    """Every listed model's decode default, bf16 and fp8 cache, compiled for sm_90 as the launcher
+    launches it (its schedule, split count and output dtype; for the uniform schedule both the
+    one-split bf16 output and the fp32 partials) with the ptxas Triton selects: 0 spill bytes, no
+    C7515, fits shared memory; prefill's defaults too. Run it under Triton 3.6 as well
+    (docs/kernels.md, "Triton 3.6")."""
     from mlactl.model import config as model
 
     cases = []
@@ -179,7 +206,80 @@ def test_listed_defaults_do_not_spill_on_sm90():
         if r["error"] or r["spill_bytes"] or any("C7515" in w for w in r["warnings"]) or stage.verdict(r)
     ]
     assert not bad, bad
-    assert all(r["ptxas"] == "ptxas-blackwell" for r in results)  # the ptxas Triton uses for sm_90
+    assert {(r["ptxas"], r["ptxas_version"]) for r in results} == {PTXAS_SM90[triton_minor()]}
+    decode = [r for r in results if r["kernel"] == "mla_decode"]
+    for r in decode:  # what each row says it launched is what the launcher picks (see below)
+        assert r["out_dtype"] == ("fp32" if r["variant"] == "uniform" and r["num_splits"] > 1 else "bf16"), r
+    # DeepSeek-V3 TP1 bf16 (B 128: one split, bf16 out; B 16: fp32 partials), the 64-row default:
+    # each tensor-core multiply-add issued once (the split score tile), 1.53 without it
+    wide = [r for r in decode if r["shape"]["H"] == 128 and r["kv_dtype"] == "bf16"]
+    assert sorted((r["shape"]["B"], r["num_splits"] > 1, r["out_dtype"]) for r in wide) == [
+        (16, True, "fp32"),
+        (128, False, "bf16"),
+    ]
+    assert all(r["issued_mma_over_needed"] <= 1.02 and r["config"]["SPLIT_SCORE"] == 1 for r in wide), wide
+
+
+# The ptxas each Triton release selects for sm_90 (triton/backends/nvidia/compiler.py, get_ptxas):
+# 3.9 `ptxas-blackwell` from sm_90 on (CUDA 13.4 in the wheel), 3.6 `ptxas` below sm_100 (CUDA 12.8)
+PTXAS_SM90 = {(3, 9): ("ptxas-blackwell", "13.4"), (3, 6): ("ptxas", "12.8")}
+
+
+def triton_minor() -> tuple[int, int]:
+    import triton
+
+    major, minor = triton.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+LAUNCHES = [  # (H, S_q, dtype, config, schedule): what mla_decode launches, recorded in the interpreter
+    pytest.param(4, 1, "fp16", {"BLOCK_N": 16, "num_splits": 1, "SPLIT_SCORE": 1}, "auto", id="uniform-1split"),
+    pytest.param(4, 1, "fp16", {"BLOCK_N": 16, "num_splits": 3}, "auto", id="uniform-3splits-fp32-out"),
+    pytest.param(4, 2, "fp32", {"BLOCK_N": 32}, "balanced", id="balanced"),
+]
+
+
+@pytest.mark.parametrize("H, S_q, dtype, config, schedule", LAUNCHES)
+def test_compile_spec_builds_what_the_launcher_launches(monkeypatch, H, S_q, dtype, config, schedule):
+    """The compile stage builds the kernel, constexprs and output dtype that mla_decode launches:
+    the launch is recorded (Triton's interpreter on a CPU) and set against compile_spec."""
+    import torch
+    from test_decode import paged_case
+
+    from mlactl.kernels import decode
+
+    seen = {}
+
+    class Record:
+        def __init__(self, name):
+            self.name, self.real = name, getattr(decode, name)
+            self.arg_names = self.real.arg_names
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                bound = dict(zip(self.arg_names, args))
+                seen.update(kernel=self.name, o=bound["o"].dtype, consts=kwargs)
+                return self.real[grid](*args, **kwargs)
+
+            return launch
+
+    for name in ("_mla_decode_split_kernel", "_mla_decode_planned_kernel"):
+        monkeypatch.setattr(decode, name, Record(name))
+    torch_dtype = {"fp16": torch.float16, "fp32": torch.float32}[dtype]
+    q, kv, table, seqlens, _ = paged_case((40, 100), H, S_q, 32, 16, 16, torch_dtype)
+    decode.mla_decode(q, kv, table, seqlens, 0.15, r=32, config=config, schedule=schedule)
+    shape = {"B": 2, "H": H, "S_q": S_q, "ctx": 100}
+    fn, sig, consts, _, options, launch = decode.compile_spec(
+        shape, config, 32, 16, 16, dtype, dtype, variant=None if schedule == "auto" else schedule
+    )
+    assert fn is getattr(decode, seen["kernel"])  # the stage-1 kernel the launcher ran
+    names = {torch.float16: "fp16", torch.float32: "fp32", torch.bfloat16: "bf16"}
+    assert sig["o"] == f"*{names[seen['o']]}" and launch["out_dtype"] == names[seen["o"]]
+    launched = {k: v for k, v in seen["consts"].items() if k not in ("num_warps", "num_stages", "INTERPRETED")}
+    built = {k: v for k, v in consts.items() if k not in ("INTERPRETED", "TMA")}
+    launched.pop("TMA")  # the interpreter takes TMA only at 64 rows, as a GPU does (tested in test_schedule)
+    assert launched == built
+    assert (options["num_warps"], options["num_stages"]) == (seen["consts"]["num_warps"], seen["consts"]["num_stages"])
 
 
 def test_report_table_never_cuts_the_bucket_or_kernel_at_80_columns():
@@ -209,3 +309,48 @@ def test_report_table_never_cuts_the_bucket_or_kernel_at_80_columns():
         assert "…" not in text
         if width:
             assert max(len(line) for line in text.splitlines()) <= 80
+
+
+SPARSE_LAUNCHES = [  # (H, dtype, fp8, config): what mla_sparse_decode launches, recorded in the interpreter
+    pytest.param(4, "fp16", False, {"BLOCK_H": 16, "BLOCK_N": 16, "num_splits": 1}, id="bf16-row-1split-H4"),
+    pytest.param(5, "fp32", False, {"BLOCK_N": 16, "num_splits": 3}, id="3splits-fp32-partials"),
+    pytest.param(3, "fp16", True, {"BLOCK_H": 64, "BLOCK_N": 16, "num_splits": 2}, id="fp8-row-BLOCK_H-clamped"),
+]
+
+
+@pytest.mark.parametrize("H, dtype, fp8, config", SPARSE_LAUNCHES)
+def test_sparse_compile_spec_builds_what_the_launcher_launches(monkeypatch, H, dtype, fp8, config):
+    """mla_sparse_decode's compile stage builds the constexprs, output dtype and options the
+    launcher launches (a BLOCK_H wider than the heads is clamped the same way in both)."""
+    import torch
+    from test_dsa_kernel import sparse_case
+
+    from mlactl.kernels import sparse_decode
+
+    seen = {}
+    real = sparse_decode._sparse_decode_kernel
+
+    class Record:
+        arg_names = real.arg_names
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.update(o=dict(zip(self.arg_names, args))["o"].dtype, consts=kwargs)
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(sparse_decode, "_sparse_decode_kernel", Record())
+    torch_dtype = {"fp16": torch.float16, "fp32": torch.float32}[dtype]
+    q, cache, slots = sparse_case(2, 1, H, 128, 32, 4, 16, 40, torch_dtype, fp8=fp8, device="cpu")
+    sparse_decode.mla_sparse_decode(q, cache, slots, 0.1, r=128, config=config)
+    shape = {"B": 2, "H": H, "S_q": 1, "topk": 40}
+    _, sig, consts, _, options, launch = sparse_decode.compile_spec(
+        shape, config, 128, 32, dtype, "fp8" if fp8 else dtype
+    )
+    names = {torch.float16: "fp16", torch.float32: "fp32"}
+    assert sig["o"] == f"*{names[seen['o']]}" and launch["out_dtype"] == names[seen["o"]]
+    assert launch["num_splits"] == config["num_splits"]
+    launched = {k: v for k, v in seen["consts"].items() if k not in ("num_warps", "num_stages", "DOT_FP32")}
+    assert launched == {k: v for k, v in consts.items() if k != "DOT_FP32"}
+    assert (options["num_warps"], options["num_stages"]) == (seen["consts"]["num_warps"], seen["consts"]["num_stages"])

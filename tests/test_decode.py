@@ -412,6 +412,29 @@ def test_kernel_matches_twin(
     assert torch.all(got[0][empty] == 0) and torch.all(got[1][empty] == -math.inf)
 
 
+SPLIT_SCORE_CASES = [  # (lens, H, S_q, block_size, dtype, kv_dtype, schedule, num_splits, BLOCK_N, tol)
+    pytest.param((1, 17, 300), 4, 1, 16, torch.float32, None, "uniform", 3, 16, F32, id="B3-H4-fp32-uniform-split3"),
+    pytest.param((5, 200), 4, 1, 16, torch.float16, None, "uniform", 1, 64, F16, id="B2-H4-fp16-uniform-1split-N64"),
+    pytest.param((0, 300, 50, 17), 3, 1, 16, torch.float16, None, "balanced", None, 16, F16, id="B4-H3-fp16-balanced"),
+    pytest.param((700, 5, 64), 4, 2, 24, torch.float16, FP8, "balanced", None, 32, F16, id="B3-H4-Sq2-fp8-balanced"),
+    pytest.param((9, 70), 5, 3, 16, torch.bfloat16, None, "uniform", 2, 16, BF16, id="B2-H5-Sq3-bf16-noncausal"),
+]
+
+
+@pytest.mark.parametrize("lens, H, S_q, block_size, dtype, kv_dtype, sched, splits, block_n, tol", SPLIT_SCORE_CASES)
+def test_split_score_matches_twin(poisoned, lens, H, S_q, block_size, dtype, kv_dtype, sched, splits, block_n, tol):
+    """SPLIT_SCORE (the score tile split across warpgroups, p and alpha through the NaN-poisoned
+    scratch slots): the same output as the twin, on both schedules and every tile path."""
+    causal = S_q != 3  # the S_q = 3 case runs non-causal
+    q, kv, table, seqlens, kv_scale = paged_case(lens, H, S_q, 32, 16, block_size, dtype, kv_dtype)
+    config = {"BLOCK_N": block_n, "SPLIT_SCORE": 1}
+    got = mla_decode(
+        q, kv, table, seqlens, SCALE, r=32, kv_scale=kv_scale, causal=causal, config=config,
+        num_splits=splits, schedule=sched,
+    )  # fmt: skip
+    assert_close(got, mla_decode_naive(q, kv, table, seqlens, SCALE, r=32, kv_scale=kv_scale, causal=causal), tol)
+
+
 def test_kernel_kv_scale_tensor_4d_cache_strided_q_and_out(poisoned):
     """kv_scale as a device tensor (no sync), FlashMLA's [blocks, page, 1, D] cache, a q that is
     a slice of a wider buffer, and an out= buffer poisoned by the caller."""
@@ -480,11 +503,13 @@ def test_heuristic_deepseek_shapes():
     bf16 = torch.bfloat16
     wide = heuristic_config(128, 128, 1, 512, 64, 8192, 64, bf16, bf16, 132)
     assert wide["BLOCK_H"] == 64 and wide["num_warps"] == 8 and wide["num_splits"] == 1
-    # 32 keys per tile: the largest that compiles for sm_90 without spilling at 64 rows (NO_SPILL)
-    assert (wide["BLOCK_N"], wide["num_stages"]) == (32, 3)
-    assert decode.smem_bytes(64, wide["BLOCK_N"], wide["num_stages"], 576, 2, 2, False) <= decode.SMEM_BUDGET
+    # 32 keys, 2 stages, split score: the config that compiles for sm_90 without spilling at 64 rows
+    # under Triton 3.9 and 3.6, for both outputs (NO_SPILL; tests/test_compile.py compiles it)
+    assert (wide["BLOCK_N"], wide["num_stages"], wide["SPLIT_SCORE"]) == (32, 2, 1)
+    assert decode.smem_bytes(64, 32, 2, 576, 2, 2, False, 512, True) <= decode.SMEM_BUDGET
     narrow = heuristic_config(128, 16, 1, 512, 64, 8192, 64, bf16, bf16, 132)
     assert narrow["BLOCK_H"] == 16 and narrow["num_warps"] == 8 and narrow["num_splits"] == 2
+    assert narrow["SPLIT_SCORE"] == 0  # 16 rows x 64 keys issue each multiply-add once already
     mtp = heuristic_config(8, 16, 4, 512, 64, 8192, 64, bf16, FP8, 132)
     # 4 new tokens x 16 heads fill a 64-row tile, but an fp8 cache takes 32-row ones (FP8_BLOCK_H)
     assert mtp["BLOCK_H"] == 32 and mtp["num_splits"] > 1
@@ -533,29 +558,17 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mlactl.kernels import decode
 
-def compile_split(q, kv, H, S_q):
-    cfg = decode.heuristic_config(128, H, S_q, 512, 64, 8192, 64, q, kv, 132)
-    fn = decode._mla_decode_split_kernel
-    fp8 = kv == torch.float8_e4m3fn
-    name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q]
-    kv_t = "*u8" if fp8 else "*" + name
-    types = dict(q="*" + name, kv=kv_t, kv_desc=kv_t, kpe_desc=kv_t, block_table="*i32",
-                 seqlens="*i32", kv_scale_ptr="*fp32", o="*fp32", lse="*fp32",
-                 qk_scale="fp32", kv_scale="fp32")
-    const = dict(H=H, S_Q=S_q, R=512, DR=64, PAGE=64, BLOCK_H=cfg["BLOCK_H"],
-                 BLOCK_N=cfg["BLOCK_N"], NUM_SPLITS=4, CAUSAL=True, KV_FP8=fp8,
-                 KV_SCALE_FROM_PTR=fp8, DOT_PRECISION="tf32", DOT_FP32=False, TMA=False)
-    sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}
-    aligned = ("q", "kv", "o", "lse", "stride_qb", "stride_qs", "stride_qh", "stride_kv_blk",
-               "stride_kv_tok", "stride_ob", "stride_os", "stride_oh", "stride_o_split")
+def compile_split(dtype, kv, H, B, split_score):
+    shape = dict(B=B, H=H, S_q=1, ctx=8192)
+    fn, sig, const, aligned, options, launch = decode.compile_spec(
+        shape, {"SPLIT_SCORE": split_score}, 512, 64, 64, dtype, kv, variant="uniform")
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
-    row, qb, kb = 576, torch.finfo(q).bits // 8, torch.finfo(kv).bits // 8
-    estimate = decode.smem_bytes(cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["num_stages"], row, qb, kb,
-                                  fp8, 512)
-    return dict(shared=k.metadata.shared, estimate=estimate, block_h=cfg["BLOCK_H"],
-                wgmma="warp_group_dot" in k.asm["ttgir"])
+    k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+    qb, kb = {"bf16": 2, "fp16": 2}[dtype], 1 if kv == "fp8" else 2
+    estimate = decode.smem_bytes(const["BLOCK_H"], const["BLOCK_N"], options["num_stages"], 576, qb, kb,
+                                 kv == "fp8", 512, split_score)
+    return dict(shared=k.metadata.shared, estimate=estimate, block_h=const["BLOCK_H"],
+                wgmma="warp_group_dot" in k.asm["ttgir"], case=[dtype, kv, H, B, split_score], **launch)
 
 merge = decode._mla_decode_merge_kernel
 sig = {n: "constexpr" if n in ("H", "R", "NUM_SPLITS", "SPLITS_P2") else "i32"
@@ -563,9 +576,10 @@ sig = {n: "constexpr" if n in ("H", "R", "NUM_SPLITS", "SPLITS_P2") else "i32"
 sig.update(o_part="*fp32", lse_part="*fp32", o="*bf16", lse="*fp32")
 triton.compile(ASTSource(merge, sig, dict(H=128, R=512, NUM_SPLITS=7, SPLITS_P2=8)),
                target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-bf16, fp16, fp8 = torch.bfloat16, torch.float16, torch.float8_e4m3fn
-print(json.dumps([compile_split(*case) for case in
-                  [(bf16, bf16, 128, 1), (bf16, fp8, 128, 1), (fp16, fp16, 16, 1), (bf16, fp8, 16, 1)]]))
+cases = [("bf16", "bf16", 128, 128, 1), ("bf16", "bf16", 128, 16, 1), ("bf16", "bf16", 128, 128, 0),
+         ("bf16", "fp8", 128, 128, 0), ("fp16", "fp16", 16, 128, 0), ("bf16", "fp8", 16, 128, 0),
+         ("bf16", "bf16", 32, 128, 1)]
+print(json.dumps([compile_split(*case) for case in cases]))
 """
 
 
@@ -578,10 +592,13 @@ def test_sm90_compile_fits_shared_memory():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", SM90_COMPILE], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    for case in json.loads(run.stdout.strip().splitlines()[-1]):
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    for case in found:
         assert case["shared"] <= decode.SMEM_BUDGET, case
         assert case["shared"] <= case["estimate"], case  # the heuristic's estimate is not short
         assert case["wgmma"] == (case["block_h"] == 64), case
+    # what the launcher writes: one split (B 128 at H 128) q's dtype, several (B 16) fp32 partials
+    assert [(c["num_splits"] == 1, c["out_dtype"]) for c in found[:2]] == [(True, "bf16"), (False, "fp32")]
 
 
 # ---- bad inputs: one ValueError each, naming the argument, before any launch -------------------
@@ -691,6 +708,9 @@ BAD_INPUTS = [
     pytest.param(_with(config={"BLOCK_M": 64}), "config has unknown keys", id="config-unknown-key"),
     pytest.param(_with(config={"BLOCK_H": 24}), r"config\['BLOCK_H'\] must be a power of two", id="config-BLOCK_H-24"),
     pytest.param(
+        _with(config={"SPLIT_SCORE": 2}), r"config\['SPLIT_SCORE'\] must be 0 or 1", id="config-SPLIT_SCORE-2"
+    ),
+    pytest.param(
         _with(out=lambda a: torch.empty(2, 1, 2, 16, dtype=a["q"].dtype, device=a["q"].device)),
         "out must be",
         id="out-wrong-shape",
@@ -755,3 +775,42 @@ def test_gpu_unvalidated_big_batch(poisoned):
     q, kv, table, seqlens, _ = paged_case(lens, 128, 1, 512, 64, 64, torch.bfloat16)
     got = mla_decode(q, kv, table, seqlens, DSV3_SCALE, validate=False)
     assert_close(got, mla_decode_naive(q, kv, table, seqlens, DSV3_SCALE), BF16)
+
+
+# ---- Triton 3.6's interpreter with numpy >= 2.4 (kernels/_triton_compat.py) ---------------------
+
+
+def test_interpreter_index_compat_patches_only_the_old_rule():
+    """Triton 3.6 turns a loop bound into an int with int(array of shape [1]), which numpy 2.4
+    refuses; 3.9 squeezes first. The fix applies only where the interpreter's own rule fails."""
+    import numpy as np
+
+    from mlactl.kernels import _triton_compat as compat
+
+    def rule_36(tensor, scope):  # triton 3.6.0, triton/runtime/interpreter.py, _patch_lang_tensor
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+    def rule_39(tensor, scope):  # triton 3.9.0, the same function
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # numpy 2.3 converts with a DeprecationWarning, 2.4 refuses
+            warnings.simplefilter("error", DeprecationWarning)
+            int(np.ones(1, dtype=np.int32))
+        numpy_refuses = False
+    except (TypeError, DeprecationWarning):
+        numpy_refuses = True
+    assert compat._needs_patch(rule_36) is numpy_refuses
+    assert compat._needs_patch(rule_39) is False
+
+    class Handle:
+        data = np.array([7], dtype=np.int64)
+
+    class Scalar:
+        handle = Handle()
+
+    assert compat._index_of(Scalar()) == 7
+    Scalar.__index__ = compat._index_of
+    assert list(range(Scalar(), 10)) == [7, 8, 9]

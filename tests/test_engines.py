@@ -14,184 +14,50 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from mlactl.cli import app
 from mlactl.decide import workload
-from mlactl.decide.engines import (
-    batch_paths,
-    default_params,
-    grid_paths,
-    parse_engines,
-    time_lost,
-    vllm_context_chunk,
-)
+from mlactl.decide.engines import Context, chunk_sizes, context_for, grid_paths, parse_engines, time_lost
 from mlactl.model import config as model
 from mlactl.model import hardware
 from mlactl.model.cost import CostModel
 from mlactl.util.errors import MlactlError
 
 runner = CliRunner()
-
-# -- the second implementation: the handlers' if/else, one scheduler batch at a time ----------------
-
-
-def sglang_reference(engine, requests, threshold=8192, capacity=131072, backend="fa3"):
-    """`requests`: (new, prefix) of every request the scheduler put in the step. SGLang runs the
-    decodes (one token after a prefix) as a decode batch and the rest as one extend batch."""
-    decodes = [r for r in requests if r[0] == 1 and r[1] > 0]
-    extends = [r for r in requests if not (r[0] == 1 and r[1] > 0)]
-    sum_extend_prefix_lens = 0
-    sum_seq_lens = 0
-    for new, prefix in extends:
-        sum_extend_prefix_lens += prefix
-        sum_seq_lens += prefix + new
-    if engine == "sglang":  # _handle_attention_backend, chunked prefix cache on
-        if sum_extend_prefix_lens >= threshold or sum_extend_prefix_lens == 0:
-            if backend in ("fa3", "flashinfer", "flashmla") and sum_seq_lens <= capacity:
-                extend_method = "MHA_ONE_SHOT"
-            else:
-                extend_method = "MHA_CHUNKED_KV"
-        else:
-            extend_method = "MLA"
-    elif engine == "sglang-triton":  # handle_attention_triton
-        extend_method = "MHA" if sum_extend_prefix_lens == 0 else "MLA"
-    else:  # handle_attention_trtllm_mla, chunked prefix cache on
-        extend_method = "MHA_CHUNKED_KV"
-    name = {"MHA_ONE_SHOT": "expand", "MHA": "expand", "MHA_CHUNKED_KV": "expand_chunked", "MLA": "absorb"}
-    return ["absorb" if r in decodes else name[extend_method] for r in requests]
-
-
-def vllm_reference(requests, threshold=128):
-    """split_decodes_and_prefills: query length <= reorder_batch_threshold is a decode; a prefill
-    with context runs the chunked-context loop, without context plain MHA."""
-    out = []
-    for new, prefix in requests:
-        if new <= threshold:
-            out.append("absorb")
-        elif prefix > 0:
-            out.append("expand_chunked")
-        else:
-            out.append("expand")
-    return out
-
-
-# -- the table of cases, worked by hand --------------------------------------------------------------
-
-D = 8192  # SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD
-CAP = 128 * 1024  # SGLANG_MAX_KV_CHUNK_CAPACITY
-
-SGLANG_CASES = [
-    # (id, engine, options, requests, expected)
-    ("sum-below-threshold", "sglang", {}, [(512, D - 1)], ["absorb"]),
-    ("sum-at-threshold", "sglang", {}, [(512, D)], ["expand"]),
-    ("two-summing-below", "sglang", {}, [(512, 4095), (64, 4096)], ["absorb", "absorb"]),
-    ("two-summing-to-threshold", "sglang", {}, [(512, 4096), (64, 4096)], ["expand", "expand"]),
-    ("64x256-sums-16384", "sglang", {}, [(512, 256)] * 64, ["expand"] * 64),
-    ("no-prefix", "sglang", {}, [(4096, 0)], ["expand"]),
-    ("one-token-no-prefix-is-extend", "sglang", {}, [(1, 0)], ["expand"]),
-    ("capacity-exactly", "sglang", {}, [(4096, CAP - 4096)], ["expand"]),
-    ("capacity-plus-one", "sglang", {}, [(4096, CAP - 4095)], ["expand_chunked"]),
-    ("no-prefix-over-capacity", "sglang", {}, [(4096, 0)] * 33, ["expand_chunked"] * 33),
-    ("decode", "sglang", {}, [(1, 32768)], ["absorb"]),
-    ("decodes-never-sum", "sglang", {}, [(1, 32768)] * 64, ["absorb"] * 64),
-    ("cutlass-never-one-shot", "sglang", {"backend": "cutlass_mla"}, [(512, D)], ["expand_chunked"]),
-    ("threshold-4096", "sglang", {"threshold": 4096}, [(512, 4096)], ["expand"]),
-    (
-        "mixed-decodes-apart",
-        "sglang",
-        {},
-        [(1, 30000), (512, 4000), (512, 4192), (1, 100)],
-        ["absorb", "expand", "expand", "absorb"],
-    ),
-    ("mixed-below", "sglang", {}, [(1, 30000), (512, 4000), (512, 4191)], ["absorb", "absorb", "absorb"]),
-    ("triton-no-prefix", "sglang-triton", {}, [(4096, 0)] * 33, ["expand"] * 33),
-    ("triton-any-prefix", "sglang-triton", {}, [(4096, 0), (512, 1)], ["absorb", "absorb"]),
-    ("triton-decode", "sglang-triton", {}, [(1, 5)], ["absorb"]),
-    ("trtllm-extend", "sglang-trtllm", {}, [(16, 100), (4096, 0)], ["expand_chunked", "expand_chunked"]),
-    ("trtllm-decode", "sglang-trtllm", {}, [(1, 100)], ["absorb"]),
-]
-
-VLLM_CASES = [
-    ("decode", {}, [(1, 32768)], ["absorb"]),
-    ("threshold-minus-one", {}, [(127, 1000)], ["absorb"]),
-    ("at-threshold", {}, [(128, 1000)], ["absorb"]),
-    ("threshold-plus-one", {}, [(129, 1000)], ["expand_chunked"]),
-    ("plus-one-no-context", {}, [(129, 0)], ["expand"]),
-    ("short-no-context", {}, [(64, 0)], ["absorb"]),
-    ("fa-mla-512", {"backend": "flash_attn_mla"}, [(512, 10), (513, 10)], ["absorb", "expand_chunked"]),
-    ("threshold-option", {"threshold": 16}, [(16, 10), (17, 10)], ["absorb", "expand_chunked"]),
-    (
-        "mixed-per-request",
-        {},
-        [(1, 30000), (4096, 0), (200, 20000), (100, 50)],
-        ["absorb", "expand", "expand_chunked", "absorb"],
-    ),
-]
-
-
-def params(engine, options):
-    return parse_engines(engine, [f"{k}={v}" for k, v in options.items()])[0]
-
-
-@pytest.mark.parametrize(
-    "engine, options, requests, expected", [c[1:] for c in SGLANG_CASES], ids=[c[0] for c in SGLANG_CASES]
-)
-def test_sglang_rules(engine, options, requests, expected):
-    assert sglang_reference(engine, requests, **options) == expected
-    new, prefix = np.array(requests).T
-    assert list(batch_paths(params(engine, options), new, prefix, np.ones_like(new))) == expected
-
-
-@pytest.mark.parametrize("options, requests, expected", [c[1:] for c in VLLM_CASES], ids=[c[0] for c in VLLM_CASES])
-def test_vllm_rules(options, requests, expected):
-    threshold = options.get("threshold", 512 if options.get("backend") == "flash_attn_mla" else 128)
-    assert vllm_reference(requests, threshold) == expected
-    new, prefix = np.array(requests).T
-    assert list(batch_paths(params("vllm", options), new, prefix, np.ones_like(new))) == expected
-
-
-def test_count_rows_are_that_many_requests():
-    """A CSV row with count 64 is 64 requests: 64 x 256 sums to 16,384 >= 8192."""
-    p = default_params("sglang")
-    assert list(batch_paths(p, [512], [256], [64])) == ["expand"]
-    assert list(batch_paths(p, [512], [256], [31])) == ["absorb"]  # 7936
+H200 = Context(hardware="h200", arch="sm90", kv_dtype="bf16")
 
 
 def test_grid_point_is_a_batch_of_alike_requests():
-    p = default_params("sglang")
+    """sglang@0.5.14 (no piecewise graph): 256 < 8192; 32*255 = 8160 < 8192; 64*256 = 16384;
+    a decode; 33*4096 = 135168 > the 131072 capacity."""
+    p = parse_engines("sglang@0.5.14", [], H200)[0]
     got = grid_paths(p, batch=[1, 32, 64, 64, 33], new=[512, 512, 512, 1, 4096], prefix=[256, 255, 256, 256, 0])
-    # 256 < 8192; 32*255 = 8160 < 8192; 64*256 = 16384; decode; 33*4096 = 135168 > capacity
     assert list(got) == ["absorb", "absorb", "expand", "absorb", "expand_chunked"]
 
 
-requests_st = st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 20000)), min_size=1, max_size=12)
-
-
-@settings(max_examples=200, deadline=None)
-@given(requests=requests_st, engine=st.sampled_from(["sglang", "sglang-triton", "sglang-trtllm"]))
-def test_sglang_matches_reference_on_random_batches(requests, engine):
-    new, prefix = np.array(requests).T
-    got = batch_paths(default_params(engine), new, prefix, np.ones_like(new))
-    assert list(got) == sglang_reference(engine, requests)
-
-
-@settings(max_examples=200, deadline=None)
-@given(requests=requests_st)
-def test_vllm_matches_reference_on_random_batches(requests):
-    new, prefix = np.array(requests).T
-    assert list(batch_paths(default_params("vllm"), new, prefix, np.ones_like(new))) == vllm_reference(requests)
-
-
 def test_vllm_context_chunk():
-    """The 64K workspace split over the prefills with context, rounded down to a 64-token page."""
-    p = default_params("vllm")
-    assert vllm_context_chunk(1, p) == 65536
-    assert vllm_context_chunk(3, p) == 21824  # 21845 -> 21824
-    assert vllm_context_chunk(7, p) == 9344  # 9362 -> 9344
-    assert vllm_context_chunk(0, p) == 0
+    """FLASHMLA (fp8 cache on an H200): the 64K workspace split over the prefills with context,
+    rounded down to its 64-token block: 65536 // 3 = 21845 -> 21824; 65536 // 7 = 9362 -> 9344.
+    FLASH_ATTN_MLA's 16-token blocks: 65536 // 3 = 21845 -> 21840."""
+    fp8 = Context(hardware="h200", arch="sm90", kv_dtype="fp8")
+    p = parse_engines("vllm", [], fp8)[0]
+    assert (p.backend, p.block, p.workspace) == ("FLASHMLA", 64, 65536)
+    assert chunk_sizes(p, [1, 3, 7]).tolist() == [65536, 21824, 9344]
+    fa = parse_engines("vllm", [], H200)[0]
+    assert (fa.backend, fa.block) == ("FLASH_ATTN_MLA", 16)
+    assert chunk_sizes(fa, [3]).tolist() == [21840]
+    assert chunk_sizes(parse_engines("sglang", [], H200)[0], [1]) is None
+
+
+def test_vllm_workspace_formula():
+    """min(max(8 * max_model_len, 4 * max_num_seqs * block), 64K), at least max_num_seqs * block:
+    max_model_len 1000 -> max(8000, 4*256*16 = 16384) = 16384; max_num_seqs 8192 on 16-token
+    blocks -> at least 131072."""
+    (p,) = parse_engines("vllm", ["max_model_len=1000"], H200)
+    assert p.workspace == 16384
+    (p,) = parse_engines("vllm", ["max_num_seqs=8192"], H200)
+    assert p.workspace == 131072
 
 
 # -- losses -------------------------------------------------------------------------------------------
@@ -212,8 +78,8 @@ def test_time_lost_against_the_best_that_fits():
 
 
 def v3_report(wl, engines="sglang,vllm", hw="h200"):
-    cost = CostModel(model.from_name("deepseek-v3"))
-    return workload.report(cost, hardware.from_name(hw), wl, parse_engines(engines))
+    cfg, profile = model.from_name("deepseek-v3"), hardware.from_name(hw)
+    return workload.report(CostModel(cfg), profile, wl, parse_engines(engines, [], context_for(cfg, profile)))
 
 
 def brute_force(wl, engine, thresholds, hw="h200"):
@@ -227,7 +93,8 @@ def brute_force(wl, engine, thresholds, hw="h200"):
         times = dict(times, expand_chunked=chunked)
     out = {}
     for t in thresholds:
-        p = parse_engines(engine, [f"threshold={t}"])[0]
+        ctx = context_for(model.from_name("deepseek-v3"), hardware.from_name(hw))
+        p = parse_engines(engine, [f"threshold={t}"], ctx)[0]
         chosen = grid_paths(p, wl.batch, wl.new, wl.prefix)
         out[t] = float(sum(np.where(chosen == k, v, 0.0) for k, v in times.items()) @ wl.weight)
     return out
@@ -252,9 +119,9 @@ def test_sglang_sweep_is_the_brute_force_minimum():
 def test_vllm_sweep_is_the_brute_force_minimum():
     wl = workload.grid_workload(*np.array([(1, n, p) for n in (1, 16, 64, 100, 256, 1024) for p in (0, 4096, 32768)]).T)
     sweep = next(e.sweep for e in v3_report(wl).engines if e.params.engine == "vllm")
-    brute = brute_force(wl, "vllm", [1, 15, 16, 63, 64, 99, 100, 128, 255, 256, 1023, 1024, 4096])
+    brute = brute_force(wl, "vllm", [1, 15, 16, 63, 64, 99, 100, 128, 255, 256, 512, 1023, 1024, 4096])
     assert sweep.best_time_s == pytest.approx(min(brute.values()))
-    assert sweep.current_time_s == pytest.approx(brute[128])
+    assert sweep.current_time_s == pytest.approx(brute[512])  # FLASH_ATTN_MLA on an H200, bf16 cache
     assert 0 <= sweep.saves <= 1
 
 
@@ -281,22 +148,36 @@ def one_error_line(args, message):
     assert message in lines[0], lines[0]
 
 
-KNOWN = "choose from sglang, sglang-triton, sglang-trtllm, vllm"
+KNOWN = "choose from sglang, vllm, sglang-triton, sglang-trtllm, sglang@0.5.14"
 BAD = [
     (["analyze", "--engines", "tensorrt"], f"unknown engine 'tensorrt'; {KNOWN}"),
     (["analyze", "--policy", "fixed"], "--policy must be one of roofline, flops, measured, sglang"),
-    (["analyze", "--engine-option", "sglang.bogus=1"], "unknown option 'bogus' for sglang"),
+    (
+        ["analyze", "--engine-option", "sglang.bogus=1"],
+        "sglang@0.5.23 has no option 'bogus'; valid keys for sglang@0.5.23",
+    ),
     (["analyze", "--engine-option", "foo.threshold=1"], f"unknown engine 'foo'; {KNOWN}"),
-    (["analyze", "--engine-option", "sglang.threshold=abc"], "sglang.threshold must be a positive integer, got 'abc'"),
-    (["analyze", "--engine-option", "sglang.threshold=0"], "must be a positive integer, got '0'"),
-    (["analyze", "--engine-option", "vllm.threshold=-5"], "must be a positive integer, got '-5'"),
-    (["analyze", "--engine-option", "vllm.threshold=1.5"], "must be a positive integer, got '1.5'"),
+    (["analyze", "--engine-option", "sglang.threshold=abc"], "chunked_prefix_cache_threshold takes a whole number"),
+    (["analyze", "--engine-option", "vllm.threshold=0"], "reorder_batch_threshold must be from 1 to 2,147,483,647"),
+    (["analyze", "--engine-option", "vllm.threshold=-5"], "reorder_batch_threshold takes a whole number"),
+    (["analyze", "--engine-option", "vllm.threshold=1.5"], "reorder_batch_threshold takes a whole number"),
+    (["analyze", "--engine-option", "vllm.threshold=99999999999999999999"], "must be from 1 to 2,147,483,647"),
     (["analyze", "--engine-option", "threshold=4096"], "threshold belongs to sglang and vllm"),
     (["analyze", "--engine-option", "threshold"], "takes [ENGINE.]KEY=VALUE"),
-    (["analyze", "--engine-option", "vllm.backend=triton"], "vllm backend must be one of flashmla, flash_attn_mla"),
+    (["analyze", "--engine-option", "vllm.backend=triton"], "backend must be one of flash_attn_mla, flashmla"),
+    (
+        ["analyze", "--engines", "sglang@0.5.14", "--engine-option", "disable_piecewise_cuda_graph=true"],
+        "sglang@0.5.14 has no option",
+    ),
+    (["analyze", "--engines", "vllm@9.9"], "no rule set for vllm@9.9; vllm versions: 0014ca6b, 0.33.0"),
+    (
+        ["analyze", "--hardware", "b200", "--engine-option", "vllm.backend=flashmla", "--kv-dtype", "fp32"],
+        "FLASHMLA takes no fp32 cache",
+    ),
     (["analyze", "--threshold", "8192"], "No such option"),
     (["engines", "--engines", "sglang,x"], f"unknown engine 'x'; {KNOWN}"),
-    (["engines", "--engine-option", "sglang.threshold=0"], "must be a positive integer"),
+    (["engines", "--engine-option", "sglang.threshold=-1"], "takes a whole number"),
+    (["engines", "--list", "-f", "csv"], "--list writes table or json"),
     (["plot", "pathmap", "--policy", "nope", "-o", "/tmp/x.png"], f"unknown engine 'nope'; {KNOWN}"),
 ]
 
@@ -318,47 +199,91 @@ def test_batch_command_bad_engine(tmp_path):
     )
 
 
-def test_bare_option_goes_to_the_one_engine_that_has_it():
-    (p,) = parse_engines("sglang", ["threshold=4096"])
-    assert p.threshold == 4096 and p.label == "sglang(threshold=4096)"
-    (v,) = parse_engines("vllm", ["backend=flash_attn_mla"])
+def test_older_option_names_still_work():
+    (p,) = parse_engines("sglang", ["threshold=4096"], H200)
+    assert p.threshold == 4096 and p.label == "sglang(chunked_prefix_cache_threshold=4096)"
+    (v,) = parse_engines("vllm", ["backend=flash_attn_mla"], H200)
     assert v.threshold == 512  # the backend brings its own threshold
-    (v,) = parse_engines("vllm", ["threshold=64", "backend=flash_attn_mla"])
+    (v,) = parse_engines("vllm", ["threshold=64", "backend=flash_attn_mla"], H200)
     assert v.threshold == 64  # ... unless one was given
-    with pytest.raises(MlactlError, match="unknown option 'threshold' for sglang-triton"):
-        parse_engines("sglang-triton", ["threshold=1"])
+    with pytest.raises(MlactlError, match="sglang@0.5.23 has no option 'num_speculative_tokens'"):
+        parse_engines("sglang-triton", ["num_speculative_tokens=1"], H200)
 
 
 def test_batch_command_applies_each_engine_its_way(tmp_path):
-    """16 decodes after 30K, and extends after 4000 and 4192 (sum 8192): SGLang expands both
-    extends; vLLM keeps the 100-token one on the decode path and chunks the 512-token one."""
+    """16 decodes after 30K, and extends of 100 and 512 tokens after 4000 and 4192 (sum 8192),
+    on an H200 with an fp8 cache. sglang@0.5.14 (no piecewise graph) expands both extends: their
+    summed prefix reaches 8192. sglang@0.5.23 absorbs them: 612 new tokens fit its 2048-token
+    prefill graph. vLLM runs FlashMLA (FLASH_ATTN_MLA takes no fp8), threshold 128, UNIFORM: the
+    decodes come first, and the 100-token extend's query differs from theirs (1), so it is a
+    prefill although 100 <= 128."""
     path = tmp_path / "r.csv"
     path.write_text("new,prefix,count\n1,30000,16\n100,4000,1\n512,4192,1\n")
-    data = json.loads(runner.invoke(app, ["batch", str(path), "--format", "json"]).output)
+    args = ["batch", str(path), "--hardware", "h200", "--kv-dtype", "fp8", "--format", "json"]
+    data = json.loads(runner.invoke(app, [*args, "--engines", "sglang@0.5.14,sglang@0.5.23,vllm"]).output)
     paths = [r["engine_paths"] for r in data["requests"]]
-    assert [p["sglang"] for p in paths] == ["absorb", "expand", "expand"]
-    assert [p["vllm"] for p in paths] == ["absorb", "absorb", "expand_chunked"]
+    assert [p["sglang@0.5.14"] for p in paths] == ["absorb", "expand", "expand"]
+    assert [p["sglang@0.5.23"] for p in paths] == ["absorb", "absorb", "absorb"]
+    assert [p["vllm"] for p in paths] == ["absorb", "expand_chunked", "expand_chunked"]
     engines = {e["name"]: e for e in data["engines"]}
     best = data["totals"][data["best_strategy"]]["time_s"]
     for e in engines.values():
-        assert e["lost_s"] == pytest.approx(e["time_s"] - best) and e["lost_s"] >= 0
-    assert "sgl-project/sglang@0a8dcfa9" in engines["sglang"]["source"]
+        assert e["lost_s"] == pytest.approx(max(0.0, e["time_s"] - best)) and e["lost_s"] >= 0
+    assert "sgl-project/sglang@0a8dcfa9" in engines["sglang@0.5.14"]["source"]
+    assert engines["vllm"]["version"] == "0.33.0" and engines["vllm"]["backend"] == "FLASHMLA"
+    assert engines["vllm"]["why"][0].startswith("vllm@0.33.0 on h200 (sm90), fp8 cache → FLASHMLA (threshold 128)")
+    assert engines["sglang@0.5.23"]["options"]["piecewise_cuda_graph_max_tokens"] == 2048
+
+
+def test_batch_row_split_by_vllm(tmp_path):
+    """Two decodes, one 600-token extend, then a row of three no-context 10-token requests: the
+    reorder puts the three last, behind the extend that ends the decodes (FLASH_ATTN_MLA, 512)."""
+    path = tmp_path / "r.csv"
+    path.write_text("new,prefix,count\n10,0,3\n5,100,2\n600,100,1\n")
+    data = json.loads(
+        runner.invoke(app, ["batch", str(path), "--hardware", "h200", "--engines", "vllm", "-f", "json"]).output
+    )
+    assert [r["engine_paths"]["vllm"] for r in data["requests"]] == ["expand", "absorb", "expand_chunked"]
 
 
 def test_engines_command_sentence_and_json(tmp_path):
     path = tmp_path / "w.csv"
     path.write_text("batch,new,prefix,weight\n1,4096,1024,10\n1,1,4096,100\n8,16,32768,5\n")
     out = runner.invoke(app, ["engines", str(path), "--hardware", "h200"], env={"COLUMNS": "80"}).output
-    assert re.search(r"sglang's threshold 8192 on h200 for this workload: best threshold \d+", out), out
-    data = json.loads(runner.invoke(app, ["engines", str(path), "--hardware", "h200", "-f", "json"]).output)
+    assert re.search(r"sglang's chunked_prefix_cache_threshold 8192 on h200 for this workload: ", out), out
+    assert "sglang@0.5.23 on h200 (sm90), bf16 cache → fa3" in out.replace("\n", " ")
+    args = ["engines", str(path), "--hardware", "h200", "-f", "json", "--engines", "sglang@0.5.14,vllm"]
+    data = json.loads(runner.invoke(app, args).output)
     assert data["schema"] == "mlactl.engines" and data["workload"]["shapes"] == 3
-    sg = next(e for e in data["engines"] if e["name"] == "sglang")
+    sg = next(e for e in data["engines"] if e["name"] == "sglang@0.5.14")
     # Below 1025 both extends expand, and 8 x 16 new tokens after 32K expanding costs more (x5)
     # than the 4K prefill after 1K absorbing (x10); from 8192 the 8 x 32K = 262,144 sum still
     # expands; only above it do both absorb, which loses least.
     assert sg["sweep"]["current"] == 8192 and sg["sweep"]["best_range"] == [262145, None]
+    assert sg["sweep"]["option"] == "chunked_prefix_cache_threshold"
     # ... chunked, since 8 x (32768 + 16) = 262,272 tokens exceed the 131,072 capacity
     assert sg["worst"][0]["new"] == 16 and sg["worst"][0]["path"] == "expand_chunked"
+    assert sg["why"][0].startswith("sglang@0.5.14 on h200 (sm90), bf16 cache → fa3")
+
+
+def test_engines_list():
+    result = runner.invoke(app, ["engines", "--list", "-f", "json"])
+    data = json.loads(result.output)
+    names = [r["name"] for r in data["rule_sets"]]
+    assert names == ["sglang@0.5.14", "sglang@0.5.23", "vllm@0014ca6b", "vllm@0.33.0"]
+    v = {d["arch"] + "-" + d["kv_dtype"]: d["backend"] for d in data["rule_sets"][3]["defaults"]}
+    assert v == {
+        "sm80-bf16": "TRITON_MLA",
+        "sm80-fp8": "TRITON_MLA",
+        "sm90-bf16": "FLASH_ATTN_MLA",
+        "sm90-fp8": "FLASHMLA",
+        "sm100-bf16": "FLASHINFER_MLA",
+        "sm100-fp8": "FLASHINFER_MLA",
+    }
+    assert data["rule_sets"][0]["source"]["commit"].startswith("0a8dcfa9")
+    assert data["rule_sets"][1]["options"]["disable_piecewise_cuda_graph"]["default"] is False
+    table = runner.invoke(app, ["engines", "--list"], env={"COLUMNS": "200"}).output
+    assert "sglang@0.5.23 (newest)" in table and "enable_mixed_chunk" in table
 
 
 # -- the analyze table at 80 and 100 columns ------------------------------------------------------------
@@ -409,9 +334,14 @@ def test_analyze_piped_prints_every_column_in_full():
     [
         ("prefix,weight\n1,2\n", "line 1: the header must name new"),
         ("new,prefix,weight,count\n1,2,3,4\n", "give weight or count, not both"),
-        ("new,prefix,weight\n1,2,0\n", "line 2: weight '0' must be a positive number"),
+        ("new,prefix,weight\n1,2,0\n", "line 2: weight '0' must be above 0 and at most 1e+12"),
+        ("new,prefix,weight\n1,2,1e308\n", "line 2: weight '1e308' must be above 0 and at most 1e+12"),
+        ("new,new,prefix\n1,2,3\n", "line 1: column 'new' is named twice"),
+        ("new,prefix\n-0,2\n", "line 2: new '-0' is not a whole number"),
+        ("new,prefix\n1.5,2\n", "line 2: new '1.5' is not a whole number"),
+        ("new,prefix\n\u0664,2\n", "is not a whole number"),
         ("new,prefix,weight\n1,2,nan\n", "line 2: weight 'nan' must be a positive number"),
-        ("batch,new,prefix\n0,1,2\n", "line 2: new and batch must be at least 1"),
+        ("batch,new,prefix\n0,1,2\n", "line 2: batch must be at least 1"),
         ("new,context\n10,5\n", "line 2: context 5 is shorter than new 10"),
         ("new,prefix\n", "no shapes after the header"),
     ],
@@ -432,16 +362,10 @@ def test_engines_csv_has_each_engines_path_and_loss(tmp_path):
 
 
 def test_vllm_expands_context_at_its_own_chunk_size():
-    # vLLM sizes a context chunk as its 64K workspace over the prefills with context, rounded down
-    # to the 64-token page (hand: 65536 // 3 = 21845 -> 21824); mlactl's --chunk does not apply.
-    from mlactl.decide.engines import chunk_sizes
-
-    vllm = parse_engines("vllm")[0]
-    assert chunk_sizes(vllm, [1, 3, 2048, 4096]).tolist() == [65536, 21824, 64, 64]
-    assert chunk_sizes(parse_engines("sglang")[0], [1]) is None
-    # one request with a 32K prefix: its context fits one vLLM chunk, so its time cannot depend
-    # on --chunk, and it loses less than 8192-token chunks would (one merge instead of four)
-    args = ["analyze", "--hardware", "h200", "--engines", "vllm", "--new", "256", "--prefix", "32K", "-f", "json"]
+    # One 1024-token request after 32K (a prefill: 1024 > FLASH_ATTN_MLA's 512): its context fits
+    # one 64K vLLM chunk, so its time cannot depend on --chunk, and it loses less than
+    # 8192-token chunks would (one merge instead of four).
+    args = ["analyze", "--hardware", "h200", "--engines", "vllm", "--new", "1024", "--prefix", "32K", "-f", "json"]
     lost = {}
     for chunk in ("8192", "65536"):
         row = json.loads(runner.invoke(app, [*args, "--chunk", chunk]).output)["rows"][0]
@@ -449,21 +373,76 @@ def test_vllm_expands_context_at_its_own_chunk_size():
         lost[chunk] = row["engines"]["vllm"]["time_lost_s"]
     assert lost["8192"] == pytest.approx(lost["65536"], rel=1e-12)
     old = CostModel(model.from_name("deepseek-v3"))  # what the engine lost when timed at --chunk 8192
-    t = workload.path_times_for(old, hardware.from_name("h200"), 1, 256, 32768)
+    t = workload.path_times_for(old, hardware.from_name("h200"), 1, 1024, 32768)
     assert 0 < lost["8192"] < float(t["expand_chunked"] - min(t.values()))
 
 
 def test_batch_times_vllm_chunks_at_its_workspace_over_its_prefills(tmp_path):
-    # Three prefills of 512 new tokens after 32K: vLLM chunks the context at 65536 // 3 -> 21824
-    # tokens (rounded down to 64), whatever --chunk says; mlactl's all_expand_chunked strategy at
-    # --chunk 21824 runs the same three requests the same way.
+    # Three prefills of 1024 new tokens after 32K on FLASH_ATTN_MLA: vLLM chunks the context at
+    # 65536 // 3 = 21845 -> 21840 tokens (rounded down to its 16-token block), whatever --chunk
+    # says; mlactl's all_expand_chunked strategy at --chunk 21840 runs the same requests the same way.
     path = tmp_path / "r.csv"
-    path.write_text("new,prefix,count\n512,32768,3\n")
+    path.write_text("new,prefix,count\n1024,32768,3\n")
     args = ["batch", str(path), "--hardware", "h200", "--engines", "vllm", "--format", "json"]
     default = json.loads(runner.invoke(app, args).output)
-    same = json.loads(runner.invoke(app, [*args, "--chunk", "21824"]).output)
+    same = json.loads(runner.invoke(app, [*args, "--chunk", "21840"]).output)
     vllm = next(e for e in default["engines"] if e["name"] == "vllm")
     assert default["requests"][0]["engine_paths"]["vllm"] == "expand_chunked"
     assert vllm["time_s"] == pytest.approx(same["totals"]["all_expand_chunked"]["time_s"], rel=1e-12)
     assert vllm["time_s"] != pytest.approx(default["totals"]["all_expand_chunked"]["time_s"], rel=1e-6)
     assert vllm["lost_s"] >= 0
+
+
+# -- the one reader: both commands read the same forms ---------------------------------------------------
+
+FORMS = [
+    ("new,prefix\n4K,1K\n", None),  # K = 1024 in both
+    ("new,prefix\n-0,2\n", "new '-0' is not a whole number"),
+    ("new,prefix\n+1,2\n", "new '+1' is not a whole number"),
+    ("new,prefix\n1.5,2\n", "new '1.5' is not a whole number"),
+    ("new,prefix\n\u0664,2\n", "is not a whole number"),  # ARABIC-INDIC DIGIT FOUR
+    ("new,prefix\n1,\uff11\n", "is not a whole number"),  # FULLWIDTH DIGIT ONE
+    ("new,new,prefix\n1,2,3\n", "column 'new' is named twice"),
+    ("new,prefix\n3000000000,0\n", "new: '3000000000' is above the limit of 2,147,483,647"),
+]
+
+
+@pytest.mark.parametrize("content, message", FORMS, ids=[f"form-{i}" for i in range(len(FORMS))])
+@pytest.mark.parametrize("command", ["batch", "engines"])
+def test_both_commands_read_the_same_forms(tmp_path, command, content, message):
+    path = tmp_path / "r.csv"
+    path.write_text(content, encoding="utf-8")
+    if message is None:  # 4K new after 1K: both read 4096 and 1024
+        result = runner.invoke(app, [command, str(path), "-f", "csv"])
+        assert result.exit_code == 0, result.output
+        row = result.output.splitlines()[1]
+        assert row.startswith("4096,1024," if command == "batch" else "1,4096,1024,"), row
+        return
+    one_error_line([command, str(path)], message)
+
+
+def test_batch_takes_a_batch_column_and_refuses_weight(tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("batch,new,prefix\n64,512,256\n")
+    data = json.loads(runner.invoke(app, ["batch", str(path), "-f", "json", "--engines", "sglang@0.5.14"]).output)
+    # 64 alike requests of 256 cached tokens: the summed prefix 16,384 >= 8192, so SGLang expands
+    assert data["requests"][0]["count"] == 64 and data["requests"][0]["engine_paths"]["sglang@0.5.14"] == "expand"
+    path.write_text("new,prefix,weight\n1,100,3\n")
+    one_error_line(["batch", str(path)], "a weight column belongs to a workload (`mlactl engines`)")
+    path.write_text("new,prefix,batch,count\n1,100,3,2\n")
+    one_error_line(["batch", str(path)], "give count or batch")
+
+
+def test_why_lines_in_every_command(tmp_path):
+    data = json.loads(runner.invoke(app, ["analyze", "--hardware", "b200", "--kv-dtype", "fp8", "-f", "json"]).output)
+    why = {e["name"]: e["why"][0] for e in data["engines"]}
+    assert why["vllm"].startswith("vllm@0.33.0 on b200 (sm100), fp8 cache → FLASHINFER_MLA (threshold 1)")
+    assert why["sglang"].startswith("sglang@0.5.23 on b200 (sm100), fp8 cache → trtllm_mla")
+    sg = next(e for e in data["engines"] if e["name"] == "sglang")
+    assert sg["version"] == "0.5.23" and sg["options"]["enable_mixed_chunk"] is False and sg["options_set"] == []
+    table = runner.invoke(app, ["analyze", "--hardware", "h200"], env={"COLUMNS": "300"}).output
+    assert "vllm@0.33.0 on h200 (sm90), bf16 cache → FLASH_ATTN_MLA (threshold 512)" in table
+    path = tmp_path / "r.csv"
+    path.write_text("new,prefix\n1,100\n")
+    out = runner.invoke(app, ["batch", str(path), "--hardware", "h200"], env={"COLUMNS": "300"}).output
+    assert "sglang@0.5.23 on h200 (sm90), bf16 cache → fa3" in out

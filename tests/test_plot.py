@@ -272,12 +272,12 @@ def test_pathmap_best_speedup():
 
 
 def test_pathmap_engine_loss_map():
-    """--policy sglang: batch 1, so the summed prefix is the prefix. SGLang expands at prefix 0
-    and from 8192, absorbs between (and for every decode after a prefix)."""
-    result = v3_analysis(NEW, PREFIX, engines=parse_engines("sglang"))
-    _, data = plot.pathmap(result, policy="sglang")
+    """--policy sglang@0.5.14 (no prefill graph): batch 1, so the summed prefix is the prefix.
+    SGLang expands at prefix 0 and from 8192, absorbs between (and for every decode after a prefix)."""
+    result = v3_analysis(NEW, PREFIX, engines=parse_engines("sglang@0.5.14"))
+    _, data = plot.pathmap(result, policy="sglang@0.5.14")
     pol = data["policy"]
-    assert pol["name"] == "sglang" and "attention_backend_handler.py" in pol["source"]
+    assert pol["name"] == "sglang@0.5.14" and "attention_backend_handler.py" in pol["source"]
     path = np.array(pol["path"])
     assert list(path[PREFIX.index(1024)]) == ["absorb"] * len(NEW)
     assert list(path[PREFIX.index(8192)]) == ["absorb"] + ["expand"] * (len(NEW) - 1)

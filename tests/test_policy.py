@@ -13,11 +13,12 @@ V3 = model.from_name("deepseek-v3")
 
 def test_engine_policy_judges_each_point_as_a_batch():
     """select_paths with an engine: 64 requests of 256 cached tokens sum to 16,384 >= 8192, so
-    SGLang expands the whole batch; one such request alone (256 < 8192) absorbs."""
+    SGLang 0.5.14 expands the whole batch; one such request alone (256 < 8192) absorbs. vLLM
+    (no hardware: the sm90 default, FLASH_ATTN_MLA for a bf16 cache) decodes up to 512 tokens."""
     cost = CostModel(V3)
-    assert list(select_paths(cost, None, [512], [256], batch=64, policy="sglang")) == ["expand"]
-    assert list(select_paths(cost, None, [512], [256], batch=1, policy="sglang")) == ["absorb"]
-    assert list(select_paths(cost, None, [128, 129], [256, 256], policy="vllm")) == ["absorb", "expand_chunked"]
+    assert list(select_paths(cost, None, [512], [256], batch=64, policy="sglang@0.5.14")) == ["expand"]
+    assert list(select_paths(cost, None, [512], [256], batch=1, policy="sglang@0.5.14")) == ["absorb"]
+    assert list(select_paths(cost, None, [512, 513], [256, 256], policy="vllm")) == ["absorb", "expand_chunked"]
 
 
 def test_measured_paths_nearest_prefix():

@@ -108,11 +108,16 @@ def test_random_mixes_match_the_bound():
         assert max(costs) <= math.ceil(work / parts) + fixed
 
 
-def test_split_cost_tiles_deepseek():
+def test_split_cost_tiles_deepseek(monkeypatch):
     # H=128 bf16: (64*576*2 + 2*64*512*4) / (64*576*2) = 335872 / 73728 = 4.56 -> 5 (FlashMLA: 5)
     assert S.split_cost_tiles(64, 512, 64, 64, 2, 2) == 5
-    # H=16: (16*576*2 + 2*16*512*4) / 73728 = 83968 / 73728 = 1.14 -> 1
+    # H=16 by bytes: (16*576*2 + 2*16*512*4) / 73728 = 83968 / 73728 = 1.14 -> 1; FlashMLA charges
+    # 5 blocks of 64 keys at every head count (csrc/flash_api.cpp, get_mla_metadata), so 5
+    assert S.split_cost_tiles(16, 512, 64, 64, 2, 2) == 5
+    assert S.split_cost_tiles(16, 512, 64, 32, 2, 2) == 10  # 320 keys in tiles of 32
+    monkeypatch.setattr(S, "FIXED_OVERHEAD_KEYS", 0)  # the bytes alone (what the GPU benchmark compares)
     assert S.split_cost_tiles(16, 512, 64, 64, 2, 2) == 1
+    assert S.split_cost_tiles(64, 512, 64, 64, 2, 2) == 5
 
 
 def test_bad_arguments():

@@ -41,7 +41,7 @@ from mlactl.cli.options import (
     TpOpt,
 )
 from mlactl.decide import analysis
-from mlactl.decide.engines import parse_engines
+from mlactl.decide.engines import context_for, is_engine, parse_engines
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output import render
 from mlactl.output.report import to_json, write_analysis_csv
@@ -86,7 +86,7 @@ def analyze(
         typer.Option(
             "--policy",
             help="Also show this policy's choice and what it loses: roofline, flops, measured, or an engine "
-            "(sglang, sglang-triton, sglang-trtllm, vllm).",
+            "(sglang, sglang-triton, sglang-trtllm, vllm, or ENGINE@VERSION such as sglang@0.5.14).",
         ),
     ] = None,
     results: Annotated[
@@ -115,7 +115,7 @@ def analyze(
     """
 
     fmt = output_format(fmt, output)
-    if policy is not None:
+    if policy is not None and not is_engine(policy):
         choice(policy, "--policy", POLICIES)
     results_data, settings_notes = None, []
     if policy == "measured" and results is None and load_model(model, tp).is_dsa:
@@ -140,7 +140,8 @@ def analyze(
         context=parse_sizes(context, "--context") if context is not None else None,
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
-    engine_params = parse_engines(engines, engine_option)
+    kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
+    engine_params = parse_engines(engines, engine_option, context_for(cfg, hw, kv))
     check_points(len(b), fmt)
     result = analysis.analyze(
         cfg,
@@ -148,7 +149,7 @@ def analyze(
         b,
         n,
         p,
-        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        kv_dtype=kv,
         dtype=choice(dtype, "--dtype", DTYPES),
         chunk=one_int(chunk, "--chunk"),
         layers=n_layers,
@@ -158,7 +159,12 @@ def analyze(
         calibration=cal,
     )
     width, terminal = table_width(output)
-    tables = [render.header(result), *result.notes, render.analysis_table(result, width=width, drop=terminal)]
+    tables = [
+        render.header(result),
+        *result.notes,
+        render.analysis_table(result, width=width, drop=terminal),
+        *render.engine_lines(result.engines),
+    ]
     if cal is not None:
         tables.insert(1, calibration_line(cal))
     if results_data is not None:

@@ -35,7 +35,7 @@ from mlactl.cli.options import (
     TpOpt,
 )
 from mlactl.decide import analysis
-from mlactl.decide.engines import parse_engines
+from mlactl.decide.engines import context_for, parse_engines
 from mlactl.decide.requests import read_requests
 from mlactl.output import render, report
 from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
@@ -46,7 +46,13 @@ batch_app = typer.Typer(add_completion=False)
 @batch_app.command(name="batch")
 @cli_errors
 def batch_cmd(
-    requests: Annotated[Path, typer.Argument(help="CSV with a header and columns new,prefix (and optionally count).")],
+    requests: Annotated[
+        Path,
+        typer.Argument(
+            help="CSV with a header and columns new and prefix (or context), optionally count (or batch): "
+            "alike requests per row."
+        ),
+    ],
     model: ModelOpt = "deepseek-v3",
     hardware: HardwareOpt = "h800",
     measured: MeasuredOpt = False,
@@ -64,7 +70,8 @@ def batch_cmd(
 
     Each engine's rule is applied to the whole batch the engine's way: SGLang judges the extend
     requests together on their summed prefix (decode requests run as their own batch), vLLM
-    judges each request on its query length (docs/engines.md).
+    reorders the batch and takes its leading short requests as decodes (docs/engines.md). Each
+    rule prints the backend it resolved to for this GPU and cache dtype, and why.
 
     Example: mlactl batch requests.csv --hardware h200   (requests.csv: new,prefix / 1,8000 / 512,0 ...)
     """
@@ -72,7 +79,8 @@ def batch_cmd(
     fmt = output_format(fmt, output)
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
-    engine_params = parse_engines(engines, engine_option)
+    kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
+    engine_params = parse_engines(engines, engine_option, context_for(cfg, hw, kv))
     cal = load_calibration(calibration, hw)
     new, prefix, count = read_requests(requests, fmt)
     result = analysis.analyze_batch(
@@ -81,7 +89,7 @@ def batch_cmd(
         new,
         prefix,
         count,
-        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        kv_dtype=kv,
         dtype=choice(dtype, "--dtype", DTYPES),
         chunk=one_int(chunk, "--chunk"),
         engines=engine_params,

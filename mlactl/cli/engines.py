@@ -41,16 +41,19 @@ from mlactl.cli.options import (
     TpOpt,
 )
 from mlactl.decide import workload as wl_mod
-from mlactl.decide.engines import ENGINES, parse_engines
+from mlactl.decide.engines import context_for, known_names, parse_engines
+from mlactl.decide.engines.catalog import ARCHS, CACHES, catalog, shorthands
 from mlactl.model.cost import CostModel
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output.csvout import write_csv as write
-from mlactl.output.render import SHORT, seconds
+from mlactl.output.render import SHORT, engine_lines, seconds
 from mlactl.output.report import SCHEMA_VERSION, engine_json, number_or_none
 from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
 from mlactl.util.errors import MlactlError
 
 engines_app = typer.Typer(add_completion=False)
+# The sweep's table of every distinct threshold goes into the JSON up to this many entries.
+MAX_SWEEP_VALUES = 1000
 
 
 @engines_app.command(name="engines")
@@ -81,9 +84,18 @@ def engines_cmd(
         Optional[str],
         typer.Option(
             "--engines",
-            help="Engines to judge, comma-separated (default: all four: sglang, sglang-triton, sglang-trtllm, vllm).",
+            help="Engine rules to judge, comma-separated: ENGINE or ENGINE@VERSION (see --list; "
+            "default: sglang, sglang-triton, sglang-trtllm, vllm, the newest of each).",
         ),
     ] = None,
+    list_rules: Annotated[
+        bool,
+        typer.Option(
+            "--list",
+            help="List every rule set instead: its backends, default backend per GPU architecture and "
+            "cache dtype, options with their defaults, and source.",
+        ),
+    ] = False,
     engine_option: EngineOptionOpt = None,
     calibration: CalibrationOpt = None,
     fmt: FormatOpt = None,
@@ -93,8 +105,9 @@ def engines_cmd(
     threshold that would lose least on this hardware (SGLang's summed-prefix threshold, vLLM's
     decode threshold), found by trying every value that changes a path.
 
-    Rules: sgl-project/sglang@0a8dcfa9 attention_backend_handler.py; vllm-project/vllm@0014ca6b
-    mla_attention.py and each backend's reorder_batch_threshold (docs/engines.md cites each).
+    Rules are versioned (ENGINE@VERSION; a bare name is the newest) and resolved for the GPU's
+    architecture and the cache dtype: each prints the backend it runs and why. `--list` shows
+    every rule set; docs/engines.md cites each rule's source.
 
     Times are roofline times of the paths that fit in memory, or calibrated times with
     --calibration (docs/calibration.md).
@@ -103,16 +116,40 @@ def engines_cmd(
     dense_expand) per shape; the engines' DSA rules are not modelled yet, so none is judged.
 
     Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
+
+    Example: mlactl engines --list
     """
 
     fmt = output_format(fmt, output)
+    if list_rules:
+        if workload is not None:
+            raise MlactlError("--list lists the rule sets; give it without a workload")
+        if fmt == "csv":
+            raise MlactlError("mlactl engines --list writes table or json")
+        data = catalog()
+        emit(
+            fmt,
+            output,
+            json_data=lambda: {
+                "schema": "mlactl.engine_rules",
+                "schema_version": SCHEMA_VERSION,
+                "rule_sets": data,
+                "shorthands": shorthands(),
+                "mlactl_version": __version__,
+            },
+            tables=list_tables(data),
+        )
+        return
     cfg = load_model(model, tp)
     hw = load_hardware(hardware, measured)
     cal = load_calibration(calibration, hw)
-    params = parse_engines(engines or ",".join(ENGINES), engine_option)
+    kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
+    params = parse_engines(
+        engines or "sglang,sglang-triton,sglang-trtllm,vllm", engine_option, context_for(cfg, hw, kv)
+    )
     cost = CostModel(
         cfg,
-        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
+        kv_dtype=kv,
         dtype=choice(dtype, "--dtype", DTYPES),
         chunk=one_int(chunk, "--chunk"),
     )
@@ -135,15 +172,53 @@ def engines_cmd(
     )
 
 
+def _cell(d: dict) -> str:
+    return f"{d['backend']} ({d['threshold']})" if d["backend"] else "none"
+
+
+def list_tables(data) -> list:
+    """`--list`: the default backend of each rule set per architecture and cache dtype, then each
+    rule set's backends, options and source."""
+    top = Table(title="Default backend (decode threshold) for DeepSeek-V3, per GPU architecture and cache dtype")
+    top.add_column("rule set", no_wrap=True)
+    for a in ARCHS:
+        for k in CACHES:
+            top.add_column(f"{a} {k}")
+    for r in data:
+        cells = {(d["arch"], d["kv_dtype"]): _cell(d) for d in r["defaults"]}
+        name = r["name"] + (" (newest)" if r["newest"] else "")
+        top.add_row(name, *(cells[(a, k)] for a in ARCHS for k in CACHES))
+    out: list = [top]
+    for r in data:
+        src = r["source"]
+        t = Table(title=f"{r['name']} options (--engine-option {r['engine']}.KEY=VALUE)")
+        for col in ("option", "type", "default", "what it does"):
+            t.add_column(col, overflow="fold")
+        for k, o in r["options"].items():
+            default = o["default"]
+            shown = "(resolved)" if default is None else str(default).lower() if o["type"] == "bool" else str(default)
+            kind = o["type"] + (f": {', '.join(o['choices'])}" if o["choices"] else "")
+            t.add_row(k, kind, shown, o["help"])
+        out.append(t)
+        out.append(f"{r['name']} backends: {', '.join(r['backends'])}")
+        files = "; ".join(f"{p} ({w})" for p, w in src["files"]).replace("[", "\\[")
+        out.append(f"{r['name']} source: {src['repo']} {src['commit']}: {files}")
+        for note in ([src["note"]] if src["note"] else []) + r["notes"]:
+            out.append(f"  note: {note}")
+    marks = "; ".join(f"{k} = {v}" for k, v in shorthands().items())
+    out.append(f"Shorthands: {marks}. Names --engines takes: {', '.join(known_names())}")
+    return out
+
+
 def sentence(result, e) -> str:
-    """`SGLang's 8192 on H200 for this workload: best threshold X, saves Y%`."""
+    """`sglang's chunked_prefix_cache_threshold 8192 on h200 for this workload: best X, saves Y%`."""
     s = e.sweep
     span = f"{s.best_range[0]} up" if s.best_range[1] is None else f"{s.best_range[0]} to {s.best_range[1]}"
     if s.best == s.current or s.saves <= 0:
         verdict = f"already the best (any threshold from {span} does as well)"
     else:
         verdict = f"best threshold {s.best} (any from {span}), saves {s.saves:.1%}"
-    return f"{e.params.engine}'s threshold {s.current} on {result.hw.name} for this workload: {verdict}"
+    return f"{e.params.engine}'s {s.option} {s.current} on {result.hw.name} for this workload: {verdict}"
 
 
 def tables(result) -> list:
@@ -197,6 +272,7 @@ def tables(result) -> list:
     for e in result.engines:
         if e.sweep is not None:
             out.append(sentence(result, e))
+    out += engine_lines([e.params for e in result.engines])
     if result.engines:
         out.append("Sources: " + "; ".join(sorted({e.params.citation for e in result.engines})))
     if result.calibration is not None:
@@ -237,8 +313,10 @@ def to_json(result) -> dict:
                 "best_range": list(s.best_range),
                 "best_time_s": number_or_none(s.best_time_s),
                 "saves": s.saves,
-                "values": [{"threshold": t, "time_s": number_or_none(v)} for t, v in s.values],
+                "values_count": len(s.values),
             }
+            if len(s.values) <= MAX_SWEEP_VALUES:  # a million distinct sums would be a 100 MB table
+                item["sweep"]["values"] = [{"threshold": t, "time_s": number_or_none(v)} for t, v in s.values]
         engines.append(item)
     return {
         "schema": "mlactl.engines",

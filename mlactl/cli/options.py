@@ -47,17 +47,19 @@ EnginesOpt = Annotated[
     Optional[str],
     typer.Option(
         "--engines",
-        help="Engines whose own path rule to show, comma-separated: sglang, sglang-triton, sglang-trtllm, "
-        "vllm (default: sglang,vllm). Rules from sgl-project/sglang@0a8dcfa9 attention_backend_handler.py "
-        "and vllm-project/vllm@0014ca6b mla_attention.py; see docs/engines.md.",
+        help="Engine rules to show, comma-separated: ENGINE or ENGINE@VERSION, e.g. sglang@0.5.14, "
+        "vllm@0.33.0 (a bare name is the newest; sglang-triton, sglang-trtllm force a backend; default: "
+        "sglang,vllm). `mlactl engines --list` shows every rule set; docs/engines.md cites each rule.",
     ),
 ]
 EngineOptionOpt = Annotated[
     Optional[list[str]],
     typer.Option(
         "--engine-option",
-        help="[ENGINE.]KEY=VALUE, repeatable: sglang threshold (8192), capacity (131072), backend (fa3); "
-        "vllm threshold (128), backend (flashmla; flash_attn_mla: threshold 512), workspace (65536).",
+        help="[ENGINE.]KEY=VALUE, repeatable, under the engine's own option names, e.g. "
+        "sglang.enable_mixed_chunk=true, sglang.disable_chunked_prefix_cache=true, "
+        "sglang.attention_backend=flashinfer, vllm.backend=flashinfer_mla, vllm.num_speculative_tokens=3. "
+        "`mlactl engines --list` lists each version's keys and defaults.",
     ),
 ]
 FormatOpt = Annotated[

@@ -28,7 +28,7 @@ from mlactl.cli.options import (
     TpOpt,
 )
 from mlactl.decide import analysis
-from mlactl.decide.engines import parse_engines
+from mlactl.decide.engines import context_for, parse_engines
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output import chartdata, plot
 from mlactl.output.plot import image_format
@@ -273,8 +273,7 @@ def pathmap(
         typer.Option(
             "--policy",
             help="Shade what this engine's rule loses against the best path instead: sglang, sglang-triton, "
-            "sglang-trtllm or vllm (rules from sgl-project/sglang@0a8dcfa9 and vllm-project/vllm@0014ca6b; "
-            "docs/engines.md).",
+            "sglang-trtllm, vllm or ENGINE@VERSION (see `mlactl engines --list` and docs/engines.md).",
         ),
     ] = None,
     engine_option: EngineOptionOpt = None,
@@ -305,7 +304,10 @@ def pathmap(
     b, n, p = grid([one_int(batch, "--batch")], news, prefix=prefixes)
     if policy is None and engine_option:
         raise MlactlError("--engine-option goes with --policy ENGINE")
-    engines = parse_engines(policy, engine_option) if policy is not None else None
+    engines = None
+    if policy is not None:
+        ctx = context_for(load_model(model, tp), load_hardware(hardware, measured), dtypes(kv_dtype, dtype)["kv_dtype"])
+        engines = parse_engines(policy, engine_option, ctx)
     if engines is not None and len(engines) != 1:
         raise MlactlError(f"--policy takes one engine, got {policy!r}")
     result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, engines, calibration)

@@ -9,6 +9,8 @@ the reference cannot drift from `--help`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 import typer.main
 
@@ -69,7 +71,7 @@ def _command(command, ctx, path: list[str]) -> list[str]:
 
 def markdown() -> str:
     """The whole reference: the root's options, then each command (and sub-command) in turn."""
-    root = typer.main.get_command(app)
+    root: Any = typer.main.get_command(app)  # the root group (LazyGroup)
     ctx = typer.Context(root, info_name="mlactl")
     rows = [r for r in (_row(p, ctx) for p in root.params) if r]
     lines = [HEADER, "## `mlactl`", "", "```text", "mlactl [OPTIONS] COMMAND [ARGS]...", "```", ""]

@@ -13,12 +13,15 @@ import numpy as np
 from mlactl.decide.calibration.time import batch_time as timed_batch
 from mlactl.decide.calibration.time import crossover_by_time, own_times, path_times, window_by_time
 from mlactl.decide.engines import (
+    PATH_NAMES,
     EngineParams,
-    batch_paths,
     chunk_sizes,
+    context_for,
     default_params,
     grid_paths,
+    is_engine,
     parse_engines,
+    step_counts,
     time_lost,
 )
 from mlactl.decide.policy import argmin_path, fitting_times, runnable_flops, select_paths
@@ -28,7 +31,7 @@ from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import PathTime
 from mlactl.results import store as results
-from mlactl.util.defaults import DEFAULT_CHUNK, ENGINES
+from mlactl.util.defaults import DEFAULT_CHUNK
 from mlactl.util.errors import MlactlError
 
 MAX_CROSSOVER_PREFIXES = 256  # per-prefix crossovers are solved for at most this many (batch, prefix)
@@ -115,10 +118,10 @@ class Analysis:
         return len(self.new)
 
 
-def _policy_lost(policy: str, chosen: np.ndarray, engines, engine_lost, times: dict) -> np.ndarray:
+def _policy_lost(policy: str, chosen: np.ndarray, engines, engine_lost, times: dict, ctx) -> np.ndarray:
     """What a policy's choice loses: an engine's rule at the engine's own chunk size."""
-    if policy in ENGINES:
-        return engine_lost(next((e for e in engines if e.engine == policy), default_params(policy)), chosen)
+    if is_engine(policy):
+        return engine_lost(next((e for e in engines if e.engine == policy), default_params(policy, ctx)), chosen)
     return time_lost(chosen, times)
 
 
@@ -237,7 +240,7 @@ def analyze(
     engine) adds that policy's path and the time it loses; measured takes its crossovers from
     `results_data` (a loaded results file), per batch size.
     """
-    engines = parse_engines(None) if engines is None else list(engines)
+    engines = parse_engines(None, ctx=context_for(cfg, hw, kv_dtype)) if engines is None else list(engines)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise MlactlError(f"--layers must be a positive integer or 'all', got {layers!r}")
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
@@ -266,7 +269,7 @@ def analyze(
         policy_path = _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data)
     policy_lost = None
     if policy is not None and policy_path is not None:
-        policy_lost = _policy_lost(policy, policy_path, engines, engine_lost, mla_times)
+        policy_lost = _policy_lost(policy, policy_path, engines, engine_lost, mla_times, context_for(cfg, hw, kv_dtype))
     span = int(prefix.max()) + 1 if len(prefix) else 1
     keys = np.unique(batch * span + prefix)  # distinct (batch, prefix) pairs, one int each
     batch_prefix = list(zip((keys // span).tolist(), (keys % span).tolist()))
@@ -353,6 +356,9 @@ class BatchAnalysis:
     totals: dict[str, float]  # strategy or engine -> batch time in seconds
     engines: list[EngineParams]
     calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
+    # engine -> [R, 3] requests of each row on absorb, expand, expand_chunked (vLLM's split can
+    # fall inside a row of alike requests; `assignments` then holds the path of most of them)
+    engine_counts: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -397,18 +403,24 @@ def analyze_batch(
     }
     for path in cost.choices:
         assignments[f"all_{path}"] = np.full(len(new), path)
-    engines = parse_engines(None) if engines is None else list(engines)
+    engines = parse_engines(None, ctx=context_for(cfg, hw, kv_dtype)) if engines is None else list(engines)
     if cfg.is_dsa:  # no engine's DSA rule is modelled yet (analysis.dsa_engines_note)
         engines = []
-    costs = {}  # an engine that sizes its own chunks (vLLM) runs expand_chunked at that size
-    for e in engines:
-        assignments[e.engine] = batch_paths(e, new, prefix, count)
-        with_context = int(count[assignments[e.engine] == "expand_chunked"].sum())
-        chunks = chunk_sizes(e, [with_context])
-        if chunks is not None and with_context:
-            costs[e.engine] = replace(cost, chunk=int(chunks[0]))
-    totals = {s: batch_time(costs.get(s, cost), hw, new, prefix, count, a, calibration) for s, a in assignments.items()}
+    totals = {s: batch_time(cost, hw, new, prefix, count, a, calibration) for s, a in assignments.items()}
     for path in cost.choices:  # a batch some of whose requests the path cannot run
         if not cost.applicable(path, count, new, prefix).all():
             totals[f"all_{path}"] = float("inf")
-    return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, engines, calibration)
+    counts = {}
+    for e in engines:
+        counts[e.engine] = c = step_counts(e, new, prefix, count)
+        assignments[e.engine] = np.asarray(PATH_NAMES)[np.argmax(c, axis=1)]
+        # the rows split by path (a row of alike requests can straddle vLLM's split)
+        rows = [(j, np.flatnonzero(c[:, j])) for j in range(len(PATH_NAMES))]
+        idx = np.concatenate([r for _, r in rows])
+        paths = np.concatenate([np.full(len(r), PATH_NAMES[j]) for j, r in rows])
+        n_req = np.concatenate([c[r, j] for j, r in rows])
+        with_context = int(c[:, PATH_NAMES.index("expand_chunked")].sum())
+        chunks = chunk_sizes(e, [with_context])  # an engine that sizes its own chunks (vLLM)
+        own_cost = replace(cost, chunk=int(chunks[0])) if chunks is not None and with_context else cost
+        totals[e.engine] = batch_time(own_cost, hw, new[idx], prefix[idx], n_req, paths, calibration)
+    return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, engines, calibration, counts)

@@ -14,7 +14,7 @@ import numpy as np
 
 from mlactl.decide.calibration.store import find_own
 from mlactl.decide.calibration.time import path_times as timed
-from mlactl.decide.engines import ENGINES, EngineParams, default_params, grid_paths
+from mlactl.decide.engines import EngineParams, context_for, default_params, grid_paths, is_engine
 from mlactl.model import hardware
 from mlactl.model.cost import MLA_PATHS, CostModel
 from mlactl.model.hardware import HardwareProfile
@@ -88,14 +88,15 @@ def select_paths(
     """
     new = np.asarray(new)
     prefix = np.asarray(prefix)
-    if cost.cfg.is_dsa and (policy in ENGINES or policy == "measured"):
-        what = "engines' DSA rules are" if policy in ENGINES else "measured DSA crossovers are"
+    if cost.cfg.is_dsa and (is_engine(policy) or policy == "measured"):
+        what = "engines' DSA rules are" if is_engine(policy) else "measured DSA crossovers are"
         raise MlactlError(
             f"--policy {policy}: {cost.cfg.name} is a DSA model and the {what} not modelled yet; "
             "use roofline or flops (docs/engines.md: DeepSeek-V3.2)"
         )
-    if policy in ENGINES:
-        params = engine if engine is not None and engine.engine == policy else default_params(policy)
+    if is_engine(policy):
+        ctx = context_for(cost.cfg, hw, cost.kv_dtype)
+        params = engine if engine is not None and engine.engine == policy else default_params(policy, ctx)
         return grid_paths(params, np.broadcast_to(batch, np.broadcast(new, prefix).shape), new, prefix)
     if policy == "measured":
         return measured_paths(crossovers or {}, prefix, new)

@@ -9,20 +9,18 @@ prefix (SGLang) or query length (vLLM), so every distinct value is tried.
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from mlactl.decide.calibration.time import path_times
-from mlactl.decide.engines import EngineParams, chunk_sizes, grid_paths, is_decode, time_lost, time_of
+from mlactl.decide.engines import EngineParams, chunk_sizes, grid_paths, time_lost, time_of
 from mlactl.decide.policy import fitting_times
-from mlactl.decide.requests import set_prefix
+from mlactl.decide.requests import read_rows
 from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.util.errors import MlactlError
-from mlactl.util.io import read_text
 
 WORST = 5  # shapes listed per engine
 
@@ -58,8 +56,9 @@ def engine_times(
         np.broadcast_to(np.asarray(a, dtype=np.int64), np.shape(chunks)) for a in (batch, new, prefix)
     )
     chunked = np.array(np.broadcast_to(times["expand_chunked"], np.shape(chunks)), dtype=np.float64)
-    for c in np.unique(chunks):
-        at = chunks == c
+    with_context = prefix > 0  # only these can run expand_chunked
+    for c in np.unique(chunks[with_context]):
+        at = with_context & (chunks == c)
         args = (batch[at], new[at], prefix[at], calibration, ("expand_chunked",), layers)
         chunked[at] = path_times_for(replace(cost, chunk=int(c)), hw, *args)["expand_chunked"]
     return dict(times, expand_chunked=chunked)
@@ -83,52 +82,17 @@ def grid_workload(batch, new, prefix) -> Workload:
 
 
 def read_workload(path: str | Path) -> Workload:
-    """A CSV with a header naming `new` and `prefix` (or `context`); optionally `batch` (requests
+    """A CSV of shapes (`mlactl engines`), read by the one reader of `mlactl batch` too
+    (mlactl.decide.requests): `new` and `prefix` (or `context`); optionally `batch` (requests
     per batch, default 1) and `weight` (how often the shape runs, default 1; `count` is read as
-    the weight too, so a requests CSV of `mlactl batch` works). Other columns are ignored."""
-
-    path = Path(path)
-    rows = list(csv.reader(read_text(path, "workload").splitlines()))
-    if not rows:
-        raise MlactlError(f"{path}: empty file; expected a header such as new,prefix,weight")
-    header = [h.strip().lower() for h in rows[0]]
-    if "new" not in header or ("prefix" not in header) == ("context" not in header):
-        raise MlactlError(f"{path}: line 1: the header must name new and one of prefix or context")
-    if "weight" in header and "count" in header:
+    the weight, so a requests CSV of `mlactl batch` works). Other columns are ignored."""
+    rows = read_rows(path, "workload", rows_are="shapes")
+    if rows.weight is not None and rows.count is not None:
         raise MlactlError(f"{path}: line 1: give weight or count, not both")
-    col = {h: header.index(h) for h in ("batch", "new", "prefix", "context", "weight", "count") if h in header}
-    out: dict[str, list] = {"batch": [], "new": [], "prefix": [], "weight": []}
-    for line, row in enumerate(rows[1:], start=2):
-        if not any(cell.strip() for cell in row):
-            continue
-        if len(row) != len(header):
-            raise MlactlError(f"{path}: line {line}: {len(row)} fields, the header has {len(header)}")
-        values: dict[str, float] = {}
-        for name, i in col.items():
-            cell = row[i].strip()
-            if name in ("weight", "count"):
-                try:
-                    w = float(cell)
-                except ValueError:
-                    w = float("nan")
-                if not np.isfinite(w) or w <= 0:
-                    raise MlactlError(f"{path}: line {line}: {name} {cell!r} must be a positive number")
-                values["weight"] = w
-            elif not cell.isdigit():
-                raise MlactlError(f"{path}: line {line}: {name} {cell!r} is not a whole number")
-            else:
-                values[name] = int(cell)
-        if values["new"] < 1 or values.get("batch", 1) < 1:
-            raise MlactlError(f"{path}: line {line}: new and batch must be at least 1")
-        set_prefix(values, path, line)
-        out["batch"].append(values.get("batch", 1))
-        out["new"].append(values["new"])
-        out["prefix"].append(values["prefix"])
-        out["weight"].append(values.get("weight", 1.0))
-    if not out["new"]:
-        raise MlactlError(f"{path}: no shapes after the header")
-    ints = {k: np.asarray(out[k], dtype=np.int64) for k in ("batch", "new", "prefix")}
-    return Workload(ints["batch"], ints["new"], ints["prefix"], np.asarray(out["weight"]), str(path))
+    weight = rows.weight if rows.weight is not None else rows.count
+    batch = rows.batch if rows.batch is not None else np.ones(len(rows), dtype=np.int64)
+    weight = np.ones(len(rows)) if weight is None else np.asarray(weight, dtype=np.float64)
+    return Workload(batch, rows.new, rows.prefix, weight, rows.source)
 
 
 @dataclass(frozen=True)
@@ -190,35 +154,53 @@ def _pick(thresholds: np.ndarray, totals: np.ndarray, current: int, lows: np.nda
     for i in tied:
         if lows[i] <= current and (highs[i] is None or current <= highs[i]):
             return int(i)
-    return int(tied[np.argmin(np.abs(np.log2(thresholds[tied]) - np.log2(current)))])
+    return int(tied[np.argmin(np.abs(np.log2(thresholds[tied]) - np.log2(max(current, 1))))])
 
 
-def sweep_sglang(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> Sweep:
+def _split_sums(keys: np.ndarray, below: np.ndarray, above: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """For each threshold in `at`: the sum of `below` over keys < it plus the sum of `above` over
+    keys >= it. One sort and two cumulative sums, so every threshold costs O(log n); no
+    subtraction, so a +inf (a path that does not fit) stays +inf and never turns into NaN."""
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    head = np.concatenate([[0.0], np.cumsum(below[order])])  # head[i] = sum of below[:i]
+    tail = np.concatenate([np.cumsum(above[order][::-1])[::-1], [0.0]])  # tail[i] = sum of above[i:]
+    i = np.searchsorted(k, at, side="left")
+    return head[i] + tail[i]
+
+
+def sweep_sglang(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> Sweep | None:
     """SGLang's summed-prefix threshold t: an extend batch with summed prefix s > 0 runs MHA when
     s >= t, else MLA. Every t in (s_(k-1), s_k] gives the same paths, so t = s_k for each distinct
-    s_k, and one past the largest (MHA only without a prefix), are all the choices there are."""
+    s_k, and one past the largest (MHA only without a prefix), are all the choices there are.
+    None where the threshold moves no shape (its backend ignores it, the chunked prefix cache is
+    off, or every shape is a decode, has no prefix, or runs inside the prefill graph)."""
     s = wl.batch * wl.prefix
-    movable = ~is_decode(wl.new, wl.prefix) & (s > 0)
-    mha = time_of(grid_paths(replace(p, threshold=1), wl.batch, wl.new, wl.prefix), times) * wl.weight
-    mla = time_of(np.full(len(wl), "absorb"), times) * wl.weight
+    low, high = replace(p, threshold=1), replace(p, threshold=np.iinfo(np.int64).max)
+    mha = time_of(grid_paths(low, wl.batch, wl.new, wl.prefix), times) * wl.weight
+    mla = time_of(grid_paths(high, wl.batch, wl.new, wl.prefix), times) * wl.weight
+    movable = (grid_paths(low, wl.batch, wl.new, wl.prefix) != grid_paths(high, wl.batch, wl.new, wl.prefix)) & (s > 0)
+    if not movable.any():  # its backend ignores the threshold, or no shape has a prefix it can move
+        return None
     fixed = float(
         np.sum(np.where(movable, 0.0, time_of(grid_paths(p, wl.batch, wl.new, wl.prefix), times) * wl.weight))
     )
-    values = np.unique(s[movable])
-    candidates = np.append(values, values[-1] + 1 if len(values) else p.threshold)
-    totals = np.array([fixed + np.sum(np.where(s[movable] >= t, mha[movable], mla[movable])) for t in candidates])
+    sm = s[movable]
+    values = np.unique(sm)
+    candidates = np.append(values, values[-1] + 1 if len(values) else max(p.threshold, 1))
+    totals = fixed + _split_sums(sm, mla[movable], mha[movable], candidates)
+    now = float(fixed + _split_sums(sm, mla[movable], mha[movable], np.array([p.threshold]))[0])
     lows = np.append([1], values + 1)[: len(candidates)]
-    highs: list = list(values) + [None]
-    now = float(fixed + np.sum(np.where(s[movable] >= p.threshold, mha[movable], mla[movable])))
+    highs: list = [int(v) for v in values] + [None]
     i = _pick(candidates.astype(np.float64), totals, p.threshold, lows, highs)
     table = [(int(t), float(v)) for t, v in zip(candidates, totals)]
     return Sweep(
         p.engine,
-        "threshold",
+        "chunked_prefix_cache_threshold",
         p.threshold,
         now,
         int(candidates[i]),
-        (int(lows[i]), highs[i] and int(highs[i])),
+        (int(lows[i]), highs[i]),
         float(totals[i]),
         table,
     )
@@ -231,14 +213,22 @@ def sweep_vllm(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> S
     absorb = time_of(np.full(len(wl), "absorb"), times) * wl.weight
     prefill = time_of(np.where(wl.prefix > 0, "expand_chunked", "expand"), times) * wl.weight
     candidates = np.unique(np.append(wl.new, 1))
-    totals = np.array([np.sum(np.where(wl.new <= t, absorb, prefill)) for t in candidates])
+    # total(t) = absorb over n <= t (n < t + 1) + prefill over n > t
+    totals = _split_sums(wl.new, absorb, prefill, candidates + 1)
+    now = float(_split_sums(wl.new, absorb, prefill, np.array([p.threshold + 1]))[0])
     lows = candidates
     highs: list = [int(x) - 1 for x in candidates[1:]] + [None]
-    now = float(np.sum(np.where(wl.new <= p.threshold, absorb, prefill)))
     i = _pick(candidates.astype(np.float64), totals, p.threshold, lows, highs)
     table = [(int(t), float(v)) for t, v in zip(candidates, totals)]
     return Sweep(
-        p.engine, "threshold", p.threshold, now, int(candidates[i]), (int(lows[i]), highs[i]), float(totals[i]), table
+        p.engine,
+        "reorder_batch_threshold",
+        p.threshold,
+        now,
+        int(candidates[i]),
+        (int(lows[i]), highs[i]),
+        float(totals[i]),
+        table,
     )
 
 
@@ -272,9 +262,9 @@ def report(
         own = engine_times(cost, hw, calibration, e, wl.batch, wl.new, wl.prefix, times)
         lost = time_lost(paths, own, best_time)
         s = None
-        if sweep and e.engine == "sglang":
+        if sweep and e.family == "sglang":
             s = sweep_sglang(e, wl, own)
-        elif sweep and e.engine == "vllm":
+        elif sweep and e.family == "vllm":
             s = sweep_vllm(e, wl, own)
         total = float(np.sum(time_of(paths, own) * wl.weight))
         out.append(EngineLoss(e, paths, lost, total, float(np.sum(lost * wl.weight)), s))

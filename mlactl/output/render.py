@@ -53,6 +53,14 @@ def header(analysis: Analysis) -> str:
     )
 
 
+def engine_lines(engines) -> list[str]:
+    """Why each engine rule runs what it runs: the resolved backend first, then what it does."""
+    out = []
+    for e in engines:
+        out.append(f"[bold]{e.label}[/]: " + "; ".join(e.why).replace("[", "\\["))
+    return out
+
+
 def _time_cell(time_s: float, compute_bound: bool, best: bool, fits: bool = True, runs: bool = True) -> Text:
     if not runs:  # a DSA model's dense_expand past topk tokens: the path does not exist there
         return Text("n/a", style="dim")
@@ -251,7 +259,7 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
         label = next((e.label for e in ba.engines if e.engine == s), s)
         totals.add_row(Text(label, style=style), seconds(t), f"{ratio:.2f}x")
     sources = "Engine rules: " + "; ".join(sorted({e.citation for e in ba.engines})) if ba.engines else ""
-    return [rows, totals, sources]
+    return [rows, totals, *engine_lines(ba.engines), sources]
 
 
 def _own(ba: BatchAnalysis, path: str, i: int) -> str:

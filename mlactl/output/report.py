@@ -21,7 +21,9 @@ SCHEMA = "mlactl.analysis"
 # 2: the `fixed` rule and `threshold` gave way to the engines' rules: a header `engines` list and,
 # per row, `engines: {name: {path, time_lost_s}}` (was `fixed_threshold`); CSV `NAME.path`,
 # `NAME.time_lost_s`; batch JSON `engines` (was `threshold`/`fixed_path`).
-SCHEMA_VERSION = 2
+# 3: versioned engine rules: each `engines` entry has engine, version, backend, threshold, every
+# option's value (`options`), the ones set (`options_set`) and `why`; batch rows `engine_split`.
+SCHEMA_VERSION = 3
 
 
 def number(x):
@@ -95,10 +97,9 @@ def crossover_json(crossover: Crossover) -> dict:
 
 
 def engine_json(e) -> dict:
-    """An engine rule's name, parameters and source (mlactl.decide.engines.EngineParams)."""
-    out = {"name": e.engine, "label": e.label, "source": e.citation}
-    out.update({k: getattr(e, k) for k in e.options})
-    return out
+    """An engine rule as resolved (mlactl.decide.engines.EngineParams): its name, rule set
+    (engine, version), source, the backend it resolved to, every option's value, and why."""
+    return e.to_json()
 
 
 def header_json(analysis: Analysis) -> dict:
@@ -298,12 +299,27 @@ def batch_json(ba) -> dict:
                 "own_time_s": {p: float(ba.own_time[p][i]) for p in ba.cost.choices},
                 "path": str(ba.assignments["per_request"][i]),
                 "engine_paths": {e.engine: str(ba.assignments[e.engine][i]) for e in ba.engines},
+                **_split(ba, i),
             }
             for i in range(len(ba.new))
         ],
         "totals": {s: {"time_s": number_or_none(ba.totals[s])} for s in ba.strategies},
         "best_strategy": ba.best_strategy,
     }
+
+
+def _split(ba, i: int) -> dict:
+    """`engine_split: {engine: {path: requests}}` for a row whose alike requests an engine runs on
+    two paths (vLLM's split falls inside the row); nothing otherwise."""
+    out = {}
+    for name, counts in ba.engine_counts.items():
+        row = counts[i]
+        if (row > 0).sum() > 1:
+            out[name] = {p: int(c) for p, c in zip(MLA_SPLIT, row) if c}
+    return {"engine_split": out} if out else {}
+
+
+MLA_SPLIT = ("absorb", "expand", "expand_chunked")  # the column order of BatchAnalysis.engine_counts
 
 
 def write_batch_csv(fh, ba) -> None:

@@ -179,25 +179,35 @@ def crossover_text(row: dict) -> str:
 
 def compile_table(results: list[dict], width: int | None = None):
     """A rich table of compile results, one row per config, fitted to `width` (None: full values):
-    the kernel and bucket are never cut, the config and warnings fold."""
+    the kernel and bucket are never cut, the config and warnings fold. `out` is the dtype the
+    kernel writes and its split count as launched; `mma x` is issued_mma_over_needed."""
     cols = [Col("kernel", "left", typed=True), Col("shape", "left", typed=True), Col("config", "left", fold=24)]
-    cols += [Col("arch", "left"), Col("smem KiB"), Col("regs"), Col("spill B"), Col("stack B")]
-    cols += [Col("mma/loop", drop=1), Col("warnings", "left", fold=20)]
+    cols += [Col("arch", "left"), Col("out", "left"), Col("smem KiB"), Col("regs"), Col("spill B"), Col("stack B")]
+    cols += [Col("mma/loop", drop=1), Col("mma x", drop=2), Col("warnings", "left", fold=20)]
     rows = []
     for r in results:
         shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
         config = " ".join(f"{k}={v}" for k, v in r["config"].items())
         if r.get("variant"):
             config += f" [{r['variant']}]"
+        out = r.get("out_dtype") or "-"
+        if r.get("num_splits"):
+            out += f" x{r['num_splits']}"
         if r.get("error"):
-            rows.append([r["kernel"], shape, config, r["arch"], "-", "-", "-", "-", "-", f"[red]{r['error']}[/]"])
+            rows.append(
+                [r["kernel"], shape, config, r["arch"], out, "-", "-", "-", "-", "-", "-", f"[red]{r['error']}[/]"]
+            )
             continue
         loop = r["wgmma_per_loop"] or r["mma_per_loop"]
+        ratio = r.get("issued_mma_over_needed")
         spill = str(r["spill_bytes"]) if not r["spill_bytes"] else f"[red]{r['spill_bytes']}[/]"
         warn = "; ".join(r["warnings"]) or ("[red]" + r["dropped"] + "[/]" if r.get("dropped") else "")
         rows.append([
-            r["kernel"], shape, config, r["arch"], f"{r['smem_bytes'] / 1024:.1f}", str(r["registers"]), spill,
-            str(r["stack_bytes"]), str(loop), warn,
+            r["kernel"], shape, config, r["arch"], out, f"{r['smem_bytes'] / 1024:.1f}", str(r["registers"]), spill,
+            str(r["stack_bytes"]), str(loop), "-" if ratio is None else f"{ratio:.2f}", warn,
         ])  # fmt: skip
-    title = "compile report (no GPU: Triton + ptxas for the target; mma/loop: wgmma, else mma.sync)"
+    title = (
+        "compile report (no GPU: Triton + ptxas for the target; mma/loop: wgmma, else mma.sync; "
+        "mma x: tensor-core work issued / needed)"
+    )
     return table(title, cols, rows, width, elsewhere="-f json")

@@ -1,8 +1,9 @@
 """The compile stage of `mlactl tune`: build each kernel config for a GPU architecture, no GPU needed.
 
 For every (kernel, shape, config) it runs Triton's own compiler for the target (sm_80, sm_90 or
-sm_100) and then the ptxas that Triton selects for that target (the wheel's ``ptxas`` below
-sm_90, ``ptxas-blackwell`` from sm_90 on), and reports:
+sm_100) and then the ptxas that Triton selects for that target (``get_ptxas`` in
+triton/backends/nvidia/compiler.py: Triton 3.9 takes ``ptxas-blackwell``, CUDA 13.4, from sm_90
+on; Triton 3.6 takes its ``ptxas``, CUDA 12.8, below sm_100), and reports:
 
 * ``smem_bytes``: the shared memory Triton allocates (``metadata.shared``);
 * ``registers``, ``stack_bytes``, ``spill_bytes`` (spill stores + spill loads), from ``ptxas -v``;
@@ -26,6 +27,8 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 
+from mlactl.model.config import MLAConfig
+from mlactl.model.cost import CostModel
 from mlactl.util.defaults import KV_PAGE
 
 ARCHS = {"sm_80": 80, "sm_90": 90, "sm_100": 100}
@@ -85,13 +88,8 @@ _LABEL = re.compile(r"^\s*(\$L__\w+):")
 _BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
 
 
-def loop_counts(ptx: str, patterns: dict[str, str]) -> dict[str, int]:
-    """Per pattern, its count in the busiest PTX loop (a label and the last branch back to it).
-
-    A loop is the text between a label and a later branch to it; for nested loops the outer one
-    holds the inner, so the count is the most found in any one loop: the tile loop's body.
-    """
-    lines = ptx.splitlines()
+def _loops(lines: list[str]) -> list[tuple[int, int]]:
+    """(first, last) line of every PTX loop: a label and a later branch back to it."""
     where = {}
     loops = []
     for i, line in enumerate(lines):
@@ -101,6 +99,17 @@ def loop_counts(ptx: str, patterns: dict[str, str]) -> dict[str, int]:
         b = _BRANCH.search(line)
         if b and b.group(1) in where:
             loops.append((where[b.group(1)], i))
+    return loops
+
+
+def loop_counts(ptx: str, patterns: dict[str, str]) -> dict[str, int]:
+    """Per pattern, its count in the busiest PTX loop (a label and the last branch back to it).
+
+    A loop is the text between a label and a later branch to it; for nested loops the outer one
+    holds the inner, so the count is the most found in any one loop: the tile loop's body.
+    """
+    lines = ptx.splitlines()
+    loops = _loops(lines)
     out = {}
     for name, pat in patterns.items():
         best = 0
@@ -108,6 +117,38 @@ def loop_counts(ptx: str, patterns: dict[str, str]) -> dict[str, int]:
             best = max(best, sum(1 for line in lines[lo : hi + 1] if pat in line))
         out[name] = best
     return out
+
+
+_MMA_SHAPE = re.compile(r"\b(wgmma\.mma_async|mma\.sync)\.[\w.]*?\.m(\d+)n(\d+)k(\d+)\b")
+
+
+def loop_mma_macs(ptx: str) -> dict[str, int]:
+    """Multiply-adds of the tensor-core instructions in the busiest PTX loop, by kind, as written
+    in the PTX (one warpgroup's wgmma, one warp's mma.sync): m * n * k summed over instructions."""
+    lines = ptx.splitlines()
+    best = {"wgmma": 0, "mma": 0}
+    for lo, hi in _loops(lines):
+        got = {"wgmma": 0, "mma": 0}
+        for line in lines[lo : hi + 1]:
+            m = _MMA_SHAPE.search(line)
+            if m:
+                kind = "wgmma" if m.group(1).startswith("wgmma") else "mma"
+                got[kind] += int(m.group(2)) * int(m.group(3)) * int(m.group(4))
+        if sum(got.values()) > sum(best.values()):
+            best = got
+    return best
+
+
+def issued_over_needed(macs: dict[str, int], num_warps: int, needed: int | None) -> float | None:
+    """Tensor-core multiply-adds one CTA issues per loop trip over those its tile needs.
+
+    Each warpgroup (4 warps) issues the loop's wgmma and each warp its mma.sync, so a CTA issues
+    wgmma MACs x num_warps / 4 + mma MACs x num_warps. 1.0: nothing computed twice. None: the loop
+    has no tensor-core instruction (fp32 dots on FMA units, or a kernel without a dot)."""
+    issued = macs["wgmma"] * (num_warps // 4) + macs["mma"] * num_warps
+    if not issued or not needed:
+        return None
+    return issued / needed
 
 
 def sass_counts(sass: str) -> dict[str, int]:
@@ -134,7 +175,9 @@ def verdict(result: dict) -> str | None:
 
 
 def _build(case: Case):
-    """(jit function, signature, constants, divisible-by-16 argument names, options) for a case."""
+    """(jit function, signature, constants, divisible-by-16 argument names, options, launch) for a
+    case, built as the launcher launches it; launch holds what the report records of that launch
+    (decode: variant, num_splits and out_dtype as mla_decode picks them)."""
     if case.kernel == "mla_decode":
         from mlactl.kernels import decode
 
@@ -145,11 +188,11 @@ def _build(case: Case):
     if case.kernel == "mla_prefill":
         from mlactl.kernels import prefill
 
-        return prefill.compile_spec(case.config, case.dC, case.dR, case.dV, case.dtype)
+        return (*prefill.compile_spec(case.config, case.dC, case.dR, case.dV, case.dtype), {"out_dtype": case.dtype})
     if case.kernel == "merge_attn_states":
         from mlactl.kernels import merge
 
-        return merge.compile_spec(case.config, case.dV, case.dtype)
+        return (*merge.compile_spec(case.config, case.dV, case.dtype), {"out_dtype": case.dtype})
     if case.kernel == "mla_sparse_decode":
         from mlactl.kernels import sparse_decode
 
@@ -161,6 +204,16 @@ def _tool(name: str) -> str:
     import triton
 
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def _ptxas_release(path: str) -> str | None:
+    """'12.8' from `ptxas --version` ("Cuda compilation tools, release 12.8, V12.8.93")."""
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"release (\d+\.\d+)", text)
+    return found.group(1) if found else None
 
 
 def compile_one(case: Case) -> dict:
@@ -188,9 +241,8 @@ def compile_one(case: Case) -> dict:
         "error": None,
     }
     try:
-        fn, sig, consts, aligned, options = _build(case)
-        if case.kernel == "mla_decode":  # which stage-1 kernel was built
-            out["variant"] = "balanced" if "planned" in fn.__name__ else "uniform"
+        fn, sig, consts, aligned, options, launch = _build(case)
+        out.update(launch)  # decode: the stage-1 kernel (variant), its num_splits and out_dtype
         attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
         k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cap, 32), options=options)
     except Exception as exc:  # a config the compiler rejects is a result, not a crash
@@ -208,6 +260,7 @@ def compile_one(case: Case) -> dict:
         run = subprocess.run(cmd, capture_output=True, text=True)
         out.update(parse_ptxas_log(run.stderr + run.stdout))
         out["ptxas"] = os.path.basename(cmd[0])
+        out["ptxas_version"] = _ptxas_release(cmd[0])
         cubin = os.path.join(tmp, "k.cubin")
         with open(cubin, "wb") as fh:
             fh.write(k.asm["cubin"])
@@ -218,7 +271,26 @@ def compile_one(case: Case) -> dict:
     out["wgmma_total"] = ptx.count("wgmma.mma_async")
     out["wgmma_shapes"] = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
     out["num_warps"], out["num_stages"] = options.get("num_warps"), options.get("num_stages")
+    macs = loop_mma_macs(ptx)
+    needed = tile_macs_needed(case, consts)
+    out["mma_macs_issued_per_loop"] = macs["wgmma"] * (out["num_warps"] // 4) + macs["mma"] * out["num_warps"]
+    out["mma_macs_needed_per_loop"] = needed
+    out["issued_mma_over_needed"] = issued_over_needed(macs, out["num_warps"], needed)
     return out
+
+
+def tile_macs_needed(case: Case, consts: dict) -> int | None:
+    """Multiply-adds one trip of the kernel's key loop needs: its tile's (row, key) pairs times
+    one head's pair FLOPs / 2 (cost.py: absorb r + dR and r; expand dC + dR and dV); None for a
+    kernel without a key loop (the merge)."""
+    if case.kernel in ("mla_decode", "mla_sparse_decode"):  # sparse: absorb's pair over a selected row
+        rows, keys, path = consts["BLOCK_H"], consts["BLOCK_N"], "absorb"
+    elif case.kernel == "mla_prefill":
+        rows, keys, path = consts["BLOCK_M"], consts["BLOCK_N"], "expand"
+    else:
+        return None
+    head = MLAConfig("one head", 0, 1, None, case.r, case.dC, case.dR, case.dV, 1)
+    return rows * keys * CostModel(head).pair_flops(path) // 2
 
 
 def compile_cases(cases: list[Case], timeout: float = 1800) -> list[dict]:
@@ -266,10 +338,18 @@ def default_cases(cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16"
     dims = dict(arch=arch, dtype=dtype, r=cfg.r, dR=cfg.dR, dC=cfg.dC, dV=cfg.dV)
     for name in kernels:
         if name == "mla_decode":
+            # the main bucket (B 128), and for the uniform schedule a second batch that takes the
+            # other output: one split writes q's dtype directly (B 1024), several write fp32
+            # partials (B 16); the balanced kernel writes both kinds in every launch
             shape = {"B": 128, "H": cfg.H, "S_q": 1, "ctx": 8192}
-            config = decode.default_config(shape, cfg.r, cfg.dR, 64, dtype, kv_dtype)
-            extra = {"variant": decode.default_variant(config, kv_dtype == "fp8")}
-            cases.append(Case(name, shape, config, kv_dtype=kv_dtype, label="default", extra=extra, **dims))
+            shapes = [shape]
+            main = decode.default_config(shape, cfg.r, cfg.dR, KV_PAGE, dtype, kv_dtype)
+            if decode.default_variant(main, kv_dtype == "fp8") == "uniform":
+                shapes.append({**shape, "B": 16 if main["num_splits"] == 1 else 1024})
+            for shape in shapes:
+                full = decode.default_config(shape, cfg.r, cfg.dR, KV_PAGE, dtype, kv_dtype)
+                config = {k: v for k, v in full.items() if k != "num_splits"}  # launched with no split count
+                cases.append(Case(name, shape, config, kv_dtype=kv_dtype, label="default", **dims))
         elif name == "mla_prefill":
             shape = {"H": cfg.H, "L": 4096}
             config = prefill.default_config(ARCHS[arch], cfg.dC + cfg.dR, cfg.dV, dtype, shape["L"])

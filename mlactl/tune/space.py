@@ -80,15 +80,20 @@ def _decode_space(cfg, shape, kv_dtype, dtype, smem):
     q_bytes = inputs.torch_dtype(dtype).itemsize
     kv_bytes = 1 if kv_dtype == "fp8" else q_bytes
     found = []
-    for block_h, block_n, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (1, 2, 3)):
+    # SPLIT_SCORE 1: the score tile split across warps, p through a scratch slot (kernels/decode.py,
+    # _score_and_accumulate); it issues each tensor-core multiply-add once where the plain loop
+    # computes the score twice (issued_mma_over_needed in `mlactl tune compile`)
+    for block_h, block_n, warps, stages, split in itertools.product(
+        (16, 32, 64), (16, 32, 64), (4, 8), (1, 2, 3), (0, 1)
+    ):
         if block_h > most_rows:
             continue  # taller tiles than rows are padding only
-        if (
-            smem is not None
-            and smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, kv_dtype == "fp8", cfg.r) > smem
-        ):
+        fp8 = kv_dtype == "fp8"
+        if smem is not None and smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8, cfg.r, split) > smem:
             continue
-        found.append({"BLOCK_H": block_h, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
+        found.append(
+            {"BLOCK_H": block_h, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "SPLIT_SCORE": split}
+        )
     return found
 
 

@@ -1,0 +1,81 @@
+"""One interface over both engines' rules: paths of grid points, of a mixed batch, and of many
+scheduler steps at once; the chunk size an engine expands context at; what a choice loses.
+
+Replay (issue 20) calls `step_paths` with arrays of rows and a step index: SGLang sums each
+step's extends, vLLM reorders and splits each step's requests; both in one array pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlactl.decide.engines import sglang, vllm
+from mlactl.decide.engines.params import EngineParams
+
+PATH_NAMES = ("absorb", "expand", "expand_chunked")
+
+
+def is_decode(new, prefix) -> np.ndarray:
+    """One new token after a cached prefix."""
+    return sglang.is_decode(new, prefix)
+
+
+def grid_paths(p: EngineParams, batch, new, prefix) -> np.ndarray:
+    """The engine's path at each grid point, each a step of `batch` alike requests."""
+    return (vllm if p.family == "vllm" else sglang).grid_paths(p, batch, new, prefix)
+
+
+def step_counts(p: EngineParams, new, prefix, count=None, step=None, decode=None) -> np.ndarray:
+    """[R, 3]: how many of each row's `count` requests run absorb, expand, expand_chunked, for
+    rows of many steps (`step`: the step of each row; `decode`: SGLang's decode rows, default
+    one new token after a prefix)."""
+    new = np.asarray(new, dtype=np.int64)
+    count = np.ones(len(new), dtype=np.int64) if count is None else np.asarray(count, dtype=np.int64)
+    if p.family == "vllm":  # `decode` marks the requests done prefilling
+        return vllm.step_paths(p, new, prefix, count, step, decode)
+    paths = sglang.step_paths(p, new, prefix, count, step, decode)
+    return np.stack([np.where(paths == name, count, 0) for name in PATH_NAMES], axis=1)
+
+
+def step_paths(p: EngineParams, new, prefix, count=None, step=None, decode=None) -> np.ndarray:
+    """The path of each row of many steps; a row whose alike requests take two paths (vLLM's
+    split can fall inside it) gets the path of most of them, ties to the first in PATH_NAMES.
+    Use `step_counts` where the split matters."""
+    counts = step_counts(p, new, prefix, count, step, decode)
+    return np.asarray(PATH_NAMES)[np.argmax(counts, axis=1)] if len(counts) else np.array([], dtype=str)
+
+
+def batch_paths(p: EngineParams, new, prefix, count=None) -> np.ndarray:
+    """The path of each request row of one mixed batch (one step)."""
+    return step_paths(p, new, prefix, count)
+
+
+def chunk_sizes(p: EngineParams, prefills_with_context) -> np.ndarray | None:
+    """Context tokens per chunk of the engine's own `expand_chunked`, given how many prefills
+    with context share the step, or None where mlactl's `--chunk` stands in (SGLang)."""
+    if p.family != "vllm":
+        return None
+    return vllm.context_chunk(p, np.maximum(np.asarray(prefills_with_context, dtype=np.int64), 1))
+
+
+def time_of(chosen: np.ndarray, times: dict[str, np.ndarray]) -> np.ndarray:
+    """Time of the chosen path per point, from per-path times (+inf where a path does not fit).
+
+    `times` is whatever time model is in use (roofline or calibrated): this and `time_lost` are
+    the only places a loss is computed from it."""
+    chosen = np.asarray(chosen)
+    out = np.zeros(np.shape(chosen), dtype=np.float64)
+    for path, t in times.items():
+        out = np.where(chosen == path, np.broadcast_to(t, out.shape), out)
+    return out
+
+
+def time_lost(chosen: np.ndarray, times: dict[str, np.ndarray], best: np.ndarray | None = None) -> np.ndarray:
+    """Time the chosen path loses against the fastest path that fits (+inf if it does not fit,
+    and where nothing fits). `best` (default: the fastest of `times`) is the time to beat."""
+    if best is None:
+        best = np.min(np.stack([np.broadcast_to(t, np.shape(chosen)) for t in times.values()]), axis=0)
+    mine = time_of(chosen, times)
+    best = np.minimum(best, mine)  # an engine's own chunking can beat ours
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(best), mine - best, np.inf)

@@ -1,0 +1,550 @@
+"""The engines' rule sets as data: one per release, `ENGINE@VERSION`.
+
+Each rule set names the source it was read from (repository, commit, file, lines), the
+attention backends of that release and what each does to the path, the default backend per GPU
+architecture and cache dtype, and the options a user may set, under the engine's own names.
+The logic that reads this data is small and lives beside it (sglang.py, vllm.py). Adding a
+release is a new entry here, with its citations, plus its cases in tests/test_engines.py
+(CONTRIBUTING.md, "Add an engine release").
+
+Where a fact could not be confirmed in a source, the entry says so (`confirmed=False`, with a
+note); the "why" line of every resolved rule carries that note to the user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# -- the pieces ------------------------------------------------------------------------------------
+
+INT_MAX = 2**31 - 1  # every integer option fits int32 as the engines store them
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of an engine, under the engine's own name (a server flag, an environment
+    variable or a config field; `source` says which)."""
+
+    name: str
+    kind: type  # int, bool or str
+    default: object  # None: resolved from the context (backend, model)
+    help: str
+    source: str
+    choices: tuple[str, ...] = ()
+    minimum: int = 0
+    maximum: int = INT_MAX
+
+
+@dataclass(frozen=True)
+class SGLangBackend:
+    """What one SGLang attention backend's handler does (attention_backend_handler.py)."""
+
+    name: str
+    handler: str  # generic | fa3 | trtllm | fa4 | aiter | triton
+    one_shot: bool = False  # in MHA_ONE_SHOT_SUPPORTED_BACKENDS
+    chunked_prefix_cache: bool = False  # in CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS
+    ragged_switch: bool = False  # flashinfer_mla_disable_ragged applies (flashinfer, flashmla)
+    graph_mla: bool = True  # the handler returns MLA inside a piecewise (prefill) CUDA graph
+    graph_mha: bool = False  # ... returns MHA there (aiter in 0.5.23)
+    prefill_cp: bool = False  # the handler forces MLA under prefill context parallelism
+
+
+@dataclass(frozen=True)
+class VLLMBackend:
+    """One vLLM MLA backend: its builder's decode threshold and query-length support, the
+    cache dtypes and compute capabilities it accepts, and its KV block size."""
+
+    name: str  # AttentionBackendEnum name
+    threshold: int  # reorder_batch_threshold of its metadata builder
+    query_len: str  # single | uniform | varlen (QueryLenSupport)
+    kv_dtypes: tuple[str, ...]  # mlactl names of the cache dtypes it takes
+    arch: tuple[str, ...]  # architectures it runs on
+    block: int  # tokens per KV block (page) the platform forces for it
+    dcp_varlen: bool = False  # supports_dcp_with_varlen: keeps its threshold under DCP
+
+
+@dataclass(frozen=True)
+class Default:
+    """The default backend for one architecture (and optionally one cache dtype / model)."""
+
+    arch: str
+    backend: str
+    reason: str
+    source: str
+    confirmed: bool = True
+    model_arch: str | None = None  # only for this model architecture (e.g. DeepseekV3ForCausalLM)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a rule set's facts were read: repository, commit (or release), files and lines."""
+
+    repo: str
+    commit: str
+    files: tuple[tuple[str, str], ...]  # (path with lines, what it gives)
+    note: str = ""
+
+    @property
+    def short(self) -> str:
+        """`repo@commit8`, or `repo@release` where the commit is not known."""
+        return f"{self.repo}@{self.commit if '.' in self.commit else self.commit[:8]}"
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    engine: str  # sglang | vllm
+    version: str  # a release number, or a commit where the release could not be confirmed
+    source: Source
+    options: dict[str, Option]
+    backends: dict
+    defaults: tuple[Default, ...]
+    notes: tuple[str, ...] = ()
+    aliases: dict[str, str] = field(default_factory=dict)  # mlactl's older option names
+    # vLLM: the MLA backend priority per architecture (platforms/cuda.py _get_backend_priorities)
+    priorities: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    model_kinds: tuple[str, ...] = ("mla",)  # the model kinds it has rules for (DSA: issue 21)
+    # vLLM: the reorder's regions: 3 (decode, extend, prefill) or 4 (decode, short extend, long
+    # extend, prefill: a short extend still prefilling goes behind the decodes)
+    reorder_regions: int = 3
+    # vLLM: the workspace rounded up to the block (align_mla_chunked_context_workspace_size)
+    workspace_round_up: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.engine}@{self.version}"
+
+
+# -- SGLang ----------------------------------------------------------------------------------------
+
+SGL_REPO = "sgl-project/sglang"
+HANDLER = "python/sglang/srt/models/deepseek_common/attention_backend_handler.py"
+SERVER_ARGS = "python/sglang/srt/server_args.py"
+ENVIRON = "python/sglang/srt/environ.py"
+
+
+def _sgl_backends(*, cutlass: bool, aiter_graph_mha: bool, prefill_cp: bool) -> dict[str, SGLangBackend]:
+    cpc = dict(chunked_prefix_cache=True)
+    out = {
+        "fa3": SGLangBackend("fa3", "fa3", one_shot=True, prefill_cp=prefill_cp, **cpc),
+        "flashinfer": SGLangBackend(
+            "flashinfer", "generic", one_shot=True, ragged_switch=True, prefill_cp=prefill_cp, **cpc
+        ),
+        "flashmla": SGLangBackend(
+            "flashmla", "generic", one_shot=True, ragged_switch=True, prefill_cp=prefill_cp, **cpc
+        ),
+        "fa4": SGLangBackend("fa4", "fa4", graph_mla=False, **cpc),
+        "trtllm_mla": SGLangBackend("trtllm_mla", "trtllm", **cpc),
+        "tokenspeed_mla": SGLangBackend("tokenspeed_mla", "trtllm", **cpc),
+        "aiter": SGLangBackend("aiter", "aiter", graph_mla=False, graph_mha=aiter_graph_mha),
+        "triton": SGLangBackend("triton", "triton"),
+    }
+    if cutlass:
+        out["cutlass_mla"] = SGLangBackend("cutlass_mla", "generic", prefill_cp=prefill_cp, **cpc)
+    return dict(sorted(out.items()))
+
+
+def _sgl_options(backends, *, graph_flag: str) -> dict[str, Option]:
+    names = tuple(backends)
+    opts = [
+        Option(
+            "attention_backend",
+            str,
+            None,
+            "the attention backend (default: per GPU architecture and model, see --list)",
+            f"{SERVER_ARGS} --attention-backend",
+            choices=names,
+        ),
+        Option(
+            "prefill_attention_backend",
+            str,
+            None,
+            "backend of extend batches (default: attention_backend)",
+            f"{SERVER_ARGS} --prefill-attention-backend",
+            choices=names,
+        ),
+        Option(
+            "decode_attention_backend",
+            str,
+            None,
+            "backend of decode batches (default: attention_backend)",
+            f"{SERVER_ARGS} --decode-attention-backend",
+            choices=names,
+        ),
+        Option(
+            "chunked_prefix_cache_threshold",
+            int,
+            8192,
+            "summed prefix from which an extend batch expands",
+            f"{ENVIRON} SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD",
+            minimum=0,
+        ),
+        Option(
+            "max_kv_chunk_capacity",
+            int,
+            128 * 1024,
+            "most summed tokens a one-shot expand takes",
+            f"{ENVIRON} SGLANG_MAX_KV_CHUNK_CAPACITY",
+            minimum=1,
+        ),
+        Option(
+            "disable_chunked_prefix_cache",
+            bool,
+            False,
+            "only prefix-0 extends expand (also forced off for backends without it)",
+            f"{SERVER_ARGS} --disable-chunked-prefix-cache",
+        ),
+        Option(
+            "flashinfer_mla_disable_ragged",
+            bool,
+            False,
+            "flashinfer and flashmla run every extend as MLA",
+            f"{SERVER_ARGS} --flashinfer-mla-disable-ragged",
+        ),
+        Option(
+            "enable_deterministic_inference",
+            bool,
+            False,
+            "fa3 and triton run every batch as MLA",
+            f"{SERVER_ARGS} --enable-deterministic-inference",
+        ),
+        Option(
+            "enable_mixed_chunk",
+            bool,
+            False,
+            "decodes join the step's extend batch (their prefixes count in its sum)",
+            f"{SERVER_ARGS} --enable-mixed-chunk",
+        ),
+        Option(
+            "enable_prefill_context_parallel",
+            bool,
+            False,
+            "prefill context parallelism: extends on fa3/flashinfer/flashmla run MLA",
+            "python/sglang/srt/layers/utils/cp_utils.py mla_use_prefill_cp",
+        ),
+        Option(
+            graph_flag,
+            bool,
+            False,
+            "the piecewise (prefill) CUDA graph " + ("on" if graph_flag.startswith("enable") else "off"),
+            f"{SERVER_ARGS} --{graph_flag.replace('_', '-')}",
+        ),
+        Option(
+            "piecewise_cuda_graph_max_tokens",
+            int,
+            2048,
+            "extend batches of at most this many new tokens run inside the graph (MLA)",
+            f"{SERVER_ARGS} --piecewise-cuda-graph-max-tokens (2048 for MLA models)",
+            minimum=1,
+        ),
+    ]
+    return {o.name: o for o in opts}
+
+
+SGLANG_ALIASES = {
+    "threshold": "chunked_prefix_cache_threshold",
+    "capacity": "max_kv_chunk_capacity",
+    "backend": "attention_backend",
+    "cuda_graph_max_tokens": "piecewise_cuda_graph_max_tokens",
+}
+
+_SGL_DEFAULTS_SRC = (
+    f"{SERVER_ARGS} _handle_attention_backend_compatibility (MLA: fa3 on Hopper, flashinfer on "
+    "sm100, aiter on HIP, else triton) and _handle_model_specific_adjustments (trtllm_mla on sm100 "
+    "for DeepseekV3ForCausalLM)"
+)
+
+
+def _sgl_defaults() -> tuple[Default, ...]:
+    return (
+        Default("sm90", "fa3", "MLA models on Hopper (CUDA >= 12.3)", _SGL_DEFAULTS_SRC),
+        Default(
+            "sm100",
+            "trtllm_mla",
+            "DeepseekV3ForCausalLM on sm100",
+            _SGL_DEFAULTS_SRC,
+            model_arch="DeepseekV3ForCausalLM",
+        ),
+        Default("sm100", "flashinfer", "MLA models on sm100", _SGL_DEFAULTS_SRC),
+        Default("rocm", "aiter", "MLA models on HIP", _SGL_DEFAULTS_SRC),
+        Default("sm80", "triton", "MLA models elsewhere", _SGL_DEFAULTS_SRC),
+    )
+
+
+SGLANG_0_5_14 = RuleSet(
+    engine="sglang",
+    version="0.5.14",
+    source=Source(
+        SGL_REPO,
+        "0a8dcfa94b4bdbf1d41231a013714329ceb72e25",
+        (
+            (
+                f"{HANDLER} L14 (MHA_ONE_SHOT_SUPPORTED_BACKENDS), L71-L76 (_support_mha_one_shot), "
+                "L79-L109 (_handle_attention_backend)",
+                "the rules",
+            ),
+            (
+                f"{HANDLER} L116-L121, L132-L134, L137-L153",
+                "fa3's deterministic switch, fa4, trtllm_mla, tokenspeed_mla",
+            ),
+            (f"{HANDLER} L156-L160, L177-L191; L24-L26", "aiter, triton; a backend without a handler gets triton's"),
+            (SERVER_ARGS + " (version with enable_piecewise_cuda_graph = False)", "the piecewise graph is off"),
+            (ENVIRON, "SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD 8192, SGLANG_MAX_KV_CHUNK_CAPACITY 128K"),
+        ),
+        note="commit 0a8dcfa9 is issue 19's '0.5.14'; the release tag was not confirmed with the search tools",
+    ),
+    options=_sgl_options(
+        _sgl_backends(cutlass=True, aiter_graph_mha=False, prefill_cp=True),
+        graph_flag="enable_piecewise_cuda_graph",
+    ),
+    backends=_sgl_backends(cutlass=True, aiter_graph_mha=False, prefill_cp=True),
+    defaults=_sgl_defaults(),
+    aliases=SGLANG_ALIASES,
+)
+
+SGLANG_0_5_23 = RuleSet(
+    engine="sglang",
+    version="0.5.23",
+    source=Source(
+        SGL_REPO,
+        "0.5.23",
+        (
+            (f"{HANDLER} (stored version without cutlass_mla; index id 54520054747)", "the rules"),
+            (f"{HANDLER} handle_attention_aiter", "aiter runs MHA inside a piecewise/breakable graph"),
+            (SERVER_ARGS + " (version with disable_piecewise_cuda_graph = False)", "the piecewise graph is on"),
+        ),
+        note=(
+            "the newest handler the search tools hold; its commit is not shown by the index, and "
+            "that it is the v0.5.23 tag is issue 19's statement, not confirmed"
+        ),
+    ),
+    options=_sgl_options(
+        _sgl_backends(cutlass=False, aiter_graph_mha=True, prefill_cp=True),
+        graph_flag="disable_piecewise_cuda_graph",
+    ),
+    backends=_sgl_backends(cutlass=False, aiter_graph_mha=True, prefill_cp=True),
+    defaults=_sgl_defaults(),
+    notes=("piecewise graph off for DeepSeek-V3 on trtllm_mla: issue 19's statement, not found in the stored source",),
+    aliases=SGLANG_ALIASES,
+)
+
+# -- vLLM ------------------------------------------------------------------------------------------
+
+VLLM_REPO = "vllm-project/vllm"
+MLA_ATTN = "vllm/model_executor/layers/attention/mla_attention.py"
+BACKEND = "vllm/v1/attention/backend.py"
+UTILS = "vllm/v1/attention/backends/utils.py"
+CUDA = "vllm/platforms/cuda.py"
+MLA_DIR = "vllm/v1/attention/backends/mla"
+
+_16 = ("bf16", "fp16")
+_FP8 = ("bf16", "fp16", "fp8")
+
+
+def _vllm_backends(*, flashinfer_dcp_varlen: bool) -> dict[str, VLLMBackend]:
+    out = [
+        VLLMBackend("FLASH_ATTN_MLA", 512, "varlen", _16, ("sm90",), 16, dcp_varlen=True),
+        VLLMBackend("FLASHMLA", 128, "uniform", _FP8, ("sm90", "sm100"), 64),
+        VLLMBackend("FLASHINFER_MLA", 1, "uniform", _FP8, ("sm100",), 64, dcp_varlen=flashinfer_dcp_varlen),
+        VLLMBackend("CUTLASS_MLA", 1, "single", _FP8, ("sm100",), 128),
+        VLLMBackend("TRITON_MLA", 1, "uniform", _FP8, ("sm80", "sm90", "sm100"), 16),
+    ]
+    return {b.name: b for b in out}
+
+
+def _vllm_options(backends, *, pcp: bool = False) -> dict[str, Option]:
+    opts = [
+        Option(
+            "backend",
+            str,
+            None,
+            "the MLA attention backend (default: per GPU architecture and cache dtype)",
+            f"{CUDA} / --attention-backend (attention_config.backend)",
+            choices=tuple(b.lower() for b in backends),
+        ),
+        Option(
+            "num_speculative_tokens",
+            int,
+            0,
+            "speculative tokens: the decode threshold becomes max(t, 1 + k)",
+            f"{BACKEND} _init_reorder_batch_threshold (speculative_config)",
+            maximum=1024,
+        ),
+        Option(
+            "parallel_drafting",
+            bool,
+            False,
+            "parallel drafting doubles k in the threshold: max(t, 1 + 2k)",
+            f"{BACKEND} _init_reorder_batch_threshold",
+        ),
+        Option(
+            "decode_context_parallel_size",
+            int,
+            1,
+            "DCP > 1 drops the threshold to 1 on backends without DCP varlen support",
+            f"{BACKEND} _init_reorder_batch_threshold (parallel_config)",
+            minimum=1,
+            maximum=1024,
+        ),
+        Option(
+            "reorder_batch_threshold",
+            int,
+            None,
+            "override the builder's decode threshold (a what-if: a class attribute, not a vLLM flag)",
+            f"{MLA_DIR}/<backend>.py reorder_batch_threshold",
+            minimum=1,
+        ),
+        Option(
+            "max_model_len",
+            int,
+            None,
+            "sizes the context workspace (default: the model's context length)",
+            f"{MLA_ATTN} determine_chunked_prefill_workspace_size",
+            minimum=1,
+        ),
+        Option(
+            "max_num_seqs",
+            int,
+            256,
+            "sizes the context workspace (at least max_num_seqs x block_size)",
+            f"{MLA_ATTN} determine_chunked_prefill_workspace_size",
+            minimum=1,
+        ),
+        Option(
+            "block_size",
+            int,
+            None,
+            "KV block (page) size; the context chunk rounds down to it (default: the backend's)",
+            f"{CUDA} check_and_update_config",
+            minimum=1,
+            maximum=4096,
+        ),
+    ]
+    if pcp:
+        opts.append(
+            Option(
+                "prefill_context_parallel_size",
+                int,
+                1,
+                "PCP > 1: short extends still prefilling count as prefills (treat_short_extends_as_decodes=False)",
+                f"{MLA_ATTN} MLACommonMetadataBuilder.build, {UTILS} split_decodes_and_prefills",
+                minimum=1,
+                maximum=1024,
+            )
+        )
+    return {o.name: o for o in opts}
+
+
+VLLM_ALIASES = {"threshold": "reorder_batch_threshold"}
+
+# cuda.py _get_backend_priorities: one list for capability 10.x, one for every other; a backend
+# that does not run on the architecture (supports_compute_capability) is passed over.
+_NOT_SM100 = ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA")
+_VLLM_PRIORITY = {
+    "sm90": _NOT_SM100,
+    "sm100": ("FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
+    "sm80": _NOT_SM100,
+}
+_VLLM_DEFAULTS_SRC = (
+    f"{CUDA} _get_backend_priorities (the first backend that accepts the architecture and cache "
+    "dtype) and check_and_update_config (sm100: FLASHINFER_MLA when qk_nope_head_dim is 128 and "
+    "DCP is off, else CUTLASS_MLA)"
+)
+
+
+def _vllm_defaults(confirmed: bool) -> tuple[Default, ...]:
+    note = "" if confirmed else " (read in a later cuda.py, 002db495; not stored at this commit)"
+    return (
+        Default("sm90", "FLASH_ATTN_MLA", "first SM90 priority that takes the cache dtype", _VLLM_DEFAULTS_SRC),
+        Default("sm100", "FLASHINFER_MLA", "forced on sm100" + note, _VLLM_DEFAULTS_SRC, confirmed=confirmed),
+        Default("sm80", "TRITON_MLA", "the only MLA backend before SM90", _VLLM_DEFAULTS_SRC),
+    )
+
+
+VLLM_0014CA6B = RuleSet(
+    engine="vllm",
+    version="0014ca6b",
+    source=Source(
+        VLLM_REPO,
+        "0014ca6b9929614f1b72c4bb11e5238de49cba89",
+        (
+            (f"{MLA_ATTN} QueryLenSupport, MLACommonMetadataBuilder.__init__ and build", "the split and the chunk"),
+            (f"{BACKEND} AttentionMetadataBuilder._init_reorder_batch_threshold", "speculation and DCP"),
+            (f"{UTILS} split_decodes_and_prefills, reorder_batch_to_split_decodes_and_prefills", "read at 00bd1493"),
+            (f"{MLA_DIR}/flashmla.py, flashattn_mla.py, flashinfer_mla.py, cutlass_mla.py", "thresholds"),
+        ),
+        note=(
+            "the release of commit 0014ca6b could not be found with the search tools, so the rule set is "
+            "named by its commit; utils.py and cuda.py are not stored at this commit (read at 00bd1493 "
+            "and 002db495)"
+        ),
+    ),
+    options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=False)),
+    backends=_vllm_backends(flashinfer_dcp_varlen=False),
+    defaults=_vllm_defaults(confirmed=False),
+    aliases=VLLM_ALIASES,
+    priorities=_VLLM_PRIORITY,
+)
+
+VLLM_0_33_0 = RuleSet(
+    engine="vllm",
+    version="0.33.0",
+    source=Source(
+        VLLM_REPO,
+        "0.33.0",
+        (
+            (f"{CUDA} at 002db495: _get_backend_priorities, check_and_update_config", "defaults"),
+            (f"{MLA_DIR}/flashinfer_mla.py at 002d68ef", "FLASHINFER_MLA: UNIFORM, threshold 1, DCP varlen"),
+            (
+                f"{UTILS} (newest stored: split_decodes_and_prefills with treat_short_extends_as_decodes)",
+                "the split, PCP",
+            ),
+            (
+                "vllm/v1/worker reorder_batch_to_split_decodes_and_prefills (four regions)",
+                "decode, short extend, long extend, prefill",
+            ),
+            (
+                f"{MLA_ATTN} (newest stored: build passes treat_short_extends_as_decodes=not use_pcp; "
+                "plan_mla_context_chunks, align_mla_chunked_context_workspace_size)",
+                "PCP, the packed context, the workspace rounded up to the block",
+            ),
+        ),
+        note=(
+            "the newest files the search tools hold (the index shows no commit for several); that they are "
+            "the v0.33.0 tag is issue 19's statement, not confirmed"
+        ),
+    ),
+    options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=True), pcp=True),
+    backends=_vllm_backends(flashinfer_dcp_varlen=True),
+    defaults=_vllm_defaults(confirmed=True),
+    aliases=VLLM_ALIASES,
+    priorities=_VLLM_PRIORITY,
+    reorder_regions=4,
+    workspace_round_up=True,
+)
+
+# -- the registry ----------------------------------------------------------------------------------
+
+RULESETS: dict[str, RuleSet] = {r.name: r for r in (SGLANG_0_5_14, SGLANG_0_5_23, VLLM_0014CA6B, VLLM_0_33_0)}
+# A bare engine name means its newest rule set.
+NEWEST = {"sglang": "sglang@0.5.23", "vllm": "vllm@0.33.0"}
+# Older mlactl names: a rule set with one backend forced.
+SHORTHANDS = {
+    "sglang-triton": ("sglang", {"attention_backend": "triton"}),
+    "sglang-trtllm": ("sglang", {"attention_backend": "trtllm_mla"}),
+}
+# Architectures of the GPUs mlactl has profiles for, by a name or display substring.
+ARCH_BY_NAME = (
+    ("B200", "sm100"),
+    ("B100", "sm100"),
+    ("GB200", "sm100"),
+    ("B300", "sm100"),
+    ("H100", "sm90"),
+    ("H200", "sm90"),
+    ("H800", "sm90"),
+    ("H20", "sm90"),
+    ("A100", "sm80"),
+    ("A800", "sm80"),
+    ("MI300", "rocm"),
+    ("MI325", "rocm"),
+    ("MI355", "rocm"),
+)
