@@ -363,3 +363,21 @@ def test_mla_model_has_no_dsa_figures():
 
 def test_causal_pairs_unchanged():
     assert float(causal_pairs(3, 10)) == 11 + 12 + 13
+
+
+def test_dense_expand_with_the_whole_indexer():
+    """vLLM runs the indexer in full on its dense MHA (dense_indexer="full"): 512 new tokens, no
+    prefix: the indexer's projections 27,918,336 FLOPs a token, 16,384 a causal pair
+    (512 x 513 / 2 = 131,328 pairs), one comparison per pair for the top-k; kv_expand and the
+    attention as with the key only, and no indexer_key."""
+    key = {o.name: o for o in CostModel(V32).ops("dense_expand", 1, 512, 0)}
+    full = {o.name: o for o in CostModel(V32, dense_indexer="full").ops("dense_expand", 1, 512, 0)}
+    assert list(key) == ["kv_expand", "indexer_key", "attention"]
+    assert list(full) == ["kv_expand", "indexer_proj", "indexer", "topk", "attention"]
+    assert float(full["indexer_proj"].flops) == 27_918_336 * 512
+    assert float(full["indexer"].flops) == 16_384 * 131_328
+    assert float(full["topk"].flops) == 131_328
+    for name in ("kv_expand", "attention"):
+        assert float(full[name].flops) == float(key[name].flops) and float(full[name].bytes) == float(key[name].bytes)
+    with pytest.raises(MlactlError, match="dense_indexer must be one of key, full"):
+        CostModel(V32, dense_indexer="half")

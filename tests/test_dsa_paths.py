@@ -1,6 +1,6 @@
 """A DSA model (DeepSeek-V3.2) through analyze, crossover, batch, engines and plot: its three paths,
-where dense MHA may run, the windows where an expand path beats sparse absorb, and what is said
-about the engines' rules (not modelled yet for DSA)."""
+where dense MHA may run, the windows where an expand path beats sparse absorb, and the engines'
+DSA rules in each command (their cases are pinned in test_engine_rules.py)."""
 
 import csv
 import io
@@ -34,11 +34,21 @@ def test_analyze_json_has_the_dsa_paths():
         ).output
     )
     assert data["model"]["topk"] == 2048 and data["model"]["index_heads"] == 64
-    assert data["engines"] == []
-    assert any("not modelled yet" in note for note in data["notes"])
+    assert [(e["name"], e["version"], e["backend"]) for e in data["engines"]] == [
+        ("sglang", "0.5.23", "dsa"),
+        ("vllm", "0.33.0", "FLASHMLA_SPARSE"),
+    ]
+    assert data["engines"][1]["dsa"]["masked_available"] is False  # an H200: no FA4 masked MHA
+    # by hand, on an H200 with a bf16 cache, one request per point: SGLang 0.5.23 captures
+    # extends of <= 2048 new tokens in its prefill graph (sparse there) and runs dense MHA only up
+    # to 2048 tokens of sequence, so every point is sparse; vLLM's FLASHMLA_SPARSE (threshold 256
+    # at 128 heads on SM90) runs a prefill of sequence <= 2048 dense, everything else sparse
+    dense_for_vllm = {(512, 0), (512, 1024)}
     for row in data["rows"]:
         assert set(row["paths"]) == {"sparse_absorb", "masked_expand", "dense_expand"}
-        assert row["engines"] == {}
+        assert row["engines"]["sglang"]["path"] == "sparse_absorb"
+        want = "dense_expand" if (row["new"], row["prefix"]) in dense_for_vllm else "sparse_absorb"
+        assert row["engines"]["vllm"]["path"] == want, row
         context = row["prefix"] + row["new"]
         assert row["paths"]["dense_expand"]["runs"] is (context <= 2048)
         assert row["paths"]["sparse_absorb"]["runs"] is True
@@ -68,10 +78,46 @@ def test_analyze_table_marks_dense_not_applicable():
     assert "n/a" in out and "sparse" in out and "masked" in out
 
 
-@pytest.mark.parametrize("policy", ["sglang", "vllm", "measured"])
-def test_engine_and_measured_policies_refused_for_dsa(policy):
-    out = run("analyze", "-m", "deepseek-v3.2", "--policy", policy, code=2).output
+def test_measured_policy_refused_for_dsa():
+    out = run("analyze", "-m", "deepseek-v3.2", "--policy", "measured", code=2).output
     assert out.startswith("Error:") and "DSA" in out
+
+
+def test_engine_policy_on_dsa():
+    """--policy ENGINE@VERSION on DeepSeek-V3.2: the rule's path and loss at each point (B200, TP
+    8, bf16: vLLM's FLASHMLA_SPARSE decodes up to 128 tokens at 16 heads; (700, 3000): seq 3700,
+    bucket 4096, TP 8 entry 512 -> masked; (1500, 0): seq 1500 -> dense)."""
+    data = json.loads(
+        run(
+            "analyze",
+            "-m",
+            "deepseek-v3.2",
+            "-g",
+            "b200",
+            "--tp",
+            "8",
+            "--new",
+            "100,700,1500",
+            "--prefix",
+            "0,3000",
+            "--engines",
+            "sglang",
+            "--policy",
+            "vllm@0.33.0",
+            "-f",
+            "json",
+        ).output  # fmt: skip
+    )
+    got = {(r["new"], r["prefix"]): r["policy"]["path"] for r in data["rows"]}
+    assert got == {
+        (100, 0): "sparse_absorb",
+        (100, 3000): "sparse_absorb",
+        (700, 0): "dense_expand",
+        (700, 3000): "masked_expand",
+        (1500, 0): "dense_expand",
+        (1500, 3000): "masked_expand",
+    }
+    assert all(r["policy"]["time_lost_s"] >= 0 for r in data["rows"])
 
 
 def test_flops_policy_on_dsa():
@@ -143,15 +189,43 @@ def test_batch_strategies(tmp_path):
     assert data["totals"]["all_dense_expand"]["time_s"] is None  # two rows have more than 2048 tokens
     assert [r["path"] for r in data["requests"]] == ["sparse_absorb", "dense_expand", "masked_expand"]
     assert data["best_strategy"] == "per_request"
-    assert data["engines"] == []
+    # SGLang 0.5.23: decodes apart; the extend batch's longest sequence is 5000 > 2048: sparse.
+    # vLLM (threshold 256, uniform): the ten decodes first, then the prefills, whose longest
+    # sequence is 5000 and no masked MHA on an H200: every token sparse
+    assert [e["name"] for e in data["engines"]] == ["sglang", "vllm"]
+    assert {r["engine_paths"]["sglang"] for r in data["requests"]} == {"sparse_absorb"}
+    assert {r["engine_paths"]["vllm"] for r in data["requests"]} == {"sparse_absorb"}
+    assert data["engines"][0]["time_s"] == pytest.approx(data["totals"]["all_sparse_absorb"]["time_s"])
 
 
-def test_engines_on_dsa_judges_none():
+def test_batch_dsa_engines_by_hand(tmp_path):
+    """sglang@0.5.14 (no graph for DSA): the extend batch (512, 0) + 2 x (600, 1000): longest
+    1600 <= 2048, sum 3712 <= 131072 -> dense; the decodes apart, sparse. vLLM: the prefills'
+    longest sequence 1600 <= 2048 -> dense MHA for all three prefills."""
+    requests = tmp_path / "requests.csv"
+    requests.write_text("new,prefix,count\n1,8000,10\n512,0,1\n600,1000,2\n")
+    data = json.loads(
+        run(
+            "batch", str(requests), "-m", "deepseek-v3.2", "-g", "h200", "--engines", "sglang@0.5.14,vllm", "-f", "json"
+        ).output  # fmt: skip
+    )
+    paths = [(r["engine_paths"]["sglang@0.5.14"], r["engine_paths"]["vllm"]) for r in data["requests"]]
+    assert paths == [
+        ("sparse_absorb", "sparse_absorb"),
+        ("dense_expand", "dense_expand"),
+        ("dense_expand", "dense_expand"),
+    ]
+    # vLLM's dense MHA runs its whole indexer: it costs more than SGLang's on the same paths
+    sglang, vllm = data["engines"]
+    assert vllm["time_s"] > sglang["time_s"]
+
+
+def test_engines_on_dsa_judges_both_engines():
     data = json.loads(run("engines", "-m", "deepseek-v3.2", "-g", "h200", "-f", "json").output)
-    assert data["engines"] == [] and data["best_time_s"] > 0
-    assert "not modelled yet" in data["notes"][0]
+    assert [e["name"] for e in data["engines"]] == ["sglang", "vllm"] and data["best_time_s"] > 0
+    assert all(e["time_s"] >= data["best_time_s"] for e in data["engines"])
     out = run("engines", "-m", "deepseek-v3.2", "-g", "h200").output
-    assert "best path everywhere" in out
+    assert "best path everywhere" in out and "sglang: sglang@0.5.23 on h200" in out
 
 
 def test_pathmap_data_for_dsa(tmp_path):
@@ -166,8 +240,15 @@ def test_pathmap_data_for_dsa(tmp_path):
     # dense MHA is never the best past 2048 tokens of context
     ctx = np.add.outer(np.asarray(data["prefix"]), np.asarray(data["new"]))
     assert not np.any((best == "dense_expand") & (ctx > 2048))
-    refused = run("plot", "pathmap", "-m", "deepseek-v3.2", "--policy", "sglang", "-o", str(image), code=2).output
-    assert refused.startswith("Error:")
+    run("plot", "pathmap", "-m", "deepseek-v3.2", "-g", "h200", "--new", "1,512,4096", "--prefix", "0,1024,32768",
+        "--policy", "vllm", "-o", str(image), "--data", str(drawn))  # fmt: skip
+    engine = json.loads(drawn.read_text())["policy"]
+    # vLLM on an H200 (threshold 256): (512, 0) and (512, 1024) dense, the rest sparse
+    assert engine["path"] == [
+        ["sparse_absorb", "dense_expand", "sparse_absorb"],
+        ["sparse_absorb", "dense_expand", "sparse_absorb"],
+        ["sparse_absorb", "sparse_absorb", "sparse_absorb"],
+    ]
 
 
 def test_pathmap_csv_data_writes(tmp_path):

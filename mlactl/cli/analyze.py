@@ -107,8 +107,9 @@ def analyze(
     it loses against the best path that fits; docs/engines.md cites each rule's source.
 
     A DSA model (deepseek-v3.2, or a config with index_topk, index_n_heads, index_head_dim) has
-    the paths sparse_absorb, masked_expand and dense_expand (context at most top-k); the
-    engines' DSA rules are not modelled yet, so it shows no engine column.
+    the paths sparse_absorb, masked_expand and dense_expand (context at most top-k), and each
+    engine's DSA rule: SGLang's dense one-shot threshold, vLLM's sparse backends with dense and
+    masked MHA.
 
     Example: mlactl analyze --model deepseek-v3 --hardware h200 --new 1:4096:*2 --prefix 0,32K
     (with --calibration NAME: calibrated time, see `mlactl calibrate`)
@@ -121,7 +122,7 @@ def analyze(
     if policy == "measured" and results is None and load_model(model, tp).is_dsa:
         raise MlactlError(
             f"--policy measured: {model} is a DSA model and `mlactl tune paths` measures MLA paths only; "
-            "use roofline or flops"
+            "use roofline, flops or an engine"
         )
     if policy == "measured":
         results_data, settings, settings_notes = measured_results(ctx, results, model, tp, dtype, kv_dtype, hardware)

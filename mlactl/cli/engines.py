@@ -41,7 +41,7 @@ from mlactl.cli.options import (
     TpOpt,
 )
 from mlactl.decide import workload as wl_mod
-from mlactl.decide.engines import context_for, known_names, parse_engines
+from mlactl.decide.engines import DEFAULT_ENGINES, context_for, known_names, parse_engines
 from mlactl.decide.engines.catalog import ARCHS, CACHES, catalog, shorthands
 from mlactl.model.cost import CostModel
 from mlactl.model.shapes import grid, parse_sizes
@@ -85,7 +85,8 @@ def engines_cmd(
         typer.Option(
             "--engines",
             help="Engine rules to judge, comma-separated: ENGINE or ENGINE@VERSION (see --list; "
-            "default: sglang, sglang-triton, sglang-trtllm, vllm, the newest of each).",
+            "default: sglang, sglang-triton, sglang-trtllm, vllm, the newest of each; for a DSA model "
+            "sglang and vllm).",
         ),
     ] = None,
     list_rules: Annotated[
@@ -103,7 +104,8 @@ def engines_cmd(
 ):
     """What each engine's own path rule loses on a workload, where it loses most, and the
     threshold that would lose least on this hardware (SGLang's summed-prefix threshold, vLLM's
-    decode threshold), found by trying every value that changes a path.
+    decode threshold; for a DSA model SGLang's dense threshold and each bucket of vLLM's
+    masked-MHA table), found by trying every value that changes a path.
 
     Rules are versioned (ENGINE@VERSION; a bare name is the newest) and resolved for the GPU's
     architecture and the cache dtype: each prints the backend it runs and why. `--list` shows
@@ -112,8 +114,8 @@ def engines_cmd(
     Times are roofline times of the paths that fit in memory, or calibrated times with
     --calibration (docs/calibration.md).
 
-    A DSA model (deepseek-v3.2) gets the best of its paths (sparse_absorb, masked_expand,
-    dense_expand) per shape; the engines' DSA rules are not modelled yet, so none is judged.
+    A DSA model (deepseek-v3.2) is judged on its paths (sparse_absorb, masked_expand,
+    dense_expand) by each engine's DSA rule.
 
     Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
 
@@ -144,9 +146,9 @@ def engines_cmd(
     hw = load_hardware(hardware, measured)
     cal = load_calibration(calibration, hw)
     kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
-    params = parse_engines(
-        engines or "sglang,sglang-triton,sglang-trtllm,vllm", engine_option, context_for(cfg, hw, kv)
-    )
+    # the shorthands fix a dense backend (triton, trtllm_mla): a DSA model's default is the two engines
+    default = ",".join(DEFAULT_ENGINES) if cfg.is_dsa else "sglang,sglang-triton,sglang-trtllm,vllm"
+    params = parse_engines(engines or default, engine_option, context_for(cfg, hw, kv))
     cost = CostModel(
         cfg,
         kv_dtype=kv,
@@ -173,7 +175,10 @@ def engines_cmd(
 
 
 def _cell(d: dict) -> str:
-    return f"{d['backend']} ({d['threshold']})" if d["backend"] else "none"
+    if not d["backend"]:
+        return "none"
+    star = "*" if "would not start" in d["why"] else ""
+    return f"{d['backend']}{star} ({d['threshold']})"
 
 
 def list_tables(data) -> list:
@@ -188,7 +193,22 @@ def list_tables(data) -> list:
         cells = {(d["arch"], d["kv_dtype"]): _cell(d) for d in r["defaults"]}
         name = r["name"] + (" (newest)" if r["newest"] else "")
         top.add_row(name, *(cells[(a, k)] for a in ARCHS for k in CACHES))
-    out: list = [top]
+    dsa = Table(
+        title="Default backend for DeepSeek-V3.2 (DSA), per GPU architecture and cache dtype "
+        "(SGLang: dense MHA threshold; vLLM: decode threshold at 128 heads)",
+        caption="* vLLM would not start there (no sparse backend runs on it); that backend's rule is shown",
+    )
+    dsa.add_column("rule set", no_wrap=True)
+    for a in ARCHS:
+        for k in CACHES:
+            dsa.add_column(f"{a} {k}")
+    for r in data:
+        if r["dsa_defaults"] is None:
+            dsa.add_row(r["name"], *(["no DSA rule"] * len(ARCHS) * len(CACHES)))
+            continue
+        cells = {(d["arch"], d["kv_dtype"]): _cell(d) for d in r["dsa_defaults"]}
+        dsa.add_row(r["name"], *(cells[(a, k)] for a in ARCHS for k in CACHES))
+    out: list = [top, dsa]
     for r in data:
         src = r["source"]
         t = Table(title=f"{r['name']} options (--engine-option {r['engine']}.KEY=VALUE)")
@@ -203,6 +223,8 @@ def list_tables(data) -> list:
         out.append(f"{r['name']} backends: {', '.join(r['backends'])}")
         files = "; ".join(f"{p} ({w})" for p, w in src["files"]).replace("[", "\\[")
         out.append(f"{r['name']} source: {src['repo']} {src['commit']}: {files}")
+        if r["dsa_source"]:
+            out.append(f"{r['name']} DSA rule: " + r["dsa_source"].replace("[", "\\["))
         for note in ([src["note"]] if src["note"] else []) + r["notes"]:
             out.append(f"  note: {note}")
     marks = "; ".join(f"{k} = {v}" for k, v in shorthands().items())
@@ -210,15 +232,24 @@ def list_tables(data) -> list:
     return out
 
 
-def sentence(result, e) -> str:
-    """`sglang's chunked_prefix_cache_threshold 8192 on h200 for this workload: best X, saves Y%`."""
-    s = e.sweep
-    span = f"{s.best_range[0]} up" if s.best_range[1] is None else f"{s.best_range[0]} to {s.best_range[1]}"
+def _value(v) -> str:
+    return "off" if v is None else str(v)
+
+
+def sentence(result, e, s) -> str:
+    """`sglang's chunked_prefix_cache_threshold 8192 on h200 for this workload: best X, saves Y%`
+    (a threshold of None is `off`: vLLM's masked MHA never runs in that bucket)."""
+    if s.best is None:
+        span = "off" if s.best_range[0] is None else f"{s.best_range[0]} up, or off"
+    else:
+        span = f"{s.best_range[0]} up" if s.best_range[1] is None else f"{s.best_range[0]} to {s.best_range[1]}"
+    if s.best_range[0] == s.best_range[1]:
+        span = f"{s.best_range[0]} only"
     if s.best == s.current or s.saves <= 0:
         verdict = f"already the best (any threshold from {span} does as well)"
     else:
-        verdict = f"best threshold {s.best} (any from {span}), saves {s.saves:.1%}"
-    return f"{e.params.engine}'s {s.option} {s.current} on {result.hw.name} for this workload: {verdict}"
+        verdict = f"best threshold {_value(s.best)} (any from {span}), saves {s.saves:.1%}"
+    return f"{e.params.engine}'s {s.option} {_value(s.current)} on {result.hw.name} for this workload: {verdict}"
 
 
 def tables(result) -> list:
@@ -243,11 +274,9 @@ def tables(result) -> list:
             "—" if pct != pct else f"{pct:.1%}",
         )
     total.caption = f"best path everywhere: {seconds(result.total_best_s)}"
-    if not result.engines:  # a DSA model: no engine rule to judge, the best paths only
-        paths, counts = np.unique(result.best, return_counts=True)
-        split = ", ".join(f"{SHORT[str(p)]} at {c}" for p, c in zip(paths, counts))
-        return [head, *result.notes, f"best path everywhere: {seconds(result.total_best_s)} ({split} shapes)"]
-    out: list = [head, *result.notes, total]
+    paths, counts = np.unique(result.best, return_counts=True)
+    split = ", ".join(f"{SHORT[str(p)]} at {c}" for p, c in zip(paths, counts))
+    out: list = [head, *result.notes, total, f"The best path: {split} of the {len(wl)} shapes"]
     for e in result.engines:
         worst = result.worst(e)
         if not worst:
@@ -270,8 +299,7 @@ def tables(result) -> list:
             )
         out.append(t)
     for e in result.engines:
-        if e.sweep is not None:
-            out.append(sentence(result, e))
+        out += [sentence(result, e, s) for s in e.sweeps]
     out += engine_lines([e.params for e in result.engines])
     if result.engines:
         out.append("Sources: " + "; ".join(sorted({e.params.citation for e in result.engines})))
@@ -301,22 +329,9 @@ def to_json(result) -> dict:
                 }
                 for i in result.worst(e)
             ],
-            sweep=None,
         )
-        if e.sweep is not None:
-            s = e.sweep
-            item["sweep"] = {
-                "option": s.option,
-                "current": s.current,
-                "current_time_s": number_or_none(s.current_time_s),
-                "best": s.best,
-                "best_range": list(s.best_range),
-                "best_time_s": number_or_none(s.best_time_s),
-                "saves": s.saves,
-                "values_count": len(s.values),
-            }
-            if len(s.values) <= MAX_SWEEP_VALUES:  # a million distinct sums would be a 100 MB table
-                item["sweep"]["values"] = [{"threshold": t, "time_s": number_or_none(v)} for t, v in s.values]
+        item["sweeps"] = [sweep_json(s) for s in e.sweeps]
+        item["sweep"] = item["sweeps"][0] if e.sweeps else None  # the first, as before several were swept
         engines.append(item)
     return {
         "schema": "mlactl.engines",
@@ -334,6 +349,23 @@ def to_json(result) -> dict:
         "engines": engines,
         "notes": result.notes,
     }
+
+
+def sweep_json(s) -> dict:
+    """One swept threshold (a None threshold is off: masked MHA never runs in that bucket)."""
+    out = {
+        "option": s.option,
+        "current": s.current,
+        "current_time_s": number_or_none(s.current_time_s),
+        "best": s.best,
+        "best_range": list(s.best_range),
+        "best_time_s": number_or_none(s.best_time_s),
+        "saves": s.saves,
+        "values_count": len(s.values),
+    }
+    if len(s.values) <= MAX_SWEEP_VALUES:  # a million distinct sums would be a 100 MB table
+        out["values"] = [{"threshold": t, "time_s": number_or_none(v)} for t, v in s.values]
+    return out
 
 
 def write_csv(fh, result) -> None:

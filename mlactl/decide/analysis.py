@@ -13,7 +13,6 @@ import numpy as np
 from mlactl.decide.calibration.time import batch_time as timed_batch
 from mlactl.decide.calibration.time import crossover_by_time, own_times, path_times, window_by_time
 from mlactl.decide.engines import (
-    PATH_NAMES,
     EngineParams,
     chunk_sizes,
     context_for,
@@ -21,11 +20,12 @@ from mlactl.decide.engines import (
     grid_paths,
     is_engine,
     parse_engines,
+    path_names,
     step_counts,
     time_lost,
 )
 from mlactl.decide.policy import argmin_path, fitting_times, runnable_flops, select_paths
-from mlactl.decide.workload import engine_times
+from mlactl.decide.workload import engine_cost, engine_times
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
@@ -123,15 +123,6 @@ def _policy_lost(policy: str, chosen: np.ndarray, engines, engine_lost, times: d
     if is_engine(policy):
         return engine_lost(next((e for e in engines if e.engine == policy), default_params(policy, ctx)), chosen)
     return time_lost(chosen, times)
-
-
-def dsa_engines_note(engines) -> str:
-    """Why a DSA model shows no engine's path: the rules modelled are the MLA ones."""
-    names = ", ".join(e.engine for e in engines)
-    return (
-        f"engines ({names}): their DSA rules (SGLang's nsa backend, vLLM's sparse MLA backends) are not "
-        "modelled yet, and their MLA rules do not apply to a DSA model; no engine column is shown"
-    )
 
 
 def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> list[str]:
@@ -245,10 +236,6 @@ def analyze(
         raise MlactlError(f"--layers must be a positive integer or 'all', got {layers!r}")
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
     hw.peak_flops(dtype)  # fail early, with the profile's name, if it lacks this dtype
-    dsa_notes = []
-    if cfg.is_dsa and engines:  # the engines' MLA rules do not apply to a DSA model
-        dsa_notes.append(dsa_engines_note(engines))
-        engines = []
     batch, new, prefix = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (batch, new, prefix))
     batch, new, prefix = np.broadcast_arrays(batch, new, prefix)
     paths = path_times(cost, hw, calibration, batch, new, prefix, cost.paths, layers)
@@ -292,7 +279,7 @@ def analyze(
         engine_paths=engine_paths,
         engine_time_lost={name: engine_lost(by_name[name], path) for name, path in engine_paths.items()},
         crossover=crossover_table(cost, hw, batch_prefix, max_new, calibration),
-        notes=notes_for(cost, layers) + dsa_notes + _cache_note(cost, hw, batch, new, prefix),
+        notes=notes_for(cost, layers) + _cache_note(cost, hw, batch, new, prefix),
         policy=policy,
         policy_path=policy_path,
         policy_time_lost=policy_lost,
@@ -356,8 +343,9 @@ class BatchAnalysis:
     totals: dict[str, float]  # strategy or engine -> batch time in seconds
     engines: list[EngineParams]
     calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
-    # engine -> [R, 3] requests of each row on absorb, expand, expand_chunked (vLLM's split can
-    # fall inside a row of alike requests; `assignments` then holds the path of most of them)
+    # engine -> [R, 3] requests of each row on each of the engine's paths (path_names: absorb,
+    # expand, expand_chunked, or a DSA model's sparse_absorb, dense_expand, masked_expand; vLLM's
+    # split can fall inside a row of alike requests: `assignments` holds the path of most of them)
     engine_counts: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -404,23 +392,23 @@ def analyze_batch(
     for path in cost.choices:
         assignments[f"all_{path}"] = np.full(len(new), path)
     engines = parse_engines(None, ctx=context_for(cfg, hw, kv_dtype)) if engines is None else list(engines)
-    if cfg.is_dsa:  # no engine's DSA rule is modelled yet (analysis.dsa_engines_note)
-        engines = []
     totals = {s: batch_time(cost, hw, new, prefix, count, a, calibration) for s, a in assignments.items()}
     for path in cost.choices:  # a batch some of whose requests the path cannot run
         if not cost.applicable(path, count, new, prefix).all():
             totals[f"all_{path}"] = float("inf")
     counts = {}
     for e in engines:
+        names = path_names(e)  # absorb, expand, expand_chunked; DSA: sparse_absorb, dense_expand, masked_expand
         counts[e.engine] = c = step_counts(e, new, prefix, count)
-        assignments[e.engine] = np.asarray(PATH_NAMES)[np.argmax(c, axis=1)]
+        assignments[e.engine] = np.asarray(names)[np.argmax(c, axis=1)]
         # the rows split by path (a row of alike requests can straddle vLLM's split)
-        rows = [(j, np.flatnonzero(c[:, j])) for j in range(len(PATH_NAMES))]
+        rows = [(j, np.flatnonzero(c[:, j])) for j in range(len(names))]
         idx = np.concatenate([r for _, r in rows])
-        paths = np.concatenate([np.full(len(r), PATH_NAMES[j]) for j, r in rows])
+        paths = np.concatenate([np.full(len(r), names[j]) for j, r in rows])
         n_req = np.concatenate([c[r, j] for j, r in rows])
-        with_context = int(c[:, PATH_NAMES.index("expand_chunked")].sum())
+        with_context = int(c[:, 2].sum())  # the chunked path's requests
         chunks = chunk_sizes(e, [with_context])  # an engine that sizes its own chunks (vLLM)
-        own_cost = replace(cost, chunk=int(chunks[0])) if chunks is not None and with_context else cost
+        own_cost = engine_cost(cost, e)
+        own_cost = replace(own_cost, chunk=int(chunks[0])) if chunks is not None and with_context else own_cost
         totals[e.engine] = batch_time(own_cost, hw, new[idx], prefix[idx], n_req, paths, calibration)
     return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, engines, calibration, counts)

@@ -88,11 +88,10 @@ def select_paths(
     """
     new = np.asarray(new)
     prefix = np.asarray(prefix)
-    if cost.cfg.is_dsa and (is_engine(policy) or policy == "measured"):
-        what = "engines' DSA rules are" if is_engine(policy) else "measured DSA crossovers are"
+    if cost.cfg.is_dsa and policy == "measured":
         raise MlactlError(
-            f"--policy {policy}: {cost.cfg.name} is a DSA model and the {what} not modelled yet; "
-            "use roofline or flops (docs/engines.md: DeepSeek-V3.2)"
+            f"--policy measured: {cost.cfg.name} is a DSA model and `mlactl tune paths` measures MLA paths "
+            "only; use roofline, flops or an engine (docs/engines.md: DeepSeek-V3.2)"
         )
     if is_engine(policy):
         ctx = context_for(cost.cfg, hw, cost.kv_dtype)

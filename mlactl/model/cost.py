@@ -64,6 +64,8 @@ OPS = {
     "masked_expand": ("kv_expand", "indexer_proj", "indexer", "topk", "attention", "lse_merge"),
     "dense_expand": ("kv_expand", "indexer_key", "attention"),
 }
+# dense_expand's indexer: only each new token's key, or the whole indexer (CostModel.dense_indexer)
+DENSE_INDEXER = ("key", "full")
 # DSA caches (FlashMLA's "FP8 with scale" layout, README "FP8 KV Cache", and the indexer's own
 # cache, SGLang nsa_indexer.py head_dim_with_sf = 132): fp8 values with one fp32 scale per tile
 # of this many values; the RoPE part of the latent row stays bf16.
@@ -107,6 +109,10 @@ class CostModel:
     kv_dtype: str = "bf16"  # the cache: latent + RoPE key (and the MHA cache of `mha`)
     dtype: str = "bf16"  # activations, weights and expanded K/V; also the compute dtype
     chunk: int = DEFAULT_CHUNK  # prefix tokens per chunk of expand_chunked
+    # what dense_expand runs of a DSA model's indexer: "key", only each new token's key (SGLang,
+    # nsa_indexer.py skip_logits_computation), or "full", projections, logits and top-k whose
+    # result goes unused (vLLM runs the indexer on every path)
+    dense_indexer: str = "key"
 
     def __post_init__(self):
         if self.kv_dtype not in KV_DTYPES:
@@ -115,6 +121,8 @@ class CostModel:
             raise MlactlError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(ACT_DTYPES)}")
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
             raise MlactlError(f"--chunk must be a positive integer, got {self.chunk!r}")
+        if self.dense_indexer not in DENSE_INDEXER:
+            raise MlactlError(f"dense_indexer must be one of {', '.join(DENSE_INDEXER)}, got {self.dense_indexer!r}")
 
     # -- which paths this model has -------------------------------------------------------------
 
@@ -422,17 +430,24 @@ class CostModel:
                     weight_bytes=zero,
                 ),
             ]
-        # dense_expand: one shot; the indexer only computes and caches each new token's key
+        # dense_expand: one shot; the indexer only computes and caches each new token's key, or
+        # (dense_indexer "full", as vLLM runs it) all of it, its selection unused
         w_k = zero + c.hidden * di * a
+        if self.dense_indexer == "full":
+            indexer_ops = [indexer_proj(), indexer(), topk()]
+        else:
+            indexer_ops = [
+                Op(
+                    "indexer_key",
+                    flops=2 * c.hidden * di * nq,
+                    # read the hidden state and wk; write the token's index row
+                    bytes=nq * c.hidden * a + w_k + nq * self.index_row_bytes(),
+                    weight_bytes=w_k,
+                )
+            ]
         return [
             kv_expand(1),
-            Op(
-                "indexer_key",
-                flops=2 * c.hidden * di * nq,
-                # read the hidden state and wk; write the token's index row
-                bytes=nq * c.hidden * a + w_k + nq * self.index_row_bytes(),
-                weight_bytes=w_k,
-            ),
+            *indexer_ops,
             Op(
                 "attention",
                 flops=self.pair_flops(path) * pairs,

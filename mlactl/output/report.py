@@ -312,14 +312,11 @@ def _split(ba, i: int) -> dict:
     """`engine_split: {engine: {path: requests}}` for a row whose alike requests an engine runs on
     two paths (vLLM's split falls inside the row); nothing otherwise."""
     out = {}
-    for name, counts in ba.engine_counts.items():
-        row = counts[i]
+    for e in ba.engines:  # engine_counts' columns are the engine's paths (absorb, expand, expand_chunked; DSA's)
+        row = ba.engine_counts[e.engine][i]
         if (row > 0).sum() > 1:
-            out[name] = {p: int(c) for p, c in zip(MLA_SPLIT, row) if c}
+            out[e.engine] = {p: int(c) for p, c in zip(e.paths, row) if c}
     return {"engine_split": out} if out else {}
-
-
-MLA_SPLIT = ("absorb", "expand", "expand_chunked")  # the column order of BatchAnalysis.engine_counts
 
 
 def write_batch_csv(fh, ba) -> None:

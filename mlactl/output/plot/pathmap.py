@@ -83,11 +83,6 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
     other = np.where(best == absorb_kind, expand_kind, times[absorb_kind])
     speedup = other / best_time
     engine = None
-    if policy is not None and dsa:
-        raise MlactlError(
-            f"--policy {policy}: the engines' DSA rules are not modelled yet, so {analysis.cfg.name} has no "
-            "engine loss map; drop --policy for its path map"
-        )
     if policy is not None:
         if policy not in analysis.engine_paths:
             raise MlactlError(f"the analysis holds no {policy} rule; analyse with that engine")
