@@ -117,6 +117,8 @@ def engines_cmd(
     A DSA model (deepseek-v3.2) is judged on its paths (sparse_absorb, masked_expand,
     dense_expand) by each engine's DSA rule.
 
+    Example: mlactl engines --model deepseek-v3.2 --hardware b200 --tp 8
+
     Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
 
     Example: mlactl engines --list
