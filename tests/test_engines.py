@@ -572,3 +572,25 @@ def test_dsa_dense_mha_costs_vllm_its_whole_indexer():
     extra = roof(ops["indexer_proj"]) + roof(ops["indexer"]) + roof(ops["topk"]) - roof(key)
     assert vl.time_s - sg.time_s == pytest.approx(extra, rel=1e-9)
     assert sg.lost_s == 0 and vl.lost_s == pytest.approx(extra, rel=1e-9)
+
+
+def test_sweep_sentences():
+    """The sentence for each kind of sweep result, `off` included (vLLM's masked MHA never)."""
+    from types import SimpleNamespace
+
+    from mlactl.cli.engines import sentence
+
+    result = SimpleNamespace(hw=SimpleNamespace(name="b200"))
+    e = SimpleNamespace(params=SimpleNamespace(engine="vllm"))
+
+    def say(current, best, rng, now, then):
+        return sentence(result, e, workload.Sweep("vllm", "m", current, now, best, rng, then, []))
+
+    assert say(1024, 256, (1, 256), 1.0, 0.9).endswith("m 1024 on b200 for this workload: best threshold 256 "
+                                                        "(any threshold from 1 to 256), saves 10.0%")  # fmt: skip
+    assert say(None, 700, (600, 700), 1.0, 0.5).endswith("m off on b200 for this workload: best threshold 700 "
+                                                         "(any threshold from 600 to 700), saves 50.0%")  # fmt: skip
+    assert say(512, None, (9001, None), 2.0, 1.0).endswith("best threshold off (off, or any threshold from 9001 up), "
+                                                           "saves 50.0%")  # fmt: skip
+    assert say(2048, 2048, (2048, 2048), 1.0, 1.0).endswith("already the best (no other threshold does as well)")
+    assert say(64, 1, (1, None), 1.0, 1.0).endswith("already the best (any threshold from 1 up does as well)")

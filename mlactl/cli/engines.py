@@ -241,16 +241,20 @@ def _value(v) -> str:
 def sentence(result, e, s) -> str:
     """`sglang's chunked_prefix_cache_threshold 8192 on h200 for this workload: best X, saves Y%`
     (a threshold of None is `off`: vLLM's masked MHA never runs in that bucket)."""
+    lo, hi = s.best_range
     if s.best is None:
-        span = "off" if s.best_range[0] is None else f"{s.best_range[0]} up, or off"
+        rng = f"off, or any threshold from {lo} up"
+    elif hi is None:
+        rng = f"any threshold from {lo} up"
+    elif lo == hi:
+        rng = "only that threshold"
     else:
-        span = f"{s.best_range[0]} up" if s.best_range[1] is None else f"{s.best_range[0]} to {s.best_range[1]}"
-    if s.best_range[0] == s.best_range[1]:
-        span = f"{s.best_range[0]} only"
+        rng = f"any threshold from {lo} to {hi}"
     if s.best == s.current or s.saves <= 0:
-        verdict = f"already the best (any threshold from {span} does as well)"
+        same = "no other threshold" if rng == "only that threshold" else rng
+        verdict = f"already the best ({same} does as well)"
     else:
-        verdict = f"best threshold {_value(s.best)} (any from {span}), saves {s.saves:.1%}"
+        verdict = f"best threshold {_value(s.best)} ({rng}), saves {s.saves:.1%}"
     return f"{e.params.engine}'s {s.option} {_value(s.current)} on {result.hw.name} for this workload: {verdict}"
 
 
