@@ -406,7 +406,7 @@ def analyze_batch(
         idx = np.concatenate([r for _, r in rows])
         paths = np.concatenate([np.full(len(r), names[j]) for j, r in rows])
         n_req = np.concatenate([c[r, j] for j, r in rows])
-        with_context = int(c[:, 2].sum())  # the chunked path's requests
+        with_context = int(c[prefix > 0, 2].sum())  # the chunked path's requests with context
         chunks = chunk_sizes(e, [with_context])  # an engine that sizes its own chunks (vLLM)
         own_cost = engine_cost(cost, e)
         own_cost = replace(own_cost, chunk=int(chunks[0])) if chunks is not None and with_context else own_cost
