@@ -54,9 +54,17 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def run(kind: str, args: list[str], files: dict[str, bytes | str] | None = None, home: dict | None = None):
+def run(
+    kind: str,
+    args: list[str],
+    files: dict[str, bytes | str] | None = None,
+    home: dict | None = None,
+    error_lines: int = 1,
+):
     """Run `mlactl ARGS` in a fresh folder holding `files` (and `home` under $MLACTL_HOME), with
-    `-o out.*` pre-written, and check every property of the module docstring."""
+    `-o out.*` pre-written, and check every property of the module docstring. A reader that
+    reports each bad line of a file (`mlactl replay`'s traces) may print up to `error_lines`
+    lines, each an `Error: ...`."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         work, home_dir = root / "work", root / "home"
@@ -91,7 +99,7 @@ def run(kind: str, args: list[str], files: dict[str, bytes | str] | None = None,
     assert changed <= set(outputs), f"touched {changed - set(outputs)}\n{text}"
     if result.exit_code == 2:
         lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("Warning: ")]
-        assert len(lines) == 1 and lines[0].startswith("Error: "), text
+        assert 1 <= len(lines) <= error_lines and all(line.startswith("Error: ") for line in lines), text
         assert not changed, f"a failed run changed {changed}\n{text}"
         assert after_home == before_home, f"a failed run changed $MLACTL_HOME\n{text}"
     return result
@@ -436,3 +444,88 @@ def test_fuzz_results_store(path, value, force):
         for section in ("kernels", "paths", "crossovers"):
             assert kept.get(section, []) == wanted.get(section, []), section
         assert sorted(os.listdir(tmp)) == ["r.json"]  # no lock or temporary file left
+
+
+# -- request traces (`mlactl replay`): each bad line one `Error:` line ---------------------------------
+
+TRACE_VALUE = st.one_of(
+    st.integers(-(2**40), 2**40),
+    st.sampled_from([0, 1, 511, 512, 513, 4096, 2**31, 1e309, -0.0, 1.5, "12", None, True, [], {}]),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+@st.composite
+def mooncake_lines(draw) -> list[str]:
+    lines = []
+    t = 0
+    for _ in range(draw(st.integers(0, 6))):
+        t += draw(st.integers(-500, 3000))
+        inp = draw(st.integers(1, 5000))
+        row = {"timestamp": t, "input_length": inp, "output_length": draw(st.integers(1, 30))}
+        row["hash_ids"] = draw(st.lists(st.integers(0, 20), max_size=-(-inp // 512) + 1))
+        if draw(st.booleans()):
+            row[draw(st.sampled_from(list(row)))] = draw(TRACE_VALUE)
+        if draw(st.integers(0, 9)) == 0:
+            del row[draw(st.sampled_from(list(row)))]
+        lines.append(json.dumps(row) if draw(st.integers(0, 9)) else draw(st.text(max_size=20)))
+    return lines
+
+
+@st.composite
+def trace_csv_lines(draw) -> list[str]:
+    header = draw(
+        st.sampled_from(
+            ["arrival_s,input_tokens,output_tokens", "arrival_s,input_tokens,output_tokens,cached_tokens,session",
+             "input_tokens,output_tokens", "session,arrival_s,output_tokens,input_tokens"]
+        )
+    )  # fmt: skip
+    width = header.count(",") + 1
+    cell = st.one_of(st.integers(0, 3000).map(str), st.sampled_from(["", "a", "-1", "1e3", "nan", "4K", " 7 "]))
+    rows = draw(st.lists(st.lists(cell, min_size=width - 1, max_size=width + 1).map(",".join), max_size=6))
+    return [header, *rows]
+
+
+@settings(max_examples=max(5, (EXAMPLES or settings().max_examples) // 2))
+@given(lines=st.one_of(mooncake_lines(), trace_csv_lines()), engines=st.sampled_from(["vllm", "sglang"]))
+def test_fuzz_replay_traces(lines, engines):
+    text = "\n".join(lines) + "\n"
+    args = ["replay", "t.jsonl", "--engines", engines, "-f", "json", "-o", "out.json"]
+    run("trace", args, files={"t.jsonl": text.encode("utf-8", "surrogatepass")}, error_lines=21)
+
+
+REPLAY_OPTIONS = options(
+    ["--max-batch-tokens", "--max-running", "--mem-fraction", "--cache-tokens", "--step-overhead-ms", "--tp"],
+    st.one_of(SIZE_TOKENS, st.sampled_from(["0.5", "1", "1.01", "-0.1", "inf", "nan", "0.0001"])),
+)
+
+
+# versioned rules and the options replay's scheduler and clock read (mixed chunk; fa4 decodes are refused)
+REPLAY_ENGINE_OPTIONS = st.one_of(
+    ENGINE_OPTIONS,
+    options(
+        ["--engines"],
+        st.sampled_from(["sglang@0.5.14,vllm@0014ca6b", "vllm@0.33.0", "sglang@9", "sglang-trtllm,vllm@0014ca6b"]),
+    ),
+    options(
+        ["--engine-option"],
+        st.sampled_from(
+            [
+                "sglang.enable_mixed_chunk=true",
+                "enable_mixed_chunk=1",
+                "sglang.decode_attention_backend=fa4",
+                "vllm.backend=flashmla",
+                "vllm.prefill_context_parallel_size=2",
+                "sglang.disable_piecewise_cuda_graph=true",
+                "sglang.piecewise_cuda_graph_max_tokens=0",
+            ]
+        ),
+    ),
+)
+
+
+@settings(max_examples=max(5, (EXAMPLES or settings().max_examples) // 4))
+@given(opts=REPLAY_OPTIONS, engine_opts=REPLAY_ENGINE_OPTIONS, output=OUTPUT)
+def test_fuzz_replay_options(opts, engine_opts, output):
+    trace = '{"timestamp": 0, "input_length": 3000, "output_length": 4, "hash_ids": [1, 2]}\n'
+    run("replay", ["replay", "t.jsonl", *opts, *engine_opts, *output], files={"t.jsonl": trace})

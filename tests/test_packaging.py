@@ -39,13 +39,16 @@ def test_wheel_installs_and_runs_from_another_folder(tmp_path):
         ).stdout.strip()
     )
     (site / "borrowed_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # no PYTHONPATH: with the source tree on it, pip would see this mlactl as installed and skip it
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLACTL_HOME")}
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)], check=True
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        env=env,
     )
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MLACTL_HOME")}
     env["MLACTL_HOME"] = str(tmp_path / "home")
     where = subprocess.run(
         [

@@ -35,6 +35,7 @@ class LazyGroup(typer.core.TyperGroup):
         "engines": ("mlactl.cli.engines", "engines_app"),
         "list": ("mlactl.cli.listing", "list_app"),
         "plot": ("mlactl.cli.plot", "plot_app"),
+        "replay": ("mlactl.cli.replay", "replay_app"),
         "tune": ("mlactl.cli.tune", "tune_app"),
     }
 

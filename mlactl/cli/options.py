@@ -43,13 +43,19 @@ DtypeOpt = Annotated[
 ]
 ChunkOpt = Annotated[str, typer.Option("--chunk", help="Prefix tokens per chunk of the expand_chunked path.")]
 LayersOpt = Annotated[str, typer.Option("--layers", help="Layers to count: a number, or 'all' for the model's.")]
+_ENGINES_HELP = (
+    "Engine rules to {verb}, comma-separated: ENGINE or ENGINE@VERSION, e.g. sglang@0.5.14, vllm@0.33.0 (a "
+    "bare name is the newest; sglang-triton, sglang-trtllm force a backend; default: {default}). `mlactl "
+    "engines --list` shows every rule set; docs/engines.md cites each rule."
+)
 EnginesOpt = Annotated[
+    Optional[str], typer.Option("--engines", help=_ENGINES_HELP.format(verb="show", default="sglang,vllm"))
+]
+# the same, for a command that judges all four by default (replay)
+AllEnginesOpt = Annotated[
     Optional[str],
     typer.Option(
-        "--engines",
-        help="Engine rules to show, comma-separated: ENGINE or ENGINE@VERSION, e.g. sglang@0.5.14, "
-        "vllm@0.33.0 (a bare name is the newest; sglang-triton, sglang-trtllm force a backend; default: "
-        "sglang,vllm). `mlactl engines --list` shows every rule set; docs/engines.md cites each rule.",
+        "--engines", help=_ENGINES_HELP.format(verb="judge", default="sglang,sglang-triton,sglang-trtllm,vllm")
     ),
 ]
 EngineOptionOpt = Annotated[

@@ -36,12 +36,13 @@ from mlactl.results import store as results
 from mlactl.results import store as results_store
 from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
 from mlactl.util.errors import MlactlError
+from mlactl.util.io import read_json
 from mlactl.util.limits import check_plot
 
 # Made before importing mlactl.cli, as mlactl/cli/tune.py does its tune_app: the root group
 # (LazyGroup in mlactl/cli/__init__.py) imports this module only when `plot` is asked for.
 plot_app = typer.Typer(
-    help="Charts: roofline, crossover, path map and tune sweep, predicted and measured.\n\n"
+    help="Charts: roofline, crossover, path map, tune sweep and replay, predicted and measured.\n\n"
     "Example: mlactl plot crossover --hardware h200 --results run.json -o crossover.png",
     no_args_is_help=True,
 )
@@ -338,3 +339,30 @@ def tune(
     check_output(output, data)
     fig, drawn = plot.tune(results_store.load(results), kernel=kernel, bucket=bucket)
     write(fig, output, dpi, "tune", drawn, data)
+
+
+@plot_app.command(name="replay")
+@cli_errors
+def replay_chart(
+    report: Annotated[Path, typer.Argument(help="A report `mlactl replay TRACE -f json -o FILE` wrote.")],
+    output: Annotated[Path, output_opt("replay")] = Path("replay.png"),
+    dpi: DpiOpt = "100",
+    data: DataOpt = None,
+):
+    """What each engine's path rule loses over the trace's time, and the path mix per step type.
+
+    Top: attention time lost against the best path (per step and per request), per second of
+    trace, one line per engine. Bottom: for each step type (decode, prefill, extend after a
+    short or a long prefix, mixed), each engine's share of new tokens on each path.
+
+    Example: mlactl replay trace.jsonl -o replay.json && mlactl plot replay replay.json -o replay.png
+    """
+
+    check_output(output, data)
+    for target, option in ((output, "--output"), (data, "--data")):
+        if target is not None and target.exists() and report.exists() and target.resolve() == report.resolve():
+            raise MlactlError(f"{option} {target} is the report being read; write it elsewhere")
+    found = read_json(report, "replay report")
+    plot.check_report(found, str(report))
+    fig, drawn = plot.replay(found)
+    write(fig, output, dpi, "replay", drawn, data)

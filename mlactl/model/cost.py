@@ -45,10 +45,12 @@ Arrays are float64: exact for every figure below 2**53 (9.0e15), 16 significant 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from mlactl.model.config import MLAConfig
+from mlactl.model.weights import ModelWeights
 from mlactl.util.defaults import ACT_DTYPES, DEFAULT_CHUNK, DTYPE_BYTES, KV_DTYPES, MLA_PATHS  # noqa: F401  (MLA_PATHS: re-exported)
 from mlactl.util.errors import MlactlError
 
@@ -599,3 +601,116 @@ class CostModel:
             else:
                 hi = mid
         return first, lo
+
+
+# -- the rest of the model: what a step reads besides the attention paths' ops ---------------------
+
+
+@dataclass(frozen=True)
+class WeightCost:
+    """FLOPs and bytes of every weight a forward step reads outside the MLA paths' ops, per GPU.
+
+    The attention paths' ops (above) already read W_UK and W_UV (kv_b_proj). Everything else a
+    step reads once: per layer the query projections (q_a_proj and q_b_proj, or q_proj without
+    q_lora_rank), kv_a_proj_with_mqa (hidden -> r + dR) and o_proj; the dense MLP (gate, up,
+    down: 3 * hidden * intermediate) of each dense layer; in each MoE layer the router
+    (hidden * experts), the shared experts (3 * hidden * moe_intermediate each) and the routed
+    experts the step's tokens hit; and the LM head (vocab * hidden). The embedding is held in
+    memory but a step reads only its tokens' rows, which is left out. Every weight is split
+    over the `tp` GPUs (`model weights / TP`), as tensor-parallel MoE shards each expert.
+
+    FLOPs: 2 per weight per token through it; each token takes `top_k` routed experts, and only
+    the tokens that sample (a decode, or a prompt's last chunk) go through the LM head.
+
+    Routed experts hit: with `tokens` tokens each taking top_k of E experts, an expert is missed
+    by one token with probability 1 - top_k / E and, routing taken as uniform and independent
+    between tokens, by all of them with (1 - top_k / E) ** tokens: E * (1 - (1 - top_k/E)**T)
+    experts are read. Real routers are skewed, so fewer distinct experts are hit: this is the
+    most a step reads. All methods take numbers or arrays (one entry per step).
+    """
+
+    cfg: MLAConfig  # cfg.H are the heads per GPU and cfg.tp the tensor-parallel degree
+    weights: ModelWeights
+
+    @property
+    def tp(self) -> int:
+        return self.cfg.tp
+
+    @cached_property
+    def attention_params(self) -> int:
+        """One layer's attention weights outside the paths' ops (q, kv_a, o), the whole model."""
+        c, h = self.cfg, self.weights.hidden
+        heads = c.H * c.tp
+        q = (
+            h * heads * (c.dC + c.dR)
+            if c.q_lora_rank is None
+            else h * c.q_lora_rank + c.q_lora_rank * heads * (c.dC + c.dR)
+        )
+        return q + h * (c.r + c.dR) + heads * c.dV * h
+
+    @cached_property
+    def expert_params(self) -> int:
+        """One routed or shared expert of one layer: gate, up and down projections."""
+        return 3 * self.weights.hidden * self.weights.moe_intermediate
+
+    @cached_property
+    def dense_params(self) -> int:
+        """Linear weights every token passes through (the whole model, the LM head apart)."""
+        w = self.weights
+        mlp = 3 * w.hidden * w.intermediate * w.dense_layers
+        shared = w.moe_layers * w.shared_experts * self.expert_params
+        return self.attention_params * w.layers + mlp + shared
+
+    @cached_property
+    def router_params(self) -> int:
+        return self.weights.moe_layers * self.weights.hidden * self.weights.experts
+
+    @cached_property
+    def kv_b_params(self) -> int:
+        """W_UK and W_UV of every layer (read by the attention paths' ops)."""
+        c = self.cfg
+        return c.layers * c.r * c.H * c.tp * (c.dC + c.dV)
+
+    @cached_property
+    def total_params(self) -> int:
+        """Every parameter of the model (embedding and LM head untied), norms left out."""
+        w = self.weights
+        routed = w.moe_layers * w.experts * self.expert_params
+        return self.dense_params + self.router_params + routed + self.kv_b_params + 2 * w.vocab * w.hidden
+
+    @cached_property
+    def model_bytes(self) -> float:
+        """Weight bytes per GPU: the linear layers (and W_UK, W_UV) in the weight dtype; the
+        embedding, the LM head and the router in bf16."""
+        w = self.weights
+        bf16 = DTYPE_BYTES["bf16"]
+        linear = self.total_params - self.router_params - 2 * w.vocab * w.hidden
+        return (linear * w.weight_bytes + (self.router_params + 2 * w.vocab * w.hidden) * bf16) / self.tp
+
+    def experts_hit(self, tokens):
+        """Expected distinct routed experts `tokens` tokens hit in one MoE layer (uniform routing)."""
+        e, k = self.weights.experts, self.weights.top_k
+        if not e:
+            return tokens * 0.0
+        return e * (1.0 - (1.0 - k / e) ** tokens)
+
+    def dense_flops(self, tokens):
+        """Every token through the dense weights, the router and top_k routed experts, per GPU."""
+        w = self.weights
+        routed = w.moe_layers * w.top_k * self.expert_params
+        return 2.0 * tokens * (self.dense_params + self.router_params + routed) / self.tp
+
+    def dense_bytes(self, tokens):
+        """The dense weights and the router once, and each routed expert hit once, per GPU."""
+        w = self.weights
+        bf16 = DTYPE_BYTES["bf16"]
+        routed = w.moe_layers * self.experts_hit(tokens) * self.expert_params
+        return ((self.dense_params + routed) * w.weight_bytes + self.router_params * bf16) / self.tp
+
+    def head_flops(self, sampled):
+        """The LM head for the tokens that sample, per GPU."""
+        return 2.0 * sampled * self.weights.vocab * self.weights.hidden / self.tp
+
+    def head_bytes(self, sampled):
+        """The LM head read once (bf16) where a step samples, per GPU."""
+        return (sampled > 0) * 1.0 * self.weights.vocab * self.weights.hidden * DTYPE_BYTES["bf16"] / self.tp

@@ -94,7 +94,13 @@ def _tune(data: dict) -> list[dict]:
     return rows
 
 
-ROWS = {"roofline": _roofline, "crossover": _crossover, "pathmap": _pathmap, "tune": _tune}
+def _replay(data: dict) -> list[dict]:
+    rows = [dict(kind="lost over time", **t) for t in data["timeline"]]
+    rows += [dict(kind="path mix", **m) for m in data["mix"]]
+    return rows
+
+
+ROWS = {"roofline": _roofline, "crossover": _crossover, "pathmap": _pathmap, "tune": _tune, "replay": _replay}
 
 
 def to_csv(chart: str, data: dict) -> str:

@@ -14,6 +14,9 @@ DEFAULT_CHUNK = 8192
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")  # latent cache; fp8 is e4m3 with a per-tensor scale
 ACT_DTYPES = ("bf16", "fp16", "fp32")  # activations, weights, compute peak; fp32 for CPU runs
+# The linear layers' stored weights outside attention (`mlactl replay --weight-dtype`): DeepSeek-V3
+# and Kimi K2 ship fp8 (e4m3, 128x128 block scales), DeepSeek-V2 bf16.
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8")
 
 # The MLA paths an engine can run over a latent cache (`mha` in mlactl.model.cost is a baseline).
 MLA_PATHS = ("expand", "expand_chunked", "absorb")
@@ -30,3 +33,18 @@ TUNE_BACKENDS = (*KERNEL_BACKENDS, "interpret")
 KV_PAGE = 64
 
 OUTPUT_FORMATS = ("table", "json", "csv")
+
+# `mlactl replay`: the scheduler's budgets and the KV pool, each engine's default where they agree
+# (vLLM max_num_batched_tokens and SGLang chunked_prefill_size on a large GPU: 8192; vLLM
+# gpu_memory_utilization 0.9), the prefix cache's block (the Mooncake traces' 512 tokens), and
+# what --format csv and the charts bin the trace into.
+REPLAY_MAX_BATCH_TOKENS = 8192
+REPLAY_MAX_RUNNING = 256
+REPLAY_MEM_FRACTION = 0.9
+REPLAY_BLOCK = 512
+REPLAY_TP = 8
+REPLAY_HARDWARE = "h200"
+REPLAY_TIMELINE_BINS = 60
+# A chunk whose request has at least this many tokens before it is "after a long prefix" in the
+# report's step types: SGLang's summed-prefix threshold (SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD).
+REPLAY_LONG_PREFIX = 8192

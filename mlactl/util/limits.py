@@ -22,6 +22,9 @@ ANALYSIS_BYTES = 1_500
 JSON_BYTES = 30_000
 REQUEST_BYTES = 800
 REQUEST_JSON_BYTES = 4_000
+# `mlactl replay`: 342 MB max RSS for 100,000 requests (1.2 million steps) through one engine, the
+# ~100 MB of a bare `mlactl` run and the 512K-row pricing blocks included: 2.5 KB a request.
+REPLAY_REQUEST_BYTES = 2_500
 # A drawn point costs far more in matplotlib than in numpy (a path vertex, a marker, a label).
 PLOT_BYTES = 4_000
 # Agg's canvas: 4 bytes a pixel, drawn once and copied once to encode the PNG.
@@ -108,4 +111,15 @@ def check_plot(points: int, pixels: float) -> None:
         points * PLOT_BYTES + pixels * PIXEL_BYTES,
         f"a chart of {points:,} points" if points else f"a {pixels / 1e6:,.0f}-megapixel image",
         "draw fewer points (a coarser --new or --prefix range, e.g. 1:1M:*2) or a lower --dpi, or write .svg/.pdf",
+    )
+
+
+def check_replay(requests: int, processes: int = 1) -> None:
+    """A trace of `requests` replayed by `processes` engines side by side."""
+    side = f" in {processes} processes" if processes > 1 else ""
+    check_memory(
+        requests * processes * REPLAY_REQUEST_BYTES,
+        f"replaying {requests:,} requests{side}",
+        "split the trace by time into several files and replay one at a time"
+        + (", or give --jobs 1" if processes > 1 else ""),
     )

@@ -1,5 +1,5 @@
 """Charts that put prediction and measurement on one picture, one module a chart: roofline.py,
-crossover.py, pathmap.py and tune.py; what they share is in common.py.
+crossover.py, pathmap.py, tune.py and replay.py; what they share is in common.py.
 
 Each chart function returns `(fig, data)`: a matplotlib Figure and `data`, a plain dict (lists,
 floats, strings) of exactly what was drawn -- ceilings, ridge, points, crossover markers,
@@ -35,6 +35,7 @@ from mlactl.output.plot.common import (
 )
 from mlactl.output.plot.crossover import MAX_CROSSOVER_PANELS, crossover
 from mlactl.output.plot.pathmap import WRONG_ABOVE, pathmap
+from mlactl.output.plot.replay import check_report, replay
 from mlactl.output.plot.roofline import MAX_LABELS, MAX_ROOFLINE_SHAPES, roofline
 from mlactl.output.plot.tune import config_label, tune
 
@@ -56,6 +57,8 @@ __all__ = [
     "measured_label",
     "measured_points",
     "pathmap",
+    "replay",
+    "check_report",
     "roofline",
     "save",
     "shape_label",

@@ -1,0 +1,185 @@
+"""How fast `mlactl replay` runs an hour of production-sized traffic through four engines.
+
+    python benchmarks/bench_replay.py [--requests 12000] [--hours 1] [--repeats 3] [--json out.json]
+
+Writes a synthetic Mooncake-format trace (seeded; its shape below), then times the command end
+to end (`mlactl replay TRACE -f json`, all four engines, DeepSeek-V3 at TP 8 on an H200, the
+defaults) and, in process, each phase: reading the trace, each engine's scheduler and the pricing
+of its steps. Prints medians with min and max, steps per second, and saves JSON (default
+benchmarks/results/replay-<host>.json). Issue target: under 30 s on the 2-core machine for
+12,000 requests in an hour, median prompt 7K tokens, about 350 output tokens. Nothing asserts.
+
+The machine is shared: the load average is saved, and the command's CPU time (user + system,
+which contention does not inflate) beside its wall time; on an idle machine the two agree.
+
+The trace: Poisson arrivals; prompts log-normal (median 7,000 tokens, sigma 0.9, 16 to 128K);
+outputs log-normal (median 350, sigma 0.5, 1 to 4,096); 40% of prompts open with one of 50
+shared system prompts (1 to 8 blocks of 512, Zipf-popular) and 20% are a later turn that
+repeats an earlier prompt's blocks before its own, as Mooncake's hash_ids share prefixes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+BLOCK = 512
+
+
+def synthetic_trace(path: Path, requests: int, hours: float, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(hours * 3600.0 / requests, requests)
+    arrival_ms = np.floor(np.cumsum(gaps) * 1000).astype(np.int64)
+    prompt = np.clip(np.round(rng.lognormal(np.log(7000), 0.9, requests)), 16, 131072).astype(np.int64)
+    output = np.clip(np.round(rng.lognormal(np.log(350), 0.5, requests)), 1, 4096).astype(np.int64)
+    systems = [list(range(1_000_000 + 100 * k, 1_000_000 + 100 * k + int(rng.integers(1, 9)))) for k in range(50)]
+    popular = 1.0 / np.arange(1, 51)
+    popular /= popular.sum()
+    next_id = 0
+    earlier: list[list[int]] = []
+    with open(path, "w") as fh:
+        for i in range(requests):
+            blocks = -(-int(prompt[i]) // BLOCK)
+            roll = rng.random()
+            if roll < 0.2 and earlier:
+                head = earlier[int(rng.integers(len(earlier)))]
+            elif roll < 0.6:
+                head = systems[int(rng.choice(50, p=popular))]
+            else:
+                head = []
+            head = head[: blocks - 1]
+            own = list(range(next_id, next_id + blocks - len(head)))
+            next_id += len(own)
+            ids = head + own
+            earlier.append(ids)
+            if len(earlier) > 2000:
+                earlier.pop(0)
+            row = {"timestamp": int(arrival_ms[i]), "input_length": int(prompt[i]), "output_length": int(output[i])}
+            fh.write(json.dumps({**row, "hash_ids": ids}) + "\n")
+    return {
+        "requests": requests,
+        "hours": hours,
+        "median_prompt": float(np.median(prompt)),
+        "mean_output": float(output.mean()),
+        "seed": seed,
+    }
+
+
+def summary(times: list[float]) -> dict:
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs": len(times)}
+
+
+def show(name: str, s: dict, extra: str = "") -> None:
+    spread = f"(min {s['min_s']:.2f}, max {s['max_s']:.2f}, {s['runs']} runs)"
+    print(f"{name:<36} median {s['median_s']:8.2f} s   {spread}{extra}")
+
+
+def in_process(trace: Path) -> dict:
+    """Each phase timed once: read, then per engine its scheduler and its pricing."""
+    from mlactl.decide.replay import rules
+    from mlactl.decide.replay.cache import BlockPool
+    from mlactl.decide.replay.clock import Clock
+    from mlactl.decide.replay.replay import ReplaySettings, _price, capacity
+    from mlactl.decide.replay.scheduler import Settings, scheduler_for
+    from mlactl.decide.replay.traces import read_trace
+    from mlactl.model import hardware
+    from mlactl.model.config import from_name
+    from mlactl.model.cost import CostModel, WeightCost
+    from mlactl.model.weights import from_name as weights_of
+
+    start, cpu = time.perf_counter(), time.process_time()
+    t = read_trace(trace)
+    phases: dict = {"read_s": time.perf_counter() - start, "read_cpu_s": time.process_time() - cpu, "engines": {}}
+    cfg = from_name("deepseek-v3").with_tp(8)
+    hw = hardware.resolve("h200")
+    cost, wc, s = CostModel(cfg), WeightCost(cfg, weights_of("deepseek-v3")), ReplaySettings()
+    blocks = capacity(wc, cost, hw, s) // s.block
+    clock = Clock(cost, hw, wc, rules.paths())
+    for e in rules.parse(None, None, cfg, hw, "bf16"):
+        start, cpu = time.perf_counter(), time.process_time()
+        sched = scheduler_for(e)(t, e, BlockPool(blocks), clock, Settings(s.max_batch_tokens, s.max_running, s.block))
+        sched = sched.run()
+        scheduled, scheduled_cpu = time.perf_counter() - start, time.process_time() - cpu
+        start, cpu = time.perf_counter(), time.process_time()
+        _price(t, cost, hw, None, e, sched, s)
+        priced, priced_cpu = time.perf_counter() - start, time.process_time() - cpu
+        phases["engines"][e.label] = {
+            "steps": len(sched),
+            "rows": int(sched.decode_rows + len(sched.chunk_new)),
+            "schedule_s": scheduled,
+            "price_s": priced,
+            "schedule_cpu_s": scheduled_cpu,
+            "price_cpu_s": priced_cpu,
+            "steps_per_s": len(sched) / (scheduled + priced),
+        }
+    return phases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=12_000)
+    parser.add_argument("--hours", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    results: dict = {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average_before": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "setup": "deepseek-v3, tp 8, h200, bf16 kv, engines sglang, sglang-triton, sglang-trtllm, vllm (the newest "
+        "rule sets: sglang@0.5.23, vllm@0.33.0); defaults",
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.jsonl"
+        results["trace"] = synthetic_trace(trace, args.requests, args.hours)
+        print(f"trace: {results['trace']}")
+        out = Path(tmp) / "replay.json"
+        cmd = [sys.executable, "-m", "mlactl.cli", "replay", str(trace), "-f", "json", "-o", str(out)]
+        times, cpu = [], []
+        for _ in range(args.repeats):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.perf_counter()
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            times.append(time.perf_counter() - start)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        report = json.loads(out.read_text())
+        steps = sum(e["steps"] for e in report["engines"])
+        results["end_to_end"] = dict(summary(times), steps=steps, steps_per_s=steps / statistics.median(times))
+        results["end_to_end_cpu"] = summary(cpu)
+        show("mlactl replay, four engines", results["end_to_end"], f"   {steps:,} steps, "
+             f"{results['end_to_end']['steps_per_s']:,.0f} steps/s")  # fmt: skip
+        show("  its CPU time (user + system)", results["end_to_end_cpu"])
+        results["phases"] = in_process(trace)
+        print(f"read the trace: {results['phases']['read_s']:.2f} s")
+        for name, p in results["phases"]["engines"].items():
+            print(
+                f"  {name:<16} {p['steps']:>8,} steps {p['rows']:>10,} rows   schedule {p['schedule_s']:6.2f} s "
+                f"(cpu {p['schedule_cpu_s']:5.2f})   price {p['price_s']:6.2f} s (cpu {p['price_cpu_s']:5.2f})   "
+                f"{p['steps_per_s']:>9,.0f} steps/s"
+            )
+        keys = ("version", "backend", "threshold", "steps", "time_s", "best_time_s", "lost_pct", "best_threshold")
+        results["report"] = {e["name"]: {k: e[k] for k in keys} for e in report["engines"]}
+    results["load_average_after"] = os.getloadavg()
+    path = args.json or HERE / "results" / f"replay-{platform.node() or 'host'}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

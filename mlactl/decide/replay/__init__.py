@@ -1,0 +1,10 @@
+"""Replay a request trace through each engine's scheduler and prefix cache (`mlactl replay`).
+
+traces     read Mooncake JSON lines or a CSV into flat arrays
+cache      the KV pool in blocks and the LRU prefix cache over it
+rules      the one adapter to the engines' path rules (mlactl.decide.engines)
+clock      a step's time, priced in the scheduler's loop
+scheduler  continuous batching with chunked prefill, vLLM's and SGLang's way
+pricing    every step priced under the rule, the best paths and every threshold
+replay     the whole run, and what each engine's rule costs
+"""

@@ -1,0 +1,298 @@
+"""Every step of a schedule priced at once: the engine's rule, the best path per step and per
+request, and the rule at every threshold that changes a path, all on the same rows.
+
+A schedule (scheduler.Schedule) is expanded into rows, a block of steps at a time (each
+request's span of decode steps becomes one row a step), grouped by step. Each path's per-row
+parts are worked out once (calibration.steps.PathLaunches); every comparison is then a sum over
+those rows:
+
+* the engine: each row on the path its rule gives (rules.step_paths), its own expand_chunked at
+  its own chunk where it sets one (vLLM: the workspace over the step's prefills with context);
+* the best path per step: the one path for all rows of the step that takes least (a path whose
+  step's latent cache and expanded K/V exceed the GPU's memory, per layer, is never the best);
+* the best path per request: each row on the path that takes least for it alone (weights left
+  out, as `mlactl batch` does), the step then priced as launches;
+* the sweep: for each step, the thresholds at which its paths change (rules.breakpoints), the
+  step priced under the rule at each; the trace's time at any threshold is then a sum of steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlactl.decide.calibration.steps import PathLaunches, group_max, group_sums
+from mlactl.decide.calibration.time import path_times
+from mlactl.decide.replay import rules
+from mlactl.decide.replay.scheduler import Schedule
+from mlactl.model.cost import CostModel
+from mlactl.model.hardware import HardwareProfile
+from mlactl.model.linear import row_features
+from mlactl.util.defaults import REPLAY_LONG_PREFIX
+
+ROWS_PER_BLOCK = 1 << 19  # rows priced at once: ~100 MB of arrays at the peak, whatever the trace
+STEP_TYPES = ("decode", "prefill", "extend", "extend_long", "mixed_prefill", "mixed_extend", "mixed_extend_long")
+
+
+@dataclass
+class Rows:
+    """A block of steps [first, first + steps) as rows grouped by step (decodes first in each).
+    step: [rows] index within the block; starts: [steps] each step's first row."""
+
+    first: int
+    steps: int
+    step: np.ndarray
+    starts: np.ndarray
+    new: np.ndarray
+    prefix: np.ndarray
+    decode: np.ndarray
+
+
+def _decoders(s: Schedule) -> np.ndarray:
+    """[decode counts]: how many requests decode at each decode count D."""
+    d = int(s.decode.max()) + 1 if len(s.decode) else 0
+    count = np.zeros(d + 1, dtype=np.int64)
+    np.add.at(count, s.span_start, 1)
+    np.add.at(count, s.span_end, -1)
+    return np.cumsum(count)[:d]
+
+
+def step_rows(s: Schedule) -> np.ndarray:
+    """[steps]: rows in each step (the decodes of its decode count, and its chunks)."""
+    n = len(s)
+    rows = np.bincount(s.chunk_step, minlength=n)[:n].astype(np.int64)
+    at = s.decode >= 0
+    rows[at] += _decoders(s)[s.decode[at]]
+    return rows
+
+
+def blocks(s: Schedule, per_block: int = ROWS_PER_BLOCK):
+    """[(first, last)) step ranges of at most `per_block` rows each (a step is never split)."""
+    counts = np.cumsum(step_rows(s))
+    first = 0
+    while first < len(s):
+        base = counts[first - 1] if first else 0
+        last = int(np.searchsorted(counts, base + per_block, side="right"))
+        last = max(last, first + 1)
+        yield first, min(last, len(s))
+        first = last
+
+
+def rows_of(s: Schedule, first: int, last: int) -> Rows:
+    """The rows of steps [first, last): in each step its decodes, then its chunks."""
+    steps = last - first
+    dec = s.decode[first:last]
+    on = np.flatnonzero(dec >= 0)
+    if len(on):
+        lo_d, hi_d = int(dec[on[0]]), int(dec[on[-1]]) + 1  # decode counts rise with the steps
+        step_of = np.full(hi_d - lo_d, -1, dtype=np.int64)
+        step_of[dec[on] - lo_d] = on
+        sp = np.flatnonzero((s.span_start < hi_d) & (s.span_end > lo_d))
+        a = np.maximum(s.span_start[sp], lo_d)
+        b = np.minimum(s.span_end[sp], hi_d)
+        count = b - a
+        total = int(count.sum())
+        span = np.repeat(np.arange(len(sp)), count)
+        d = np.repeat(a, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count))
+        d_prefix = s.span_c0[sp][span] + d - s.span_d0[sp][span]
+        d_step = step_of[d - lo_d]
+        # grouped by step (a radix sort where the block's steps fit 16 bits); within a step the
+        # decodes keep their spans' order: no rule here depends on the order of decodes
+        key = d_step.astype(np.uint16) if steps < 1 << 16 else d_step
+        order = np.argsort(key, kind="stable")
+        d_step, d_prefix = d_step[order], d_prefix[order]
+    else:
+        total = 0
+        d_step = d_prefix = np.zeros(0, dtype=np.int64)
+    a, b = np.searchsorted(s.chunk_step, [first, last])
+    c_step = s.chunk_step[a:b] - first
+    decodes = np.bincount(d_step, minlength=steps)
+    chunks = np.bincount(c_step, minlength=steps)
+    starts = np.cumsum(decodes + chunks) - (decodes + chunks)
+    rows = total + (b - a)
+    c_rank = np.arange(b - a) - np.searchsorted(c_step, c_step)
+    d_at = np.arange(total) - (np.cumsum(decodes) - decodes)[d_step] + starts[d_step]
+    c_at = starts[c_step] + decodes[c_step] + c_rank
+
+    def place(d, c, dtype):
+        out = np.empty(rows, dtype=dtype)
+        out[d_at] = d
+        out[c_at] = c
+        return out
+
+    step = place(d_step, c_step, np.int64)
+    new = place(1, s.chunk_new[a:b], np.int64)
+    prefix = place(d_prefix, s.chunk_prefix[a:b], np.int64)
+    decode = place(True, False, bool)
+    return Rows(first, steps, step, starts, new, prefix, decode)
+
+
+def step_types(rows: Rows) -> np.ndarray:
+    """[steps] an index into STEP_TYPES: decodes only; chunks only, with no prefix, some prefix
+    or a long one (REPLAY_LONG_PREFIX tokens before a chunk); or both (mixed)."""
+    n = rows.steps
+    dec = np.bincount(rows.step, weights=rows.decode, minlength=n) > 0
+    chunk = ~rows.decode
+    has_chunk = np.bincount(rows.step, weights=chunk, minlength=n) > 0
+    most = np.zeros(n)
+    np.maximum.at(most, rows.step[chunk], rows.prefix[chunk])
+    kind = np.where(most >= REPLAY_LONG_PREFIX, 2, np.where(most > 0, 1, 0))  # prefill, extend, extend_long
+    return np.where(~has_chunk, 0, np.where(dec, 4, 1) + kind).astype(np.int8)
+
+
+class Pricer:
+    """Prices blocks of rows for one engine: the model, hardware and time model, and the paths.
+    Paths are indices into rules.paths() ([rows] int8 "codes")."""
+
+    def __init__(self, cost: CostModel, hw: HardwareProfile, calibration, engine: rules.Engine):
+        self.cost, self.hw, self.cal, self.engine = cost, hw, calibration, engine
+        self.layers = cost.cfg.layers
+        self.paths = rules.paths()
+        self.memory = hw.memory_gb * 1e9
+        self.decode_table = np.zeros(0, dtype=np.int8)  # own_choice of one token after p, by p
+
+    def figures(self, rows: Rows) -> list[PathLaunches]:
+        x = row_features(self.cost, rows.new, rows.prefix)  # shared by every path
+        self.x = x
+        self.every = (group_sums(x[:5], rows.starts), group_max(x[5:], rows.starts))
+        return [
+            PathLaunches(self.cost, self.hw, self.cal, p, rows.new, rows.prefix, self.layers, features=x)
+            for p in self.paths
+        ]
+
+    def engine_codes(self, rows: Rows) -> np.ndarray:
+        return rules.step_codes(self.engine, rows.new, rows.prefix, rows.step, rows.decode, rows.steps)
+
+    def engine_seconds(self, e: rules.Engine, figs, rows: Rows, codes, sel=None, group=None, groups=None, of=None):
+        """[groups]: the engine's time per group of rows: the block's steps (sel None), or
+        `groups` groups of the gathered rows `sel` ([k] row indices, contiguous by `group`; every
+        group all the rows of the step `of` names)."""
+        if sel is None:
+            sel = np.arange(len(rows.new))
+            group, groups, of = rows.step, rows.steps, np.arange(rows.steps)
+        chunk = rules.own_chunk(e, codes, rows.prefix[sel], group, groups)
+        return self.launches(figs, rows, codes, sel, group, groups, of, own_chunk=chunk)
+
+    def launches(self, figs, rows: Rows, codes, sel, group, groups, of, own_chunk=None) -> np.ndarray:
+        """[groups]: the launches of each group's rows, row sel[i] on path codes[i]; expand_chunked
+        at `own_chunk` ([len(sel)]) where given. Roofline: every row has the same six parts on
+        every path (whole numbers: sums are exact), so the path most rows take is priced from the
+        group's total less the others', and only the others' rows are gathered."""
+        k_paths = len(self.paths)
+        chunked = self.paths.index("expand_chunked") if "expand_chunked" in self.paths else -1
+        if self.cal is not None:
+            starts = np.searchsorted(group, np.arange(groups))
+            t = np.zeros(groups)
+            for k, p in enumerate(self.paths):
+                on = codes == k
+                if not on.any():
+                    continue
+                if k == chunked and own_chunk is not None:
+                    sub = np.flatnonzero(on)
+                    n_, p_ = rows.new[sel[sub]], rows.prefix[sel[sub]]
+                    own = PathLaunches(self.cost, self.hw, self.cal, p, n_, p_, self.layers, chunk=own_chunk[sub])
+                    present, first = np.unique(group[sub], return_index=True)
+                    t[present] += own.seconds(first)
+                else:
+                    t += figs[k].seconds(starts, rows=sel, mask=on)
+            return t
+        counts = np.bincount(codes, minlength=k_paths)
+        free = [k for k in range(k_paths) if not (k == chunked and own_chunk is not None)]
+        dom = max(free, key=lambda k: counts[k]) if free else -1
+        add_dom = self.every[0][:, of].copy()
+        t = np.zeros(groups)
+        for k in range(k_paths):
+            if k == dom or not counts[k]:
+                continue
+            idx = np.flatnonzero(codes == k)
+            rows_k = sel[idx]
+            if k == chunked and own_chunk is not None:
+                x = row_features(self.cost, rows.new[rows_k], rows.prefix[rows_k], own_chunk[idx])
+            else:
+                x = self.x[:, rows_k]
+            g = group[idx]
+            add = np.stack([np.bincount(g, weights=x[f], minlength=groups) for f in range(5)])
+            most = np.zeros(groups)
+            np.maximum.at(most, g, x[5])
+            t += figs[k].seconds_of(add, most[None])
+            add_dom -= self.x_sums_of(rows_k, g, groups) if k == chunked and own_chunk is not None else add
+        if dom >= 0 and counts[dom]:
+            most = np.zeros((1, groups))
+            if figs[dom].lin.uses_partials:
+                idx = np.flatnonzero(codes == dom)
+                np.maximum.at(most[0], group[idx], self.x[5, sel[idx]])
+            t += figs[dom].seconds_of(add_dom, most)
+        return t
+
+    def x_sums_of(self, rows_k, g, groups) -> np.ndarray:
+        """[5, groups]: the shared (mlactl --chunk) parts of rows rows_k summed per group g."""
+        return np.stack([np.bincount(g, weights=self.x[f, rows_k], minlength=groups) for f in range(5)])
+
+    def references(self, figs, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """([steps] best one path per step, [steps] each request on its own best path, [rows] that
+        path's code)."""
+        context = group_sums((rows.new + rows.prefix).astype(np.float64), rows.starts)
+        step_best = np.full(rows.steps, np.inf)
+        for k, p in enumerate(self.paths):
+            t = figs[k].seconds_of(*self.every) if self.cal is None else figs[k].seconds(rows.starts)
+            resident = group_sums(self.cost.peak_expanded_bytes(p, 1, rows.new, rows.prefix), rows.starts)
+            ok = context * self.cost.latent_row_bytes() + resident <= self.memory
+            step_best = np.minimum(step_best, np.where(ok, t, np.inf))
+        choice = self.own_choice(rows)
+        every_row = np.arange(len(rows.new))
+        request_best = self.launches(figs, rows, choice, every_row, rows.step, rows.steps, np.arange(rows.steps))
+        return step_best, request_best, choice
+
+    def own_choice(self, rows: Rows) -> np.ndarray:
+        """[rows]: the code of the path each row takes least time on alone (weights left out)
+        among those whose cache and expanded K/V fit; ties to the first. Decode rows (one new
+        token) are looked up in a table of their prefixes, each prefix priced once."""
+        one = (rows.new == 1) & (rows.prefix > 0)
+        out = np.empty(len(rows.new), dtype=np.int8)
+        if one.any():
+            hi = int(rows.prefix[one].max())
+            if len(self.decode_table) <= hi:  # priced once per prefix, kept for the next blocks
+                p = np.arange(max(hi + 1, 2 * len(self.decode_table)))
+                self.decode_table = self._own_codes(np.ones_like(p), p)
+            out[one] = self.decode_table[rows.prefix[one]]
+        rest = ~one
+        if rest.any():
+            out[rest] = self._own_codes(rows.new[rest], rows.prefix[rest])
+        return out
+
+    def _own_codes(self, new, prefix) -> np.ndarray:
+        if self.cal is None:
+            x = row_features(self.cost, new, prefix)
+            own = [
+                PathLaunches(self.cost, self.hw, None, p, new, prefix, self.layers, features=x).own_seconds()
+                for p in self.paths
+            ]
+        else:
+            timed = path_times(self.cost, self.hw, self.cal, 1, new, prefix, self.paths, self.layers)
+            own = [timed[p].time_s for p in self.paths]
+        fits = [self.cost.resident_bytes(p, 1, new, prefix) <= self.memory for p in self.paths]
+        return np.stack([np.where(f, t, np.inf) for f, t in zip(fits, own)]).argmin(axis=0).astype(np.int8)
+
+    def sweep(self, figs, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The engine's rule at each threshold that changes a step's paths: (step [k], threshold
+        [k], seconds [k]), threshold 1 for every step that has other values (the rest run the
+        same at any threshold)."""
+        e = self.engine
+        bp_step, bp_value = rules.breakpoints(e, rows.new, rows.prefix, rows.step, rows.decode, rows.steps)
+        varying = np.unique(bp_step)
+        steps = np.concatenate([varying, bp_step])
+        values = np.concatenate([np.ones(len(varying), dtype=np.int64), bp_value])
+        if not len(steps):
+            return steps, values, np.zeros(0)
+        order = np.argsort(steps, kind="stable")  # each step's regimes together
+        steps, values = steps[order], values[order]
+        counts = np.diff(rows.starts, append=len(rows.step))
+        n = counts[steps]
+        sel = np.repeat(rows.starts[steps], n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
+        group = np.repeat(np.arange(len(steps)), n)
+        codes = rules.step_codes(
+            e, rows.new[sel], rows.prefix[sel], group, rows.decode[sel], len(steps), np.repeat(values, n)
+        )
+        seconds = self.engine_seconds(e, figs, rows, codes, sel=sel, group=group, groups=len(steps), of=steps)
+        return steps, values, seconds

@@ -1,0 +1,471 @@
+"""`mlactl replay` as a library call: a request trace through each engine's scheduler and prefix
+cache, and what each engine's path rule costs on those steps.
+
+    result = replay(trace, cfg, weights, hw, engines, settings)
+
+For each engine: its scheduler forms the steps once (scheduler.py), the clock priced by the
+engine's own rule (clock.py); then every step is priced again, exactly, under the rule, the best
+path per step, the best path per request and the rule at every threshold that changes a path
+(pricing.py). Losses are paired: every comparison is on the same steps.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mlactl.decide.replay import rules
+from mlactl.decide.replay.cache import BlockPool
+from mlactl.decide.replay.clock import Clock
+from mlactl.decide.replay.pricing import STEP_TYPES, Pricer, blocks, rows_of, step_types
+from mlactl.decide.replay.scheduler import Schedule, Settings, scheduler_for
+from mlactl.decide.replay.traces import Trace
+from mlactl.model.config import MLAConfig
+from mlactl.model.cost import CostModel, WeightCost
+from mlactl.model.hardware import HardwareProfile
+from mlactl.model.weights import ModelWeights
+from mlactl.util.defaults import (
+    DEFAULT_CHUNK,
+    REPLAY_BLOCK,
+    REPLAY_MAX_BATCH_TOKENS,
+    REPLAY_MAX_RUNNING,
+    REPLAY_MEM_FRACTION,
+    REPLAY_TIMELINE_BINS,
+)
+from mlactl.util.errors import MlactlError
+from mlactl.util.limits import check_replay
+
+CURVE_POINTS = 200  # thresholds of the sweep's curve kept for JSON and the chart
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    max_batch_tokens: int = REPLAY_MAX_BATCH_TOKENS
+    max_running: int = REPLAY_MAX_RUNNING
+    mem_fraction: float = REPLAY_MEM_FRACTION
+    cache_tokens: int | None = None  # the KV pool in tokens; None: what the GPU holds after the weights
+    prefix_cache: bool = True
+    step_overhead_s: float = 0.0
+    block: int = REPLAY_BLOCK
+    bins: int = REPLAY_TIMELINE_BINS
+
+
+@dataclass
+class Sweep:
+    """The engine's threshold tried at every value that changes a path. `best_range`: the
+    thresholds that all reach the least time (high None: no bound)."""
+
+    option: str
+    compares: str
+    current: int
+    current_time_s: float
+    best: int
+    best_range: tuple[int, int | None]
+    best_time_s: float
+    curve: list[tuple[int, float]]  # (threshold, attention seconds), at most CURVE_POINTS
+
+    @property
+    def saves(self) -> float:
+        return (self.current_time_s - self.best_time_s) / self.current_time_s if self.current_time_s else 0.0
+
+
+@dataclass
+class EngineReplay:
+    engine: rules.Engine
+    steps: int
+    start_s: float
+    end_s: float
+    step_time_s: float  # every step's clock time, attention, weights and overhead
+    time_s: float  # attention under the rule
+    best_step_s: float  # attention, the best one path per step (inf where nothing fits a step)
+    best_request_s: float  # attention, each request on its own best path
+    best_s: float  # per step the least of those two and of the rule's
+    lost_step_s: float  # what the rule loses against the best path per step, step by step (>= 0)
+    lost_request_s: float  # ... against each request on its own best path
+    tokens: dict[str, int]
+    paths: dict[str, dict[str, float]]  # path -> share of steps using it, share of new tokens on it
+    by_type: list[dict]
+    sweep: Sweep | None
+    timeline: dict  # bins of trace time: edges, attention, best, lost
+    latency: dict  # seconds: time to first token, end to end; p50, p90, p99
+    cache: dict  # hit rate, blocks evicted
+    per_step: dict | None = field(repr=False)  # [steps] arrays, for the CSV (replay(keep_steps=True))
+
+    @property
+    def lost_s(self) -> float:
+        return self.time_s - self.best_s
+
+    @property
+    def lost_pct(self) -> float:
+        return 100.0 * self.lost_s / self.time_s if self.time_s else 0.0
+
+
+@dataclass
+class Replay:
+    trace: Trace
+    cost: CostModel
+    weights: WeightCost
+    hw: HardwareProfile
+    settings: ReplaySettings
+    capacity_tokens: int
+    engines: list[EngineReplay]
+    calibration: Any = None  # mlactl.decide.calibration.Calibration the times came from
+
+    @property
+    def requests(self) -> int:
+        return len(self.trace)
+
+
+def capacity(weights: WeightCost, cost: CostModel, hw: HardwareProfile, s: ReplaySettings) -> int:
+    """KV tokens the pool holds: --cache-tokens, or what fits in mem_fraction of the GPU's memory
+    after its share of the weights (model weights / TP), at the latent's bytes for every layer."""
+    if s.cache_tokens is not None:
+        return int(s.cache_tokens)
+    per_token = cost.latent_row_bytes() * cost.cfg.layers
+    free = hw.memory_gb * 1e9 * s.mem_fraction - weights.model_bytes
+    tokens = int(free // per_token)
+    if tokens < s.block:
+        raise MlactlError(
+            f"{cost.cfg.name}'s weights take {weights.model_bytes / 1e9:.1f} GB per GPU at tp {cost.cfg.tp} "
+            f"({weights.weights.dtype}): {hw.name}'s {hw.memory_gb:g} GB at --mem-fraction {s.mem_fraction:g} "
+            "leave no room for the KV cache; raise --tp or --mem-fraction, or give --cache-tokens"
+        )
+    return tokens
+
+
+def replay(
+    trace: Trace,
+    cfg: MLAConfig,
+    weights: ModelWeights,
+    hw: HardwareProfile,
+    engines: list[rules.Engine],
+    settings: ReplaySettings | None = None,
+    *,
+    kv_dtype: str = "bf16",
+    dtype: str = "bf16",
+    chunk: int = DEFAULT_CHUNK,
+    calibration=None,
+    keep_steps: bool = False,
+    jobs: int | None = None,
+) -> Replay:
+    """Replay `trace` through each engine (see the module docstring); `keep_steps` keeps what
+    every step took (EngineReplay.per_step), which the per-step CSV needs. The engines are
+    independent: `jobs` processes (default one per CPU, at most one per engine) replay them side
+    by side where the platform forks, each engine's figures the same as alone."""
+    s = settings or ReplaySettings()
+    _check_settings(s)
+    workers = max(1, min(len(engines), jobs or os.cpu_count() or 1))
+    if "fork" not in multiprocessing.get_all_start_methods():
+        workers = 1
+    check_replay(len(trace), workers)
+    cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
+    wc = WeightCost(cfg, weights)
+    hw.peak_flops(dtype)  # fail early, naming the profile, if it lacks a dtype
+    if weights.dtype not in hw.peak_tflops:
+        have = ", ".join(sorted(hw.peak_tflops))
+        raise MlactlError(
+            f"{cfg.name}'s weights are {weights.dtype} and hardware {hw.name} has no {weights.dtype} peak "
+            f"(it has: {have}); give --weight-dtype with one it has (engines there run them dequantised)"
+        )
+    tokens = capacity(wc, cost, hw, s)
+    pool_blocks = tokens // s.block
+    need = -(-(trace.input + trace.output - 1) // s.block)
+    over = np.flatnonzero(need > pool_blocks)
+    if len(over):
+        i = int(over[0])
+        raise MlactlError(
+            f"{trace.path}: line {int(trace.line[i])}: a request of {int(trace.input[i] + trace.output[i] - 1):,} "
+            f"tokens does not fit the KV cache's {pool_blocks * s.block:,} tokens "
+            f"({len(over)} request(s) do not); raise --tp, --mem-fraction or --cache-tokens"
+        )
+    clock = Clock(cost, hw, wc, rules.paths(), s.step_overhead_s)
+    job = _Job(trace, cost, hw, calibration, clock, pool_blocks, s, keep_steps, tuple(engines))
+    if workers == 1:
+        out = [job.run(k) for k in range(len(engines))]
+    else:
+        global _FORKED
+        _FORKED = job  # the workers are forked: they find it here, nothing is pickled on the way in
+        try:
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                out = list(pool.map(_run_forked, range(len(engines))))
+        except BrokenProcessPool:
+            raise MlactlError(
+                "a replay process died (out of memory?); give --jobs 1 to replay one engine at a time"
+            ) from None
+        finally:
+            _FORKED = None
+    return Replay(trace, cost, wc, hw, s, tokens, out, calibration)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One replay's inputs; `run(k)` replays engine k (in this process or a forked one)."""
+
+    trace: Trace
+    cost: CostModel
+    hw: HardwareProfile
+    calibration: Any
+    clock: Clock
+    pool_blocks: int
+    settings: ReplaySettings
+    keep_steps: bool
+    engines: tuple
+
+    def run(self, k: int) -> EngineReplay:
+        e, s = self.engines[k], self.settings
+        pool = BlockPool(self.pool_blocks, caching=s.prefix_cache)
+        settings = Settings(s.max_batch_tokens, s.max_running, s.block)
+        sched = scheduler_for(e)(self.trace, e, pool, self.clock, settings).run()
+        return _price(self.trace, self.cost, self.hw, self.calibration, e, sched, s, self.keep_steps)
+
+
+_FORKED: _Job | None = None
+
+
+def _run_forked(k: int) -> EngineReplay:
+    assert _FORKED is not None
+    return _FORKED.run(k)
+
+
+def _check_settings(s: ReplaySettings) -> None:
+    if s.max_batch_tokens < 1 or s.max_running < 1:
+        raise MlactlError("--max-batch-tokens and --max-running must be at least 1")
+    if not 0 < s.mem_fraction <= 1:
+        raise MlactlError(f"--mem-fraction must be above 0 and at most 1, got {s.mem_fraction:g}")
+    if s.step_overhead_s < 0 or not np.isfinite(s.step_overhead_s):
+        raise MlactlError("--step-overhead-ms must be a number of at least 0")
+
+
+def _price(
+    trace: Trace, cost, hw, calibration, e: rules.Engine, sched: Schedule, s: ReplaySettings, keep_steps: bool = False
+) -> EngineReplay:
+    """Price an engine's schedule a block of steps at a time, adding up as it goes: what every
+    step took is kept only with `keep_steps` (for the per-step CSV)."""
+    pricer = Pricer(cost, hw, calibration, e)
+    n = len(sched)
+    paths, types = pricer.paths, len(STEP_TYPES)
+    start_s = float(sched.start[0]) if n else 0.0
+    end_s = float(sched.start[-1] + sched.time[-1]) if n else 0.0
+    edges = np.linspace(start_s, end_s if end_s > start_s else start_s + 1.0, s.bins + 1)
+    acc: dict[str, Any] = {
+        "time": 0.0,
+        "step": 0.0,
+        "request": 0.0,
+        "best": 0.0,
+        "lost_step": 0.0,
+        "lost_request": 0.0,
+        "path_steps": np.zeros(len(paths)),
+        "path_tokens": np.zeros(len(paths)),
+        "type_steps": np.zeros(types),
+        "type_time": np.zeros(types),
+        "type_best": np.zeros(types),
+        "type_tokens": np.zeros((types, len(paths))),
+        "bin_time": np.zeros(s.bins),
+        "bin_best": np.zeros(s.bins),
+        "sweep_base": 0.0,
+    }
+    sweep_parts, kept = [], []
+    for first, last in blocks(sched):
+        rows = rows_of(sched, first, last)
+        figs = pricer.figures(rows)
+        codes = pricer.engine_codes(rows)
+        engine_t = pricer.engine_seconds(e, figs, rows, codes)
+        step_best, request_best, _ = pricer.references(figs, rows)
+        best = np.minimum(np.minimum(step_best, request_best), engine_t)
+        kind = step_types(rows)
+        tokens = np.stack(
+            [
+                np.bincount(rows.step[codes == k], weights=rows.new[codes == k], minlength=rows.steps)
+                for k in range(len(paths))
+            ]
+        )  # [paths, steps]
+        acc["time"] += engine_t.sum()
+        acc["step"] += step_best.sum()
+        acc["request"] += request_best.sum()
+        acc["best"] += best.sum()
+        acc["lost_step"] += np.maximum(engine_t - step_best, 0.0).sum()
+        acc["lost_request"] += np.maximum(engine_t - request_best, 0.0).sum()
+        acc["path_steps"] += (tokens > 0).sum(axis=1)
+        acc["path_tokens"] += tokens.sum(axis=1)
+        acc["type_steps"] += np.bincount(kind, minlength=types)
+        acc["type_time"] += np.bincount(kind, weights=engine_t, minlength=types)
+        acc["type_best"] += np.bincount(kind, weights=best, minlength=types)
+        for k in range(len(paths)):
+            acc["type_tokens"][:, k] += np.bincount(kind, weights=tokens[k], minlength=types)
+        where = np.clip(np.searchsorted(edges, sched.start[first:last], side="right") - 1, 0, s.bins - 1)
+        acc["bin_time"] += np.bincount(where, weights=engine_t, minlength=s.bins)
+        acc["bin_best"] += np.bincount(where, weights=best, minlength=s.bins)
+        if e.threshold is not None:
+            st, val, sec = pricer.sweep(figs, rows)
+            varying = np.zeros(rows.steps, dtype=bool)
+            varying[st] = True
+            acc["sweep_base"] += engine_t[~varying].sum()
+            sweep_parts.append((st + first, val, sec))
+        if keep_steps:
+            rows_in = np.diff(rows.starts, append=len(rows.step))
+            kept.append((engine_t, step_best, request_best, best, kind, rows_in, tokens))
+    total_tokens = float(acc["path_tokens"].sum())
+    per_step = None
+    if keep_steps:
+        cat = [np.concatenate([k[j] for k in kept]) if kept else np.zeros(0) for j in range(6)]
+        tok = np.concatenate([k[6] for k in kept], axis=1) if kept else np.zeros((len(paths), 0))
+        per_step = {
+            "start_s": sched.start,
+            "step_time_s": sched.time,
+            "attention_s": cat[0],
+            "clock_attention_s": sched.attention,
+            "best_step_s": cat[1],
+            "best_request_s": cat[2],
+            "best_s": cat[3],
+            "type": cat[4].astype(np.int8),
+            "rows": cat[5].astype(np.int64),
+            "tokens": sched.tokens,
+            **{f"{p}_tokens": tok[k] for k, p in enumerate(paths)},
+        }
+    return EngineReplay(
+        engine=e,
+        steps=n,
+        start_s=start_s,
+        end_s=end_s,
+        step_time_s=float(sched.time.sum()),
+        time_s=float(acc["time"]),
+        best_step_s=float(acc["step"]),
+        best_request_s=float(acc["request"]),
+        best_s=float(acc["best"]),
+        lost_step_s=float(acc["lost_step"]),
+        lost_request_s=float(acc["lost_request"]),
+        tokens=_tokens(trace, sched),
+        paths={
+            p: {
+                "steps": float(acc["path_steps"][k] / n) if n else 0.0,
+                "tokens": float(acc["path_tokens"][k] / total_tokens) if total_tokens else 0.0,
+            }
+            for k, p in enumerate(paths)
+        },
+        by_type=_by_type(acc, paths),
+        sweep=_sweep(e, acc["sweep_base"], sweep_parts) if e.threshold is not None else None,
+        timeline={
+            "edges_s": edges.tolist() if n else [],
+            "time_s": acc["bin_time"].tolist() if n else [],
+            "best_s": acc["bin_best"].tolist() if n else [],
+            "lost_s": (acc["bin_time"] - acc["bin_best"]).tolist() if n else [],
+        },
+        latency=_latency(trace, sched),
+        cache=_cache(trace, sched),
+        per_step=per_step,
+    )
+
+
+def _tokens(trace: Trace, sched: Schedule) -> dict[str, int]:
+    cached = int(sched.cached.sum())
+    return {
+        "prefill_computed": int(trace.input.sum()) - cached,
+        "prefill_cached": cached,
+        "decode": int((trace.output - 1).sum()),
+    }
+
+
+def _by_type(acc: dict, paths) -> list[dict]:
+    out = []
+    for k, name in enumerate(STEP_TYPES):
+        steps = int(acc["type_steps"][k])
+        if not steps:
+            continue
+        toks = float(acc["type_tokens"][k].sum())
+        out.append(
+            {
+                "type": name,
+                "steps": steps,
+                "tokens": int(toks),
+                "time_s": float(acc["type_time"][k]),
+                "best_s": float(acc["type_best"][k]),
+                "lost_s": float(acc["type_time"][k] - acc["type_best"][k]),
+                "paths": {p: float(acc["type_tokens"][k, j] / toks) if toks else 0.0 for j, p in enumerate(paths)},
+            }
+        )
+    return out
+
+
+def _sweep(e: rules.Engine, constant: float, parts) -> Sweep:
+    """The trace's attention time at every threshold, from each varying step's time at each of
+    its own thresholds (a step runs at t what it runs at its largest value not above t), and
+    `constant`, the time of the steps that run the same at any threshold."""
+    if parts:
+        steps = np.concatenate([p[0] for p in parts])
+        values = np.concatenate([p[1] for p in parts])
+        seconds = np.concatenate([p[2] for p in parts])
+    else:
+        steps = values = np.zeros(0, dtype=np.int64)
+        seconds = np.zeros(0)
+    base = constant + float(seconds[values == 1].sum())
+    order = np.lexsort((values, steps))
+    steps, values, seconds = steps[order], values[order], seconds[order]
+    same_step = np.zeros(len(steps), dtype=bool)
+    same_step[1:] = steps[1:] == steps[:-1]
+    delta = np.zeros(len(steps))
+    delta[1:] = seconds[1:] - seconds[:-1]  # at each value above 1 (same_step)
+    at = same_step
+    thresholds, where = np.unique(values[at], return_inverse=True)
+    jumps = np.bincount(where, weights=delta[at], minlength=len(thresholds))
+    candidates = np.concatenate([[1], thresholds]).astype(np.int64)
+    totals = base + np.concatenate([[0.0], np.cumsum(jumps)])
+    current = int(e.threshold or 1)
+    now = float(totals[np.searchsorted(candidates, current, side="right") - 1])
+    least = totals.min()
+    tied = np.flatnonzero(totals <= least + 1e-12 * max(abs(least), 1e-30))
+    highs: list[int | None] = [int(c) - 1 for c in candidates[1:]] + [None]
+
+    def holds(i: int) -> bool:
+        high = highs[i]
+        return bool(candidates[i] <= current) and (high is None or current <= high)
+
+    found = [int(i) for i in tied if holds(int(i))]
+    pick = found[0] if found else int(tied[np.argmin(np.abs(np.log2(candidates[tied]) - np.log2(current)))])
+    # the range: every neighbouring candidate as good (a value where nothing changed splits none)
+    is_tied = np.zeros(len(candidates), dtype=bool)
+    is_tied[tied] = True
+    low, high = pick, pick
+    while low > 0 and is_tied[low - 1]:
+        low -= 1
+    while high + 1 < len(candidates) and is_tied[high + 1]:
+        high += 1
+    keep = np.unique(
+        np.concatenate([np.linspace(0, len(candidates) - 1, min(len(candidates), CURVE_POINTS)).astype(int), [pick]])
+    )
+    return Sweep(
+        option=e.sweep_option,
+        compares=e.compares,
+        current=current,
+        current_time_s=now,
+        best=int(candidates[pick]),
+        best_range=(int(candidates[low]), highs[high]),
+        best_time_s=float(totals[pick]),
+        curve=[(int(candidates[i]), float(totals[i])) for i in keep],
+    )
+
+
+def _percentiles(x: np.ndarray) -> dict:
+    x = x[np.isfinite(x)]
+    if not len(x):
+        return {"p50": None, "p90": None, "p99": None}
+    p = np.percentile(x, [50, 90, 99])
+    return {"p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2])}
+
+
+def _latency(trace: Trace, sched: Schedule) -> dict:
+    return {
+        "queue": _percentiles(sched.admitted - trace.arrival),
+        "first_token": _percentiles(sched.first_token - trace.arrival),
+        "end_to_end": _percentiles(sched.finished - trace.arrival),
+    }
+
+
+def _cache(trace: Trace, sched: Schedule) -> dict:
+    total = float(trace.input.sum())
+    return {"hit_rate": float(sched.cached.sum() / total) if total else 0.0, "blocks_evicted": int(sched.evicted)}

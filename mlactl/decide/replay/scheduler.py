@@ -1,0 +1,544 @@
+"""Continuous batching with chunked prefill, each engine's way: the steps a trace makes.
+
+Both schedulers share the model of a request: it arrives, waits, is admitted first come first
+served (at most `max_running` run at once, and only when the KV pool can hold its whole context:
+cache.BlockPool), takes its cached prefix, computes the rest of its prompt in chunks (each chunk
+a row `new` tokens after `prefix` = the cached tokens and the earlier chunks), samples its first
+output token with its last chunk, then decodes output_length - 1 tokens, one a step (a row of one
+new token after all its earlier ones). They differ in how a step is formed:
+
+vLLM (vllm/v1/core/sched/scheduler.py, `Scheduler.schedule`, vllm-project/vllm@00024d31): one
+token budget (`max_batch_tokens`, max_num_batched_tokens) per step, spent first on the running
+requests in the order they were admitted (a decode takes 1, a partly computed prompt what is
+left of it, up to the budget; once the budget is spent the later running requests wait a step),
+then on waiting requests, first come first served, each taking min(rest of its prompt, budget)
+while the budget lasts and fewer than max_running run. Decodes and chunks share one step.
+
+SGLang (python/sglang/srt/managers/scheduler.py, `get_next_batch_to_run` and
+`_get_new_batch_prefill_raw`, sgl-project/sglang@0003215c; PrefillAdder in schedule_policy.py
+@00550cd1): when an extend batch can be formed it runs first ("Run prefill first if possible"),
+and the running decodes wait; else the running requests decode. An extend batch continues the
+one chunked request, then adds waiting requests first come first served (the default
+schedule_policy "fcfs", server_args.py @001067ff) while `max_batch_tokens` (chunked_prefill_size)
+lasts; the first that does not fit whole is cut to what is left and becomes the chunked request
+(one at a time). With enable_mixed_chunk the running decodes join the extend batch and take a
+token each of its budget (PrefillAdder's num_mixed_decode_tokens).
+
+A decode row's prefix is the prompt plus the tokens decoded before it; each engine's rows are
+formed once (the clock prices them by the engine's own rule; the feedback of other paths on when
+steps run is ignored). Pure-decode stretches are stepped without touching each request: decodes
+are kept as (prefix when they joined, decode count then), the heap of their last steps says when
+the stretch ends, and each request's decodes are recorded once, as a span of decode steps.
+docs/replay.md lists what differs from the engines' real schedulers.
+
+vLLM's loop lets the running requests after the one that spends the budget sit a step out; here
+that cannot happen (a step's decodes are never more than the step before's rows, so never more
+than the budget), but a decoder that sits out is handled as vLLM does.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mlactl.decide.replay import rules
+from mlactl.decide.replay.cache import BlockPool
+from mlactl.decide.replay.clock import Clock
+from mlactl.decide.replay.traces import Trace
+from mlactl.util.errors import MlactlError
+
+WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_batch_tokens: int
+    max_running: int
+    block: int
+
+
+class Schedule:
+    """What a scheduler made, as flat arrays (numpy after `finish`).
+
+    Steps [S]: start (clock when it began), time (the clock's step time), attention (the part
+    of it the engine's attention takes), tokens (new tokens in it), sampled (rows that sample),
+    decode (the decode count D of the step where its decoders decode, else -1: decode steps
+    count 0, 1, 2, ... in order).
+    Chunk rows [C]: step, req, new, prefix, last (the chunk that completes the prompt).
+    Decode spans [P]: a request decodes in every decode step of D in [span_start, span_end),
+    with the prefix span_c0 + D - span_d0 (all it has before that token): one span a request,
+    more if it sat a step out (vLLM, when the budget runs out).
+    Requests [N]: cached (tokens its prompt found cached), admitted, first_token, finished (clock).
+    """
+
+    STEP = ("start", "time", "attention")
+    STEP_INT = ("tokens", "sampled", "decode")
+    CHUNK = ("chunk_step", "chunk_req", "chunk_new", "chunk_prefix", "chunk_last")
+    SPAN = ("span_req", "span_start", "span_end", "span_c0", "span_d0")
+    # array("d"/"q") while the scheduler appends, numpy arrays after finish()
+    start: Any
+    time: Any
+    attention: Any
+    tokens: Any
+    sampled: Any
+    decode: Any
+    chunk_step: Any
+    chunk_req: Any
+    chunk_new: Any
+    chunk_prefix: Any
+    chunk_last: Any
+    span_req: Any
+    span_start: Any
+    span_end: Any
+    span_c0: Any
+    span_d0: Any
+
+    def __init__(self, requests: int):
+        for name in self.STEP:
+            setattr(self, name, array("d"))
+        for name in self.STEP_INT + self.CHUNK + self.SPAN:
+            setattr(self, name, array("q"))
+        self.cached = np.zeros(requests, dtype=np.int64)
+        self.admitted = np.full(requests, np.nan)
+        self.first_token = np.full(requests, np.nan)
+        self.finished = np.full(requests, np.nan)
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def finish(self) -> Schedule:
+        for name in self.STEP:
+            setattr(self, name, np.frombuffer(getattr(self, name), dtype=np.float64).copy())
+        for name in self.STEP_INT + self.CHUNK + self.SPAN:
+            setattr(self, name, np.frombuffer(getattr(self, name), dtype=np.int64).copy())
+        return self
+
+    @property
+    def decode_rows(self) -> int:
+        return int(np.sum(self.span_end - self.span_start))
+
+
+class Scheduler:
+    """Runs one engine's scheduler over a trace (`run`); subclasses form the steps."""
+
+    def __init__(self, trace: Trace, engine: rules.Engine, pool: BlockPool, clock: Clock, settings: Settings):
+        self.trace, self.engine, self.pool, self.clock, self.settings = trace, engine, pool, clock, settings
+        n = len(trace)
+        self.inp = trace.input.tolist()
+        self.out = trace.output.tolist()
+        self.arrival = trace.arrival.tolist()
+        self.given_cached = trace.cached.tolist()
+        self.phase = [WAITING] * n
+        self.computed = [0] * n
+        self.next_block = [0] * n
+        self.blocks: list[list[int] | None] = [None] * n
+        self.held: list[list[int]] = [[] for _ in range(n)]
+        self.private = [0] * n
+        # decodes: prefix c0 when it joined at decode count d0, and the decode count it ends at
+        self.c0 = [0] * n
+        self.d0 = [0] * n
+        self.end = [0] * n
+        self.begin = [0] * n  # the decode count its current span began at
+        self.heap: list[tuple[int, int]] = []
+        self.decoders: dict[int, None] = {}  # in the order they were admitted
+        self.sum_c0_d0 = 0  # sum of c0 - d0 over the decoders: their prefixes sum to this + B * D
+        self.D = 0  # decode steps done
+        self.waiting: deque[int] = deque()
+        self.running: list[int] = []  # admitted and not finished, in admission order
+        self.next_arrival = 0
+        self.blocked_at: tuple[int, int] | None = None  # (head, finishes) when the head could not be admitted
+        self.finishes = 0
+        self.rule = rules.OneStep(engine)
+        self.decode_path = self.rule.decode
+        self._own_chunk: dict[int, int | None] = {}
+        if self.decode_path in self.clock.partial_paths:
+            raise MlactlError(
+                f"{engine.label} decodes on {self.decode_path}, whose cost depends on each prefix's chunks: "
+                "replay's clock prices decodes from their summed prefix only"
+            )
+        self.s = Schedule(n)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> Schedule:
+        n = len(self.inp)
+        now = self.arrival[0] if n else 0.0
+        done = 0
+        while done < n:
+            self._arrive(now)
+            if not self.running and not self.waiting:
+                now = max(now, self.arrival[self.next_arrival])
+                continue
+            if self._decode_only():
+                now = self._decode_run(now)
+            else:
+                now = self._step(now)
+            done = self.finishes
+        self.s.evicted = self.pool.evicted
+        return self.s.finish()
+
+    def _arrive(self, now: float) -> None:
+        arrival, i, n = self.arrival, self.next_arrival, len(self.arrival)
+        while i < n and arrival[i] <= now:
+            self.waiting.append(i)
+            i += 1
+        self.next_arrival = i
+
+    def _can_admit(self) -> bool:
+        """Whether the head of the queue could be admitted now (no change made)."""
+        if not self.waiting or len(self.running) >= self.settings.max_running:
+            return False
+        head = self.waiting[0]
+        if self.blocked_at == (head, self.pool.version):
+            return False
+        ok = self._plan(head, commit=False) is not None
+        if not ok:
+            self.blocked_at = (head, self.pool.version)
+        return ok
+
+    def _plan(self, i: int, commit: bool = True):
+        """(matched ids, cached tokens, blocks to reserve) for admitting request i (taking them
+        from the pool with `commit`), or None when the pool cannot hold it now."""
+        ids = self.blocks[i]
+        if ids is None:
+            ids = self.blocks[i] = self.trace.prompt_blocks(i)
+        inp, block = self.inp[i], self.settings.block
+        total = -(-(inp + self.out[i] - 1) // block)
+        given = self.given_cached[i]
+        matched: list[int] = []
+        if given >= 0:
+            cached = given
+            need = total - given // block
+        else:
+            m = self.pool.match(ids)
+            matched = ids[:m]
+            cached = min(m * block, inp - 1)
+            need = total - m
+        if not (self.pool.admit(matched, need) if commit else self.pool.fits(matched, need)):
+            return None
+        return matched, cached, need
+
+    def _admit(self, now: float) -> tuple[int, int] | None:
+        """Admit the head of the queue: (request, cached tokens), or None when it must wait."""
+        if not self.waiting or len(self.running) >= self.settings.max_running:
+            return None
+        i = self.waiting[0]
+        if self.blocked_at == (i, self.pool.version):
+            return None
+        plan = self._plan(i)
+        if plan is None:
+            self.blocked_at = (i, self.pool.version)
+            return None
+        matched, cached, need = plan
+        self.waiting.popleft()
+        self.running.append(i)
+        self.phase[i] = PREFILL
+        self.computed[i] = cached
+        self.held[i] = list(matched)
+        self.private[i] = need
+        self.next_block[i] = len(matched) if self.given_cached[i] < 0 else cached // self.settings.block
+        self.s.cached[i] = cached
+        self.s.admitted[i] = now
+        return i, cached
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _decode_only(self) -> bool:
+        raise NotImplementedError
+
+    def _form(self, now: float) -> tuple[list, bool, list]:
+        """The step's chunk rows [(request, new, prefix)], whether the decoders decode in it,
+        and the decoders that wait this step (vLLM, when the budget runs out)."""
+        raise NotImplementedError
+
+    def _step(self, now: float) -> float:
+        """One step formed the engine's way; returns the clock after it."""
+        chunks, decoding, skipped = self._form(now)
+        if not chunks and not decoding:
+            raise MlactlError("internal error: replay formed an empty step")
+        step = len(self.s.start)
+        if decoding:
+            for i in skipped:  # they sit out this decode step: their prefix stays
+                self._rebase(i, 1)
+        B = len(self.decoders) - len(skipped) if decoding else 0
+        skip = set(skipped)
+        dec_ids = [i for i in self.decoders if i not in skip] if decoding and skipped else None
+        attention, tokens, sampled = self._price(chunks, B, dec_ids, step)
+        t = attention + self.clock.other(tokens, sampled)
+        s = self.s
+        s.start.append(now)
+        s.time.append(t)
+        s.attention.append(attention)
+        s.tokens.append(tokens)
+        s.sampled.append(sampled)
+        s.decode.append(self.D if decoding and B else -1)
+        end = now + t
+        for i, new, prefix in chunks:
+            last = prefix + new == self.inp[i]
+            s.chunk_step.append(step)
+            s.chunk_req.append(i)
+            s.chunk_new.append(new)
+            s.chunk_prefix.append(prefix)
+            s.chunk_last.append(last)
+            self._computed(i, prefix + new)
+        if decoding and B:
+            self.D += 1
+            self._finish_decodes(end)
+        for i, new, prefix in chunks:
+            if prefix + new == self.inp[i]:
+                self._prefilled(i, end)
+        return end
+
+    def _price(self, chunks, B: int, dec_ids, step: int) -> tuple[float, int, int]:
+        """The clock's attention seconds, tokens and sampled rows of a step."""
+        clock = self.clock
+        rows_new = [new for _, new, _ in chunks]
+        rows_prefix = [prefix for _, _, prefix in chunks]
+        sum_prefix = 0
+        if B:
+            sum_prefix = self.sum_c0_d0 + B * self.D if dec_ids is None else sum(self._prefix(i) for i in dec_ids)
+        paths = self._paths(chunks, B, sum_prefix)
+        launches: dict[str, list] = {}
+        with_context = sum(1 for p in paths[:B] if p == "expand_chunked")  # a decode has a prefix
+        with_context += sum(1 for p, pre in zip(paths[B:], rows_prefix) if p == "expand_chunked" and pre > 0)
+        chunk_size = self._own_chunk.get(with_context, 0)
+        if chunk_size == 0:
+            chunk_size = self._own_chunk[with_context] = rules.own_chunk_size(self.engine, with_context)
+        if B:
+            path = paths[0]
+            if any(p != path for p in paths[1:B]) or path in clock.partial_paths:
+                partial = clock.partial_paths
+                for i, p in zip(dec_ids or list(self.decoders), paths[:B]):
+                    pre = self._prefix(i)
+                    self._add(launches, p, clock.features(1, pre, chunk_size, p in partial), pre, chunk_size)
+            else:
+                sums = clock.decode_features(B, sum_prefix)
+                launches[path] = [sums, 1.0]
+        for p, new, prefix in zip(paths[B:], rows_new, rows_prefix):
+            self._add(
+                launches, p, clock.features(new, prefix, chunk_size, p in clock.partial_paths), prefix, chunk_size
+            )
+        attention = sum(clock.launch(p, sums, mm) for p, (sums, mm) in launches.items())
+        tokens = B + sum(rows_new)
+        sampled = B + sum(1 for (i, new, prefix) in chunks if prefix + new == self.inp[i])
+        return attention, tokens, sampled
+
+    def _add(self, launches: dict, path: str, features: list[float], prefix: int, chunk: int | None) -> None:
+        got = launches.get(path)
+        m = self.clock.partials(prefix, chunk) if path in self.clock.partial_paths else 1.0
+        if got is None:
+            launches[path] = [features, m]
+        else:
+            got[0] = [a + b for a, b in zip(got[0], features)]
+            got[1] = max(got[1], m)
+
+    def _paths(self, chunks, B: int, decode_prefix_sum: int) -> list[str]:
+        """The engine's rule over the step's rows: B decodes (their prefixes summing to
+        decode_prefix_sum), then the chunks."""
+        dec, rest = self.rule.paths(B, decode_prefix_sum, [n for _, n, _ in chunks], [p for _, _, p in chunks])
+        return [dec] * B + rest
+
+    def _decode_run(self, now: float) -> float:
+        """Decode steps, every decoder in each, until one finishes or an arrival may change the
+        next step."""
+        B = len(self.decoders)
+        steps = self._next_end() - self.D
+        watch = not self.waiting  # a head that waits for room waits whatever arrives
+        arrival = self.arrival[self.next_arrival] if self.next_arrival < len(self.arrival) else float("inf")
+        clock, path = self.clock, self.decode_path
+        other = clock.other(B, B)
+        sum_prefix = self.sum_c0_d0 + B * self.D
+        s = self.s
+        k = 0
+        while k < steps:
+            if k and watch and arrival <= now:
+                break
+            attention = clock.launch(path, clock.decode_features(B, sum_prefix), 1.0)
+            t = attention + other
+            s.start.append(now)
+            s.time.append(t)
+            s.attention.append(attention)
+            s.tokens.append(B)
+            s.sampled.append(B)
+            s.decode.append(self.D + k)
+            now += t
+            sum_prefix += B
+            k += 1
+        self.D += k
+        self._finish_decodes(now)
+        return now
+
+    def _next_end(self) -> int:
+        """The decode count at which the next decoder finishes (stale heap entries dropped)."""
+        heap, end, phase = self.heap, self.end, self.phase
+        while heap and (end[heap[0][1]] != heap[0][0] or phase[heap[0][1]] != DECODE):
+            heapq.heappop(heap)
+        return heap[0][0]
+
+    # -- request state ------------------------------------------------------------------------
+
+    def _prefix(self, i: int) -> int:
+        return self.c0[i] + self.D - self.d0[i]
+
+    def _rebase(self, i: int, wait: int) -> None:
+        """Decoder i sits out `wait` decode steps (from the current one): its span ends here and a
+        new one begins after them; its prefix and its end move on by that."""
+        self._close_span(i, self.D)
+        self.begin[i] = self.D + wait
+        self.d0[i] += wait
+        self.sum_c0_d0 -= wait
+        self.end[i] += wait
+        heapq.heappush(self.heap, (self.end[i], i))
+
+    def _close_span(self, i: int, end: int) -> None:
+        """Decoder i's current span ends at decode count `end` (exclusive)."""
+        if end > self.begin[i]:
+            s = self.s
+            s.span_req.append(i)
+            s.span_start.append(self.begin[i])
+            s.span_end.append(end)
+            s.span_c0.append(self.c0[i])
+            s.span_d0.append(self.d0[i])
+
+    def _computed(self, i: int, computed: int) -> None:
+        """Request i's prompt is computed up to `computed` tokens: the blocks that completes join
+        the cache (the last, partial one with the last chunk)."""
+        self.computed[i] = computed
+        block = self.settings.block
+        ids = self.blocks[i] or []
+        upto = len(ids) if computed == self.inp[i] else computed // block
+        if upto > self.next_block[i]:
+            new = ids[self.next_block[i] : upto]
+            self.pool.computed(new)
+            if self.pool.caching:
+                self.held[i].extend(new)
+                self.private[i] -= len(new)
+            self.next_block[i] = upto
+
+    def _prefilled(self, i: int, now: float) -> None:
+        """Request i's prompt is done: it sampled its first token; it decodes the rest."""
+        self.s.first_token[i] = now
+        left = self.out[i] - 1
+        if left == 0:
+            self._finish(i, now)
+            return
+        self.phase[i] = DECODE
+        self.c0[i], self.d0[i], self.end[i] = self.inp[i], self.D, self.D + left
+        self.begin[i] = self.D
+        self.sum_c0_d0 += self.inp[i] - self.D
+        self.decoders[i] = None
+        heapq.heappush(self.heap, (self.end[i], i))
+
+    def _finish_decodes(self, now: float) -> None:
+        heap, end = self.heap, self.end
+        while heap and heap[0][0] <= self.D:
+            e, i = heapq.heappop(heap)
+            if end[i] != e or self.phase[i] != DECODE:
+                continue  # moved on since (it sat out a step)
+            del self.decoders[i]
+            self.sum_c0_d0 -= self.c0[i] - self.d0[i]
+            self._close_span(i, e)
+            self._finish(i, now)
+
+    def _finish(self, i: int, now: float) -> None:
+        self.phase[i] = DONE
+        self.running.remove(i)
+        self.s.finished[i] = now
+        finished = self.trace.finished_blocks(i) if self.pool.caching else []
+        held = self.held[i]
+        if finished:
+            ids = self.blocks[i] or []
+            partial = self.inp[i] % self.settings.block
+            if partial and ids and ids[-1] in held and finished[0] != ids[-1]:
+                self.pool.rename(ids[-1], finished[0])
+                held[held.index(ids[-1])] = finished[0]
+                finished = finished[1:]
+            self.pool.computed(finished)
+            held.extend(finished)
+            self.private[i] -= len(finished)
+        self.pool.release(held, self.private[i])
+        self.held[i], self.private[i], self.blocks[i] = [], 0, None
+        self.finishes += 1
+
+
+class VllmScheduler(Scheduler):
+    def _decode_only(self) -> bool:
+        if len(self.running) != len(self.decoders) or not self.decoders:
+            return False
+        if len(self.decoders) > self.settings.max_batch_tokens:
+            return False
+        return not self._can_admit()
+
+    def _form(self, now: float):
+        budget = self.settings.max_batch_tokens
+        chunks, skipped = [], []
+        decoded = 0
+        for i in self.running:
+            if budget <= 0:
+                if self.phase[i] == DECODE:
+                    skipped.append(i)
+                continue
+            if self.phase[i] == PREFILL:
+                c = min(self.inp[i] - self.computed[i], budget)
+                chunks.append((i, c, self.computed[i]))
+                budget -= c
+            else:
+                decoded += 1
+                budget -= 1
+        while budget > 0:
+            got = self._admit(now)
+            if got is None:
+                break
+            i, cached = got
+            c = min(self.inp[i] - cached, budget)
+            chunks.append((i, c, cached))
+            budget -= c
+        return chunks, decoded > 0, skipped
+
+
+class SglangScheduler(Scheduler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chunked: int | None = None
+
+    def _decode_only(self) -> bool:
+        if self.chunked is not None or not self.decoders:
+            return False
+        return not self._can_admit()
+
+    def _form(self, now: float):
+        mixed = self.engine.mixed_chunk
+        budget = self.settings.max_batch_tokens - (len(self.decoders) if mixed else 0)
+        chunks = []
+        if budget > 0 and self.chunked is not None:
+            i = self.chunked
+            rest = self.inp[i] - self.computed[i]
+            c = min(rest, budget)
+            chunks.append((i, c, self.computed[i]))
+            budget -= c
+            if c == rest:
+                self.chunked = None
+        while budget > 0 and self.chunked is None:
+            got = self._admit(now)
+            if got is None:
+                break
+            i, cached = got
+            rest = self.inp[i] - cached
+            c = min(rest, budget)
+            chunks.append((i, c, cached))
+            budget -= c
+            if c < rest:
+                self.chunked = i
+        if not chunks:
+            return [], bool(self.decoders), []
+        return chunks, bool(mixed and self.decoders), []
+
+
+def scheduler_for(engine: rules.Engine):
+    return VllmScheduler if engine.family == rules.VLLM else SglangScheduler

@@ -1,0 +1,368 @@
+"""Request traces: Mooncake's public JSON lines, or a CSV; the format is told from the content.
+
+**Mooncake** (kvcache-ai/Mooncake, FAST25-release/README.md and FAST25-release/traces/*.jsonl,
+commit 40ea55f8): one JSON object a line,
+
+    {"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, ...]}
+
+`timestamp` is the arrival in milliseconds, `input_length` and `output_length` are tokens, and
+`hash_ids` has one id per 512-token block of the prompt (the last block may be partial: the
+released traces give ceil(input_length / 512) ids). Requests that share leading ids share that
+prefix. A line with fewer ids than blocks gets ids of its own for the rest (they never match);
+more ids than blocks is a bad line.
+
+**CSV**: a header naming `arrival_s`, `input_tokens` and `output_tokens`, optionally
+`cached_tokens` and `session` (other columns are ignored). A non-empty `cached_tokens` is what
+the engine reported for that request: it is used as given (capped at input - 1) instead of the
+simulated prefix cache. Rows of one `session` are the turns of a conversation in order: a turn's
+prompt extends the previous turn's prompt and output, so its leading full blocks are that
+conversation's, and the blocks its output completes are cached when it finishes. Without a
+session, a row's prompt shares nothing.
+
+Both are read line by line into flat arrays (56 bytes a request and 8 a Mooncake block),
+never as a whole text, and checked against the memory budget as they grow. Arrivals must not
+go backwards. Each bad line is one `Error:` line naming the file and the line; reading stops
+after MAX_ERRORS of them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mlactl.util.defaults import REPLAY_BLOCK
+from mlactl.util.errors import MlactlError
+from mlactl.util.limits import check_memory
+
+FORMATS = ("mooncake", "csv")
+MAX_LINE = 1 << 20  # a Mooncake line of a 1M-token prompt holds ~2,000 ids: 16 KB
+MAX_ERRORS = 20
+CHECK_EVERY = 65_536
+REQUEST_BYTES = 120  # arrays of a request here and in the scheduler's state, rounded up
+ID_BYTES = 8
+MAX_ID = 2**62  # Mooncake ids are kept apart from the ids made for sessions and lone prompts
+SESSION_FLAG = 1 << 62
+BLOCK_BITS = 24  # blocks per session stream: 2^24 blocks of 512 tokens, 8.6 billion tokens
+REQUIRED = ("arrival_s", "input_tokens", "output_tokens")
+OPTIONAL = ("cached_tokens", "session")
+
+
+@dataclass
+class Trace:
+    """A trace as flat arrays, one entry per request in arrival order.
+
+    arrival: [N] float seconds from the trace's start (the first arrival is not moved to 0);
+    input, output: [N] int tokens; cached: [N] int, a reported cache hit or -1 (simulate);
+    line: [N] int, the file line of each request; session: [N] int, the conversation of a CSV
+    turn or -1; ids, id_start: Mooncake's hash_ids, flat, and where each request's begin ([N+1]).
+    """
+
+    path: str
+    format: str
+    arrival: np.ndarray
+    input: np.ndarray
+    output: np.ndarray
+    cached: np.ndarray
+    line: np.ndarray
+    session: np.ndarray
+    ids: np.ndarray
+    id_start: np.ndarray
+    block: int = REPLAY_BLOCK
+
+    def __len__(self) -> int:
+        return len(self.input)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival[-1] - self.arrival[0]) if len(self) else 0.0
+
+    def prompt_blocks(self, i: int) -> list[int]:
+        """Ids of request i's prompt blocks, one per `block` tokens (the last may be partial)."""
+        n = -(-int(self.input[i]) // self.block)
+        if self.format == "mooncake":
+            given = self.ids[self.id_start[i] : self.id_start[i + 1]].tolist()
+            return given + [_own(i, j) for j in range(len(given), n)]
+        s = int(self.session[i])
+        if s < 0:
+            return [_own(i, j) for j in range(n)]
+        full = int(self.input[i]) // self.block
+        return [_stream(s, j) for j in range(full)] + ([_own(i, full)] if n > full else [])
+
+    def finished_blocks(self, i: int) -> list[int]:
+        """Ids of the blocks request i's output completes, cached when it finishes: a session's
+        stream blocks that prompt and output (less the last token, whose KV is never computed)
+        fill. Empty for Mooncake (its ids cover prompts only) and for a lone CSV prompt."""
+        s = int(self.session[i])
+        if s < 0:
+            return []
+        lo = int(self.input[i]) // self.block
+        hi = (int(self.input[i]) + int(self.output[i]) - 1) // self.block
+        return [_stream(s, j) for j in range(lo, hi)]
+
+
+def _own(i: int, j: int) -> int:
+    """An id no other request's block has: block j of request i."""
+    return -((i << BLOCK_BITS) + j + 1)
+
+
+def _stream(s: int, j: int) -> int:
+    """Block j of session s's token stream."""
+    return SESSION_FLAG | (s << BLOCK_BITS) | j
+
+
+class _Lines:
+    """The file's lines with their numbers, each read with a bounded readline."""
+
+    def __init__(self, fh, path: Path):
+        self.fh, self.path, self.number = fh, path, 0
+
+    def __iter__(self):
+        while True:
+            text = self.fh.readline(MAX_LINE)
+            if not text:
+                return
+            self.number += 1
+            if len(text) == MAX_LINE and not text.endswith("\n"):
+                raise MlactlError(f"{self.path}: line {self.number}: longer than {MAX_LINE:,} characters; not a trace")
+            yield self.number, text
+
+
+class _Errors:
+    """Bad lines, one message each; reading stops after MAX_ERRORS."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.messages: list[str] = []
+
+    def add(self, line: int, message: str) -> None:
+        self.messages.append(f"{self.path}: line {line}: {message}")
+        if len(self.messages) >= MAX_ERRORS:
+            self.raise_all(more=True)
+
+    def raise_all(self, more: bool = False) -> None:
+        if self.messages:
+            text = "\nError: ".join(self.messages)
+            if more:
+                text += f"\nError: {self.path}: stopped after {MAX_ERRORS} bad lines"
+            raise MlactlError(text)
+
+
+class _Builder:
+    def __init__(self, path: Path, fmt: str):
+        self.path, self.fmt = path, fmt
+        self.arrival, self.line = array("d"), array("q")
+        self.input, self.output, self.cached, self.session = array("q"), array("q"), array("q"), array("q")
+        self.ids, self.id_start = array("q"), array("q", [0])
+        self.last = -math.inf
+
+    def arrives(self, arrival: float) -> float:
+        """Check that arrivals do not go backwards (against the last line whose arrival was
+        readable, bad or not); returns the arrival."""
+        last, self.last = self.last, max(self.last, arrival)
+        if arrival < last:
+            raise ValueError(f"arrival {arrival:g} s is before the previous request's {last:g} s; sort the trace")
+        return arrival
+
+    def add(self, line: int, arrival: float, inp: int, out: int, cached: int, session: int, ids=()) -> None:
+        self.arrival.append(arrival)
+        self.line.append(line)
+        self.input.append(inp)
+        self.output.append(out)
+        self.cached.append(cached)
+        self.session.append(session)
+        self.ids.extend(ids)
+        self.id_start.append(len(self.ids))
+        if len(self.input) % CHECK_EVERY == 0:
+            check_requests_memory(len(self.input), len(self.ids), self.path)
+
+    def build(self) -> Trace:
+        if not len(self.input):
+            raise MlactlError(f"{self.path}: no requests in the trace")
+
+        def arr(a, dtype):
+            return np.frombuffer(a, dtype=dtype).copy() if len(a) else np.zeros(0, dtype=dtype)
+
+        return Trace(
+            str(self.path),
+            self.fmt,
+            arr(self.arrival, np.float64),
+            arr(self.input, np.int64),
+            arr(self.output, np.int64),
+            arr(self.cached, np.int64),
+            arr(self.line, np.int64),
+            arr(self.session, np.int64),
+            arr(self.ids, np.int64),
+            arr(self.id_start, np.int64),
+        )
+
+
+def check_requests_memory(requests: int, ids: int, path) -> None:
+    check_memory(
+        requests * REQUEST_BYTES + ids * ID_BYTES,
+        f"{requests:,}+ requests of {path}",
+        "split the trace by time into several files and replay one at a time",
+    )
+
+
+def _whole(value, what: str, minimum: int) -> int:
+    """A JSON number that is a whole count (4096 or 4096.0), at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number, got {json.dumps(value)[:40]}")
+    if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    if value < minimum or value >= 2**31:
+        raise ValueError(f"{what} must be between {minimum} and 2^31 - 1, got {int(value)}")
+    return int(value)
+
+
+def _seconds(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a number of at least 0, got {json.dumps(value)[:40]}")
+    return float(value)
+
+
+def _read_mooncake(lines, first: tuple[int, str], path: Path, errors: _Errors) -> Trace:
+    out = _Builder(path, "mooncake")
+    block = REPLAY_BLOCK
+
+    def one(number: int, text: str) -> None:
+        try:
+            row = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+            errors.add(number, f"not a JSON object ({msg})")
+            return
+        if not isinstance(row, dict):
+            errors.add(number, f"expected a JSON object, got {type(row).__name__}")
+            return
+        missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in row]
+        if missing:
+            errors.add(number, f"missing {', '.join(missing)}")
+            return
+        try:
+            arrival = out.arrives(_seconds(row["timestamp"], "timestamp") / 1000.0)
+            inp = _whole(row["input_length"], "input_length", 1)
+            output = _whole(row["output_length"], "output_length", 1)
+            ids = row["hash_ids"]
+            if not isinstance(ids, list):
+                raise ValueError("hash_ids must be a list of block ids")
+            blocks = -(-inp // block)
+            if len(ids) > blocks:
+                raise ValueError(f"{len(ids)} hash_ids for {blocks} blocks of {block} tokens (input_length {inp})")
+            for h in ids:
+                if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < MAX_ID:
+                    raise ValueError(f"hash_ids must be whole numbers from 0 to 2^62, got {json.dumps(h)[:40]}")
+        except ValueError as exc:
+            errors.add(number, str(exc))
+            return
+        out.add(number, arrival, inp, output, -1, -1, ids)
+
+    one(*first)
+    for number, text in lines:
+        if text.strip():
+            one(number, text)
+    errors.raise_all()
+    return out.build()
+
+
+def _read_csv(lines, first: tuple[int, str], path: Path, errors: _Errors) -> Trace:
+    out = _Builder(path, "csv")
+    header_line, header_text = first
+    header = [h.strip().lower() for h in next(csv.reader([header_text]))]
+    missing = [k for k in REQUIRED if k not in header]
+    if missing:
+        raise MlactlError(
+            f"{path}: line {header_line}: neither a Mooncake JSONL trace nor a CSV with a header naming "
+            f"{', '.join(REQUIRED)} (optionally {', '.join(OPTIONAL)}); missing {', '.join(missing)}"
+        )
+    col = {k: header.index(k) for k in (*REQUIRED, *OPTIONAL) if k in header}
+    sessions: dict[str, int] = {}
+    last_turn: dict[int, tuple[int, int]] = {}  # session -> (input + output of its last turn, line)
+    for number, text in lines:
+        if not text.strip():
+            continue
+        try:
+            row = next(csv.reader([text]))
+        except csv.Error as exc:
+            errors.add(number, f"not CSV ({exc})")
+            continue
+        if len(row) != len(header):
+            errors.add(number, f"{len(row)} fields, the header has {len(header)}")
+            continue
+        try:
+            arrival = out.arrives(_seconds(_number(row[col["arrival_s"]], "arrival_s"), "arrival_s"))
+            inp = _whole(_integer(row[col["input_tokens"]], "input_tokens"), "input_tokens", 1)
+            output = _whole(_integer(row[col["output_tokens"]], "output_tokens"), "output_tokens", 1)
+            cached = -1
+            if "cached_tokens" in col and row[col["cached_tokens"]].strip():
+                cached = _whole(_integer(row[col["cached_tokens"]], "cached_tokens"), "cached_tokens", 0)
+                if cached > inp:
+                    raise ValueError(f"cached_tokens {cached} is more than input_tokens {inp}")
+                cached = min(cached, inp - 1)  # at least one token is always computed
+            session = -1
+            name = row[col["session"]].strip() if "session" in col else ""
+            if name:
+                session = sessions.setdefault(name, len(sessions))
+                if session >= 1 << (62 - BLOCK_BITS):
+                    raise ValueError("too many sessions")
+                before = last_turn.get(session)
+                if before is not None and inp < before[0]:
+                    raise ValueError(
+                        f"session {name[:40]!r}: input_tokens {inp} is shorter than the previous turn's prompt "
+                        f"and output ({before[0]} tokens, line {before[1]}), which it extends"
+                    )
+                last_turn[session] = (inp + output, number)
+        except ValueError as exc:
+            errors.add(number, str(exc))
+            continue
+        out.add(number, arrival, inp, output, cached, session)
+    errors.raise_all()
+    return out.build()
+
+
+def _number(cell: str, what: str) -> float:
+    try:
+        return float(cell.strip())
+    except ValueError:
+        raise ValueError(f"{what} {cell.strip()[:40]!r} is not a number") from None
+
+
+def _integer(cell: str, what: str) -> int:
+    text = cell.strip()
+    if not text.isdigit():
+        raise ValueError(f"{what} {text[:40]!r} is not a whole number")
+    return int(text)
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a Mooncake JSONL or CSV trace (told apart by its first non-blank line)."""
+    path = Path(path)
+    try:
+        fh = open(path, encoding="utf-8-sig", newline="")
+    except OSError as exc:
+        raise MlactlError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    errors = _Errors(path)
+    with fh:
+        lines = iter(_Lines(fh, path))
+        try:
+            first = next(((n, t) for n, t in lines if t.strip()), None)
+            if first is None:
+                raise MlactlError(f"{path}: empty file; expected a Mooncake JSONL trace or a CSV with a header")
+            start = first[1].lstrip()
+            if start.startswith("["):
+                raise MlactlError(
+                    f"{path}: line {first[0]}: a JSON array; Mooncake traces are JSON lines, one object a line"
+                )
+            if start.startswith("{"):
+                return _read_mooncake(lines, first, path, errors)
+            return _read_csv(lines, first, path, errors)
+        except UnicodeDecodeError as exc:
+            raise MlactlError(f"cannot read trace {path}: not UTF-8 text ({exc.reason})") from None
+        except OSError as exc:
+            raise MlactlError(f"cannot read trace {path}: {exc.strerror or exc}") from None

@@ -1,0 +1,127 @@
+"""The replay chart: from `mlactl replay -f json`, what each engine's rule loses over the trace's
+time, and the path mix of each step type.
+
+Top: attention time lost against the best, per second of trace, in the report's time bins, one
+line per engine (each engine's own clock: engines that fall behind stretch the trace). Bottom:
+for each step type and engine, the share of new tokens on each path.
+"""
+
+from __future__ import annotations
+
+from mlactl.output.plot.common import PATH_COLOURS, new_figure
+from mlactl.util import schema as S
+from mlactl.util.errors import MlactlError
+
+# not the paths' colours (PATH_COLOURS), which the bottom panel uses
+ENGINE_COLOURS = ("black", "tab:purple", "tab:brown", "tab:red", "tab:pink", "tab:olive", "tab:cyan")
+
+REPORT = S.Obj(
+    required={
+        "schema": S.string,
+        "schema_version": S.integer(1),
+        "engines": S.ListOf(
+            S.Obj(
+                required={
+                    "label": S.string,
+                    "timeline": S.Obj(
+                        required={"edges_s": S.ListOf(S.number(-1e300)), "lost_s": S.ListOf(S.number(-1e300))}
+                    ),
+                    "by_step_type": S.ListOf(
+                        S.Obj(
+                            required={"type": S.string, "steps": S.integer(0), "paths": S.MapOf(S.number(0))},
+                        )
+                    ),
+                }
+            )
+        ),
+    },
+    optional={"trace": S.Obj(optional={"path": S.string, "requests": S.integer(0)})},
+)
+
+
+def check_report(data, where: str) -> None:
+    """A replay report as `mlactl replay -f json` writes it, or one `Error:` line."""
+    if not isinstance(data, dict) or data.get("schema") != "mlactl.replay":
+        raise MlactlError(f"{where} is not a replay report (`mlactl replay TRACE -f json -o FILE` writes one)")
+    try:
+        S.validate(REPORT, data)
+    except S.Invalid as exc:
+        raise MlactlError(f"{where}: {exc}") from None
+    if data["schema_version"] != 1:
+        raise MlactlError(f"{where}: replay schema version {data['schema_version']}; this mlactl reads version 1")
+    if not data["engines"]:
+        raise MlactlError(f"{where}: the report holds no engines")
+    for e in data["engines"]:
+        t = e["timeline"]
+        if len(t["edges_s"]) != len(t["lost_s"]) + 1:
+            raise MlactlError(
+                f"{where}: {e['label']}'s timeline has {len(t['edges_s'])} edges for {len(t['lost_s'])} bins"
+            )
+
+
+def replay(data: dict):
+    """(fig, drawn): the two panels, and what they drew:
+    {"title", "timeline": [{"engine", "start_s", "end_s", "lost_per_s"}], "mix": [{"engine",
+    "type", "steps", "path", "share"}]}."""
+    engines = data["engines"]
+    trace = data.get("trace", {})
+    requests = trace.get("requests", "?")
+    title = f"Replay of {trace.get('path', 'a trace')}: {requests} requests, {data.get('time', 'roofline')} times"
+    timeline, mix = [], []
+    fig, axes = new_figure(10.0, 7.5, nrows=2)
+    top, bottom = axes[0, 0], axes[1, 0]
+    origin = min(e["timeline"]["edges_s"][0] for e in engines if e["timeline"]["edges_s"])
+    for k, e in enumerate(engines):
+        edges, lost = e["timeline"]["edges_s"], e["timeline"]["lost_s"]
+        xs, ys = [], []
+        for lo, hi, v in zip(edges[:-1], edges[1:], lost):
+            rate = v / (hi - lo) if hi > lo else 0.0
+            timeline.append({"engine": e["label"], "start_s": lo, "end_s": hi, "lost_per_s": rate})
+            xs += [(lo - origin) / 60.0, (hi - origin) / 60.0]
+            ys += [rate * 1e3, rate * 1e3]
+        top.plot(xs, ys, lw=1.2, label=e["label"], color=ENGINE_COLOURS[k % len(ENGINE_COLOURS)])
+    top.set_xlabel("trace time (minutes, each engine's own clock)")
+    top.set_ylabel("attention lost against the best\n(ms per second of trace)")
+    top.legend(fontsize=7, loc="upper right")
+    top.grid(alpha=0.3)
+
+    types = list(dict.fromkeys(r["type"] for e in engines for r in e["by_step_type"]))
+    paths = list(dict.fromkeys(p for e in engines for r in e["by_step_type"] for p in r["paths"]))
+    width = 0.8 / max(len(engines), 1)
+    for j, e in enumerate(engines):
+        rows = {r["type"]: r for r in e["by_step_type"]}
+        for i, kind in enumerate(types):
+            r = rows.get(kind)
+            if r is None:
+                continue
+            x = i - 0.4 + width * (j + 0.5)
+            bottom_at = 0.0
+            for p in paths:
+                share = float(r["paths"].get(p, 0.0))
+                mix.append({"engine": e["label"], "type": kind, "steps": r["steps"], "path": p, "share": share})
+                if share > 0:
+                    bottom.bar(
+                        x,
+                        share,
+                        width * 0.9,
+                        bottom_at,
+                        color=PATH_COLOURS.get(p, "tab:gray"),
+                        edgecolor="white",
+                        lw=0.3,
+                    )
+                bottom_at += share
+            bottom.text(x, 1.01, e["label"], rotation=90, fontsize=6, ha="center", va="bottom")
+    bottom.set_xticks(range(len(types)), labels=types, fontsize=8)
+    bottom.set_ylim(0, 1.35)
+    bottom.set_yticks([0, 0.25, 0.5, 0.75, 1.0], labels=["0", "25%", "50%", "75%", "100%"])
+    bottom.set_ylabel("new tokens on each path")
+    from matplotlib.patches import Patch
+
+    bottom.legend(
+        handles=[Patch(color=PATH_COLOURS.get(p, "tab:gray"), label=p) for p in paths],
+        fontsize=7,
+        loc="upper right",
+        ncols=len(paths),
+    )
+    fig.suptitle(title, fontsize=9)
+    return fig, {"title": title, "timeline": timeline, "mix": mix}
