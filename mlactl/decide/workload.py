@@ -16,7 +16,7 @@ import numpy as np
 
 from mlactl.decide.calibration.time import path_times
 from mlactl.decide.engines import EngineParams, chunk_sizes, grid_paths, time_lost, time_of
-from mlactl.decide.engines.vllm import mask_fits
+from mlactl.decide.engines.vllm import dsa_chunk, mask_fits
 from mlactl.decide.policy import fitting_times
 from mlactl.decide.requests import read_rows
 from mlactl.model.cost import CostModel
@@ -306,9 +306,8 @@ def sweep_vllm_masked(p: EngineParams, wl: Workload, times: dict[str, np.ndarray
         return []
     buckets = p.vllm_dsa.buckets
     seq = wl.prefix + wl.new
-    chunk = max(p.workspace // p.block * p.block, p.block)
     prefill = wl.new > p.threshold
-    fits = mask_fits(p, wl.batch, wl.new, np.minimum(wl.prefix, chunk))
+    fits = mask_fits(p, wl.batch, wl.new, np.minimum(wl.prefix, dsa_chunk(p)))
     current = grid_paths(p, wl.batch, wl.new, wl.prefix)
     masked_t = time_of(np.full(len(wl), "masked_expand"), times) * wl.weight
     sparse_t = time_of(np.full(len(wl), "sparse_absorb"), times) * wl.weight

@@ -672,20 +672,36 @@ class WeightCost:
         return c.layers * c.r * c.H * c.tp * (c.dC + c.dV)
 
     @cached_property
+    def indexer_params(self) -> tuple[int, int]:
+        """A DSA model's lightning indexer, every layer (0 for MLA): (wq_b, wk and weights_proj).
+        Its ops read them (indexer_proj), so they are held here, not read again per step."""
+        c = self.cfg
+        if not c.is_dsa:
+            return 0, 0
+        d = c.index()
+        return c.layers * d.q_lora * d.heads * d.dim, c.layers * c.hidden * (d.dim + d.heads)
+
+    @cached_property
     def total_params(self) -> int:
         """Every parameter of the model (embedding and LM head untied), norms left out."""
         w = self.weights
         routed = w.moe_layers * w.experts * self.expert_params
-        return self.dense_params + self.router_params + routed + self.kv_b_params + 2 * w.vocab * w.hidden
+        index = sum(self.indexer_params)
+        return self.dense_params + self.router_params + routed + self.kv_b_params + index + 2 * w.vocab * w.hidden
 
     @cached_property
     def model_bytes(self) -> float:
         """Weight bytes per GPU: the linear layers (and W_UK, W_UV) in the weight dtype; the
-        embedding, the LM head and the router in bf16."""
+        embedding, the LM head and the router in bf16, all split over the tp GPUs. A DSA model's
+        indexer is whole on every GPU (vLLM's deepseek_v2.py Indexer and SGLang's nsa_indexer:
+        ReplicatedLinear, vllm-project/vllm@002d6073): wq_b in the weight dtype, wk and
+        weights_proj in bf16 (vLLM fuses them, dequantising an fp8 wk)."""
         w = self.weights
         bf16 = DTYPE_BYTES["bf16"]
-        linear = self.total_params - self.router_params - 2 * w.vocab * w.hidden
-        return (linear * w.weight_bytes + (self.router_params + 2 * w.vocab * w.hidden) * bf16) / self.tp
+        wq_b, wk_w = self.indexer_params
+        linear = self.total_params - self.router_params - 2 * w.vocab * w.hidden - wq_b - wk_w
+        split = (linear * w.weight_bytes + (self.router_params + 2 * w.vocab * w.hidden) * bf16) / self.tp
+        return split + wq_b * w.weight_bytes + wk_w * bf16
 
     def experts_hit(self, tokens):
         """Expected distinct routed experts `tokens` tokens hit in one MoE layer (uniform routing)."""

@@ -133,10 +133,16 @@ def dsa_step_paths(p: EngineParams, prefills, max_query, max_seq, max_chunk) -> 
     return np.where(np.asarray(max_seq) <= p.topk, DENSE, np.where(masked, MASKED, SPARSE))
 
 
+def dsa_chunk(p: EngineParams) -> int:
+    """The longest run of context keys one chunk of a prefill holds: the workspace rounded down
+    to the block (build_mla_chunked_context_metadata's max_context_chunk)."""
+    return max(p.workspace // p.block * p.block, p.block)
+
+
 def dsa_prefill_paths(p: EngineParams, q, ctx, decode, sid, heads) -> np.ndarray:
     """Requests in step order after the reorder: decodes sparse, each step's prefills as one."""
     prefill = ~decode
-    chunk = max(p.workspace // p.block * p.block, p.block)  # a context chunk's longest run of keys
+    chunk = dsa_chunk(p)  # a context chunk's longest run of keys
 
     def per_step(values, reduce=np.maximum):
         return reduce.reduceat(np.where(prefill, values, 0), heads)[sid]
@@ -183,8 +189,7 @@ def grid_paths(p: EngineParams, batch, new, prefix) -> np.ndarray:
     threshold (the longest query is, or they are uniform), else all prefills."""
     batch, new, prefix = np.broadcast_arrays(*(np.asarray(a, dtype=np.int64) for a in (batch, new, prefix)))
     if p.is_dsa:
-        chunk = max(p.workspace // p.block * p.block, p.block)
-        prefill = dsa_step_paths(p, batch, new, prefix + new, np.minimum(prefix, chunk))
+        prefill = dsa_step_paths(p, batch, new, prefix + new, np.minimum(prefix, dsa_chunk(p)))
         return np.where(new <= p.threshold, SPARSE, prefill)
     return np.where(new <= p.threshold, ABSORB, np.where(prefix > 0, CHUNKED, EXPAND))
 
