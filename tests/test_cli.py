@@ -1,4 +1,5 @@
 import csv
+import inspect
 import io
 import json
 import subprocess
@@ -295,3 +296,63 @@ def test_analysis_as_a_dataframe():
     assert len(frame) == 8 and list(frame["best"].cat.categories) == ["expand", "expand_chunked", "absorb", "mha"]
     assert frame["absorb.attention.flops"].iloc[2] == 278_528 * 4097  # batch 1, new 1, prefix 4096
     assert (frame["expand.time_s"] > 0).all()
+
+
+# -- one definition of each shared option (issue 18, item 3) ----------------------------------------
+
+
+def test_shared_options_are_defined_once_and_read_alike():
+    """Every command that takes a shared option gets the one definition: the same flags, help
+    and default (SHARED), unless the command overrides it on purpose (calibrate's --hardware
+    and --format)."""
+    import typer.main
+
+    from mlactl.cli import LazyGroup
+    from mlactl.cli.helptext import polish
+    from mlactl.cli.options import SHARED
+
+    # options of the same name that mean something else there, on purpose
+    overridden = {
+        ("calibrate", "hardware"),  # optional: from the system or the results file
+        ("calibrate", "fmt"),  # table or json, no --output
+        ("list", "fmt"),  # two tables make no CSV
+        ("plot", "output"),  # an image, named after the chart
+        ("tune", "kv_dtype"),  # auto: the compute dtype
+        ("tune", "dtype"),  # auto: bf16 on a GPU, fp32 on a CPU
+    }
+    overridden_defaults = {("replay", "hardware"), ("replay", "tp")}  # the same option; a serving node's h200, tp 8
+    seen = set()
+    root = typer.main.get_command(app)
+    for name in LazyGroup.LAZY:
+        command = root.get_command(None, name)
+        polish(command)
+        subs = getattr(command, "commands", None) or {name: command}
+        for sub_name, sub in subs.items():
+            for param in sub.params:
+                if param.name not in SHARED or (name, param.name) in overridden:
+                    continue
+                info = SHARED[param.name].annotation.__metadata__[0]
+                if (name, param.name) not in overridden_defaults:
+                    assert param.default == SHARED[param.name].default, (name, sub_name, param.name)
+                assert param.help == info.help, (name, sub_name, param.name)
+                assert set(param.opts) == {info.default, *info.param_decls} - {...}, (name, sub_name, param.name)
+                seen.add((name, param.name))
+    # the model and machine options reach every command that analyses
+    for command in ("analyze", "crossover", "batch", "engines", "plot"):
+        assert {(command, "model"), (command, "hardware"), (command, "calibration")} <= seen, command
+
+
+def test_shared_decorator_hands_one_opts_with_what_was_typed():
+    from mlactl.cli.options import MACHINE, Opts, shared
+
+    got = {}
+
+    @shared(*MACHINE)
+    def command(opts: Opts, extra: int = 1):
+        got.update(opts=opts, extra=extra)
+
+    command(model="kimi-k2", hardware="h200", measured=False, tp="8", kv_dtype="fp8", dtype="bf16")
+    opts = got["opts"]
+    assert (opts.model, opts.tp, opts.kv_dtype, got["extra"]) == ("kimi-k2", "8", "fp8", 1)
+    assert opts.given == frozenset()  # outside a click context nothing counts as typed
+    assert list(inspect.signature(command).parameters)[:3] == ["model", "hardware", "measured"]

@@ -158,6 +158,55 @@ def test_window_edges_by_roofline(prefix):
         assert not masked_wins(w.first - 1)
 
 
+def plain_windows(cost, path, prefixes, max_new, times=None):
+    """Every count from 1 to max_new evaluated: (first, last, count) of the wins, or None."""
+    from mlactl.model.roofline import path_times
+
+    n = np.arange(1, max_new + 1, dtype=np.float64)[None, :]
+    p = np.asarray(prefixes, dtype=np.float64)[:, None]
+    pair = (path, "sparse_absorb")
+    t = path_times(cost, H200, pair, 1, n, p) if times is None else times(1, n, p, pair)
+    wins = (t[path].time_s < t["sparse_absorb"].time_s) & cost.applicable(path, 1, n, p)
+    out = []
+    for row in wins:
+        hit = np.flatnonzero(row)
+        out.append(None if not len(hit) else (int(hit[0]) + 1, int(hit[-1]) + 1, len(hit)))
+    return out
+
+
+@pytest.mark.parametrize("path", ["masked_expand", "dense_expand"])
+def test_window_search_matches_the_plain_scan(path):
+    """The bounded search gives what evaluating every count gives: prefixes where the window is
+    empty, short, or runs thousands past the exact range; dense MHA's ending at top-k."""
+    from mlactl.model.roofline import window_by_time
+
+    cost = CostModel(V32)
+    prefixes = [0, 100, 1024, 2000, 2047, 2048, 3000, 4096, 6000, 8192]
+    assert window_by_time(cost, H200, prefixes, path=path, max_new=20_000) == plain_windows(
+        cost, path, prefixes, 20_000
+    )
+
+
+def test_window_search_counts_wins_that_are_not_one_run():
+    """A times function whose wins come in two runs (1,500-2,999 and 9,000-9,999, both beyond the
+    exact range): first, last and the count of both, as the plain scan has them."""
+    from mlactl.model.roofline import PathTime, window_by_time
+
+    def times(batch, n, p, paths):
+        n = np.broadcast_to(n, np.broadcast_shapes(np.shape(n), np.shape(p))).astype(np.float64)
+        # each time is 2n plus a step that never falls: masked is below absorb only inside the runs
+        edges = [1500, 3000, 9000, 10_000]
+        step_absorb = np.select([n < e for e in edges], [0, 2, 2, 4], 4)
+        step_masked = np.select([n < e for e in edges], [1, 1, 3, 3], 5)
+        out = {"masked_expand": 2 * n + step_masked, "sparse_absorb": 2 * n + step_absorb}
+        return {k: PathTime(k, [], n, n, out[k], n > 0) for k in paths}
+
+    cost = CostModel(V32)
+    got = window_by_time(cost, H200, [0, 512], max_new=1 << 24, times=times)
+    assert got == plain_windows(cost, "masked_expand", [0, 512], 12_000, times=times)
+    assert got[0] == (1500, 9999, 2500)
+
+
 def test_no_window_after_a_long_prefix():
     row = analysis.crossover_table(CostModel(V32), H200, [(1, 32768)]).windows[0]
     assert (row.masked_by_flops, row.masked_by_time, row.dense_by_time) == (None, None, None)

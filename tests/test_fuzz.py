@@ -19,16 +19,21 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
+import re
+import socket
 import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from mlactl.cli import app
+from mlactl.util import numbers, safe
+from mlactl.util.errors import MlactlError
 
 EXAMPLES = int(os.environ.get("MLACTL_FUZZ_EXAMPLES", "0")) or None
 _common = dict(deadline=None, suppress_health_check=list(HealthCheck), derandomize=False, database=None)
@@ -444,6 +449,433 @@ def test_fuzz_results_store(path, value, force):
         for section in ("kernels", "paths", "crossovers"):
             assert kept.get(section, []) == wanted.get(section, []), section
         assert sorted(os.listdir(tmp)) == ["r.json"]  # no lock or temporary file left
+
+
+# == the guards, one boundary at a time (issue 24) =========================================================
+#
+# Each boundary has one guard in mlactl/util (or mlactl/output for sinks), and every command passes
+# through it. The guard itself is tested on arbitrary input first; then the commands that cross the
+# boundary, so a new command that uses the guard is covered by the same properties.
+
+
+ANY_TEXT = st.text(alphabet=st.characters(), max_size=60)  # surrogates, controls, bidi, everything
+HOSTILE = st.one_of(
+    ANY_TEXT,
+    st.sampled_from(
+        ["[/]", "[bold]x", "[link=https://e.x]y[/link]", "$x^2$", "a$b", "\x1b[31mred", "\u202eevil", "a\\", ":fire:"]
+        + ["-rf", "..", "../../x", "/etc/passwd", "a\nb", "\ud800", "%s%n", "{0}", "x" * 300]
+    ),
+)
+HIDDEN = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
+
+
+# -- 1. names into sinks -----------------------------------------------------------------------------------
+
+
+@given(name=HOSTILE)
+def test_guard_text_leaves_nothing_a_terminal_obeys(name):
+    import unicodedata
+
+    out = safe.text(name)
+    assert not any(unicodedata.category(c) in HIDDEN for c in out)
+    assert len(out) <= safe.MAX_NAME
+    out.encode("utf-8")  # a lone surrogate cannot even be printed; an escape can
+    if name.isprintable() and len(name) <= safe.MAX_NAME:
+        assert out == name  # plain names pass unchanged
+
+
+@given(name=HOSTILE)
+def test_guard_markup_prints_the_name_as_written(name):
+    from rich.text import Text
+
+    # the name between our own markup: rich neither raises nor takes any of it as a tag (emoji
+    # codes such as :fire: are off in every console mlactl prints on: mlactl.cli.common.console)
+    rendered = Text.from_markup(f"[bold]{safe.markup(name)}[/] end", emoji=False)
+    assert rendered.plain == safe.text(name) + " end"
+    assert all(span.style == "bold" for span in rendered.spans)
+
+
+@given(name=HOSTILE)
+def test_guard_mathtext_never_switches_to_math(name):
+    from matplotlib.text import Text
+
+    text, math_mode = Text(0, 0)._preprocess_math(safe.mathtext(name))
+    assert math_mode is False, text
+
+
+@given(name=HOSTILE)
+def test_guard_filename_is_one_harmless_name(name):
+    out = safe.filename(name)
+    assert out and out not in (".", "..") and "/" not in out and "\0" not in out
+    assert not out.startswith((".", "-"))
+    assert len(out.encode()) <= 120
+    assert re.fullmatch(r"[A-Za-z0-9=_][A-Za-z0-9.=_-]*", out)
+
+
+@given(name=st.text(min_size=1, max_size=300), tail=st.sampled_from([".tmp", ".lock", ".20261130-120000.3.json"]))
+def test_guard_fit_name_fits_any_file_system(name, tail):
+    out = safe.fit_name(name, head=".", tail=tail)
+    assert len(out.encode()) <= safe.NAME_MAX and out.startswith(".") and out.endswith(tail)
+
+
+def toml_string(text: str) -> str:
+    """`text` as a TOML basic string: control characters escaped, everything else literal."""
+    out = []
+    for c in text:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+@settings(max_examples=max(5, (EXAMPLES or settings().max_examples) // 2))
+@given(
+    name=HOSTILE,
+    where=st.sampled_from(["config", "profile", "calibration", "results"]),
+    command=st.sampled_from(
+        [
+            ["analyze", "--new", "1,64", "--prefix", "0,4K"],
+            ["analyze", "--new", "1", "--prefix", "4K", "-o", "out.txt"],
+            ["crossover", "--prefix", "0,4K"],
+            ["batch", "req.csv"],
+            ["engines", "--new", "1,64", "--prefix", "0,4K"],
+            ["plot", "crossover", "--new", "1:64:*4", "--prefix", "0,4K", "-o", "out.png"],
+        ]
+    ),
+)
+def test_fuzz_names_from_files_reach_every_sink_safely(name, where, command):
+    """A hostile name in a config, a profile, a calibration or a results file: every command that
+    shows it exits 0, prints no escape byte, and shows the name as text (markup not obeyed)."""
+    assume(name.strip())
+    config = dict(CONFIG, _name_or_path=name)
+    files: dict = {"req.csv": "new,prefix\n1,4096\n512,0\n"}
+    home: dict = {}
+    args = list(command)
+    if where == "config":
+        files["config.json"] = json.dumps(config)
+        args += ["--model", "config.json"]
+    elif where == "profile":
+        assume(not any(0xD800 <= ord(c) <= 0xDFFF for c in name))  # a TOML file is UTF-8: no lone surrogates
+        files["p.toml"] = f'name = "p"\ndisplay = {toml_string(name)}\nmemory_gb = 80\nbandwidth_tbs = 3.35\n'
+        files["p.toml"] += "[peak_tflops]\nbf16 = 989\n"
+        args += ["--hardware", "p.toml"]
+    elif where == "calibration":
+        cal = dict(GOOD_CALIBRATION, name=name[:100], hardware="h200")
+        files["c.json"] = json.dumps(cal)
+        args += ["--calibration", "c.json"]
+    else:
+        if command[0] != "plot":
+            return  # results files reach analyze --policy measured and plot --results
+        files["r.json"] = json.dumps(mutate(GOOD_RESULTS, ["device", "name"], name))
+        args += ["--results", "r.json"]
+    result = run(f"names into {where}", args, files=files, home=home)
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.stdout + result.stderr
+
+
+# -- 2. inputs that are not regular files --------------------------------------------------------------------
+
+KINDS = ["directory", "fifo", "socket", "dangling link", "link to fifo", "missing"]
+INPUTS = {
+    "--model": ["analyze", "--model", "{}"],
+    "--hardware": ["analyze", "--hardware", "{}"],
+    "--calibration": ["analyze", "--calibration", "{}"],
+    "--results": ["analyze", "--policy", "measured", "--results", "{}"],
+    "requests": ["batch", "{}"],
+    "workload": ["engines", "{}"],
+    "plot --results": ["plot", "roofline", "--results", "{}", "-o", "out.png"],
+    "calibrate csv": ["calibrate", "--from", "csv", "{}", "--hardware", "h200"],
+    "calibrate results": ["calibrate", "--from", "results", "{}", "--hardware", "h200"],
+    "replay trace": ["replay", "{}"],
+    "plot replay": ["plot", "replay", "{}", "-o", "out.png"],
+}
+
+
+def make_special(path: Path, kind: str, keep: list) -> None:
+    """A file system object of `kind` at `path` (sockets are kept open in `keep`)."""
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        keep.append(sock)
+    elif kind == "dangling link":
+        path.symlink_to(path.parent / "nowhere")
+    elif kind == "link to fifo":
+        os.mkfifo(path.parent / "real-fifo")
+        path.symlink_to(path.parent / "real-fifo")
+
+
+def run_bounded(args, seconds: float = 20.0, env=None):
+    """runner.invoke under an alarm: a read that blocks fails the test instead of hanging it."""
+    import signal
+
+    def timeout(*_):
+        raise TimeoutError(f"mlactl {' '.join(map(str, args))} blocked for {seconds:.0f} s")
+
+    old = signal.signal(signal.SIGALRM, timeout)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return runner.invoke(app, [str(a) for a in args], env=env)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@settings(max_examples=max(10, (EXAMPLES or settings().max_examples) // 2))
+@given(kind=st.sampled_from(KINDS), where=st.sampled_from(sorted(INPUTS)), name=st.sampled_from(["in", "in.json"]))
+def test_fuzz_inputs_that_are_not_regular_files(kind, where, name):
+    """Every input option, given a FIFO, a socket, a directory or a dangling link: one error line
+    at once (never a read that blocks), naming what it is."""
+    keep: list = []
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / name
+        make_special(target, kind, keep)
+        args = [a.replace("{}", str(target)) for a in INPUTS[where]]
+        old = os.getcwd()
+        os.chdir(tmp)
+        try:
+            result = run_bounded(args, env={"MLACTL_HOME": str(Path(tmp) / "home")})
+        finally:
+            os.chdir(old)
+            for sock in keep:
+                sock.close()
+    COUNTS[f"special input: exit {result.exit_code}"] += 1
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip() and not line.startswith("Warning: ")]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    if kind in ("fifo", "socket", "link to fifo"):
+        assert "not a regular file" in lines[0] or "is a directory" in lines[0], lines[0]
+
+
+STORES = {
+    "hardware/x.toml": ["list"],
+    "results/NVIDIA_H200/x.json": ["analyze", "--hardware", "h200", "--policy", "measured"],
+    "calibrations/x.json": ["analyze", "--calibration", "nope"],
+}
+
+
+@settings(max_examples=max(6, (EXAMPLES or settings().max_examples) // 4))
+@given(kind=st.sampled_from(["directory", "fifo", "socket", "dangling link"]), where=st.sampled_from(sorted(STORES)))
+def test_fuzz_store_folders_skip_what_is_not_a_file(kind, where):
+    """A FIFO (or a directory, a socket, a dangling link) named like a store file in $MLACTL_HOME:
+    the command that lists the folder neither blocks nor fails on it; it warns, naming it."""
+    keep: list = []
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp) / "home"
+        target = home / where
+        target.parent.mkdir(parents=True)
+        make_special(target, kind, keep)
+        try:
+            result = run_bounded(STORES[where], env={"MLACTL_HOME": str(home)})
+        finally:
+            for sock in keep:
+                sock.close()
+    assert result.exit_code in (0, 2), result.output
+    assert "Traceback" not in result.output
+    if not (kind == "directory" and where.startswith("results/")):  # results/ is searched into its folders
+        assert f"Warning: skipped {target}" in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert result.exit_code == 0 or len(errors) == 1
+
+
+# -- 3. an output that is also an input ---------------------------------------------------------------------
+
+ALIASES = ["same", "dot-slash", "absolute", "symlink", "hard link", "parent hop"]
+SAME_FILE = {
+    # command, the input it reads, the option that would overwrite it
+    "analyze --results": (["analyze", "--policy", "measured", "--results", "r.json", "-f", "json"], "r.json", "-o"),
+    "analyze --model": (["analyze", "--model", "config.json", "-f", "json"], "config.json", "-o"),
+    "analyze --calibration": (
+        ["analyze", "--hardware", "h200", "--calibration", "c.json", "-f", "json"],
+        "c.json",
+        "-o",
+    ),
+    "batch": (["batch", "r.csv", "-f", "csv"], "r.csv", "-o"),
+    "engines": (["engines", "r.csv", "-f", "csv"], "r.csv", "-o"),
+    "plot --data": (["plot", "roofline", "--results", "r.json", "-o", "out.png"], "r.json", "--data"),
+    "replay": (["replay", "t.jsonl", "-f", "json"], "t.jsonl", "-o"),
+}
+
+
+def alias_of(name: str, how: str, work: Path) -> str:
+    if how == "same":
+        return name
+    if how == "dot-slash":
+        return f"./{name}"
+    if how == "absolute":
+        return str(work / name)
+    if how == "parent hop":
+        return f"../{work.name}/{name}"
+    other = work / f"alias-{name}"
+    if how == "symlink":
+        other.symlink_to(work / name)
+    else:
+        os.link(work / name, other)
+    return other.name
+
+
+@settings(max_examples=max(10, (EXAMPLES or settings().max_examples) // 2))
+@given(case=st.sampled_from(sorted(SAME_FILE)), how=st.sampled_from(ALIASES))
+def test_fuzz_an_output_never_replaces_an_input(case, how):
+    """Every spelling of an input as the output (the name, ./name, its absolute path, a symlink, a
+    hard link, ../dir/name): one error line, and the input byte-identical."""
+    args, source, option = SAME_FILE[case]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        bodies = {
+            "r.json": json.dumps(GOOD_RESULTS),
+            "config.json": json.dumps(CONFIG),
+            "c.json": json.dumps(GOOD_CALIBRATION),
+            "r.csv": "new,prefix\n1,4096\n512,0\n",
+            "t.jsonl": '{"timestamp": 0, "input_length": 3000, "output_length": 4, "hash_ids": [1, 2]}\n',
+        }
+        for name, body in bodies.items():
+            (work / name).write_text(body)
+        before = (work / source).read_bytes()
+        old = os.getcwd()
+        os.chdir(work)
+        try:
+            out = alias_of(source, how, work)
+            result = run_bounded([*args, option, out], env={"MLACTL_HOME": str(work / "home")})
+        finally:
+            os.chdir(old)
+        after = (work / source).read_bytes()
+    COUNTS[f"output = input: exit {result.exit_code}"] += 1
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines[-1].startswith("Error: cannot write") and "it is an input of this command" in lines[-1], lines
+    assert after == before
+
+
+@given(name=st.text(alphabet=st.characters(min_codepoint=0x61, max_codepoint=0x24F), min_size=1, max_size=120))
+def test_fuzz_the_longest_legal_output_name_is_written(name):
+    """A file name of 255 bytes (ASCII or not) is legal; its temporary sibling must fit too."""
+    raw = name.encode()
+    pad = 255 - len(".txt") - len(raw)
+    assume(pad >= 0)
+    long_name = name + "x" * pad + ".txt"
+    assert len(long_name.encode()) == 255
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / long_name
+        result = run_bounded(["analyze", "--new", "1", "--prefix", "0", "-o", out], env={})
+        assert result.exit_code == 0, result.output
+        assert out.read_text().startswith("deepseek-v3")
+        assert os.listdir(tmp) == [long_name]  # no temporary file left
+
+
+# -- 4. numbers ---------------------------------------------------------------------------------------------
+
+NUMBER_TEXT = st.one_of(
+    st.text(max_size=12),
+    st.integers(-(2**80), 2**80).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.sampled_from(["inf", "-inf", "nan", "1e308", "1e-320", "٣", "²", "1_000", "0x10", " 7 ", "4K", "1.5", "-0"]),
+)
+
+
+@given(text=NUMBER_TEXT, minimum=st.integers(0, 3), maximum=st.sampled_from([1, 100, numbers.MAX_SIZE]))
+def test_guard_integer_is_bounded_and_ascii(text, minimum, maximum):
+    try:
+        value = numbers.integer(text, "--x", minimum, maximum)
+    except MlactlError as exc:
+        assert str(exc).startswith("--x") and "\n" not in str(exc)
+        return
+    assert isinstance(value, int) and minimum <= value <= maximum
+    assert text.isascii()
+
+
+@given(text=NUMBER_TEXT, low=st.sampled_from([0.0, 1e-4]), high=st.sampled_from([1.2, 3600.0]))
+def test_guard_real_is_finite_bounded_and_ascii(text, low, high):
+    try:
+        value = numbers.real(text, "time_s", low, high, above=True)
+    except MlactlError as exc:
+        assert str(exc).startswith("time_s") and "\n" not in str(exc)
+        return
+    assert math.isfinite(value) and low < value <= high and text.isascii()
+
+
+@given(value=st.one_of(JSON_VALUE, st.floats(), st.integers(-(2**2000), 2**2000)))
+def test_guard_check_real_takes_only_numbers_in_range(value):
+    try:
+        got = numbers.check_real(value, "eta", 1e-4, 1.2)
+    except MlactlError:
+        return
+    assert 1e-4 <= got <= 1.2 and not isinstance(value, bool)
+
+
+CSV_CELL = st.one_of(
+    NUMBER_TEXT, st.sampled_from(["64", "1", "8191", "4.1e-05", "128", "inf", "1e308", "nan", "-1", "0", ""])
+)
+
+
+@settings(max_examples=max(10, (EXAMPLES or settings().max_examples) // 2))
+@given(cells=st.lists(CSV_CELL, min_size=5, max_size=5))
+def test_fuzz_calibration_csv_numbers(cells):
+    """A calibration CSV row with any cells: a fit, or one error line; never an OverflowError
+    from heads=inf nor a 2e303-second time."""
+    batch, new, prefix, time_s, heads = cells
+    rows = [f"absorb_attention,{batch},{new},{prefix},{time_s},{heads}"] * 8
+    text = "op,batch,new,prefix,time_s,heads\n" + "\n".join(rows) + "\n"
+    result = run(
+        "calibration csv",
+        ["calibrate", "--from", "csv", "c.csv", "--hardware", "h200", "-f", "json"],
+        files={"c.csv": text},
+        home={},
+    )
+    if result.exit_code == 0:
+        fits = json.loads(result.stdout)["fits"]
+        assert all(1e-4 <= f["params"][k] <= 2.4 for f in fits for k in f["params"] if k.startswith("eta_"))
+
+
+PARAM_VALUES = st.one_of(
+    st.sampled_from([1e-300, 1e308, -1, 0, 0.5, 1.2, 1.21, 2.5, "0.5", None, [], {}, True, float("inf")]),
+    st.floats(allow_nan=False, allow_infinity=False),
+)
+
+
+@given(
+    op=st.integers(0, 5),
+    key=st.sampled_from(["t_fixed_s", "eta_c", "eta_m", "t_iter_s"]),
+    value=PARAM_VALUES,
+    dtype=st.sampled_from(["bf16", "fp8"]),
+)
+@example(op=1, key="t_iter_s", value=0.5, dtype="bf16")  # CI found it: 0.5 s x waves x iterations
+def test_fuzz_calibration_parameters_have_physical_ranges(op, key, value, dtype):
+    """Any value for a fitted parameter: the file is refused in one line, or every time it gives
+    is finite and below an hour (an efficiency of 1e-300 gave 4e298 s before)."""
+    cal = json.loads(json.dumps(GOOD_CALIBRATION))
+    fit = cal["fits"][op]
+    fit["terms"] = ["fixed", "serial"]
+    fit["params"]["t_iter_s"] = 1e-7
+    fit["params"][key] = value
+    fit["dtype"] = dtype
+    result = run(
+        "calibration params",
+        [
+            "analyze",
+            "--hardware",
+            "h200",
+            "--new",
+            "1,4096",
+            "--prefix",
+            "0,32K",
+            "-f",
+            "json",
+            "--calibration",
+            "c.json",
+        ],
+        files={"c.json": json.dumps(cal)},
+    )
+    if result.exit_code == 0:
+        rows = json.loads(result.stdout)["rows"]
+        times = [p["time_s"] for r in rows for p in r["paths"].values()]
+        assert all(t is None or 0 < t < 3600 for t in times)
 
 
 # -- request traces (`mlactl replay`): each bad line one `Error:` line ---------------------------------

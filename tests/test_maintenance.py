@@ -58,7 +58,6 @@ def test_chunk_defaults_to_8192_everywhere():
 
 
 def test_choice_lists_are_the_same_objects_everywhere():
-    from mlactl.cli import analyze as cli_analyze
     from mlactl.cli import common as cli
     from mlactl.decide import policy
     from mlactl.kernels import attention
@@ -66,7 +65,7 @@ def test_choice_lists_are_the_same_objects_everywhere():
 
     assert defaults.KV_DTYPES == ("bf16", "fp16", "fp8", "fp32")
     assert defaults.ACT_DTYPES == ("bf16", "fp16", "fp32")
-    assert cli_analyze.KV_DTYPES is cost.KV_DTYPES is defaults.KV_DTYPES
+    assert cli.KV_DTYPES is cost.KV_DTYPES is defaults.KV_DTYPES
     assert cli.DTYPES is cost.ACT_DTYPES is defaults.ACT_DTYPES
     assert cost.MLA_PATHS is attention.PATHS is defaults.MLA_PATHS
     assert policy.POLICIES is defaults.POLICIES

@@ -574,9 +574,12 @@ def test_points_above_the_roofline_are_flagged():
     assert by_path["absorb"]["fraction"] == pytest.approx(2.0) and by_path["absorb"]["above_ceiling"] is True
     assert by_path["expand"]["above_ceiling"] is False
     assert "too low" in drawn["note"]
-    texts = [t.get_text() for t in fig.axes[0].texts]
-    assert any("200% (above the roofline!)" in t for t in texts)
-    assert any("measured, joined to predicted" == t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    # labelled points get a number beside them; what each is, in the legend below the axes (issue 24:
+    # no text on the points or curves)
+    assert [t.get_text() for t in fig.axes[0].texts if t.get_text().isdigit()] == ["1", "2"]
+    legend = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "1: b=1 n=64 p=0 absorb, 200% of the roofline (above the roofline!)" in legend
+    assert "measured, joined to predicted" in legend
 
 
 def test_ceiling_labels_read_plainly_and_are_drawn_once():
@@ -613,3 +616,233 @@ def test_tune_chart_says_when_the_default_is_faster():
 def test_spread_order_covers_the_space_early():
     assert sweep.spread_order(list(range(10))) == [0, 8, 4, 2, 6, 1, 3, 5, 7, 9]
     assert sweep.spread_order([]) == [] and sweep.spread_order(["a"]) == ["a"]
+
+
+# == issue 24: a newcomer's hour ===========================================================================
+
+
+def _calibration(home, name="fit-h200", hardware_name="h200"):
+    from mlactl.decide.calibration import store as cal_store
+
+    fits = [
+        {"op": op, "source": "t", "dtype": "bf16", "terms": ["fixed"]}
+        | {"params": {"t_fixed_s": 5e-6, "eta_c": 0.6, "eta_m": 0.8}}
+        for op in ("kv_expand", "expand_attention", "lse_merge", "q_absorb", "absorb_attention", "out_absorb")
+    ]
+    cal_store.save(
+        {"schema": "mlactl.calibration", "schema_version": 1, "name": name, "hardware": hardware_name} | {"fits": fits}
+    )
+    return name
+
+
+# -- progress: a bar on a terminal's stderr for long work, nothing in a pipe -------------------------
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "pipe"])
+def test_long_work_shows_a_bar_on_a_terminal_only(home, terminal):
+    env = {"MLACTL_PROGRESS_AFTER": "0", "COLUMNS": "100"}
+    env["TTY_COMPATIBLE"] = "1" if terminal else "0"
+    # a calibrated search over 256 prefixes: seconds of work
+    name = _calibration(home)
+    out = runner.invoke(app, ["crossover", "--calibration", name, "--prefix", "0:255K:1K", "-f", "json"], env=env)
+    assert out.exit_code == 0, out.stderr
+    json.loads(out.stdout)  # stdout is the answer alone
+    if terminal:
+        assert "crossover search (expand against absorb)" in plain(out.stderr)
+    else:
+        assert out.stderr == ""
+
+
+def test_progress_tasks_cost_nothing_without_a_display():
+    from mlactl.util import progress
+
+    with progress.task("anything", total=3) as bar:
+        bar.advance(2)
+    assert bar is progress.SILENT
+
+
+# -- commands that agree ------------------------------------------------------------------------------
+
+
+def test_plot_results_takes_the_files_settings_and_measured_prefixes(tmp_path, home):
+    from mlactl.model.config import from_name
+
+    cfg = from_name("teaching").with_tp(8)
+    rows = [
+        {"batch": 1, "new": n, "prefix": p, "path": path, "median_s": 1e-4 * n + 1e-5}
+        for p in (256, 1024)
+        for n in (1, 8, 64)
+        for path in ("expand", "absorb")
+    ]
+    crossovers = [{"batch": 1, "prefix": p, "measured": 64, "measured_status": "found"} for p in (256, 1024)]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_results_file(model=cfg.to_dict(), paths=rows, crossovers=crossovers)))
+    data = tmp_path / "drawn.json"
+    out = runner.invoke(
+        app, ["plot", "crossover", "--results", str(path), "-o", str(tmp_path / "c.png"), "--data", str(data)]
+    )
+    assert out.exit_code == 0, out.output
+    assert "settings from" in out.stdout and "model teaching, tp 8, dtype fp32, kv fp32" in out.stdout
+    drawn = json.loads(data.read_text())
+    # the panels are the prefixes measured (not the default 0,4K,32K), for the file's model and dtypes
+    assert [panel["prefix"] for panel in drawn["panels"]] == [256, 1024]
+    assert "teaching, tp 8" in drawn["title"] and "fp32 compute" in drawn["title"]
+    assert "cpu has no hardware profile" in drawn["title"]  # and against whose roofline
+
+
+def test_calibration_name_brings_its_hardware_everywhere(tmp_path, home):
+    name = _calibration(home)
+    for args in (
+        ["analyze", "-f", "json"],
+        ["crossover", "-f", "json"],
+        ["engines", "--new", "1,64", "--prefix", "0,4K", "-f", "json"],
+    ):
+        out = runner.invoke(app, [*args, "--calibration", name])
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)["hardware"]["name"] == "h200", args
+    chart = runner.invoke(app, ["plot", "pathmap", "--calibration", name, "-o", str(tmp_path / "p.png")])
+    assert chart.exit_code == 0, chart.output
+
+
+def test_calibrated_charts_name_the_calibration(home):
+    from mlactl.decide import analysis
+    from mlactl.decide.calibration import store as cal_store
+    from mlactl.model import config as model
+    from mlactl.model import hardware
+    from mlactl.output import plot
+
+    cal = cal_store.resolve(_calibration(home))
+    args = (model.from_name("deepseek-v3"), hardware.from_name("h200"), [1] * 4, [1, 64, 512, 4096], [4096] * 4)
+    roof, calibrated = analysis.analyze(*args), analysis.analyze(*args, calibration=cal)
+    for _, drawn in (plot.crossover(roof, calibrated=calibrated), plot.roofline(roof, calibrated=calibrated)):
+        assert "calibrated times" in drawn["title"] and "fit-h200" in drawn["title"]
+        assert "analytic only" not in drawn["title"]
+    grid = analysis.analyze(*args[:2], [1] * 4, [1, 64, 1, 64], [0, 0, 64, 64], calibration=cal)
+    assert "calibrated times: fit-h200" in plot.pathmap(grid)[1]["title"]
+
+
+def test_legends_sit_outside_the_axes_and_no_label_sits_on_a_curve(home):
+    from mlactl.decide import analysis
+    from mlactl.model import config as model
+    from mlactl.model import hardware
+    from mlactl.output import plot
+
+    cfg, hw = model.from_name("deepseek-v3"), hardware.from_name("h800")
+    grid = analysis.analyze(cfg, hw, [1] * 6, [1, 64, 512] * 2, [0] * 3 + [4096] * 3)
+    fig, drawn = plot.crossover(grid)
+    assert all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
+    # the crossover values are in each panel's title, not written over the curves
+    assert all(not ax.texts for ax in fig.axes)
+    assert "crossover (new tokens): predicted" in fig.axes[1].get_title()
+    fig, _ = plot.roofline(analysis.analyze(cfg, hw, [1], [1], [4096]))
+    assert fig.axes[0].get_legend() is None and len(fig.legends) == 1
+
+
+def test_the_path_map_has_no_blank_band_above_prefix_zero(home):
+    from matplotlib.collections import QuadMesh
+
+    from mlactl.decide import analysis
+    from mlactl.model import config as model
+    from mlactl.model import hardware
+    from mlactl.output import plot
+
+    news, prefixes = [1, 16, 256], [0, 64, 256, 1024]
+    grid = analysis.analyze(
+        model.from_name("deepseek-v3"),
+        hardware.from_name("h800"),
+        [1] * 12,
+        [n for _ in prefixes for n in news],
+        [p for p in prefixes for _ in news],
+    )
+    fig, _ = plot.pathmap(grid)
+    meshes = [c for c in fig.axes[0].collections if isinstance(c, QuadMesh)]
+    (zero, rows) = sorted(meshes, key=lambda m: m.get_coordinates()[0, 0, 1])
+    zero_top = zero.get_coordinates()[-1, 0, 1]
+    rows_bottom = rows.get_coordinates()[0, 0, 1]
+    assert zero_top == pytest.approx(rows_bottom)  # prefix 0's row touches 64's: no band between
+
+
+# -- tune's tables on stdout --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_tune_prints_its_tables_on_stdout(tmp_path, home):
+    from conftest import SMALL
+
+    model = tmp_path / "small.json"
+    model.write_text(json.dumps(SMALL))
+    args = ["tune", "paths", "--backend", "torch", "--model", str(model), "--prefix", "0", "--new", "1,8"]
+    out = runner.invoke(app, [*args, "--quick", "--results-file", str(tmp_path / "r.json")])
+    assert out.exit_code == 0, out.output
+    assert "Paths: measured crossover" in out.stdout and "results: " in out.stdout
+    assert "Paths: measured crossover" not in out.stderr
+
+
+# -- help that tells the truth, and messages ------------------------------------------------------------
+
+
+def test_calibrate_help_offers_what_it_has():
+    out = runner.invoke(app, ["calibrate", "--help"], env={"COLUMNS": "200"})
+    text = plain(out.stdout)
+    assert "--framework-version" in text and "table or json" in text
+    assert "csv" not in text.split("--format")[1].split("\n")[0]  # its --format line offers no csv
+    assert "--output" not in text
+    assert "Example:" in text
+    # --version is mlactl's (on the root command); calibrate's old --version VERSION points to the new name
+    assert runner.invoke(app, ["--version"]).stdout.startswith("mlactl ")
+    old = runner.invoke(app, ["calibrate", "--version", "0.5.14"])
+    assert old.exit_code == 2 and "--framework-version" in old.stderr
+
+
+def test_calibrate_names_the_one_missing_option():
+    out = runner.invoke(app, ["calibrate", "--from", "aiconfigurator", "--system", "h200"])
+    assert out.exit_code == 2
+    assert "needs --framework (e.g. sglang)" in out.stderr and "--system" not in out.stderr.split("needs")[1]
+
+
+def test_no_crossover_reads_as_a_sentence(tmp_path):
+    config = {
+        "hidden_size": 7168,
+        "num_attention_heads": 128,
+        "kv_lora_rank": 32,  # a latent this small: absorb is cheaper per pair, expand never wins
+        "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "num_hidden_layers": 1,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = runner.invoke(app, ["analyze", "--model", str(path), "--new", "1", "--prefix", "0"])
+    assert out.exit_code == 0, out.output
+    assert "none new tokens" not in out.stdout
+    assert "Crossover (asymptotic, by FLOPs): none (expand never takes fewer FLOPs)" in out.stdout
+
+
+def test_the_calibrate_table_fits_100_columns_without_folding_a_name():
+    from mlactl.decide.calibration.fit import FitResult
+    from mlactl.output.calibrate_tables import fits_table, terms_lines
+
+    errors = {"median": 0.045, "p90": 0.145}
+    fits = [
+        FitResult(op, f"sglang-0.5.14:{kernel}:{phase}", dtype, terms, {}, 1448, errors, errors)
+        for op, kernel, phase, dtype, terms in (
+            ("absorb_attention", "flash_attention", "decode", "bf16", ("fixed", "split", "kvpad", "serial")),
+            ("absorb_attention", "flash_attention", "prefill", "bf16", ("fixed", "pad", "waves", "fa3split")),
+            ("kv_expand", "sglang_deepgemm_gemm_nt_f8f8bf16", "prefill", "fp8_block", ("fixed",)),  # the longest
+        )
+    ]
+    text = render(fits_table("h200-aiconfigurator-sglang-0.5.14", "h200", fits, 100), 100)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    body = [line for line in lines if "│" in line]
+    assert len(body) == 3  # one line a fit: nothing folded onto a second
+    for name in ("absorb_attention", "kv_expand", "flash_attention", "sglang_deepgemm_gemm_nt_f8f8bf16", "fp8_block"):
+        assert name in text
+    # piped (no width): every column, within rich's 132, still one line a fit
+    piped = render(fits_table("h200-aiconfigurator-sglang-0.5.14", "h200", fits, None), 132)
+    assert "held-out" in piped and "in-sample" in piped and "median and p90" in piped
+    assert len([line for line in piped.splitlines() if "│" in line]) == 3
+    assert terms_lines(fits)[0] == (
+        "terms kept: absorb_attention (flash_attention, decode, bf16): fixed + split + kvpad + serial"
+    )

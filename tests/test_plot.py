@@ -393,7 +393,9 @@ def test_cli_charts(tmp_path, results_file, chart, fmt, extra, measured):
         args += ["--results", results_file, "--results", results_file]  # several files are fine
     result = run(*args)
     assert result.exit_code == 0, result.output
-    assert result.output == f"Wrote {out}\n"
+    # with --results, first the line naming where the model, tp and dtypes came from (issue 24)
+    note = f"settings from {results_file} (measured on cpu): model deepseek-v3, tp 1, dtype bf16, kv bf16\n"
+    assert result.output == (note if measured else "") + f"Wrote {out}\n"
     assert MAGIC[fmt] in out.read_bytes()[:400]
 
 
@@ -429,24 +431,31 @@ def write_results(tmp_path, name, **overrides):
             ["roofline", "-r", "{tmp}/missing.json", "-o", "{tmp}/x.png"], "cannot read results", id="missing"
         ),
         pytest.param(["roofline", "-r", "{tmp}/corrupt.json", "-o", "{tmp}/x.png"], "not valid JSON", id="corrupt"),
+        # the first file's settings are taken (as analyze --results takes them); a typed flag
+        # that contradicts them, or a second file measured otherwise, is an error (issue 24)
         pytest.param(
-            ["roofline", "-r", "{kimi}", "-o", "{tmp}/x.png"],
-            "was measured for model 'kimi-k2', not 'deepseek-v3'",
+            ["roofline", "--model", "deepseek-v3", "-r", "{kimi}", "-o", "{tmp}/x.png"],
+            "measured with other settings: --model deepseek-v3 (the file has kimi-k2)",
             id="other-model",
         ),
         pytest.param(
+            ["roofline", "-r", "{cpu}", "-r", "{kimi}", "-o", "{tmp}/x.png"],
+            "was measured for model 'kimi-k2', not 'deepseek-v3'",
+            id="second-file-other-model",
+        ),
+        pytest.param(
             ["pathmap", "--hardware", "h200", "-r", "{h100}", "-o", "{tmp}/x.png"],
-            "was measured on NVIDIA H100 (h100-sxm), not h200",
+            "--hardware h200 (the file has h100-sxm)",
             id="other-device",
         ),
         pytest.param(
             ["crossover", "--kv-dtype", "fp8", "-r", "{cpu}", "-o", "{tmp}/x.png"],
-            "measured with kv_dtype bf16, not fp8 (pass --kv-dtype bf16",
+            "--kv-dtype fp8 (the file has bf16)",
             id="other-kv-dtype",
         ),
         pytest.param(
             ["crossover", "--tp", "8", "-r", "{cpu}", "-o", "{tmp}/x.png"],
-            "measured with 128 heads per GPU, not 16",
+            "--tp 8 (the file has 1)",
             id="other-tp",
         ),
         pytest.param(

@@ -182,7 +182,7 @@ def good_file(path: Path, rows: int = 48, **extra) -> Path:
 
 def test_backups_never_overwrite_one_another(tmp_path, monkeypatch):
     out = good_file(tmp_path / "r.json", rows=3)
-    monkeypatch.setattr(store_mod.time, "strftime", lambda fmt, *a: "20261130-120000")  # one second
+    monkeypatch.setattr(io.time, "strftime", lambda fmt, *a: "20261130-120000")  # one second
     taken = tmp_path / "r.20261130-120000.json"
     taken.write_text("a backup from before")
     first = store_mod.ResultsStore(out, header(), force=True)
@@ -479,8 +479,8 @@ def test_requests_csv_rows_are_counted_as_they_stream(tmp_path, monkeypatch):
 def test_plot_resolution_and_points_are_checked(tmp_path):
     out = tmp_path / "x.png"
     one_error(cli("plot", "roofline", "--dpi", "100000", "-o", out), "PNG is at most 65,535 a side")
-    # 10 x 6.5 inches at 2,000 dpi: 260 megapixels at 12 bytes, 2.9 GiB
-    one_error(cli("plot", "roofline", "--dpi", "2000", "-o", out, MLACTL_MAX_MEMORY="1G"), "260-megapixel", "--dpi")
+    # 10 x 7.5 inches (the legend below the axes) at 2,000 dpi: 300 megapixels at 12 bytes, 3.4 GiB
+    one_error(cli("plot", "roofline", "--dpi", "2000", "-o", out, MLACTL_MAX_MEMORY="1G"), "300-megapixel", "--dpi")
     # 200,000 points at 4,000 bytes: 763 MiB
     one_error(
         cli("plot", "crossover", "--new", "1:200000", "--prefix", "0", "-o", out, MLACTL_MAX_MEMORY="512M"),
@@ -493,8 +493,9 @@ def test_plot_resolution_and_points_are_checked(tmp_path):
 def test_model_from_an_endless_device(tmp_path):
     zero = tmp_path / "zero"
     os.mknod(zero, stat.S_IFCHR | 0o444, os.makedev(1, 5))  # /dev/zero's numbers
-    one_error(cli("analyze", "--model", zero), f"cannot read model config {zero}: larger than 16 MiB")
-    one_error(cli("batch", zero), "longer than 4096 characters")
+    # the one reader refuses anything but a regular file before reading a byte (issue 24)
+    one_error(cli("analyze", "--model", zero), f"cannot read model config {zero}: it is a character device")
+    one_error(cli("batch", zero), f"cannot read requests {zero}: it is a character device, not a regular file")
 
 
 def test_deeply_nested_json(tmp_path):
@@ -615,3 +616,339 @@ def test_dpi_too_small_for_the_labels_is_one_error_line(tmp_path):
     assert out.exit_code == 2, out.output
     assert "--dpi 1 is too small: at least 20" in out.output
     assert not (tmp_path / "r.png").exists()
+
+
+# == issue 24: each boundary guarded once =================================================================
+
+
+def _calibration(name="b-h200", hardware_name="h200", ceilings=None) -> dict:
+    fits = [
+        {"op": op, "source": "t", "dtype": "bf16", "terms": ["fixed"], "params": {"t_fixed_s": 1e-6, "eta_c": 0.5}}
+        | {"n": 10}
+        for op in ("kv_expand", "expand_attention", "lse_merge", "q_absorb", "absorb_attention", "out_absorb")
+    ]
+    for f in fits:
+        f["params"]["eta_m"] = 0.8
+    data = {"schema": "mlactl.calibration", "schema_version": 1, "name": name, "hardware": hardware_name, "fits": fits}
+    if ceilings is not None:
+        data["ceilings"] = ceilings
+    return data
+
+
+def test_a_link_in_the_calibrations_folder_is_not_followed(home, tmp_path):
+    from mlactl.decide.calibration import store as cal_store
+
+    folder = home / "calibrations"
+    folder.mkdir(parents=True)
+    outside = tmp_path / "outside.json"
+    outside.write_text("precious")
+    (folder / "b-h200.json").symlink_to(outside)
+    with pytest.raises(MlactlError, match="symbolic link"):
+        cal_store.save(_calibration())
+    assert outside.read_text() == "precious"
+    (folder / "b-h200.json").unlink()
+    (folder / "sub").symlink_to(tmp_path)  # a folder link: the name leads nowhere else, only files
+    path, kept = cal_store.save(_calibration())
+    assert path == folder / "b-h200.json" and kept is None and not path.is_symlink()
+
+
+def test_a_calibration_of_the_same_name_is_kept_aside(home, monkeypatch):
+    from mlactl.decide.calibration import store as cal_store
+
+    monkeypatch.setattr(io.time, "strftime", lambda fmt, *a: "20261201-120000")
+    first, kept = cal_store.save(_calibration())
+    assert kept is None
+    second_data = _calibration()
+    second_data["fits"][0]["params"]["t_fixed_s"] = 2e-6
+    second, kept = cal_store.save(second_data)
+    assert second == first and kept == first.with_name("b-h200.20261201-120000.json")
+    assert json.loads(kept.read_text())["fits"][0]["params"]["t_fixed_s"] == 1e-6  # the first, kept
+    assert json.loads(second.read_text())["fits"][0]["params"]["t_fixed_s"] == 2e-6
+    third, kept = cal_store.save(_calibration())
+    assert kept == first.with_name("b-h200.20261201-120000.1.json")  # never over the earlier backup
+    assert sorted(p.name for p in first.parent.iterdir()) == [
+        "b-h200.20261201-120000.1.json",
+        "b-h200.20261201-120000.json",
+        "b-h200.json",
+    ]  # no lock or temporary file left
+
+
+def _save_one(home: str, t_fixed: float, queue) -> None:
+    os.environ["MLACTL_HOME"] = home
+    from mlactl.decide.calibration import store as cal_store
+
+    data = _calibration()
+    data["fits"][0]["params"]["t_fixed_s"] = t_fixed
+    path, kept = cal_store.save(data)
+    queue.put(("replaced" if kept else "written", t_fixed))
+
+
+def test_concurrent_calibrations_never_both_say_written(home):
+    """The issue's case: two runs of the same name at once both said "written" and one was lost."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_save_one, args=(str(home), t, queue)) for t in (1e-6, 2e-6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    said = sorted(queue.get(timeout=5) for _ in procs)
+    assert [s for s, _ in said].count("written") == 1 and [s for s, _ in said].count("replaced") == 1
+    files = sorted((home / "calibrations").glob("*.json"))
+    kept = {json.loads(f.read_text())["fits"][0]["params"]["t_fixed_s"] for f in files}
+    assert len(files) == 2 and kept == {1e-6, 2e-6}  # both fits on disk: nothing lost
+
+
+def test_calibrate_says_replaced_and_where_the_earlier_one_is(home, tmp_path):
+    csv = tmp_path / "c.csv"
+    rows = [f"absorb_attention,{b},1,{p},{1e-5 + b * p * 1e-12},128" for b in (1, 8, 64) for p in (1024, 8192, 65536)]
+    csv.write_text("op,batch,new,prefix,time_s,heads\n" + "\n".join(rows) + "\n")
+    args = ["calibrate", "--from", "csv", csv, "--hardware", "h200", "--name", "same"]
+    first = cli(*args)
+    assert first.exit_code == 0, first.output
+    said = [line.split(":")[0] for line in first.stdout.splitlines()]
+    assert "written" in said and "replaced" not in said
+    second = cli(*args, "-f", "json")
+    assert second.exit_code == 0, second.output
+    replaced = json.loads(second.stdout)["calibration"]["replaced"]
+    assert replaced and Path(replaced).exists() and Path(replaced).parent == home / "calibrations"
+
+
+def test_a_calibration_fitted_against_other_ceilings_is_refused(home):
+    """A calibration records the ceilings its efficiencies divide: a profile edited since (2.4
+    TB/s where the fit saw 4.8) would silently halve every memory-bound time."""
+    from mlactl.decide.calibration import store as cal_store
+
+    ceilings = {"peak_flops": 989e12, "bandwidth_bytes_per_s": 4.8e12, "sm_count": 132, "dtype": "bf16"}
+    cal_store.save(_calibration(ceilings=ceilings))
+    ok = cli("analyze", "--calibration", "b-h200", "-f", "json")
+    assert ok.exit_code == 0, ok.output
+    (home / "hardware").mkdir(parents=True)
+    (home / "hardware" / "h200.toml").write_text(
+        'name = "h200"\nmemory_gb = 141\nbandwidth_tbs = 2.4\n[peak_tflops]\nbf16 = 989\n'
+    )
+    one_error(cli("analyze", "--calibration", "b-h200"), "fitted against 4.8 TB/s (the profile now says 2.4)")
+
+
+def test_the_calibration_brings_its_hardware(home):
+    from mlactl.decide.calibration import store as cal_store
+
+    cal_store.save(_calibration())  # fitted on h200; the default --hardware is h800
+    out = cli("analyze", "--calibration", "b-h200", "-f", "json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["hardware"]["name"] == "h200"
+    table = cli("analyze", "--calibration", "b-h200", "--new", "1", "--prefix", "0")
+    assert "hardware h200: the profile calibration b-h200 was fitted on" in table.stdout
+    one_error(cli("analyze", "--calibration", "b-h200", "--hardware", "h800"), "made for hardware 'h200', not 'h800'")
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        pytest.param({"eta_c": 1e-300}, "params.eta_c must be a finite number >= 0.0001", id="eta-1e-300"),
+        pytest.param({"eta_m": 1.3}, "params.eta_m must be a finite number >= 0.0001 and <= 1.2", id="eta-1.3"),
+        pytest.param({"t_fixed_s": 1e308}, "params.t_fixed_s must be a finite number >= 0 and <= 1", id="1e308-s"),
+        pytest.param({"eta_c": [0.5]}, "params.eta_c must be a finite number", id="list-for-number"),
+    ],
+)
+def test_calibration_fields_have_physical_ranges(home, tmp_path, params, message):
+    bad = _calibration()
+    bad["fits"][1]["params"].update(params)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    one_error(cli("analyze", "--calibration", path), f"fits[1].{message}")
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        pytest.param("ceilings", [1, 2], "ceilings must be an object", id="list-for-object"),
+        pytest.param("source", "x", "source must be an object", id="string-for-object"),
+        pytest.param("fits", {"op": "x"}, "'fits' must be a non-empty list", id="object-for-list"),
+        pytest.param("name", "", "name must be a non-empty string", id="empty-name"),
+    ],
+)
+def test_calibration_schema_checks_every_field(home, tmp_path, field, value, message):
+    bad = dict(_calibration(), **{field: value})
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    one_error(cli("analyze", "--calibration", path), message)
+
+
+def test_an_fp8_fit_may_reach_twice_the_bf16_ceiling():
+    from mlactl.decide.calibration import store as cal_store
+
+    assert cal_store.eta_limit("bf16") == 1.2 and cal_store.eta_limit("fp8_block") == 2.4
+    assert cal_store.eta_limit("nvfp4") == 4.8
+    data = _calibration()
+    data["fits"][0].update(dtype="fp8", params={"t_fixed_s": 1e-6, "eta_c": 2.0, "eta_m": 0.9})
+    cal_store.validate(data, "fp8")  # fine for fp8; the same on bf16 is refused
+    data["fits"][0]["dtype"] = "bf16"
+    with pytest.raises(MlactlError, match="<= 1.2"):
+        cal_store.validate(data, "bf16")
+
+
+@needs_root
+def test_a_device_or_directory_as_calibration_says_what_it_is(tmp_path):
+    one_error(cli("analyze", "--calibration", f"{tmp_path}/"), "it is a directory, not a regular file")
+    null = tmp_path / "null.json"
+    os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    one_error(cli("analyze", "--calibration", null), "it is a character device, not a regular file")
+
+
+def test_a_fifo_as_any_input_is_refused_at_once(tmp_path):
+    fifo = tmp_path / "f.json"
+    os.mkfifo(fifo)
+    for args in (["analyze", "--model", fifo], ["analyze", "--hardware", fifo], ["batch", fifo], ["engines", fifo]):
+        one_error(cli(*args), "it is a FIFO (named pipe), not a regular file")
+
+
+def test_a_fifo_in_the_hardware_folder_is_skipped(home):
+    (home / "hardware").mkdir(parents=True)
+    os.mkfifo(home / "hardware" / "x.toml")
+    out = cli("list")
+    assert out.exit_code == 0
+    assert (
+        f"Warning: skipped {home / 'hardware' / 'x.toml'}: it is a FIFO (named pipe), not a regular file" in out.output
+    )
+
+
+@pytest.mark.parametrize(
+    "args, source",
+    [
+        pytest.param(
+            ["analyze", "--policy", "measured", "--results", "r.json", "-o", "./r.json"], "r.json", id="analyze"
+        ),
+        pytest.param(["batch", "r.csv", "-o", "r.csv"], "r.csv", id="batch"),
+        pytest.param(["engines", "r.csv", "-f", "csv", "-o", "r.csv"], "r.csv", id="engines"),
+        pytest.param(
+            ["plot", "roofline", "--results", "r.json", "--data", "r.json", "-o", "x.png"], "r.json", id="plot"
+        ),
+    ],
+)
+def test_an_output_that_is_an_input_is_refused(tmp_path, monkeypatch, args, source):
+    monkeypatch.chdir(tmp_path)
+    v3 = {"name": "deepseek-v3", "hidden": 7168, "H": 128, "q_lora_rank": 1536, "r": 512, "dC": 128, "dR": 64}
+    measured = header(model=v3 | {"dV": 128, "layers": 61, "tp": 1}, kv_dtype="bf16", dtype="bf16")
+    measured["crossovers"] = [{"batch": 1, "prefix": 4096, "measured": 180}]
+    (tmp_path / "r.json").write_text(json.dumps(measured))
+    (tmp_path / "r.csv").write_text("new,prefix\n1,4096\n")
+    before = (tmp_path / source).read_bytes()
+    one_error(cli(*args), "it is an input of this command")
+    assert (tmp_path / source).read_bytes() == before
+    assert not (tmp_path / "x.png").exists()  # refused before drawing
+
+
+def test_a_255_byte_output_name_is_written(tmp_path):
+    name = "é" * 125 + "a.txt"  # 250 + 5 bytes of UTF-8: the longest name ext4 allows
+    assert len(name.encode()) == 255
+    out = cli("analyze", "--new", "1", "--prefix", "0", "-o", tmp_path / name)
+    assert out.exit_code == 0, out.output
+    assert os.listdir(tmp_path) == [name]
+    with io.locked(tmp_path / name):  # its lock file's name fits too
+        pass
+
+
+def test_names_with_markup_and_escapes_print_as_text(tmp_path):
+    config = {
+        "_name_or_path": "[/] [link=http://x]y[/link] $a^2$ :fire: \x1b[31mred",
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "kv_lora_rank": 256,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 32,
+        "v_head_dim": 64,
+        "num_hidden_layers": 4,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = cli("analyze", "--model", path, "--new", "1", "--prefix", "0", "-o", tmp_path / "report.txt")
+    assert out.exit_code == 0, out.output
+    report = (tmp_path / "report.txt").read_text()
+    assert "[/] [link=http://x]y[/link] $a^2$ :fire: \\x1b[31mred:" in report and "\x1b" not in report
+    chart = cli("plot", "crossover", "--model", path, "--new", "1:64:*4", "-o", tmp_path / "x.svg")
+    assert chart.exit_code == 0, chart.output
+    assert "$a^2$" in (tmp_path / "x.svg").read_text()  # drawn as written, not as mathtext
+
+
+def test_numbers_from_the_environment_are_ascii(monkeypatch):
+    from mlactl.util import limits
+
+    for bad in ("٣G", "infG", "nan", "1e999"):
+        monkeypatch.setenv("MLACTL_MAX_MEMORY", bad)
+        with pytest.raises(MlactlError, match="MLACTL_MAX_MEMORY"):
+            limits.memory_budget()
+
+
+# -- unbounded work: the crossover search is bounded in memory and evaluations --------------------------------
+
+
+def _plain_search(times, prefixes, batch, path, max_new):
+    """The definition, by brute force: the first n in 1..max_new where `path` is faster."""
+    import numpy as np
+
+    n = np.arange(1, max_new + 1, dtype=np.float64)
+    out = []
+    for p in prefixes:
+        t = times(batch, n, np.full_like(n, p), (path, "absorb"))
+        wins = np.flatnonzero(t[path].time_s < t["absorb"].time_s)
+        out.append(int(wins[0]) + 1 if len(wins) else None)
+    return out
+
+
+@pytest.mark.parametrize("calibrated", [False, True], ids=["roofline", "calibrated"])
+@pytest.mark.parametrize("path", ["expand", "expand_chunked"])
+def test_the_bounded_crossover_search_finds_what_a_plain_scan_finds(calibrated, path):
+    """Beyond 1024 new tokens the search rules out whole intervals by a bound; it must land on
+    the same first win as evaluating every count (a second, plain implementation)."""
+    from mlactl.decide.calibration import store as cal_store
+    from mlactl.decide.calibration.time import path_times
+    from mlactl.model import config, roofline
+    from mlactl.model.cost import CostModel
+
+    hw = hardware.from_name("h200")
+    cal = None
+    if calibrated:  # slow expansion, several terms: crossovers far out, past the exhaustive range
+        data = _calibration()
+        for f in data["fits"]:
+            f["terms"] = ["fixed", "pad", "waves", "serial", "kvpad"]
+            f["params"] = {"t_fixed_s": 4e-6, "eta_c": 0.05 if f["op"] == "kv_expand" else 0.6}
+            f["params"] |= {"eta_m": 0.7, "t_iter_s": 2e-7}
+        cal = cal_store.validate(data, "test")
+    for name, tp in (("deepseek-v3", 1), ("kimi-k2", 8)):
+        cost = CostModel(config.from_name(name).with_tp(tp))
+
+        def times(b, n, p, paths, cost=cost):
+            return path_times(cost, hw, cal, b, n, p, paths=paths)
+
+        prefixes = [0, 300, 4096, 50_000, 250_000]
+        for batch in (1, 16):
+            got = roofline.crossover_by_time(cost, hw, prefixes, batch=batch, path=path, max_new=40_000, times=times)
+            assert got == _plain_search(times, prefixes, batch, path, 40_000), (name, batch)
+
+
+def test_the_crossover_search_is_bounded_whatever_max_new():
+    """The issue's case: a model where expand never wins, searched to 16M (and to 2^31 - 1)
+    new tokens, grew past 8 GB. Counted, not timed: the points evaluated stay in the thousands,
+    and no single evaluation is larger than a block."""
+    from mlactl.model import roofline
+    from mlactl.model.config import MLAConfig
+    from mlactl.model.cost import CostModel
+
+    never = MLAConfig("never", 7168, 128, 1536, 32, 128, 64, 128, 1)  # r = 32: absorb wins every pair
+    cost = CostModel(never)
+    hw = hardware.from_name("h800")
+    sizes = []
+
+    def times(batch, n, p, paths):
+        import numpy as np
+
+        sizes.append(int(np.broadcast(np.asarray(n), np.asarray(p)).size))
+        return roofline.path_times(cost, hw, paths, batch, n, p)
+
+    prefixes = [0, 1024, 4096, 8192, 16384, 32768, 65536, 131072]
+    for max_new in (1 << 24, (1 << 31) - 1):
+        sizes.clear()
+        assert roofline.crossover_by_time(cost, hw, prefixes, max_new=max_new, times=times) == [None] * 8
+        assert max(sizes) <= roofline.BLOCK and sum(sizes) < 20_000, (max_new, sum(sizes))

@@ -708,12 +708,13 @@ def test_kv_pool_is_what_the_weights_leave():
 def test_the_report_never_replaces_the_trace(tmp_path):
     trace = mooncake(tmp_path / "t.json", [(0, 100, 2, [])])
     before = (tmp_path / "t.json").read_bytes()
+    # the one writer's refusal (mlactl.util.io): the trace was read, so -o may not replace it
     line = run("replay", trace, "-o", trace, ok=False).output.strip()
-    assert line.startswith("Error: --output") and "is the trace being read" in line
+    assert line.startswith("Error: cannot write --output") and "it is an input of this command" in line
     assert (tmp_path / "t.json").read_bytes() == before
     run("replay", trace, "-o", tmp_path / "r.json")
     line = run("plot", "replay", tmp_path / "r.json", "--data", tmp_path / "r.json", ok=False).output.strip()
-    assert "is the report being read" in line
+    assert "it is an input of this command" in line
 
 
 def test_a_trace_too_big_for_the_memory_budget_is_refused(tmp_path, monkeypatch):
@@ -727,8 +728,9 @@ def test_a_trace_too_big_for_the_memory_budget_is_refused(tmp_path, monkeypatch)
     "args, message",
     [
         pytest.param(["--mem-fraction", "1.5"], "--mem-fraction must be a number above 0 and at most 1", id="mem"),
-        pytest.param(["--mem-fraction", "nan"], "--mem-fraction must be a number", id="mem-nan"),
-        pytest.param(["--step-overhead-ms", "-1"], "--step-overhead-ms must be a number of at least 0", id="overhead"),
+        # the one number parser (mlactl.util.numbers): ASCII decimal only, each value in its range
+        pytest.param(["--mem-fraction", "nan"], "--mem-fraction: 'nan' is not a number", id="mem-nan"),
+        pytest.param(["--step-overhead-ms", "-1"], "--step-overhead-ms must be a number from 0 to", id="overhead"),
         pytest.param(["--max-running", "0"], "--max-running", id="running"),
         pytest.param(["--engines", "tgi"], "unknown engine 'tgi'", id="engine"),
         pytest.param(["--engines", "sglang@0.4.0"], "no rule set for sglang@0.4.0; sglang versions:", id="version"),

@@ -12,15 +12,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Annotated
 
 import typer
 import typer.core
 import typer.main
 
-from mlactl import __version__
 from mlactl.cli.errors import run_root
 from mlactl.cli.helptext import polish
+from mlactl.cli.options import VersionOpt
 
 
 class LazyGroup(typer.core.TyperGroup):
@@ -70,18 +69,8 @@ app = typer.Typer(
 )
 
 
-def version_callback(value: bool):
-    if value:
-        typer.echo(f"mlactl {__version__}")
-        raise typer.Exit()
-
-
 @app.callback()
-def main_options(
-    version: Annotated[
-        bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Print the version and exit.")
-    ] = False,
-):
+def main_options(version: VersionOpt = False):
     """Expand or absorb? Exact cost model, Triton kernels and autotuner for MLA attention."""
 
 

@@ -8,44 +8,36 @@ from typing import Annotated, Optional
 import typer
 
 from mlactl.cli.common import (
-    DTYPES,
     calibration_json,
     calibration_line,
     choice,
     cli_errors,
     emit,
-    load_calibration,
-    load_hardware,
     load_model,
-    measured_results,
     one_int,
     output_format,
+    resolve,
     table_width,
 )
 from mlactl.cli.options import (
+    MACHINE,
+    OUTPUT,
     BatchOpt,
-    CalibrationOpt,
-    ChunkOpt,
     ContextOpt,
-    DtypeOpt,
     EngineOptionOpt,
     EnginesOpt,
-    FormatOpt,
-    HardwareOpt,
-    KvDtypeOpt,
     LayersOpt,
-    MeasuredOpt,
-    ModelOpt,
     NewOpt,
-    OutputOpt,
-    TpOpt,
+    Opts,
+    shared,
 )
 from mlactl.decide import analysis
 from mlactl.decide.engines import context_for, is_engine, parse_engines
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output import render
 from mlactl.output.report import to_json, write_analysis_csv
-from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES, POLICIES
+from mlactl.util import progress, safe
+from mlactl.util.defaults import POLICIES
 from mlactl.util.errors import MlactlError
 from mlactl.util.limits import check_points
 
@@ -54,12 +46,9 @@ analyze_app = typer.Typer(add_completion=False)
 
 @analyze_app.command(name="analyze")
 @cli_errors
+@shared(*MACHINE, end=OUTPUT)
 def analyze(
-    ctx: typer.Context,
-    model: ModelOpt = "deepseek-v3",
-    hardware: HardwareOpt = "h800",
-    measured: MeasuredOpt = False,
-    tp: TpOpt = "1",
+    opts: Opts,
     batch: BatchOpt = "1",
     new: NewOpt = "1,64,128,256,1024,4096",
     prefix: Annotated[
@@ -71,9 +60,6 @@ def analyze(
         ),
     ] = None,
     context: ContextOpt = None,
-    kv_dtype: KvDtypeOpt = "bf16",
-    dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     layers: LayersOpt = "1",
     engines: EnginesOpt = None,
     engine_option: EngineOptionOpt = None,
@@ -97,9 +83,6 @@ def analyze(
             "hardware are used (default: the newest for this model).",
         ),
     ] = None,
-    calibration: CalibrationOpt = None,
-    fmt: FormatOpt = None,
-    output: OutputOpt = None,
 ):
     """FLOPs, bytes, intensity and roofline time of each path, op by op; the best path; the crossover.
 
@@ -115,23 +98,18 @@ def analyze(
     (with --calibration NAME: calibrated time, see `mlactl calibrate`)
     """
 
-    fmt = output_format(fmt, output)
+    fmt = output_format(opts.fmt, opts.output)
     if policy is not None and not is_engine(policy):
         choice(policy, "--policy", POLICIES)
-    results_data, settings_notes = None, []
-    if policy == "measured" and results is None and load_model(model, tp).is_dsa:
+    if policy == "measured" and results is None and load_model(opts.model, opts.tp).is_dsa:
         raise MlactlError(
-            f"--policy measured: {model} is a DSA model and `mlactl tune paths` measures MLA paths only; "
+            f"--policy measured: {opts.model} is a DSA model and `mlactl tune paths` measures MLA paths only; "
             "use roofline, flops or an engine"
         )
-    if policy == "measured":
-        results_data, settings, settings_notes = measured_results(ctx, results, model, tp, dtype, kv_dtype, hardware)
-        model, tp, dtype, kv_dtype, hardware = (settings[k] for k in ("model", "tp", "dtype", "kv_dtype", "hardware"))
-    elif results is not None:
+    if results is not None and policy != "measured":
         raise MlactlError("--results goes with --policy measured")
-    cfg = load_model(model, tp)
-    hw = load_hardware(hardware, measured)
-    cal = load_calibration(calibration, hw)
+    setup = resolve(opts, [results] if results is not None else (), find_results=policy == "measured")
+    cfg, cal = setup.cfg, setup.calibration
     if prefix is not None and context is not None:
         raise MlactlError("give either --prefix or --context, not both")
     b, n, p = grid(
@@ -141,36 +119,37 @@ def analyze(
         context=parse_sizes(context, "--context") if context is not None else None,
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
-    kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
-    engine_params = parse_engines(engines, engine_option, context_for(cfg, hw, kv))
+    engine_params = parse_engines(engines, engine_option, context_for(cfg, setup.hw, setup.kv_dtype))
     check_points(len(b), fmt)
-    result = analysis.analyze(
-        cfg,
-        hw,
-        b,
-        n,
-        p,
-        kv_dtype=kv,
-        dtype=choice(dtype, "--dtype", DTYPES),
-        chunk=one_int(chunk, "--chunk"),
-        layers=n_layers,
-        engines=engine_params,
-        policy=policy,
-        results_data=results_data,
-        calibration=cal,
-    )
-    width, terminal = table_width(output)
+    results_data = setup.results[0] if setup.results else None
+    with progress.task(f"analysing {len(b):,} points"):
+        result = analysis.analyze(
+            cfg,
+            setup.hw,
+            b,
+            n,
+            p,
+            kv_dtype=setup.kv_dtype,
+            dtype=setup.dtype,
+            chunk=setup.chunk,
+            layers=n_layers,
+            engines=engine_params,
+            policy=policy,
+            results_data=results_data,
+            calibration=cal,
+        )
+    width, terminal = table_width(opts.output)
     tables = [
         render.header(result),
         *result.notes,
         render.analysis_table(result, width=width, drop=terminal),
         *render.engine_lines(result.engines),
     ]
-    if cal is not None:
-        tables.insert(1, calibration_line(cal))
+    lines = [calibration_line(cal)] if cal is not None else []
     if results_data is not None:
-        tables.insert(2, f"measured policy: {results_data['_path']} ({results_data['device']['name']})")
-        tables[3:3] = settings_notes
+        device = results_data["device"]["name"]
+        lines.append(f"measured policy: {safe.markup(results_data['_path'])} ({safe.markup(device)})")
+    tables[1:1] = lines + setup.markup_notes()
     if ops:
         tables.append(render.ops_table(result))
     if crossover:
@@ -180,8 +159,9 @@ def analyze(
     else:
         asym = result.crossover.asymptotic_new
         tables.append(
-            f"Crossover (asymptotic, by FLOPs): {'none' if asym is None else f'{asym:.1f}'} "
-            "new tokens; --crossover for the table per prefix"
+            "Crossover (asymptotic, by FLOPs): "
+            + ("none (expand never takes fewer FLOPs)" if asym is None else f"{asym:.1f} new tokens")
+            + "; --crossover for the table per prefix"
         )
 
     def json_data():
@@ -190,4 +170,4 @@ def analyze(
     def csv_data(fh):
         write_analysis_csv(fh, result, ops=ops)
 
-    emit(fmt, output, json_data=json_data, write_csv=csv_data, tables=tables)
+    emit(fmt, opts.output, json_data=json_data, write_csv=csv_data, tables=tables)

@@ -7,44 +7,20 @@ from typing import Annotated
 
 import typer
 
-from mlactl.cli.common import (
-    DTYPES,
-    calibration_json,
-    calibration_line,
-    choice,
-    cli_errors,
-    emit,
-    load_calibration,
-    load_hardware,
-    load_model,
-    one_int,
-    output_format,
-)
-from mlactl.cli.options import (
-    CalibrationOpt,
-    ChunkOpt,
-    DtypeOpt,
-    EngineOptionOpt,
-    EnginesOpt,
-    FormatOpt,
-    HardwareOpt,
-    KvDtypeOpt,
-    MeasuredOpt,
-    ModelOpt,
-    OutputOpt,
-    TpOpt,
-)
+from mlactl.cli.common import calibration_json, calibration_line, cli_errors, emit, output_format, resolve
+from mlactl.cli.options import MACHINE, OUTPUT, EngineOptionOpt, EnginesOpt, Opts, shared
 from mlactl.decide import analysis
 from mlactl.decide.engines import context_for, parse_engines
 from mlactl.decide.requests import read_requests
 from mlactl.output import render, report
-from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
+from mlactl.util import progress
 
 batch_app = typer.Typer(add_completion=False)
 
 
 @batch_app.command(name="batch")
 @cli_errors
+@shared(*MACHINE, end=OUTPUT)
 def batch_cmd(
     requests: Annotated[
         Path,
@@ -53,18 +29,9 @@ def batch_cmd(
             "alike requests per row."
         ),
     ],
-    model: ModelOpt = "deepseek-v3",
-    hardware: HardwareOpt = "h800",
-    measured: MeasuredOpt = False,
-    tp: TpOpt = "1",
-    kv_dtype: KvDtypeOpt = "bf16",
-    dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = str(DEFAULT_CHUNK),
+    opts: Opts,
     engines: EnginesOpt = None,
     engine_option: EngineOptionOpt = None,
-    calibration: CalibrationOpt = None,
-    fmt: FormatOpt = None,
-    output: OutputOpt = None,
 ):
     """A mixed batch from a CSV of requests: the path of each, and the batch total per strategy.
 
@@ -76,29 +43,31 @@ def batch_cmd(
     Example: mlactl batch requests.csv --hardware h200   (requests.csv: new,prefix / 1,8000 / 512,0 ...)
     """
 
-    fmt = output_format(fmt, output)
-    cfg = load_model(model, tp)
-    hw = load_hardware(hardware, measured)
-    kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
-    engine_params = parse_engines(engines, engine_option, context_for(cfg, hw, kv))
-    cal = load_calibration(calibration, hw)
-    new, prefix, count = read_requests(requests, fmt)
-    result = analysis.analyze_batch(
-        cfg,
-        hw,
-        new,
-        prefix,
-        count,
-        kv_dtype=kv,
-        dtype=choice(dtype, "--dtype", DTYPES),
-        chunk=one_int(chunk, "--chunk"),
-        engines=engine_params,
-        calibration=cal,
-    )
+    fmt = output_format(opts.fmt, opts.output)
+    setup = resolve(opts)
+    cal = setup.calibration
+    engine_params = parse_engines(engines, engine_option, context_for(setup.cfg, setup.hw, setup.kv_dtype))
+    with progress.task(f"reading {requests}"):
+        new, prefix, count = read_requests(requests, fmt)
+    with progress.task(f"analysing {len(new):,} requests"):
+        result = analysis.analyze_batch(
+            setup.cfg,
+            setup.hw,
+            new,
+            prefix,
+            count,
+            kv_dtype=setup.kv_dtype,
+            dtype=setup.dtype,
+            chunk=setup.chunk,
+            engines=engine_params,
+            calibration=cal,
+        )
     emit(
         fmt,
-        output,
+        opts.output,
         json_data=lambda: dict(report.batch_json(result), **calibration_json(cal)),
         write_csv=lambda fh: report.write_batch_csv(fh, result),
-        tables=([calibration_line(cal)] if cal is not None else []) + list(render.batch_tables(result)),
+        tables=([calibration_line(cal)] if cal is not None else [])
+        + setup.markup_notes()
+        + list(render.batch_tables(result)),
     )

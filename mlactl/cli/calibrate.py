@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
-from mlactl.cli.common import choice, cli_errors, emit, load_model, output_format
-from mlactl.cli.options import FormatOpt, ModelOpt, TpOpt
+from mlactl.cli.common import choice, cli_errors, emit, fit_width, load_model, output_format
+from mlactl.cli.options import Option, Opts, shared
 from mlactl.decide.calibration import run, store
 from mlactl.model import hardware as hwmod
+from mlactl.output.calibrate_tables import fits_table, pct, terms_lines
+from mlactl.util import progress, safe
 from mlactl.util.errors import MlactlError
 
 calibrate_app = typer.Typer(
@@ -20,14 +21,22 @@ calibrate_app = typer.Typer(
 
 
 SOURCES = ("results", "aiconfigurator", "csv")
-
-
-def pct(v) -> str:
-    return "—" if v is None else f"{100 * v:.1f}%"
+# calibrate prints a table or JSON on stdout (the calibration itself is a file in --dir)
+FORMAT = Option(Annotated[Optional[str], typer.Option("--format", "-f", help="table or json (default: table).")], None)
+HARDWARE = Option(
+    Annotated[
+        Optional[str],
+        typer.Option(
+            "--hardware", "-g", help="Profile the fit divides by (default: from the system or the results file)."
+        ),
+    ],
+    None,
+)
 
 
 @calibrate_app.command()
 @cli_errors
+@shared("hardware", "model", "tp", end=("fmt",), hardware=HARDWARE, fmt=FORMAT)
 def calibrate(
     files: Annotated[
         Optional[list[Path]], typer.Argument(help="Results files (--from results) or one CSV (--from csv).")
@@ -39,73 +48,79 @@ def calibrate(
     framework: Annotated[
         Optional[str], typer.Option("--framework", help="aiconfigurator framework: sglang, trtllm or vllm.")
     ] = None,
-    version: Annotated[
-        Optional[str], typer.Option("--version", help="Framework version (default: the newest of each table).")
+    framework_version: Annotated[
+        Optional[str],
+        typer.Option(
+            "--framework-version", help="aiconfigurator framework version (default: the newest of each table)."
+        ),
     ] = None,
     data_dir: Annotated[
         Optional[Path],
         typer.Option("--data-dir", help="A folder laid out as aiconfigurator's (default: the installed package's)."),
     ] = None,
-    hardware: Annotated[
-        Optional[str],
-        typer.Option(
-            "--hardware", "-g", help="Profile the fit divides by (default: from the system or the results file)."
-        ),
-    ] = None,
-    model: ModelOpt = "deepseek-v3",
-    tp: TpOpt = "1",
+    opts: Opts = Opts(),
     name: Annotated[Optional[str], typer.Option("--name", help="Calibration name (default: hardware-source).")] = None,
     out_dir: Annotated[
         Optional[Path], typer.Option("--dir", help="Write the file here (default: $MLACTL_HOME/calibrations/).")
     ] = None,
-    fmt: FormatOpt = None,
 ):
     """Fit calibrated time per op class and write a calibration file; print the fit quality.
 
-    Per op class: n, the terms kept, median and p90 of |predicted/measured - 1|, in-sample and held out (5-fold).
+    Per op class: n, the terms kept, median and p90 of |predicted/measured - 1|, held out (5-fold) and in-sample.
 
     Paths timed side by side (tune paths) are fitted together, each shape's common drift taken out first.
 
-    Use the file with --calibration NAME on analyze, crossover, batch and plot.
+    A calibration of the same name already there is kept aside (NAME.YYYYMMDD-HHMMSS.json), never overwritten.
+
+    Use the file with --calibration NAME on analyze, crossover, batch, engines and plot (they take its hardware).
 
     Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang
     """
 
-    fmt = output_format(fmt, None)
+    fmt = output_format(opts.fmt, None)
     if fmt == "csv":
         raise MlactlError("mlactl calibrate writes table or json")
     choice(source, "--from", SOURCES)
     hw = None
-    if hardware is not None:
-        hw = hwmod.resolve(hardware)
+    if opts.hardware is not None:
+        hw = hwmod.resolve(opts.hardware)
     if source == "aiconfigurator":
         if files:
             raise MlactlError("--from aiconfigurator takes no files: give --system and --framework")
-        if not system or not framework:
-            raise MlactlError("--from aiconfigurator needs --system (e.g. h200_sxm) and --framework (e.g. sglang)")
-        default, hw, desc, groups = run.from_aiconfigurator(system, framework, version, data_dir, hw)
+        missing = [
+            f"{o} (e.g. {e})"
+            for o, v, e in (("--system", system, "h200_sxm"), ("--framework", framework, "sglang"))
+            if not v
+        ]
+        if missing or system is None or framework is None:
+            raise MlactlError(f"--from aiconfigurator needs {' and '.join(missing)}")
+        with progress.task("reading aiconfigurator's tables"):
+            default, hw, desc, groups = run.from_aiconfigurator(system, framework, framework_version, data_dir, hw)
     else:
-        if system or framework or version or data_dir:
-            raise MlactlError("--system, --framework, --version and --data-dir go with --from aiconfigurator")
+        if system or framework or framework_version or data_dir:
+            raise MlactlError("--system, --framework, --framework-version and --data-dir go with --from aiconfigurator")
         if not files:
             raise MlactlError(f"--from {source} needs a file: mlactl calibrate --from {source} FILE")
-        for f in files:
-            if not f.is_file():
-                raise MlactlError(f"{f}: no such file")
         if source == "results":
-            default, hw, desc, groups = run.from_results(files, hw)
+            with progress.task(f"reading {len(files)} results file(s)"):
+                default, hw, desc, groups = run.from_results(files, hw)
         else:
             if len(files) != 1:
                 raise MlactlError("--from csv takes one file")
             if hw is None:
                 raise MlactlError("--from csv needs --hardware NAME|FILE: the profile the times were measured on")
-            default, hw, desc, groups = run.from_csv(files[0], load_model(model, tp), hw)
+            default, hw, desc, groups = run.from_csv(files[0], load_model(opts.model, opts.tp), hw)
     data, fits = run.build(name or default, hw, desc, groups)
-    path = store.write(data, out_dir)
+    path, kept = store.save(data, out_dir)
 
     def json_data():
         return {
-            "calibration": {"name": data["name"], "hardware": data["hardware"], "path": str(path)},
+            "calibration": {
+                "name": data["name"],
+                "hardware": data["hardware"],
+                "path": str(path),
+                "replaced": None if kept is None else str(kept),  # where the earlier one was kept
+            },
             "fits": [
                 {
                     "op": f.op,
@@ -126,34 +141,22 @@ def calibrate(
         }
 
     def tables():
-
-        t = Table(title=f"Calibration {data['name']} (hardware {hw.name}); |predicted/measured - 1|")
-        for col in ("op", "source", "dtype", "n", "terms", "in-sample median", "p90", "held-out median", "p90"):
-            wide = col in ("source", "terms")  # a fit's source ends in its phase (:decode, :prefill)
-            t.add_column(
-                col,
-                justify="left" if col in ("op", "source", "dtype", "terms") else "right",
-                overflow="fold" if wide else "ellipsis",
-            )
-        for f in fits:
-            t.add_row(
-                f.op,
-                f.source,
-                f.dtype,
-                str(f.n),
-                "+".join(f.terms),
-                pct(f.in_sample["median"]),
-                pct(f.in_sample["p90"]),
-                pct(f.held_out["median"]),
-                pct(f.held_out["p90"]),
-            )
-        out: list = [t]
+        out: list = [fits_table(data["name"], hw.name, fits, fit_width()), *terms_lines(fits)]
         for drift in {id(f.drift): f.drift for f in fits if f.drift}.values():
             out.append(
                 f"{' and '.join(drift['paired_with'])} were timed side by side at {drift['shapes']} shapes and fitted "
                 f"together: each shape's common drift (median {pct(drift['median_abs'])}, largest "
                 f"{pct(drift['max_abs'])}) was taken out first; the errors are against the drift-free times"
             )
-        return out + [f"written: {path}  (use: --calibration {data['name']} --hardware {hw.name})"]
+        if kept is not None:
+            out.append(
+                f"replaced: {safe.markup(path)} (the earlier calibration of this name is kept as {safe.markup(kept)})"
+            )
+        else:
+            out.append(f"written: {safe.markup(path)}")
+        out.append(
+            f"use: --calibration {safe.markup(data['name'])}  (its hardware, {safe.markup(hw.name)}, comes with it)"
+        )
+        return out
 
     emit(fmt, None, json_data=json_data, tables=tables() if fmt == "table" else ())

@@ -7,38 +7,13 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from mlactl.cli.common import (
-    DTYPES,
-    calibration_json,
-    calibration_line,
-    choice,
-    cli_errors,
-    emit,
-    load_calibration,
-    load_hardware,
-    load_model,
-    one_int,
-    output_format,
-)
-from mlactl.cli.options import (
-    BatchOpt,
-    CalibrationOpt,
-    ChunkOpt,
-    DtypeOpt,
-    FormatOpt,
-    HardwareOpt,
-    KvDtypeOpt,
-    MeasuredOpt,
-    ModelOpt,
-    OutputOpt,
-    TpOpt,
-)
+from mlactl.cli.common import calibration_json, calibration_line, cli_errors, emit, one_int, output_format, resolve
+from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, Opts, shared
 from mlactl.decide import analysis
-from mlactl.model import cost
 from mlactl.model.shapes import parse_sizes
 from mlactl.output import render, report
 from mlactl.output.csvout import write_csv
-from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
+from mlactl.util import safe
 from mlactl.util.errors import MlactlError
 
 crossover_app = typer.Typer(add_completion=False)
@@ -46,24 +21,16 @@ crossover_app = typer.Typer(add_completion=False)
 
 @crossover_app.command(name="crossover")
 @cli_errors
+@shared(*MACHINE, end=OUTPUT)
 def crossover_cmd(
-    model: ModelOpt = "deepseek-v3",
-    hardware: HardwareOpt = "h800",
-    measured: MeasuredOpt = False,
-    tp: TpOpt = "1",
+    opts: Opts,
     batch: BatchOpt = "1",
     prefix: Annotated[
         str, typer.Option("--prefix", "-p", help="Prefixes to solve for: list or range.")
     ] = "0,1K,4K,8K,16K,32K,64K,128K",
-    kv_dtype: KvDtypeOpt = "bf16",
-    dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     max_new: Annotated[
         str, typer.Option("--max-new", help="Search the roofline crossover up to this many new tokens.")
     ] = "128K",
-    calibration: CalibrationOpt = None,
-    fmt: FormatOpt = None,
-    output: OutputOpt = None,
 ):
     """For each prefix, the new-token count from which expand beats absorb, by FLOPs and by roofline.
 
@@ -75,16 +42,10 @@ def crossover_cmd(
     (DSA: mlactl crossover --model deepseek-v3.2 --hardware h200 --prefix 0,1K,4K,8K)
     """
 
-    fmt = output_format(fmt, output)
-    cfg = load_model(model, tp)
-    hw = load_hardware(hardware, measured)
-    cal = load_calibration(calibration, hw)
-    model_cost = cost.CostModel(
-        cfg,
-        kv_dtype=choice(kv_dtype, "--kv-dtype", KV_DTYPES),
-        dtype=choice(dtype, "--dtype", DTYPES),
-        chunk=one_int(chunk, "--chunk"),
-    )
+    fmt = output_format(opts.fmt, opts.output)
+    setup = resolve(opts)
+    cfg, hw, cal = setup.cfg, setup.hw, setup.calibration
+    model_cost = setup.cost()
     hw.peak_flops(model_cost.dtype)
     pairs = [(b, p) for b in parse_sizes(batch, "--batch") for p in parse_sizes(prefix, "--prefix", minimum=0)]
     if len(pairs) > analysis.MAX_CROSSOVER_PREFIXES:
@@ -120,11 +81,11 @@ def crossover_cmd(
         )
 
     header = (
-        f"[bold]{cfg.name}[/] on [bold]{hw.display}[/] ({'measured' if hw.using_measured else 'nominal'}), "
-        f"kv cache {model_cost.kv_dtype}"
+        f"[bold]{safe.markup(cfg.name)}[/] on [bold]{safe.markup(hw.display)}[/] "
+        f"({'measured' if hw.using_measured else 'nominal'}), kv cache {model_cost.kv_dtype}"
     )
-    lines = [header] + ([calibration_line(cal)] if cal is not None else [])
-    emit(fmt, output, json_data=json_data, write_csv=csv_data, tables=[*lines, render.crossover_table(result)])
+    lines = [header] + ([calibration_line(cal)] if cal is not None else []) + setup.markup_notes()
+    emit(fmt, opts.output, json_data=json_data, write_csv=csv_data, tables=[*lines, render.crossover_table(result)])
 
 
 def window_columns(windows) -> tuple[list[str], list[np.ndarray]]:

@@ -13,42 +13,16 @@ import typer
 from rich.table import Table
 
 from mlactl import __version__
-from mlactl.cli.common import (
-    DTYPES,
-    calibration_json,
-    calibration_line,
-    choice,
-    cli_errors,
-    emit,
-    load_calibration,
-    load_hardware,
-    load_model,
-    one_int,
-    output_format,
-)
-from mlactl.cli.options import (
-    BatchOpt,
-    CalibrationOpt,
-    ChunkOpt,
-    DtypeOpt,
-    EngineOptionOpt,
-    FormatOpt,
-    HardwareOpt,
-    KvDtypeOpt,
-    MeasuredOpt,
-    ModelOpt,
-    OutputOpt,
-    TpOpt,
-)
+from mlactl.cli.common import calibration_json, calibration_line, cli_errors, emit, output_format, resolve
+from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, EngineOptionOpt, Opts, shared
 from mlactl.decide import workload as wl_mod
 from mlactl.decide.engines import DEFAULT_ENGINES, context_for, known_names, parse_engines
 from mlactl.decide.engines.catalog import ARCHS, CACHES, catalog, shorthands
-from mlactl.model.cost import CostModel
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output.csvout import write_csv as write
 from mlactl.output.render import SHORT, engine_lines, seconds
 from mlactl.output.report import SCHEMA_VERSION, engine_json, number_or_none
-from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
+from mlactl.util import progress, safe
 from mlactl.util.errors import MlactlError
 
 engines_app = typer.Typer(add_completion=False)
@@ -58,6 +32,7 @@ MAX_SWEEP_VALUES = 1000
 
 @engines_app.command(name="engines")
 @cli_errors
+@shared(*MACHINE, end=OUTPUT)
 def engines_cmd(
     workload: Annotated[
         Optional[Path],
@@ -66,10 +41,7 @@ def engines_cmd(
             "(or count). Without it, the grid of --batch/--new/--prefix, every shape weight 1."
         ),
     ] = None,
-    model: ModelOpt = "deepseek-v3",
-    hardware: HardwareOpt = "h800",
-    measured: MeasuredOpt = False,
-    tp: TpOpt = "1",
+    opts: Opts = Opts(),
     batch: BatchOpt = "1",
     new: Annotated[str, typer.Option("--new", "-n", help="Grid: new tokens per request, list or range.")] = (
         "1,16,64,256,1024,4096"
@@ -77,9 +49,6 @@ def engines_cmd(
     prefix: Annotated[str, typer.Option("--prefix", "-p", help="Grid: cached tokens, list or range.")] = (
         "0,1K,4K,8K,16K,32K"
     ),
-    kv_dtype: KvDtypeOpt = "bf16",
-    dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     engines: Annotated[
         Optional[str],
         typer.Option(
@@ -98,9 +67,6 @@ def engines_cmd(
         ),
     ] = False,
     engine_option: EngineOptionOpt = None,
-    calibration: CalibrationOpt = None,
-    fmt: FormatOpt = None,
-    output: OutputOpt = None,
 ):
     """What each engine's own path rule loses on a workload, where it loses most, and the
     threshold that would lose least on this hardware (SGLang's summed-prefix threshold, vLLM's
@@ -124,7 +90,7 @@ def engines_cmd(
     Example: mlactl engines --list
     """
 
-    fmt = output_format(fmt, output)
+    fmt = output_format(opts.fmt, opts.output)
     if list_rules:
         if workload is not None:
             raise MlactlError("--list lists the rule sets; give it without a workload")
@@ -133,7 +99,7 @@ def engines_cmd(
         data = catalog()
         emit(
             fmt,
-            output,
+            opts.output,
             json_data=lambda: {
                 "schema": "mlactl.engine_rules",
                 "schema_version": SCHEMA_VERSION,
@@ -144,19 +110,11 @@ def engines_cmd(
             tables=list_tables(data),
         )
         return
-    cfg = load_model(model, tp)
-    hw = load_hardware(hardware, measured)
-    cal = load_calibration(calibration, hw)
-    kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
+    setup = resolve(opts)
+    hw, cal, cost = setup.hw, setup.calibration, setup.cost()
     # the shorthands fix a dense backend (triton, trtllm_mla): a DSA model's default is the two engines
-    default = ",".join(DEFAULT_ENGINES) if cfg.is_dsa else "sglang,sglang-triton,sglang-trtllm,vllm"
-    params = parse_engines(engines or default, engine_option, context_for(cfg, hw, kv))
-    cost = CostModel(
-        cfg,
-        kv_dtype=kv,
-        dtype=choice(dtype, "--dtype", DTYPES),
-        chunk=one_int(chunk, "--chunk"),
-    )
+    default = ",".join(DEFAULT_ENGINES) if setup.cfg.is_dsa else "sglang,sglang-triton,sglang-trtllm,vllm"
+    params = parse_engines(engines or default, engine_option, context_for(setup.cfg, hw, setup.kv_dtype))
     if workload is not None:
         wl = wl_mod.read_workload(workload)
     else:
@@ -166,13 +124,14 @@ def engines_cmd(
         wl = wl_mod.grid_workload(b, n, p)
     if len(wl) > 1_000_000:
         raise MlactlError(f"{len(wl)} shapes; at most 1,000,000 at once")
-    result = wl_mod.report(cost, hw, wl, params, calibration=cal)
+    with progress.task(f"costing {len(wl):,} shapes on every engine's rule"):
+        result = wl_mod.report(cost, hw, wl, params, calibration=cal)
     emit(
         fmt,
-        output,
+        opts.output,
         json_data=lambda: to_json(result),
         write_csv=lambda fh: write_csv(fh, result),
-        tables=tables(result),
+        tables=tables(result, setup.markup_notes()),
     )
 
 
@@ -255,16 +214,18 @@ def sentence(result, e, s) -> str:
         verdict = f"already the best ({same} does as well)"
     else:
         verdict = f"best threshold {_value(s.best)} ({rng}), saves {s.saves:.1%}"
-    return f"{e.params.engine}'s {s.option} {_value(s.current)} on {result.hw.name} for this workload: {verdict}"
+    where = safe.markup(result.hw.name)
+    return f"{e.params.engine}'s {s.option} {_value(s.current)} on {where} for this workload: {verdict}"
 
 
-def tables(result) -> list:
+def tables(result, notes=()) -> list:
 
     wl = result.workload
     head = (
-        f"[bold]{result.cost.cfg.name}[/] on [bold]{result.hw.display}[/] "
+        f"[bold]{safe.markup(result.cost.cfg.name)}[/] on [bold]{safe.markup(result.hw.display)}[/] "
         f"({'measured' if result.hw.using_measured else 'nominal'} ceilings), kv cache {result.cost.kv_dtype}; "
-        f"{len(wl)} shapes ({wl.source}); {'roofline' if result.calibration is None else 'calibrated'} times of the "
+        f"{len(wl)} shapes ({safe.markup(wl.source)}); "
+        f"{'roofline' if result.calibration is None else 'calibrated'} times of the "
         "paths that fit, weighted by each shape's weight"
     )
     total = Table(title="What each engine's rule loses on this workload")
@@ -282,7 +243,7 @@ def tables(result) -> list:
     total.caption = f"best path everywhere: {seconds(result.total_best_s)}"
     paths, counts = np.unique(result.best, return_counts=True)
     split = ", ".join(f"{SHORT[str(p)]} at {c}" for p, c in zip(paths, counts))
-    out: list = [head, *result.notes, total, f"The best path: {split} of the {len(wl)} shapes"]
+    out: list = [head, *notes, *result.notes, total, f"The best path: {split} of the {len(wl)} shapes"]
     for e in result.engines:
         worst = result.worst(e)
         if not worst:

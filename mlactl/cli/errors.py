@@ -9,6 +9,7 @@ import warnings
 
 import typer
 
+from mlactl.util import safe
 from mlactl.util.errors import MlactlWarning
 
 try:  # typer >= 0.24 carries its own click
@@ -21,8 +22,9 @@ EXIT_PIPE = 141
 
 
 def _show(message, category, filename, lineno, file=None, line=None):
-    """A warning as one `Warning: ...` line on stderr, without the source line Python adds."""
-    sys.stderr.write(f"Warning: {message}\n")
+    """A warning as one printable `Warning: ...` line on stderr, without the source line Python
+    adds (a name in it with an escape or a newline cannot colour the terminal or break the line)."""
+    sys.stderr.write(f"Warning: {safe.text(message, 2000)}\n")
 
 
 def _quiet_pipe() -> None:
@@ -38,7 +40,7 @@ def _quiet_pipe() -> None:
 def run_root(main, args, prog_name, complete_var, standalone_mode, **extra):
     """Run click's `main` without its own error printing, and print errors as one line."""
     with warnings.catch_warnings():  # restored on return: a library caller's settings are its own
-        warnings.simplefilter("always", MlactlWarning)
+        warnings.simplefilter("default", MlactlWarning)  # each warning once per command, not per lookup
         warnings.showwarning = _show
         code = _run(main, args, prog_name, complete_var, **extra)
     if standalone_mode:
@@ -55,10 +57,10 @@ def _run(main, args, prog_name, complete_var, **extra) -> int:
         code = 2
     except click_errors.UsageError as exc:
         hint = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
-        typer.echo(f"Error: {exc.format_message()}{hint}".replace("\n", " "), err=True)
+        typer.echo(f"Error: {safe.text(exc.format_message().replace(chr(10), ' '), 2000)}{hint}", err=True)
         code = 2
     except click_errors.ClickException as exc:
-        typer.echo(f"Error: {exc.format_message()}".replace("\n", " "), err=True)
+        typer.echo(f"Error: {safe.text(exc.format_message().replace(chr(10), ' '), 2000)}", err=True)
         code = 2
     except typer.Abort:
         typer.echo("Aborted.", err=True)

@@ -45,12 +45,21 @@ METAVARS = {
     "source": "SOURCE",
     "system": "SYSTEM",
     "framework": "FRAMEWORK",
-    "version": "VERSION",
+    "framework_version": "VERSION",
     "data_dir": "DIR",
     "name": "NAME",
     "out_dir": "DIR",
     "arch": "ARCH",
     "workers": "INT",
+    "trace": "TRACE",
+    "report": "REPORT.JSON",
+    "weight_dtype": "DTYPE",
+    "max_batch_tokens": "INT",
+    "max_running": "INT",
+    "mem_fraction": "FRACTION",
+    "cache_tokens": "INT",
+    "step_overhead_ms": "MS",
+    "jobs": "INT",
 }
 COMPLETION = ("install_completion", "show_completion")
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from mlactl.cli.common import cli_errors, emit, fit_width, output_format
-from mlactl.cli.options import OutputOpt
+from mlactl.cli.options import OUTPUT, Option, Opts, shared
 from mlactl.model import config as model
 from mlactl.model import hardware
 from mlactl.output import render
@@ -16,20 +16,25 @@ from mlactl.util.errors import MlactlError
 list_app = typer.Typer(add_completion=False)
 
 
+# list writes two tables, so no CSV: its --format says so
+FORMAT = Option(
+    Annotated[
+        Optional[str], typer.Option("--format", "-f", help="table or json (default: from --output's extension).")
+    ],
+    None,
+)
+
+
 @list_app.command(name="list")
 @cli_errors
-def list_cmd(
-    fmt: Annotated[
-        Optional[str], typer.Option("--format", "-f", help="table or json (default: from --output's extension).")
-    ] = None,
-    output: OutputOpt = None,
-):
+@shared(*OUTPUT, fmt=FORMAT)
+def list_cmd(opts: Opts):
     """The models and the hardware profiles mlactl knows.
 
     Example: mlactl list --format json
     """
 
-    fmt = output_format(fmt, output)
+    fmt, output = output_format(opts.fmt, opts.output), opts.output
     if fmt == "csv":
         raise MlactlError("mlactl list writes table or json (two tables do not make one CSV)")
     models = [(name, model.from_name(name)) for name in model.preset_names()]

@@ -1,12 +1,46 @@
-"""The CLI's options, each defined once: a command reuses these aliases (`model: ModelOpt =
-"deepseek-v3"`), so a flag reads and behaves the same in every command that has it."""
+"""The CLI's options, each defined once: a command reuses these aliases (`batch: BatchOpt =
+"1"`), so a flag reads and behaves the same in every command that has it. The options most
+commands share (the model, the machine, the dtypes, the calibration, the output) are given with
+their defaults by one decorator, `shared`, and reach the command as one `Opts`; mlactl.cli.common
+.resolve turns that into the model, hardware, calibration and dtypes, the same way for all."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
+
+from mlactl import __version__
+from mlactl.util import numbers
+from mlactl.util.defaults import DEFAULT_CHUNK
+from mlactl.util.errors import MlactlError
+
+try:  # typer >= 0.24 carries its own click
+    from typer._click.globals import get_current_context
+except ImportError:  # pragma: no cover
+    from click import get_current_context  # type: ignore[no-redef]
+
+
+def whole_number(option: str, minimum: int = 0, maximum: int = 1 << 20):
+    """A parser for a typed integer option: ASCII digits only, within [minimum, maximum]
+    (mlactl.util.numbers), so `--repeats ٣` or `--workers 1e9` is one error line, where click's
+    int() would take the first and overflow on neither but hang on the work."""
+
+    def parse(text) -> int:
+        if isinstance(text, int) and not isinstance(text, bool):
+            text = str(text)
+        try:
+            return numbers.integer(str(text), option, minimum, maximum)
+        except MlactlError as exc:
+            raise typer.BadParameter(str(exc).removeprefix(f"{option}: ")) from None
+
+    return parse
+
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Preset name (see `mlactl list`) or path to a Hugging Face config.json.")
@@ -75,6 +109,19 @@ FormatOpt = Annotated[
 OutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")
 ]
+
+
+def version_callback(value: bool):
+    if value:
+        typer.echo(f"mlactl {__version__}")
+        raise typer.Exit()
+
+
+# mlactl's own version, on the root command (`calibrate --version` was the framework's: now
+# --framework-version, and `calibrate --version` is refused with that suggestion)
+VersionOpt = Annotated[
+    bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Print mlactl's version and exit.")
+]
 CalibrationOpt = Annotated[
     Optional[str],
     typer.Option(
@@ -82,3 +129,118 @@ CalibrationOpt = Annotated[
         help="Calibrated time instead of the roofline: a name from `mlactl calibrate` or a calibration file.",
     ),
 ]
+
+
+# -- the shared settings: each option's alias and default, once ----------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One shared option: its annotated type (flags and help) and its default."""
+
+    annotation: Any
+    default: Any
+
+
+SHARED: dict[str, Option] = {
+    "model": Option(ModelOpt, "deepseek-v3"),
+    "hardware": Option(HardwareOpt, "h800"),
+    "measured": Option(MeasuredOpt, False),
+    "tp": Option(TpOpt, "1"),
+    "kv_dtype": Option(KvDtypeOpt, "bf16"),
+    "dtype": Option(DtypeOpt, "bf16"),
+    "chunk": Option(ChunkOpt, str(DEFAULT_CHUNK)),
+    "calibration": Option(CalibrationOpt, None),
+    "fmt": Option(FormatOpt, None),
+    "output": Option(OutputOpt, None),
+}
+# The model and machine a command analyses, and where its answer goes: what most commands take.
+MACHINE = ("model", "hardware", "measured", "tp", "kv_dtype", "dtype", "chunk", "calibration")
+OUTPUT = ("fmt", "output")
+
+
+@dataclass(frozen=True)
+class Opts:
+    """The shared options of one run, as given: every SHARED value (its default where the
+    command does not offer it) and the names the user typed (`given`)."""
+
+    model: str = SHARED["model"].default
+    hardware: str = SHARED["hardware"].default
+    measured: bool = SHARED["measured"].default
+    tp: str = SHARED["tp"].default
+    kv_dtype: str = SHARED["kv_dtype"].default
+    dtype: str = SHARED["dtype"].default
+    chunk: str = SHARED["chunk"].default
+    calibration: Optional[str] = None
+    fmt: Optional[str] = None
+    output: Optional[Path] = None
+    given: frozenset = frozenset()
+
+    def typed(self, name: str) -> bool:
+        """Whether the user gave option `name` (rather than leaving its default)."""
+        return name in self.given
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def shared(
+    *names: str,
+    end: tuple[str, ...] = (),
+    registry: dict[str, Option] | None = None,
+    into: Callable[[dict, frozenset], Any] | None = None,
+    **override: Any,
+) -> Callable[[F], F]:
+    """Give a command the shared options `names` (at its `opts` parameter) and `end` (after its
+    own options), each with its one definition from `registry` (default SHARED); `override`
+    replaces a definition for this command: an Option, or just another default. The command
+    receives them as one `opts` argument: an Opts with the names the user typed in `opts.given`,
+    or what `into(values, given)` makes of them.
+
+        @shared(*MACHINE, end=OUTPUT)
+        def analyze(opts: Opts, batch: BatchOpt = "1", ...): ...
+    """
+    registry = SHARED if registry is None else registry
+    make = into or (lambda values, given: Opts(**values, given=given))
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn, eval_str=True)  # the annotations as objects, for Typer
+        own = list(signature.parameters.values())
+        at = [p.name for p in own].index("opts")
+
+        def param(name: str) -> inspect.Parameter:
+            spec = override.get(name, registry[name])
+            if not isinstance(spec, Option):
+                spec = Option(registry[name].annotation, spec)
+            keyword = inspect.Parameter.KEYWORD_ONLY
+            return inspect.Parameter(name, keyword, default=spec.default, annotation=spec.annotation)
+
+        keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[at + 1 :]]
+        params = own[:at] + [param(n) for n in names] + keyword + [param(n) for n in end]
+        added = (*names, *end)
+        defaults = {p.name: p.default for p in params if p.name in added}
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            values = {n: kwargs.pop(n, defaults[n]) for n in added}  # Typer passes all; a caller may not
+            ctx = get_current_context(silent=True)
+            given = frozenset(n for n in added if ctx is not None and _typed(ctx, n))
+            return fn(*args, opts=make(values, given), **kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def given_options(*names: str) -> set[str]:
+    """Of these options of the running command, the ones the user typed."""
+    ctx = get_current_context(silent=True)
+    return {n for n in names if ctx is not None and _typed(ctx, n)}
+
+
+def _typed(ctx, name: str) -> bool:
+    """Whether option `name` came from the command line (by name: typer ships its own click)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")

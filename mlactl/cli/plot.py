@@ -12,31 +12,25 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
-from mlactl.cli.common import DTYPES, choice, cli_errors, load_calibration, load_hardware, load_model, one_int
+from mlactl.cli.common import Setup, cli_errors, given_options, one_int, resolve
 from mlactl.cli.options import (
+    MACHINE,
     BatchOpt,
-    CalibrationOpt,
-    ChunkOpt,
     ContextOpt,
-    DtypeOpt,
     EngineOptionOpt,
-    HardwareOpt,
-    KvDtypeOpt,
-    MeasuredOpt,
-    ModelOpt,
+    Opts,
     PrefixOpt,
-    TpOpt,
+    shared,
 )
 from mlactl.decide import analysis
 from mlactl.decide.engines import context_for, parse_engines
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output import chartdata, plot
 from mlactl.output.plot import image_format
-from mlactl.results import store as results
 from mlactl.results import store as results_store
-from mlactl.util.defaults import DEFAULT_CHUNK, KV_DTYPES
+from mlactl.util import progress, safe
 from mlactl.util.errors import MlactlError
-from mlactl.util.io import read_json
+from mlactl.util.io import read_json, refuse_input
 from mlactl.util.limits import check_plot
 
 # Made before importing mlactl.cli, as mlactl/cli/tune.py does its tune_app: the root group
@@ -86,52 +80,63 @@ def geometric_fill(values: list[int], per_octave: int = 4) -> list[int]:
     return sorted(filled)
 
 
-def dtypes(kv_dtype: str, dtype: str) -> dict:
-    return {"kv_dtype": choice(kv_dtype, "--kv-dtype", KV_DTYPES), "dtype": choice(dtype, "--dtype", DTYPES)}
-
-
-def run_analysis(
-    model, hardware, measured, tp, batch, new, prefix, kv_dtype, dtype, chunk, engines=None, calibration=None
-):
+def chart_analyses(setup: Setup, batch, new, prefix, engines=None, calibrated_only: bool = False):
+    """The analysis a chart draws, by roofline time, and (with a calibration) by calibrated time:
+    (roofline, calibrated or None); with `calibrated_only` the calibrated one alone, as the first."""
 
     check_plot(len(batch), 0)  # before the analysis: a chart's points cost more than a table's
-
-    hw = load_hardware(hardware, measured)
-    return analysis.analyze(
-        load_model(model, tp),
-        hw,
-        batch,
-        new,
-        prefix,
-        **dtypes(kv_dtype, dtype),
-        chunk=one_int(chunk, "--chunk"),
-        engines=engines,
-        calibration=load_calibration(calibration, hw),
-    )
+    args = (setup.cfg, setup.hw, batch, new, prefix)
+    kwargs = {"kv_dtype": setup.kv_dtype, "dtype": setup.dtype, "chunk": setup.chunk, "engines": engines}
+    with progress.task(f"analysing {len(batch):,} points"):
+        if calibrated_only:
+            return analysis.analyze(*args, calibration=setup.calibration, **kwargs), None
+        roof = analysis.analyze(*args, **kwargs)
+        if setup.calibration is None:
+            return roof, None
+        return roof, analysis.analyze(*args, calibration=setup.calibration, **kwargs)
 
 
-def load_results(paths: Optional[list[Path]], result) -> list[dict]:
-    """Read, validate and check each --results file against the model and machine analysed."""
+def draw(chart: str, setup: Setup, shapes, output: Path, dpi: str, data: Optional[Path]) -> None:
+    """Analyse the shapes (by roofline, and calibrated with a calibration), draw `chart` of
+    mlactl.output.plot with the measurements, and write it (and its --data)."""
+    result, calibrated = chart_analyses(setup, *shapes)
+    fig, drawn = getattr(plot, chart)(result, checked_results(setup, result), calibrated=calibrated)
+    write(fig, output, dpi, chart, drawn, data, setup.notes)
 
-    loaded = []
-    for path in paths or ():
-        data = results.load(path)
-        plot.check_results(data, str(path), result.cost, result.hw)
-        loaded.append(data)
-    return loaded
+
+def checked_results(setup: Setup, result) -> list[dict]:
+    """The --results files (read once, by resolve), each checked against the model and machine
+    analysed: a second file measured elsewhere is an error naming it."""
+    for data in setup.results:
+        plot.check_results(data, data["_path"], result.cost, result.hw)
+    return setup.results
+
+
+def measured_shapes(setup: Setup) -> tuple[list[int], list[int]]:
+    """The batch sizes and prefixes the --results files measured (paths and crossovers)."""
+    rows = [r for data in setup.results for section in ("paths", "crossovers") for r in data.get(section, [])]
+    return sorted({int(r["batch"]) for r in rows}), sorted({int(r["prefix"]) for r in rows})
 
 
 def write(
-    fig, output: Path, dpi: str, chart: str = "", drawn: Optional[dict] = None, data: Optional[Path] = None
+    fig,
+    output: Path,
+    dpi: str,
+    chart: str = "",
+    drawn: Optional[dict] = None,
+    data: Optional[Path] = None,
+    notes: list[str] = (),  # type: ignore[assignment]
 ) -> None:
 
+    for note in notes:  # where the settings came from (a results file, a calibration)
+        typer.echo(safe.text(note, 2000))
     plot.save(fig, output, dpi=one_int(dpi, "--dpi"))
-    typer.echo(f"Wrote {output}")
+    typer.echo(f"Wrote {safe.text(output)}")
     if data is not None:
         if drawn is None:
             raise MlactlError(f"the {chart} chart has no data to write to {data}")
         chartdata.write(data, chart, drawn)
-        typer.echo(f"Wrote {data}")
+        typer.echo(f"Wrote {safe.text(data)}")
 
 
 def check_output(output: Path, data: Optional[Path] = None) -> None:
@@ -141,13 +146,18 @@ def check_output(output: Path, data: Optional[Path] = None) -> None:
     chartdata.check(data)
 
 
+def check_not_inputs(output: Path, data: Optional[Path] = None) -> None:
+    """Fail, before any drawing, on an output or --data file that is an input already read."""
+    refuse_input(output, "--output")
+    if data is not None:
+        refuse_input(data, "--data")
+
+
 @plot_app.command()
 @cli_errors
+@shared(*MACHINE)
 def roofline(
-    model: ModelOpt = "deepseek-v3",
-    hardware: HardwareOpt = "h800",
-    measured: MeasuredOpt = False,
-    tp: TpOpt = "1",
+    opts: Opts,
     batch: BatchOpt = "1",
     new: Annotated[
         Optional[str],
@@ -159,11 +169,7 @@ def roofline(
     ] = None,
     prefix: PrefixOpt = None,
     context: ContextOpt = None,
-    kv_dtype: KvDtypeOpt = "bf16",
-    dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     results: ResultsOpt = None,
-    calibration: CalibrationOpt = None,
     output: Annotated[Path, output_opt("roofline")] = Path("roofline.png"),
     dpi: DpiOpt = "100",
     data: DataOpt = None,
@@ -171,7 +177,8 @@ def roofline(
     """Roofline: each path and its attention op against the machine's ceilings and ridge.
 
     FLOP/s against FLOP/byte, log-log. Measured path times from --results are drawn against
-    their predicted points, with the fraction of the roofline time they reach.
+    their predicted points, with the fraction of the roofline time they reach; the model, tp,
+    dtypes and hardware are the file's unless given.
 
     With --calibration NAME the calibrated time of each path is drawn too (x marks).
 
@@ -179,6 +186,8 @@ def roofline(
     """
 
     check_output(output, data)
+    setup = resolve(opts, results or ())
+    check_not_inputs(output, data)
     if prefix is not None and context is not None:
         raise MlactlError("give either --prefix or --context, not both")
     batches = parse_sizes(batch, "--batch")
@@ -192,32 +201,27 @@ def roofline(
             prefix=None if context is not None else parse_sizes(prefix or "4K,32K", "--prefix", minimum=0),
             context=parse_sizes(context, "--context") if context is not None else None,
         )
-    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk)
-    calibrated = None
-    if calibration is not None:
-        calibrated = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, None, calibration)
-
-    fig, drawn = plot.roofline(result, load_results(results, result), calibrated=calibrated)
-    write(fig, output, dpi, "roofline", drawn, data)
+    draw("roofline", setup, (b, n, p), output, dpi, data)
 
 
 @plot_app.command()
 @cli_errors
+@shared(*MACHINE)
 def crossover(
-    model: ModelOpt = "deepseek-v3",
-    hardware: HardwareOpt = "h800",
-    measured: MeasuredOpt = False,
-    tp: TpOpt = "1",
-    batch: Annotated[str, typer.Option("--batch", "-b", help="Requests per batch (one value).")] = "1",
+    opts: Opts,
+    batch: Annotated[
+        str, typer.Option("--batch", "-b", help="Requests per batch, one value (default: 1, or the one measured).")
+    ] = "1",
     new: Annotated[str, typer.Option("--new", "-n", help="New tokens along the x axis: list or range.")] = "1:4096",
     prefix: Annotated[
-        str, typer.Option("--prefix", "-p", help="One panel per prefix: list or range (K = 1024).")
+        str,
+        typer.Option(
+            "--prefix",
+            "-p",
+            help="One panel per prefix: list or range, K = 1024 (default: those measured, else 0,4K,32K).",
+        ),
     ] = "0,4K,32K",
-    kv_dtype: KvDtypeOpt = "bf16",
-    dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     results: ResultsOpt = None,
-    calibration: CalibrationOpt = None,
     output: Annotated[Path, output_opt("crossover")] = Path("crossover.png"),
     dpi: DpiOpt = "100",
     data: DataOpt = None,
@@ -225,7 +229,9 @@ def crossover(
     """Time against new tokens per prefix, with the predicted and measured crossovers.
 
     One panel per prefix: expand, expand_chunked and absorb predicted by the roofline, measured
-    times from --results, and the crossovers marked with their values.
+    times from --results, and the crossovers marked with their values. With --results the
+    panels are the prefixes measured (unless --prefix is given), and the model, tp, dtypes and
+    hardware are the file's.
 
     With --calibration NAME the calibrated curves (dotted) and crossovers are drawn too.
 
@@ -233,26 +239,27 @@ def crossover(
     """
 
     check_output(output, data)
-    b, n, p = grid(
-        [one_int(batch, "--batch")], parse_sizes(new, "--new"), prefix=parse_sizes(prefix, "--prefix", minimum=0)
-    )
+    setup = resolve(opts, results or ())
+    check_not_inputs(output, data)
+    batch_value, prefixes = one_int(batch, "--batch"), parse_sizes(prefix, "--prefix", minimum=0)
+    typed = given_options("batch", "prefix")
+    if setup.results:
+        measured_batches, measured_prefixes = measured_shapes(setup)
+        if "batch" not in typed and measured_batches:
+            batch_value = measured_batches[0]
+        if "prefix" not in typed and measured_prefixes:
+            prefixes = measured_prefixes
+    b, n, p = grid([batch_value], parse_sizes(new, "--new"), prefix=prefixes)
     if len(set(p.tolist())) > plot.MAX_CROSSOVER_PANELS:
         raise MlactlError(f"--prefix: at most {plot.MAX_CROSSOVER_PANELS} prefixes (one panel each)")
-    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk)
-    calibrated = None
-    if calibration is not None:
-        calibrated = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, None, calibration)
-    fig, drawn = plot.crossover(result, load_results(results, result), calibrated=calibrated)
-    write(fig, output, dpi, "crossover", drawn, data)
+    draw("crossover", setup, (b, n, p), output, dpi, data)
 
 
 @plot_app.command()
 @cli_errors
+@shared(*MACHINE)
 def pathmap(
-    model: ModelOpt = "deepseek-v3",
-    hardware: HardwareOpt = "h800",
-    measured: MeasuredOpt = False,
-    tp: TpOpt = "1",
+    opts: Opts,
     batch: Annotated[str, typer.Option("--batch", "-b", help="Requests per batch (one value).")] = "1",
     new: Annotated[
         Optional[str],
@@ -266,9 +273,6 @@ def pathmap(
             "--prefix", "-p", help=f"Prefixes: list or range (default: {PATHMAP_PREFIX}, four steps per doubling)."
         ),
     ] = None,
-    kv_dtype: KvDtypeOpt = "bf16",
-    dtype: DtypeOpt = "bf16",
-    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     policy: Annotated[
         Optional[str],
         typer.Option(
@@ -279,7 +283,6 @@ def pathmap(
     ] = None,
     engine_option: EngineOptionOpt = None,
     results: ResultsOpt = None,
-    calibration: CalibrationOpt = None,
     output: Annotated[Path, output_opt("pathmap")] = Path("pathmap.png"),
     dpi: DpiOpt = "100",
     data: DataOpt = None,
@@ -296,6 +299,8 @@ def pathmap(
     """
 
     check_output(output, data)
+    setup = resolve(opts, results or ())
+    check_not_inputs(output, data)
     news = parse_sizes(new, "--new") if new is not None else geometric_fill(parse_sizes(PATHMAP_NEW, "--new"))
     prefixes = (
         parse_sizes(prefix, "--prefix", minimum=0)
@@ -307,13 +312,12 @@ def pathmap(
         raise MlactlError("--engine-option goes with --policy ENGINE")
     engines = None
     if policy is not None:
-        ctx = context_for(load_model(model, tp), load_hardware(hardware, measured), dtypes(kv_dtype, dtype)["kv_dtype"])
-        engines = parse_engines(policy, engine_option, ctx)
+        engines = parse_engines(policy, engine_option, context_for(setup.cfg, setup.hw, setup.kv_dtype))
     if engines is not None and len(engines) != 1:
         raise MlactlError(f"--policy takes one engine, got {policy!r}")
-    result = run_analysis(model, hardware, measured, tp, b, n, p, kv_dtype, dtype, chunk, engines, calibration)
-    fig, drawn = plot.pathmap(result, load_results(results, result), policy=policy)
-    write(fig, output, dpi, "pathmap", drawn, data)
+    result, _ = chart_analyses(setup, b, n, p, engines, calibrated_only=setup.calibration is not None)
+    fig, drawn = plot.pathmap(result, checked_results(setup, result), policy=policy)
+    write(fig, output, dpi, "pathmap", drawn, data, setup.notes)
 
 
 @plot_app.command()
@@ -337,7 +341,9 @@ def tune(
     """
 
     check_output(output, data)
-    fig, drawn = plot.tune(results_store.load(results), kernel=kernel, bucket=bucket)
+    loaded = results_store.load(results)
+    check_not_inputs(output, data)
+    fig, drawn = plot.tune(loaded, kernel=kernel, bucket=bucket)
     write(fig, output, dpi, "tune", drawn, data)
 
 
@@ -359,10 +365,8 @@ def replay_chart(
     """
 
     check_output(output, data)
-    for target, option in ((output, "--output"), (data, "--data")):
-        if target is not None and target.exists() and report.exists() and target.resolve() == report.resolve():
-            raise MlactlError(f"{option} {target} is the report being read; write it elsewhere")
-    found = read_json(report, "replay report")
+    found = read_json(report, "replay report")  # the one reader: an -o or --data of it is refused next
+    check_not_inputs(output, data)
     plot.check_report(found, str(report))
     fig, drawn = plot.replay(found)
     write(fig, output, dpi, "replay", drawn, data)

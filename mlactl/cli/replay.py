@@ -3,46 +3,20 @@ each engine's path rule costs on that traffic. Parse, call mlactl.decide.replay,
 
 from __future__ import annotations
 
-import math
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from mlactl.cli.common import (
-    DTYPES,
-    choice,
-    cli_errors,
-    emit,
-    load_calibration,
-    load_hardware,
-    load_model,
-    one_int,
-    output_format,
-)
-from mlactl.cli.options import (
-    AllEnginesOpt,
-    CalibrationOpt,
-    ChunkOpt,
-    DtypeOpt,
-    EngineOptionOpt,
-    FormatOpt,
-    HardwareOpt,
-    KvDtypeOpt,
-    MeasuredOpt,
-    ModelOpt,
-    OutputOpt,
-    TpOpt,
-)
+from mlactl.cli.common import choice, cli_errors, emit, one_int, output_format, resolve
+from mlactl.cli.options import MACHINE, OUTPUT, AllEnginesOpt, EngineOptionOpt, Opts, shared
 from mlactl.decide.replay import rules
 from mlactl.decide.replay.replay import ReplaySettings, replay
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model import weights as model_weights
 from mlactl.output import replay as report
+from mlactl.util import numbers, progress
 from mlactl.util.defaults import (
-    DEFAULT_CHUNK,
-    KV_DTYPES,
     REPLAY_HARDWARE,
     REPLAY_MAX_BATCH_TOKENS,
     REPLAY_MAX_RUNNING,
@@ -50,35 +24,14 @@ from mlactl.util.defaults import (
     REPLAY_TP,
     WEIGHT_DTYPES,
 )
-from mlactl.util.errors import MlactlError
+from mlactl.util.io import refuse_input
 
 replay_app = typer.Typer(add_completion=False)
 
 
-def refuse_overwrite(output: Optional[Path], source: Path, what: str) -> None:
-    """-o must not name the file being read: the run would replace what it replays."""
-    try:
-        same = output is not None and output.exists() and source.exists() and os.path.samefile(output, source)
-    except OSError:
-        same = False
-    if same:
-        raise MlactlError(f"--output {output} is {what} being read; write the report elsewhere")
-
-
-def _number(text: str, option: str, low: float, high: float = math.inf, low_open: bool = False) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < low or (low_open and value == low) or value > high:
-        bound = f"above {low:g}" if low_open else f"of at least {low:g}"
-        upper = "" if high == math.inf else f" and at most {high:g}"
-        raise MlactlError(f"{option} must be a number {bound}{upper}, got {text!r}")
-    return value
-
-
 @replay_app.command(name="replay")
 @cli_errors
+@shared(*MACHINE, end=OUTPUT, hardware=REPLAY_HARDWARE, tp=str(REPLAY_TP))  # a serving node's defaults
 def replay_cmd(
     trace: Annotated[
         Path,
@@ -87,12 +40,7 @@ def replay_cmd(
             "arrival_s,input_tokens,output_tokens and optionally cached_tokens, session (told from the content)."
         ),
     ],
-    model: ModelOpt = "deepseek-v3",
-    hardware: HardwareOpt = REPLAY_HARDWARE,
-    measured: MeasuredOpt = False,
-    tp: TpOpt = str(REPLAY_TP),
-    kv_dtype: KvDtypeOpt = "bf16",
-    dtype: DtypeOpt = "bf16",
+    opts: Opts,
     weight_dtype: Annotated[
         Optional[str],
         typer.Option(
@@ -100,7 +48,6 @@ def replay_cmd(
             help="Weights outside attention: bf16, fp16 or fp8 (default: the model's; fp8 for DeepSeek-V3, Kimi K2).",
         ),
     ] = None,
-    chunk: ChunkOpt = str(DEFAULT_CHUNK),
     engines: AllEnginesOpt = None,
     engine_option: EngineOptionOpt = None,
     max_batch_tokens: Annotated[
@@ -131,13 +78,10 @@ def replay_cmd(
         str,
         typer.Option("--step-overhead-ms", help="Milliseconds every step adds to the clock (scheduling, launches)."),
     ] = "0",
-    calibration: CalibrationOpt = None,
     jobs: Annotated[
         Optional[str],
         typer.Option("--jobs", help="Engines replayed side by side, in that many processes (default: one per CPU)."),
     ] = None,
-    fmt: FormatOpt = None,
-    output: OutputOpt = None,
 ):
     """Replay a request trace through each engine's scheduler and prefix cache, and say what its
     path rule costs on that traffic: attention time over the trace, the time lost against the
@@ -168,44 +112,45 @@ def replay_cmd(
     Example: mlactl replay trace.jsonl --engines sglang@0.5.14,sglang@0.5.23,vllm --kv-dtype fp8
     """
 
-    fmt = output_format(fmt, output)
-    refuse_overwrite(output, trace, "the trace")
-    cfg = load_model(model, tp)
-    hw = load_hardware(hardware, measured)
-    cal = load_calibration(calibration, hw)
+    fmt = output_format(opts.fmt, opts.output)
+    setup = resolve(opts)
+    cfg, hw, kv = setup.cfg, setup.hw, setup.kv_dtype
     if weight_dtype is not None:
         choice(weight_dtype, "--weight-dtype", WEIGHT_DTYPES)
-    weights = model_weights.resolve(model, weight_dtype)
-    kv = choice(kv_dtype, "--kv-dtype", KV_DTYPES)
+    weights = model_weights.resolve(opts.model, weight_dtype)
     chosen = rules.parse(engines, engine_option, cfg, hw, kv)
     settings = ReplaySettings(
         max_batch_tokens=one_int(max_batch_tokens, "--max-batch-tokens"),
         max_running=one_int(max_running, "--max-running"),
-        mem_fraction=_number(mem_fraction, "--mem-fraction", 0.0, 1.0, low_open=True),
+        mem_fraction=numbers.real(mem_fraction, "--mem-fraction", 0.0, 1.0, above=True),
         cache_tokens=None if cache_tokens is None else one_int(cache_tokens, "--cache-tokens"),
         prefix_cache=not no_prefix_cache,
-        step_overhead_s=_number(step_overhead_ms, "--step-overhead-ms", 0.0) / 1e3,
+        step_overhead_s=numbers.real(step_overhead_ms, "--step-overhead-ms", 0.0, 1e6) / 1e3,
     )
-    act = choice(dtype, "--dtype", DTYPES)
-    size = one_int(chunk, "--chunk")
-    result = replay(
-        read_trace(trace),
-        cfg,
-        weights,
-        hw,
-        chosen,
-        settings,
-        kv_dtype=kv,
-        dtype=act,
-        chunk=size,
-        calibration=cal,
-        keep_steps=fmt == "csv",
-        jobs=None if jobs is None else one_int(jobs, "--jobs"),
-    )
+    with progress.task(f"reading {trace}"):
+        requests = read_trace(trace)
+    # the trace is read (and remembered): an -o naming it is refused now, before the replay runs
+    if opts.output is not None:
+        refuse_input(opts.output, "--output")
+    with progress.task(f"replaying {len(requests):,} requests through {len(chosen)} engine rule(s)"):
+        result = replay(
+            requests,
+            cfg,
+            weights,
+            hw,
+            chosen,
+            settings,
+            kv_dtype=kv,
+            dtype=setup.dtype,
+            chunk=setup.chunk,
+            calibration=setup.calibration,
+            keep_steps=fmt == "csv",
+            jobs=None if jobs is None else one_int(jobs, "--jobs"),
+        )
     emit(
         fmt,
-        output,
+        opts.output,
         json_data=lambda: report.to_json(result),
         write_csv=lambda fh: report.write_csv(fh, result),
-        tables=report.tables(result),
+        tables=[*setup.markup_notes(), *report.tables(result)],
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -11,18 +10,20 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress
 
-from mlactl.cli.common import choice, cli_errors, emit, fit_width, load_model, one_int, output_format
-from mlactl.cli.options import FormatOpt, ModelOpt, OutputOpt, TpOpt
+from mlactl.cli.common import choice, cli_errors, console, emit, fit_width, load_model, one_int, output_format
+from mlactl.cli.options import SHARED, FormatOpt, ModelOpt, Option, OutputOpt, TpOpt, shared, whole_number
 from mlactl.kernels.configs import device_slug
 from mlactl.model import hardware
 from mlactl.model.shapes import parse_sizes
 from mlactl.output import tune_tables
 from mlactl.output import tune_tables as report
+from mlactl.output.progress import columns_for
 from mlactl.tune import compile as stage
 from mlactl.tune import ray_runner, store
 from mlactl.tune.ray_runner import import_ray
+from mlactl.util import safe
 from mlactl.util.defaults import ACT_DTYPES, DEFAULT_CHUNK, KV_DTYPES, TUNE_BACKENDS
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import MAX_CONFIG_BYTES, read_json
@@ -84,9 +85,9 @@ RepeatsOpt = Annotated[
     int,
     typer.Option(
         "--repeats",
-        min=0,
+        parser=whole_number("--repeats", 0, 100),
         metavar="INT",
-        help="Measure an unstable timing (CV over 10%) again up to this many times; the steadiest is kept.",
+        help="Measure an unstable timing (CV over 10%) again up to this many times (0 to 100); the steadiest is kept.",
     ),
 ]
 RayOpt = Annotated[
@@ -102,9 +103,40 @@ RayOpt = Annotated[
 WorkersOpt = Annotated[
     Optional[int],
     typer.Option(
-        "--workers", min=1, help="With --ray: N CPU workers (--backend torch or --interpret) instead of GPUs."
+        "--workers",
+        parser=whole_number("--workers", 1, 4096),
+        metavar="INT",
+        help="With --ray: N CPU workers (--backend torch or --interpret) instead of GPUs (1 to 4096).",
     ),
 ]
+
+
+# The options the tune commands share, each defined once (mlactl.cli.options.shared): what runs
+# (model, backend, device, dtypes) and how long and where it keeps what it measured.
+TUNE_OPTIONS = {
+    "model": SHARED["model"],
+    "tp": SHARED["tp"],
+    "backend": Option(BackendOpt, "triton"),
+    "interpret": Option(InterpretOpt, False),
+    "device": Option(DeviceOpt, None),
+    "kv_dtype": Option(TuneKvOpt, "auto"),
+    "dtype": Option(TuneDtypeOpt, "auto"),
+    "quick": Option(QuickOpt, False),
+    "budget": Option(BudgetOpt, None),
+    "force": Option(ForceOpt, False),
+    "results_file": Option(ResultsFileOpt, None),
+    "warm": Option(WarmOpt, False),
+    "repeats": Option(RepeatsOpt, 2),
+    "ray": Option(RayOpt, None),
+    "workers": Option(WorkersOpt, None),
+}
+WHAT_RUNS = ("model", "tp", "backend", "interpret", "device", "kv_dtype", "dtype")
+HOW_LONG = ("quick", "budget", "force", "results_file", "warm", "repeats", "ray", "workers")
+
+
+def tune_options(*names: str, end: tuple[str, ...] = ()):
+    """The shared tune options `names` and `end`; the command receives them as one dict, `opts`."""
+    return shared(*names, end=end, registry=TUNE_OPTIONS, into=lambda values, given: values)
 
 
 @dataclass
@@ -130,12 +162,6 @@ class Run:
     repeats: int = 2  # re-measurements of a timing whose CV stays over 10%
     ray: Optional[str] = None  # a Ray address; "local" starts a cluster on this machine
     workers: Optional[int] = None  # with ray: this many CPU actors instead of one per GPU
-
-    @classmethod
-    def from_options(cls, options: dict) -> Run:
-        """A Run from a command's parameters (its `locals()` on entry): the ones Run has a field for."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in options.items() if k in names})
 
     def __post_init__(self) -> None:
         backend = "interpret" if self.interpret else choice(self.backend, "--backend", TUNE_BACKENDS)
@@ -168,10 +194,11 @@ class Run:
         self.start = time.monotonic()
         self.stores: list = []
 
-        self.console = Console(stderr=True)
-        if not self.console.is_terminal:  # piped or captured: do not fold the tables at 80 columns
-            self.console = Console(stderr=True, width=max(self.console.width, 132))
-        self.width = self.console.width if self.console.is_terminal else None  # None: full values
+        # progress bars (and Ray's messages) on stderr, only where it is a terminal; tables and
+        # what the run found on stdout, so `mlactl tune > run.txt` keeps them
+        self.console = Console(stderr=True, emoji=False)
+        self.out = console()
+        self.width = fit_width()  # None: piped or to a file, full values
         self.cluster = None
         if self.ray is None:
             from mlactl.tune import sweep
@@ -202,7 +229,7 @@ class Run:
         first = next(iter(self.cluster.devices.values()))
         self.store, self.hw, self.ctx = first.store, first.ctx.hw, first.ctx
         names = ", ".join(f"{s.device} ({s.host})" for s in self.cluster.slots)
-        self.say(f"Ray: {len(self.cluster.slots)} workers: {names}")
+        self.say(f"Ray: {len(self.cluster.slots)} workers: {safe.markup(names, 2000)}")
 
     def _local_device(self, backend: str, torch) -> str:
         if backend == "triton" and not torch.cuda.is_available():
@@ -301,27 +328,23 @@ class Run:
     def progress(self):
 
         return Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
+            *columns_for(1),
             console=self.console,
             transient=False,
+            disable=not self.console.is_terminal,
         )
 
     def say(self, text: str) -> None:
-        self.console.print(text)
+        self.out.print(text)
 
     def finish(self) -> None:
         for opened in self.stores:
             if opened.moved_aside:
-                self.say(f"the earlier results were kept as {opened.moved_aside}")
+                self.say(f"the earlier results were kept as {safe.markup(opened.moved_aside)}")
         if self.ctx.skipped:
             self.say(f"[yellow]skipped ({len(self.ctx.skipped)}):[/]")
             for line in self.ctx.skipped:
-                self.say(f"  {line}")
+                self.say(f"  {safe.markup(line, 2000)}")
         if self.ctx.unstable:
             self.say(
                 f"[yellow]{self.ctx.unstable} timing(s) stayed unstable (CV over 10%) after {self.ctx.repeats} "
@@ -334,7 +357,7 @@ class Run:
             )
         for opened in self.stores:
             resumed = " (resumed)" if opened.resumed else ""
-            self.say(f"results: {opened.path}{resumed}  ({time.monotonic() - self.start:.0f} s)")
+            self.say(f"results: {safe.markup(opened.path)}{resumed}  ({time.monotonic() - self.start:.0f} s)")
         if self.cluster is not None:
             self.cluster.close()
 
@@ -347,7 +370,8 @@ class Run:
             except KeyboardInterrupt:
                 self.cluster.close(kill=True)
                 paths = ", ".join(str(s.path) for s in self.stores)
-                self.say(f"interrupted: workers stopped; every finished unit is in {paths}; rerun to resume")
+                kept = safe.markup(paths, 2000)
+                self.say(f"interrupted: workers stopped; every finished unit is in {kept}; rerun to resume")
                 raise typer.Exit(130) from None
         self.ctx.skipped += stats.skipped
         resumed = f", {stats.resumed} already in the store" if stats.resumed else ""
@@ -363,21 +387,21 @@ def run_ceilings(run: Run) -> None:
 
     if run.cluster is not None:
         for name, result in run.on_ray(ray_runner.tune_ceilings).items():
-            run.say(f"[bold]{name}[/]")
-            run.console.print(report.ceilings_table(result, run.hw, run.width))
+            run.say(f"[bold]{safe.markup(name)}[/]")
+            run.out.print(report.ceilings_table(result, run.hw, run.width))
         return
     with run.progress() as progress:
         run.ctx.progress = progress
         result = sweep.tune_ceilings(run.ctx)
-    run.console.print(report.ceilings_table(result, run.hw, run.width))
+    run.out.print(report.ceilings_table(result, run.hw, run.width))
     if run.device_type != "cuda" and run.backend != "interpret":
         measured = hardware.detect("cpu").with_measured()  # predict with what was just measured
         if run.ctx.dtype in measured.peak_tflops:
             run.ctx.hw = run.hw = measured
     if result.get("profile"):
         run.say(
-            f"measured profile: {result['profile']} (use it: mlactl analyze --hardware "
-            f"{Path(result['profile']).stem} --measured)"
+            f"measured profile: {safe.markup(result['profile'])} (use it: mlactl analyze --hardware "
+            f"{safe.markup(Path(result['profile']).stem)} --measured)"
         )
 
 
@@ -401,13 +425,13 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
             ray_runner.tune_kernels, names or spaces.default_kernels(run.ctx.cfg), override, deadline=run.ctx.deadline
         )
         for name, entries in found.items():
-            run.say(f"[bold]{name}[/]")
-            run.console.print(report.kernels_table(entries, run.backend != "interpret", run.width, run.backend))
+            run.say(f"[bold]{safe.markup(name)}[/]")
+            run.out.print(report.kernels_table(entries, run.backend != "interpret", run.width, run.backend))
         return
     with run.progress() as progress:
         run.ctx.progress = progress
         entries = sweep.tune_kernels(run.ctx, names, override)
-    run.console.print(report.kernels_table(entries, run.backend != "interpret", run.width, run.backend))
+    run.out.print(report.kernels_table(entries, run.backend != "interpret", run.width, run.backend))
 
 
 def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Optional[str]) -> None:
@@ -424,13 +448,13 @@ def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Option
             ray_runner.tune_paths, batches, news, prefixes, refine=not run.quick, deadline=run.ctx.deadline
         )
         for name, rows in found.items():
-            run.say(f"[bold]{name}[/]")
-            run.console.print(report.paths_table(rows, run.backend != "interpret", run.width))
+            run.say(f"[bold]{safe.markup(name)}[/]")
+            run.out.print(report.paths_table(rows, run.backend != "interpret", run.width))
     else:
         with run.progress() as progress:
             run.ctx.progress = progress
             rows = sweep.tune_paths(run.ctx, batches, news, prefixes, run.chunk, refine=not run.quick)
-        run.console.print(report.paths_table(rows, run.backend != "interpret", run.width))
+        run.out.print(report.paths_table(rows, run.backend != "interpret", run.width))
     if run.backend != "interpret" and any(r.get("measured_status") in ("found", "never") for r in rows):
         run.say(
             "the measured policy is in place: mla_attention(path='auto') and mlactl analyze --policy measured read it"
@@ -439,24 +463,8 @@ def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Option
 
 @tune_app.callback()
 @cli_errors
-def tune_all(
-    ctx: typer.Context,
-    model: ModelOpt = "deepseek-v3",
-    tp: TpOpt = "1",
-    backend: BackendOpt = "triton",
-    interpret: InterpretOpt = False,
-    device: DeviceOpt = None,
-    kv_dtype: TuneKvOpt = "auto",
-    dtype: TuneDtypeOpt = "auto",
-    quick: QuickOpt = False,
-    budget: BudgetOpt = None,
-    force: ForceOpt = False,
-    results_file: ResultsFileOpt = None,
-    warm: WarmOpt = False,
-    repeats: RepeatsOpt = 2,
-    ray: RayOpt = None,
-    workers: WorkersOpt = None,
-):
+@tune_options(*WHAT_RUNS, end=HOW_LONG)
+def tune_all(ctx: typer.Context, opts: dict):
     """Run the kernels for real: autotune launch configs, time both paths, measure ceilings.
 
     With no sub-command: ceilings, then kernel configs, then both paths, in one run and one results file.
@@ -467,7 +475,7 @@ def tune_all(
     """
     if ctx.invoked_subcommand is not None:
         return
-    run = Run.from_options(locals())
+    run = Run(**opts)
     run_ceilings(run)
     run.ctx.deadline = run.deadline(0.55)
     run_kernels(run, None, None)
@@ -478,63 +486,37 @@ def tune_all(
 
 @tune_app.command("ceilings")
 @cli_errors
-def tune_ceilings_cmd(
-    device: DeviceOpt = None,
-    quick: QuickOpt = False,
-    force: ForceOpt = False,
-    results_file: ResultsFileOpt = None,
-    ray: RayOpt = None,
-    workers: WorkersOpt = None,
-):
+@tune_options("device", "quick", "force", "results_file", "ray", "workers")
+def tune_ceilings_cmd(opts: dict):
     """Achieved matmul TFLOP/s per dtype and copy bandwidth, written as a measured hardware profile.
 
     Example: mlactl tune ceilings   (then: mlactl analyze --hardware h200 --measured)
     """
-    run = Run(
-        backend="torch",
-        device=device,
-        quick=quick,
-        force=force,
-        results_file=results_file,
-        warm=True,
-        run_name="ceilings",
-        ray=ray,
-        workers=workers,
-    )
+    run = Run(backend="torch", warm=True, run_name="ceilings", **opts)
     run_ceilings(run)
     run.finish()
 
 
+KernelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--kernel",
+        help="Comma-separated: mla_decode, mla_prefill, merge_attn_states, mla_sparse_decode "
+        "(default all; mla_sparse_decode only for a DSA model).",
+    ),
+]
+
+
 @tune_app.command("kernels")
 @cli_errors
+@tune_options(*WHAT_RUNS, end=HOW_LONG)
 def tune_kernels_cmd(
-    model: ModelOpt = "deepseek-v3",
-    tp: TpOpt = "1",
-    backend: BackendOpt = "triton",
-    interpret: InterpretOpt = False,
-    device: DeviceOpt = None,
-    kv_dtype: TuneKvOpt = "auto",
-    dtype: TuneDtypeOpt = "auto",
-    kernel: Annotated[
-        Optional[str],
-        typer.Option(
-            "--kernel",
-            help="Comma-separated: mla_decode, mla_prefill, merge_attn_states, mla_sparse_decode "
-            "(default all; mla_sparse_decode only for a DSA model).",
-        ),
-    ] = None,
+    opts: dict,
+    kernel: KernelOpt = None,
     space: Annotated[
         Optional[Path],
         typer.Option("--space", help="JSON list of configs to try instead of the built-in search space."),
     ] = None,
-    quick: QuickOpt = False,
-    budget: BudgetOpt = None,
-    force: ForceOpt = False,
-    results_file: ResultsFileOpt = None,
-    warm: WarmOpt = False,
-    repeats: RepeatsOpt = 2,
-    ray: RayOpt = None,
-    workers: WorkersOpt = None,
 ):
     """Search each kernel's launch space per shape bucket; every candidate checked against its twin.
 
@@ -542,7 +524,7 @@ def tune_kernels_cmd(
 
     Example: mlactl tune kernels --tp 8 --ray auto   (one worker per GPU of the cluster)
     """
-    run = Run.from_options(locals())
+    run = Run(**opts)
     run.ctx.deadline = run.deadline(1.0)
     run_kernels(run, kernel, space)
     run.finish()
@@ -550,14 +532,9 @@ def tune_kernels_cmd(
 
 @tune_app.command("paths")
 @cli_errors
+@tune_options(*WHAT_RUNS, end=HOW_LONG)
 def tune_paths_cmd(
-    model: ModelOpt = "deepseek-v3",
-    tp: TpOpt = "1",
-    backend: BackendOpt = "triton",
-    interpret: InterpretOpt = False,
-    device: DeviceOpt = None,
-    kv_dtype: TuneKvOpt = "auto",
-    dtype: TuneDtypeOpt = "auto",
+    opts: dict,
     batch: Annotated[Optional[str], typer.Option("--batch", "-b", help="Batch sizes (default 1).")] = None,
     new: Annotated[
         Optional[str],
@@ -567,14 +544,6 @@ def tune_paths_cmd(
         Optional[str],
         typer.Option("--prefix", "-p", help="Prefixes (default 0,4K,16K,32K on a GPU, 0,256,1K on a CPU)."),
     ] = None,
-    quick: QuickOpt = False,
-    budget: BudgetOpt = None,
-    force: ForceOpt = False,
-    results_file: ResultsFileOpt = None,
-    warm: WarmOpt = False,
-    repeats: RepeatsOpt = 2,
-    ray: RayOpt = None,
-    workers: WorkersOpt = None,
 ):
     """Time the whole expand and absorb paths over new-token counts; the measured crossover per prefix.
 
@@ -582,7 +551,7 @@ def tune_paths_cmd(
 
     Example: mlactl tune paths --backend torch --model teaching --tp 8 --ray --workers 2
     """
-    run = Run.from_options(locals())
+    run = Run(**opts)
     run.ctx.deadline = run.deadline(1.0)
     run_paths(run, batch, new, prefix)
     run.finish()
@@ -596,13 +565,7 @@ def tune_compile_cmd(
     arch: Annotated[
         str, typer.Option("--arch", help="Target GPU: sm_90 (H100/H200), sm_100 (B200) or sm_80 (A100).")
     ] = "sm_90",
-    kernel: Annotated[
-        Optional[str],
-        typer.Option(
-            "--kernel",
-            help="Comma-separated: mla_decode, mla_prefill, merge_attn_states, mla_sparse_decode (default all).",
-        ),
-    ] = None,
+    kernel: KernelOpt = None,
     kv_dtype: TuneKvOpt = "auto",
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
     candidates: Annotated[

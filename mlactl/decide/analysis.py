@@ -31,6 +31,7 @@ from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import PathTime
 from mlactl.results import store as results
+from mlactl.util import safe
 from mlactl.util.defaults import DEFAULT_CHUNK
 from mlactl.util.errors import MlactlError
 
@@ -133,7 +134,7 @@ def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> lis
         return []
     return [
         f"[red]at {int(over.sum())} point(s) the latent cache alone (up to {float(cache.max()):.3g} bytes "
-        f"per layer) exceeds the {hw.memory_gb:g} GB of {hw.name}: no path fits there (✗)[/]"
+        f"per layer) exceeds the {hw.memory_gb:g} GB of {safe.markup(hw.name)}: no path fits there (✗)[/]"
     ]
 
 

@@ -22,6 +22,7 @@ the memory budget as they come, so a 10M-row file is refused before it fills mem
 from __future__ import annotations
 
 import csv
+import io
 import re
 from array import array
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from mlactl.util.errors import MlactlError
+from mlactl.util.io import open_input
 from mlactl.util.limits import MAX_SIZE, check_requests
 
 # Rows between memory checks: cheap enough to be invisible, fine enough to stop early.
@@ -155,10 +157,8 @@ def _first(bad: np.ndarray) -> int:
 def read_rows(path: str | Path, what: str = "requests", fmt: str = "csv", rows_are: str = "requests") -> Rows:
     """Every row of a requests or workload CSV, checked (see the module docstring)."""
     path = Path(path)
-    try:
-        fh = open(path, encoding="utf-8-sig", newline="")
-    except OSError as exc:
-        raise MlactlError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    # the one reader: regular files only, never a read that blocks (mlactl.util.io)
+    fh = io.TextIOWrapper(open_input(path, what), encoding="utf-8-sig", newline="")
     cells: dict[str, list[str]] = {}
     lines = array("q")
     with fh:

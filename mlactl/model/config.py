@@ -15,8 +15,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from mlactl.util import safe
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import MAX_CONFIG_BYTES, read_json
+from mlactl.util.numbers import MAX_SIZE
 
 
 class Index(NamedTuple):
@@ -144,10 +146,13 @@ def from_hf_config(path: str | Path) -> MLAConfig:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise MlactlError(f"{path}: {hf} must be a positive integer, got {value!r}")
+        if value > MAX_SIZE:  # 2^31 heads or ranks: no model has them, and int64 products would overflow
+            raise MlactlError(f"{path}: {hf} {safe.text(value, 24)} is above the limit of {MAX_SIZE:,}")
         values[key] = value
     values.update(_dsa_values(data, path, values))
     name = data.get("_name_or_path") or data.get("model_type") or path.parent.name or "custom"
-    return MLAConfig(name=str(name), **values)
+    # a name from a file: printable from here on (markup and mathtext are escaped where drawn)
+    return MLAConfig(name=safe.text(name), **values)
 
 
 def _dsa_values(data: dict, path: Path, values: dict) -> dict:

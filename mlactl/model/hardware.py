@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 from importlib.resources import files
 from pathlib import Path
 
-from mlactl.util import dirs
+from mlactl.util import dirs, safe
 from mlactl.util.errors import MlactlError, warn
-from mlactl.util.io import MAX_CONFIG_BYTES, read_text
+from mlactl.util.io import MAX_CONFIG_BYTES, read_text, store_files
 from mlactl.util.suggest import did_you_mean
 
 if sys.version_info >= (3, 11):
@@ -121,9 +121,10 @@ def _strings(where: str, key: str, value) -> tuple[str, ...]:
 
 
 def _string(where: str, key: str, value) -> str:
+    """A name from the file, printable from here on (markup and mathtext are escaped where drawn)."""
     if not isinstance(value, str) or not value.strip():
         raise MlactlError(f"{where}: {key} must be a non-empty string, got {value!r}")
-    return value
+    return safe.text(value)
 
 
 def _peaks(where: str, table) -> dict[str, float]:
@@ -181,10 +182,9 @@ def shipped_dir() -> Path:
 
 def _profile_files() -> dict[str, Path]:
     """name -> file; a user's file of the same name replaces the shipped one."""
-    found = {p.stem: p for p in sorted(shipped_dir().glob("*.toml"))}
-    user = dirs.user_hardware_dir()
-    if user.is_dir():
-        found.update({p.stem: p for p in sorted(user.glob("*.toml"))})
+    found = {p.stem: p for p in store_files(shipped_dir(), "*.toml")}
+    # a FIFO or a directory named x.toml in the user's folder is skipped with a warning
+    found.update({p.stem: p for p in store_files(dirs.user_hardware_dir(), "*.toml")})
     return found
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from mlactl.model.cost import CostModel, Op
 from mlactl.model.hardware import HardwareProfile
+from mlactl.util import progress
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,18 @@ def path_times(cost: CostModel, hw: HardwareProfile, paths, batch, new, prefix) 
     return {p: path_time(cost.ops(p, batch, new, prefix), hw, cost.dtype, p) for p in paths}
 
 
+# The crossover search (crossover_by_time). Every n up to EXACT_UP_TO is evaluated; beyond it
+# the range is searched by bounds, which is exact when each path's time does not fall as n grows
+# (the roofline's never does: every op's FLOPs and bytes grow with n).
+EXACT_UP_TO = 1024
+# Evaluations per array call: 2^16 points x 2 paths is a few MB of float64 temporaries, where the
+# old doubling blocks reached 8 GB on a 16M-token search.
+BLOCK = 1 << 16
+# An interval of at most LEAF counts that the bounds cannot rule out is evaluated point by point.
+LEAF = 64
+SPLIT = 16  # sub-intervals an undecided interval is cut into
+
+
 def crossover_by_time(
     cost: CostModel,
     hw: HardwareProfile,
@@ -85,28 +98,38 @@ def crossover_by_time(
     prefix, paths) -> {path: PathTime}` replaces the roofline (mlactl.decide.calibration.time
     passes the calibrated one).
 
-    Roofline times are piecewise (a max per op), so there is no closed form: every n from 1 up
-    is evaluated, in blocks, until each prefix has its answer.
+    Roofline times are piecewise (a max per op), so there is no closed form. Every n from 1 to
+    EXACT_UP_TO is evaluated, in blocks of at most BLOCK points. Beyond it, an interval [a, b]
+    of counts holds no win when `path` at a is already no faster than absorb at b (each time
+    grows with n), so whole intervals are ruled out at the cost of two evaluations, and only the
+    intervals the bound cannot rule out are cut finer, down to LEAF counts evaluated one by one.
+    Memory stays a few MB whatever max_new is, and a 2^31-token search takes milliseconds where
+    the crossover is far or absent (tests/test_cost.py checks it against the plain scan).
     """
+
+    timed = _timer(cost, hw, batch, times)
     prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
     found: list[int | None] = [None] * len(prefixes)
-    todo = np.arange(len(prefixes))
-    start, block = 1, 256  # most crossovers lie in the hundreds: start small, double
-    while len(todo) and start <= max_new:
-        stop = min(start + block, max_new + 1)
-        n = np.arange(start, stop, dtype=np.float64)[None, :]
-        p = prefixes[todo][:, None]
-        if times is None:
-            timed = path_times(cost, hw, (path, "absorb"), batch, n, p)
-        else:
-            timed = times(batch, n, p, (path, "absorb"))
-        wins = timed[path].time_s < timed["absorb"].time_s  # [len(todo), block]
-        hit = wins.any(axis=1)
-        first = wins.argmax(axis=1)
-        for i in np.flatnonzero(hit):
-            found[todo[i]] = int(start + first[i])
-        todo = todo[~hit]
-        start, block = stop, block * 2
+    with progress.task(f"crossover search ({path} against absorb)", total=len(prefixes)) as bar:
+        # 1. every count up to EXACT_UP_TO, a block of counts for all open prefixes at a time
+        todo = np.arange(len(prefixes))
+        start, stop_at = 1, min(EXACT_UP_TO, max_new)
+        while len(todo) and start <= stop_at:
+            width = max(1, min(BLOCK // len(todo), stop_at - start + 1))
+            n = np.arange(start, start + width, dtype=np.float64)[None, :]
+            t = timed(n, prefixes[todo][:, None], (path, "absorb"))
+            wins = t[path] < t["absorb"]  # [len(todo), width]
+            hit = wins.any(axis=1)
+            first = wins.argmax(axis=1)
+            for i in np.flatnonzero(hit):
+                found[todo[i]] = int(start + first[i])
+            bar.advance(int(hit.sum()))
+            todo = todo[~hit]
+            start += width
+        # 2. beyond it, by bounds: intervals (prefix index, a, b), the undecided ones cut finer
+        if len(todo) and max_new > EXACT_UP_TO:
+            _bounded_search(timed, prefixes, todo, EXACT_UP_TO + 1, max_new, path, found)
+        bar.advance(len(todo))
     return found
 
 
@@ -126,27 +149,126 @@ def window_by_time(
     `path` cannot run (cost.applicable) is never a win. `times(batch, new, prefix, paths)` replaces
     the roofline as in crossover_by_time.
 
-    Every n is evaluated, in blocks of rows of prefixes; a DSA model's windows close within a
-    few thousand new tokens, but the whole range is searched so that nothing is assumed."""
+    Every n up to EXACT_UP_TO is evaluated. Beyond it the range is cut into intervals [a, b]
+    classified by their ends, exact under crossover_by_time's premise (no path's time falls as n
+    grows) and with a path that runs at b running at a (applicability only ends as n grows):
+    no win when `path` cannot run at a or path(a) >= against(b); all wins when it runs at b and
+    path(b) < against(a); otherwise cut into SPLIT pieces, down to LEAF counts evaluated one by
+    one. Only the intervals around a window's two ends are refined, so a 16M-token search costs
+    about what a 16K one does (tests/test_dsa.py checks it against the plain scan)."""
     prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
-    first = np.full(len(prefixes), -1, dtype=np.int64)
-    last = np.full(len(prefixes), -1, dtype=np.int64)
+    timed = _timer(cost, hw, batch, times)
+    first = np.full(len(prefixes), max_new + 1, dtype=np.int64)
+    last = np.zeros(len(prefixes), dtype=np.int64)
     count = np.zeros(len(prefixes), dtype=np.int64)
-    start, block = 1, 4096
-    while start <= max_new:
-        stop = min(start + block, max_new + 1)
-        n = np.arange(start, stop, dtype=np.float64)[None, :]
-        p = prefixes[:, None]
-        if times is None:
-            timed = path_times(cost, hw, (path, against), batch, n, p)
-        else:
-            timed = times(batch, n, p, (path, against))
-        wins = (timed[path].time_s < timed[against].time_s) & cost.applicable(path, batch, n, p)
+
+    def runs(n, p):
+        return np.broadcast_to(cost.applicable(path, batch, n, p), np.broadcast_shapes(np.shape(n), np.shape(p)))
+
+    def count_wins(k, a, b):
+        """Evaluate every count of the intervals (prefix index k, a, b), each at most `width` long."""
+        width = int((b - a).max()) + 1
+        n = a[:, None] + np.arange(width)[None, :]
+        valid = n <= b[:, None]
+        n = np.minimum(n, b[:, None]).astype(np.float64)
+        p = prefixes[k][:, None]
+        t = timed(n, p, (path, against))
+        wins = (t[path] < t[against]) & runs(n, p) & valid
         hit = wins.any(axis=1)
-        lo = start + wins.argmax(axis=1)
-        hi = start + (wins.shape[1] - 1 - wins[:, ::-1].argmax(axis=1))
-        first = np.where(hit & (first < 0), lo, first)
-        last = np.where(hit, hi, last)
-        count += wins.sum(axis=1)
-        start = stop
-    return [None if f < 0 else (int(f), int(l), int(c)) for f, l, c in zip(first, last, count)]
+        lo = a + wins.argmax(axis=1)
+        hi = a + (width - 1 - wins[:, ::-1].argmax(axis=1))
+        np.minimum.at(first, k[hit], lo[hit])
+        np.maximum.at(last, k[hit], hi[hit])
+        np.add.at(count, k, wins.sum(axis=1))
+
+    # 1. every count up to EXACT_UP_TO: a block of counts for all prefixes at a time
+    stop_at = min(EXACT_UP_TO, max_new)
+    width = max(1, min(BLOCK // max(1, len(prefixes)), stop_at))
+    everyone = np.arange(len(prefixes))
+    for start in range(1, stop_at + 1, width):
+        end = min(start + width - 1, stop_at)
+        count_wins(everyone, np.full(len(prefixes), start), np.full(len(prefixes), end))
+    # 2. beyond it, by the ends of intervals (prefix index, a, b)
+    k, a, b = everyone, np.full(len(prefixes), EXACT_UP_TO + 1), np.full(len(prefixes), max_new)
+    keep = a <= b
+    k, a, b = k[keep], a[keep], b[keep]
+    while len(k):
+        leaf = b - a + 1 <= LEAF
+        for s in range(0, int(leaf.sum()), max(1, BLOCK // LEAF)):
+            part = np.flatnonzero(leaf)[s : s + BLOCK // LEAF]
+            count_wins(k[part], a[part], b[part])
+        k, a, b = k[~leaf], a[~leaf], b[~leaf]
+        if not len(k):
+            break
+        p = prefixes[k]
+        fa, fb = a.astype(np.float64), b.astype(np.float64)
+        ta, tb = timed(fa, p, (path, against)), timed(fb, p, (path, against))
+        run_a, run_b = runs(fa, p), runs(fb, p)
+        none = ~run_a | (ta[path] >= tb[against])
+        every = ~none & run_b & (tb[path] < ta[against])
+        np.minimum.at(first, k[every], a[every])
+        np.maximum.at(last, k[every], b[every])
+        np.add.at(count, k[every], (b - a + 1)[every])
+        cut = ~none & ~every
+        k, a, b = k[cut], a[cut], b[cut]
+        size = -(-(b - a + 1) // SPLIT)
+        ca = a[:, None] + np.arange(SPLIT)[None, :] * size[:, None]
+        cb = np.minimum(ca + size[:, None] - 1, b[:, None])
+        real = ca <= b[:, None]
+        k = np.broadcast_to(k[:, None], ca.shape)[real]
+        a, b = ca[real], cb[real]
+    return [None if c == 0 else (int(f), int(l), int(c)) for f, l, c in zip(first, last, count)]
+
+
+def _timer(cost: CostModel, hw: HardwareProfile, batch: int, times):
+    """timed(n, p, paths) -> {path: time_s array of n's and p's broadcast shape}, by the roofline or
+    by `times(batch, new, prefix, paths)`."""
+
+    def timed(n, p, paths):
+        n, p = np.asarray(n, dtype=np.float64), np.asarray(p, dtype=np.float64)
+        out = path_times(cost, hw, paths, batch, n, p) if times is None else times(batch, n, p, paths)
+        shape = np.broadcast_shapes(np.shape(n), np.shape(p))
+        return {k: np.broadcast_to(np.asarray(out[k].time_s, dtype=np.float64), shape) for k in paths}
+
+    return timed
+
+
+def _bounded_search(timed, prefixes, todo, low: int, high: int, path: str, found: list) -> None:
+    """The smallest winning count in [low, high] for each prefix index in `todo`, into `found`.
+
+    Depth first, leftmost first: each round takes every open prefix's leftmost interval; a leaf
+    is evaluated count by count (its first win is the prefix's answer, since every interval left
+    of it was ruled out or held no win), a larger one is cut into SPLIT pieces whose bounds are
+    evaluated together, and the pieces the bound cannot rule out go back on the prefix's stack,
+    leftmost on top. All prefixes' intervals of a round are evaluated in one call."""
+    stacks = {int(i): [(low, high)] for i in todo}  # each stack's last item is its leftmost interval
+    while stacks:
+        taken = [(i, *stacks[i].pop()) for i in list(stacks)]
+        leaves = [t for t in taken if t[2] - t[1] + 1 <= LEAF]
+        wide = [t for t in taken if t[2] - t[1] + 1 > LEAF]
+        for s in range(0, len(leaves), max(1, BLOCK // LEAF)):
+            part = np.asarray(leaves[s : s + BLOCK // LEAF], dtype=np.int64)
+            k, a, b = part[:, 0], part[:, 1], part[:, 2]
+            n = a[:, None] + np.arange(LEAF)[None, :]
+            valid = n <= b[:, None]
+            t = timed(np.minimum(n, b[:, None]), prefixes[k][:, None], (path, "absorb"))
+            wins = (t[path] < t["absorb"]) & valid
+            for j in np.flatnonzero(wins.any(axis=1)):
+                found[k[j]] = int(n[j, wins[j].argmax()])
+                stacks.pop(int(k[j]), None)  # its first win: nothing to its right can be smaller
+        if wide:
+            part = np.asarray(wide, dtype=np.int64)
+            k, a, b = part[:, 0], part[:, 1], part[:, 2]
+            size = -(-(b - a + 1) // SPLIT)
+            ca = a[:, None] + np.arange(SPLIT)[None, :] * size[:, None]  # [len(wide), SPLIT]
+            cb = np.minimum(ca + size[:, None] - 1, b[:, None])
+            real = ca <= b[:, None]
+            p = np.broadcast_to(prefixes[k][:, None], ca.shape)
+            # no win in [a, b] when path(a) >= absorb(b): each time grows with n
+            open_ = (timed(ca, p, (path,))[path] < timed(cb, p, ("absorb",))["absorb"]) & real
+            for row, i in enumerate(k.tolist()):
+                if i in stacks:
+                    kept = zip(ca[row][open_[row]][::-1], cb[row][open_[row]][::-1])
+                    stacks[i].extend((int(x), int(y)) for x, y in kept)
+        for i in [i for i, stack in stacks.items() if not stack]:
+            del stacks[i]  # every interval ruled out: no win up to `high`

@@ -8,44 +8,29 @@ A size list is comma-separated items; each item is
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
+from mlactl.util import numbers
 from mlactl.util.errors import MlactlError
-from mlactl.util.limits import MAX_SIZE, check_points, max_values
+from mlactl.util.limits import check_points, max_values
+from mlactl.util.numbers import must_be
 
-_SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
-# ASCII digits only: str.isdigit() and \\d also take '²' or '٣', which int() then refuses or reads.
-_INT = re.compile(r"^\s*([+-]?[0-9]+)\s*([kKmM]?)\s*$", re.ASCII)
+# ASCII digits only (mlactl.util.numbers): str.isdigit() and \\d also take '²' or '٣'.
+_INT = numbers.INT
 MAX_POINTS = 50_000_000
 
 
-def _must(minimum: int) -> str:
-    return "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-
-
 def _int(text: str, option: str, item: str, minimum: int = 1) -> int:
-    match = _INT.match(text)
-    if not match:
-        raise MlactlError(f"{option}: {item!r} is not a whole number (use digits, optionally K or M)")
-    digits = match.group(1).lstrip("+-").lstrip("0")
-    if len(digits) > 19:  # do not even build a 10**4300-digit int
-        value = MAX_SIZE + 1
-    else:
-        value = int(match.group(1)) * _SUFFIX[match.group(2).lower()]
-    if value > MAX_SIZE:
-        raise MlactlError(f"{option}: {item.strip()!r} is above the limit of {MAX_SIZE:,} (2^31 - 1)")
-    if value < 0:
-        raise MlactlError(f"{option}: {item.strip()} must be {_must(max(minimum, 0))}")
-    return value
+    """A size of a list: refused here when negative (saying what `minimum` is); a size from 0 to
+    `minimum` - 1 is refused by parse_sizes, which names the value rather than the range."""
+    return numbers.integer(text, option, 0, item=item, negative=must_be(max(minimum, 0)))
 
 
 def parse_int(text: str, option: str, minimum: int = 0) -> int:
     """One size, K and M suffixes allowed, minimum <= value <= MAX_SIZE: how a CSV cell is read."""
-    value = _int(text, option, text, minimum)
+    value = numbers.integer(text, option, 0)
     if value < minimum:
-        raise MlactlError(f"{option} {value} must be {_must(minimum)}")
+        raise MlactlError(f"{option} {value} must be {must_be(minimum)}")
     return value
 
 
@@ -96,7 +81,7 @@ def parse_sizes(spec: str | int | list, option: str, minimum: int = 1) -> list[i
             values.update(range(start, stop + 1, step))
     bad = sorted(v for v in values if v < minimum)
     if bad:
-        raise MlactlError(f"{option}: {bad[0]} must be {_must(minimum)}")
+        raise MlactlError(f"{option}: {bad[0]} must be {must_be(minimum)}")
     return sorted(values)
 
 

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from mlactl.decide.analysis import Analysis, BatchAnalysis, Crossover, Window
 from mlactl.output.tables import KEY, Col, Column, fit, table
+from mlactl.util import safe
 
 SHORT = {
     "expand": "expand",
@@ -46,9 +47,9 @@ def header(analysis: Analysis) -> str:
     ceilings = "measured" if hw.using_measured else "nominal"
     dsa = f" topk={cfg.topk} Hi={cfg.index_heads} di={cfg.index_dim}" if cfg.is_dsa else ""
     return (
-        f"[bold]{cfg.name}[/]: H={cfg.H}{tp} r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}{dsa}, "
+        f"[bold]{safe.markup(cfg.name)}[/]: H={cfg.H}{tp} r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}{dsa}, "
         f"kv cache {cost.kv_dtype}, {cost.dtype} compute, {analysis.layers} layer(s)\n"
-        f"[bold]{hw.display}[/] ({ceilings}): {hw.peak_tflops[cost.dtype]:g} TFLOP/s {cost.dtype}, "
+        f"[bold]{safe.markup(hw.display)}[/] ({ceilings}): {hw.peak_tflops[cost.dtype]:g} TFLOP/s {cost.dtype}, "
         f"{hw.bandwidth_tbs:g} TB/s, ridge {hw.ridge(cost.dtype):.1f} FLOP/byte"
     )
 
@@ -306,8 +307,8 @@ def hardware_table(profiles, width: int | None = None) -> Table:
     ]
     rows = [
         [
-            hw.name,
-            hw.display,
+            safe.markup(hw.name),
+            safe.markup(hw.display),
             f"{hw.peak_tflops.get('bf16', float('nan')):g}",
             f"{hw.peak_tflops['fp8']:g}" if "fp8" in hw.peak_tflops else "—",
             f"{hw.bandwidth_tbs:g}",

@@ -28,6 +28,7 @@ from mlactl.decide.replay.replay import EngineReplay, Replay
 from mlactl.output.csvout import Labels
 from mlactl.output.csvout import write_csv as write
 from mlactl.output.render import SHORT, engine_lines, seconds
+from mlactl.util import safe
 
 SCHEMA = "mlactl.replay"
 SCHEMA_VERSION = 1
@@ -69,8 +70,9 @@ def header(result: Replay) -> str:
     w = result.weights.weights
     cache = "off" if not s.prefix_cache else f"{result.capacity_tokens:,} tokens"
     return (
-        f"[bold]{cfg.name}[/] (tp {cfg.tp}, {w.dtype} weights, {result.weights.model_bytes / 1e9:.1f} GB a GPU) on "
-        f"[bold]{hw.display}[/], kv cache {result.cost.kv_dtype}; trace {t.path}: {len(t):,} requests over "
+        f"[bold]{safe.markup(cfg.name)}[/] (tp {cfg.tp}, {w.dtype} weights, "
+        f"{result.weights.model_bytes / 1e9:.1f} GB a GPU) on [bold]{safe.markup(hw.display)}[/], "
+        f"kv cache {result.cost.kv_dtype}; trace {safe.markup(t.path)}: {len(t):,} requests over "
         f"{t.duration_s:,.0f} s ({t.format}); steps of at most {s.max_batch_tokens:,} new tokens and "
         f"{s.max_running} requests; KV pool {result.capacity_tokens:,} tokens, prefix cache {cache}; "
         f"{time_kind(result)} attention times, every layer"
@@ -162,7 +164,7 @@ def sweep_sentence(result: Replay, e: EngineReplay) -> str:
     else:
         verdict = f"best threshold {s.best} (any from {span}), saves {_share(s.saves)}"
     head = f"{e.engine.name}'s {s.option} ({s.compares})"
-    return f"{head} {s.current} on {result.hw.name} for this trace: {verdict}"
+    return f"{head} {s.current} on {safe.markup(result.hw.name)} for this trace: {verdict}"
 
 
 def tables(result: Replay) -> list:

@@ -26,7 +26,7 @@ from rich.text import Text
 
 def cell_width(cell) -> int:
     """Terminal cells of the widest line of a cell (markup read, not counted)."""
-    text = cell if isinstance(cell, Text) else Text.from_markup(str(cell))
+    text = cell if isinstance(cell, Text) else Text.from_markup(str(cell), emoji=False)  # as printed
     return max((Text(line).cell_len for line in text.plain.splitlines()), default=0)
 
 

@@ -9,6 +9,7 @@ from rich.table import Table
 from mlactl.output.render import seconds
 from mlactl.output.tables import Col, table
 from mlactl.tune import noise
+from mlactl.util import safe
 
 
 def _config_text(config) -> str:
@@ -190,18 +191,19 @@ def compile_table(results: list[dict], width: int | None = None):
         config = " ".join(f"{k}={v}" for k, v in r["config"].items())
         if r.get("variant"):
             config += f" [{r['variant']}]"
+        config = safe.markup(config)  # "[split]" is a variant's name, not a rich style
         out = r.get("out_dtype") or "-"
         if r.get("num_splits"):
             out += f" x{r['num_splits']}"
         if r.get("error"):
-            rows.append(
-                [r["kernel"], shape, config, r["arch"], out, "-", "-", "-", "-", "-", "-", f"[red]{r['error']}[/]"]
-            )
+            error = f"[red]{safe.markup(r['error'], 400)}[/]"
+            rows.append([r["kernel"], shape, config, r["arch"], out, "-", "-", "-", "-", "-", "-", error])
             continue
         loop = r["wgmma_per_loop"] or r["mma_per_loop"]
         ratio = r.get("issued_mma_over_needed")
         spill = str(r["spill_bytes"]) if not r["spill_bytes"] else f"[red]{r['spill_bytes']}[/]"
-        warn = "; ".join(r["warnings"]) or ("[red]" + r["dropped"] + "[/]" if r.get("dropped") else "")
+        dropped = "[red]" + safe.markup(r["dropped"], 400) + "[/]" if r.get("dropped") else ""
+        warn = safe.markup("; ".join(r["warnings"]), 400) or dropped
         rows.append([
             r["kernel"], shape, config, r["arch"], out, f"{r['smem_bytes'] / 1024:.1f}", str(r["registers"]), spill,
             str(r["stack_bytes"]), str(loop), "-" if ratio is None else f"{ratio:.2f}", warn,

@@ -19,6 +19,7 @@ from mlactl.model import hardware
 from mlactl.results import store
 from mlactl.util import dirs
 from mlactl.util.errors import MlactlError, warn
+from mlactl.util.io import store_files
 
 DIMS = ("H", "r", "dC", "dR", "dV")
 
@@ -144,8 +145,7 @@ def find_results(
     if folder is None and device_name is not None:
         root = root / dirs.device_slug(device_name)
     best, best_created, best_path = None, "", None
-    files = sorted(root.rglob("*.json")) if root.is_dir() else []
-    for path in files:
+    for path in store_files(root, "*.json", recursive=True):  # a FIFO there: skipped, with a warning
         try:
             data = store.load(path)
         except MlactlError as exc:  # one bad file must not hide the others, nor stop the command

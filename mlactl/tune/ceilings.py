@@ -176,6 +176,6 @@ def write_measured_profile(name_of_device: str, measured: dict, folder: Path | N
     profile["measured"] = table
     folder = folder or dirs.user_hardware_dir()
     path = folder / f"{dirs.path_component(profile['name'])}.toml"  # a name, never a path
-    atomic_write(path, profile_toml(profile))
+    atomic_write(path, profile_toml(profile), update=True)  # the user's profile of this device, read above
     hardware.load_profile(path)  # what we wrote must read back
     return path

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import time
 from pathlib import Path
 
 from mlactl.kernels import configs
 from mlactl.results import store as results
 from mlactl.util import dirs
 from mlactl.util.errors import MlactlError, warn
-from mlactl.util.io import atomic_write, locked
+from mlactl.util.io import atomic_write, keep_aside, locked
 
 
 def _key(section: str, entry: dict) -> tuple:
@@ -121,20 +119,9 @@ class ResultsStore:
                 )
 
     def _move_aside(self) -> Path:
-        """Rename the file to NAME.STAMP[.N].json, a name reserved first with an exclusive
-        create: a plain rename would silently overwrite a backup another run just made."""
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        for n in range(10_000):
-            target = self.path.with_name(f"{self.path.stem}.{stamp}{f'.{n}' if n else ''}{self.path.suffix}")
-            try:
-                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                raise MlactlError(f"cannot keep {self.path} aside as {target}: {exc.strerror or exc}") from None
-            os.replace(self.path, target)  # over our own empty reservation only
-            return target
-        raise MlactlError(f"cannot keep {self.path} aside: 10,000 backups of it exist already")
+        """Rename the file to NAME.STAMP[.N].json (mlactl.util.io.keep_aside): a name reserved
+        first with an exclusive create, so no backup another run just made is overwritten."""
+        return keep_aside(self.path)
 
     def _save(self) -> None:
         with locked(self.path):
@@ -147,7 +134,8 @@ class ResultsStore:
                     on_disk = None  # never merge a corrupt file; ours replaces it
             if on_disk is not None and all(on_disk.get(k) == self.data.get(k) for k in IDENTITY):
                 self.data = merge(self.data, on_disk)
-            atomic_write(self.path, json.dumps(_finite(self.data), indent=1, allow_nan=False) + "\n")
+            # this run's own file, read above to merge: an update, not an input overwritten
+            atomic_write(self.path, json.dumps(_finite(self.data), indent=1, allow_nan=False) + "\n", update=True)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -213,5 +201,5 @@ def write_tuned_config(
                 raise MlactlError(f"{path}: {exc}; move it away to let tune write a new one") from None
         data["triton_version"] = triton_version
         data["configs"][bucket] = config
-        atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n", update=True)
     return path

@@ -7,6 +7,8 @@ import os
 import re
 from pathlib import Path
 
+from mlactl.util import safe
+
 ENV_HOME = "MLACTL_HOME"
 
 
@@ -26,11 +28,9 @@ def results_dir() -> Path:
 
 
 def path_component(name: str, limit: int = 120) -> str:
-    """`name` as one safe file or folder name: letters, digits, '.', '-', '_' and '=' kept, any
-    other run of characters (a '/' above all) becomes '_', and no leading dot, so '..', '/tmp/x'
-    or '../../x' from a config.json's _name_or_path stays one name inside its folder."""
-    safe = re.sub(r"[^A-Za-z0-9.=\-_]+", "_", str(name).strip()).strip("._") or "unnamed"
-    return safe[:limit]
+    """`name` as one safe file or folder name (mlactl.util.safe.filename): '..', '/tmp/x' or
+    '../../x' from a config.json's _name_or_path stays one name inside its folder."""
+    return safe.filename(name, limit)
 
 
 def device_slug(device_name: str) -> str:

@@ -1,27 +1,41 @@
-"""Writing and reading files safely.
+"""Reading and writing files safely: the one reader and the one writer every command uses.
 
-Writes: a regular file is replaced atomically (a reader sees the old file or the new one, never
-half of one, and a killed write leaves the old file in place, so nothing a user measured is lost).
-The replacement keeps the old file's mode; a symlink is followed and its target replaced, the
-link left as it was. A character device, a FIFO, a socket, /dev/stdout, /dev/stderr, /dev/fd/N
-or anything under /proc/ is written directly: replacing it would turn /dev/null into a regular
-file, or leave a shell's redirection pointing at the old file.
+Reads (`open_input`, and `read_bytes`/`read_text`/`read_json` over it): the file is opened with
+O_NONBLOCK and its type checked on the open descriptor before a byte is read, so a FIFO, a
+device, a socket or a directory given as an input is one error line instead of a read that blocks
+or runs forever; only a regular file is read (and stdin as `-` where a command documents it).
+Reads are capped in size, and JSON nested past Python's recursion limit is an error line, not a
+RecursionError. Store folders ($MLACTL_HOME/hardware, results, calibrations) are listed with
+`store_files`, which skips anything that is not a regular file with a warning naming it.
 
-Reads: capped in size (`--model /dev/zero` must not read forever); JSON nested past Python's
-recursion limit is an error line, not a RecursionError.
+Writes (`atomic_open`, `atomic_write`): a regular file is replaced atomically (a reader sees the
+old file or the new one, never half of one, and a killed write leaves the old file in place, so
+nothing a user measured is lost). The replacement keeps the old file's mode; a symlink is followed
+and its target replaced, the link left as it was. A character device, a FIFO, a socket,
+/dev/stdout, /dev/stderr, /dev/fd/N or anything under /proc/ is written directly: replacing it
+would turn /dev/null into a regular file, or leave a shell's redirection pointing at the old file.
+Inside a command (`command_scope`, which the CLI opens for every command), every file read is
+remembered, and a write that resolves to one of them is refused: `-o run.json` cannot destroy
+the `--results run.json` it was computed from. A store that updates the file it read (a results
+file, a tuned-config file) says so with `update=True`. Temporary, lock and backup names beside a
+file are cut to fit the file system's longest name (255 bytes), so a legal 255-byte name works.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import json
 import os
 import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
 
-from mlactl.util.errors import MlactlError
+from mlactl.util import safe
+from mlactl.util.errors import MlactlError, warn
 
 try:
     import fcntl
@@ -35,7 +49,66 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a config.json, a TOML profile, a --space 
 
 
 def _fail(path, exc: OSError):
-    return MlactlError(f"cannot write {path}: {exc.strerror or exc}")
+    return MlactlError(f"cannot write {safe.text(path)}: {exc.strerror or exc}")
+
+
+# -- what a command has read: an output may not replace it ---------------------------------------
+
+_INPUTS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("mlactl_inputs", default=None)
+
+
+@contextlib.contextmanager
+def command_scope():
+    """Remember the files read until the block ends (one command), so that `atomic_open`
+    refuses to replace any of them. Nested scopes share the outer one (tune's group and its
+    sub-command are one command)."""
+    if _INPUTS.get() is not None:
+        yield
+        return
+    token = _INPUTS.set({})
+    try:
+        yield
+    finally:
+        _INPUTS.reset(token)
+
+
+def _remember(st: os.stat_result, path) -> None:
+    inputs = _INPUTS.get()
+    if inputs is not None and stat.S_ISREG(st.st_mode):
+        inputs.setdefault((st.st_dev, st.st_ino), str(path))
+
+
+def _input_named(target) -> str | None:
+    """The input of this command that `target` (an existing file) is, if it is one."""
+    inputs = _INPUTS.get()
+    if not inputs:
+        return None
+    try:
+        st = os.stat(target)
+    except OSError:
+        return None
+    return inputs.get((st.st_dev, st.st_ino))
+
+
+def refuse_input(path, option: str = "") -> None:
+    """Refuse `path` as an output when it resolves (links, hard links, `./` spellings all
+    included) to a file this command read: checked by `atomic_open` and, before the work
+    starts, by commands that know their output early."""
+    found = _input_named(path)
+    if found is not None:
+        what = f"{option} {safe.text(path)}" if option else safe.text(path)
+        same = "" if os.path.abspath(found) == os.path.abspath(path) else f" (the same file as {safe.text(found)})"
+        raise MlactlError(
+            f"cannot write {what}: it is an input of this command{same}; write to another file (the input is kept)"
+        )
+
+
+def name_max(folder) -> int:
+    """The longest file name (bytes) the file system of `folder` allows; 255 where it cannot say."""
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        return safe.NAME_MAX
 
 
 def _direct(path: Path) -> bool:
@@ -53,13 +126,16 @@ def _direct(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "wb"):
+def atomic_open(path: str | Path, mode: str = "wb", update: bool = False):
     """Open `path` for writing. A regular file (or a new one) is written to a temporary file
     beside it, then flushed, synced and renamed over it; on any error the temporary file is
-    removed and `path` is untouched. Special files are written directly (module docstring)."""
+    removed and `path` is untouched. Special files are written directly (module docstring).
+    A file this command read is refused unless `update` (a store rewriting its own file)."""
     path = Path(path)
     if os.path.isdir(path):
-        raise MlactlError(f"cannot write {path}: it is a directory; give a file name")
+        raise MlactlError(f"cannot write {safe.text(path)}: it is a directory; give a file name")
+    if not update:
+        refuse_input(path)
     if _direct(path):
         try:
             # append: for a device or FIFO it is the same, and `-o /dev/stdout >> log` keeps the log
@@ -76,7 +152,7 @@ def atomic_open(path: str | Path, mode: str = "wb"):
         return
     target = Path(os.path.realpath(path))  # a symlink: replace what it points to, keep the link
     if target.is_dir():
-        raise MlactlError(f"cannot write {path}: it is a directory; give a file name")
+        raise MlactlError(f"cannot write {safe.text(path)}: it is a directory; give a file name")
     folder = target.parent
     try:
         old = os.stat(target)
@@ -84,7 +160,9 @@ def atomic_open(path: str | Path, mode: str = "wb"):
         old = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
+        # mkstemp adds 8 characters between prefix and suffix: cut the name so that the whole fits
+        prefix = safe.fit_name(target.name, head=".", tail=".", limit=name_max(folder) - 8 - len(".tmp"))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".tmp")
     except OSError as exc:
         raise _fail(path, exc) from None
     try:
@@ -109,26 +187,74 @@ def atomic_open(path: str | Path, mode: str = "wb"):
         raise
 
 
-def read_bytes(path: str | Path, what: str, limit: int = MAX_READ_BYTES) -> bytes:
-    """A file's bytes, at most `limit` of them; a directory, an unreadable file or one above the
-    cap is one line naming the file."""
+KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def kind(mode: int) -> str:
+    """'a regular file', 'a FIFO (named pipe)', 'a directory', ... for a stat mode."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return next((name for test, name in KINDS if test(mode)), "not a regular file")
+
+
+def open_input(path: str | Path, what: str, stdin: bool = False):
+    """Open an input for reading in binary: a regular file, or stdin for `-` when `stdin`. The
+    file is opened with O_NONBLOCK (a FIFO with no writer does not block the open) and its type
+    is checked on the descriptor, so nothing swapped in between is read; anything but a regular
+    file is one MlactlError line. The caller closes it (stdin is not closed: the handle returned
+    is a duplicate)."""
+    if stdin and str(path) == "-":
+        return os.fdopen(os.dup(sys.stdin.fileno()), "rb")
+    shown = safe.text(path)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise MlactlError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        if exc.errno == errno.ENXIO:  # a socket (or a FIFO on some systems) cannot be opened so
+            with contextlib.suppress(OSError):
+                found = kind(os.stat(path).st_mode)
+                raise MlactlError(f"cannot read {what} {shown}: it is {found}, not a regular file") from None
+        raise MlactlError(f"cannot read {what} {shown}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise MlactlError(f"cannot read {what} {shown}: it is {kind(st.st_mode)}, not a regular file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)  # ordinary reads from here on (a regular file never blocks)
+        _remember(st, path)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str | Path, what: str, limit: int = MAX_READ_BYTES, stdin: bool = False) -> bytes:
+    """A file's bytes, at most `limit` of them, read through `open_input`; anything but a
+    regular file, an unreadable file or one above the cap is one line naming the file."""
+    with open_input(path, what, stdin) as fh:
+        try:
+            data = fh.read(limit + 1)
+        except OSError as exc:
+            raise MlactlError(f"cannot read {what} {safe.text(path)}: {exc.strerror or exc}") from None
     if len(data) > limit:
-        raise MlactlError(f"cannot read {what} {path}: larger than {limit // (1024 * 1024)} MiB")
+        raise MlactlError(f"cannot read {what} {safe.text(path)}: larger than {limit // (1024 * 1024)} MiB")
     return data
 
 
-def read_text(path: str | Path, what: str, limit: int = MAX_READ_BYTES) -> str:
+def read_text(path: str | Path, what: str, limit: int = MAX_READ_BYTES, stdin: bool = False) -> str:
     """A file's text (UTF-8; a byte-order mark is dropped), or one line saying which file could
     not be read and why."""
     try:
-        return read_bytes(path, what, limit).decode("utf-8-sig")
+        return read_bytes(path, what, limit, stdin).decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise MlactlError(f"cannot read {what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise MlactlError(
+            f"cannot read {what} {safe.text(path)}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
 
 
 def loads_json(text: str, where: str, hint: str = ""):
@@ -141,11 +267,11 @@ def loads_json(text: str, where: str, hint: str = ""):
     try:
         return json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as exc:
-        raise MlactlError(f"{where}: line {exc.lineno}: not valid JSON ({exc.msg}){hint}") from None
+        raise MlactlError(f"{safe.text(where)}: line {exc.lineno}: not valid JSON ({exc.msg}){hint}") from None
     except RecursionError:
-        raise MlactlError(f"{where}: nested too deeply to be a file mlactl reads{hint}") from None
+        raise MlactlError(f"{safe.text(where)}: nested too deeply to be a file mlactl reads{hint}") from None
     except ValueError as exc:
-        raise MlactlError(f"{where}: not valid JSON ({exc}){hint}") from None
+        raise MlactlError(f"{safe.text(where)}: not valid JSON ({exc}){hint}") from None
 
 
 def read_json(path: str | Path, what: str, hint: str = "", limit: int = MAX_READ_BYTES):
@@ -153,8 +279,8 @@ def read_json(path: str | Path, what: str, hint: str = "", limit: int = MAX_READ
     return loads_json(read_text(path, what, limit), str(path), hint)
 
 
-def atomic_write(path: str | Path, data: str | bytes) -> None:
-    with atomic_open(path, "wb") as fh:
+def atomic_write(path: str | Path, data: str | bytes, update: bool = False) -> None:
+    with atomic_open(path, "wb", update=update) as fh:
         fh.write(data.encode() if isinstance(data, str) else data)
 
 
@@ -166,7 +292,7 @@ def locked(path: str | Path):
     holder unlinks it before unlocking, and a waiter that wakes holding an unlinked file's lock
     starts over on the new one. POSIX only; elsewhere it does not lock."""
     path = Path(path)
-    lock_path = path.parent / f".{path.name}.lock"
+    lock_path = path.parent / safe.fit_name(path.name, head=".", tail=".lock", limit=name_max(path.parent))
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
@@ -193,3 +319,65 @@ def locked(path: str | Path):
         with contextlib.suppress(OSError):
             os.unlink(lock_path)
         os.close(fd)  # closing drops the lock
+
+
+def keep_aside(path: str | Path) -> Path:
+    """Rename `path` to NAME.YYYYMMDD-HHMMSS[.N]SUFFIX beside it and return the new name, a name
+    reserved first with an exclusive create (a plain rename would silently overwrite a backup
+    another process just made) and cut to fit the file system's longest name. Call it under
+    `locked(path)`."""
+    path = Path(path)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    limit = name_max(path.parent)
+    for n in range(10_000):
+        tail = f".{stamp}{f'.{n}' if n else ''}{path.suffix}"
+        target = path.with_name(safe.fit_name(path.stem, tail=tail, limit=limit))
+        try:
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise MlactlError(f"cannot keep {safe.text(path)} aside as {safe.text(target)}: {why}") from None
+        os.replace(path, target)  # over our own empty reservation only
+        return target
+    raise MlactlError(f"cannot keep {safe.text(path)} aside: 10,000 backups of it exist already")
+
+
+def store_files(folder: str | Path, pattern: str = "*", recursive: bool = False) -> list[Path]:
+    """The regular files of a store folder whose names match `pattern`, sorted. Anything else
+    that matches (a FIFO, a device, a socket, a directory named x.json, a dangling link) is
+    skipped with a warning naming it: it must not block or break a command that only looked."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.rglob(pattern) if recursive else folder.glob(pattern)):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as exc:
+            warn(f"skipped {safe.text(path)}: {exc.strerror or exc}")
+            continue
+        if stat.S_ISREG(mode):
+            found.append(path)
+        elif not (recursive and stat.S_ISDIR(mode)):
+            warn(f"skipped {safe.text(path)}: it is {kind(mode)}, not a regular file")
+    return found
+
+
+def contained(path: str | Path, folder: str | Path) -> Path:
+    """`path`, refused unless it lies inside `folder` once every link is resolved and is not
+    itself a symbolic link: a link planted in a store folder must not make mlactl write
+    elsewhere."""
+    path, folder = Path(path), Path(folder)
+    if path.is_symlink():
+        raise MlactlError(
+            f"cannot write {safe.text(path)}: it is a symbolic link (to {safe.text(os.readlink(path))}); "
+            f"mlactl writes only plain files in {safe.text(folder)}: remove the link or choose another name"
+        )
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    if os.path.commonpath([real, root]) != root:
+        raise MlactlError(
+            f"cannot write {safe.text(path)}: it resolves to {safe.text(real)}, outside {safe.text(folder)}"
+        )
+    return path

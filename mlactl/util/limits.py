@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import os
 
+from mlactl.util import numbers
 from mlactl.util.errors import MlactlError
-
-# Largest size (batch, new, prefix, context, count). Shapes are int64 arrays and the analysis
-# keys a (batch, prefix) pair as batch * (max prefix + 1) + prefix: with both below 2^31 that
-# stays below 2^62. 2^31 tokens is 200x the longest context any MLA model serves (10M).
-MAX_SIZE = 2**31 - 1
+from mlactl.util.numbers import MAX_SIZE  # noqa: F401 - the size limit, where it was defined before
 
 # Peak memory per unit, measured with /usr/bin/time -f %M on 100K-point grids (2-core x86,
 # CPython 3.12, numpy 2): the analysis and its CSV or table output 1.3 KiB a point, its JSON
@@ -55,10 +52,9 @@ def memory_budget() -> int:
     text = os.environ.get(ENV_MEMORY, "").strip().upper().removesuffix("B")
     if text:
         number, unit = (text[:-1], text[-1]) if text[-1] in _SUFFIX else (text, "")
-        try:
-            value = float(number) * _SUFFIX[unit]
-        except ValueError:
-            raise MlactlError(f"${ENV_MEMORY} must be a size such as 4G or 512M, got {text!r}") from None
+        if not numbers.FLOAT.match(number):
+            raise MlactlError(f"${ENV_MEMORY} must be a size such as 4G or 512M, got {text!r}")
+        value = float(number) * _SUFFIX[unit]
         if not 0 < value < 2**63:
             raise MlactlError(f"${ENV_MEMORY} must be a positive size such as 4G, got {text!r}")
         return int(value)

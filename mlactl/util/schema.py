@@ -37,13 +37,29 @@ def integer(minimum: int = 0, maximum: int = 2**63 - 1) -> Check:
     return check
 
 
-def number(minimum: float = 0.0, positive: bool = False) -> Check:
-    """A finite JSON number (int or float, not a bool), >= minimum, or > 0 with `positive`."""
+def number(minimum: float = 0.0, positive: bool = False, maximum: float = math.inf) -> Check:
+    """A finite JSON number (int or float, not a bool), >= minimum (> minimum with `positive`,
+    whose default minimum is 0), and <= maximum."""
 
     def check(value):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        ok = ok and (value > 0 if positive else value >= minimum)
-        return None if ok else ("a positive finite number" if positive else f"a finite number >= {minimum:g}")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        try:
+            ok = ok and math.isfinite(value) and (value > minimum if positive else value >= minimum)
+        except OverflowError:  # an int past float's range
+            ok = False
+        ok = ok and value <= maximum
+        if ok:
+            return None
+        low = ("a positive finite number" if minimum == 0 else f"a number above {minimum:g}") if positive else None
+        low = low or f"a finite number >= {minimum:g}"
+        return low if maximum == math.inf else f"{low} and <= {maximum:g}"
+
+    return check
+
+
+def one_of(*choices: str) -> Check:
+    def check(value):
+        return None if value in choices else f"one of {', '.join(choices)}"
 
     return check
 

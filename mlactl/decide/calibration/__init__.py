@@ -18,6 +18,7 @@ from mlactl.decide.calibration.fit import K_FOLDS, fit
 from mlactl.decide.calibration.model import BASE_TERMS, PROJECTIONS, TERMS, relevant_terms
 from mlactl.decide.calibration.paired import fit_paired, paired_groups
 from mlactl.decide.calibration.store import Calibration, check_hardware, load, resolve
+from mlactl.util import progress
 
 # the candidate term sets a fit tries; the one with the least held-out error is kept, so a term
 # stays only where it lowers the held-out error (docs/calibration.md)
@@ -97,12 +98,16 @@ def fit_groups(groups: dict, machine, *, select_terms: bool = True, k: int | Non
 
     candidates = CANDIDATE_TERMS if select_terms else (BASE_TERMS,)
 
-    def select_one(key, pts):
-        op, src, dt = key
-        return select(op, src, dt, pts, machine, candidates, k)[0]
+    with progress.task(f"fitting {len(groups)} op classes", total=len(groups)) as bar:
 
-    fitted: dict = {}
-    for keys in paired_groups(groups):
-        results, _ = fit_paired(groups, keys, machine, select_one)
-        fitted.update(zip(keys, results))
-    return [fitted[key] if key in fitted else select_one(key, pts) for key, pts in sorted(groups.items())]
+        def select_one(key, pts):
+            op, src, dt = key
+            best = select(op, src, dt, pts, machine, candidates, k)[0]
+            bar.advance()
+            return best
+
+        fitted: dict = {}
+        for keys in paired_groups(groups):
+            results, _ = fit_paired(groups, keys, machine, select_one)
+            fitted.update(zip(keys, results))
+        return [fitted[key] if key in fitted else select_one(key, pts) for key, pts in sorted(groups.items())]

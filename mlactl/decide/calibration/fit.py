@@ -9,20 +9,22 @@ under-prediction, and the same for a 10 us decode and a 10 ms prefill. A soft-L1
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from mlactl.decide.calibration.model import Points, n_params, near_table, pack, param_names, predict, unpack
+from mlactl.decide.calibration.store import ITER_SECONDS_MAX, SECONDS_MAX, eta_limit
 from mlactl.util.errors import MlactlError
 
 K_FOLDS = 5
 SEED = 0  # folds are random but fixed: the same data gives the same figures
 # starting points: efficiencies between a third and nine tenths of the datasheet, 1-20 us fixed
-# Efficiencies are bounded by 2: fits divide by the bf16 peak and count bf16 operands, so an fp8
-# kernel may reach twice that, nothing more; without the bound a memory-bound table (decode)
-# leaves eta_c free and it runs off to 50x, which a prediction at prefill sizes would use.
-ETA_MAX = 2.0
+# Efficiencies are bounded by their physical range (store.eta_limit: 1.2 of the ceiling divided
+# by, twice that for fp8 since fits divide by the bf16 peak and count bf16 operands); without the
+# bound a memory-bound table (decode) leaves eta_c free and it runs off to 50x, which a prediction
+# at prefill sizes would use, and a calibration file with it would be refused as unphysical.
+ETA_MAX = eta_limit("bf16")
 # (the max makes the loss non-convex: one start lands in a worse minimum on 1 table in 10)
 STARTS = [
     {
@@ -68,6 +70,7 @@ class Machine:
     peak: float
     bandwidth: float
     sm_count: int | None
+    eta_max: float = ETA_MAX  # the largest efficiency a fit may reach (fit() sets it per dtype)
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,9 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
         upper = np.full(len(theta0), np.inf)
         for i, name in enumerate(param_names(terms)):
             if name.startswith("eta_"):
-                upper[i] = np.log(ETA_MAX)
+                upper[i] = np.log(machine.eta_max)
+            else:  # a time: the same bounds the file's reader holds it to
+                upper[i] = np.log(ITER_SECONDS_MAX if name == "t_iter_s" else SECONDS_MAX)
         x0 = np.minimum(theta0[mask], upper[mask] - 1e-9)
         sol = least_squares(
             free_res, x0, bounds=(-np.inf, upper[mask]), loss="soft_l1", f_scale=0.05, method="trf", max_nfev=200
@@ -191,6 +196,7 @@ def held_out_errors(pts: Points, machine: Machine, terms, k: int = K_FOLDS) -> n
 
 
 def fit(pts: Points, machine: Machine, terms, source: str, dtype: str, k: int = K_FOLDS) -> FitResult:
+    machine = replace(machine, eta_max=eta_limit(dtype))
     params = fit_params(pts, machine, terms)
     pred = predict(params, terms, pts, machine.peak, machine.bandwidth, machine.sm_count)
     held = held_out_errors(pts, machine, terms, k) if len(pts) >= 2 * k else np.array([])

@@ -25,6 +25,7 @@ import numpy as np
 from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, Points
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel, sparse_pairs
+from mlactl.util import numbers
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import read_text
 
@@ -51,6 +52,8 @@ DSA_DEFAULTS = {
     "topk": ("sparse_absorb", "topk"),
     "indexer_key": ("dense_expand", "indexer_key"),
 }
+MAX_TIME_S = 3600.0  # one op measured for an hour is not a kernel time
+MAX_HEADS = 1 << 16
 KERNEL_OPS = {"mla_decode": "absorb_attention", "mla_prefill": "expand_attention"}
 
 
@@ -167,13 +170,13 @@ def csv_points(path: str | Path, cfg: MLAConfig) -> dict[tuple[str, str, str], P
         op = row["op"]
         if op not in OP_CLASSES + PATH_CLASSES:
             raise MlactlError(f"{path}: line {line}: unknown op {op!r}; ops: {', '.join(OP_CLASSES + PATH_CLASSES)}")
-        try:
-            b, n, p, t = (float(row[k]) for k in ("batch", "new", "prefix", "time_s"))
-            heads = float(row["heads"]) if row.get("heads") else float(cfg.H)
-        except ValueError:
-            raise MlactlError(f"{path}: line {line}: batch, new, prefix, time_s and heads must be numbers") from None
-        if not (b >= 1 and n >= 1 and p >= 0 and heads >= 1 and t > 0 and np.isfinite(t)):
-            raise MlactlError(f"{path}: line {line}: need batch >= 1, new >= 1, prefix >= 0, heads >= 1, time_s > 0")
+        # one bounded parser (mlactl.util.numbers): ASCII digits, no inf or nan, each in its range
+        at = f"{path}: line {line}"
+        b, n, p = (
+            float(numbers.integer(row[k], f"{at}: {k}", lo)) for k, lo in (("batch", 1), ("new", 1), ("prefix", 0))
+        )
+        t = numbers.real(row["time_s"], f"{at}: time_s", 0.0, MAX_TIME_S, above=True)
+        heads = float(numbers.integer(row["heads"], f"{at}: heads", 1, MAX_HEADS) if row.get("heads") else cfg.H)
         key = (op, row.get("source") or "csv", row.get("dtype") or "bf16", heads)
         groups.setdefault(key, []).append((b, n, p, t))
     if not groups:

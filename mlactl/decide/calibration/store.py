@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, TERMS, param_names
-from mlactl.util import dirs
+from mlactl.util import dirs, safe
+from mlactl.util import schema as S
 from mlactl.util.errors import MlactlError, warn
-from mlactl.util.io import atomic_write, read_json
+from mlactl.util.io import atomic_write, contained, keep_aside, locked, read_json, store_files
 
 SCHEMA = "mlactl.calibration"
 SCHEMA_VERSION = 1
@@ -38,7 +39,8 @@ def calibrations_dir() -> Path:
 
 
 def safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "calibration"
+    """A calibration's name as its file's stem (mlactl.util.safe.filename)."""
+    return safe.filename(text) if str(text).strip() else "calibration"
 
 
 @dataclass(frozen=True)
@@ -73,83 +75,174 @@ class Calibration:
         return {"name": self.name, "hardware": self.hardware, "path": self.path, "source": self.data.get("source")}
 
 
+# -- the schema: every field a prediction or a message reads, with its physical range ------------
+
+# An efficiency is achieved / datasheet ceiling: above 0 (1e-4, a kernel at 0.01% of the
+# datasheet, is already far below anything measured: aiconfigurator's lowest is 0.02) and at
+# most ETA_PHYSICAL of the ceiling the fit divided by. Fits divide by the peak of the runs'
+# compute dtype (bf16 for aiconfigurator) and count bf16 operands, so an fp8 kernel may reach
+# twice that and an fp4 one four times (ETA_DTYPE).
+ETA_LOWEST = 1e-4
+ETA_PHYSICAL = 1.2
+ETA_DTYPE = (("fp4", 4.0), ("fp8", 2.0), ("int8", 2.0))
+# A fitted time (a launch's fixed cost, a request's or a row's cost): no term of one kernel
+# launch takes a second; the largest fitted is 0.2 ms (t_fixed, aiconfigurator). A serial
+# iteration (t_iter_s, one tile of a kernel's loop) is multiplied by waves x iterations, tens of
+# thousands at long contexts, so it has its own bound: 1 ms, 500x the largest fitted (2 us).
+SECONDS_MAX = 1.0
+ITER_SECONDS_MAX = 1e-3
+# `near`: features are log2 rows and heads and an unaligned flag; a residual is log(predicted /
+# measured) of the parametric fit, and beyond e^9.2 = 10,000x it is not a correction but a
+# different kernel.
+NEAR_FEATURE_MAX = 64.0
+NEAR_RESIDUAL_MAX = 9.2
+
+
+def eta_limit(dtype) -> float:
+    """The largest efficiency a fit of this dtype may have (ETA_PHYSICAL, times 2 for fp8)."""
+    name = str(dtype or "").lower()
+    return ETA_PHYSICAL * next((factor for key, factor in ETA_DTYPE if key in name), 1.0)
+
+
+def _non_empty(value):
+    return None if isinstance(value, str) and value.strip() else "a non-empty string"
+
+
+def _terms(value):
+    if not isinstance(value, list) or any(t not in TERMS for t in value) or len(set(value)) != len(value):
+        return f"a list of distinct terms among {', '.join(TERMS)}"
+    return None
+
+
+def _near(value):
+    """{'features': [[x, y, z], ...], 'log_residual': [r, ...]} of equal, non-zero length."""
+    bad = "{'features': [[x, y, z], ...], 'log_residual': [r, ...]} of equal length"
+    if not isinstance(value, dict):
+        return bad
+    feats, res = value.get("features"), value.get("log_residual")
+    if not isinstance(feats, list) or not isinstance(res, list) or not feats or len(feats) != len(res):
+        return bad
+
+    def number(v, limit) -> bool:
+        try:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) <= limit
+        except OverflowError:
+            return False
+
+    if not all(isinstance(f, list) and len(f) == 3 and all(number(v, NEAR_FEATURE_MAX) for v in f) for f in feats):
+        return bad + f", features finite and within +-{NEAR_FEATURE_MAX:g}"
+    if not all(number(v, NEAR_RESIDUAL_MAX) for v in res):
+        return bad + f", residuals finite and within +-{NEAR_RESIDUAL_MAX:g}"
+    return None
+
+
+def _params_rule(fit: dict, where: str) -> None:
+    """Every parameter the fit's terms use, within its physical range."""
+    terms, params = fit["terms"], fit["params"]
+    at = f"{where}.params".lstrip(".")
+    names = set(param_names(terms)) - ({"t_fixed_s"} if "fixed" not in terms else set())
+    top = eta_limit(fit.get("dtype"))
+    for key in sorted(names):
+        value = params.get(key)
+        if key.startswith("eta_"):
+            check = S.number(ETA_LOWEST, maximum=top)
+        else:
+            check = S.number(0.0, maximum=ITER_SECONDS_MAX if key == "t_iter_s" else SECONDS_MAX)
+        if key not in params:
+            raise S.Invalid(f"{at}.{key}", "present", "nothing")
+        expected = check(value)
+        if expected is not None:
+            raise S.Invalid(f"{at}.{key}", expected, value)
+    if "near" in terms:
+        expected = _near(params.get("near"))
+        if expected is not None:
+            raise S.Invalid(f"{at}.near", expected, params.get("near"))
+
+
+_ERRORS = S.nullable(S.number(0.0, maximum=1e6))
+FIT = S.Obj(
+    {
+        "op": S.one_of(*OP_CLASSES, *PATH_CLASSES),
+        "terms": _terms,
+        "params": S.MapOf(S.anything),
+    },
+    {
+        "source": S.string,
+        "dtype": S.string,
+        "n": S.integer(0),
+        "in_sample": S.Obj({}, {"median": _ERRORS, "p90": _ERRORS}),
+        "held_out": S.Obj({}, {"median": _ERRORS, "p90": _ERRORS}),
+        "drift": S.nullable(
+            S.Obj(
+                {},
+                {
+                    "paired_with": S.ListOf(S.string),
+                    "shapes": S.integer(0),
+                    "median_abs": S.number(0.0, maximum=1e6),
+                    "max_abs": S.number(0.0, maximum=1e6),
+                },
+            )
+        ),
+    },
+    rule=_params_rule,
+)
+CEILINGS = S.Obj(
+    {},
+    {
+        "peak_flops": S.number(1e6, positive=True, maximum=1e21),  # a MFLOP/s to a ZFLOP/s
+        "bandwidth_bytes_per_s": S.number(1e6, positive=True, maximum=1e18),
+        "sm_count": S.nullable(S.integer(1, 1 << 20)),
+        "dtype": S.string,
+    },
+)
+CALIBRATION = S.Obj(
+    {"name": _non_empty, "hardware": _non_empty, "fits": S.ListOf(FIT)},
+    {
+        "ceilings": S.nullable(CEILINGS),
+        "source": S.nullable(S.MapOf(S.anything)),
+        "created": S.string,
+        "mlactl_version": S.string,
+    },
+)
+
+
 def validate(data, where: str) -> Calibration:
-    """Check every field a prediction reads; one MlactlError line on anything wrong."""
+    """Check every field of a calibration file against CALIBRATION (types, and each number's
+    physical range); one MlactlError line naming the first field that is wrong."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise MlactlError(f'{where} is not an mlactl calibration file (no "schema": "{SCHEMA}")')
+        raise MlactlError(f'{safe.text(where)} is not an mlactl calibration file (no "schema": "{SCHEMA}")')
     if data.get("schema_version") != SCHEMA_VERSION:
         raise MlactlError(
-            f"{where} has calibration schema version {data.get('schema_version')!r}; this mlactl reads "
-            f"version {SCHEMA_VERSION} (run `mlactl calibrate` again)"
+            f"{safe.text(where)} has calibration schema version {safe.text(repr(data.get('schema_version')), 40)}; "
+            f"this mlactl reads version {SCHEMA_VERSION} (run `mlactl calibrate` again)"
         )
-    for key in ("name", "hardware"):
-        if not isinstance(data.get(key), str) or not data[key]:
-            raise MlactlError(f"{where}: {key!r} must be a non-empty string")
-    fits = data.get("fits")
-    if not isinstance(fits, list) or not fits:
-        raise MlactlError(f"{where}: 'fits' must be a non-empty list")
-    for i, f in enumerate(fits):
-        at = f"{where}: fits[{i}]"
-        if not isinstance(f, dict):
-            raise MlactlError(f"{at} must be an object")
-        if f.get("op") not in OP_CLASSES + PATH_CLASSES:
-            raise MlactlError(f"{at}: unknown op {f.get('op')!r}; ops: {', '.join(OP_CLASSES + PATH_CLASSES)}")
-        terms = f.get("terms")
-        if not isinstance(terms, list) or any(t not in TERMS for t in terms):
-            raise MlactlError(f"{at}: 'terms' must list some of {', '.join(TERMS)}")
-        params = f.get("params")
-        if not isinstance(params, dict):
-            raise MlactlError(f"{at}: 'params' must be an object")
-        need = set(param_names(terms)) - ({"t_fixed_s"} if "fixed" not in terms else set())
-        for k in sorted(need):
-            v = params.get(k)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v != v or v == float("inf"):
-                raise MlactlError(f"{at}: params.{k} must be a finite number >= 0, got {v!r}")
-        if any(params[k] <= 0 for k in ("eta_c", "eta_m", "eta_q", "eta_x", "eta_p", "eta_s") if k in need):
-            raise MlactlError(f"{at}: efficiencies (eta_*) must be positive")
-        if "near" in terms:
-            _check_near(params.get("near"), at)
-    return Calibration(data["name"], data["hardware"], data, where)
-
-
-def _check_near(table, at: str) -> None:
-    """The `near` term's residual table: features [log2 rows, log2 heads, unaligned] per measured
-    point and its log residual, as many of each, all finite."""
-
-    bad = f"{at}: params.near must be {{'features': [[x, y, z], ...], 'log_residual': [r, ...]}} of equal length"
-    if not isinstance(table, dict):
-        raise MlactlError(bad)
-    feats, res = table.get("features"), table.get("log_residual")
-    if not isinstance(feats, list) or not isinstance(res, list) or not feats or len(feats) != len(res):
-        raise MlactlError(bad)
-
-    def number(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-    if not all(isinstance(f, list) and len(f) == 3 and all(number(v) for v in f) for f in feats):
-        raise MlactlError(bad)
-    if not all(number(v) for v in res):
-        raise MlactlError(bad)
+    if not isinstance(data.get("fits"), list) or not data["fits"]:
+        raise MlactlError(f"{safe.text(where)}: 'fits' must be a non-empty list")
+    try:
+        S.validate(CALIBRATION, data)
+    except S.Invalid as exc:
+        raise MlactlError(f"{safe.text(where)}: {exc}") from None
+    # names from the file: printable from here on (markup and mathtext are escaped where drawn)
+    return Calibration(safe.text(data["name"]), safe.text(data["hardware"]), data, where)
 
 
 def load(path: str | Path) -> Calibration:
-
+    """Read (through the one reader: regular files only) and validate a calibration file."""
     return validate(read_json(path, "calibration file"), str(path))
 
 
 def names() -> list[str]:
-    folder = calibrations_dir()
-    return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+    """The calibrations in $MLACTL_HOME/calibrations/ (anything there that is not a regular
+    file is skipped with a warning)."""
+    return sorted(p.stem for p in store_files(calibrations_dir(), "*.json"))
 
 
 def resolve(spec: str) -> Calibration:
     """--calibration NAME (a file in $MLACTL_HOME/calibrations/) or FILE."""
     if spec.endswith(".json") or "/" in spec:
-        if not Path(spec).is_file():
-            raise MlactlError(f"--calibration {spec}: no such file")
-        return load(spec)
+        return load(spec)  # a directory, a FIFO or a device: one line saying which
     path = calibrations_dir() / f"{spec}.json"
-    if not path.is_file():
+    if not path.exists():
         have = names()
         raise MlactlError(
             f"no calibration named {spec!r} in {calibrations_dir()}; "
@@ -165,8 +258,7 @@ def find_own(hw_name: str, dims: dict, kv_dtype: str) -> Calibration | None:
     another engine's kernels (aiconfigurator, CSV). A bad file is skipped with a warning."""
 
     found = []
-    folder = calibrations_dir()
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    for path in store_files(calibrations_dir(), "*.json"):
         try:
             cal = load(path)
         except MlactlError as exc:
@@ -193,10 +285,57 @@ def check_hardware(cal: Calibration, hw_name: str) -> None:
         )
 
 
-def write(data: dict, folder: Path | None = None) -> Path:
-    """Validate, then write atomically as <folder>/<name>.json; returns the path."""
+# Relative difference between a calibration's recorded ceilings and the profile's beyond which
+# its efficiencies no longer mean what they were fitted to mean (a rounding of TB/s is 0.1%).
+CEILING_TOLERANCE = 0.005
+
+
+def check_ceilings(cal: Calibration, hw) -> None:
+    """Refuse a calibration whose recorded ceilings (what its fits divided by) differ from the
+    profile's: each efficiency is a fraction of those ceilings, so a profile edited since (2.4
+    TB/s where the fit saw 4.8) would change every calibrated time without a word. A file that
+    records no ceilings (written by hand) is not checked."""
+    ceilings = cal.data.get("ceilings")
+    if not ceilings:
+        return
+    dtype = ceilings.get("dtype") or "bf16"
+    have = {"bandwidth_bytes_per_s": hw.bandwidth}
+    if dtype in hw.peak_tflops:
+        have["peak_flops"] = hw.peak_flops(dtype)
+    units = {"bandwidth_bytes_per_s": (1e12, "TB/s"), "peak_flops": (1e12, f"TFLOP/s {dtype}")}
+    differ = []
+    for key, now in have.items():
+        then = ceilings.get(key)
+        if then is not None and abs(now / then - 1) > CEILING_TOLERANCE:
+            scale, unit = units[key]
+            differ.append(f"{then / scale:.4g} {unit} (the profile now says {now / scale:.4g})")
+    if dtype not in hw.peak_tflops:
+        differ.append(f"a {dtype} peak (the profile has none)")
+    if differ:
+        raise MlactlError(
+            f"calibration {cal.name!r} was fitted against {', '.join(differ)} of {hw.name}: its efficiencies are "
+            "fractions of those ceilings; calibrate again with this profile, or pass --hardware FILE with the "
+            "ceilings it was fitted against"
+        )
+
+
+def save(data: dict, folder: Path | None = None) -> tuple[Path, Path | None]:
+    """Validate, then write `data` as <folder>/<name>.json (default $MLACTL_HOME/calibrations/):
+    under the file's lock, so two runs take turns; a calibration already there is kept aside as
+    NAME.YYYYMMDD-HHMMSS.json first, never overwritten; a symbolic link there, or a path that
+    resolves outside the folder, is refused. Returns (path, where the earlier one was kept, or
+    None when there was none)."""
 
     validate(data, "the new calibration")
-    path = (folder or calibrations_dir()) / f"{safe_name(data['name'])}.json"
-    atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
-    return path
+    folder = Path(folder or calibrations_dir())
+    path = contained(folder / f"{safe_name(data['name'])}.json", folder)
+    with locked(path):
+        contained(path, folder)  # again under the lock: a link planted meanwhile
+        kept = keep_aside(path) if os.path.lexists(path) else None
+        atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    return path, kept
+
+
+def write(data: dict, folder: Path | None = None) -> Path:
+    """`save`, returning only the path."""
+    return save(data, folder)[0]

@@ -28,6 +28,7 @@ after MAX_ERRORS of them.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from array import array
@@ -36,8 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
+from mlactl.util import numbers
 from mlactl.util.defaults import REPLAY_BLOCK
 from mlactl.util.errors import MlactlError
+from mlactl.util.io import open_input
 from mlactl.util.limits import check_memory
 
 FORMATS = ("mooncake", "csv")
@@ -327,15 +330,15 @@ def _read_csv(lines, first: tuple[int, str], path: Path, errors: _Errors) -> Tra
 
 
 def _number(cell: str, what: str) -> float:
-    try:
-        return float(cell.strip())
-    except ValueError:
-        raise ValueError(f"{what} {cell.strip()[:40]!r} is not a number") from None
+    # ASCII decimal only (mlactl.util.numbers.FLOAT): float() would also take 'inf', 'nan' or '٣'
+    if not numbers.FLOAT.fullmatch(cell.strip()):
+        raise ValueError(f"{what} {cell.strip()[:40]!r} is not a number")
+    return float(cell.strip())
 
 
 def _integer(cell: str, what: str) -> int:
     text = cell.strip()
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # str.isdigit alone takes '²' and '٣'
         raise ValueError(f"{what} {text[:40]!r} is not a whole number")
     return int(text)
 
@@ -343,10 +346,8 @@ def _integer(cell: str, what: str) -> int:
 def read_trace(path: str | Path) -> Trace:
     """Read a Mooncake JSONL or CSV trace (told apart by its first non-blank line)."""
     path = Path(path)
-    try:
-        fh = open(path, encoding="utf-8-sig", newline="")
-    except OSError as exc:
-        raise MlactlError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    # the one reader: regular files only, never a read that blocks (mlactl.util.io)
+    fh = io.TextIOWrapper(open_input(path, "trace"), encoding="utf-8-sig", newline="")
     errors = _Errors(path)
     with fh:
         lines = iter(_Lines(fh, path))

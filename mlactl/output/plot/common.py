@@ -12,6 +12,8 @@ from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile, load_profile
 from mlactl.model.roofline import path_time
 from mlactl.results import store as results_store
+from mlactl.results.measured import file_hardware
+from mlactl.util import safe
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import atomic_open
 from mlactl.util.limits import check_plot
@@ -47,15 +49,27 @@ def image_format(path) -> str:
 MIN_DPI = 20  # FreeType refuses a font rendered below one pixel per em: 7 pt at 10 dpi
 
 
-def check_pixels(inches, dpi: int) -> None:
-    """A PNG's canvas: Agg draws at most 2^16 - 1 pixels a side, and the canvas must fit memory."""
+def _rasterized(fig) -> bool:
+    """Whether any artist of `fig` is drawn as pixels even in an SVG or PDF (the path map's cells)."""
+    return any(getattr(a, "get_rasterized", lambda: False)() for a in fig.findobj())
+
+
+def check_pixels(inches, dpi: int, fmt: str = "png") -> None:
+    """The pixels Agg must draw: a PNG's whole canvas (at most 2^16 - 1 a side), or in an SVG or
+    PDF the rasterized artists at `dpi` (Agg's limit, 2^23 - 1 a side); either must fit memory."""
 
     width, height = (float(x) * dpi for x in inches)
-    if max(width, height) >= 2**16:
-        most = int((2**16 - 1) / max(inches))
+    side = 2**16 if fmt == "png" else 2**23
+    if max(width, height) >= side:
+        most = int((side - 1) / max(inches))
+        what = (
+            "a PNG is at most 65,535 a side"
+            if fmt == "png"
+            else "its cells are drawn as pixels, at most 8,388,607 a side"
+        )
+        hint = ", or write .svg or .pdf" if fmt == "png" else ""
         raise MlactlError(
-            f"--dpi {dpi} makes a {width:,.0f} x {height:,.0f} pixel image; a PNG is at most 65,535 a side "
-            f"(--dpi {most} at most here), or write .svg or .pdf"
+            f"--dpi {dpi} makes a {width:,.0f} x {height:,.0f} pixel image; {what} (--dpi {most} at most here){hint}"
         )
     check_plot(0, width * height)
 
@@ -69,8 +83,8 @@ def save(fig, path, dpi: int = 100) -> None:
         raise MlactlError(
             f"--dpi {dpi} is too small: at least {MIN_DPI} (smaller rounds the 7-point labels to no pixels)"
         )
-    if fmt == "png":
-        check_pixels(fig.get_size_inches(), dpi)
+    if fmt == "png" or _rasterized(fig):
+        check_pixels(fig.get_size_inches(), dpi, fmt)
     # a fixed salt for the SVG's element ids, which are otherwise random
     with matplotlib.rc_context({"svg.hashsalt": "mlactl"}), atomic_open(path, "wb") as fh:
         fig.savefig(fh, format=fmt, dpi=dpi, metadata=NO_DATE[fmt])
@@ -95,11 +109,12 @@ def check_results(data: dict, where: str, cost: CostModel, hw: HardwareProfile) 
 
 
 def measured_label(data: dict) -> str:
-    """Device, backend, versions and timing method of a results file, for titles."""
-    versions = ", ".join(f"{k} {v}" for k, v in data.get("versions", {}).items() if k != "python")
+    """Device, backend, versions and timing method of a results file, for titles (names from the
+    file escaped for mathtext: mlactl.util.safe)."""
+    versions = ", ".join(f"{k} {v}" for k, v in data.get("versions", {}).items() if k != "python" and v)
     timing = data.get("timing", {}).get("method")
     parts = [data["device"]["name"], f"{data['backend']} backend", versions, timing]
-    return ", ".join(p for p in parts if p)
+    return safe.mathtext(", ".join(str(p) for p in parts if p), 400)
 
 
 def median_of(row: dict, where: str) -> float:
@@ -173,17 +188,44 @@ def shape_label(batch, new, prefix) -> str:
     return f"b={batch} n={tokens(new)} p={tokens(prefix)}"
 
 
-def title(chart: str, analysis: Analysis, results: list[dict]) -> str:
-    """Model, machine, ceilings and cache dtype; then the measurements' devices, or that there are none."""
+def percent(fraction: float) -> str:
+    """0.45 -> '45%', 0.032 -> '3.2%', 0.0012 -> '0.12%': two significant digits below 10%, so a
+    CPU run against a GPU's roofline does not read '0%'."""
+    value = 100 * fraction
+    return f"{value:.0f}%" if value >= 10 else f"{value:.2g}%"
+
+
+def title(
+    chart: str, analysis: Analysis, results: list[dict], calibrated: Analysis | None = None, notes=(), how: str = ""
+) -> str:
+    """Model, machine, ceilings and cache dtype; the kind of time drawn (roofline, or the
+    calibration named, with `how` it is drawn); then the measurements' devices, or that there are
+    none; then any `notes`. Every name from a file is escaped for mathtext."""
     cfg, hw, cost = analysis.cfg, analysis.hw, analysis.cost
     tp = f", tp {cfg.tp}" if cfg.tp > 1 else ""
     ceilings = "measured" if hw.using_measured else "nominal"
     head = (
-        f"{chart}: {cfg.name}{tp} on {hw.display} ({ceilings} ceilings), kv cache {cost.kv_dtype}, {cost.dtype} compute"
+        f"{chart}: {safe.mathtext(cfg.name)}{tp} on {safe.mathtext(hw.display)} ({ceilings} ceilings), "
+        f"kv cache {cost.kv_dtype}, {cost.dtype} compute"
     )
-    if not results:
-        return head + "\nanalytic only: no results file"
-    return head + "\nmeasured: " + "; ".join(measured_label(d) for d in results)
+    cal = analysis.calibration if analysis.calibration is not None else getattr(calibrated, "calibration", None)
+    if cal is not None:
+        drawn = f" ({how})" if how else ""
+        head += f"\ncalibrated times{drawn}: {safe.mathtext(cal.name)}, fitted to measurements"
+    lines = [head]
+    if results:
+        lines.append("measured: " + "; ".join(measured_label(d) for d in results))
+        for d in results:  # measured where no profile is known: say whose roofline it is drawn against
+            device = str(d["device"]["name"]).lower()
+            if file_hardware(d) is None and not any(m.lower() in device for m in hw.match):
+                lines.append(
+                    f"{safe.mathtext(d['device']['name'])} has no hardware profile (mlactl tune ceilings writes one): "
+                    f"its times are against {safe.mathtext(hw.display)}'s roofline"
+                )
+    elif cal is None:
+        lines.append("analytic only: no results file")
+    lines += [safe.mathtext(n, 400) for n in notes]
+    return "\n".join(lines)
 
 
 def new_figure(width: float, height: float, nrows: int = 1, ncols: int = 1):

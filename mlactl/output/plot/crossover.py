@@ -110,7 +110,7 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
                 "name": calibrated.calibration.name,
             }
     data = {
-        "title": title("Crossover", analysis, results),
+        "title": title("Crossover", analysis, results, calibrated, how="dotted"),
         "asymptotic_new": asymptotic,
         "max_new": analysis.crossover.max_new,
         "analytic_only": not results,
@@ -119,7 +119,7 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
 
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    fig, axes = new_figure(4.6 * ncols + 0.6, 3.9 * nrows + 0.6, nrows, ncols)
+    fig, axes = new_figure(4.6 * ncols + 0.6, 4.2 * nrows + 1.1, nrows, ncols)
     for k, panel in enumerate(panels):
         ax = axes.flat[k]
         for path in choices:
@@ -144,43 +144,38 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
                 )
         for m in panel["measured"]:
             ax.plot(m["new"], m["median_s"] * 1e6, "o", color=PATH_COLOURS[m["path"]], mec="black", ms=6)
-        markers = []  # (new, label, colour, style)
+        markers = []  # (new, what, colour, style): vertical lines, their values in the panel's title
+        windows = []  # a DSA model's windows: both ends marked, "masked_expand 12-812" in the title
         for path in expand_paths:
             n = panel["predicted"][path]
             if n is not None and dsa:
                 last = panel["windows"][path][1]
-                markers.append((n, f"{path} wins {n}-{last}", PATH_COLOURS[path], "-"))
-                markers.append((last, "", PATH_COLOURS[path], "-"))
+                markers += [(n, None, PATH_COLOURS[path], "-"), (last, None, PATH_COLOURS[path], "-")]
+                windows.append(f"{path} {n}-{last}")
             elif n is not None:
-                markers.append((n, f"predicted {path}: {n}", PATH_COLOURS[path], "-"))
+                markers.append((n, "predicted" if path == "expand" else "chunked", PATH_COLOURS[path], "-"))
         if cal is not None and cal["crossover"] is not None:
-            markers.append((cal["crossover"], f"calibrated expand: {cal['crossover']}", "tab:purple", "--"))
+            markers.append((cal["crossover"], "calibrated", "tab:purple", "--"))
         if asymptotic is not None:
-            markers.append((asymptotic, f"by FLOPs, asymptotic: {asymptotic:.1f}", "gray", ":"))
+            markers.append((asymptotic, "by FLOPs", "gray", ":"))
         for m in panel["measured_crossovers"]:
             if m["new"] is not None:
-                markers.append((m["new"], f"measured: {m['new']}", "black", "-."))
-        for j, (n, label, colour, style) in enumerate(markers):
+                markers.append((m["new"], "measured", "black", "-."))
+        for n, _, colour, style in markers:
             ax.axvline(n, color=colour, ls=style, lw=1.1)
-            ax.annotate(
-                label,
-                (n, 0.97 - 0.07 * j),
-                xycoords=("data", "axes fraction"),
-                xytext=(3, 0),
-                textcoords="offset points",
-                fontsize=7,
-                color=colour,
-                va="top",
-                bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85},
-            )
-        notes = []
+        # the values go in the panel's title, never on a curve: predicted 160, chunked 165, ...
+        values = windows + [
+            f"{what} {n:.1f}" if isinstance(n, float) else f"{what} {n}" for n, what, _, _ in markers if what
+        ]
         never = [path for path in expand_paths if panel["solved"] and panel["predicted"][path] is None]
         if never:
-            notes.append(f"predicted: {', '.join(never)} never faster up to {tokens(data['max_new'])} new tokens")
+            values.append(f"{' and '.join(never)} never faster up to {tokens(data['max_new'])}")
         if any(m["new"] is None for m in panel["measured_crossovers"]):
-            notes.append("measured: expand never faster in the range measured")
-        for j, note in enumerate(notes):
-            ax.annotate(note, (0.02, 0.02 + 0.06 * j), xycoords="axes fraction", fontsize=7)
+            values.append("measured: expand never faster")
+        heading = f"batch {panel['batch']}, prefix {tokens(panel['prefix'])}"
+        if values:
+            heading += f"\n{'wins' if dsa else 'crossover'} (new tokens): " + ", ".join(values[:2])
+            heading += "\n" + ", ".join(values[2:]) if values[2:] else ""
         xs = panel["new"] + [m[0] for m in markers]
         ax.set_xlim(max(min(xs) / 1.5, 0.8), max(xs) * 1.5)
         ax.set_xscale("log", base=2)
@@ -189,20 +184,24 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
         ax.set_yscale("log")
         ax.set_xlabel("new tokens")
         ax.set_ylabel(f"time, {analysis.layers} layer{'s' if analysis.layers > 1 else ''} (µs)")
-        ax.set_title(f"batch {panel['batch']}, prefix {tokens(panel['prefix'])}", fontsize=9)
+        ax.set_title(heading, fontsize=8)
         ax.grid(True, which="major", alpha=0.3)
         if k == 0:
-            from matplotlib.lines import Line2D
-
-            extra = [Line2D([], [], color="black", ls="-", lw=1.1, label="predicted crossover")]
-            if asymptotic is not None:
-                extra.append(Line2D([], [], color="gray", ls=":", lw=1.1, label="by FLOPs, asymptotic"))
-            if any(p["measured"] for p in panels):
-                extra.append(Line2D([], [], ls="", marker="o", color="gray", mec="black", label="measured time"))
-            if any(m["new"] is not None for p in panels for m in p["measured_crossovers"]):
-                extra.append(Line2D([], [], color="black", ls="-.", lw=1.1, label="measured crossover"))
             handles, _ = ax.get_legend_handles_labels()
-            ax.legend(handles=handles + extra, fontsize=7, loc="lower right")
+    from matplotlib.lines import Line2D
+
+    # the legend below the panels: inside one it would sit on the curves
+    what = "window's ends" if dsa else "crossover"
+    extra = [Line2D([], [], color="black", ls="-", lw=1.1, label=f"predicted {what} (colour of its path)")]
+    if any(p.get("calibrated") for p in panels):
+        extra.append(Line2D([], [], color="tab:purple", ls="--", lw=1.1, label="calibrated crossover"))
+    if asymptotic is not None:
+        extra.append(Line2D([], [], color="gray", ls=":", lw=1.1, label="by FLOPs, asymptotic"))
+    if any(p["measured"] for p in panels):
+        extra.append(Line2D([], [], ls="", marker="o", color="gray", mec="black", label="measured time"))
+    if any(m["new"] is not None for p in panels for m in p["measured_crossovers"]):
+        extra.append(Line2D([], [], color="black", ls="-.", lw=1.1, label="measured crossover"))
+    fig.legend(handles=handles + extra, fontsize=7, loc="outside lower center", ncols=min(4, len(handles + extra)))
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(data["title"], fontsize=9)

@@ -118,10 +118,10 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
     x_edges = _cell_edges(np.log2(news.astype(np.float64)))
     positive = prefixes > 0
     y_edges = _cell_edges(np.log2(prefixes[positive].astype(np.float64)))
-    zero_row = None  # (bottom, top) of prefix 0's row, one row's height below the others
+    zero_row = None  # (bottom, top) of prefix 0's row, right below the others, one row high
     if not positive.all():
         height = max(y_edges[1] - y_edges[0], 0.5)  # at least half an octave, to be seen
-        zero_row = (y_edges[0] - 2 * height, y_edges[0] - height)
+        zero_row = (y_edges[0] - height, y_edges[0])
 
     def ypos(prefix):
         """log2(prefix); prefix 0, which a log axis has no place for, in a row of its own below."""
@@ -144,6 +144,8 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
     mesh = ax.pcolormesh(x_edges, y_edges, shown[positive], **colours)
     if zero_row is not None:
         ax.pcolormesh(x_edges, zero_row, shown[~positive], **colours)
+        # a log axis has no place for 0: its row sits below the others, across a break in the axis
+        ax.axhline(zero_row[1], color="black", lw=0.8)
     bar = fig.colorbar(mesh, ax=ax, pad=0.01)
     step = max(1, int(vmax) // 4)
     ticks = np.arange(-int(vmax) // step * step if engine is None else 0, int(vmax) + 1, step)

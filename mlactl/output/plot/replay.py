@@ -9,6 +9,7 @@ for each step type and engine, the share of new tokens on each path.
 from __future__ import annotations
 
 from mlactl.output.plot.common import PATH_COLOURS, new_figure
+from mlactl.util import safe
 from mlactl.util import schema as S
 from mlactl.util.errors import MlactlError
 
@@ -66,7 +67,10 @@ def replay(data: dict):
     engines = data["engines"]
     trace = data.get("trace", {})
     requests = trace.get("requests", "?")
-    title = f"Replay of {trace.get('path', 'a trace')}: {requests} requests, {data.get('time', 'roofline')} times"
+    title = (
+        f"Replay of {safe.mathtext(trace.get('path', 'a trace'))}: {requests} requests, "
+        f"{safe.mathtext(data.get('time', 'roofline'))} times"
+    )
     timeline, mix = [], []
     fig, axes = new_figure(10.0, 7.5, nrows=2)
     top, bottom = axes[0, 0], axes[1, 0]

@@ -4,12 +4,15 @@ beside the predicted ones."""
 
 from __future__ import annotations
 
+import math
+
 from mlactl.decide.analysis import Analysis
 from mlactl.output.plot.common import (
     PATH_COLOURS,
     ceilings,
     measured_points,
     new_figure,
+    percent,
     shape_label,
     title,
 )
@@ -31,6 +34,22 @@ def _labelled(measured: list[dict]) -> set[int]:
         keep.add(min(mine, key=lambda i: measured[i]["fraction"]))
         keep.add(max(mine, key=lambda i: measured[i]["fraction"]))
     return keep
+
+
+# A 7-point character is about 0.055 inch wide; the axes about 8.4 of the figure's 10 inches.
+CHAR_INCHES, AXES_INCHES = 0.055, 8.4
+
+
+def _free_spot(lo: float, hi: float, ridge: float, taken: list[float], chars: int) -> float:
+    """Where on the memory roof (between the left edge and the ridge) a label of `chars`
+    characters, reaching left from that point, lies in the widest gap between the points drawn:
+    centred in it, or at the gap's right end with a small margin when it is narrower."""
+    decades_per_inch = math.log10(hi / lo) / AXES_INCHES
+    need = (chars * CHAR_INCHES + 0.15) * decades_per_inch  # the text and a margin each side
+    edges = sorted([math.log10(lo), math.log10(ridge)] + [math.log10(x) for x in taken if lo < x < ridge])
+    a, b = max(zip(edges, edges[1:]), key=lambda e: e[1] - e[0])
+    margin = 0.1 * decades_per_inch
+    return 10 ** max(a + need - margin, b - margin - max(0.0, (b - a - need) / 2))
 
 
 def _calibrated_points(calibrated: Analysis | None, paths) -> list[dict]:
@@ -94,7 +113,7 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
                 )
     measured = measured_points(analysis, results)
     data = {
-        "title": title("Roofline", analysis, results),
+        "title": title("Roofline", analysis, results, calibrated, how="x marks"),
         "dtype": dtype,
         "ridge": {"intensity": hw.ridge(dtype), "flops_per_s": hw.peak_flops(dtype)},
         "ceilings": lines,
@@ -104,10 +123,10 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
         "calibrated": _calibrated_points(calibrated, paths),
     }
 
-    fig, axes = new_figure(10, 6.5)
+    fig, axes = new_figure(10, 7.5)
     ax = axes[0, 0]
     xs = [pt["intensity"] for pt in points + measured] + [c["ridge"] for c in lines]
-    lo, hi = min(xs) / 4, max(xs) * 4
+    lo, hi = min(xs) / 4, max(xs) * 12  # room on the right for the peaks' labels, clear of the points
     styles = ["-", "--", "-.", ":"]
     peak_labels = []  # (peak, text, colour), placed after the lines so that none overlaps another
     for k, label in enumerate(dict.fromkeys(c["label"] for c in lines)):
@@ -123,23 +142,29 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
             ax.plot(x, [min(peak, bw * v) for v in x], styles[k % len(styles)], color=colour, lw=1.2, alpha=0.8)
             names = "/".join(c["dtype"] for c in same)
             peak_labels.append((peak, f"{names} {peak / 1e12:.4g} TFLOP/s, {label}", colour))
-        on_slope = hw.ridge(dtype) / 10  # a point of the memory roof well inside the chart
-        above = k == 0  # the nominal label above its line, measured ones below theirs
+        text = f"{bw / 1e12:.3g} TB/s ({label})"
+        on_slope = _free_spot(lo, hi, hw.ridge(dtype), [pt["intensity"] for pt in points + measured], len(text))
+        # above and left of a point of the slope, in a gap between the points: nothing is drawn above
+        # the memory roof (no time beats it), and the roof falls to the left, so the label never
+        # crosses it; measured roofs' labels stack above the nominal's
         ax.annotate(
-            f"{bw / 1e12:.3g} TB/s ({label})",
+            text,
             (on_slope, bw * on_slope),
-            xytext=(-4, 2) if above else (4, -4 - 10 * (k - 1)),
+            xytext=(-6, 4 + 10 * k),
             textcoords="offset points",
-            ha="right" if above else "left",
-            va="bottom" if above else "top",
+            ha="right",
+            va="bottom",
             fontsize=7,
             color=colour,
         )
     # labels of peaks within a factor 1.6 of each other would overlap: stack them 9 points apart
     placed: list[tuple[float, float]] = []
-    for peak, text, colour in sorted(peak_labels, key=lambda x: -x[0]):
-        near = [y for p, y in placed if p / peak < 1.6]
-        offset = min(near) - 9 if near else 3
+    # the same text (a profile's measurement and a results file's, alike to 4 digits) once
+    unique = {text: (peak, colour) for peak, text, colour in peak_labels}
+    for text, (peak, colour) in sorted(unique.items(), key=lambda x: x[1][0]):
+        # upwards from 6 points above the roof: clear of the markers that sit on it
+        near = [y for p, y in placed if peak / p < 1.6]
+        offset = max(near) + 9 if near else 6
         placed.append((peak, offset))
         ax.annotate(
             text,
@@ -181,21 +206,32 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
             mfc=colour if pt["op"] is None else "none",
             mew=1.2 if small else 1.6,
         )
-    labelled = _labelled(measured)
+    labelled = sorted(set(_labelled(measured)) | {i for i, m in enumerate(measured) if m["above_ceiling"]})
+    keys: list[tuple[str, str]] = []  # the labelled points' numbers, next to the point; what they are, in the legend
     for i, m in enumerate(measured):
         colour = PATH_COLOURS.get(m["path"], "black")
         ax.plot([m["intensity"]] * 2, [m["predicted_flops_per_s"], m["flops_per_s"]], color=colour, lw=0.8)
         above = m["above_ceiling"]
         ax.plot(m["intensity"], m["flops_per_s"], "*", ms=11, color=colour, mec="red" if above else "black", mew=0.6)
-        if i in labelled or above:
+        if i in labelled:
+            number = str(len(keys) + 1)
             ax.annotate(
-                f"{m['label']} {m['path']}: {m['fraction']:.0%}" + (" (above the roofline!)" if above else ""),
+                number,
                 (m["intensity"], m["flops_per_s"]),
-                xytext=(5, -3),
+                xytext=(5, 4),
                 textcoords="offset points",
                 fontsize=7,
                 color=colour,
+                fontweight="bold",
             )
+            keys.append(
+                (
+                    f"{number}: {m['label']} {m['path']}, {percent(m['fraction'])} of the roofline"
+                    + (" (above the roofline!)" if above else ""),
+                    colour,
+                )
+            )
+    data["labelled"] = [measured[i]["label"] + " " + measured[i]["path"] for i in labelled]
 
     for pt in data["calibrated"]:
         ax.plot(pt["intensity"], pt["flops_per_s"], "x", ms=8, mew=1.6, color=PATH_COLOURS.get(pt["path"], "black"))
@@ -227,7 +263,9 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
         )
     if data["calibrated"]:
         legend.append(Line2D([], [], ls="", marker="x", color="gray", label="calibrated (whole path)"))
-    ax.legend(handles=legend, loc="lower right", fontsize=7, ncols=2)
+    legend += [Line2D([], [], ls="", color=colour, label=text) for text, colour in keys]
+    # below the axes, where no point or curve is: inside, it would sit on the measured points
+    fig.legend(handles=legend, loc="outside lower center", fontsize=7, ncols=3 if len(legend) > 8 else 2)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)

@@ -11,11 +11,13 @@ from mlactl.output.plot.common import (
     new_figure,
 )
 from mlactl.output.render import seconds
+from mlactl.util import safe
 from mlactl.util.errors import MlactlError
 
 
 def config_label(config: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in config.items()) or "(default)"
+    """`BLOCK_N=64, num_warps=8` (names from the file escaped for mathtext)."""
+    return safe.mathtext(", ".join(f"{k}={v}" for k, v in config.items()), 400) or "(default)"
 
 
 def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
@@ -52,7 +54,7 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
                 "label": config_label(tried.get("config", {})),
                 "config": tried.get("config", {}),
                 "status": status,
-                "reason": tried.get("reason", ""),
+                "reason": safe.mathtext(tried.get("reason", ""), 400),
                 "median_s": median,
             }
         )
@@ -65,8 +67,9 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
         best = (chosen or [min(ok, key=lambda c: c["median_s"])])[0]
     out = {
         "title": (
-            f"Tune: {sweep.get('kernel')} at {sweep.get('bucket')}\nmeasured: {measured_label(data)}, "
-            f"model {data['model'].get('name')}, kv cache {data.get('kv_dtype', '?')}"
+            f"Tune: {safe.mathtext(sweep.get('kernel'))} at {safe.mathtext(sweep.get('bucket'))}\n"
+            f"measured: {measured_label(data)}, model {safe.mathtext(data['model'].get('name'))}, "
+            f"kv cache {safe.mathtext(data.get('kv_dtype', '?'))}"
         ),
         "kernel": sweep.get("kernel"),
         "bucket": sweep.get("bucket"),
@@ -134,7 +137,8 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
             )
     ax.set_yticks(ys, labels=[c["label"] for c in configs], fontsize=7)
     ax.set_xscale("log")
-    ax.set_xlim(left / 1.2, max(times or [left]) * 3)
+    # room right of the longest bar for its label ("59.7ms  best tried: default faster")
+    ax.set_xlim(left / 1.2, max(times or [left]) * (40 if out["default_faster"] else 4))
     ax.set_ylim(-0.7, len(configs) - 0.3)
     ax.set_xlabel("median time (s)")
     ax.grid(True, axis="x", which="major", alpha=0.3)
