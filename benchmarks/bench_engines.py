@@ -1,6 +1,7 @@
 """How long `mlactl engines` takes on a large workload CSV (issue 24: 1M rows in <= 30 s).
 
     python benchmarks/bench_engines.py [--rows 1000000] [--repeats 3] [--json out.json]
+    python benchmarks/bench_engines.py --model deepseek-v3.2 --hardware b200 --tp 8   (the DSA rules)
 
 Writes a reproducible random workload (seeded: batch 1..256, new 1..8192 log-uniform, prefix
 0..128K, weights 1..1000), then times whole `mlactl engines` runs (read, rules of all four
@@ -52,8 +53,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", type=Path, default=HERE / "results" / f"engines-{platform.node() or 'host'}.json")
+    ap.add_argument("--model", default="deepseek-v3", help="deepseek-v3.2: the engines' DSA rules and sweeps")
+    ap.add_argument("--hardware", default="h200")
+    ap.add_argument("--tp", default="1")
+    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.json is None:
+        tag = "" if args.model == "deepseek-v3" else f"-{args.model}-{args.hardware}-tp{args.tp}"
+        args.json = HERE / "results" / f"engines{tag}-{platform.node() or 'host'}.json"
     sizes = [n for n in (30_000, 100_000, 300_000, 1_000_000, 3_000_000) if n <= args.rows] or [args.rows]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,7 +75,11 @@ def main() -> None:
                 "engines",
                 str(path),
                 "--hardware",
-                "h200",
+                args.hardware,
+                "--model",
+                args.model,
+                "--tp",
+                args.tp,
                 "-f",
                 "json",
                 "-o",
@@ -83,7 +94,8 @@ def main() -> None:
             )
     doc = {
         "benchmark": "mlactl engines on a random workload CSV",
-        "command": "mlactl engines W.csv --hardware h200 -f json -o out.json (all four engines, both sweeps)",
+        "command": f"mlactl engines W.csv --hardware {args.hardware} --model {args.model} --tp {args.tp} -f json "
+        "-o out.json (the default engines: four for a dense model, sglang and vllm for DSA; every sweep)",
         "machine": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "target": "1,000,000 rows in <= 30 s (issue 24)",
         "results": results,

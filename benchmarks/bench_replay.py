@@ -1,11 +1,13 @@
-"""How fast `mlactl replay` runs an hour of production-sized traffic through four engines.
+"""How fast `mlactl replay` runs an hour of production-sized traffic through the engines.
 
     python benchmarks/bench_replay.py [--requests 12000] [--hours 1] [--repeats 3] [--json out.json]
+                                      [--model deepseek-v3] [--hardware h200] [--tp 8]
 
 Writes a synthetic Mooncake-format trace (seeded; its shape below), then times the command end
-to end (`mlactl replay TRACE -f json`, all four engines, DeepSeek-V3 at TP 8 on an H200, the
-defaults) and, in process, each phase: reading the trace, each engine's scheduler and the pricing
-of its steps. Prints medians with min and max, steps per second, and saves JSON (default
+to end (`mlactl replay TRACE -f json`, the model's default engines: all four for DeepSeek-V3 at
+TP 8 on an H200, the defaults; sglang and vllm with their DSA rules for --model deepseek-v3.2)
+and, in process, each phase: reading the trace, each engine's scheduler and the pricing of its
+steps. Prints medians with min and max, steps per second, and saves JSON (default
 benchmarks/results/replay-<host>.json). Issue target: under 30 s on the 2-core machine for
 12,000 requests in an hour, median prompt 7K tokens, about 350 output tokens. Nothing asserts.
 
@@ -86,7 +88,7 @@ def show(name: str, s: dict, extra: str = "") -> None:
     print(f"{name:<36} median {s['median_s']:8.2f} s   {spread}{extra}")
 
 
-def in_process(trace: Path) -> dict:
+def in_process(trace: Path, model: str = "deepseek-v3", hardware_name: str = "h200", tp: int = 8) -> dict:
     """Each phase timed once: read, then per engine its scheduler and its pricing."""
     from mlactl.decide.replay import rules
     from mlactl.decide.replay.cache import BlockPool
@@ -94,6 +96,7 @@ def in_process(trace: Path) -> dict:
     from mlactl.decide.replay.replay import ReplaySettings, _price, capacity
     from mlactl.decide.replay.scheduler import Settings, scheduler_for
     from mlactl.decide.replay.traces import read_trace
+    from mlactl.decide.workload import engine_cost
     from mlactl.model import hardware
     from mlactl.model.config import from_name
     from mlactl.model.cost import CostModel, WeightCost
@@ -102,12 +105,12 @@ def in_process(trace: Path) -> dict:
     start, cpu = time.perf_counter(), time.process_time()
     t = read_trace(trace)
     phases: dict = {"read_s": time.perf_counter() - start, "read_cpu_s": time.process_time() - cpu, "engines": {}}
-    cfg = from_name("deepseek-v3").with_tp(8)
-    hw = hardware.resolve("h200")
-    cost, wc, s = CostModel(cfg), WeightCost(cfg, weights_of("deepseek-v3")), ReplaySettings()
+    cfg = from_name(model).with_tp(tp)
+    hw = hardware.resolve(hardware_name)
+    cost, wc, s = CostModel(cfg), WeightCost(cfg, weights_of(model)), ReplaySettings()
     blocks = capacity(wc, cost, hw, s) // s.block
-    clock = Clock(cost, hw, wc, rules.paths())
     for e in rules.parse(None, None, cfg, hw, "bf16"):
+        clock = Clock(engine_cost(cost, e.params), hw, wc, rules.paths(e))
         start, cpu = time.perf_counter(), time.process_time()
         sched = scheduler_for(e)(t, e, BlockPool(blocks), clock, Settings(s.max_batch_tokens, s.max_running, s.block))
         sched = sched.run()
@@ -133,7 +136,11 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--model", default="deepseek-v3")
+    parser.add_argument("--hardware", default="h200")
+    parser.add_argument("--tp", type=int, default=8)
     args = parser.parse_args()
+    where = ["--model", args.model, "--hardware", args.hardware, "--tp", str(args.tp)]
 
     results: dict = {
         "host": platform.node(),
@@ -141,15 +148,16 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "load_average_before": os.getloadavg(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "setup": "deepseek-v3, tp 8, h200, bf16 kv, engines sglang, sglang-triton, sglang-trtllm, vllm (the newest "
-        "rule sets: sglang@0.5.23, vllm@0.33.0); defaults",
+        "setup": f"{args.model}, tp {args.tp}, {args.hardware}, bf16 kv, the model's default engines (deepseek-v3: "
+        "sglang, sglang-triton, sglang-trtllm, vllm; a DSA model: sglang, vllm) under the newest rule sets "
+        "(sglang@0.5.23, vllm@0.33.0); defaults",
     }
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.jsonl"
         results["trace"] = synthetic_trace(trace, args.requests, args.hours)
         print(f"trace: {results['trace']}")
         out = Path(tmp) / "replay.json"
-        cmd = [sys.executable, "-m", "mlactl.cli", "replay", str(trace), "-f", "json", "-o", str(out)]
+        cmd = [sys.executable, "-m", "mlactl.cli", "replay", str(trace), *where, "-f", "json", "-o", str(out)]
         times, cpu = [], []
         for _ in range(args.repeats):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -162,10 +170,10 @@ def main() -> None:
         steps = sum(e["steps"] for e in report["engines"])
         results["end_to_end"] = dict(summary(times), steps=steps, steps_per_s=steps / statistics.median(times))
         results["end_to_end_cpu"] = summary(cpu)
-        show("mlactl replay, four engines", results["end_to_end"], f"   {steps:,} steps, "
+        show(f"mlactl replay, {len(report['engines'])} engines", results["end_to_end"], f"   {steps:,} steps, "
              f"{results['end_to_end']['steps_per_s']:,.0f} steps/s")  # fmt: skip
         show("  its CPU time (user + system)", results["end_to_end_cpu"])
-        results["phases"] = in_process(trace)
+        results["phases"] = in_process(trace, args.model, args.hardware, args.tp)
         print(f"read the trace: {results['phases']['read_s']:.2f} s")
         for name, p in results["phases"]["engines"].items():
             print(

@@ -9,7 +9,9 @@ absorb path   mla_decode (Triton, split-KV)        mla_decode_naive (torch twin)
 expand path   mla_prefill (Triton, varlen causal)  mla_prefill_naive
               expand_kv, gather_latents, mla_prefill_expand, mla_prefill_chunked
 merging       merge_attn_states (Triton)           merge_attn_states_naive
+DSA           mla_sparse_decode (Triton, top-k)    mla_sparse_decode_naive, dsa_indexer_naive
 the op        mla_attention: a mixed batch through expand, expand_chunked, absorb or auto
+              (sparse_absorb with topk_indices)
 """
 
 from importlib import import_module
@@ -27,6 +29,9 @@ _EXPORTS = {
     "mla_prefill_expand": "expansion",
     "mla_prefill_chunked": "expansion",
     "mla_attention": "attention",
+    "mla_sparse_decode": "sparse_decode",
+    "mla_sparse_decode_naive": "sparse_decode_naive",
+    "dsa_indexer_naive": "sparse_decode_naive",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -309,3 +309,48 @@ def test_report_table_never_cuts_the_bucket_or_kernel_at_80_columns():
         assert "…" not in text
         if width:
             assert max(len(line) for line in text.splitlines()) <= 80
+
+
+SPARSE_LAUNCHES = [  # (H, dtype, fp8, config): what mla_sparse_decode launches, recorded in the interpreter
+    pytest.param(4, "fp16", False, {"BLOCK_H": 16, "BLOCK_N": 16, "num_splits": 1}, id="bf16-row-1split-H4"),
+    pytest.param(5, "fp32", False, {"BLOCK_N": 16, "num_splits": 3}, id="3splits-fp32-partials"),
+    pytest.param(3, "fp16", True, {"BLOCK_H": 64, "BLOCK_N": 16, "num_splits": 2}, id="fp8-row-BLOCK_H-clamped"),
+]
+
+
+@pytest.mark.parametrize("H, dtype, fp8, config", SPARSE_LAUNCHES)
+def test_sparse_compile_spec_builds_what_the_launcher_launches(monkeypatch, H, dtype, fp8, config):
+    """mla_sparse_decode's compile stage builds the constexprs, output dtype and options the
+    launcher launches (a BLOCK_H wider than the heads is clamped the same way in both)."""
+    import torch
+    from test_dsa_kernel import sparse_case
+
+    from mlactl.kernels import sparse_decode
+
+    seen = {}
+    real = sparse_decode._sparse_decode_kernel
+
+    class Record:
+        arg_names = real.arg_names
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.update(o=dict(zip(self.arg_names, args))["o"].dtype, consts=kwargs)
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(sparse_decode, "_sparse_decode_kernel", Record())
+    torch_dtype = {"fp16": torch.float16, "fp32": torch.float32}[dtype]
+    q, cache, slots = sparse_case(2, 1, H, 128, 32, 4, 16, 40, torch_dtype, fp8=fp8, device="cpu")
+    sparse_decode.mla_sparse_decode(q, cache, slots, 0.1, r=128, config=config)
+    shape = {"B": 2, "H": H, "S_q": 1, "topk": 40}
+    _, sig, consts, _, options, launch = sparse_decode.compile_spec(
+        shape, config, 128, 32, dtype, "fp8" if fp8 else dtype
+    )
+    names = {torch.float16: "fp16", torch.float32: "fp32"}
+    assert sig["o"] == f"*{names[seen['o']]}" and launch["out_dtype"] == names[seen["o"]]
+    assert launch["num_splits"] == config["num_splits"]
+    launched = {k: v for k, v in seen["consts"].items() if k not in ("num_warps", "num_stages", "DOT_FP32")}
+    assert launched == {k: v for k, v in consts.items() if k != "DOT_FP32"}
+    assert (options["num_warps"], options["num_stages"]) == (seen["consts"]["num_warps"], seen["consts"]["num_stages"])

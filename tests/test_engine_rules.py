@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlactl.decide.engines import Context, parse_engines, step_counts, step_paths
+from mlactl.decide.engines import Context, grid_paths, parse_engines, step_counts, step_paths
 from mlactl.util.errors import MlactlError
 
 NAME = {"MHA_ONE_SHOT": "expand", "MHA": "expand", "MHA_CHUNKED_KV": "expand_chunked", "MLA": "absorb"}
@@ -716,7 +716,7 @@ BAD_OPTIONS = [
     ),
     ("sglang@0.5.14", "disable_piecewise_cuda_graph=true", "has no option 'disable_piecewise_cuda_graph'"),
     ("sglang@0.5.23", "enable_piecewise_cuda_graph=true", "has no option 'enable_piecewise_cuda_graph'"),
-    ("sglang@0.5.23", "attention_backend=cutlass_mla", "attention_backend must be one of aiter, fa3, fa4"),
+    ("sglang@0.5.23", "attention_backend=cutlass_mla", "attention_backend must be one of aiter, dsa, fa3, fa4"),
     ("sglang", "enable_mixed_chunk=maybe", "enable_mixed_chunk takes true or false, got 'maybe'"),
     ("sglang", "chunked_prefix_cache_threshold=1.5", "takes a whole number from 0 to 2,147,483,647"),
     ("sglang", "chunked_prefix_cache_threshold=-1", "takes a whole number"),
@@ -855,3 +855,550 @@ def test_any_option_value_is_taken_or_refused_in_one_line(key, value):
     got = p.opt(key)
     if isinstance(got, int) and not isinstance(got, bool):
         assert 0 <= got <= 2**31 - 1
+
+
+# -- DeepSeek-V3.2 (DSA): the second implementation ----------------------------------------------------
+#
+# SGLang: handle_attention_dsa (attention_backend_handler.py at 0a8dcfa9 L163-L174) returns
+# MHA_ONE_SHOT when the backend's use_mha is set, else MLA; set_dsa_prefill_impl (dsa_backend.py
+# 0034a380; set_nsa_prefill_impl in nsa_backend.py 005e8bf8) sets use_mha. vLLM: MLAAttention.forward_impl
+# (mla_attention.py: at 0014ca6b every token of a sparse impl runs forward_mqa; in the newest the
+# prefills' use_dense_mha / use_masked_mha), SparseMLACommonMetadataBuilder.build, _use_masked_mha,
+# _masked_mha_workspace_fits, _topk_mask_shape, and the sparse builders' thresholds.
+
+DSA_NAME = {"MHA_ONE_SHOT": "dense_expand", "MLA": "sparse_absorb"}
+TOPK = 2048  # DeepSeek-V3.2's index_topk
+
+
+class SGLangDSAServer:
+    def __init__(self, version="0.5.23", **args):
+        self.version = version
+        name = "nsa" if version == "0.5.14" else "dsa"
+        # server_args: SGLANG_{NSA,DSA}_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD = index_topk unless set
+        self.threshold = args.pop(f"{name}_prefill_dense_attn_kv_len_threshold", TOPK)
+        self.cp = args.pop(f"enable_{name}_prefill_context_parallel", False)
+        self.max_kv_chunk_capacity = args.pop("max_kv_chunk_capacity", 128 * 1024)  # environ.py
+        self.enable_mixed_chunk = args.pop("enable_mixed_chunk", False)
+        self.disable_piecewise_cuda_graph = args.pop("disable_piecewise_cuda_graph", False)  # 0.5.23
+        self.enable_piecewise_cuda_graph = args.pop("enable_piecewise_cuda_graph", False)  # 0.5.14
+        self.piecewise_cuda_graph_max_tokens = args.pop("piecewise_cuda_graph_max_tokens", 2048)
+        assert not args, args
+        # 0.5.14: model_config disables the piecewise graph for DSA models (is_deepseek_nsa) and
+        # set_nsa_prefill_impl has no graph guard; 0.5.23: the graph captures them (on by
+        # default), set_dsa_prefill_impl turns MHA off inside it; prefill CP turns the graph off
+        self.graph = version != "0.5.14" and not self.disable_piecewise_cuda_graph and not self.cp
+
+
+def sglang_dsa_use_mha(server, arch, kv, forward_mode, seq_lens, extend_seq_lens):
+    """set_dsa_prefill_impl on one batch."""
+    in_graph = (
+        server.graph and forward_mode == "extend" and sum(extend_seq_lens) <= server.piecewise_cuda_graph_max_tokens
+    )
+    if in_graph:
+        return False  # "Can't branch on seq_lens_cpu in graph replay, force MHA off"
+    if forward_mode == "extend":  # is_extend_without_speculative
+        device_sm = {"sm80": 80, "sm90": 90, "sm100": 100}[arch]
+        return (
+            (device_sm == 90 or (device_sm >= 100 and device_sm < 110))
+            and max(seq_lens) <= server.threshold
+            and kv in ("bf16", "fp8")  # torch.bfloat16, torch.float8_e4m3fn
+            and sum(seq_lens) <= server.max_kv_chunk_capacity
+            and not server.cp
+        )
+    return False  # decode/verify always use MLA
+
+
+def sglang_dsa_reference(server, arch, kv, requests):
+    decode = [new == 1 and prefix > 0 for new, prefix in requests]
+    if server.enable_mixed_chunk and not all(decode):
+        decode = [False] * len(requests)
+    extends = [r for r, d in zip(requests, decode) if not d]
+    method = None
+    if extends:
+        use_mha = sglang_dsa_use_mha(server, arch, kv, "extend", [p + n for n, p in extends], [n for n, _ in extends])
+        method = "MHA_ONE_SHOT" if use_mha else "MLA"  # handle_attention_dsa
+    return [DSA_NAME["MLA"] if d else DSA_NAME[method] for d in decode]
+
+
+# builders' thresholds by query heads per GPU: flashmla_sparse.py (newest: 008a0c31),
+# flashinfer_mla_sparse.py (the version on SparseMLACommonMetadataBuilder); UNIFORM / VARLEN
+SPARSE_SM100 = {8: 128, 16: 128, 32: 128, 64: 256, 128: 1024}
+SPARSE_OTHER = {16: 128, 32: 128, 64: 256, 128: 256}
+DSV32_MASKED_MHA_THRESHOLDS = {
+    "FLASHMLA_SPARSE": {
+        1: (1536, 4096, None, None, None),
+        2: (512, 1024, 4096, None, None),
+        4: (512, 1024, 1536, 8192, None),
+        8: (512, 512, 1024, 2048, 16384),
+    },
+    "FLASHINFER_MLA_SPARSE": {8: (512, 1024, 1024, 2048, 32768)},
+}
+DSV32_SEQ_LEN_BUCKETS = (2048, 4096, 8192, 16384, 32768)
+MASK_WORDS = 128 * 1024 * 1024 // 4  # GLOBAL_TOPK_MASK_MAX_BYTES // torch.int32.itemsize
+
+
+def sparse_builder_threshold(backend, arch, heads):
+    if arch == "sm100":  # is_device_capability_family(100)
+        return SPARSE_SM100.get(heads, 1024)
+    assert backend == "FLASHMLA_SPARSE"
+    return SPARSE_OTHER.get(heads, 256)
+
+
+def use_masked_mha(backend_name, tensor_parallel_size, query_len, seq_len):
+    thresholds = DSV32_MASKED_MHA_THRESHOLDS.get(backend_name, {}).get(tensor_parallel_size)
+    if thresholds is None:
+        return False
+    for bucket_idx, bucket_seq_len in enumerate(DSV32_SEQ_LEN_BUCKETS):
+        if seq_len <= bucket_seq_len:
+            min_query_len = thresholds[bucket_idx]
+            return min_query_len is not None and query_len >= min_query_len
+    return False
+
+
+def masked_mha_workspace_fits(batch_size, max_query_len, max_context_chunk_seq_len):
+    max_key_len = max(max_query_len, max_context_chunk_seq_len)
+    tile_m = 128 if max_query_len <= 128 else 256
+    padded_q_len = -(-max_query_len // tile_m) * tile_m
+    num_words = -(-max_key_len // 32)
+    return batch_size * padded_q_len * num_words <= MASK_WORDS
+
+
+def vllm_dsa_reference(requests, backend, arch, kv, tp=1, version="0.33.0", force_mqa=False, spec=0):
+    """Paths of one step's requests (in the order given) on a sparse backend."""
+    if version == "0014ca6b":
+        return ["sparse_absorb"] * len(requests)  # sparse impls only support forward_mqa
+    heads = 128 // tp
+    t = sparse_builder_threshold(backend, arch, heads)
+    if spec:  # _init_reorder_batch_threshold(supports_spec_as_decode=True)
+        t = max(t, 1 + spec)
+    uniform = backend == "FLASHMLA_SPARSE"  # require_uniform_decodes
+    tagged = [(n, p, i) for i, (n, p) in enumerate(requests)]
+    ordered = vllm_reorder(tagged, t, four_regions=True)
+    decodes = vllm_split(
+        [n for n, _, _ in ordered],
+        t,
+        require_uniform=uniform,
+        is_prefilling=[not (n == 1 and p > 0) for n, p, _ in ordered],
+    )
+    prefills = ordered[decodes:]
+    out = [None] * len(requests)
+    for _, _, i in ordered[:decodes]:
+        out[i] = "sparse_absorb"
+    if prefills:
+        prefill_max_seq_len = max(n + p for n, p, _ in prefills)
+        max_query_len = max(n for n, _, _ in prefills)
+        workspace = 64 * 1024  # min(max(8 x 163840, 4 x 256 x 64), 64K, 256 x 2048)
+        max_chunk = max(min(p, workspace) for _, p, _ in prefills)
+        use_dense_mha = prefill_max_seq_len <= TOPK and not force_mqa
+        masked_available = arch == "sm100" and kv in ("bf16", "fp16")  # FA4, not a quantized cache, V3.2 dims
+        use_masked = (
+            masked_available
+            and use_masked_mha(backend, tp, max_query_len, prefill_max_seq_len)
+            and masked_mha_workspace_fits(len(prefills), max_query_len, max_chunk)
+        )
+        use_mha = (use_dense_mha or use_masked) and not force_mqa
+        for _, _, i in prefills:
+            if not use_mha:
+                out[i] = "sparse_absorb"
+            else:  # forward_mha: dense when prefill_max_seq_len <= topk_tokens, else masked
+                out[i] = "dense_expand" if prefill_max_seq_len <= TOPK else "masked_expand"
+    return out
+
+
+def dsa_ctx(base, tp=1, kv=None):
+    return Context(
+        hardware=base.hardware,
+        arch=base.arch,
+        kv_dtype=kv or base.kv_dtype,
+        model="deepseek-v3.2",
+        model_kind="dsa",
+        model_arch="DeepseekV32ForCausalLM",
+        index_topk=TOPK,
+        tp=tp,
+        heads=128 // tp,
+    )
+
+
+DSA_SGLANG_CASES = [
+    # id, version, context, options, requests, expected, source
+    ("dense-at-topk", "0.5.14", "h200", {}, [(1048, 1000)], ["dense_expand"], "max_kv_len <= threshold (2048)"),
+    ("sparse-above", "0.5.14", "h200", {}, [(1049, 1000)], ["sparse_absorb"], "max_kv_len 2049 > 2048"),
+    ("longest-decides", "0.5.14", "h200", {}, [(100, 0), (3000, 0)], ["sparse_absorb"] * 2, "seq_lens_cpu.max()"),
+    ("all-short", "0.5.14", "h200", {}, [(2048, 0)] * 3, ["dense_expand"] * 3, "each <= 2048"),
+    (
+        "cap",
+        "0.5.14",
+        "h200",
+        {"max_kv_chunk_capacity": 4096},
+        [(2048, 0)] * 2,
+        ["dense_expand"] * 2,
+        "sum 4096 <= cap",
+    ),
+    ("cap+1", "0.5.14", "h200", {"max_kv_chunk_capacity": 4095}, [(2048, 0)] * 2, ["sparse_absorb"] * 2, "sum > cap"),
+    ("decode", "0.5.14", "h200", {}, [(1, 100)], ["sparse_absorb"], "decode: use_mha = False"),
+    ("b200", "0.5.14", "b200-fp8", {}, [(500, 0)], ["dense_expand"], "SM100, fp8_e4m3"),
+    ("sm80", "0.5.14", "a100", {}, [(500, 0)], ["sparse_absorb"], "device_sm 80: not SM90/SM100"),
+    (
+        "threshold",
+        "0.5.14",
+        "h200",
+        {"nsa_prefill_dense_attn_kv_len_threshold": 1024},
+        [(1025, 0)],
+        ["sparse_absorb"],
+        "SGLANG_NSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD",
+    ),  # fmt: skip
+    (
+        "threshold-dsa-name",
+        "0.5.14",
+        "h200",
+        {"nsa_prefill_dense_attn_kv_len_threshold": 0},
+        [(5, 0)],
+        ["sparse_absorb"],
+        "threshold 0: never dense (what server_args sets for GLM-5 on Blackwell)",
+    ),  # fmt: skip
+    (
+        "cp",
+        "0.5.14",
+        "h200",
+        {"enable_nsa_prefill_context_parallel": True},
+        [(500, 0)],
+        ["sparse_absorb"],
+        "not is_nsa_enable_prefill_cp()",
+    ),  # fmt: skip
+    (
+        "no-graph-0.5.14",
+        "0.5.14",
+        "h200",
+        {"enable_piecewise_cuda_graph": True},
+        [(500, 0)],
+        ["dense_expand"],
+        "model_config: the graph is off for DSA models (is_deepseek_nsa)",
+    ),  # fmt: skip
+    ("graph-0.5.23", "0.5.23", "h200", {}, [(500, 0)], ["sparse_absorb"], "set_dsa_prefill_impl: in a graph -> no MHA"),
+    ("graph-above", "0.5.23", "h200", {}, [(1500, 0), (1000, 0)], ["dense_expand"] * 2, "2500 tokens > 2048: no graph"),
+    ("graph-off", "0.5.23", "h200", {"disable_piecewise_cuda_graph": True}, [(500, 0)], ["dense_expand"], "flag off"),
+    (
+        "graph-tokens",
+        "0.5.23",
+        "h200",
+        {"piecewise_cuda_graph_max_tokens": 256},
+        [(500, 0)],
+        ["dense_expand"],
+        "500 > 256 captured tokens",
+    ),  # fmt: skip
+    (
+        "mixed-decode-long",
+        "0.5.23",
+        "h200",
+        {"enable_mixed_chunk": True},
+        [(1, 5000), (3000, 0)],
+        ["sparse_absorb"] * 2,
+        "mixed: the decode's 5001 tokens count in max_kv_len",
+    ),  # fmt: skip
+    (
+        "mixed-decode-short",
+        "0.5.23",
+        "h200",
+        {"enable_mixed_chunk": True},
+        [(1, 100), (3000, 0)],
+        ["sparse_absorb"] * 2,
+        "3000 > 2048 anyway",
+    ),  # fmt: skip
+    (
+        "mixed-short",
+        "0.5.14",
+        "h200",
+        {"enable_mixed_chunk": True},
+        [(1, 100), (1500, 0)],
+        ["dense_expand"] * 2,
+        "mixed: the decode rides the dense extend",
+    ),  # fmt: skip
+    ("not-mixed", "0.5.14", "h200", {}, [(1, 100), (1500, 0)], ["sparse_absorb", "dense_expand"], "decode batch apart"),
+]
+
+
+@pytest.mark.parametrize(
+    "version, ctx, options, requests, expected, source",
+    [c[1:] for c in DSA_SGLANG_CASES],
+    ids=[c[0] for c in DSA_SGLANG_CASES],
+)
+def test_sglang_dsa_case(version, ctx, options, requests, expected, source):
+    server = SGLangDSAServer(version, **options)
+    assert sglang_dsa_reference(server, CTX[ctx].arch, CTX[ctx].kv_dtype, requests) == expected, source
+    p = parse_engines(f"sglang@{version}", [f"{k}={v}" for k, v in options.items()], dsa_ctx(CTX[ctx]))[0]
+    new, prefix = np.array(requests).T
+    assert list(step_paths(p, new, prefix)) == expected, source
+
+
+DSA_VLLM_CASES = [
+    # id, version, context, tp, options, requests, expected, source
+    (
+        "0014-all-sparse",
+        "0014ca6b",
+        "b200",
+        8,
+        {},
+        [(500, 0), (5000, 100), (1, 9)],
+        ["sparse_absorb"] * 3,
+        "mla_attention.py at 0014ca6b: sparse impls only support forward_mqa",
+    ),  # fmt: skip
+    (
+        "h200-decode-256",
+        "0.33.0",
+        "h200",
+        1,
+        {},
+        [(256, 100)],
+        ["sparse_absorb"],
+        "FLASHMLA_SPARSE sm90 128 heads: 256",
+    ),
+    ("h200-dense", "0.33.0", "h200", 1, {}, [(257, 100)], ["dense_expand"], "prefill_max_seq_len 357 <= topk"),
+    ("h200-dense-edge", "0.33.0", "h200", 1, {}, [(1048, 1000)], ["dense_expand"], "2048 <= 2048: use_dense_mha"),
+    ("h200-no-masked", "0.33.0", "h200", 1, {}, [(1049, 1000)], ["sparse_absorb"], "sm90: no FA4 masked MHA"),
+    (
+        "h200-tp8",
+        "0.33.0",
+        "h200",
+        8,
+        {},
+        [(128, 100), (129, 100)],
+        ["sparse_absorb", "dense_expand"],
+        "16 heads per GPU: 128; uniform split",
+    ),  # fmt: skip
+    ("b200-tp1-decode", "0.33.0", "b200", 1, {}, [(1024, 0)], ["sparse_absorb"], "sm100 128 heads: 1024"),
+    ("b200-tp1-masked", "0.33.0", "b200", 1, {}, [(4096, 0)], ["masked_expand"], "bucket 4096, TP 1: >= 4096"),
+    ("b200-tp1-short", "0.33.0", "b200", 1, {}, [(3000, 1000)], ["sparse_absorb"], "seq 4000: 3000 < 4096"),
+    ("b200-tp1-8k", "0.33.0", "b200", 1, {}, [(8192, 0)], ["sparse_absorb"], "bucket 8192, TP 1: None"),
+    ("b200-tp2", "0.33.0", "b200", 2, {}, [(4096, 4000)], ["masked_expand"], "TP 2 bucket 8192: >= 4096"),
+    ("b200-tp4-edge", "0.33.0", "b200", 4, {}, [(8192, 8000)], ["masked_expand"], "TP 4 bucket 16384: 8192"),
+    ("b200-tp4-below", "0.33.0", "b200", 4, {}, [(8191, 8000)], ["sparse_absorb"], "8191 < 8192"),
+    ("b200-tp8-32k", "0.33.0", "b200", 8, {}, [(16384, 16384)], ["masked_expand"], "TP 8 bucket 32768: 16384"),
+    ("b200-tp8-past", "0.33.0", "b200", 8, {}, [(16384, 16385)], ["sparse_absorb"], "seq > 32768: no bucket"),
+    ("b200-fp8", "0.33.0", "b200-fp8", 8, {}, [(4096, 0)], ["sparse_absorb"], "quantized cache: no masked MHA"),
+    ("b200-fp8-dense", "0.33.0", "b200-fp8", 8, {}, [(1000, 0)], ["dense_expand"], "dense MHA with any cache"),
+    ("b200-tp16", "0.33.0", "b200", 16, {}, [(4096, 4000)], ["sparse_absorb"], "no table row for TP 16"),
+    (
+        "step-longest",
+        "0.33.0",
+        "b200",
+        8,
+        {},
+        [(600, 0), (600, 1800)],
+        ["masked_expand"] * 2,
+        "the longest prefill (seq 2400, bucket 4096, TP 8: 600 >= 512) decides: (600, 0) runs masked too",
+    ),  # fmt: skip
+    ("step-alone", "0.33.0", "b200", 8, {}, [(600, 0)], ["dense_expand"], "alone: seq 600 <= topk"),
+    (
+        "force-mqa",
+        "0.33.0",
+        "h200",
+        1,
+        {"sparse_mla_force_mqa": True},
+        [(500, 0)],
+        ["sparse_absorb"],
+        "attention_config.sparse_mla_force_mqa",
+    ),  # fmt: skip
+    (
+        "flashinfer-sparse",
+        "0.33.0",
+        "b200",
+        8,
+        {"backend": "flashinfer_mla_sparse"},
+        [(1024, 6000)],
+        ["masked_expand"],
+        "FLASHINFER_MLA_SPARSE TP 8, bucket 8192: 1024",
+    ),  # fmt: skip
+    (
+        "flashinfer-sparse-below",
+        "0.33.0",
+        "b200",
+        8,
+        {"backend": "flashinfer_mla_sparse"},
+        [(1023, 6000)],
+        ["sparse_absorb"],
+        "1023 < 1024",
+    ),  # fmt: skip
+    (
+        "flashinfer-varlen",
+        "0.33.0",
+        "b200",
+        8,
+        {"backend": "flashinfer_mla_sparse"},
+        [(5, 100), (100, 100)],
+        ["sparse_absorb"] * 2,
+        "VARLEN: every query <= 128 is a decode",
+    ),  # fmt: skip
+    (
+        "flashmla-uniform",
+        "0.33.0",
+        "b200",
+        8,
+        {},
+        [(5, 100), (100, 100)],
+        ["sparse_absorb", "dense_expand"],
+        "UNIFORM: 100 != 5 is a prefill, seq 200 <= topk",
+    ),  # fmt: skip
+    (
+        "decodes-and-prefills",
+        "0.33.0",
+        "b200",
+        8,
+        {},
+        [(1, 5000), (1, 5000), (5000, 0)],
+        ["sparse_absorb", "sparse_absorb", "masked_expand"],
+        "decodes sparse; seq 5000 bucket 8192 TP8: 1024",
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(
+    "version, ctx, tp, options, requests, expected, source",
+    [c[1:] for c in DSA_VLLM_CASES],
+    ids=[c[0] for c in DSA_VLLM_CASES],
+)
+def test_vllm_dsa_case(version, ctx, tp, options, requests, expected, source):
+    p = parse_engines(f"vllm@{version}", [f"{k}={v}" for k, v in options.items()], dsa_ctx(CTX[ctx], tp))[0]
+    want = vllm_dsa_reference(
+        requests, p.backend, CTX[ctx].arch, CTX[ctx].kv_dtype, tp, version, options.get("sparse_mla_force_mqa", False)
+    )
+    assert want == expected, source
+    new, prefix = np.array(requests).T
+    assert list(step_paths(p, new, prefix)) == expected, source
+
+
+DSA_RESOLVE = [
+    ("sglang@0.5.14", "h200", "nsa", "server_args: attention_backend = 'nsa' for a DSA model when not set"),
+    ("sglang@0.5.23", "b200-fp8", "dsa", "the 'dsa' fill (arg_groups/overrides.py _deepseek_family_overrides)"),
+    ("vllm@0.33.0", "h200", "FLASHMLA_SPARSE", "cuda.py: the one sparse backend in the SM90 priorities"),
+    ("vllm@0.33.0", "b200-fp8", "FLASHMLA_SPARSE", "cuda.py: last in the sm100 list, the only sparse one"),
+    ("vllm@0014ca6b", "b200", "FLASHMLA_SPARSE", "same list (read at 002db495)"),
+]
+
+
+@pytest.mark.parametrize("engine, ctx, backend, source", DSA_RESOLVE, ids=[f"{r[0]}-{r[1]}" for r in DSA_RESOLVE])
+def test_dsa_default_backend(engine, ctx, backend, source):
+    p = parse_engines(engine, [], dsa_ctx(CTX[ctx]))[0]
+    assert p.backend == backend and p.paths == ("sparse_absorb", "dense_expand", "masked_expand"), source
+    assert p.why[0].startswith(
+        f"{engine} on {CTX[ctx].hardware} ({CTX[ctx].arch}), {CTX[ctx].kv_dtype} cache → {backend}"
+    )
+
+
+def test_dsa_thresholds_by_heads_and_architecture():
+    """FlashMLASparseMetadataBuilder: sm100 {8,16,32: 128, 64: 256, 128: 1024}, else {16,32: 128,
+    64: 256, 128: 256}; speculation raises it as for the dense builders."""
+    for ctx, tp, t in [("h200", 1, 256), ("h200", 2, 256), ("h200", 4, 128), ("b200", 1, 1024), ("b200", 2, 256)]:
+        assert parse_engines("vllm", [], dsa_ctx(CTX[ctx], tp))[0].threshold == t, (ctx, tp)
+    assert parse_engines("vllm", ["num_speculative_tokens=300"], dsa_ctx(H200, 8))[0].threshold == 301
+
+
+DSA_REFUSED = [
+    ("sglang", [], "mla", "dsa is the backend of DSA models", {"attention_backend": "dsa"}),
+    ("sglang", ["attention_backend=fa3"], "dsa", "attention_backend=fa3 has no sparse attention", {}),
+    ("sglang-triton", [], "dsa", "sglang-triton fixes attention_backend=triton", {}),
+    ("vllm", ["backend=flashmla"], "dsa", "flashmla is not one", {}),
+    ("vllm", ["backend=flashmla_sparse"], "mla", "FLASHMLA_SPARSE is a sparse MLA backend", {}),
+    ("vllm", ["backend=flashinfer_mla_sparse"], "dsa-h200", "FLASHINFER_MLA_SPARSE does not run on h200", {}),
+    ("sglang", ["dsa_prefill_dense_attn_kv_len_threshold=2049"], "dsa", "above deepseek-v3.2's index_topk (2048)", {}),
+    ("vllm@0014ca6b", ["sparse_mla_force_mqa=true"], "dsa", "has no option 'sparse_mla_force_mqa'", {}),
+]
+
+
+@pytest.mark.parametrize("engine, options, kind, message, extra", DSA_REFUSED, ids=[r[3][:30] for r in DSA_REFUSED])
+def test_dsa_refusals(engine, options, kind, message, extra):
+    ctx = {"mla": H200, "dsa": dsa_ctx(B200), "dsa-h200": dsa_ctx(H200)}[kind]
+    opts = options + [f"{k}={v}" for k, v in extra.items()]
+    with pytest.raises(MlactlError) as err:
+        parse_engines(engine, opts, ctx)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_release_without_dsa_rules_refuses_a_dsa_model(monkeypatch):
+    """A rule set whose model_kinds lacks dsa (a release before DeepSeek-V3.2) says so in one line."""
+    from dataclasses import replace
+
+    from mlactl.decide.engines import rulesets
+
+    old = replace(rulesets.RULESETS["sglang@0.5.14"], version="0.5.0", model_kinds=("mla",), dsa=None)
+    monkeypatch.setitem(rulesets.RULESETS, "sglang@0.5.0", old)
+    with pytest.raises(MlactlError) as err:
+        parse_engines("sglang@0.5.0", [], dsa_ctx(H200))
+    assert str(err.value) == (
+        "sglang@0.5.0 has no rule for DSA (sparse MLA) models such as deepseek-v3.2; rule sets with one: "
+        "sglang@0.5.14, sglang@0.5.23 (docs/engines.md)"
+    )
+    assert parse_engines("sglang@0.5.0", [], H200)[0].backend == "fa3"  # its dense rule still answers
+
+
+def test_dsa_option_names_of_both_generations():
+    """Each release takes its own name and the other generation's (environ.py's EnvIntWithAlias
+    reads the NSA name as the DSA one's deprecated alias)."""
+    for engine, name in [("sglang@0.5.14", "dsa"), ("sglang@0.5.23", "nsa"), ("sglang@0.5.23", "dsa")]:
+        p = parse_engines(engine, [f"{name}_prefill_dense_attn_kv_len_threshold=1000"], dsa_ctx(H200))[0]
+        assert p.dense_threshold == 1000
+    p = parse_engines("sglang@0.5.14", ["enable_dsa_prefill_context_parallel=true"], dsa_ctx(H200))[0]
+    assert p.values["enable_nsa_prefill_context_parallel"] and not p.dense_ok
+
+
+dsa_requests = st.lists(
+    st.tuples(st.one_of(st.just(1), st.integers(1, 5000)), st.sampled_from([0, 1, 50, 1000, 2047, 4000, 20000])),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(dsa_requests, min_size=1, max_size=4),
+    version=st.sampled_from(["0.5.14", "0.5.23"]),
+    ctx=st.sampled_from(["h200", "b200-fp8", "a100"]),
+    options=st.sampled_from(
+        [{}, {"enable_mixed_chunk": True}, {"max_kv_chunk_capacity": 3000}, {"piecewise_cuda_graph_max_tokens": 100}]
+    ),
+)
+def test_sglang_dsa_steps_match_reference(steps, version, ctx, options):
+    server = SGLangDSAServer(version, **options)
+    p = parse_engines(f"sglang@{version}", [f"{k}={v}" for k, v in options.items()], dsa_ctx(CTX[ctx]))[0]
+    new = np.array([n for s in steps for n, _ in s])
+    prefix = np.array([q for s in steps for _, q in s])
+    step = np.repeat(np.arange(len(steps)), [len(s) for s in steps])
+    got = step_paths(p, new, prefix, step=step)
+    want = np.concatenate([sglang_dsa_reference(server, CTX[ctx].arch, CTX[ctx].kv_dtype, s) for s in steps])
+    assert list(got) == list(want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(dsa_requests, min_size=1, max_size=4),
+    version=st.sampled_from(["0014ca6b", "0.33.0"]),
+    ctx=st.sampled_from(["h200", "b200", "b200-fp8"]),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    backend=st.sampled_from(["flashmla_sparse", "flashinfer_mla_sparse"]),
+    spec=st.sampled_from([0, 3]),
+)
+def test_vllm_dsa_steps_match_reference(steps, version, ctx, tp, backend, spec):
+    if backend == "flashinfer_mla_sparse" and CTX[ctx].arch != "sm100":
+        backend = "flashmla_sparse"
+    options = [f"backend={backend}", f"num_speculative_tokens={spec}"]
+    p = parse_engines(f"vllm@{version}", options, dsa_ctx(CTX[ctx], tp))[0]
+    new = np.array([n for s in steps for n, _ in s])
+    prefix = np.array([q for s in steps for _, q in s])
+    step = np.repeat(np.arange(len(steps)), [len(s) for s in steps])
+    got = step_paths(p, new, prefix, step=step)
+    want = np.concatenate(
+        [
+            vllm_dsa_reference(s, backend.upper(), CTX[ctx].arch, CTX[ctx].kv_dtype, tp, version, spec=spec)
+            for s in steps
+        ]
+    )
+    assert list(got) == list(want)
+
+
+def test_dsa_grid_points_match_the_step_rule():
+    """A grid point of `batch` alike requests is the step of those requests, for both engines."""
+    for engine in ("sglang@0.5.14", "sglang@0.5.23", "vllm@0.33.0"):
+        for ctx, tp in (("h200", 1), ("b200", 8), ("b200", 1)):
+            p = parse_engines(engine, [], dsa_ctx(CTX[ctx], tp))[0]
+            for b, n, q in [(1, 1, 500), (1, 600, 0), (4, 600, 0), (2, 1500, 0), (1, 5000, 3000), (3, 20000, 100)]:
+                want = step_paths(p, [n] * b, [q] * b)
+                assert set(want) == {grid_paths(p, b, n, q).item()}, (engine, ctx, b, n, q)

@@ -446,3 +446,151 @@ def test_why_lines_in_every_command(tmp_path):
     path.write_text("new,prefix\n1,100\n")
     out = runner.invoke(app, ["batch", str(path), "--hardware", "h200"], env={"COLUMNS": "300"}).output
     assert "sglang@0.5.23 on h200 (sm90), bf16 cache → fa3" in out
+
+
+# -- DeepSeek-V3.2 (DSA): the engines' DSA rules on a workload -------------------------------------------
+
+V32 = model.from_name("deepseek-v3.2")
+
+
+def dsa_brute(wl, params, hw):
+    """The workload's weighted time under rule `params`, path by path, each path timed the way the
+    engine runs it: roofline sums of cost.py's ops, with vLLM's whole indexer in its dense MHA and
+    its own context chunk in masked MHA (computed here, not through workload.engine_times)."""
+    cfg = V32.with_tp(params.ctx.tp)
+    profile = hardware.from_name(hw)
+    peak, bw = profile.peak_flops("bf16"), profile.bandwidth
+    cost = CostModel(cfg, dense_indexer="full" if params.family == "vllm" else "key")
+    if params.family == "vllm":
+        cost = CostModel(cfg, dense_indexer="full", chunk=65536)
+    chosen = grid_paths(params, wl.batch, wl.new, wl.prefix)
+    total = 0.0
+    for i, path in enumerate(chosen):
+        ops = cost.ops(str(path), int(wl.batch[i]), int(wl.new[i]), int(wl.prefix[i]))
+        total += wl.weight[i] * sum(max(float(o.flops) / peak, float(o.bytes) / bw) for o in ops)
+    return total
+
+
+def dsa_report(wl, engines, hw, tp=1, options=()):
+    cfg, profile = V32.with_tp(tp), hardware.from_name(hw)
+    return workload.report(
+        CostModel(cfg), profile, wl, parse_engines(engines, list(options), context_for(cfg, profile))
+    )
+
+
+DSA_GRID = np.array([(b, n, p) for b in (1, 3) for n in (1, 200, 700, 1500, 3000) for p in (0, 300, 1000, 5000)]).T
+
+
+def test_sglang_dsa_sweep_is_the_brute_force_minimum():
+    """sglang@0.5.14 (no prefill graph for DSA): the dense threshold swept over the grid's longest
+    sequences equals the minimum of the rule re-run at each threshold."""
+    wl = workload.grid_workload(*DSA_GRID)
+    (e,) = dsa_report(wl, "sglang@0.5.14", "h200").engines
+    s = e.sweep
+    assert s.option == "nsa_prefill_dense_attn_kv_len_threshold" and s.current == 2048
+    ctx = context_for(V32, hardware.from_name("h200"))
+    brute = {
+        t: dsa_brute(
+            wl, parse_engines("sglang@0.5.14", [f"nsa_prefill_dense_attn_kv_len_threshold={t}"], ctx)[0], "h200"
+        )
+        for t in (0, 1, 199, 200, 201, 700, 1000, 1300, 1700, 2000, 2047, 2048)
+    }
+    assert s.best_time_s == pytest.approx(min(brute.values()), rel=1e-9)
+    assert s.current_time_s == pytest.approx(brute[2048], rel=1e-9)
+    lo, hi = s.best_range
+    for t in (s.best, lo, hi):
+        p = parse_engines("sglang@0.5.14", [f"nsa_prefill_dense_attn_kv_len_threshold={t}"], ctx)[0]
+        assert dsa_brute(wl, p, "h200") == pytest.approx(s.best_time_s, rel=1e-9)
+    assert e.time_s == pytest.approx(brute[2048], rel=1e-9)  # the rule's own time, path by path
+
+
+def test_vllm_masked_table_sweep_is_the_brute_force_minimum():
+    """vllm@0.33.0 on a B200 at TP 8: each bucket's least query length swept equals the minimum of
+    the rule re-run with that entry of the table replaced (None: never)."""
+    from dataclasses import replace
+
+    wl = workload.grid_workload(*np.array([(1, n, p) for n in (200, 700, 1500, 3000, 9000) for p in (0, 2500, 7000)]).T)
+    (e,) = dsa_report(wl, "vllm@0.33.0", "b200", tp=8).engines
+    p = e.params
+    assert p.masked_row == (512, 512, 1024, 2048, 16384)
+    masked = [s for s in e.sweeps if s.option.startswith("masked")]
+    assert masked, e.sweeps
+    assert e.time_s == pytest.approx(dsa_brute(wl, p, "b200"), rel=1e-9)
+    for s in masked:
+        bucket = [i for i, b in enumerate(p.ruleset.dsa.buckets) if f"-{b:,})" in s.option][0]
+
+        def with_entry(m, bucket=bucket):
+            row = list(p.masked_row)
+            row[bucket] = m
+            return dsa_brute(wl, replace(p, masked_row=tuple(row)), "b200")
+
+        tries = {m: with_entry(m) for m in (None, 1, 199, 200, 201, 699, 700, 1500, 3000, 9000)}
+        assert s.best_time_s == pytest.approx(min(tries.values()), rel=1e-9)
+        assert s.current_time_s == pytest.approx(with_entry(p.masked_row[bucket]), rel=1e-9)
+        assert with_entry(s.best) == pytest.approx(s.best_time_s, rel=1e-9)
+
+
+def test_dsa_engines_command(tmp_path):
+    """`mlactl engines` on DeepSeek-V3.2 judges both engines' DSA rules (the shorthands fix dense
+    backends, so the default is sglang and vllm), with their sweeps and why lines."""
+    data = json.loads(
+        runner.invoke(app, ["engines", "-m", "deepseek-v3.2", "-g", "b200", "--tp", "8", "-f", "json"]).output
+    )
+    assert [e["name"] for e in data["engines"]] == ["sglang", "vllm"]
+    sg, vl = data["engines"]
+    assert sg["backend"] == "dsa" and sg["dsa"] == {"dense_threshold": 2048, "dense_possible": True}
+    assert vl["backend"] == "FLASHMLA_SPARSE" and vl["dsa"]["masked_min_query_len"] == [512, 512, 1024, 2048, 16384]
+    assert vl["sweep"]["option"] == "reorder_batch_threshold"
+    assert any(s["option"].startswith("masked MHA least query length") for s in vl["sweeps"])
+    assert {w["path"] for e in data["engines"] for w in e["worst"]} <= {
+        "sparse_absorb",
+        "dense_expand",
+        "masked_expand",
+    }
+    out = runner.invoke(app, ["engines", "-m", "deepseek-v3.2", "-g", "b200", "--tp", "8"], env={"COLUMNS": "200"})
+    assert "masked MHA least query length" in out.output and "sglang: sglang@0.5.23 on b200 (sm100)" in out.output
+    bad = runner.invoke(app, ["engines", "-m", "deepseek-v3.2", "--engines", "sglang-triton"])
+    assert bad.exit_code == 2 and bad.output.startswith("Error: sglang@0.5.23: deepseek-v3.2 is a DSA model")
+
+
+def test_dsa_dense_mha_costs_vllm_its_whole_indexer():
+    """vLLM's dense MHA runs the indexer in full, SGLang's writes only the key: at 512 new tokens,
+    no prefix (dense for both, no graph for 0.5.14), vLLM's time exceeds SGLang's by exactly the
+    indexer's projections, logits and top-k less its key (roofline sums, computed here)."""
+    profile = hardware.from_name("h200")
+    peak, bw = profile.peak_flops("bf16"), profile.bandwidth
+    wl = workload.grid_workload([1], [512], [0])
+    report = dsa_report(wl, "sglang@0.5.14,vllm", "h200")
+    sg, vl = report.engines
+    assert sg.paths[0] == vl.paths[0] == "dense_expand"
+    ops = {o.name: o for o in CostModel(V32).ops("sparse_absorb", 1, 512, 0)}
+    key = {o.name: o for o in CostModel(V32).ops("dense_expand", 1, 512, 0)}["indexer_key"]
+
+    def roof(o):
+        return max(float(o.flops) / peak, float(o.bytes) / bw)
+
+    extra = roof(ops["indexer_proj"]) + roof(ops["indexer"]) + roof(ops["topk"]) - roof(key)
+    assert vl.time_s - sg.time_s == pytest.approx(extra, rel=1e-9)
+    assert sg.lost_s == 0 and vl.lost_s == pytest.approx(extra, rel=1e-9)
+
+
+def test_sweep_sentences():
+    """The sentence for each kind of sweep result, `off` included (vLLM's masked MHA never)."""
+    from types import SimpleNamespace
+
+    from mlactl.cli.engines import sentence
+
+    result = SimpleNamespace(hw=SimpleNamespace(name="b200"))
+    e = SimpleNamespace(params=SimpleNamespace(engine="vllm"))
+
+    def say(current, best, rng, now, then):
+        return sentence(result, e, workload.Sweep("vllm", "m", current, now, best, rng, then, []))
+
+    assert say(1024, 256, (1, 256), 1.0, 0.9).endswith("m 1024 on b200 for this workload: best threshold 256 "
+                                                        "(any threshold from 1 to 256), saves 10.0%")  # fmt: skip
+    assert say(None, 700, (600, 700), 1.0, 0.5).endswith("m off on b200 for this workload: best threshold 700 "
+                                                         "(any threshold from 600 to 700), saves 50.0%")  # fmt: skip
+    assert say(512, None, (9001, None), 2.0, 1.0).endswith("best threshold off (off, or any threshold from 9001 up), "
+                                                           "saves 50.0%")  # fmt: skip
+    assert say(2048, 2048, (2048, 2048), 1.0, 1.0).endswith("already the best (no other threshold does as well)")
+    assert say(64, 1, (1, None), 1.0, 1.0).endswith("already the best (any threshold from 1 up does as well)")

@@ -104,7 +104,7 @@ def test_faults_resume_and_kernels_on_one_set_of_workers(cluster, tmp_path, home
             os.kill(slot.pid, signal.SIGKILL)
 
     try:
-        _, kernel_stats = ray_runner.tune_kernels(run.cluster, list(spaces.KERNELS))
+        _, kernel_stats = ray_runner.tune_kernels(run.cluster, spaces.default_kernels(run.ctx.cfg))
         found, stats = ray_runner.tune_paths(
             run.cluster, [1, 2], [1, 8, 64], [0, 64], refine=False, on_dispatch=kill_first
         )

@@ -272,6 +272,8 @@ def calibration():
     [
         # config.json of deepseek-ai/DeepSeek-V3: 671B parameters (the paper's; MTP apart)
         pytest.param("deepseek-v3", 7168, 61, 129280, 18432, 2048, 256, 1, 8, 3, "fp8", 671.0, id="v3"),
+        # DeepSeek-V3.2-Exp inference/config_671B_v3.2.json: V3's weights and the indexer (0.85B)
+        pytest.param("deepseek-v3.2", 7168, 61, 129280, 18432, 2048, 256, 1, 8, 3, "fp8", 671.9, id="v3.2"),
         # deepseek-ai/DeepSeek-V2: 236B; DeepSeek-V2-Lite 15.7B
         pytest.param("deepseek-v2", 5120, 60, 102400, 12288, 1536, 160, 2, 6, 1, "bf16", 236, id="v2"),
         pytest.param("deepseek-v2-lite", 2048, 27, 102400, 10944, 1408, 64, 2, 6, 1, "bf16", 15.7, id="v2-lite"),

@@ -13,6 +13,7 @@ from mlactl.cli.common import (
     choice,
     cli_errors,
     emit,
+    load_model,
     one_int,
     output_format,
     resolve,
@@ -88,6 +89,11 @@ def analyze(
     Each row also shows what each engine's own rule runs (default: sglang and vllm) and the time
     it loses against the best path that fits; docs/engines.md cites each rule's source.
 
+    A DSA model (deepseek-v3.2, or a config with index_topk, index_n_heads, index_head_dim) has
+    the paths sparse_absorb, masked_expand and dense_expand (context at most top-k), and each
+    engine's DSA rule: SGLang's dense one-shot threshold, vLLM's sparse backends with dense and
+    masked MHA.
+
     Example: mlactl analyze --model deepseek-v3 --hardware h200 --new 1:4096:*2 --prefix 0,32K
     (with --calibration NAME: calibrated time, see `mlactl calibrate`)
     """
@@ -95,6 +101,11 @@ def analyze(
     fmt = output_format(opts.fmt, opts.output)
     if policy is not None and not is_engine(policy):
         choice(policy, "--policy", POLICIES)
+    if policy == "measured" and results is None and load_model(opts.model, opts.tp).is_dsa:
+        raise MlactlError(
+            f"--policy measured: {opts.model} is a DSA model and `mlactl tune paths` measures MLA paths only; "
+            "use roofline, flops or an engine"
+        )
     if results is not None and policy != "measured":
         raise MlactlError("--results goes with --policy measured")
     setup = resolve(opts, [results] if results is not None else (), find_results=policy == "measured")
@@ -143,6 +154,8 @@ def analyze(
         tables.append(render.ops_table(result))
     if crossover:
         tables.append(render.crossover_table(result.crossover))
+    elif cfg.is_dsa:
+        tables.append("DSA model: --crossover for the windows where masked or dense MHA beats sparse absorb")
     else:
         asym = result.crossover.asymptotic_new
         tables.append(

@@ -37,7 +37,12 @@ def crossover_cmd(
     With --calibration, by calibrated time, each with its 80% interval, e.g. 133 (133–292); a crossover
     whose deciding ops were not measured there (extrapolated, or at roofline) is marked † and named.
 
+    A DSA model (deepseek-v3.2) has windows instead: the new-token counts where masked MHA
+    (masked_expand) beats sparse absorb, by FLOPs and by time, or none; and where dense MHA
+    (context at most top-k) does.
+
     Example: mlactl crossover --hardware h200 --batch 1,64 --prefix 0:64K:8K
+    (DSA: mlactl crossover --model deepseek-v3.2 --hardware h200 --prefix 0,1K,4K,8K)
     """
 
     fmt = output_format(opts.fmt, opts.output)
@@ -64,6 +69,9 @@ def crossover_cmd(
         }
 
     def csv_data(fh):
+        if result.windows:
+            write_csv(fh, *window_columns(result.windows))
+            return
         rows = result.rows
         header = ["batch", "prefix", "by_flops", "by_time", "by_time_chunked"]
         cols = [[r.batch for r in rows], [r.prefix for r in rows]] + [
@@ -82,3 +90,17 @@ def crossover_cmd(
     )
     lines = [header] + ([calibration_line(cal)] if cal is not None else []) + setup.markup_notes()
     emit(fmt, opts.output, json_data=json_data, write_csv=csv_data, tables=[*lines, render.crossover_table(result)])
+
+
+def window_columns(windows) -> tuple[list[str], list[np.ndarray]]:
+    """A DSA model's windows as CSV columns: first, last and count of each window (empty: none)."""
+    header, cols = ["batch", "prefix"], [[w.batch for w in windows], [w.prefix for w in windows]]
+    for name, key in (
+        ("masked_by_flops", "masked_by_flops"),
+        ("masked_by_time", "masked_by_time"),
+        ("dense_by_time", "dense_by_time"),
+    ):
+        for part in ("first", "last", "count"):
+            header.append(f"{name}.{part}")
+            cols.append([np.nan if getattr(w, key) is None else getattr(getattr(w, key), part) for w in windows])
+    return header, [np.asarray(c, dtype=np.float64) for c in cols]

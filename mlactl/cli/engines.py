@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
+import numpy as np
 import typer
 from rich.table import Table
 
@@ -15,7 +16,7 @@ from mlactl import __version__
 from mlactl.cli.common import calibration_json, calibration_line, cli_errors, emit, output_format, resolve
 from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, EngineOptionOpt, Opts, shared
 from mlactl.decide import workload as wl_mod
-from mlactl.decide.engines import context_for, known_names, parse_engines
+from mlactl.decide.engines import DEFAULT_ENGINES, context_for, known_names, parse_engines
 from mlactl.decide.engines.catalog import ARCHS, CACHES, catalog, shorthands
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output.csvout import write_csv as write
@@ -53,7 +54,8 @@ def engines_cmd(
         typer.Option(
             "--engines",
             help="Engine rules to judge, comma-separated: ENGINE or ENGINE@VERSION (see --list; "
-            "default: sglang, sglang-triton, sglang-trtllm, vllm, the newest of each).",
+            "default: sglang, sglang-triton, sglang-trtllm, vllm, the newest of each; for a DSA model "
+            "sglang and vllm).",
         ),
     ] = None,
     list_rules: Annotated[
@@ -68,7 +70,8 @@ def engines_cmd(
 ):
     """What each engine's own path rule loses on a workload, where it loses most, and the
     threshold that would lose least on this hardware (SGLang's summed-prefix threshold, vLLM's
-    decode threshold), found by trying every value that changes a path.
+    decode threshold; for a DSA model SGLang's dense threshold and each bucket of vLLM's
+    masked-MHA table), found by trying every value that changes a path.
 
     Rules are versioned (ENGINE@VERSION; a bare name is the newest) and resolved for the GPU's
     architecture and the cache dtype: each prints the backend it runs and why. `--list` shows
@@ -76,6 +79,11 @@ def engines_cmd(
 
     Times are roofline times of the paths that fit in memory, or calibrated times with
     --calibration (docs/calibration.md).
+
+    A DSA model (deepseek-v3.2) is judged on its paths (sparse_absorb, masked_expand,
+    dense_expand) by each engine's DSA rule.
+
+    Example: mlactl engines --model deepseek-v3.2 --hardware b200 --tp 8
 
     Example: mlactl engines workload.csv --hardware h200   (workload.csv: batch,new,prefix,weight / 64,1,4096,100 ...)
 
@@ -104,9 +112,9 @@ def engines_cmd(
         return
     setup = resolve(opts)
     hw, cal, cost = setup.hw, setup.calibration, setup.cost()
-    params = parse_engines(
-        engines or "sglang,sglang-triton,sglang-trtllm,vllm", engine_option, context_for(setup.cfg, hw, setup.kv_dtype)
-    )
+    # the shorthands fix a dense backend (triton, trtllm_mla): a DSA model's default is the two engines
+    default = ",".join(DEFAULT_ENGINES) if setup.cfg.is_dsa else "sglang,sglang-triton,sglang-trtllm,vllm"
+    params = parse_engines(engines or default, engine_option, context_for(setup.cfg, hw, setup.kv_dtype))
     if workload is not None:
         wl = wl_mod.read_workload(workload)
     else:
@@ -128,7 +136,10 @@ def engines_cmd(
 
 
 def _cell(d: dict) -> str:
-    return f"{d['backend']} ({d['threshold']})" if d["backend"] else "none"
+    if not d["backend"]:
+        return "none"
+    star = "*" if "would not start" in d["why"] else ""
+    return f"{d['backend']}{star} ({d['threshold']})"
 
 
 def list_tables(data) -> list:
@@ -143,7 +154,22 @@ def list_tables(data) -> list:
         cells = {(d["arch"], d["kv_dtype"]): _cell(d) for d in r["defaults"]}
         name = r["name"] + (" (newest)" if r["newest"] else "")
         top.add_row(name, *(cells[(a, k)] for a in ARCHS for k in CACHES))
-    out: list = [top]
+    dsa = Table(
+        title="Default backend for DeepSeek-V3.2 (DSA), per GPU architecture and cache dtype "
+        "(SGLang: dense MHA threshold; vLLM: decode threshold at 128 heads)",
+        caption="* vLLM would not start there (no sparse backend runs on it); that backend's rule is shown",
+    )
+    dsa.add_column("rule set", no_wrap=True)
+    for a in ARCHS:
+        for k in CACHES:
+            dsa.add_column(f"{a} {k}")
+    for r in data:
+        if r["dsa_defaults"] is None:
+            dsa.add_row(r["name"], *(["no DSA rule"] * len(ARCHS) * len(CACHES)))
+            continue
+        cells = {(d["arch"], d["kv_dtype"]): _cell(d) for d in r["dsa_defaults"]}
+        dsa.add_row(r["name"], *(cells[(a, k)] for a in ARCHS for k in CACHES))
+    out: list = [top, dsa]
     for r in data:
         src = r["source"]
         t = Table(title=f"{r['name']} options (--engine-option {r['engine']}.KEY=VALUE)")
@@ -158,6 +184,8 @@ def list_tables(data) -> list:
         out.append(f"{r['name']} backends: {', '.join(r['backends'])}")
         files = "; ".join(f"{p} ({w})" for p, w in src["files"]).replace("[", "\\[")
         out.append(f"{r['name']} source: {src['repo']} {src['commit']}: {files}")
+        if r["dsa_source"]:
+            out.append(f"{r['name']} DSA rule: " + r["dsa_source"].replace("[", "\\["))
         for note in ([src["note"]] if src["note"] else []) + r["notes"]:
             out.append(f"  note: {note}")
     marks = "; ".join(f"{k} = {v}" for k, v in shorthands().items())
@@ -165,15 +193,29 @@ def list_tables(data) -> list:
     return out
 
 
-def sentence(result, e) -> str:
-    """`sglang's chunked_prefix_cache_threshold 8192 on h200 for this workload: best X, saves Y%`."""
-    s = e.sweep
-    span = f"{s.best_range[0]} up" if s.best_range[1] is None else f"{s.best_range[0]} to {s.best_range[1]}"
-    if s.best == s.current or s.saves <= 0:
-        verdict = f"already the best (any threshold from {span} does as well)"
+def _value(v) -> str:
+    return "off" if v is None else str(v)
+
+
+def sentence(result, e, s) -> str:
+    """`sglang's chunked_prefix_cache_threshold 8192 on h200 for this workload: best X, saves Y%`
+    (a threshold of None is `off`: vLLM's masked MHA never runs in that bucket)."""
+    lo, hi = s.best_range
+    if s.best is None:
+        rng = f"off, or any threshold from {lo} up"
+    elif hi is None:
+        rng = f"any threshold from {lo} up"
+    elif lo == hi:
+        rng = "only that threshold"
     else:
-        verdict = f"best threshold {s.best} (any from {span}), saves {s.saves:.1%}"
-    return f"{e.params.engine}'s {s.option} {s.current} on {safe.markup(result.hw.name)} for this workload: {verdict}"
+        rng = f"any threshold from {lo} to {hi}"
+    if s.best == s.current or s.saves <= 0:
+        same = "no other threshold" if rng == "only that threshold" else rng
+        verdict = f"already the best ({same} does as well)"
+    else:
+        verdict = f"best threshold {_value(s.best)} ({rng}), saves {s.saves:.1%}"
+    where = safe.markup(result.hw.name)
+    return f"{e.params.engine}'s {s.option} {_value(s.current)} on {where} for this workload: {verdict}"
 
 
 def tables(result, notes=()) -> list:
@@ -199,7 +241,9 @@ def tables(result, notes=()) -> list:
             "—" if pct != pct else f"{pct:.1%}",
         )
     total.caption = f"best path everywhere: {seconds(result.total_best_s)}"
-    out: list = [head, *notes, total]
+    paths, counts = np.unique(result.best, return_counts=True)
+    split = ", ".join(f"{SHORT[str(p)]} at {c}" for p, c in zip(paths, counts))
+    out: list = [head, *notes, *result.notes, total, f"The best path: {split} of the {len(wl)} shapes"]
     for e in result.engines:
         worst = result.worst(e)
         if not worst:
@@ -222,10 +266,10 @@ def tables(result, notes=()) -> list:
             )
         out.append(t)
     for e in result.engines:
-        if e.sweep is not None:
-            out.append(sentence(result, e))
+        out += [sentence(result, e, s) for s in e.sweeps]
     out += engine_lines([e.params for e in result.engines])
-    out.append("Sources: " + "; ".join(sorted({e.params.citation for e in result.engines})))
+    if result.engines:
+        out.append("Sources: " + "; ".join(sorted({e.params.citation for e in result.engines})))
     if result.calibration is not None:
         out.append(calibration_line(result.calibration))
     return out
@@ -252,22 +296,9 @@ def to_json(result) -> dict:
                 }
                 for i in result.worst(e)
             ],
-            sweep=None,
         )
-        if e.sweep is not None:
-            s = e.sweep
-            item["sweep"] = {
-                "option": s.option,
-                "current": s.current,
-                "current_time_s": number_or_none(s.current_time_s),
-                "best": s.best,
-                "best_range": list(s.best_range),
-                "best_time_s": number_or_none(s.best_time_s),
-                "saves": s.saves,
-                "values_count": len(s.values),
-            }
-            if len(s.values) <= MAX_SWEEP_VALUES:  # a million distinct sums would be a 100 MB table
-                item["sweep"]["values"] = [{"threshold": t, "time_s": number_or_none(v)} for t, v in s.values]
+        item["sweeps"] = [sweep_json(s) for s in e.sweeps]
+        item["sweep"] = item["sweeps"][0] if e.sweeps else None  # the first, as before several were swept
         engines.append(item)
     return {
         "schema": "mlactl.engines",
@@ -283,7 +314,25 @@ def to_json(result) -> dict:
         "workload": {"source": wl.source, "shapes": len(wl), "total_weight": float(wl.weight.sum())},
         "best_time_s": result.total_best_s,
         "engines": engines,
+        "notes": result.notes,
     }
+
+
+def sweep_json(s) -> dict:
+    """One swept threshold (a None threshold is off: masked MHA never runs in that bucket)."""
+    out = {
+        "option": s.option,
+        "current": s.current,
+        "current_time_s": number_or_none(s.current_time_s),
+        "best": s.best,
+        "best_range": list(s.best_range),
+        "best_time_s": number_or_none(s.best_time_s),
+        "saves": s.saves,
+        "values_count": len(s.values),
+    }
+    if len(s.values) <= MAX_SWEEP_VALUES:  # a million distinct sums would be a 100 MB table
+        out["values"] = [{"threshold": t, "time_s": number_or_none(v)} for t, v in s.values]
+    return out
 
 
 def write_csv(fh, result) -> None:

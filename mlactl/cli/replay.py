@@ -84,7 +84,7 @@ def replay_cmd(
     ] = None,
 ):
     """Replay a request trace through each engine's scheduler and prefix cache, and say what its
-    MLA path rule costs on that traffic: attention time over the trace, the time lost against the
+    path rule costs on that traffic: attention time over the trace, the time lost against the
     best path per step and per request on the same steps, the share of steps and tokens per
     path, where it loses by step type, and the threshold that would lose least (every value
     that changes a path is tried).
@@ -99,6 +99,10 @@ def replay_cmd(
     Rules are versioned as the engines ship (ENGINE@VERSION; a bare name is the newest; `mlactl
     engines --list`) and resolved for the GPU's architecture and the cache dtype: each prints
     the backend it runs and why, and --engine-option sets the engine's own options.
+
+    A DSA model (--model deepseek-v3.2) is replayed under the engines' DSA rules (sglang and
+    vllm by default; paths sparse_absorb, masked_expand, dense_expand; SGLang's swept threshold
+    is its dense one), with the indexer's cache row in the KV pool (docs/replay.md).
 
     Times are roofline, or calibrated with --calibration. `-f json` for the report (and `mlactl
     plot replay`), `-f csv` for one row per engine and step.

@@ -421,7 +421,9 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
         if not isinstance(override, list) or not all(isinstance(c, dict) for c in override):
             raise MlactlError(f"{space}: --space must hold a JSON list of config objects")
     if run.cluster is not None:
-        found = run.on_ray(ray_runner.tune_kernels, names or list(spaces.KERNELS), override, deadline=run.ctx.deadline)
+        found = run.on_ray(
+            ray_runner.tune_kernels, names or spaces.default_kernels(run.ctx.cfg), override, deadline=run.ctx.deadline
+        )
         for name, entries in found.items():
             run.say(f"[bold]{safe.markup(name)}[/]")
             run.out.print(report.kernels_table(entries, run.backend != "interpret", run.width, run.backend))
@@ -497,7 +499,11 @@ def tune_ceilings_cmd(opts: dict):
 
 KernelOpt = Annotated[
     Optional[str],
-    typer.Option("--kernel", help="Comma-separated: mla_decode, mla_prefill, merge_attn_states (default all)."),
+    typer.Option(
+        "--kernel",
+        help="Comma-separated: mla_decode, mla_prefill, merge_attn_states, mla_sparse_decode "
+        "(default all; mla_sparse_decode only for a DSA model).",
+    ),
 ]
 
 
@@ -580,7 +586,9 @@ def tune_compile_cmd(
     arch = choice(arch, "--arch", tuple(stage.ARCHS))
     dtype = choice(dtype, "--dtype", ("bf16", "fp16", "fp32"))
     kv_dtype = dtype if kv_dtype == "auto" else choice(kv_dtype, "--kv-dtype", KV_DTYPES)
-    names = list(stage.KERNELS)
+    cfg = load_model(model, tp)
+    # the sparse decode only for a DSA model, unless named
+    names = [k for k in stage.KERNELS if cfg.is_dsa or k != "mla_sparse_decode"]
     if kernel:
         names = [k.strip() for k in kernel.split(",")]
         unknown = [k for k in names if k not in stage.KERNELS]
@@ -589,7 +597,6 @@ def tune_compile_cmd(
     fmt = output_format(fmt, output)
     if fmt == "csv":
         raise MlactlError("--format csv is not offered for the compile report; use table or json")
-    cfg = load_model(model, tp)
     try:
         results = stage.run_report(cfg, names, arch, dtype, kv_dtype, candidates)
     except (RuntimeError, ImportError) as exc:

@@ -13,9 +13,8 @@ import numpy as np
 from mlactl.decide.calibration.estimate import Spans, batch_interval, crossover_intervals, estimates
 from mlactl.decide.calibration.estimate import spans as time_spans
 from mlactl.decide.calibration.time import batch_time as timed_batch
-from mlactl.decide.calibration.time import crossover_by_time, own_times, path_times
+from mlactl.decide.calibration.time import crossover_by_time, own_times, path_times, window_by_time
 from mlactl.decide.engines import (
-    PATH_NAMES,
     EngineParams,
     chunk_sizes,
     context_for,
@@ -23,13 +22,14 @@ from mlactl.decide.engines import (
     grid_paths,
     is_engine,
     parse_engines,
+    path_names,
     step_counts,
     time_lost,
 )
-from mlactl.decide.policy import argmin_path, fitting_times, select_paths
-from mlactl.decide.workload import engine_times
+from mlactl.decide.policy import argmin_path, fitting_times, runnable_flops, select_paths
+from mlactl.decide.workload import engine_cost, engine_times
 from mlactl.model.config import MLAConfig
-from mlactl.model.cost import MLA_PATHS, PATHS, CostModel
+from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import PathTime
 from mlactl.results import store as results
@@ -57,12 +57,36 @@ class CrossoverRow:
 
 
 @dataclass(frozen=True)
+class Window:
+    """New-token counts where an expand path of a DSA model beats sparse_absorb: (first, last)
+    and how many counts in between win (count == last - first + 1: one unbroken run)."""
+
+    first: int
+    last: int
+    count: int
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    """A DSA model's crossover at one (batch, prefix): masked MHA wins over sparse absorb for a
+    window of new-token counts (by FLOPs, by time), or never; dense MHA, only where the context
+    is at most topk, likewise by time."""
+
+    batch: int
+    prefix: int
+    masked_by_flops: Window | None
+    masked_by_time: Window | None
+    dense_by_time: Window | None
+
+
+@dataclass(frozen=True)
 class Crossover:
     asymptotic_new: float | None
     rows: list[CrossoverRow]
     max_new: int
     note: str = ""
     time_kind: str = "roofline"  # or "calibrated": what by_time and by_time_chunked are solved by
+    windows: list[WindowRow] = field(default_factory=list)  # a DSA model's, instead of rows
 
 
 @dataclass
@@ -77,6 +101,7 @@ class Analysis:
     paths: dict[str, PathTime]
     peak_expanded: dict[str, np.ndarray]
     fits_memory: dict[str, np.ndarray]  # expanded K/V within the GPU's memory (per layer)
+    runs: dict[str, np.ndarray]  # where the path can run at all (a DSA model's dense_expand: context <= topk)
     kv_cache_bytes: np.ndarray
     mha_cache_bytes: np.ndarray
     best: np.ndarray
@@ -125,10 +150,15 @@ def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> lis
 def notes_for(cost: CostModel, layers: int) -> list[str]:
     cfg = cost.cfg
     notes = []
+    if cfg.is_dsa:
+        notes.append(
+            f"DSA model: top-{cfg.topk} sparse attention with a {cfg.index_heads}-head indexer (replicated on "
+            f"every GPU); dense_expand runs only where the context is at most {cfg.topk} tokens"
+        )
     if cfg.tp > 1:
         notes.append(
             f"tensor parallel {cfg.tp}: {cfg.H} heads per GPU; the latent cache "
-            f"({cost.latent_row_bytes()} bytes per token and layer) is replicated on every GPU, "
+            f"({cost.cache_row_bytes()} bytes per token and layer) is replicated on every GPU, "
             "so its bytes do not shrink with --tp"
         )
     if layers > 1:
@@ -154,6 +184,9 @@ def crossover_table(
             f"use `mlactl crossover` on at most {MAX_CROSSOVER_PREFIXES}"
         )
         pairs = []
+    kind = "roofline" if calibration is None else "calibrated"
+    if cost.cfg.is_dsa:
+        return Crossover(None, [], max_new, note, kind, _windows(cost, hw, pairs, max_new, calibration))
     rows = []
     for b in sorted(set(b for b, _ in pairs)):
         prefixes = [p for bb, p in pairs if bb == b]
@@ -183,7 +216,6 @@ def crossover_table(
                     basis_note(found, b, p),
                 )  # fmt: skip
             )
-    kind = "roofline" if calibration is None else "calibrated"
     return Crossover(cost.asymptotic_crossover(), rows, max_new, note, kind)
 
 
@@ -230,6 +262,32 @@ def basis_note(found: dict, batch: int, prefix: int) -> str:
     return f"batch {batch}, prefix {prefix}: the crossover rests on " + ", ".join(parts)
 
 
+def _window(found) -> Window | None:
+    return None if found is None else Window(*found)
+
+
+def _windows(cost: CostModel, hw: HardwareProfile, pairs, max_new: int, calibration) -> list[WindowRow]:
+    """A DSA model's windows per (batch, prefix): masked_expand against sparse_absorb by FLOPs
+    (exact, one unbroken run: CostModel.masked_window_by_flops) and by time; dense_expand
+    against sparse_absorb by time, where it can run."""
+    out = []
+    for b in sorted(set(b for b, _ in pairs)):
+        prefixes = [p for bb, p in pairs if bb == b]
+        masked = window_by_time(
+            cost, hw, calibration, prefixes, batch=b, path="masked_expand", against="sparse_absorb", max_new=max_new
+        )
+        # dense_expand runs only where prefix + new <= topk: search no further
+        dense_max = max(1, min(max_new, cost.cfg.index().topk))
+        dense = window_by_time(
+            cost, hw, calibration, prefixes, batch=b, path="dense_expand", against="sparse_absorb", max_new=dense_max
+        )
+        for p, m, d in zip(prefixes, masked, dense):
+            flops = cost.masked_window_by_flops(p, max_new)
+            by_flops = None if flops is None else Window(flops[0], flops[1], flops[1] - flops[0] + 1)
+            out.append(WindowRow(b, p, by_flops, _window(m), _window(d)))
+    return out
+
+
 def analyze(
     cfg: MLAConfig,
     hw: HardwareProfile,
@@ -264,10 +322,11 @@ def analyze(
     hw.peak_flops(dtype)  # fail early, with the profile's name, if it lacks this dtype
     batch, new, prefix = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (batch, new, prefix))
     batch, new, prefix = np.broadcast_arrays(batch, new, prefix)
-    paths = path_times(cost, hw, calibration, batch, new, prefix, PATHS, layers)
-    fitting = fitting_times(cost, hw, {p: paths[p].time_s for p in PATHS}, batch, new, prefix)
-    best = argmin_path(fitting)
-    mla_times = {p: fitting[p] for p in MLA_PATHS}  # +inf where a path's expanded K/V would not fit
+    paths = path_times(cost, hw, calibration, batch, new, prefix, cost.paths, layers)
+    fitting = fitting_times(cost, hw, {p: paths[p].time_s for p in cost.paths}, batch, new, prefix)
+    best = argmin_path(fitting, cost.choices)
+    # +inf where a path's expanded K/V would not fit, or where it cannot run
+    mla_times = {p: fitting[p] for p in cost.choices}
     best_time = np.min(np.stack(list(mla_times.values())), axis=0)
     engine_paths = {e.engine: grid_paths(e, batch, new, prefix) for e in engines}
 
@@ -294,12 +353,13 @@ def analyze(
         new=new,
         prefix=prefix,
         paths=paths,
-        peak_expanded={p: cost.peak_expanded_bytes(p, batch, new, prefix) for p in PATHS},
-        fits_memory={p: np.isfinite(fitting[p]) for p in PATHS},
+        peak_expanded={p: cost.peak_expanded_bytes(p, batch, new, prefix) for p in cost.paths},
+        fits_memory={p: np.isfinite(fitting[p]) | ~cost.applicable(p, batch, new, prefix) for p in cost.paths},
+        runs={p: cost.applicable(p, batch, new, prefix) for p in cost.paths},
         kv_cache_bytes=cost.kv_cache_bytes(batch, new, prefix) * layers,
         mha_cache_bytes=cost.mha_cache_bytes(batch, new, prefix) * layers,
         best=best,
-        best_by_flops=argmin_path({p: paths[p].flops for p in MLA_PATHS}),
+        best_by_flops=argmin_path(runnable_flops(cost, batch, new, prefix), cost.choices),
         engine_paths=engine_paths,
         engine_time_lost={name: engine_lost(by_name[name], path) for name, path in engine_paths.items()},
         crossover=crossover_table(cost, hw, batch_prefix, max_new, calibration, crossover_spans),
@@ -308,7 +368,9 @@ def analyze(
         policy_path=policy_path,
         policy_time_lost=policy_lost,
         calibration=calibration,
-        spans=None if calibration is None else time_spans(cost, hw, calibration, batch, new, prefix, PATHS, layers),
+        spans=None
+        if calibration is None
+        else time_spans(cost, hw, calibration, batch, new, prefix, cost.paths, layers),
     )
 
 
@@ -339,6 +401,12 @@ def _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data):
 # -- mixed batches --------------------------------------------------------------------------------
 
 STRATEGIES = ("per_request", "all_expand", "all_expand_chunked", "all_absorb")
+DSA_STRATEGIES = ("per_request", "all_sparse_absorb", "all_masked_expand", "all_dense_expand")
+
+
+def strategies_for(cost: CostModel) -> tuple[str, ...]:
+    """The batch strategies of a model: every request on one path, or each on its own best."""
+    return DSA_STRATEGIES if cost.cfg.is_dsa else STRATEGIES
 
 
 @dataclass
@@ -362,15 +430,21 @@ class BatchAnalysis:
     totals: dict[str, float]  # strategy or engine -> batch time in seconds
     engines: list[EngineParams]
     calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
-    # engine -> [R, 3] requests of each row on absorb, expand, expand_chunked (vLLM's split can
-    # fall inside a row of alike requests; `assignments` then holds the path of most of them)
+    # engine -> [R, 3] requests of each row on each of the engine's paths (path_names: absorb,
+    # expand, expand_chunked, or a DSA model's sparse_absorb, dense_expand, masked_expand; vLLM's
+    # split can fall inside a row of alike requests: `assignments` holds the path of most of them)
     engine_counts: dict[str, np.ndarray] = field(default_factory=dict)
     # calibrated: each strategy's and engine's total's 80% interval (None: an op without evidence)
     intervals: dict[str, tuple[float, float] | None] | None = None
 
     @property
+    def strategies(self) -> tuple[str, ...]:
+        return strategies_for(self.cost)
+
+    @property
     def best_strategy(self) -> str:
-        return min(STRATEGIES, key=lambda s: (self.totals[s], STRATEGIES.index(s)))
+        names = self.strategies
+        return min(names, key=lambda s: (self.totals[s], names.index(s)))
 
 
 def batch_time(cost: CostModel, hw: HardwareProfile, new, prefix, count, paths, calibration=None) -> float:
@@ -401,29 +475,36 @@ def analyze_batch(
     hw.peak_flops(dtype)  # fail early, with the profile's name, if it lacks this dtype
     own = own_times(cost, hw, calibration, new, prefix, count)
     assignments = {
-        # a path whose expanded K/V would not fit is never chosen (as in analyze)
-        "per_request": argmin_path(fitting_times(cost, hw, own, count, new, prefix)),
-        "all_expand": np.full(len(new), "expand"),
-        "all_expand_chunked": np.full(len(new), "expand_chunked"),
-        "all_absorb": np.full(len(new), "absorb"),
+        # a path whose expanded K/V would not fit, or that cannot run, is never chosen (as in analyze)
+        "per_request": argmin_path(fitting_times(cost, hw, own, count, new, prefix), cost.choices),
     }
+    for path in cost.choices:
+        assignments[f"all_{path}"] = np.full(len(new), path)
     engines = parse_engines(None, ctx=context_for(cfg, hw, kv_dtype)) if engines is None else list(engines)
     totals = {s: batch_time(cost, hw, new, prefix, count, a, calibration) for s, a in assignments.items()}
+    for path in cost.choices:  # a batch some of whose requests the path cannot run
+        if not cost.applicable(path, count, new, prefix).all():
+            totals[f"all_{path}"] = float("inf")
     intervals = {}
     if calibration is not None:
-        intervals = {s: batch_interval(cost, hw, calibration, new, prefix, count, a) for s, a in assignments.items()}
+        intervals = {
+            s: None if totals[s] == float("inf") else batch_interval(cost, hw, calibration, new, prefix, count, a)
+            for s, a in assignments.items()
+        }
     counts = {}
     for e in engines:
+        names = path_names(e)  # absorb, expand, expand_chunked; DSA: sparse_absorb, dense_expand, masked_expand
         counts[e.engine] = c = step_counts(e, new, prefix, count)
-        assignments[e.engine] = np.asarray(PATH_NAMES)[np.argmax(c, axis=1)]
+        assignments[e.engine] = np.asarray(names)[np.argmax(c, axis=1)]
         # the rows split by path (a row of alike requests can straddle vLLM's split)
-        rows = [(j, np.flatnonzero(c[:, j])) for j in range(len(PATH_NAMES))]
+        rows = [(j, np.flatnonzero(c[:, j])) for j in range(len(names))]
         idx = np.concatenate([r for _, r in rows])
-        paths = np.concatenate([np.full(len(r), PATH_NAMES[j]) for j, r in rows])
+        paths = np.concatenate([np.full(len(r), names[j]) for j, r in rows])
         n_req = np.concatenate([c[r, j] for j, r in rows])
-        with_context = int(c[:, PATH_NAMES.index("expand_chunked")].sum())
+        with_context = int(c[prefix > 0, 2].sum())  # the chunked path's requests with context
         chunks = chunk_sizes(e, [with_context])  # an engine that sizes its own chunks (vLLM)
-        own_cost = replace(cost, chunk=int(chunks[0])) if chunks is not None and with_context else cost
+        own_cost = engine_cost(cost, e)
+        own_cost = replace(own_cost, chunk=int(chunks[0])) if chunks is not None and with_context else own_cost
         totals[e.engine] = batch_time(own_cost, hw, new[idx], prefix[idx], n_req, paths, calibration)
         if calibration is not None:
             intervals[e.engine] = batch_interval(own_cost, hw, calibration, new[idx], prefix[idx], n_req, paths)

@@ -33,9 +33,24 @@ def argmin_path(values: dict[str, np.ndarray], paths=MLA_PATHS) -> np.ndarray:
 
 def fitting_times(cost: CostModel, hw: HardwareProfile, times: dict, batch, new, prefix) -> dict:
     """Times with +inf where a path's latent cache and expanded K/V would not fit in the GPU's
-    memory, so no choice lands on it (absorb expands nothing, but its cache can be too big too)."""
+    memory, so no choice lands on it (absorb expands nothing, but its cache can be too big too),
+    and where the path cannot run at all (a DSA model's dense_expand past topk tokens)."""
     memory = hw.memory_gb * 1e9
-    return {p: np.where(cost.resident_bytes(p, batch, new, prefix) <= memory, t, np.inf) for p, t in times.items()}
+    return {
+        p: np.where(
+            (cost.resident_bytes(p, batch, new, prefix) <= memory) & cost.applicable(p, batch, new, prefix), t, np.inf
+        )
+        for p, t in times.items()
+    }
+
+
+def runnable_flops(cost: CostModel, batch, new, prefix) -> dict:
+    """Each choosable path's summed FLOPs, +inf where the path cannot run (the flops policy)."""
+    out = {}
+    for p in cost.choices:
+        flops = sum(op.flops for op in cost.ops(p, batch, new, prefix))
+        out[p] = np.where(cost.applicable(p, batch, new, prefix), flops, np.inf)
+    return out
 
 
 def measured_paths(crossovers: dict[int, int | None], prefix, new) -> np.ndarray:
@@ -73,6 +88,11 @@ def select_paths(
     """
     new = np.asarray(new)
     prefix = np.asarray(prefix)
+    if cost.cfg.is_dsa and policy == "measured":
+        raise MlactlError(
+            f"--policy measured: {cost.cfg.name} is a DSA model and `mlactl tune paths` measures MLA paths "
+            "only; use roofline, flops or an engine (docs/engines.md: DeepSeek-V3.2)"
+        )
     if is_engine(policy):
         ctx = context_for(cost.cfg, hw, cost.kv_dtype)
         params = engine if engine is not None and engine.engine == policy else default_params(policy, ctx)
@@ -80,13 +100,13 @@ def select_paths(
     if policy == "measured":
         return measured_paths(crossovers or {}, prefix, new)
     if policy == "flops":
-        flops = {p: sum(op.flops for op in cost.ops(p, batch, new, prefix)) for p in MLA_PATHS}
-        return argmin_path(flops)
+        return argmin_path(runnable_flops(cost, batch, new, prefix), cost.choices)
     if policy == "roofline":
         if hw is None:
             raise MlactlError("the roofline policy needs a hardware profile")
-        times = path_times(cost, hw, MLA_PATHS, batch, new, prefix)
-        return argmin_path(fitting_times(cost, hw, {p: t.time_s for p, t in times.items()}, batch, new, prefix))
+        times = path_times(cost, hw, cost.choices, batch, new, prefix)
+        fitting = fitting_times(cost, hw, {p: t.time_s for p, t in times.items()}, batch, new, prefix)
+        return argmin_path(fitting, cost.choices)
     raise MlactlError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
 
 
@@ -128,7 +148,8 @@ class AutoPolicy:
 
     def __call__(self, new, prefix) -> np.ndarray:
         if self.kind == "calibrated":
-            paths = timed(self.cost, self.hw, self.calibration, 1, new, prefix, paths=MLA_PATHS)
+            paths = timed(self.cost, self.hw, self.calibration, 1, new, prefix, paths=self.cost.choices)
             times = {p: t.time_s for p, t in paths.items()}
-            return argmin_path(fitting_times(self.cost, self.hw, times, 1, np.asarray(new), np.asarray(prefix)))
+            fitting = fitting_times(self.cost, self.hw, times, 1, np.asarray(new), np.asarray(prefix))
+            return argmin_path(fitting, self.cost.choices)
         return select_paths(self.cost, self.hw, new, prefix, batch=1, policy=self.kind, crossovers=self.crossovers)

@@ -9,16 +9,17 @@ prefix (SGLang) or query length (vLLM), so every distinct value is tried.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from mlactl.decide.calibration.time import path_times
 from mlactl.decide.engines import EngineParams, chunk_sizes, grid_paths, time_lost, time_of
+from mlactl.decide.engines.vllm import dsa_chunk, mask_fits
 from mlactl.decide.policy import fitting_times
 from mlactl.decide.requests import read_rows
-from mlactl.model.cost import MLA_PATHS, CostModel
+from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.util.errors import MlactlError
 
@@ -26,12 +27,22 @@ WORST = 5  # shapes listed per engine
 
 
 def path_times_for(
-    cost: CostModel, hw: HardwareProfile, batch, new, prefix, calibration=None, paths=MLA_PATHS, layers: int = 1
+    cost: CostModel, hw: HardwareProfile, batch, new, prefix, calibration=None, paths=None, layers: int = 1
 ) -> dict[str, np.ndarray]:
-    """Seconds of each MLA path at each shape, +inf where it does not fit: roofline time, or
-    calibrated with `calibration` (the one time function analyze and batch use too)."""
+    """Seconds of each path the model chooses between (default: cost.choices) at each shape,
+    +inf where it does not fit or cannot run: roofline time, or calibrated with `calibration`
+    (the one time function analyze and batch use too)."""
+    paths = cost.choices if paths is None else paths
     times = path_times(cost, hw, calibration, batch, new, prefix, paths, layers)
     return fitting_times(cost, hw, {p: t.time_s for p, t in times.items()}, batch, new, prefix)
+
+
+def engine_cost(cost: CostModel, p: EngineParams) -> CostModel:
+    """The cost model of the paths as engine `p` runs them: a DSA rule's dense MHA runs the
+    indexer its engine runs with it (vLLM: all of it; SGLang: each new token's key)."""
+    if cost.cfg.is_dsa and p.is_dsa and cost.dense_indexer != p.dense_indexer:
+        return replace(cost, dense_indexer=p.dense_indexer)
+    return cost
 
 
 def engine_times(
@@ -45,21 +56,30 @@ def engine_times(
     times: dict[str, np.ndarray],
     layers: int = 1,
 ) -> dict[str, np.ndarray]:
-    """`times` as engine `p` runs the paths: its `expand_chunked` at its own chunk size where it
-    sets one (vLLM: the workspace over its prefills with context), else `times` unchanged."""
+    """`times` as engine `p` runs the paths: its chunked path (expand_chunked; a DSA model's
+    masked_expand) at its own chunk size where it sets one (vLLM: the workspace over its
+    prefills with context), a DSA model's dense_expand with the indexer the engine runs with it
+    (engine_cost), else `times` unchanged."""
+    out = dict(times)
+    own = engine_cost(cost, p)
+    if own is not cost and "dense_expand" in times:
+        args = (batch, new, prefix, calibration, ("dense_expand",), layers)
+        out["dense_expand"] = path_times_for(own, hw, *args)["dense_expand"]
     chunks = chunk_sizes(p, batch)
-    if chunks is None:
-        return times
+    name = "masked_expand" if cost.cfg.is_dsa else "expand_chunked"
+    if chunks is None or name not in times:
+        return out
     batch, new, prefix = (
         np.broadcast_to(np.asarray(a, dtype=np.int64), np.shape(chunks)) for a in (batch, new, prefix)
     )
-    chunked = np.array(np.broadcast_to(times["expand_chunked"], np.shape(chunks)), dtype=np.float64)
-    with_context = prefix > 0  # only these can run expand_chunked
+    chunked = np.array(np.broadcast_to(times[name], np.shape(chunks)), dtype=np.float64)
+    with_context = prefix > 0  # only these are chunked
     for c in np.unique(chunks[with_context]):
         at = with_context & (chunks == c)
-        args = (batch[at], new[at], prefix[at], calibration, ("expand_chunked",), layers)
-        chunked[at] = path_times_for(replace(cost, chunk=int(c)), hw, *args)["expand_chunked"]
-    return dict(times, expand_chunked=chunked)
+        args = (batch[at], new[at], prefix[at], calibration, (name,), layers)
+        chunked[at] = path_times_for(replace(own, chunk=int(c)), hw, *args)[name]
+    out[name] = chunked
+    return out
 
 
 @dataclass(frozen=True)
@@ -100,12 +120,12 @@ class Sweep:
 
     engine: str
     option: str
-    current: int
+    current: int | None  # None: off (vLLM's masked-MHA table: never in this bucket)
     current_time_s: float  # the workload's weighted time under the current threshold
-    best: int
+    best: int | None
     best_range: tuple[int, int | None]
     best_time_s: float
-    values: list[tuple[int, float]]  # (threshold, weighted time) for every distinct choice
+    values: list[tuple[int | None, float]]  # (threshold, weighted time) for every distinct choice
 
     @property
     def saves(self) -> float:
@@ -122,7 +142,13 @@ class EngineLoss:
     lost: np.ndarray  # per shape, per run (+inf: does not fit)
     time_s: float  # weighted time under the rule
     lost_s: float  # weighted loss
-    sweep: Sweep | None
+    sweeps: list[Sweep] = field(default_factory=list)  # every threshold of the rule that moves a shape
+
+    @property
+    def sweep(self) -> Sweep | None:
+        """The rule's first threshold swept (SGLang's summed prefix or dense threshold, vLLM's
+        decode threshold), or None."""
+        return self.sweeps[0] if self.sweeps else None
 
 
 @dataclass
@@ -135,6 +161,7 @@ class WorkloadReport:
     total_best_s: float
     engines: list[EngineLoss]
     calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
+    notes: list[str] = field(default_factory=list)
 
     def worst(self, e: EngineLoss, most: int = WORST) -> list[int]:
         """Indices of the shapes where the engine loses most (weighted), largest first."""
@@ -151,7 +178,8 @@ def _pick(thresholds: np.ndarray, totals: np.ndarray, current: int, lows: np.nda
     for i in tied:
         if lows[i] <= current and (highs[i] is None or current <= highs[i]):
             return int(i)
-    return int(tied[np.argmin(np.abs(np.log2(thresholds[tied]) - np.log2(max(current, 1))))])
+    near = np.abs(np.log2(np.maximum(thresholds[tied], 1)) - np.log2(max(current, 1)))
+    return int(tied[np.argmin(near)])
 
 
 def _split_sums(keys: np.ndarray, below: np.ndarray, above: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -190,7 +218,7 @@ def sweep_sglang(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) ->
     lows = np.append([1], values + 1)[: len(candidates)]
     highs: list = [int(v) for v in values] + [None]
     i = _pick(candidates.astype(np.float64), totals, p.threshold, lows, highs)
-    table = [(int(t), float(v)) for t, v in zip(candidates, totals)]
+    table: list[tuple[int | None, float]] = [(int(t), float(v)) for t, v in zip(candidates, totals)]
     return Sweep(
         p.engine,
         "chunked_prefix_cache_threshold",
@@ -203,12 +231,16 @@ def sweep_sglang(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) ->
     )
 
 
-def sweep_vllm(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> Sweep:
+def sweep_vllm(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> Sweep | None:
     """vLLM's decode threshold t: a request of at most t new tokens runs the decode pathway. Every
     t in [n_k, n_(k+1)) gives the same paths, so t = 1 and each distinct query length are all the
-    choices there are."""
-    absorb = time_of(np.full(len(wl), "absorb"), times) * wl.weight
-    prefill = time_of(np.where(wl.prefix > 0, "expand_chunked", "expand"), times) * wl.weight
+    choices there are. None for a DSA rule where decodes and prefills run the same path."""
+    decode_path = p.paths[0]  # absorb; a DSA model's sparse_absorb
+    as_prefill = grid_paths(replace(p, threshold=0), wl.batch, wl.new, wl.prefix)
+    if p.is_dsa and not (as_prefill != decode_path).any():
+        return None
+    absorb = time_of(np.full(len(wl), decode_path), times) * wl.weight
+    prefill = time_of(as_prefill, times) * wl.weight
     candidates = np.unique(np.append(wl.new, 1))
     # total(t) = absorb over n <= t (n < t + 1) + prefill over n > t
     totals = _split_sums(wl.new, absorb, prefill, candidates + 1)
@@ -216,7 +248,7 @@ def sweep_vllm(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> S
     lows = candidates
     highs: list = [int(x) - 1 for x in candidates[1:]] + [None]
     i = _pick(candidates.astype(np.float64), totals, p.threshold, lows, highs)
-    table = [(int(t), float(v)) for t, v in zip(candidates, totals)]
+    table: list[tuple[int | None, float]] = [(int(t), float(v)) for t, v in zip(candidates, totals)]
     return Sweep(
         p.engine,
         "reorder_batch_threshold",
@@ -227,6 +259,93 @@ def sweep_vllm(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> S
         float(totals[i]),
         table,
     )
+
+
+def sweep_sglang_dsa(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> Sweep | None:
+    """SGLang's DSA dense threshold t: an extend batch whose longest sequence S is at most t runs
+    dense MHA (where its other conditions hold), else the sparse MQA. Every t in [S_k, S_(k+1))
+    gives the same paths, so t = 0 and each distinct S are all the choices there are, up to the
+    model's index_topk. None where no shape can run dense."""
+    seq = wl.prefix + wl.new
+    movable = grid_paths(replace(p, dense_threshold=p.topk), wl.batch, wl.new, wl.prefix) == "dense_expand"
+    if not movable.any():
+        return None
+    current = grid_paths(p, wl.batch, wl.new, wl.prefix)
+    fixed = float(np.sum(np.where(movable, 0.0, time_of(current, times) * wl.weight)))
+    dense = time_of(np.full(len(wl), "dense_expand"), times)[movable] * wl.weight[movable]
+    sparse = time_of(np.full(len(wl), "sparse_absorb"), times)[movable] * wl.weight[movable]
+    sm = seq[movable]
+    values = np.unique(sm)
+    candidates = np.concatenate([[0], values])
+    # total(t) = dense over S <= t (S < t + 1) + sparse over S > t
+    totals = fixed + _split_sums(sm, dense, sparse, candidates + 1)
+    now = float(fixed + _split_sums(sm, dense, sparse, np.array([p.dense_threshold + 1]))[0])
+    lows = candidates
+    highs: list = [int(v) - 1 for v in values] + [p.topk]
+    i = _pick(candidates.astype(np.float64), totals, p.dense_threshold, lows, highs)
+    table: list[tuple[int | None, float]] = [(int(t), float(v)) for t, v in zip(candidates, totals)]
+    return Sweep(
+        p.engine,
+        p.sglang_dsa.threshold_option,
+        p.dense_threshold,
+        now,
+        int(candidates[i]),
+        (int(lows[i]), highs[i]),
+        float(totals[i]),
+        table,
+    )
+
+
+def sweep_vllm_masked(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> list[Sweep]:
+    """vLLM's masked-MHA table, one sweep per sequence-length bucket of the resolved row: a step of
+    prefills whose longest sequence S falls in the bucket (and above index_topk, where dense MHA
+    runs instead) runs masked MHA when its longest query Q is at least the bucket's entry m (and
+    its masks fit the workspace), else the sparse MQA. Every m in (Q_(k-1), Q_k] gives the same
+    paths, so each distinct Q and `off` (never) are all the choices there are."""
+    if not p.masked_ok or p.masked_row is None:
+        return []
+    buckets = p.vllm_dsa.buckets
+    seq = wl.prefix + wl.new
+    prefill = wl.new > p.threshold
+    fits = mask_fits(p, wl.batch, wl.new, np.minimum(wl.prefix, dsa_chunk(p)))
+    current = grid_paths(p, wl.batch, wl.new, wl.prefix)
+    masked_t = time_of(np.full(len(wl), "masked_expand"), times) * wl.weight
+    sparse_t = time_of(np.full(len(wl), "sparse_absorb"), times) * wl.weight
+    all_t = time_of(current, times) * wl.weight
+    out = []
+    low = 0
+    for entry, high in zip(p.masked_row, buckets):
+        in_bucket = prefill & fits & (seq > max(low, p.topk)) & (seq <= high)
+        span = f"{max(low, p.topk) + 1:,}-{high:,}"
+        low = high
+        if not in_bucket.any():
+            continue
+        q = wl.new[in_bucket]
+        fixed = float(np.sum(np.where(in_bucket, 0.0, all_t)))
+        values = np.unique(q)
+        off = int(values[-1]) + 1
+        candidates = np.append(values, off)
+        # total(m) = sparse over Q < m + masked over Q >= m
+        totals = fixed + _split_sums(q, sparse_t[in_bucket], masked_t[in_bucket], candidates)
+        cur = off if entry is None else int(entry)
+        now = float(fixed + _split_sums(q, sparse_t[in_bucket], masked_t[in_bucket], np.array([cur]))[0])
+        lows = np.append(np.concatenate([[1], values[:-1] + 1]), off)
+        highs: list = [int(v) for v in values] + [None]
+        i = _pick(candidates.astype(np.float64), totals, cur, lows, highs)
+        best = None if i == len(values) else int(candidates[i])
+        out.append(
+            Sweep(
+                p.engine,
+                f"masked MHA least query length (prefill sequences {span})",
+                entry,
+                now,
+                best,
+                (int(lows[i]), highs[i]),
+                float(totals[i]),
+                [(int(t), float(v)) for t, v in zip(values, totals)] + [(None, float(totals[-1]))],
+            )
+        )
+    return out
 
 
 def report(
@@ -242,18 +361,23 @@ def report(
         raise MlactlError("the workload has no shapes")
     hw.peak_flops(cost.dtype)  # fail early, with the profile's name, if it lacks this dtype
     times = path_times_for(cost, hw, wl.batch, wl.new, wl.prefix, calibration)
-    best_time = np.min(np.stack([times[p] for p in MLA_PATHS]), axis=0)  # absorb always fits
-    best = np.asarray(MLA_PATHS)[np.stack([times[p] for p in MLA_PATHS]).argmin(axis=0)]
+    choices = cost.choices
+    best_time = np.min(np.stack([times[p] for p in choices]), axis=0)  # (sparse) absorb always fits
+    best = np.asarray(choices)[np.stack([times[p] for p in choices]).argmin(axis=0)]
+    notes: list[str] = []
     out = []
     for e in engines:
         paths = grid_paths(e, wl.batch, wl.new, wl.prefix)
         own = engine_times(cost, hw, calibration, e, wl.batch, wl.new, wl.prefix, times)
         lost = time_lost(paths, own, best_time)
-        s = None
+        sweeps: list[Sweep | None] = []
         if sweep and e.family == "sglang":
-            s = sweep_sglang(e, wl, own)
+            sweeps.append(sweep_sglang_dsa(e, wl, own) if e.is_dsa else sweep_sglang(e, wl, own))
         elif sweep and e.family == "vllm":
-            s = sweep_vllm(e, wl, own)
+            sweeps.append(sweep_vllm(e, wl, own))
+            if e.is_dsa:
+                sweeps += sweep_vllm_masked(e, wl, own)
         total = float(np.sum(time_of(paths, own) * wl.weight))
-        out.append(EngineLoss(e, paths, lost, total, float(np.sum(lost * wl.weight)), s))
-    return WorkloadReport(cost, hw, wl, best, best_time, float(np.sum(best_time * wl.weight)), out, calibration)
+        found = [s for s in sweeps if s is not None]
+        out.append(EngineLoss(e, paths, lost, total, float(np.sum(lost * wl.weight)), found))
+    return WorkloadReport(cost, hw, wl, best, best_time, float(np.sum(best_time * wl.weight)), out, calibration, notes)

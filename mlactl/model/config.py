@@ -1,7 +1,11 @@
 """MLA model shapes: one dataclass, a plain registry of presets, and a Hugging Face config loader.
 
 Names follow docs/design.md ("The math"): H heads, r = kv_lora_rank, dC = qk_nope_head_dim,
-dR = qk_rope_head_dim, dV = v_head_dim.
+dR = qk_rope_head_dim, dV = v_head_dim. A DeepSeek Sparse Attention (DSA) model, DeepSeek-V3.2,
+adds three: topk = index_topk (tokens each query attends), Hi = index_n_heads and di =
+index_head_dim (the lightning indexer's heads and their width); `is_dsa` says which kind a
+config is. A Hugging Face config carrying all three index fields is DSA; one with some of them
+is refused, naming what is missing.
 """
 
 from __future__ import annotations
@@ -9,12 +13,21 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mlactl.util import safe
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import MAX_CONFIG_BYTES, read_json
 from mlactl.util.numbers import MAX_SIZE
+
+
+class Index(NamedTuple):
+    """A DSA model's indexer and selection, as plain ints (MLAConfig.index)."""
+
+    topk: int  # tokens each query's sparse attention reads
+    heads: int  # Hi, index heads (all of them on every GPU)
+    dim: int  # di, width of an index head
+    q_lora: int  # q_lora_rank: the query latent the indexer's wq_b projects
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,21 @@ class MLAConfig:
     dV: int  # v_head_dim
     layers: int  # num_hidden_layers
     tp: int = 1  # tensor-parallel degree already applied to H
+    # DSA (DeepSeek-V3.2): None on a dense MLA model, all three set on a DSA one
+    topk: int | None = None  # index_topk: tokens each query's sparse attention reads
+    index_heads: int | None = None  # index_n_heads (Hi): replicated on every GPU, never split by --tp
+    index_dim: int | None = None  # index_head_dim (di)
+
+    @property
+    def is_dsa(self) -> bool:
+        """DeepSeek Sparse Attention: a lightning indexer picks `topk` tokens per query."""
+        return self.topk is not None
+
+    def index(self) -> Index:
+        """The DSA fields; an error on a dense MLA model (or a DSA one missing any of them)."""
+        if self.topk is None or self.index_heads is None or self.index_dim is None or self.q_lora_rank is None:
+            raise MlactlError(f"{self.name} is not a DSA model: it has no indexer")
+        return Index(self.topk, self.index_heads, self.index_dim, self.q_lora_rank)
 
     @property
     def softmax_scale(self) -> float:
@@ -36,7 +64,10 @@ class MLAConfig:
         return 1.0 / math.sqrt(self.dC + self.dR)
 
     def with_tp(self, tp: int) -> MLAConfig:
-        """Heads per GPU under tensor parallelism; the latent cache is replicated, not split."""
+        """Heads per GPU under tensor parallelism; the latent cache is replicated, not split, and
+        so is a DSA model's indexer (its projections are ReplicatedLinear in SGLang's
+        nsa_indexer.py and plain Linear in DeepSeek's inference/model.py: every GPU runs all Hi
+        index heads)."""
         if not isinstance(tp, int) or tp < 1:
             raise MlactlError(f"--tp must be a positive integer, got {tp!r}")
         if self.H % tp:
@@ -53,10 +84,16 @@ PRESETS: dict[str, MLAConfig] = {
     "deepseek-v2": MLAConfig("deepseek-v2", 5120, 128, 1536, 512, 128, 64, 128, 60),
     "deepseek-v2-lite": MLAConfig("deepseek-v2-lite", 2048, 16, None, 512, 128, 64, 128, 27),
     "kimi-k2": MLAConfig("kimi-k2", 7168, 64, 1536, 512, 128, 64, 128, 61),
+    # DeepSeek-V3.2(-Exp): V3's MLA dims and 61 layers plus the indexer (index_n_heads 64,
+    # index_head_dim 128, index_topk 2048), from deepseek-ai/DeepSeek-V3.2-Exp
+    # inference/config_671B_v3.2.json (docs/design.md, "DSA: DeepSeek-V3.2's sparse MLA", cites it).
+    "deepseek-v3.2": MLAConfig(
+        "deepseek-v3.2", 7168, 128, 1536, 512, 128, 64, 128, 61, topk=2048, index_heads=64, index_dim=128
+    ),
     # Round numbers for teaching and tests.
     "teaching": MLAConfig("teaching", 4096, 32, 1024, 512, 128, 64, 128, 1),
 }
-ALIASES = {"deepseek-r1": "deepseek-v3"}
+ALIASES = {"deepseek-r1": "deepseek-v3", "deepseek-v3.2-exp": "deepseek-v3.2"}
 
 HF_FIELDS = {
     "hidden": "hidden_size",
@@ -68,6 +105,8 @@ HF_FIELDS = {
     "dV": "v_head_dim",
     "layers": "num_hidden_layers",
 }
+# A config with all three is a DSA model (DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM).
+DSA_HF_FIELDS = {"topk": "index_topk", "index_heads": "index_n_heads", "index_dim": "index_head_dim"}
 
 
 def preset_names() -> list[str]:
@@ -110,9 +149,33 @@ def from_hf_config(path: str | Path) -> MLAConfig:
         if value > MAX_SIZE:  # 2^31 heads or ranks: no model has them, and int64 products would overflow
             raise MlactlError(f"{path}: {hf} {safe.text(value, 24)} is above the limit of {MAX_SIZE:,}")
         values[key] = value
+    values.update(_dsa_values(data, path, values))
     name = data.get("_name_or_path") or data.get("model_type") or path.parent.name or "custom"
     # a name from a file: printable from here on (markup and mathtext are escaped where drawn)
     return MLAConfig(name=safe.text(name), **values)
+
+
+def _dsa_values(data: dict, path: Path, values: dict) -> dict:
+    """The DSA fields of a config: all three or none; some but not all is an error naming the
+    missing ones (a config cut short would otherwise pass as a dense MLA model)."""
+    present = [hf for hf in DSA_HF_FIELDS.values() if data.get(hf) is not None]
+    if not present:
+        return {}
+    missing = [hf for hf in DSA_HF_FIELDS.values() if data.get(hf) is None]
+    if missing:
+        raise MlactlError(
+            f"{path} has {', '.join(present)} but not {', '.join(missing)}: a DSA (sparse attention) "
+            "config needs index_topk, index_n_heads and index_head_dim"
+        )
+    out = {}
+    for key, hf in DSA_HF_FIELDS.items():
+        value = data[hf]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MlactlError(f"{path}: {hf} must be a positive integer, got {value!r}")
+        out[key] = value
+    if values.get("q_lora_rank") is None:
+        raise MlactlError(f"{path}: a DSA config needs q_lora_rank (the indexer's wq_b projects the query latent)")
+    return out
 
 
 def resolve(spec: str) -> MLAConfig:

@@ -20,6 +20,25 @@ absorb          q_absorb    q_nope . W_UK per new token -> latent query
                 out_absorb  latent output . W_UV
 mha             attention   reference MHA whose cache holds per-head K (dC+dR) and V (dV)
 
+A DSA model (DeepSeek-V3.2, `cfg.is_dsa`) has three paths instead; L is a query's context
+(prefix + its position), topk the tokens its sparse attention reads, Hi/di the indexer's heads
+and width (docs/design.md, "DSA: DeepSeek-V3.2's sparse MLA"):
+
+sparse_absorb   indexer_proj  per new token: wq_b (q_lora -> Hi*di), wk (hidden -> di),
+                              weights_proj (hidden -> Hi); writes the indexer cache row
+                indexer       2*Hi*di FLOPs per (query, key) pair over the whole causal context,
+                              reading each cached index row (di fp8 + fp32 scales) once,
+                              writing a 4-byte fp32 logit per pair
+                topk          picks min(L, topk) of each query's L logits (counted below)
+                q_absorb      as absorb
+                attention     MQA over each query's selected rows only: pairs sum_i min(L_i, topk)
+                out_absorb    as absorb
+masked_expand   expand_chunked's ops (the prefix chunk by chunk, as vLLM's masked MHA runs it)
+                plus indexer_proj, indexer and topk, which it needs for its mask; the attention
+                computes every causal pair and reads a 1-bit mask per pair
+dense_expand    expand (one shot) plus indexer_key (wk only: the index cache must still be
+                written); only where the context is at most topk, when no mask is needed
+
 Arrays are float64: exact for every figure below 2**53 (9.0e15), 16 significant digits above.
 """
 
@@ -37,12 +56,26 @@ from mlactl.util.errors import MlactlError
 
 LSE_BYTES = 4  # softmax statistics are fp32
 PATHS = ("expand", "expand_chunked", "absorb", "mha")
+DSA_PATHS = ("sparse_absorb", "masked_expand", "dense_expand")
 OPS = {
     "expand": ("kv_expand", "attention"),
     "expand_chunked": ("kv_expand", "attention", "lse_merge"),
     "absorb": ("q_absorb", "attention", "out_absorb"),
     "mha": ("attention",),
+    "sparse_absorb": ("indexer_proj", "indexer", "topk", "q_absorb", "attention", "out_absorb"),
+    "masked_expand": ("kv_expand", "indexer_proj", "indexer", "topk", "attention", "lse_merge"),
+    "dense_expand": ("kv_expand", "indexer_key", "attention"),
 }
+# dense_expand's indexer: only each new token's key, or the whole indexer (CostModel.dense_indexer)
+DENSE_INDEXER = ("key", "full")
+# DSA caches (FlashMLA's "FP8 with scale" layout, README "FP8 KV Cache", and the indexer's own
+# cache, SGLang nsa_indexer.py head_dim_with_sf = 132): fp8 values with one fp32 scale per tile
+# of this many values; the RoPE part of the latent row stays bf16.
+DSA_SCALE_TILE = 128
+SCALE_BYTES = 4  # fp32 scale
+ROPE_BYTES = 2  # bf16 RoPE values of FlashMLA's fp8 row
+LOGIT_BYTES = 4  # the indexer writes fp32 logits, top-k reads them
+INDEX_BYTES = 4  # top-k writes int32 token indices
 
 
 @dataclass(frozen=True)
@@ -60,12 +93,28 @@ def causal_pairs(new, prefix):
     return n * k - n * (n - 1) / 2
 
 
+def sparse_pairs(new, prefix, topk):
+    """(query, key) pairs a sparse attention reads: query i (1-based) of n new tokens after p
+    cached ones sees L_i = p + i keys and reads min(L_i, topk) of them, summed over i.
+
+    The first m = clip(topk - p, 0, n) queries read all they see (m*p + m*(m+1)/2 pairs), the
+    other n - m read topk each."""
+    n = np.asarray(new, dtype=np.float64)
+    p = np.asarray(prefix, dtype=np.float64)
+    m = np.clip(topk - p, 0.0, n)
+    return m * p + m * (m + 1) / 2 + (n - m) * topk
+
+
 @dataclass(frozen=True)
 class CostModel:
     cfg: MLAConfig
     kv_dtype: str = "bf16"  # the cache: latent + RoPE key (and the MHA cache of `mha`)
     dtype: str = "bf16"  # activations, weights and expanded K/V; also the compute dtype
     chunk: int = DEFAULT_CHUNK  # prefix tokens per chunk of expand_chunked
+    # what dense_expand runs of a DSA model's indexer: "key", only each new token's key (SGLang,
+    # nsa_indexer.py skip_logits_computation), or "full", projections, logits and top-k whose
+    # result goes unused (vLLM runs the indexer on every path)
+    dense_indexer: str = "key"
 
     def __post_init__(self):
         if self.kv_dtype not in KV_DTYPES:
@@ -74,17 +123,65 @@ class CostModel:
             raise MlactlError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(ACT_DTYPES)}")
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
             raise MlactlError(f"--chunk must be a positive integer, got {self.chunk!r}")
+        if self.dense_indexer not in DENSE_INDEXER:
+            raise MlactlError(f"dense_indexer must be one of {', '.join(DENSE_INDEXER)}, got {self.dense_indexer!r}")
+
+    # -- which paths this model has -------------------------------------------------------------
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every path costed for this model: MLA's (with the `mha` baseline) or DSA's."""
+        return DSA_PATHS if self.cfg.is_dsa else PATHS
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The paths a policy chooses between (an MLA model's `mha` is a baseline, not a choice)."""
+        return DSA_PATHS if self.cfg.is_dsa else MLA_PATHS
+
+    def _check_path(self, path: str) -> None:
+        if path not in self.paths:
+            kind = "DSA" if self.cfg.is_dsa else "MLA"
+            raise MlactlError(
+                f"unknown path {path!r} for the {kind} model {self.cfg.name}; paths: {', '.join(self.paths)}"
+            )
+
+    def applicable(self, path: str, batch, new, prefix) -> np.ndarray:
+        """Where `path` can run at all: dense_expand only where the whole context is at most
+        topk (no query then has tokens to leave out); every other path everywhere."""
+        self._check_path(path)
+        b, n, p = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (batch, new, prefix)))
+        if path == "dense_expand":
+            return (n + p) <= self.cfg.index().topk
+        return np.ones(b.shape, dtype=bool)
 
     # -- per-pair and per-token figures (the numbers docs/design.md quotes) --------------------------
 
     def pair_flops(self, path: str) -> int:
         """FLOPs of one (query, key) pair in the attention op: QK^T plus PV, all heads."""
         c = self.cfg
-        if path == "absorb":
+        if path in ("absorb", "sparse_absorb"):
             return 2 * c.H * (c.r + c.dR) + 2 * c.H * c.r
-        if path in ("expand", "expand_chunked", "mha"):
+        if path in ("expand", "expand_chunked", "mha", "masked_expand", "dense_expand"):
             return 2 * c.H * (c.dC + c.dR) + 2 * c.H * c.dV
-        raise MlactlError(f"unknown path {path!r}; paths: {', '.join(PATHS)}")
+        raise MlactlError(f"unknown path {path!r}; paths: {', '.join(PATHS + DSA_PATHS)}")
+
+    def index_pair_flops(self) -> int:
+        """FLOPs of one (query, key) pair in the indexer: a dot of width di per index head (the
+        ReLU, the head weight and the sum over heads, 3*Hi more, are left out as a softmax is)."""
+        d = self.cfg.index()
+        return 2 * d.heads * d.dim
+
+    def index_proj_flops(self) -> int:
+        """FLOPs of the indexer's projections of one new token: wq_b (q_lora_rank -> Hi*di),
+        wk (hidden -> di), weights_proj (hidden -> Hi)."""
+        d, hidden = self.cfg.index(), self.cfg.hidden
+        return 2 * (d.q_lora * d.heads * d.dim + hidden * d.dim + hidden * d.heads)
+
+    def index_row_bytes(self) -> int:
+        """The indexer's cache per token and layer: di fp8 values and one fp32 scale per 128
+        (132 bytes for DeepSeek-V3.2; SGLang nsa_indexer.py head_dim_with_sf = 132)."""
+        dim = self.cfg.index().dim
+        return dim + SCALE_BYTES * -(-dim // DSA_SCALE_TILE)
 
     def expand_token_flops(self) -> int:
         """FLOPs to up-project one cached latent into every head's k_nope and v."""
@@ -97,8 +194,18 @@ class CostModel:
         return 2 * c.H * c.dC * c.r + 2 * c.H * c.r * c.dV
 
     def latent_row_bytes(self) -> int:
-        """Cache bytes per token and layer: latent plus RoPE key."""
-        return (self.cfg.r + self.cfg.dR) * DTYPE_BYTES[self.kv_dtype]
+        """Cache bytes per token and layer: latent plus RoPE key. A DSA model's fp8 cache is
+        FlashMLA's sparse layout: r fp8 values, an fp32 scale per 128 of them, the RoPE key in
+        bf16 (512 + 16 + 128 = 656 bytes for DeepSeek-V3.2); an MLA model's fp8 cache has one
+        per-tensor scale (r + dR bytes)."""
+        c = self.cfg
+        if c.is_dsa and self.kv_dtype == "fp8":
+            return c.r + SCALE_BYTES * -(-c.r // DSA_SCALE_TILE) + ROPE_BYTES * c.dR
+        return (c.r + c.dR) * DTYPE_BYTES[self.kv_dtype]
+
+    def cache_row_bytes(self) -> int:
+        """Everything cached per token and layer: the latent row, and a DSA model's index row."""
+        return self.latent_row_bytes() + (self.index_row_bytes() if self.cfg.is_dsa else 0)
 
     def mha_row_bytes(self) -> int:
         """Cache bytes per token and layer (this GPU's heads) if K and V were cached per head."""
@@ -114,6 +221,12 @@ class CostModel:
 
     def ops(self, path: str, batch, new, prefix) -> list[Op]:
         """The ops of `path` at the given points (arrays broadcast against each other)."""
+        self._check_path(path)
+        if self.cfg.is_dsa:
+            return self._dsa_ops(path, batch, new, prefix)
+        return self._mla_ops(path, batch, new, prefix)
+
+    def _mla_ops(self, path: str, batch, new, prefix) -> list[Op]:
         c = self.cfg
         a = DTYPE_BYTES[self.dtype]
         kv = DTYPE_BYTES[self.kv_dtype]
@@ -211,11 +324,162 @@ class CostModel:
             ]
         raise MlactlError(f"unknown path {path!r}; paths: {', '.join(PATHS)}")
 
+    def _dsa_ops(self, path: str, batch, new, prefix) -> list[Op]:
+        """The ops of a DSA path (see the module docstring). What each op reads and writes is
+        written beside it; `pairs` are causal (query, key) pairs over the whole context,
+        `selected` the pairs the sparse attention reads (sparse_pairs)."""
+        c = self.cfg
+        a = DTYPE_BYTES[self.dtype]
+        kv = DTYPE_BYTES[self.kv_dtype]
+        b, n, p = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (batch, new, prefix)))
+        nq = b * n
+        nk = b * (n + p)
+        pairs = b * causal_pairs(n, p)
+        d = c.index()
+        selected = b * sparse_pairs(n, p, d.topk)
+        zero = np.zeros_like(nq)
+        H, r, dC, dR, dV = c.H, c.r, c.dC, c.dR, c.dV
+        Hi, di = d.heads, d.dim
+
+        def indexer_proj():
+            w = zero + (d.q_lora * Hi * di + c.hidden * di + c.hidden * Hi) * a
+            # read the query latent and the hidden state, the three weights (once per launch);
+            # write the fp8 index query, its fp32 per-head weights and the token's index row
+            return Op(
+                "indexer_proj",
+                flops=self.index_proj_flops() * nq,
+                bytes=nq * (d.q_lora + c.hidden) * a + w + nq * (Hi * di + Hi * SCALE_BYTES + self.index_row_bytes()),
+                weight_bytes=w,
+            )
+
+        def indexer():
+            # read every cached index row once per request, the fp8 queries and their head
+            # weights; write one fp32 logit per causal pair
+            return Op(
+                "indexer",
+                flops=self.index_pair_flops() * pairs,
+                bytes=nk * self.index_row_bytes() + nq * Hi * (di + SCALE_BYTES) + pairs * LOGIT_BYTES,
+                weight_bytes=zero,
+            )
+
+        def topk():
+            # one comparison per candidate logit (a single-pass select; real radix kernels make
+            # 2-4 passes over a row held on chip); read the logits, write int32 indices
+            return Op("topk", flops=pairs.copy(), bytes=pairs * LOGIT_BYTES + selected * INDEX_BYTES, weight_bytes=zero)
+
+        # a cache row is the latent (with an fp8 row's scales), which kv_expand reads, and the
+        # RoPE key (bf16 in an fp8 row), which the expand paths' attention reads
+        rope_bytes = dR * (ROPE_BYTES if self.kv_dtype == "fp8" else kv)
+        latent_bytes = self.latent_row_bytes() - rope_bytes
+
+        def kv_expand(weight_reads):
+            w = weight_reads * H * (dC + dV) * r * a + zero
+            # read the latents, W_UK/W_UV once per launch; write k_nope and v
+            return Op(
+                "kv_expand",
+                flops=self.expand_token_flops() * nk,
+                bytes=nk * latent_bytes + w + nk * H * (dC + dV) * a,
+                weight_bytes=w,
+            )
+
+        if path == "sparse_absorb":
+            w_uk = zero + H * dC * r * a
+            w_uv = zero + H * r * dV * a
+            return [
+                indexer_proj(),
+                indexer(),
+                topk(),
+                Op(
+                    "q_absorb",
+                    flops=2 * H * dC * r * nq,
+                    bytes=nq * H * dC * a + w_uk + nq * H * r * a,
+                    weight_bytes=w_uk,
+                ),
+                self.sparse_attention(nq, selected),
+                Op(
+                    "out_absorb",
+                    flops=2 * H * r * dV * nq,
+                    bytes=nq * H * r * a + w_uv + nq * H * dV * a,
+                    weight_bytes=w_uv,
+                ),
+            ]
+        if path == "masked_expand":
+            m = self.num_partials(p)
+            merged = m > 1
+            partial_out = np.where(merged, m * nq * H * (dV * a + LSE_BYTES), nq * H * dV * a)
+            merge_rows = (m - 1) * nq * H
+            return [
+                kv_expand(m),
+                indexer_proj(),
+                indexer(),
+                topk(),
+                Op(
+                    "attention",
+                    flops=self.pair_flops(path) * pairs,
+                    # as expand_chunked's, plus the top-k mask: one bit per causal pair, written
+                    # by the scatter and read by the kernel (vLLM sparse_mla_attention.py)
+                    bytes=m * nq * H * (dC + dR) * a
+                    + nk * H * (dC + dV) * a
+                    + nk * rope_bytes
+                    + partial_out
+                    + 2 * np.ceil(pairs / 8),
+                    weight_bytes=zero,
+                ),
+                Op(
+                    "lse_merge",
+                    flops=merge_rows * 3 * dV,
+                    bytes=merge_rows * 3 * (dV * a + LSE_BYTES),
+                    weight_bytes=zero,
+                ),
+            ]
+        # dense_expand: one shot; the indexer only computes and caches each new token's key, or
+        # (dense_indexer "full", as vLLM runs it) all of it, its selection unused
+        w_k = zero + c.hidden * di * a
+        if self.dense_indexer == "full":
+            indexer_ops = [indexer_proj(), indexer(), topk()]
+        else:
+            indexer_ops = [
+                Op(
+                    "indexer_key",
+                    flops=2 * c.hidden * di * nq,
+                    # read the hidden state and wk; write the token's index row
+                    bytes=nq * c.hidden * a + w_k + nq * self.index_row_bytes(),
+                    weight_bytes=w_k,
+                )
+            ]
+        return [
+            kv_expand(1),
+            *indexer_ops,
+            Op(
+                "attention",
+                flops=self.pair_flops(path) * pairs,
+                bytes=nq * H * (dC + dR) * a + nk * H * (dC + dV) * a + nk * rope_bytes + nq * H * dV * a,
+                weight_bytes=zero,
+            ),
+        ]
+
+    def sparse_attention(self, queries, selected) -> Op:
+        """The sparse MQA of `queries` query tokens reading `selected` cache rows in all (a sum
+        over queries of the rows each reads): pair_flops("sparse_absorb") a row; each query's
+        heads share its rows (one MQA group), so a row is read once per query that selects it;
+        plus the queries (latent + RoPE) read and the latent outputs written."""
+        c = self.cfg
+        a = DTYPE_BYTES[self.dtype]
+        nq = np.asarray(queries, dtype=np.float64)
+        sel = np.asarray(selected, dtype=np.float64)
+        return Op(
+            "attention",
+            flops=self.pair_flops("sparse_absorb") * sel,
+            bytes=sel * self.latent_row_bytes() + nq * c.H * (c.r + c.dR) * a + nq * c.H * c.r * a,
+            weight_bytes=np.zeros(np.broadcast_shapes(nq.shape, sel.shape)),
+        )
+
     # -- memory --------------------------------------------------------------------------------
 
     def kv_cache_bytes(self, batch, new, prefix):
-        """Latent cache of the whole context, one layer (replicated on every TP rank)."""
-        return np.asarray(batch, np.float64) * (np.asarray(new, np.float64) + prefix) * self.latent_row_bytes()
+        """Latent cache of the whole context, one layer (replicated on every TP rank); a DSA
+        model's index cache too."""
+        return np.asarray(batch, np.float64) * (np.asarray(new, np.float64) + prefix) * self.cache_row_bytes()
 
     def mha_cache_bytes(self, batch, new, prefix):
         """What an MHA cache of this GPU's heads would hold for the same context, one layer."""
@@ -228,14 +492,13 @@ class CostModel:
         b = np.asarray(batch, np.float64)
         n = np.asarray(new, np.float64)
         p = np.asarray(prefix, np.float64)
-        if path == "expand":
+        self._check_path(path)
+        if path in ("expand", "dense_expand"):
             tokens = n + p
-        elif path == "expand_chunked":
+        elif path in ("expand_chunked", "masked_expand"):
             tokens = np.maximum(n, np.minimum(p, self.chunk))
-        elif path in ("absorb", "mha"):
+        else:  # absorb, sparse_absorb, mha
             tokens = np.zeros_like(n + p)
-        else:
-            raise MlactlError(f"unknown path {path!r}; paths: {', '.join(PATHS)}")
         return b * tokens * per_token
 
     def resident_bytes(self, path: str, batch, new, prefix):
@@ -247,7 +510,10 @@ class CostModel:
 
     def asymptotic_crossover(self) -> float | None:
         """New tokens above which expand takes fewer FLOPs than absorb, as the prefix grows without
-        bound: 2*r*H*(dC+dV) / (pair_absorb - pair_expand). None if absorb is never costlier per pair."""
+        bound: 2*r*H*(dC+dV) / (pair_absorb - pair_expand). None if absorb is never costlier per pair,
+        and None for a DSA model: a long prefix always favours sparse absorb (masked_window_by_flops)."""
+        if self.cfg.is_dsa:
+            return None
         delta = self.pair_flops("absorb") - self.pair_flops("expand")
         if delta <= 0:
             return None
@@ -260,6 +526,8 @@ class CostModel:
         absorb's per-new-token projections, so only the prefix's expansion is left over); solved
         exactly in integers.
         """
+        if self.cfg.is_dsa:
+            return None  # a DSA model has a window instead: masked_window_by_flops
         p = int(prefix)
         E = self.expand_token_flops()
         delta = self.pair_flops("absorb") - self.pair_flops("expand")
@@ -277,6 +545,62 @@ class CostModel:
         while not expand_wins(n):
             n += 1
         return n
+
+    # -- DSA: the window where masked MHA takes fewer FLOPs ------------------------------------------
+
+    def masked_excess_flops(self, new, prefix) -> np.ndarray:
+        """sparse_absorb's FLOPs less masked_expand's, per request: positive where masked MHA
+        takes fewer. The indexer, its projections and top-k are the same on both and cancel;
+        absorb's projections of n new tokens equal the expansion of n tokens (E each), so what
+        is left is pair_absorb * selected - pair_expand * pairs - E * p. Exact in integers below
+        2**53 (float64)."""
+        n = np.asarray(new, dtype=np.float64)
+        p = np.asarray(prefix, dtype=np.float64)
+        sel = sparse_pairs(n, p, self.cfg.index().topk)
+        return (
+            self.pair_flops("sparse_absorb") * sel
+            - self.pair_flops("masked_expand") * causal_pairs(n, p)
+            - self.expand_token_flops() * p
+        )
+
+    def masked_window_by_flops(self, prefix: int, max_new: int = 1 << 31) -> tuple[int, int] | None:
+        """The new-token counts (first, last) at which masked_expand takes strictly fewer FLOPs
+        than sparse_absorb after `prefix` cached tokens, or None where it never does.
+
+        The excess e(n) (masked_excess_flops) steps by pair_absorb*min(p+n+1, topk) -
+        pair_expand*(p+n+1) from n to n+1: positive and growing while p+n+1 <= topk, then
+        falling linearly for good. So e rises, then falls: where it is positive is one run of
+        consecutive n, found here by bisection on each side of its peak."""
+        topk = self.cfg.index().topk
+        p = int(prefix)
+        a, e_ = self.pair_flops("sparse_absorb"), self.pair_flops("masked_expand")
+        # the step is positive for p+n+1 <= topk and while a*topk > e_*(p+n+1): peak at the last
+        # n with a positive step, i.e. n_peak = max(1, floor(a*topk/e_) - p) (clipped to max_new)
+        peak = int(min(max(1, (a * topk) // e_ - p), max_new)) if a > e_ else 1
+
+        def wins(n: int) -> bool:
+            return float(self.masked_excess_flops(n, p)) > 0
+
+        if not wins(peak):
+            return None
+        lo, hi = 1, peak  # first win: smallest n in [1, peak] with wins(n)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if wins(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        first = lo
+        lo, hi = peak, max_new  # last win: largest n in [peak, max_new] with wins(n)
+        if wins(hi):
+            return first, hi
+        while lo < hi - 1:
+            mid = (lo + hi) // 2
+            if wins(mid):
+                lo = mid
+            else:
+                hi = mid
+        return first, lo
 
 
 # -- the rest of the model: what a step reads besides the attention paths' ops ---------------------
@@ -348,20 +672,36 @@ class WeightCost:
         return c.layers * c.r * c.H * c.tp * (c.dC + c.dV)
 
     @cached_property
+    def indexer_params(self) -> tuple[int, int]:
+        """A DSA model's lightning indexer, every layer (0 for MLA): (wq_b, wk and weights_proj).
+        Its ops read them (indexer_proj), so they are held here, not read again per step."""
+        c = self.cfg
+        if not c.is_dsa:
+            return 0, 0
+        d = c.index()
+        return c.layers * d.q_lora * d.heads * d.dim, c.layers * c.hidden * (d.dim + d.heads)
+
+    @cached_property
     def total_params(self) -> int:
         """Every parameter of the model (embedding and LM head untied), norms left out."""
         w = self.weights
         routed = w.moe_layers * w.experts * self.expert_params
-        return self.dense_params + self.router_params + routed + self.kv_b_params + 2 * w.vocab * w.hidden
+        index = sum(self.indexer_params)
+        return self.dense_params + self.router_params + routed + self.kv_b_params + index + 2 * w.vocab * w.hidden
 
     @cached_property
     def model_bytes(self) -> float:
         """Weight bytes per GPU: the linear layers (and W_UK, W_UV) in the weight dtype; the
-        embedding, the LM head and the router in bf16."""
+        embedding, the LM head and the router in bf16, all split over the tp GPUs. A DSA model's
+        indexer is whole on every GPU (vLLM's deepseek_v2.py Indexer and SGLang's nsa_indexer:
+        ReplicatedLinear, vllm-project/vllm@002d6073): wq_b in the weight dtype, wk and
+        weights_proj in bf16 (vLLM fuses them, dequantising an fp8 wk)."""
         w = self.weights
         bf16 = DTYPE_BYTES["bf16"]
-        linear = self.total_params - self.router_params - 2 * w.vocab * w.hidden
-        return (linear * w.weight_bytes + (self.router_params + 2 * w.vocab * w.hidden) * bf16) / self.tp
+        wq_b, wk_w = self.indexer_params
+        linear = self.total_params - self.router_params - 2 * w.vocab * w.hidden - wq_b - wk_w
+        split = (linear * w.weight_bytes + (self.router_params + 2 * w.vocab * w.hidden) * bf16) / self.tp
+        return split + wq_b * w.weight_bytes + wk_w * bf16
 
     def experts_hit(self, tokens):
         """Expected distinct routed experts `tokens` tokens hit in one MoE layer (uniform routing)."""

@@ -107,12 +107,7 @@ def crossover_by_time(
     the crossover is far or absent (tests/test_cost.py checks it against the plain scan).
     """
 
-    def timed(n, p, paths):
-        n, p = np.asarray(n, dtype=np.float64), np.asarray(p, dtype=np.float64)
-        out = path_times(cost, hw, paths, batch, n, p) if times is None else times(batch, n, p, paths)
-        shape = np.broadcast_shapes(np.shape(n), np.shape(p))
-        return {k: np.broadcast_to(np.asarray(out[k].time_s, dtype=np.float64), shape) for k in paths}
-
+    timed = _timer(cost, hw, batch, times)
     prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
     found: list[int | None] = [None] * len(prefixes)
     with progress.task(f"crossover search ({path} against absorb)", total=len(prefixes)) as bar:
@@ -136,6 +131,106 @@ def crossover_by_time(
             _bounded_search(timed, prefixes, todo, EXACT_UP_TO + 1, max_new, path, found)
         bar.advance(len(todo))
     return found
+
+
+def window_by_time(
+    cost: CostModel,
+    hw: HardwareProfile,
+    prefixes,
+    batch: int = 1,
+    path: str = "masked_expand",
+    against: str = "sparse_absorb",
+    max_new: int = 1 << 17,
+    times=None,
+) -> list[tuple[int, int, int] | None]:
+    """For each prefix, where `path` is strictly faster than `against` over new-token counts 1 to
+    max_new: (first, last, count) -- the first and last such count and how many there are (count
+    == last - first + 1 when the wins form one run) -- or None where it never is. A point where
+    `path` cannot run (cost.applicable) is never a win. `times(batch, new, prefix, paths)` replaces
+    the roofline as in crossover_by_time.
+
+    Every n up to EXACT_UP_TO is evaluated. Beyond it the range is cut into intervals [a, b]
+    classified by their ends, exact under crossover_by_time's premise (no path's time falls as n
+    grows) and with a path that runs at b running at a (applicability only ends as n grows):
+    no win when `path` cannot run at a or path(a) >= against(b); all wins when it runs at b and
+    path(b) < against(a); otherwise cut into SPLIT pieces, down to LEAF counts evaluated one by
+    one. Only the intervals around a window's two ends are refined, so a 16M-token search costs
+    about what a 16K one does (tests/test_dsa.py checks it against the plain scan)."""
+    prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
+    timed = _timer(cost, hw, batch, times)
+    first = np.full(len(prefixes), max_new + 1, dtype=np.int64)
+    last = np.zeros(len(prefixes), dtype=np.int64)
+    count = np.zeros(len(prefixes), dtype=np.int64)
+
+    def runs(n, p):
+        return np.broadcast_to(cost.applicable(path, batch, n, p), np.broadcast_shapes(np.shape(n), np.shape(p)))
+
+    def count_wins(k, a, b):
+        """Evaluate every count of the intervals (prefix index k, a, b), each at most `width` long."""
+        width = int((b - a).max()) + 1
+        n = a[:, None] + np.arange(width)[None, :]
+        valid = n <= b[:, None]
+        n = np.minimum(n, b[:, None]).astype(np.float64)
+        p = prefixes[k][:, None]
+        t = timed(n, p, (path, against))
+        wins = (t[path] < t[against]) & runs(n, p) & valid
+        hit = wins.any(axis=1)
+        lo = a + wins.argmax(axis=1)
+        hi = a + (width - 1 - wins[:, ::-1].argmax(axis=1))
+        np.minimum.at(first, k[hit], lo[hit])
+        np.maximum.at(last, k[hit], hi[hit])
+        np.add.at(count, k, wins.sum(axis=1))
+
+    # 1. every count up to EXACT_UP_TO: a block of counts for all prefixes at a time
+    stop_at = min(EXACT_UP_TO, max_new)
+    width = max(1, min(BLOCK // max(1, len(prefixes)), stop_at))
+    everyone = np.arange(len(prefixes))
+    for start in range(1, stop_at + 1, width):
+        end = min(start + width - 1, stop_at)
+        count_wins(everyone, np.full(len(prefixes), start), np.full(len(prefixes), end))
+    # 2. beyond it, by the ends of intervals (prefix index, a, b)
+    k, a, b = everyone, np.full(len(prefixes), EXACT_UP_TO + 1), np.full(len(prefixes), max_new)
+    keep = a <= b
+    k, a, b = k[keep], a[keep], b[keep]
+    while len(k):
+        leaf = b - a + 1 <= LEAF
+        for s in range(0, int(leaf.sum()), max(1, BLOCK // LEAF)):
+            part = np.flatnonzero(leaf)[s : s + BLOCK // LEAF]
+            count_wins(k[part], a[part], b[part])
+        k, a, b = k[~leaf], a[~leaf], b[~leaf]
+        if not len(k):
+            break
+        p = prefixes[k]
+        fa, fb = a.astype(np.float64), b.astype(np.float64)
+        ta, tb = timed(fa, p, (path, against)), timed(fb, p, (path, against))
+        run_a, run_b = runs(fa, p), runs(fb, p)
+        none = ~run_a | (ta[path] >= tb[against])
+        every = ~none & run_b & (tb[path] < ta[against])
+        np.minimum.at(first, k[every], a[every])
+        np.maximum.at(last, k[every], b[every])
+        np.add.at(count, k[every], (b - a + 1)[every])
+        cut = ~none & ~every
+        k, a, b = k[cut], a[cut], b[cut]
+        size = -(-(b - a + 1) // SPLIT)
+        ca = a[:, None] + np.arange(SPLIT)[None, :] * size[:, None]
+        cb = np.minimum(ca + size[:, None] - 1, b[:, None])
+        real = ca <= b[:, None]
+        k = np.broadcast_to(k[:, None], ca.shape)[real]
+        a, b = ca[real], cb[real]
+    return [None if c == 0 else (int(f), int(l), int(c)) for f, l, c in zip(first, last, count)]
+
+
+def _timer(cost: CostModel, hw: HardwareProfile, batch: int, times):
+    """timed(n, p, paths) -> {path: time_s array of n's and p's broadcast shape}, by the roofline or
+    by `times(batch, new, prefix, paths)`."""
+
+    def timed(n, p, paths):
+        n, p = np.asarray(n, dtype=np.float64), np.asarray(p, dtype=np.float64)
+        out = path_times(cost, hw, paths, batch, n, p) if times is None else times(batch, n, p, paths)
+        shape = np.broadcast_shapes(np.shape(n), np.shape(p))
+        return {k: np.broadcast_to(np.asarray(out[k].time_s, dtype=np.float64), shape) for k in paths}
+
+    return timed
 
 
 def _bounded_search(timed, prefixes, todo, low: int, high: int, path: str, found: list) -> None:

@@ -69,6 +69,9 @@ class ModelWeights:
 PRESETS_WEIGHTS: dict[str, ModelWeights] = {
     # config.json of deepseek-ai/DeepSeek-V3 (and -R1): quantization_config fp8 e4m3, 128x128 blocks
     "deepseek-v3": ModelWeights("deepseek-v3", 7168, 61, 129280, 18432, 2048, 256, 1, 8, 3, 1, "fp8"),
+    # deepseek-ai/DeepSeek-V3.2(-Exp): DeepSeek-V3's weights plus the indexer (WeightCost reads
+    # it from the MLAConfig); inference/config_671B_v3.2.json, dtype fp8
+    "deepseek-v3.2": ModelWeights("deepseek-v3.2", 7168, 61, 129280, 18432, 2048, 256, 1, 8, 3, 1, "fp8"),
     # deepseek-ai/DeepSeek-V2 and DeepSeek-V2-Lite: bf16
     "deepseek-v2": ModelWeights("deepseek-v2", 5120, 60, 102400, 12288, 1536, 160, 2, 6, 1, 1, "bf16"),
     "deepseek-v2-lite": ModelWeights("deepseek-v2-lite", 2048, 27, 102400, 10944, 1408, 64, 2, 6, 1, 1, "bf16"),

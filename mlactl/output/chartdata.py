@@ -51,21 +51,27 @@ def _crossover(data: dict) -> list[dict]:
 
 def _pathmap(data: dict) -> list[dict]:
     rows = []
+    policy = data.get("policy")  # an engine's loss map: its path, slowdown and wrong cells
     for i, prefix in enumerate(data["prefix"]):
         for j, new in enumerate(data["new"]):
-            rows.append(
-                {
-                    "kind": "cell",
-                    "batch": data["batch"],
-                    "prefix": prefix,
-                    "new": new,
-                    "best": data["best"][i][j],
-                    "speedup": data["speedup"][i][j],
-                    "fixed": data["fixed"][i][j],
-                    "fixed_slowdown": data["fixed_slowdown"][i][j],
-                    "fixed_wrong": data["fixed_wrong"][i][j],
-                }
-            )
+            row = {
+                "kind": "cell",
+                "batch": data["batch"],
+                "prefix": prefix,
+                "new": new,
+                "best": data["best"][i][j],
+                "speedup": data["speedup"][i][j],
+            }
+            if policy is not None:
+                row.update(
+                    {
+                        "policy": policy["name"],
+                        "policy_path": policy["path"][i][j],
+                        "policy_slowdown": policy["slowdown"][i][j],
+                        "policy_wrong": policy["wrong"][i][j],
+                    }
+                )
+            rows.append(row)
     rows += [dict(kind="measured crossover", **m) for m in data["measured_boundary"]]
     return rows
 

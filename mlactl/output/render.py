@@ -6,12 +6,19 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from mlactl.decide.analysis import Analysis, BatchAnalysis, Crossover
-from mlactl.model.cost import MLA_PATHS, PATHS
+from mlactl.decide.analysis import Analysis, BatchAnalysis, Crossover, Window
 from mlactl.output.tables import KEY, Col, Column, fit, table
 from mlactl.util import safe
 
-SHORT = {"expand": "expand", "expand_chunked": "chunked", "absorb": "absorb", "mha": "mha"}
+SHORT = {
+    "expand": "expand",
+    "expand_chunked": "chunked",
+    "absorb": "absorb",
+    "mha": "mha",
+    "sparse_absorb": "sparse",
+    "masked_expand": "masked",
+    "dense_expand": "dense",
+}
 
 
 def si(x: float, unit: str = "", digits: int = 3) -> str:
@@ -38,8 +45,9 @@ def header(analysis: Analysis) -> str:
     cfg, hw, cost = analysis.cfg, analysis.hw, analysis.cost
     tp = f", tp {cfg.tp}" if cfg.tp > 1 else ""
     ceilings = "measured" if hw.using_measured else "nominal"
+    dsa = f" topk={cfg.topk} Hi={cfg.index_heads} di={cfg.index_dim}" if cfg.is_dsa else ""
     return (
-        f"[bold]{safe.markup(cfg.name)}[/]: H={cfg.H}{tp} r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}, "
+        f"[bold]{safe.markup(cfg.name)}[/]: H={cfg.H}{tp} r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}{dsa}, "
         f"kv cache {cost.kv_dtype}, {cost.dtype} compute, {analysis.layers} layer(s)\n"
         f"[bold]{safe.markup(hw.display)}[/] ({ceilings}): {hw.peak_tflops[cost.dtype]:g} TFLOP/s {cost.dtype}, "
         f"{hw.bandwidth_tbs:g} TB/s, ridge {hw.ridge(cost.dtype):.1f} FLOP/byte"
@@ -54,7 +62,9 @@ def engine_lines(engines) -> list[str]:
     return out
 
 
-def _time_cell(time_s: float, compute_bound: bool, best: bool, fits: bool = True) -> Text:
+def _time_cell(time_s: float, compute_bound: bool, best: bool, fits: bool = True, runs: bool = True) -> Text:
+    if not runs:  # a DSA model's dense_expand past topk tokens: the path does not exist there
+        return Text("n/a", style="dim")
     if not fits:  # its expanded K/V alone would overflow the GPU's memory
         return Text(f"{seconds(time_s)} ✗", style="dim")
     text = Text(f"{seconds(time_s)} {'C' if compute_bound else 'M'}")
@@ -112,9 +122,15 @@ def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = 
     columns = [
         Column(c, [str(getattr(analysis, c)[i]) for i in shown], priority=KEY) for c in ("batch", "new", "prefix")
     ]
-    for p in PATHS:
+    for p in analysis.cost.paths:
         cells = [
-            _time_cell(paths[p].time_s[i], paths[p].compute_bound[i], p == analysis.best[i], analysis.fits_memory[p][i])
+            _time_cell(
+                paths[p].time_s[i],
+                paths[p].compute_bound[i],
+                p == analysis.best[i],
+                analysis.fits_memory[p][i],
+                analysis.runs[p][i],
+            )
             for i in shown
         ]
         if analysis.spans is not None:
@@ -138,8 +154,13 @@ def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = 
         width,
         drop=drop,
         title=f"{kind} time per path (C compute-bound, M memory-bound, ✗ expanded K/V exceeds the "
-        "GPU's memory; best in green; mha* is the reference with an expanded cache). Engines: "
-        "their path, + the time it loses against the best path that fits",
+        "GPU's memory; best in green; "
+        + (
+            "n/a: dense MHA runs only where the context is at most top-k)"
+            if analysis.cfg.is_dsa
+            else "mha* is the reference with an expanded cache). Engines: their path, + the time it loses "
+            "against the best path that fits"
+        ),
         caption=caption,
     )
     return Group(*fitted.tables)
@@ -162,7 +183,7 @@ def ops_table(analysis: Analysis, max_rows: int = 200) -> Table:
         table.add_column(col, justify=justify)
     shown = min(len(analysis), max_rows)
     for i in range(shown):
-        for p in MLA_PATHS:
+        for p in analysis.cost.choices:
             pt = analysis.paths[p]
             for op in pt.ops:
                 ai = op.flops[i] / op.bytes[i] if op.bytes[i] else float("nan")
@@ -183,6 +204,35 @@ def ops_table(analysis: Analysis, max_rows: int = 200) -> Table:
     return table
 
 
+def _window_cell(w: Window | None, limit: int) -> str:
+    if w is None:
+        return "none"
+    span = f"{w.first}–{w.last}" if w.last < limit else f"{w.first}–(> {limit})"
+    gaps = w.last - w.first + 1 - w.count
+    return span + (f" ({gaps} gaps)" if gaps else "")
+
+
+def window_table(crossover: Crossover) -> Table:
+    """A DSA model's crossovers: the new-token counts where masked (or dense) MHA beats sparse
+    absorb, per (batch, prefix)."""
+    kind = crossover.time_kind
+    table = Table(
+        title="Windows: new tokens where an expand path beats sparse absorb (masked MHA: any context; "
+        "dense MHA: context <= top-k)"
+    )
+    for col in ("batch", "prefix", "masked, by FLOPs", f"masked, by {kind}", f"dense, by {kind}"):
+        table.add_column(col, justify="right")
+    for r in crossover.windows:
+        table.add_row(
+            str(r.batch),
+            str(r.prefix),
+            *(_window_cell(w, crossover.max_new) for w in (r.masked_by_flops, r.masked_by_time, r.dense_by_time)),
+        )
+    if crossover.note:
+        table.caption = crossover.note
+    return table
+
+
 def crossover_cell(value: int | None, interval, max_new: int, mark: str = "") -> str:
     """`133`, or calibrated `133 (128–181)`: the 80% interval; `(≥ 128)` when its top lies past
     max_new; `mark` flags a crossover whose deciding ops were not all measured."""
@@ -197,6 +247,8 @@ BASIS_MARK = "†"
 
 
 def crossover_table(crossover: Crossover) -> Table:
+    if crossover.windows:
+        return window_table(crossover)
     asym = "none" if crossover.asymptotic_new is None else f"{crossover.asymptotic_new:.1f}"
     table = Table(title=f"Crossover: new tokens from which expand beats absorb (asymptotic, by FLOPs: {asym})")
     kind = crossover.time_kind
@@ -225,8 +277,9 @@ def crossover_table(crossover: Crossover) -> Table:
 def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
     per = ba.assignments["per_request"]
     names = [e.engine for e in ba.engines]
+    choices = ba.cost.choices
     rows = Table(title="Requests (own time leaves out the weights the batch shares)")
-    for col in ("row", "count", "new", "prefix", "expand", "chunked", "absorb", "per request", *names):
+    for col in ("row", "count", "new", "prefix", *(SHORT[p] for p in choices), "per request", *names):
         rows.add_column(col, justify="right" if col not in ("per request", *names) else "left", no_wrap=True)
     for i in range(min(len(ba.new), max_rows)):
         rows.add_row(
@@ -234,7 +287,7 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
             str(ba.count[i]),
             str(ba.new[i]),
             str(ba.prefix[i]),
-            *(seconds(ba.own_time[p][i]) for p in MLA_PATHS),
+            *(_own(ba, p, i) for p in choices),
             SHORT[per[i]],
             *(SHORT[ba.assignments[e][i]] for e in names),
         )
@@ -246,6 +299,9 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
     totals.add_column("vs best", justify="right")
     best = ba.best_strategy
     for s, t in ba.totals.items():
+        if t == float("inf"):  # a path some request cannot run (DSA's dense MHA past top-k)
+            totals.add_row(Text(s, style="dim"), "n/a", "—")
+            continue
         ratio = t / ba.totals[best] if ba.totals[best] else 1.0
         style = "bold green" if s == best else ""
         label = next((e.label for e in ba.engines if e.engine == s), s)
@@ -256,16 +312,28 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
     return [rows, totals, *engine_lines(ba.engines), sources]
 
 
+def _own(ba: BatchAnalysis, path: str, i: int) -> str:
+    """A request's own time on a path, or n/a where the path cannot run for it."""
+    if not ba.cost.applicable(path, ba.count[i], ba.new[i], ba.prefix[i]):
+        return "n/a"
+    return seconds(ba.own_time[path][i])
+
+
 def models_table(models, width: int | None = None) -> Table:
 
-    cols = [Col("name", "left", typed=True)] + [
-        Col(c, drop={"hidden": 2, "layers": 1}.get(c, 0))
-        for c in ("hidden", "H", "q_lora_rank", "r", "dC", "dR", "dV", "layers")
-    ]
+    cols = (
+        [Col("name", "left", typed=True)]
+        + [
+            Col(c, drop={"hidden": 2, "layers": 1}.get(c, 0))
+            for c in ("hidden", "H", "q_lora_rank", "r", "dC", "dR", "dV", "layers")
+        ]
+        + [Col("DSA topk/Hi/di", drop=1)]
+    )
     rows = [
         [
             name,
             *(str(v) for v in (cfg.hidden, cfg.H, cfg.q_lora_rank or "—", cfg.r, cfg.dC, cfg.dR, cfg.dV, cfg.layers)),
+            f"{cfg.topk}/{cfg.index_heads}/{cfg.index_dim}" if cfg.is_dsa else "—",
         ]
         for name, cfg in models
     ]

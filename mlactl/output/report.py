@@ -12,8 +12,8 @@ import math
 import numpy as np
 
 from mlactl import __version__
-from mlactl.decide.analysis import STRATEGIES, Analysis, Crossover
-from mlactl.model.cost import MLA_PATHS, OPS, PATHS
+from mlactl.decide.analysis import Analysis, Crossover, Window
+from mlactl.model.cost import OPS
 from mlactl.output.csvout import Labels, write_csv
 from mlactl.util.errors import MlactlError
 
@@ -56,9 +56,33 @@ def hardware_json(analysis: Analysis) -> dict:
     return out
 
 
+def window_json(w: Window | None) -> dict | None:
+    return None if w is None else {"first": w.first, "last": w.last, "count": w.count}
+
+
 def crossover_json(crossover: Crossover) -> dict:
     """Per (batch, prefix): the crossovers; calibrated, also their 80% intervals ([lo, hi], hi null
-    past max_new), each deciding op's basis and a note when one was not measured there."""
+    past max_new), each deciding op's basis and a note when one was not measured there. A DSA
+    model: the windows where an expand path beats sparse_absorb."""
+    if crossover.windows:
+        return {
+            "asymptotic_new": None,
+            "max_new": crossover.max_new,
+            "time": crossover.time_kind,
+            "by_prefix": [
+                {
+                    "batch": r.batch,
+                    "prefix": r.prefix,
+                    "masked_expand": {
+                        "by_flops": window_json(r.masked_by_flops),
+                        "by_time": window_json(r.masked_by_time),
+                    },
+                    "dense_expand": {"by_time": window_json(r.dense_by_time)},
+                }
+                for r in crossover.windows
+            ],
+            "note": crossover.note,
+        }
 
     def row(r) -> dict:
         out = {
@@ -137,6 +161,7 @@ def to_json(analysis: Analysis) -> dict:
             "cb": pt.compute_bound.tolist(),
             "peak": analysis.peak_expanded[name].tolist(),
             "fits": analysis.fits_memory[name].tolist(),
+            "runs": analysis.runs[name].tolist(),
             "ops": [
                 (o.name, o.flops.tolist(), o.bytes.tolist(), o.time_s.tolist(), o.compute_bound.tolist())
                 for o in pt.ops
@@ -157,6 +182,7 @@ def to_json(analysis: Analysis) -> dict:
                 "bound": bound_name(p["cb"][i]),
                 "peak_expanded_bytes": number(p["peak"][i]),
                 "fits_memory": p["fits"][i],
+                "runs": p["runs"][i],
                 "ops": [
                     {
                         "name": op,
@@ -227,8 +253,10 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
     """The CSV flattening: one row per point; path columns `expand.time_s`, and with `ops`
     also op columns `expand.kv_expand.flops`."""
 
+    paths = analysis.cost.paths
+
     def path_labels(names):
-        return Labels(sum(i * (names == p) for i, p in enumerate(PATHS)), PATHS)
+        return Labels(sum(i * (names == p) for i, p in enumerate(paths)), paths)
 
     cols: dict[str, np.ndarray] = {
         "batch": analysis.batch,
@@ -247,7 +275,7 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
         cols["policy.path"] = path_labels(analysis.policy_path)
         cols["policy.time_lost_s"] = analysis.policy_time_lost
     bounds = ["memory", "compute"]
-    for name in PATHS:
+    for name in paths:
         pt = analysis.paths[name]
         cols[f"{name}.flops"] = pt.flops
         cols[f"{name}.bytes"] = pt.bytes
@@ -261,6 +289,8 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
             if spans.paths[name] is not None:
                 cols[f"{name}.time_lo_s"], cols[f"{name}.time_hi_s"] = spans.paths[name]
             cols[f"{name}.basis"] = Labels.of(spans.path_basis[name])
+        if analysis.cfg.is_dsa:
+            cols[f"{name}.runs"] = Labels(analysis.runs[name], ["false", "true"])
         if ops:
             for op in pt.ops:
                 assert op.name in OPS[name]
@@ -314,7 +344,7 @@ def batch_json(ba) -> dict:
                 "new": int(ba.new[i]),
                 "prefix": int(ba.prefix[i]),
                 "count": int(ba.count[i]),
-                "own_time_s": {p: float(ba.own_time[p][i]) for p in MLA_PATHS},
+                "own_time_s": {p: float(ba.own_time[p][i]) for p in ba.cost.choices},
                 "path": str(ba.assignments["per_request"][i]),
                 "engine_paths": {e.engine: str(ba.assignments[e.engine][i]) for e in ba.engines},
                 **_split(ba, i),
@@ -322,8 +352,11 @@ def batch_json(ba) -> dict:
             for i in range(len(ba.new))
         ],
         "totals": {
-            s: {"time_s": ba.totals[s], **({"time_interval_s": _pair(ba.intervals[s])} if ba.intervals else {})}
-            for s in STRATEGIES
+            s: {
+                "time_s": number_or_none(ba.totals[s]),
+                **({"time_interval_s": _pair(ba.intervals.get(s))} if ba.intervals else {}),
+            }
+            for s in ba.strategies
         },
         "best_strategy": ba.best_strategy,
     }
@@ -333,24 +366,21 @@ def _split(ba, i: int) -> dict:
     """`engine_split: {engine: {path: requests}}` for a row whose alike requests an engine runs on
     two paths (vLLM's split falls inside the row); nothing otherwise."""
     out = {}
-    for name, counts in ba.engine_counts.items():
-        row = counts[i]
+    for e in ba.engines:  # engine_counts' columns are the engine's paths (absorb, expand, expand_chunked; DSA's)
+        row = ba.engine_counts[e.engine][i]
         if (row > 0).sum() > 1:
-            out[name] = {p: int(c) for p, c in zip(MLA_SPLIT, row) if c}
+            out[e.engine] = {p: int(c) for p, c in zip(e.paths, row) if c}
     return {"engine_split": out} if out else {}
-
-
-MLA_SPLIT = ("absorb", "expand", "expand_chunked")  # the column order of BatchAnalysis.engine_counts
 
 
 def write_batch_csv(fh, ba) -> None:
 
     names = [e.engine for e in ba.engines]
-    header = ["new", "prefix", "count"] + [f"{p}.own_time_s" for p in MLA_PATHS] + ["path"]
+    header = ["new", "prefix", "count"] + [f"{p}.own_time_s" for p in ba.cost.choices] + ["path"]
     header += [f"{e}.path" for e in names]
     columns = (
         [ba.new, ba.prefix, ba.count]
-        + [ba.own_time[p] for p in MLA_PATHS]
+        + [ba.own_time[p] for p in ba.cost.choices]
         + [ba.assignments["per_request"]]
         + [ba.assignments[e] for e in names]
     )

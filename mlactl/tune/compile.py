@@ -34,7 +34,8 @@ from mlactl.util.defaults import KV_PAGE
 ARCHS = {"sm_80": 80, "sm_90": 90, "sm_100": 100}
 # opt-in shared memory per block: A100 163 KiB; H100/H200 and B200 227 KiB (CUDA guide, table 21)
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024}
-KERNELS = ("mla_decode", "mla_prefill", "merge_attn_states")
+KERNELS = ("mla_decode", "mla_prefill", "merge_attn_states", "mla_sparse_decode")
+SPARSE_TOPK = 2048  # DeepSeek-V3.2's index_topk: the sparse decode's bucket for a model without one
 
 
 @dataclass
@@ -192,6 +193,10 @@ def _build(case: Case):
         from mlactl.kernels import merge
 
         return (*merge.compile_spec(case.config, case.dV, case.dtype), {"out_dtype": case.dtype})
+    if case.kernel == "mla_sparse_decode":
+        from mlactl.kernels import sparse_decode
+
+        return sparse_decode.compile_spec(case.shape, case.config, case.r, case.dR, case.dtype, case.kv_dtype)
     raise ValueError(f"unknown kernel {case.kernel!r}; kernels: {', '.join(KERNELS)}")
 
 
@@ -278,7 +283,7 @@ def tile_macs_needed(case: Case, consts: dict) -> int | None:
     """Multiply-adds one trip of the kernel's key loop needs: its tile's (row, key) pairs times
     one head's pair FLOPs / 2 (cost.py: absorb r + dR and r; expand dC + dR and dV); None for a
     kernel without a key loop (the merge)."""
-    if case.kernel == "mla_decode":
+    if case.kernel in ("mla_decode", "mla_sparse_decode"):  # sparse: absorb's pair over a selected row
         rows, keys, path = consts["BLOCK_H"], consts["BLOCK_N"], "absorb"
     elif case.kernel == "mla_prefill":
         rows, keys, path = consts["BLOCK_M"], consts["BLOCK_N"], "expand"
@@ -353,6 +358,13 @@ def default_cases(cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16"
             shape = {"H": cfg.H, "T": 4096}
             config = merge.default_config(cfg.H, cfg.dV)
             cases.append(Case(name, shape, config, kv_dtype=dtype, label="default", **dims))
+        elif name == "mla_sparse_decode":
+            from mlactl.kernels import sparse_decode
+
+            # decode of 64 requests, each query over its top-k rows (a DSA model's; else 2048)
+            shape = {"B": 64, "H": cfg.H, "S_q": 1, "topk": cfg.topk or SPARSE_TOPK}
+            config = sparse_decode.default_config(shape, kv_dtype)
+            cases.append(Case(name, shape, config, kv_dtype=kv_dtype, label="default", **dims))
         else:
             raise ValueError(f"unknown kernel {name!r}; kernels: {', '.join(KERNELS)}")
     return cases

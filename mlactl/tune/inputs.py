@@ -158,3 +158,26 @@ def merge_inputs(T: int, H: int, D: int, dtype: str, device, seed: int = 0) -> d
         o_b=torch.randn(T, H, D, device=device, generator=g).to(dt),
         lse_b=torch.randn(T, H, device=device, generator=g),
     )
+
+
+def sparse_decode_inputs(
+    cfg, B: int, S_q: int, topk: int, context: int, kv_dtype: str, dtype: str, device, seed: int = 0, page: int = PAGE
+) -> dict:
+    """Arguments of mla_sparse_decode: q [B, S_q, H, r + dR], a paged cache of `context` tokens a
+    request (fp8: FlashMLA's sparse layout, whose scales are in the rows) and each query's
+    `topk` slots, drawn without repeats from its own request's pages."""
+    from mlactl.kernels.sparse_decode_naive import quantize_sparse_fp8
+
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    dt = torch_dtype(dtype)
+    rows = torch.randn(B, context, cfg.r + cfg.dR, device=device, generator=g) * 0.5
+    cache, table, _ = build_paged_cache(rows.to(dt) if kv_dtype != "fp8" else rows, page, generator=g)
+    if kv_dtype == "fp8":
+        cache = quantize_sparse_fp8(cache, cfg.r)
+    pos = torch.argsort(torch.rand(B * S_q, context, device=device, generator=g), dim=1)[:, :topk]  # [B*S_q, topk]
+    pos = pos.reshape(B, S_q, -1)
+    pages = torch.gather(table.long(), 1, (pos // page).reshape(B, -1)).reshape(pos.shape)
+    slots = (pages * page + pos % page).to(torch.int32)
+    q = (torch.randn(B, S_q, cfg.H, cfg.r + cfg.dR, device=device, generator=g) * 0.5).to(dt)
+    return dict(q=q, kv_cache=cache, indices=slots, scale=cfg.softmax_scale, r=cfg.r)

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mlactl.model.cost import CostModel
 from mlactl.tune import inputs
 
 HOPPER_SMEM = 227 * 1024  # opt-in shared memory per block when the device does not say
+# the sparse decode of a model without DSA fields is tuned at DeepSeek-V3.2's top-k (its index
+# heads and dim only name the cache layout here)
+SPARSE_TOPK = 2048
+SPARSE_INDEX = (64, 128)
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,46 @@ def _merge_space(cfg, shape, kv_dtype, dtype, smem):
     ]
 
 
+# -- sparse absorb decode (DSA) ---------------------------------------------------------------------
+
+
+def _sparse_buckets(cfg, quick, device_type):
+    topk = cfg.topk or SPARSE_TOPK
+    if device_type != "cuda":
+        return [{"B": 2, "H": cfg.H, "S_q": 1, "topk": min(topk, 64)}]
+    batches = (64,) if quick else (1, 16, 64, 128)
+    return [{"B": b, "H": cfg.H, "S_q": 1, "topk": topk} for b in batches]
+
+
+def _sparse_inputs(cfg, shape, kv_dtype, dtype, device):
+    page = inputs.PAGE if device.type == "cuda" else 16
+    context = 4 * shape["topk"]  # each query picks its top-k among a context four times longer
+    return inputs.sparse_decode_inputs(
+        cfg, shape["B"], shape["S_q"], shape["topk"], context, kv_dtype, dtype, device, page=page
+    )
+
+
+def _sparse_run(kwargs, config):
+    from mlactl.kernels.sparse_decode import mla_sparse_decode
+
+    return mla_sparse_decode(**kwargs, config=config)[0]
+
+
+def _sparse_twin(kwargs):
+    from mlactl.kernels.sparse_decode_naive import mla_sparse_decode_naive
+
+    return mla_sparse_decode_naive(**kwargs)[0]
+
+
+def _sparse_space(cfg, shape, kv_dtype, dtype, smem):
+    most_rows = max(16, _pow2_at_least(shape["H"]))
+    return [
+        {"BLOCK_H": bh, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+        for bh, bn, w, st in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (1, 2))
+        if bh <= most_rows
+    ]
+
+
 def _file_dtype(kv_dtype, dtype):
     return "fp8" if kv_dtype == "fp8" else dtype
 
@@ -213,9 +257,29 @@ KERNELS = {
         lambda cost, s: cost.ops("expand_chunked", 1, s["T"], 1)[2],
         lambda kv_dtype, dtype: dtype,
     ),
+    "mla_sparse_decode": KernelSpec(
+        "mla_sparse_decode",
+        _sparse_buckets,
+        _sparse_inputs,
+        _sparse_run,
+        _sparse_twin,
+        _sparse_space,
+        # sparse_absorb's attention: every query over its top-k rows (the context is longer)
+        lambda cost, s: cost.sparse_attention(s["B"] * s["S_q"], s["B"] * s["S_q"] * s["topk"]),
+        _file_dtype,
+    ),
 }
 
 
+def default_kernels(cfg) -> list[str]:
+    """The kernels `mlactl tune` sweeps when none is named: all of them for a DSA model, all but
+    the sparse decode (which a dense MLA model never runs) otherwise."""
+    return [k for k in KERNELS if cfg.is_dsa or k != "mla_sparse_decode"]
+
+
 def cost_model(cfg, kernel: str, kv_dtype: str, dtype: str) -> CostModel:
-    """Prefill and merge read expanded operands in the activation dtype, whatever the cache's."""
-    return CostModel(cfg, kv_dtype=kv_dtype if kernel == "mla_decode" else dtype, dtype=dtype)
+    """Prefill and merge read expanded operands in the activation dtype, whatever the cache's. The
+    sparse decode reads DSA rows (FlashMLA's 656-byte fp8 layout), whatever model is tuned."""
+    if kernel == "mla_sparse_decode" and not cfg.is_dsa:
+        cfg = replace(cfg, topk=SPARSE_TOPK, index_heads=SPARSE_INDEX[0], index_dim=SPARSE_INDEX[1])
+    return CostModel(cfg, kv_dtype=kv_dtype if kernel in ("mla_decode", "mla_sparse_decode") else dtype, dtype=dtype)

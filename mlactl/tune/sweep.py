@@ -185,7 +185,7 @@ def _try_config(ctx: Context, spec, kwargs, config, reference, tol) -> dict:
 def tune_kernels(ctx: Context, names=None, configs_override=None, write_configs: bool = True) -> list[dict]:
     """Sweep every bucket of every kernel. Returns the kernel entries measured (or resumed)."""
 
-    names = list(names or spaces.KERNELS)
+    names = list(names or spaces.default_kernels(ctx.cfg))
     smem = _smem_limit(ctx.device, ctx.hw)
     done = []
     for name in names:

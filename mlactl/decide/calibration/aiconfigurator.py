@@ -22,6 +22,26 @@ gemm_perf            generic GEMMs m x n x k; the rows with k = r = 512 and n = 
 *_module_perf, wideep_*  the whole MLA module (projections, norms, RoPE) or DeepEP's layout:
                      not one op of cost.py, so not fitted here.
 
+DeepSeek Sparse Attention (DSA) has its own folder, sparse_attention/<framework>/<version>/.
+Its kernel-level tables time one op each, at GLM-5's dims (GlmMoeDsaForCausalLM in
+aiconfigurator_core 0.12 sdk/operations/dsa.py DSA_MODEL_DIMS: 64 heads, 32 index heads of
+128, top-2048), read from collector/sglang/glm5_dsa_sparse_modules.py (ai-dynamo/aiconfigurator
+@1f8d4701): `isl` new tokens per request after `step` cached, `batch_size` requests.
+
+glm5_mqa_logits   indexer: deep_gemm.fp8_mqa_logits, token i of a request scores the
+                  step + i keys before it (causal), 32 index heads of 128
+glm5_topk         topk: SGLang's fused top-2048 over those logits; two score mixes are timed,
+                  `flat` (all ties, the worst case) and `top_last` (clear winners): top_last is
+                  read. A context of at most 2048 has nothing to select: latency 0, dropped
+glm5_dsa_attn     sparse_attention: flash_mla_sparse_fwd, EVERY query of a request reads
+                  min(2048, step + isl) rows (not the causal min(step + i, 2048)) of a bf16
+                  cache; 64 heads (rates at 128 would pass the GPU's bf16 peak)
+
+dsa_{context,generation}_module (DeepSeek-V3.2 and GLM-5, every framework) time the whole DSA
+attention module -- the q/kv down-projections, o_proj and norms beside the indexer and the
+attention -- so, like the MLA module tables, they are not fitted; dsv4_* are DeepSeek-V4's
+(compressed keys), another model.
+
 Latencies in the tables are milliseconds.
 """
 
@@ -34,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from mlactl.decide.calibration.model import Points
+from mlactl.decide.calibration.sources import points_for
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel
 from mlactl.util.errors import MlactlError
@@ -44,8 +65,22 @@ TABLES = {  # folder/file stem -> what it holds; only these are read
     "mla_bmm/mla_bmm_perf": "q_absorb and out_absorb",
     "gemm/gemm_perf": "kv_expand (k = 512 GEMMs)",
 }
+# DSA's kernel-level tables (read where a system has them; see the module docstring)
+DSA_TABLES = {
+    "sparse_attention/glm5_mqa_logits_module_perf": "indexer (GLM-5 dims)",
+    "sparse_attention/glm5_topk_module_perf": "topk (GLM-5 dims)",
+    "sparse_attention/glm5_dsa_attn_module_perf": "sparse_attention (GLM-5 dims)",
+}
+DSA_OPS = {"glm5_mqa_logits_module_perf": "indexer", "glm5_topk_module_perf": "topk"}
+DSA_ROWS = 500  # rows of a DSA table fitted (_dsa_points)
+# GLM-5's dims (aiconfigurator_core sdk/operations/dsa.py DSA_MODEL_DIMS["GlmMoeDsaForCausalLM"]);
+# H comes from each row
+GLM5 = dict(
+    hidden=6144, q_lora_rank=2048, r=512, dC=192, dR=64, dV=256, layers=1, topk=2048, index_heads=32, index_dim=128
+)
 COLUMNS = {
     "mla": ("kernel_source", "kv_cache_dtype", "num_heads", "batch_size", "isl", "step", "latency"),
+    "sparse_attention": ("kernel_source", "num_heads", "batch_size", "isl", "step", "latency"),
     "mla_bmm": ("op_name", "kernel_source", "bmm_dtype", "num_tokens", "num_heads", "latency"),
     "gemm": ("kernel_source", "gemm_dtype", "m", "n", "k", "latency"),
 }
@@ -103,7 +138,7 @@ def find_tables(data_dir: Path, system: str, framework: str, version: str | None
     if version is not None and version not in versions:
         raise MlactlError(f"unknown version {version!r} of {framework} for {system}; available: {', '.join(versions)}")
     found = []
-    for name in TABLES:
+    for name in (*TABLES, *DSA_TABLES):
         folder, stem = name.split("/")
         have = _children(data_dir / system / folder / framework)
         pick = [version] if version is not None else sorted(have, key=_version_key)[-1:]
@@ -210,6 +245,8 @@ def table_points(table: Table) -> dict[tuple[str, str, str], Points]:
             tokens = sub["num_tokens"].to_numpy(np.float64)
             pts = _op_points(op, "absorb", idx, sub, tokens, np.ones(len(sub)), np.zeros(len(sub)), out_dim, "bf16")
             out[(op, str(src), KV_DTYPES.get(str(dt), str(dt)))] = pts
+    elif folder == "sparse_attention":
+        out.update(_dsa_points(table, frame))
     elif folder == "gemm":
         per_head = DSV3["dC"] + DSV3["dV"]
         frame = frame[(frame["k"] == DSV3["r"]) & (frame["n"] % per_head == 0)]
@@ -218,4 +255,42 @@ def table_points(table: Table) -> dict[tuple[str, str, str], Points]:
             m = sub["m"].to_numpy(np.float64)
             pts = _op_points("kv_expand", "expand", 0, sub, np.ones(len(sub)), m, np.zeros(len(sub)), per_head, "bf16")
             out[("kv_expand", str(src), KV_DTYPES.get(str(dt), str(dt)))] = pts
+    return out
+
+
+def _dsa_points(table: Table, frame) -> dict[tuple[str, str, str], Points]:
+    """A DSA kernel-level table (GLM-5 dims) as the points of its op class: at most DSA_ROWS rows
+    of it, a fixed random sample. The tables hold 1,800-3,600 rows of a dozen batch sizes and
+    context lengths each; selecting the sparse attention's terms over all 3,025 rows of H100's
+    took 938 s on the project's shared 2-core machine (benchmarks/results/calibrate-dsa.json has
+    the figures at DSA_ROWS)."""
+    stem = table.name.split("/")[1]
+    if "score_mode" in frame.columns:  # top-k: the representative score mix (module docstring)
+        frame = frame[frame["score_mode"] == "top_last"]
+    if len(frame) > DSA_ROWS:
+        frame = frame.sample(DSA_ROWS, random_state=0)
+    out: dict[tuple[str, str, str], Points] = {}
+    for (src, heads), sub in frame.groupby(["kernel_source", "num_heads"]):
+        cost = CostModel(MLAConfig("aiconfigurator-glm5", H=int(heads), **GLM5))
+        b, n, p = (sub[c].to_numpy(np.float64) for c in ("batch_size", "isl", "step"))
+        t = sub["latency"].to_numpy(np.float64) * MS
+        if stem in DSA_OPS:
+            op = DSA_OPS[stem]
+            out[(op, str(src), "fp8" if op == "indexer" else "fp32")] = points_for(cost, op, b, n, p, t)
+            continue
+        # the collector's sparse attention: every query reads min(topk, context) rows
+        keys = np.minimum(cost.cfg.index().topk, n + p)
+        op_ = cost.sparse_attention(b * n, b * n * keys)
+        out[("sparse_attention", str(src), "bf16")] = Points(
+            "sparse_attention",
+            np.asarray(op_.flops, dtype=np.float64),
+            np.asarray(op_.bytes, dtype=np.float64),
+            b,
+            n,
+            keys,
+            np.full(len(sub), float(heads)),
+            np.full(len(sub), float(cost.cfg.r)),
+            b * n * keys * cost.latent_row_bytes(),
+            time_s=t,
+        )
     return out

@@ -319,7 +319,8 @@ def batch_interval(
     has no interval (a fit without evidence)."""
     total = np.zeros(scenarios)
     point = 0.0
-    for path in MLA_PATHS:
+    paths = np.asarray(paths)
+    for path in dict.fromkeys(paths.tolist()):  # each path the rows run, in their order
         rows = paths == path
         if not rows.any():
             continue

@@ -70,7 +70,25 @@ from mlactl.model.roofline import roofline_time
 TILE_ROWS = 64  # rows of a CTA's query tile in FA3/FlashMLA-style kernels (and our Triton ones)
 PROJ_TILE_N = 128  # output columns of a GEMM CTA tile (projections)
 # op classes of cost.py's ops, keyed by path: each path's attention is its own class
-OP_CLASSES = ("kv_expand", "q_absorb", "out_absorb", "absorb_attention", "expand_attention", "lse_merge")
+OP_CLASSES = (
+    "kv_expand",
+    "q_absorb",
+    "out_absorb",
+    "absorb_attention",
+    "expand_attention",
+    "lse_merge",
+    # a DSA model's (DeepSeek-V3.2): the sparse MQA, the masked MHA, the lightning indexer, its
+    # top-k, its projections and the key-only projection of the dense path
+    "sparse_attention",
+    "masked_attention",
+    "indexer",
+    "topk",
+    "indexer_proj",
+    "indexer_key",
+)
+# the attention op classes, and of them those whose heads share one latent cache (MQA)
+ATTENTION_CLASSES = ("absorb_attention", "expand_attention", "sparse_attention", "masked_attention")
+MQA_CLASSES = ("absorb_attention", "sparse_attention")
 # whole paths, for measurements that time a path end to end (`mlactl tune paths`)
 PATH_CLASSES = ("path:expand", "path:expand_chunked", "path:absorb")
 TERMS = (
@@ -94,7 +112,7 @@ TERMS = (
     "scores",
 )
 BIG_TILE = 128  # rows and keys of a tile under `tile128`
-PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb")
+PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb", "indexer_proj", "indexer_key")
 DECODE_MAX_NEW = 8  # query tokens per request that decode kernels (and decode fits) serve
 KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
 BASE_TERMS = ("fixed",)
@@ -106,9 +124,14 @@ NEAR_RADIUS = 1.0
 
 
 def op_class(path: str, op: str) -> str:
-    """The calibration class of cost.py's op `op` on `path`."""
+    """The calibration class of cost.py's op `op` on `path`: each kind of attention is its own
+    class (dense_expand's is a plain causal MHA, expand's kind); other ops are their own."""
     if op == "attention":
-        return "absorb_attention" if path == "absorb" else "expand_attention"
+        return {
+            "absorb": "absorb_attention",
+            "sparse_absorb": "sparse_attention",
+            "masked_expand": "masked_attention",
+        }.get(path, "expand_attention")
     return op
 
 
@@ -157,16 +180,16 @@ class Points:
 
 def _tile(op: str, terms) -> int:
     """Query rows (and keys) of one attention tile under these terms."""
-    return BIG_TILE if "tile128" in terms and op in ("absorb_attention", "expand_attention") else TILE_ROWS
+    return BIG_TILE if "tile128" in terms and op in ATTENTION_CLASSES else TILE_ROWS
 
 
 def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.ndarray]:
     """Query rows per tile group and the CTAs one launch starts (before any split)."""
     b, n, h = pts.batch, pts.new, pts.heads
-    if pts.op == "absorb_attention":  # MQA: every head of a token shares the latent cache
+    if pts.op in MQA_CLASSES:  # MQA: every head of a token shares the latent cache
         rows = n * h
         ctas = b * np.ceil(rows / tile)
-    elif pts.op == "expand_attention":  # MHA: one tile group per (request, head)
+    elif pts.op in ("expand_attention", "masked_attention"):  # MHA: one tile group per (request, head)
         rows = n
         ctas = b * h * np.ceil(rows / tile)
     elif pts.op in ("q_absorb", "out_absorb"):  # one GEMM per head over the batch's tokens
@@ -175,6 +198,9 @@ def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.n
     elif pts.op == "kv_expand":  # one GEMM: tokens x H*(dC+dV)
         rows = b * pts.context
         ctas = np.ceil(rows / TILE_ROWS) * np.ceil(h * pts.out_dim / PROJ_TILE_N)
+    elif pts.op in ("indexer_proj", "indexer_key"):  # GEMMs over the batch's new tokens
+        rows = b * n
+        ctas = np.ceil(rows / TILE_ROWS) * np.ceil(pts.out_dim / PROJ_TILE_N)
     else:  # lse_merge and whole paths: elementwise or mixed; no tile model
         rows = np.full_like(pts.flops, float(TILE_ROWS))
         ctas = np.full_like(pts.flops, np.inf)
@@ -216,7 +242,9 @@ def relevant_terms(op: str, terms) -> tuple[str, ...]:
         return tuple(t for t in terms if t in ("fixed", "sum") + PATH_TERMS)
     if op in PROJECTIONS:
         return tuple(t for t in terms if t not in ATTENTION_TERMS + PATH_TERMS)
-    if op != "absorb_attention" or "split" not in terms:  # only absorb's attention is split
+    if op not in ATTENTION_CLASSES:  # the indexer, top-k, merges: no tile model, no attention terms
+        return tuple(t for t in terms if t not in ATTENTION_TERMS + PROJECTION_TERMS + PATH_TERMS)
+    if op not in MQA_CLASSES or "split" not in terms:  # only the MQA attentions are split
         terms = tuple(t for t in terms if t != "fa3split")
     return tuple(t for t in terms if t not in PROJECTION_TERMS + PATH_TERMS)
 
@@ -301,16 +329,16 @@ def _splits(
     """Split-KV factor: fill the SMs when the CTAs are fewer, at most one piece per KV block.
     `smooth`: the continuous count (SMs / CTAs, at most one piece per key block), without its steps."""
     if smooth:
-        few = np.isfinite(ctas) & (ctas < sm_count) & (pts.op == "absorb_attention")
+        few = np.isfinite(ctas) & (ctas < sm_count) & (pts.op in MQA_CLASSES)
         c = np.where(few, np.maximum(ctas, 1.0), 1.0)
         return np.where(few, np.clip(sm_count / c, 1.0, np.maximum(pts.context / block, 1.0)), 1.0)
-    if fa3 and pts.op == "absorb_attention":
+    if fa3 and pts.op in MQA_CLASSES:
         c = np.where(np.isfinite(ctas), ctas, float(sm_count))
         return fa3_splits(c, np.ceil(pts.context / block), sm_count)
     few = np.isfinite(ctas) & (ctas < sm_count)
     c = np.where(few, np.maximum(ctas, 1.0), 1.0)
     s = np.minimum(np.ceil(sm_count / c), np.ceil(pts.context / block))
-    return np.where(few & (pts.op == "absorb_attention"), np.maximum(s, 1.0), 1.0)
+    return np.where(few & (pts.op in MQA_CLASSES), np.maximum(s, 1.0), 1.0)
 
 
 def predict(
@@ -338,13 +366,13 @@ def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: 
     out = np.zeros(np.shape(pts.flops))
     if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
         out = out + params["t_request_s"] * pts.batch
-    if "combine" in terms and "split" in terms and sm_count and pts.op == "absorb_attention":
+    if "combine" in terms and "split" in terms and sm_count and pts.op in MQA_CLASSES:
         tile = _tile(pts.op, terms)
         _, ctas = _rows_and_ctas(pts, tile)  # a split launch is followed by a combine kernel
         out = out + params["t_combine_s"] * (_splits(pts, ctas, sm_count, tile, "fa3split" in terms) > 1)
-    if "kvcast" in terms and pts.op in ("absorb_attention", "expand_attention"):
+    if "kvcast" in terms and pts.op in ATTENTION_CLASSES:
         out = out + pts.cache_bytes / (params["eta_x"] * bandwidth)
-    if "qrow" in terms and pts.op in ("absorb_attention", "expand_attention"):
+    if "qrow" in terms and pts.op in ATTENTION_CLASSES:
         out = out + params["t_row_s"] * pts.batch * pts.new * pts.heads
     if "quant" in terms and pts.op in PROJECTIONS:
         out = out + quant_seconds(params, pts, bandwidth)
@@ -428,7 +456,7 @@ def components(
     flops = np.asarray(pts.flops, dtype=np.float64)
     nbytes = np.asarray(pts.bytes, dtype=np.float64)
     serial = np.zeros_like(flops)
-    attention = pts.op in ("absorb_attention", "expand_attention")
+    attention = pts.op in ATTENTION_CLASSES
     tile = _tile(pts.op, terms)
     if attention and "kvpad" in terms:  # the cache is read in whole KV blocks (pages) per request
         padded = pts.context if smooth else np.ceil(pts.context / tile) * tile

@@ -24,12 +24,34 @@ import numpy as np
 
 from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, Points
 from mlactl.model.config import MLAConfig
-from mlactl.model.cost import CostModel
+from mlactl.model.cost import CostModel, sparse_pairs
 from mlactl.util import numbers
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import read_text
 
 CSV_REQUIRED = ("op", "batch", "new", "prefix", "time_s")
+# the path and op name each op class is read from, on an MLA model and on a DSA one
+MLA_DEFAULTS = {
+    "kv_expand": ("expand", "kv_expand"),
+    "expand_attention": ("expand", "attention"),
+    "lse_merge": ("expand_chunked", "lse_merge"),
+    "q_absorb": ("absorb", "q_absorb"),
+    "absorb_attention": ("absorb", "attention"),
+    "out_absorb": ("absorb", "out_absorb"),
+}
+DSA_DEFAULTS = {
+    "kv_expand": ("dense_expand", "kv_expand"),
+    "expand_attention": ("dense_expand", "attention"),
+    "masked_attention": ("masked_expand", "attention"),
+    "lse_merge": ("masked_expand", "lse_merge"),
+    "q_absorb": ("sparse_absorb", "q_absorb"),
+    "sparse_attention": ("sparse_absorb", "attention"),
+    "out_absorb": ("sparse_absorb", "out_absorb"),
+    "indexer_proj": ("sparse_absorb", "indexer_proj"),
+    "indexer": ("sparse_absorb", "indexer"),
+    "topk": ("sparse_absorb", "topk"),
+    "indexer_key": ("dense_expand", "indexer_key"),
+}
 MAX_TIME_S = 3600.0  # one op measured for an hour is not a kernel time
 MAX_HEADS = 1 << 16
 KERNEL_OPS = {"mla_decode": "absorb_attention", "mla_prefill": "expand_attention"}
@@ -47,25 +69,35 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None,
         out_dim, cache = cfg.dV, cost.kv_cache_bytes(b, n, p)
         attn = [(o.flops, o.bytes) for o in ops if o.name == "attention"][0]
     else:
-        default, name = {
-            "kv_expand": ("expand", "kv_expand"),
-            "expand_attention": ("expand", "attention"),
-            "lse_merge": ("expand_chunked", "lse_merge"),
-            "q_absorb": ("absorb", "q_absorb"),
-            "absorb_attention": ("absorb", "attention"),
-            "out_absorb": ("absorb", "out_absorb"),
-        }[op]
+        defaults = DSA_DEFAULTS if cfg.is_dsa else MLA_DEFAULTS
+        if op not in defaults:
+            kind = "an MLA" if cfg.is_dsa else "a DSA"
+            raise MlactlError(f"op {op!r} belongs to {kind} model, not to {cfg.name}")
+        default, name = defaults[op]
         found = [o for o in cost.ops(path or default, b, n, p) if o.name == name][0]
         flops, nbytes = found.flops, found.bytes
         out_dim = {"kv_expand": cfg.dC + cfg.dV, "q_absorb": cfg.r, "absorb_attention": cfg.r}.get(op, cfg.dV)
         if op == "absorb_attention":
             cache = cost.kv_cache_bytes(b, n, p)
-        elif op == "expand_attention":  # per-head K and V, as an MHA cache holds them
+        elif op in ("expand_attention", "masked_attention"):  # per-head K and V, as an MHA cache holds them
             cache = cost.mha_cache_bytes(b, n, p)
-        else:
+        elif op == "sparse_attention":  # the selected rows each query reads
+            out_dim = cfg.r
+            cache = sparse_pairs(n, p, cfg.index().topk) * b * cost.latent_row_bytes()
+        elif op == "indexer":  # the index rows of the whole context
+            cache = b * (n + p) * cost.index_row_bytes()
+        elif op == "indexer_proj":
+            d = cfg.index()
+            out_dim = d.heads * d.dim + d.dim + d.heads
+        elif op == "indexer_key":
+            out_dim = cfg.index().dim
+        if op not in ("absorb_attention", "expand_attention", "masked_attention", "sparse_attention", "indexer"):
             cache = np.zeros_like(b * n)
     shape = np.broadcast_shapes(np.shape(b), np.shape(n), np.shape(p))
-    full = [np.broadcast_to(np.asarray(a, dtype=np.float64), shape).copy() for a in (flops, nbytes, b, n, n + p)]
+    keys = n + p
+    if op == "sparse_attention":  # the keys a query's kernel walks: its selected ones, on average
+        keys = sparse_pairs(n, p, cfg.index().topk) / np.maximum(n, 1.0)
+    full = [np.broadcast_to(np.asarray(a, dtype=np.float64), shape).copy() for a in (flops, nbytes, b, n, keys)]
     parts = {}
     if attn is not None:
         parts = {

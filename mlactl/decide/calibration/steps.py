@@ -12,8 +12,8 @@ Each row's part is worked out once (`PathLaunches`): quantities that add up over
 and ones of which a launch takes the most. A launch is then a sum over rows, so any grouping of
 rows into steps, any subset (a mask) and any rows gathered again (the threshold sweep prices a
 step under several rules from the same rows) costs a `reduceat`, not cost.py again. Roofline
-rows need only six numbers each (mlactl.model.linear: cost.py's ops are linear in them), shared
-by every path; calibrated rows keep each op class's terms.
+rows need only six numbers each (eight for a DSA model; mlactl.model.linear: cost.py's ops are
+linear in them), shared by every path; calibrated rows keep each op class's terms.
 
     launches = PathLaunches(cost, hw, calibration, "absorb", new, prefix, layers=61)
     seconds = launches.seconds(starts, mask=rows_on_absorb)   # [steps]
@@ -84,18 +84,18 @@ class PathLaunches:
         self.lin = linear_ops(cost, path)
         self.op_names = self.lin.names
         self.peak, self.bandwidth = hw.peak_flops(cost.dtype), hw.bandwidth
-        # [6, rows]: the features and the partials (at each row's chunk): shared between paths
+        # [F + 1, rows]: the features and the partials (at each row's chunk): shared between paths
         self.x = row_features(cost, self.new, self.prefix, chunk) if features is None else features
         if calibration is None:
-            self.add, self.most = self.x[:5], self.x[5:]
+            self.add, self.most = self.x[:-1], self.x[-1:]
         else:
             self.cal_peak = calibration.peak(hw)
             self._calibrated(hw, chunk)
 
     def own_seconds(self) -> np.ndarray:
         """Each row alone, the weights left out (as `own_times` times a request), roofline."""
-        f = self.lin.flops @ self.x[:5]  # [ops, rows]
-        b = self.lin.bytes @ self.x[:5]
+        f = self.lin.flops @ self.x[:-1]  # [ops, rows]
+        b = self.lin.bytes @ self.x[:-1]
         return roofline_time(f, b, self.peak, self.bandwidth).sum(axis=0) * self.layers
 
     def sums(self, starts, rows=None, mask=None) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +137,7 @@ class PathLaunches:
         names = [f"path:{path}"] if whole else [op_class(path, op) for op in self.op_names]
         decode_like = (self.prefix > 0) & (self.new <= DECODE_MAX_NEW)
         lin, x = self.lin, self.x
-        weights = lin.weights[:, :1] + lin.weights[:, 1:] * x[5]  # [ops, rows]
+        weights = lin.weights[:, :1] + lin.weights[:, 1:] * x[-1]  # [ops, rows]
         add = [np.ones(len(self.new)), decode_like * 1.0, self.new, self.prefix]
         most: list = []
         self.classes = []
@@ -166,7 +166,7 @@ class PathLaunches:
                 most.append(parts[4])
             self.classes.append((k, cls, phases))
         self.roof_at, self.roof_most = len(add), len(most)
-        add += list(lin.flops @ x[:5]) + list(lin.bytes @ x[:5])
+        add += list(lin.flops @ x[:-1]) + list(lin.bytes @ x[:-1])
         most += list(weights)
         self.add, self.most = np.stack(add), np.stack(most)
 

@@ -23,7 +23,7 @@ from mlactl.decide.calibration.model import (
 )
 from mlactl.decide.calibration.sources import points_for
 from mlactl.model import roofline
-from mlactl.model.cost import MLA_PATHS, OPS, PATHS, CostModel, Op
+from mlactl.model.cost import MLA_PATHS, OPS, CostModel, Op
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import OpTime, PathTime, path_time, roofline_time
 
@@ -102,7 +102,8 @@ def whole_path_fit(cost: CostModel, calibration, path: str) -> dict | None:
 
 
 def missing_ops(calibration, paths=MLA_PATHS) -> list[str]:
-    """Op classes of `paths` the calibration has no fit for (they keep roofline time)."""
+    """Op classes of `paths` the calibration has no fit for (they keep roofline time); pass a
+    DSA model's `cost.choices` for its paths."""
     if calibration is None:
         return []
 
@@ -122,13 +123,14 @@ def path_times(
     batch,
     new,
     prefix,
-    paths=PATHS,
+    paths=None,
     layers: int = 1,
 ) -> dict[str, PathTime]:
     """{path: PathTime} at every point, roofline or calibrated; `layers` multiplies (each layer
-    launches its own kernels, so a fixed cost counts once per layer)."""
+    launches its own kernels, so a fixed cost counts once per layer). `paths` defaults to every
+    path of the model (cost.paths)."""
     out = {}
-    for p in paths:
+    for p in cost.paths if paths is None else paths:
         ops = scaled_ops(cost.ops(p, batch, new, prefix), layers)
         roof = path_time(ops, hw, cost.dtype, p)
         if calibration is None:
@@ -163,12 +165,24 @@ def crossover_by_time(cost: CostModel, hw: HardwareProfile, calibration, prefixe
     return roofline.crossover_by_time(cost, hw, prefixes, times=times, **kwargs)
 
 
+def window_by_time(cost: CostModel, hw: HardwareProfile, calibration, prefixes, **kwargs):
+    """mlactl.model.roofline.window_by_time by the times of `path_times`: roofline, or calibrated
+    with `calibration`. Keyword arguments as there (batch, path, against, max_new)."""
+    if calibration is None:
+        return roofline.window_by_time(cost, hw, prefixes, **kwargs)
+
+    def times(batch, new, prefix, paths):
+        return path_times(cost, hw, calibration, batch, new, prefix, paths=paths)
+
+    return roofline.window_by_time(cost, hw, prefixes, times=times, **kwargs)
+
+
 def batch_time(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count, paths) -> float:
     """Time of a mixed batch whose request rows run `paths` (an array of names): requests on one
     path share one launch per op, so one read of the weights (roofline) and one fixed cost
     (calibrated: the rows' times less all but one t_fixed)."""
     total = 0.0
-    for path in MLA_PATHS:
+    for path in cost.choices:
         rows = paths == path
         if not rows.any():
             continue
@@ -228,6 +242,6 @@ def own_times(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, co
                 roofline_time(op.flops, op.bytes - op.weight_bytes, peak, bandwidth)
                 for op in cost.ops(p, count, new, prefix)
             )
-            for p in MLA_PATHS
+            for p in cost.choices
         }
-    return {p: t.time_s for p, t in path_times(cost, hw, calibration, count, new, prefix, paths=MLA_PATHS).items()}
+    return {p: t.time_s for p, t in path_times(cost, hw, calibration, count, new, prefix, paths=cost.choices).items()}

@@ -23,11 +23,13 @@ from mlactl.decide.engines.params import (
     ruleset_for,
 )
 from mlactl.decide.engines.paths import (
+    DSA_PATH_NAMES,
     PATH_NAMES,
     batch_paths,
     chunk_sizes,
     grid_paths,
     is_decode,
+    path_names,
     step_counts,
     step_paths,
     time_lost,
@@ -38,6 +40,7 @@ from mlactl.util.defaults import ENGINES
 
 __all__ = [
     "DEFAULT_ENGINES",
+    "DSA_PATH_NAMES",
     "ENGINES",
     "NEWEST",
     "PATH_NAMES",
@@ -57,6 +60,7 @@ __all__ = [
     "known_names",
     "parse_engines",
     "parse_value",
+    "path_names",
     "resolve",
     "ruleset_for",
     "step_counts",

@@ -13,15 +13,17 @@ ARCHS = ("sm80", "sm90", "sm100")
 CACHES = ("bf16", "fp8")
 # The default of the model mlactl names first (DeepSeek-V3: DeepseekV3ForCausalLM, qk_nope 128)
 MODEL = "deepseek-v3"
+# ... and of its DSA model, DeepSeek-V3.2 (index_topk 2048) on one GPU
+DSA = dict(model="deepseek-v3.2", model_kind="dsa", model_arch="DeepseekV32ForCausalLM", index_topk=2048)
 
 
-def defaults_of(rs: RuleSet) -> list[dict]:
-    """The backend the rule set resolves to on each architecture and cache dtype (DeepSeek-V3),
-    or the reason none does."""
+def defaults_of(rs: RuleSet, dsa: bool = False) -> list[dict]:
+    """The backend the rule set resolves to on each architecture and cache dtype (DeepSeek-V3, or
+    with `dsa` DeepSeek-V3.2), or the reason none does."""
     out = []
     for arch in ARCHS:
         for kv in CACHES:
-            ctx = Context(hardware=arch, arch=arch, kv_dtype=kv, model=MODEL)
+            ctx = Context(hardware=arch, arch=arch, kv_dtype=kv, **(DSA if dsa else {"model": MODEL}))
             try:
                 p = resolve(rs.name, {}, ctx)
                 out.append(
@@ -50,6 +52,9 @@ def catalog() -> list[dict]:
                 },
                 "backends": {k: asdict(b) for k, b in rs.backends.items()},
                 "defaults": defaults_of(rs),
+                "model_kinds": list(rs.model_kinds),
+                "dsa_defaults": defaults_of(rs, dsa=True) if "dsa" in rs.model_kinds else None,
+                "dsa_source": rs.dsa.source if rs.dsa is not None else None,
                 "options": {
                     k: {
                         "type": o.kind.__name__,

@@ -18,9 +18,11 @@ from mlactl.decide.engines.rulesets import (
     NEWEST,
     RULESETS,
     SHORTHANDS,
+    VLLMDSA,
     Option,
     RuleSet,
     SGLangBackend,
+    SGLangDSA,
     VLLMBackend,
 )
 from mlactl.util.errors import MlactlError
@@ -44,10 +46,17 @@ class Context:
     arch: str | None = "sm90"  # sm80 | sm90 | sm100 | rocm | None (unknown)
     kv_dtype: str = "bf16"
     model: str = "deepseek-v3"
-    model_kind: str = "mla"  # mla (dense) | dsa (DeepSeek-V3.2 sparse: issue 21)
+    model_kind: str = "mla"  # mla (dense) | dsa (DeepSeek-V3.2's sparse attention)
     model_arch: str = "DeepseekV3ForCausalLM"
     qk_nope_head_dim: int = 128
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    # what the DSA rules read besides: index_topk, the TP size and heads per GPU, the other dims
+    index_topk: int = 0
+    tp: int = 1
+    heads: int = 128  # attention heads per GPU
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
 
 
 def arch_of(hw) -> str | None:
@@ -67,15 +76,24 @@ def context_for(cfg=None, hw=None, kv_dtype: str = "bf16") -> Context:
     if cfg is not None:
         name = str(cfg.name)
         v2 = name.lower().startswith("deepseek-v2")
+        dsa = bool(getattr(cfg, "is_dsa", False))
         out = Context(
-            out.hardware,
-            out.arch,
-            kv_dtype,
-            name,
-            "mla",
-            "DeepseekV2ForCausalLM" if v2 else "DeepseekV3ForCausalLM",
-            int(cfg.dC),
-            MAX_MODEL_LEN.get(name, DEFAULT_MAX_MODEL_LEN),
+            hardware=out.hardware,
+            arch=out.arch,
+            kv_dtype=kv_dtype,
+            model=name,
+            model_kind="dsa" if dsa else "mla",
+            model_arch="DeepseekV32ForCausalLM"
+            if dsa
+            else ("DeepseekV2ForCausalLM" if v2 else "DeepseekV3ForCausalLM"),
+            qk_nope_head_dim=int(cfg.dC),
+            max_model_len=MAX_MODEL_LEN.get(name, DEFAULT_MAX_MODEL_LEN),
+            index_topk=int(cfg.topk) if dsa else 0,
+            tp=int(cfg.tp),
+            heads=int(cfg.H),
+            kv_lora_rank=int(cfg.r),
+            qk_rope_head_dim=int(cfg.dR),
+            v_head_dim=int(cfg.dV),
         )
     return out
 
@@ -100,6 +118,19 @@ class EngineParams:
     workspace: int = 0  # vllm: context tokens expanded at once, over all prefills with context
     block: int = 0  # vllm: KV block, the unit the context chunk rounds down to
     short_extends_as_decodes: bool = True  # vllm: False under prefill context parallelism
+    # the path names this rule assigns, in the order absorb-like, one-shot, chunked: MLA's, or a
+    # DSA model's (sparse_absorb, dense_expand, masked_expand)
+    paths: tuple[str, str, str] = ("absorb", "expand", "expand_chunked")
+    # DSA, SGLang: dense MHA for an extend batch whose longest sequence is at most dense_threshold
+    # (and the conditions dense_ok folds in: architecture, cache dtype, no DSA prefill CP)
+    dense_threshold: int = 0
+    dense_ok: bool = False
+    # DSA, vLLM: prefills may run MHA (dense up to topk, masked from the table's row)
+    mha: bool = False
+    masked_row: tuple | None = None  # least query length per bucket (None: never), or no row
+    masked_ok: bool = False  # masked MHA available here (architecture, cache dtype, dims, no DCP)
+    topk: int = 0
+    dense_indexer: str = "key"  # what the engine's dense MHA runs of the indexer (cost.py)
 
     @property
     def engine(self) -> str:
@@ -109,6 +140,23 @@ class EngineParams:
     @property
     def family(self) -> str:
         return self.ruleset.engine
+
+    @property
+    def is_dsa(self) -> bool:
+        """The rule of a DSA model (its paths are sparse_absorb, dense_expand, masked_expand)."""
+        return self.ctx.model_kind == "dsa"
+
+    @property
+    def sglang_dsa(self) -> SGLangDSA:
+        """The SGLang rule set's DSA data."""
+        assert isinstance(self.ruleset.dsa, SGLangDSA), self.ruleset.name
+        return self.ruleset.dsa
+
+    @property
+    def vllm_dsa(self) -> VLLMDSA:
+        """The vLLM rule set's DSA data."""
+        assert isinstance(self.ruleset.dsa, VLLMDSA), self.ruleset.name
+        return self.ruleset.dsa
 
     @property
     def version(self) -> str:
@@ -126,6 +174,9 @@ class EngineParams:
     @property
     def citation(self) -> str:
         s = self.ruleset.source
+        if self.is_dsa:  # the DSA rule's own files
+            dsa = self.sglang_dsa if self.family == "sglang" else self.vllm_dsa
+            return f"{self.ruleset.name} (DSA): {s.short} {dsa.source.split(';')[0]}"
         return f"{self.ruleset.name}: {s.short} {s.files[0][0]}"
 
     @property
@@ -152,9 +203,22 @@ class EngineParams:
             "backend": self.backend,
             **({"decode_backend": self.decode_backend} if self.family == "sglang" else {}),
             "threshold": self.threshold,
+            **({"dsa": self.dsa_json()} if self.is_dsa else {}),
             "options": {k: self.values[k] for k in self.ruleset.options},
             "options_set": list(self.given),
             "why": list(self.why),
+        }
+
+    def dsa_json(self) -> dict:
+        """What the DSA rule resolved to: SGLang's dense threshold; vLLM's dense and masked MHA."""
+        if self.family == "sglang":
+            return {"dense_threshold": self.dense_threshold, "dense_possible": self.dense_ok}
+        return {
+            "mha": self.mha,
+            "dense_up_to": self.topk if self.mha else None,
+            "masked_available": self.masked_ok,
+            "masked_min_query_len": list(self.masked_row) if self.masked_row is not None else None,
+            "masked_buckets": list(self.vllm_dsa.buckets) if self.masked_row is not None else None,
         }
 
 
@@ -305,16 +369,29 @@ def _where(ctx: Context) -> str:
     return f"on {ctx.hardware} ({arch}), {ctx.kv_dtype} cache"
 
 
+KIND_NAMES = {"mla": "dense MLA", "dsa": "DSA (sparse MLA)"}
+DSA_PATHS = ("sparse_absorb", "dense_expand", "masked_expand")
+
+
 def resolve(name: str, given: dict, ctx: Context) -> EngineParams:
     rs, fixed = ruleset_for(name)
     if ctx.model_kind not in rs.model_kinds:
-        raise MlactlError(f"{rs.name} has no rules for {ctx.model_kind} models yet (docs/engines.md)")
+        having = [r.name for r in RULESETS.values() if r.engine == rs.engine and ctx.model_kind in r.model_kinds]
+        raise MlactlError(
+            f"{rs.name} has no rule for {KIND_NAMES.get(ctx.model_kind, ctx.model_kind)} models such as {ctx.model}"
+            + (f"; rule sets with one: {', '.join(having)}" if having else "")
+            + " (docs/engines.md)"
+        )
     values = {k: o.default for k, o in rs.options.items()}
     values.update(fixed)
     values.update(given)
     set_keys = tuple(k for k in rs.options if k in given)
     if rs.engine == "sglang":
+        if ctx.model_kind == "dsa":
+            return _resolve_sglang_dsa(name, rs, values, set_keys, ctx, fixed)
         return _resolve_sglang(name, rs, values, set_keys, ctx)
+    if ctx.model_kind == "dsa":
+        return _resolve_vllm_dsa(name, rs, values, set_keys, ctx)
     return _resolve_vllm(name, rs, values, set_keys, ctx)
 
 
@@ -344,6 +421,11 @@ def _resolve_sglang(name, rs: RuleSet, values, set_keys, ctx: Context) -> Engine
         head = f"{values['attention_backend']} (set)"
     prefill = values["prefill_attention_backend"] or values["attention_backend"]
     decode = values["decode_attention_backend"] or values["attention_backend"]
+    for used in {prefill, decode}:
+        if rs.backends[used].handler == "dsa":
+            raise MlactlError(
+                f"{rs.name}: {used} is the backend of DSA models (DeepSeek-V3.2); {ctx.model} is a dense MLA model"
+            )
     b: SGLangBackend = rs.backends[prefill]
     cpc = not values["disable_chunked_prefix_cache"] and b.chunked_prefix_cache
     graph_flag = next(k for k in rs.options if k.endswith("piecewise_cuda_graph"))
@@ -423,6 +505,11 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
     if values["backend"] is not None:
         backend = values["backend"].upper()
         b: VLLMBackend = rs.backends[backend]
+        if b.sparse:
+            raise MlactlError(
+                f"{rs.name}: {backend} is a sparse MLA backend, for DSA models (DeepSeek-V3.2); "
+                f"{ctx.model} is a dense MLA model"
+            )
         if arch is not None and arch not in b.arch:
             raise MlactlError(
                 f"{rs.name}: {backend} does not run on {ctx.hardware} ({arch}); it runs on {', '.join(b.arch)}"
@@ -449,7 +536,7 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
             backend = ""
             for cand in rs.priorities[arch]:
                 c = rs.backends[cand]
-                if arch not in c.arch:
+                if arch not in c.arch or c.sparse:
                     continue
                 if kv not in c.kv_dtypes:
                     skipped.append(f"{cand} takes no {kv} cache")
@@ -457,7 +544,9 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
                 backend = cand
                 break
             if not backend:  # vLLM would refuse to start; show the rule it has for a 16-bit cache
-                backend = next(c for c in rs.priorities[arch] if arch in rs.backends[c].arch)
+                backend = next(
+                    c for c in rs.priorities[arch] if arch in rs.backends[c].arch and not rs.backends[c].sparse
+                )
                 why.append(f"no vLLM MLA backend on {arch} takes a {kv} cache (vLLM would not start); {backend} shown")
             reason = f"first {arch} priority that takes a {kv} cache" + (f"; {', '.join(skipped)}" if skipped else "")
         b = rs.backends[backend]
@@ -474,11 +563,7 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
         notes.append(f"DCP {dcp} on a backend without DCP varlen: threshold 1")
         t = 1
     block = values["block_size"] or b.block
-    L = values["max_model_len"] or ctx.max_model_len
-    seqs = values["max_num_seqs"]
-    workspace = max(min(max(8 * L, 4 * seqs * block), VLLM_WORKSPACE_CAP), seqs * block)
-    if rs.workspace_round_up:  # align_mla_chunked_context_workspace_size
-        workspace = -(-workspace // block) * block
+    workspace = _workspace(rs, values, ctx, block)
     pcp = values.get("prefill_context_parallel_size", 1) > 1
     if pcp:
         notes.append("prefill context parallelism: short extends still prefilling are prefills")
@@ -518,3 +603,265 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
         block=block,
         short_extends_as_decodes=not pcp,
     )
+
+
+def _workspace(rs: RuleSet, values: dict, ctx: Context, block: int, sparse: bool = False) -> int:
+    """Context tokens vLLM expands at once: MLACommonMetadataBuilder's
+    determine_chunked_prefill_workspace_size (rounded up to the block from 0.33,
+    align_mla_chunked_context_workspace_size), or the sparse builder's, also capped at
+    max_num_seqs x index_topk (SparseMLACommonMetadataBuilder)."""
+    L = values["max_model_len"] or ctx.max_model_len
+    seqs = values["max_num_seqs"]
+    if sparse:
+        return max(min(max(8 * L, 4 * seqs * block), VLLM_WORKSPACE_CAP, seqs * ctx.index_topk), block)
+    workspace = max(min(max(8 * L, 4 * seqs * block), VLLM_WORKSPACE_CAP), seqs * block)
+    if rs.workspace_round_up:  # align_mla_chunked_context_workspace_size
+        workspace = -(-workspace // block) * block
+    return workspace
+
+
+# -- DeepSeek-V3.2 (DSA) ------------------------------------------------------------------------------
+
+# options of the dense rules that the DSA ones never read
+_SGLANG_MLA_ONLY = (
+    "chunked_prefix_cache_threshold",
+    "disable_chunked_prefix_cache",
+    "flashinfer_mla_disable_ragged",
+    "enable_deterministic_inference",
+    "enable_prefill_context_parallel",
+)
+
+
+def _resolve_sglang_dsa(name, rs: RuleSet, values, set_keys, ctx: Context, fixed) -> EngineParams:
+    d: SGLangDSA = rs.dsa  # type: ignore[assignment]
+    why = []
+    for key in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+        used = values[key]
+        if used is not None and rs.backends[used].handler != "dsa":
+            how = f"{name} fixes {key}={used}" if key in fixed else f"{key}={used}"
+            raise MlactlError(
+                f"{rs.name}: {ctx.model} is a DSA model, which SGLang runs on its dsa backend (nsa before the "
+                f"rename); {how} has no sparse attention (select {rs.engine} and leave the backend to the rule)"
+            )
+    if values["attention_backend"] is None:
+        backend = d.backend
+        head = f"{backend} (default for DSA models: server_args sets it when no backend is given)"
+    else:
+        backend = values["attention_backend"]
+        head = f"{backend} (set)"
+    prefill = values["prefill_attention_backend"] or backend
+    decode = values["decode_attention_backend"] or backend
+    topk = ctx.index_topk
+    thr = values[d.threshold_option]
+    if thr is None:
+        thr = topk
+    elif thr > topk:
+        raise MlactlError(
+            f"{rs.name}: {d.threshold_option}={thr} is above {ctx.model}'s index_topk ({topk}): SGLang would run "
+            "dense attention over more keys than DSA's top-k, which mlactl does not price; give at most "
+            f"{topk}"
+        )
+    cap = values["max_kv_chunk_capacity"]
+    arch = ctx.arch
+    if arch is None:
+        why.append("architecture unknown: taken as sm90 (SGLang checks the device's SM)")
+        arch = "sm90"
+    cp = values[d.cp_option]
+    dense_ok = arch in d.archs and ctx.kv_dtype in d.kv_dtypes and not cp
+    graph_flag = next(k for k in rs.options if k.endswith("piecewise_cuda_graph"))
+    graph_on = values[graph_flag] if graph_flag.startswith("enable") else not values[graph_flag]
+    if graph_flag.startswith("disable") and arch == "rocm":
+        graph_on = False
+    max_tokens = 0
+    if graph_on and not d.graph_captures_dsa:
+        if graph_flag in set_keys:
+            why.append(f"{graph_flag} has no effect: the piecewise graph does not capture DSA models in this release")
+    elif graph_on and d.graph_guard and not cp:  # prefill CP turns the graph off (attn_cp_size > 1)
+        max_tokens = values["piecewise_cuda_graph_max_tokens"]
+    where = _where(ctx)
+    first = f"{rs.name} {where} → {head}"
+    if prefill != backend or decode != backend:
+        first += f"; extends on {prefill}, decodes on {decode}"
+    why.insert(0, first)
+    why.append(
+        f"{prefill} (DSA): an extend batch whose longest sequence is at most {thr:,} tokens and whose summed "
+        f"sequences are at most {cap:,} runs dense MHA (dense_expand: MHA_ONE_SHOT, the indexer writing only "
+        "each new token's key); every other batch, and every decode, the sparse MQA (sparse_absorb)"
+    )
+    if values[d.threshold_option] is None:
+        why.append(f"dense threshold {thr:,}: the model's index_topk ({d.threshold_option} not set)")
+    if arch not in d.archs:
+        why.append(f"dense MHA runs only on SM90 and SM100: every batch sparse on {arch}")
+    if ctx.kv_dtype not in d.kv_dtypes:
+        why.append(f"dense MHA needs a bf16 or fp8_e4m3 cache: every batch sparse with {ctx.kv_dtype}")
+    if cp:
+        why.append(f"{d.cp_option}: every extend runs the sparse MQA")
+    if max_tokens:
+        why.append(
+            f"piecewise CUDA graph on: extend batches of <= {max_tokens} new tokens run sparse (MHA off in a graph)"
+        )
+    if values["enable_mixed_chunk"]:
+        why.append(
+            "mixed chunk on: a step's decodes join its extend batch; their sequences count in its longest and sum"
+        )
+    ignored = [k for k in _SGLANG_MLA_ONLY if k in set_keys]
+    if ignored:
+        why.append(f"not read by the DSA rule: {', '.join(ignored)}")
+    return EngineParams(
+        name,
+        rs,
+        values,
+        set_keys,
+        ctx,
+        tuple(why),
+        backend=prefill,
+        decode_backend=decode,
+        threshold=thr,
+        capacity=cap,
+        chunked_prefix_cache=False,
+        graph_max_tokens=max_tokens,
+        paths=DSA_PATHS,
+        dense_threshold=thr,
+        dense_ok=dense_ok,
+        topk=topk,
+        dense_indexer=d.dense_indexer,
+    )
+
+
+def sparse_threshold(b: VLLMBackend, arch: str | None, heads: int) -> int:
+    """A sparse builder's decode threshold for `heads` query heads per GPU on `arch`."""
+    for where, pairs, other in b.heads_thresholds:
+        if where in (arch, "*"):
+            return dict(pairs).get(heads, other)
+    return b.threshold
+
+
+def _resolve_vllm_dsa(name, rs: RuleSet, values, set_keys, ctx: Context) -> EngineParams:
+    d: VLLMDSA = rs.dsa  # type: ignore[assignment]
+    why = []
+    kv, arch = ctx.kv_dtype, ctx.arch
+    sparse = [c for c in rs.backends.values() if c.sparse]
+    if values["backend"] is not None:
+        backend = values["backend"].upper()
+        b: VLLMBackend = rs.backends[backend]
+        if not b.sparse:
+            raise MlactlError(
+                f"{rs.name}: {ctx.model} is a DSA model, which runs on a sparse MLA backend "
+                f"({', '.join(c.name.lower() for c in sparse)}); {backend.lower()} is not one"
+            )
+        if arch is not None and arch not in b.arch:
+            raise MlactlError(
+                f"{rs.name}: {backend} does not run on {ctx.hardware} ({arch}); it runs on {', '.join(b.arch)}"
+            )
+        if kv not in b.kv_dtypes:
+            raise MlactlError(f"{rs.name}: {backend} takes no {kv} cache (it takes {', '.join(b.kv_dtypes)})")
+        reason = "set"
+    else:
+        if arch not in rs.priorities:
+            why.append(f"no vllm default is known for {arch or ctx.hardware}; the sm90 priorities are assumed")
+            arch = "sm90"
+        cands = [rs.backends[c] for c in rs.priorities[arch] if rs.backends[c].sparse]
+        fit = [c for c in cands if arch in c.arch and kv in c.kv_dtypes]
+        if fit:
+            b = fit[0]
+            reason = f"the first sparse backend in cuda.py's {arch} priorities that runs here with a {kv} cache"
+        else:  # vLLM would refuse to start; show the rule of the listed one
+            b = cands[0] if cands else sparse[0]
+            reason = f"no vLLM sparse MLA backend runs on {arch} with a {kv} cache (vLLM would not start); shown"
+        backend = b.name
+    t = values["reorder_batch_threshold"] or sparse_threshold(b, arch, ctx.heads)
+    notes = []
+    k = values["num_speculative_tokens"]
+    if k and b.query_len != "single":
+        spec = 1 + (2 if values["parallel_drafting"] else 1) * k
+        if spec > t:
+            notes.append(f"speculation: threshold max({t}, {spec}) = {spec}")
+        t = max(t, spec)
+    dcp = values["decode_context_parallel_size"]
+    if dcp > 1 and not b.dcp_varlen and t != 1:
+        notes.append(f"DCP {dcp} on a backend without DCP varlen: threshold 1")
+        t = 1
+    block = values["block_size"] or b.block
+    workspace = _workspace(rs, values, ctx, block, sparse=True)
+    pcp = values.get("prefill_context_parallel_size", 1) > 1
+    force = values.get("sparse_mla_force_mqa", False)
+    mha = d.mha and not force
+    row = d.masked.get(backend, {}).get(ctx.tp)
+    dims = (ctx.heads * ctx.tp, ctx.kv_lora_rank, ctx.qk_nope_head_dim, ctx.qk_rope_head_dim, ctx.v_head_dim)
+    available = arch in d.masked_archs and kv in d.masked_kv_dtypes and dims == d.masked_dims
+    masked_ok = mha and available and dcp <= 1 and row is not None
+    first = f"{rs.name} {_where(ctx)} → {backend} ("
+    first += f"threshold {t}): {reason}" if d.mha else f"every token sparse MQA): {reason}"
+    why.insert(0, first)  # the backend first, any assumption after it
+    why += notes
+    if not d.mha:
+        why.append(
+            f"{backend}: every token runs the sparse MQA (sparse_absorb): MLAAttention.forward_impl sends a "
+            "sparse impl's whole batch to forward_mqa"
+        )
+    else:
+        split = {
+            "varlen": "requests of at most {t} new tokens with context are decodes until the first longer one",
+            "uniform": "decodes are the leading requests whose query length equals the first's (at most {t})",
+            "single": "only one-token queries are decodes",
+        }[b.query_len].format(t=t)
+        why.append(
+            f"{backend} ({b.query_len}): the batch is reordered decode, short extend, long extend, no-context "
+            f"prefill; {split}; decodes run the sparse MQA (sparse_absorb)"
+        )
+        if force:
+            why.append("sparse_mla_force_mqa: every prefill runs the sparse MQA too")
+        else:
+            why.append(
+                f"a step's prefills run dense MHA (dense_expand) when their longest sequence is at most "
+                f"{ctx.index_topk:,} (use_dense_mha), "
+                + (
+                    "masked MHA (masked_expand) when their longest query reaches "
+                    + ", ".join(f"{'never' if m is None else m} (seq <= {s:,})" for m, s in zip(row or (), d.buckets))
+                    + f" (TP {ctx.tp}) and their top-k masks fit the workspace, "
+                    if masked_ok
+                    else ""
+                )
+                + "else every token of the step runs the sparse MQA"
+            )
+            if not masked_ok:
+                why.append("no masked MHA: " + _masked_off(d, arch, kv, dims, dcp, row, backend, ctx))
+            why.append(
+                f"context expands in chunks of the {workspace:,}-token workspace (the sparse builder's), "
+                f"rounded down to the {block}-token block; the indexer runs in full on every path"
+            )
+    if pcp and d.mha:
+        why.append("prefill context parallelism: short extends still prefilling are prefills")
+    return EngineParams(
+        name,
+        rs,
+        values,
+        set_keys,
+        ctx,
+        tuple(why),
+        backend=backend,
+        threshold=t,
+        query_len=b.query_len,
+        workspace=workspace,
+        block=block,
+        short_extends_as_decodes=not pcp,
+        paths=DSA_PATHS,
+        mha=mha,
+        masked_row=row if masked_ok else None,
+        masked_ok=masked_ok,
+        topk=ctx.index_topk,
+        dense_indexer=d.dense_indexer,
+    )
+
+
+def _masked_off(d: VLLMDSA, arch, kv, dims, dcp, row, backend, ctx: Context) -> str:
+    """Why masked MHA never fires here (the first unmet condition of forward_impl's use_masked_mha)."""
+    if arch not in d.masked_archs:
+        return f"it needs SM100 and FlashAttention 4 (_is_masked_mha_available), not {arch}"
+    if kv not in d.masked_kv_dtypes:
+        return f"it needs an unquantized cache, not {kv}"
+    if dims != d.masked_dims:
+        return "it needs DeepSeek-V3.2's dims (128 heads over all GPUs, 512/128/64/128)"
+    if dcp > 1:
+        return "decode context parallelism is on"
+    return f"_DSV32_MASKED_MHA_THRESHOLDS has no row for {backend} at TP {ctx.tp}"

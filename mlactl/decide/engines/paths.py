@@ -13,6 +13,12 @@ from mlactl.decide.engines import sglang, vllm
 from mlactl.decide.engines.params import EngineParams
 
 PATH_NAMES = ("absorb", "expand", "expand_chunked")
+DSA_PATH_NAMES = ("sparse_absorb", "dense_expand", "masked_expand")  # a DSA model's, in the same roles
+
+
+def path_names(p: EngineParams) -> tuple[str, str, str]:
+    """The paths rule `p` assigns, in the order of step_counts' columns."""
+    return p.paths
 
 
 def is_decode(new, prefix) -> np.ndarray:
@@ -26,23 +32,24 @@ def grid_paths(p: EngineParams, batch, new, prefix) -> np.ndarray:
 
 
 def step_counts(p: EngineParams, new, prefix, count=None, step=None, decode=None) -> np.ndarray:
-    """[R, 3]: how many of each row's `count` requests run absorb, expand, expand_chunked, for
-    rows of many steps (`step`: the step of each row; `decode`: SGLang's decode rows, default
-    one new token after a prefix)."""
+    """[R, 3]: how many of each row's `count` requests run each of path_names(p) (absorb, expand,
+    expand_chunked; for a DSA model sparse_absorb, dense_expand, masked_expand), for rows of many
+    steps (`step`: the step of each row; `decode`: SGLang's decode rows, vLLM's requests done
+    prefilling; default one new token after a prefix)."""
     new = np.asarray(new, dtype=np.int64)
     count = np.ones(len(new), dtype=np.int64) if count is None else np.asarray(count, dtype=np.int64)
     if p.family == "vllm":  # `decode` marks the requests done prefilling
         return vllm.step_paths(p, new, prefix, count, step, decode)
     paths = sglang.step_paths(p, new, prefix, count, step, decode)
-    return np.stack([np.where(paths == name, count, 0) for name in PATH_NAMES], axis=1)
+    return np.stack([np.where(paths == name, count, 0) for name in p.paths], axis=1)
 
 
 def step_paths(p: EngineParams, new, prefix, count=None, step=None, decode=None) -> np.ndarray:
     """The path of each row of many steps; a row whose alike requests take two paths (vLLM's
-    split can fall inside it) gets the path of most of them, ties to the first in PATH_NAMES.
+    split can fall inside it) gets the path of most of them, ties to the first in path_names(p).
     Use `step_counts` where the split matters."""
     counts = step_counts(p, new, prefix, count, step, decode)
-    return np.asarray(PATH_NAMES)[np.argmax(counts, axis=1)] if len(counts) else np.array([], dtype=str)
+    return np.asarray(p.paths)[np.argmax(counts, axis=1)] if len(counts) else np.array([], dtype=str)
 
 
 def batch_paths(p: EngineParams, new, prefix, count=None) -> np.ndarray:
@@ -51,8 +58,9 @@ def batch_paths(p: EngineParams, new, prefix, count=None) -> np.ndarray:
 
 
 def chunk_sizes(p: EngineParams, prefills_with_context) -> np.ndarray | None:
-    """Context tokens per chunk of the engine's own `expand_chunked`, given how many prefills
-    with context share the step, or None where mlactl's `--chunk` stands in (SGLang)."""
+    """Context tokens per chunk of the engine's own `expand_chunked` (a DSA model's
+    `masked_expand`), given how many prefills with context share the step, or None where
+    mlactl's `--chunk` stands in (SGLang)."""
     if p.family != "vllm":
         return None
     return vllm.context_chunk(p, np.maximum(np.asarray(prefills_with_context, dtype=np.int64), 1))

@@ -61,6 +61,10 @@ class VLLMBackend:
     arch: tuple[str, ...]  # architectures it runs on
     block: int  # tokens per KV block (page) the platform forces for it
     dcp_varlen: bool = False  # supports_dcp_with_varlen: keeps its threshold under DCP
+    sparse: bool = False  # a sparse MLA backend: DSA models only, and only these take them
+    # sparse builders: the decode threshold by query heads per GPU, per architecture ("sm100",
+    # or "*" for the others): ((heads, threshold), ...), the threshold of any other head count
+    heads_thresholds: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,47 @@ class Source:
 
 
 @dataclass(frozen=True)
+class SGLangDSA:
+    """SGLang's rule for a DSA model (DeepSeek-V3.2). The `dsa` (alias `nsa`) backend's handler
+    returns MHA_ONE_SHOT (dense_expand) when the backend's set_dsa_prefill_impl set use_mha for
+    the batch, else MLA (sparse_absorb): use_mha needs an extend without speculation on SM90 or
+    SM100, its longest sequence at most the threshold, a bf16 or fp8_e4m3 cache, its summed
+    sequences within the chunk capacity, no DSA prefill context parallelism, and (where the
+    release has the guard) the batch outside a captured prefill graph."""
+
+    backend: str  # what server_args sets for a DSA model when no backend is given
+    threshold_option: str  # the environment variable of the dense threshold (option name)
+    cp_option: str  # the DSA prefill context-parallel flag (option name)
+    graph_guard: bool  # use_mha is False inside a piecewise (prefill) CUDA graph
+    graph_captures_dsa: bool  # the piecewise graph runs for DSA models at all
+    archs: tuple[str, ...] = ("sm90", "sm100")  # device_sm == 90 or 100 <= sm < 110
+    kv_dtypes: tuple[str, ...] = ("bf16", "fp8")  # token_to_kv_pool dtype bfloat16 or float8_e4m3fn
+    dense_indexer: str = "key"  # dense MHA runs only the indexer's key (nsa_indexer skip_logits_computation)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class VLLMDSA:
+    """vLLM's rule for a DSA model on its sparse MLA backends. Decodes (the reorder and split of
+    the dense rule, with the sparse builder's threshold) run the sparse MQA. With `mha`, the
+    step's prefills run MHA when the longest prefill sequence is at most index_topk (dense) or,
+    where masked MHA is available, when the longest prefill query reaches the table's minimum for
+    the backend, TP size and the longest sequence's bucket and the top-k masks fit the workspace
+    (masked); otherwise every token of the step runs the sparse MQA."""
+
+    mha: bool  # False: sparse impls run forward_mqa only
+    masked: dict = field(default_factory=dict)  # _DSV32_MASKED_MHA_THRESHOLDS: backend -> TP -> per bucket
+    buckets: tuple[int, ...] = ()  # _DSV32_SEQ_LEN_BUCKETS: a sequence length's bucket is the first >= it
+    masked_archs: tuple[str, ...] = ()  # _is_masked_mha_available: is_device_capability_family(100), FA4
+    masked_kv_dtypes: tuple[str, ...] = ()  # ... and not a quantized cache
+    # ... and the model's dims: heads over all GPUs, kv_lora_rank, qk_nope, qk_rope, v_head_dim
+    masked_dims: tuple[int, int, int, int, int] = (128, 512, 128, 64, 128)
+    mask_words: int = 0  # int32 words of the top-k mask workspace (GLOBAL_TOPK_MASK_MAX_BYTES // 4)
+    dense_indexer: str = "full"  # the indexer runs in full on every path (mla.py, sparse_attn_indexer.py)
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class RuleSet:
     engine: str  # sglang | vllm
     version: str  # a release number, or a commit where the release could not be confirmed
@@ -102,7 +147,8 @@ class RuleSet:
     aliases: dict[str, str] = field(default_factory=dict)  # mlactl's older option names
     # vLLM: the MLA backend priority per architecture (platforms/cuda.py _get_backend_priorities)
     priorities: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    model_kinds: tuple[str, ...] = ("mla",)  # the model kinds it has rules for (DSA: issue 21)
+    model_kinds: tuple[str, ...] = ("mla",)  # the model kinds it has rules for: mla, dsa
+    dsa: SGLangDSA | VLLMDSA | None = None  # the rule for DSA models, where model_kinds has "dsa"
     # vLLM: the reorder's regions: 3 (decode, extend, prefill) or 4 (decode, short extend, long
     # extend, prefill: a short extend still prefilling goes behind the decodes)
     reorder_regions: int = 3
@@ -140,10 +186,14 @@ def _sgl_backends(*, cutlass: bool, aiter_graph_mha: bool, prefill_cp: bool) -> 
     }
     if cutlass:
         out["cutlass_mla"] = SGLangBackend("cutlass_mla", "generic", prefill_cp=prefill_cp, **cpc)
+    # DeepSeek-V3.2's sparse backend: registered as "dsa" with "nsa" its deprecated alias (the
+    # handler at 0a8dcfa9 L207-L210); handle_attention_dsa reads the backend's use_mha
+    out["dsa"] = SGLangBackend("dsa", "dsa", graph_mla=False)
+    out["nsa"] = SGLangBackend("nsa", "dsa", graph_mla=False)
     return dict(sorted(out.items()))
 
 
-def _sgl_options(backends, *, graph_flag: str) -> dict[str, Option]:
+def _sgl_options(backends, *, graph_flag: str, dsa: SGLangDSA) -> dict[str, Option]:
     names = tuple(backends)
     opts = [
         Option(
@@ -236,6 +286,22 @@ def _sgl_options(backends, *, graph_flag: str) -> dict[str, Option]:
             f"{SERVER_ARGS} --piecewise-cuda-graph-max-tokens (2048 for MLA models)",
             minimum=1,
         ),
+        Option(
+            dsa.threshold_option,
+            int,
+            None,
+            "DSA: an extend batch whose longest sequence is at most this runs dense MHA "
+            "(default: the model's index_topk)",
+            f"{ENVIRON} SGLANG_{dsa.threshold_option.upper()}; {SERVER_ARGS} sets it to index_topk unless set",
+            minimum=0,
+        ),
+        Option(
+            dsa.cp_option,
+            bool,
+            False,
+            "DSA prefill context parallelism: every extend runs the sparse MQA",
+            f"{SERVER_ARGS} --{dsa.cp_option.replace('_', '-')} (is_dsa_enable_prefill_cp)",
+        ),
     ]
     return {o.name: o for o in opts}
 
@@ -246,6 +312,42 @@ SGLANG_ALIASES = {
     "backend": "attention_backend",
     "cuda_graph_max_tokens": "piecewise_cuda_graph_max_tokens",
 }
+# the DSA names of one generation, each taking the other's (environ.py's EnvIntWithAlias reads
+# SGLANG_NSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD as the deprecated name of the DSA one)
+_TO_NSA = {  # a DSA-era name given to a release that reads the NSA one
+    "dsa_prefill_dense_attn_kv_len_threshold": "nsa_prefill_dense_attn_kv_len_threshold",
+    "enable_dsa_prefill_context_parallel": "enable_nsa_prefill_context_parallel",
+}
+_TO_DSA = {v: k for k, v in _TO_NSA.items()}
+DSA_BACKEND = "python/sglang/srt/layers/attention/dsa_backend.py"
+NSA_BACKEND = "python/sglang/srt/layers/attention/nsa_backend.py"
+MODEL_CONFIG = "python/sglang/srt/configs/model_config.py"
+
+SGLANG_DSA_0_5_14 = SGLangDSA(
+    backend="nsa",
+    threshold_option="nsa_prefill_dense_attn_kv_len_threshold",
+    cp_option="enable_nsa_prefill_context_parallel",
+    graph_guard=False,
+    graph_captures_dsa=False,
+    source=(
+        f"{HANDLER} L163-L174 (handle_attention_dsa), L207-L210 (dsa, nsa registered) at 0a8dcfa9; "
+        f"use_mha as in {NSA_BACKEND} set_nsa_prefill_impl (005e8bf8) and {DSA_BACKEND} "
+        f"set_dsa_prefill_impl (0034a380); {MODEL_CONFIG} is_piecewise_cuda_graph_disabled_model "
+        "(or is_deepseek_nsa)"
+    ),
+)
+SGLANG_DSA_0_5_23 = SGLangDSA(
+    backend="dsa",
+    threshold_option="dsa_prefill_dense_attn_kv_len_threshold",
+    cp_option="enable_dsa_prefill_context_parallel",
+    graph_guard=True,
+    graph_captures_dsa=True,
+    source=(
+        f"{HANDLER} handle_attention_dsa (newest stored); {DSA_BACKEND} set_dsa_prefill_impl (0034a380: "
+        f"MHA off inside a piecewise or breakable graph); {MODEL_CONFIG} (001adf56: DSA models no longer "
+        f"among piecewise_cuda_graph_disabled_model_archs); {ENVIRON} SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD"
+    ),
+)
 
 _SGL_DEFAULTS_SRC = (
     f"{SERVER_ARGS} _handle_attention_backend_compatibility (MLA: fa3 on Hopper, flashinfer on "
@@ -295,10 +397,20 @@ SGLANG_0_5_14 = RuleSet(
     options=_sgl_options(
         _sgl_backends(cutlass=True, aiter_graph_mha=False, prefill_cp=True),
         graph_flag="enable_piecewise_cuda_graph",
+        dsa=SGLANG_DSA_0_5_14,
     ),
     backends=_sgl_backends(cutlass=True, aiter_graph_mha=False, prefill_cp=True),
     defaults=_sgl_defaults(),
-    aliases=SGLANG_ALIASES,
+    notes=(
+        "DSA: SGLANG_NSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD is issue 21's name for this release; its "
+        "environ.py is not stored at 0a8dcfa9, whose handler already registers dsa with nsa as the "
+        "deprecated alias, so both names are taken",
+        "DSA: set_dsa_prefill_impl is not stored at 0a8dcfa9; its use_mha conditions are those of every "
+        "stored version (nsa_backend.py 005e8bf8, dsa_backend.py 0034a380), without the later graph guard",
+    ),
+    aliases={**SGLANG_ALIASES, **_TO_NSA},
+    model_kinds=("mla", "dsa"),
+    dsa=SGLANG_DSA_0_5_14,
 )
 
 SGLANG_0_5_23 = RuleSet(
@@ -320,11 +432,18 @@ SGLANG_0_5_23 = RuleSet(
     options=_sgl_options(
         _sgl_backends(cutlass=False, aiter_graph_mha=True, prefill_cp=True),
         graph_flag="disable_piecewise_cuda_graph",
+        dsa=SGLANG_DSA_0_5_23,
     ),
     backends=_sgl_backends(cutlass=False, aiter_graph_mha=True, prefill_cp=True),
     defaults=_sgl_defaults(),
-    notes=("piecewise graph off for DeepSeek-V3 on trtllm_mla: issue 19's statement, not found in the stored source",),
-    aliases=SGLANG_ALIASES,
+    notes=(
+        "piecewise graph off for DeepSeek-V3 on trtllm_mla: issue 19's statement, not found in the stored source",
+        "DSA: the newest stored set_dsa_prefill_impl, model_config.py and environ.py are taken as 0.5.23's "
+        "(the index shows no tag); that the prefill graph captures DSA models in 0.5.23 rests on them",
+    ),
+    aliases={**SGLANG_ALIASES, **_TO_DSA},
+    model_kinds=("mla", "dsa"),
+    dsa=SGLANG_DSA_0_5_23,
 )
 
 # -- vLLM ------------------------------------------------------------------------------------------
@@ -340,18 +459,51 @@ _16 = ("bf16", "fp16")
 _FP8 = ("bf16", "fp16", "fp8")
 
 
-def _vllm_backends(*, flashinfer_dcp_varlen: bool) -> dict[str, VLLMBackend]:
+# The sparse builders' decode threshold by query heads per GPU (0.33: flashmla_sparse.py
+# FlashMLASparseMetadataBuilder.__init__; flashinfer_mla_sparse.py, the version whose builder
+# derives from SparseMLACommonMetadataBuilder), on sm100 and on the other architectures.
+_SPARSE_SM100 = ((8, 128), (16, 128), (32, 128), (64, 256), (128, 1024))
+_FLASHMLA_SPARSE_HEADS = (("sm100", _SPARSE_SM100, 1024), ("*", ((16, 128), (32, 128), (64, 256), (128, 256)), 256))
+_FLASHINFER_SPARSE_HEADS = (("sm100", _SPARSE_SM100, 1024),)
+
+
+def _vllm_backends(*, flashinfer_dcp_varlen: bool, sparse_builders: bool) -> dict[str, VLLMBackend]:
     out = [
         VLLMBackend("FLASH_ATTN_MLA", 512, "varlen", _16, ("sm90",), 16, dcp_varlen=True),
         VLLMBackend("FLASHMLA", 128, "uniform", _FP8, ("sm90", "sm100"), 64),
         VLLMBackend("FLASHINFER_MLA", 1, "uniform", _FP8, ("sm100",), 64, dcp_varlen=flashinfer_dcp_varlen),
         VLLMBackend("CUTLASS_MLA", 1, "single", _FP8, ("sm100",), 128),
         VLLMBackend("TRITON_MLA", 1, "uniform", _FP8, ("sm80", "sm90", "sm100"), 16),
+        # sparse MLA (DSA models): FlashMLA sparse takes bf16 and its fp8_ds_mla cache (fp8 is its
+        # alias) on SM90/SM100; FlashInfer sparse bf16/fp16/fp8 on SM100; both 64-token blocks
+        # (cuda.py forces 64 for a sparse model)
+        VLLMBackend(
+            "FLASHMLA_SPARSE",
+            1,
+            "uniform",
+            ("bf16", "fp8"),
+            ("sm90", "sm100"),
+            64,
+            dcp_varlen=sparse_builders,
+            sparse=True,
+            heads_thresholds=_FLASHMLA_SPARSE_HEADS if sparse_builders else (),
+        ),
+        VLLMBackend(
+            "FLASHINFER_MLA_SPARSE",
+            1,
+            "varlen" if sparse_builders else "uniform",
+            _FP8,
+            ("sm100",),
+            64,
+            dcp_varlen=sparse_builders,
+            sparse=True,
+            heads_thresholds=_FLASHINFER_SPARSE_HEADS if sparse_builders else (),
+        ),
     ]
     return {b.name: b for b in out}
 
 
-def _vllm_options(backends, *, pcp: bool = False) -> dict[str, Option]:
+def _vllm_options(backends, *, pcp: bool = False, force_mqa: bool = False) -> dict[str, Option]:
     opts = [
         Option(
             "backend",
@@ -419,6 +571,16 @@ def _vllm_options(backends, *, pcp: bool = False) -> dict[str, Option]:
             maximum=4096,
         ),
     ]
+    if force_mqa:
+        opts.append(
+            Option(
+                "sparse_mla_force_mqa",
+                bool,
+                False,
+                "DSA: every token of a sparse MLA backend runs the sparse MQA (no dense or masked MHA)",
+                f"{MLA_ATTN} MLAAttention.forward_impl (attention_config.sparse_mla_force_mqa)",
+            )
+        )
     if pcp:
         opts.append(
             Option(
@@ -438,12 +600,39 @@ VLLM_ALIASES = {"threshold": "reorder_batch_threshold"}
 
 # cuda.py _get_backend_priorities: one list for capability 10.x, one for every other; a backend
 # that does not run on the architecture (supports_compute_capability) is passed over.
-_NOT_SM100 = ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA")
+# FLASHMLA_SPARSE, last in both lists, is the one sparse backend there: a DSA model's default.
+_NOT_SM100 = ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA", "FLASHMLA_SPARSE")
 _VLLM_PRIORITY = {
     "sm90": _NOT_SM100,
-    "sm100": ("FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
+    "sm100": ("FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA", "FLASHMLA_SPARSE"),
     "sm80": _NOT_SM100,
 }
+SPARSE_ATTN = "vllm/model_executor/layers/attention/sparse_mla_attention.py"
+VLLM_DSA_0014CA6B = VLLMDSA(
+    mha=False,
+    source=f"{MLA_ATTN} MLAAttention.forward_impl at 0014ca6b (sparse MLA impls only support forward_mqa)",
+)
+VLLM_DSA_0_33_0 = VLLMDSA(
+    mha=True,
+    masked={  # _DSV32_MASKED_MHA_THRESHOLDS: per TP size, the least query length per bucket (None: never)
+        "FLASHMLA_SPARSE": {
+            1: (1536, 4096, None, None, None),
+            2: (512, 1024, 4096, None, None),
+            4: (512, 1024, 1536, 8192, None),
+            8: (512, 512, 1024, 2048, 16384),
+        },
+        "FLASHINFER_MLA_SPARSE": {8: (512, 1024, 1024, 2048, 32768)},
+    },
+    buckets=(2048, 4096, 8192, 16384, 32768),
+    masked_archs=("sm100",),
+    masked_kv_dtypes=("bf16", "fp16"),
+    mask_words=128 * 1024 * 1024 // 4,
+    source=(
+        f"{MLA_ATTN} (newest stored) _DSV32_MASKED_MHA_THRESHOLDS, _use_masked_mha, MLAAttention.forward_impl; "
+        f"{SPARSE_ATTN} SparseMLACommonMetadataBuilder.build (use_dense_mha), _is_masked_mha_available, "
+        "_masked_mha_workspace_fits, _topk_mask_shape"
+    ),
+)
 _VLLM_DEFAULTS_SRC = (
     f"{CUDA} _get_backend_priorities (the first backend that accepts the architecture and cache "
     "dtype) and check_and_update_config (sm100: FLASHINFER_MLA when qk_nope_head_dim is 128 and "
@@ -478,11 +667,17 @@ VLLM_0014CA6B = RuleSet(
             "and 002db495)"
         ),
     ),
-    options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=False)),
-    backends=_vllm_backends(flashinfer_dcp_varlen=False),
+    options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=False, sparse_builders=False)),
+    backends=_vllm_backends(flashinfer_dcp_varlen=False, sparse_builders=False),
     defaults=_vllm_defaults(confirmed=False),
+    notes=(
+        "DSA: every token of a sparse backend runs the sparse MQA at 0014ca6b (MLAAttention.forward_impl), "
+        "so the sparse builders' thresholds, not read at this commit, change no path",
+    ),
     aliases=VLLM_ALIASES,
     priorities=_VLLM_PRIORITY,
+    model_kinds=("mla", "dsa"),
+    dsa=VLLM_DSA_0014CA6B,
 )
 
 VLLM_0_33_0 = RuleSet(
@@ -513,13 +708,21 @@ VLLM_0_33_0 = RuleSet(
             "the v0.33.0 tag is issue 19's statement, not confirmed"
         ),
     ),
-    options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=True), pcp=True),
-    backends=_vllm_backends(flashinfer_dcp_varlen=True),
+    options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=True, sparse_builders=True), pcp=True, force_mqa=True),
+    backends=_vllm_backends(flashinfer_dcp_varlen=True, sparse_builders=True),
     defaults=_vllm_defaults(confirmed=True),
+    notes=(
+        "DSA: the sparse files used (mla_attention.py with the masked-MHA table, sparse_mla_attention.py with "
+        "masked_mha_workspace_fits, flashmla_sparse.py at 008a0c31, a flashinfer_mla_sparse.py on the common "
+        "sparse builder) are the newest the tools hold, not confirmed to be the v0.33.0 tag",
+        "DSA: masked MHA needs FlashAttention 4 (get_flash_attn_version); mlactl takes it as there on sm100",
+    ),
     aliases=VLLM_ALIASES,
     priorities=_VLLM_PRIORITY,
     reorder_regions=4,
     workspace_round_up=True,
+    model_kinds=("mla", "dsa"),
+    dsa=VLLM_DSA_0_33_0,
 )
 
 # -- the registry ----------------------------------------------------------------------------------

@@ -11,6 +11,13 @@ runs the batch picks one method for all of its requests from the batch's sums:
 
 Methods map onto mlactl's paths: MLA -> absorb, MHA_ONE_SHOT and MHA -> expand,
 MHA_CHUNKED_KV -> expand_chunked.
+
+A DSA model (DeepSeek-V3.2) runs on the dsa backend, whose handler reads the backend's own
+decision (set_dsa_prefill_impl): an extend batch runs dense MHA (MHA_ONE_SHOT -> dense_expand)
+when its longest sequence (max of seq_lens) is at most the dense threshold and its summed
+sequences fit the chunk capacity, on SM90/SM100 with a bf16 or fp8_e4m3 cache and outside a
+captured prefill graph; everything else, decodes included, runs MLA: the sparse MQA
+(sparse_absorb).
 """
 
 from __future__ import annotations
@@ -20,6 +27,16 @@ import numpy as np
 from mlactl.decide.engines.params import EngineParams
 
 ABSORB, EXPAND, CHUNKED = "absorb", "expand", "expand_chunked"
+SPARSE, DENSE = "sparse_absorb", "dense_expand"
+
+
+def dsa_extend_paths(p: EngineParams, max_seq, sum_seq, tokens) -> np.ndarray:
+    """The path of a DSA model's extend batches: dense_expand where use_mha holds, else
+    sparse_absorb (arrays, one entry per batch: longest sequence, summed sequences, new tokens)."""
+    max_seq, sum_seq, tokens = (np.asarray(a, dtype=np.int64) for a in (max_seq, sum_seq, tokens))
+    graph = (tokens <= p.graph_max_tokens) if p.graph_max_tokens else np.zeros(np.shape(tokens), dtype=bool)
+    dense = p.dense_ok & ~graph & (max_seq <= p.dense_threshold) & (sum_seq <= p.capacity)
+    return np.where(dense, DENSE, SPARSE)
 
 
 def extend_paths(p: EngineParams, sum_prefix, sum_seq, tokens) -> np.ndarray:
@@ -53,7 +70,10 @@ def extend_paths(p: EngineParams, sum_prefix, sum_seq, tokens) -> np.ndarray:
 
 
 def decode_path(p: EngineParams) -> str:
-    """The path of a decode batch on p's decode backend (every handler but fa4's returns MLA)."""
+    """The path of a decode batch on p's decode backend (every handler but fa4's returns MLA;
+    a DSA model's decodes run the sparse MQA)."""
+    if p.is_dsa:
+        return SPARSE
     return CHUNKED if p.decode_info.handler == "fa4" else ABSORB
 
 
@@ -85,11 +105,19 @@ def step_paths(p: EngineParams, new, prefix, count=None, step=None, decode=None)
     order = np.argsort(inverse, kind="stable")
     starts = np.searchsorted(inverse[order], np.arange(len(steps)))
 
-    def per_step(values) -> np.ndarray:
-        return np.add.reduceat(np.where(extend, values, 0)[order], starts) if n else values
+    def per_step(values, reduce=np.add) -> np.ndarray:
+        return reduce.reduceat(np.where(extend, values, 0)[order], starts)
 
-    sums = [per_step(count * prefix), per_step(count * (prefix + new)), per_step(count * new)]
-    paths = extend_paths(p, *sums)
+    if p.is_dsa:  # the longest sequence, the summed sequences, the new tokens
+        sums = [
+            per_step(np.where(count > 0, prefix + new, 0), np.maximum),
+            per_step(count * (prefix + new)),
+            per_step(count * new),
+        ]
+        paths = dsa_extend_paths(p, *sums)
+    else:
+        sums = [per_step(count * prefix), per_step(count * (prefix + new)), per_step(count * new)]
+        paths = extend_paths(p, *sums)
     out[extend] = paths[inverse[extend]]
     return out.astype(str)
 
@@ -97,7 +125,10 @@ def step_paths(p: EngineParams, new, prefix, count=None, step=None, decode=None)
 def grid_paths(p: EngineParams, batch, new, prefix) -> np.ndarray:
     """Each point a step of `batch` alike requests (vectorised over points)."""
     batch, new, prefix = np.broadcast_arrays(*(np.asarray(a, dtype=np.int64) for a in (batch, new, prefix)))
-    ext = extend_paths(p, batch * prefix, batch * (prefix + new), batch * new)
+    if p.is_dsa:
+        ext = dsa_extend_paths(p, prefix + new, batch * (prefix + new), batch * new)
+    else:
+        ext = extend_paths(p, batch * prefix, batch * (prefix + new), batch * new)
     return np.where(is_decode(new, prefix), decode_path(p), ext)
 
 

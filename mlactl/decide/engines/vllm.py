@@ -19,6 +19,13 @@ vLLM judges request by request, but in order (vllm/v1/attention/backends/utils.p
 A decode runs the decode pathway (absorb). A prefill runs MHA over its new tokens: with cached
 context (`expand_chunked`) the context is expanded in chunks of the workspace, merged by LSE;
 without, plain MHA (`expand`).
+
+A DSA model (DeepSeek-V3.2) runs on a sparse backend. Its decodes run the sparse MQA
+(sparse_absorb). Where the release has MHA for sparse models (0.33), a step's prefills, judged
+together (MLAAttention.forward_impl), run dense MHA (dense_expand) when their longest sequence is
+at most index_topk, masked MHA (masked_expand) when masked MHA is available here, their longest
+query reaches the table's least query length for the longest sequence's bucket and their top-k
+masks fit the workspace; otherwise every token of the step runs the sparse MQA.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from mlactl.decide.engines.params import EngineParams
 from mlactl.util.errors import MlactlError
 
 ABSORB, EXPAND, CHUNKED = "absorb", "expand", "expand_chunked"
+SPARSE, DENSE, MASKED = "sparse_absorb", "dense_expand", "masked_expand"
 # Requests of one call expanded from their counts at most (a row of `count` alike requests is
 # that many requests, and the reorder moves each one): 8M requests is ~0.5 GB of int64 arrays.
 MAX_REQUESTS = 1 << 23
@@ -84,15 +92,75 @@ def request_paths(p: EngineParams, new, prefix, step=None, done=None) -> np.ndar
     decode = pos < first_break
     all_decode = (qmax <= t) & (not uniform or t <= 1) & short_as_decodes
     decode = np.where(all_decode, True, np.where(q0 > t, False, decode))
-    paths = np.where(decode, ABSORB, np.where(ctx > 0, CHUNKED, EXPAND))
+    if p.is_dsa:
+        paths = dsa_prefill_paths(p, q, ctx, decode, sid, heads)
+    else:
+        paths = np.where(decode, ABSORB, np.where(ctx > 0, CHUNKED, EXPAND))
     out = np.empty(n, dtype=paths.dtype)
     out[order[perm]] = paths
     return out
 
 
+def masked_min_query(p: EngineParams, seq) -> np.ndarray:
+    """_use_masked_mha's least query length for a longest prefill sequence (its bucket's entry of
+    the table row); -1 where masked MHA never runs (no row, no entry, or past the last bucket)."""
+    seq = np.asarray(seq, dtype=np.int64)
+    if p.masked_row is None:
+        return np.full(seq.shape, -1, dtype=np.int64)
+    buckets = np.asarray(p.vllm_dsa.buckets, dtype=np.int64)
+    row = np.array([-1 if m is None else m for m in p.masked_row] + [-1], dtype=np.int64)
+    return row[np.searchsorted(buckets, seq, side="left")]  # the first bucket >= seq
+
+
+def mask_fits(p: EngineParams, prefills, max_query, max_chunk) -> np.ndarray:
+    """_masked_mha_workspace_fits: the bit-packed top-k masks of a step's prefills (prefills x
+    the longest query rounded up to its tile x words of the longest key run) fit the workspace."""
+    prefills, q, c = (np.asarray(a, dtype=np.int64) for a in (prefills, max_query, max_chunk))
+    tile = np.where(q <= 128, 128, 256)
+    words = -(-np.maximum(q, c) // 32)
+    return prefills * (-(-q // tile) * tile) * words <= p.vllm_dsa.mask_words
+
+
+def dsa_step_paths(p: EngineParams, prefills, max_query, max_seq, max_chunk) -> np.ndarray:
+    """The path of each step's prefills (arrays, one entry per step): dense_expand where the
+    longest sequence is at most topk, masked_expand where masked MHA fires, else sparse_absorb."""
+    if not p.mha:
+        return np.full(np.shape(prefills), SPARSE)
+    least = masked_min_query(p, max_seq)
+    masked = (
+        p.masked_ok & (least >= 0) & (np.asarray(max_query) >= least) & mask_fits(p, prefills, max_query, max_chunk)
+    )
+    return np.where(np.asarray(max_seq) <= p.topk, DENSE, np.where(masked, MASKED, SPARSE))
+
+
+def dsa_chunk(p: EngineParams) -> int:
+    """The longest run of context keys one chunk of a prefill holds: the workspace rounded down
+    to the block (build_mla_chunked_context_metadata's max_context_chunk)."""
+    return max(p.workspace // p.block * p.block, p.block)
+
+
+def dsa_prefill_paths(p: EngineParams, q, ctx, decode, sid, heads) -> np.ndarray:
+    """Requests in step order after the reorder: decodes sparse, each step's prefills as one."""
+    prefill = ~decode
+    chunk = dsa_chunk(p)  # a context chunk's longest run of keys
+
+    def per_step(values, reduce=np.maximum):
+        return reduce.reduceat(np.where(prefill, values, 0), heads)[sid]
+
+    step = dsa_step_paths(
+        p,
+        per_step(np.ones_like(q), np.add),
+        per_step(q),
+        per_step(q + ctx),
+        per_step(np.minimum(ctx, chunk)),
+    )
+    return np.where(decode, SPARSE, step)
+
+
 def step_paths(p: EngineParams, new, prefix, count=None, step=None, done=None) -> np.ndarray:
-    """Per row of many steps: a [R, 3] count of the row's requests that run absorb, expand and
-    expand_chunked (a row of alike requests can straddle the end of the decodes)."""
+    """Per row of many steps: a [R, 3] count of the row's requests on each of p.paths (absorb,
+    expand, expand_chunked; a DSA model's sparse_absorb, dense_expand, masked_expand): a row of
+    alike requests can straddle the end of the decodes."""
     new, prefix = np.asarray(new, dtype=np.int64), np.asarray(prefix, dtype=np.int64)
     rows = len(new)
     count = np.ones(rows, dtype=np.int64) if count is None else np.asarray(count, dtype=np.int64)
@@ -101,7 +169,7 @@ def step_paths(p: EngineParams, new, prefix, count=None, step=None, done=None) -
     done_rows = None if done is None else np.asarray(done, dtype=bool)[from_row]
     paths = request_paths(p, new[from_row], prefix[from_row], step[from_row], done_rows)
     out = np.zeros((rows, 3), dtype=np.int64)
-    for j, name in enumerate((ABSORB, EXPAND, CHUNKED)):
+    for j, name in enumerate(p.paths):
         out[:, j] = np.bincount(from_row, weights=paths == name, minlength=rows).astype(np.int64)
     return out
 
@@ -120,6 +188,9 @@ def grid_paths(p: EngineParams, batch, new, prefix) -> np.ndarray:
     """Each point a step of `batch` alike requests: all decodes when the query is at most the
     threshold (the longest query is, or they are uniform), else all prefills."""
     batch, new, prefix = np.broadcast_arrays(*(np.asarray(a, dtype=np.int64) for a in (batch, new, prefix)))
+    if p.is_dsa:
+        prefill = dsa_step_paths(p, batch, new, prefix + new, np.minimum(prefix, dsa_chunk(p)))
+        return np.where(new <= p.threshold, SPARSE, prefill)
     return np.where(new <= p.threshold, ABSORB, np.where(prefix > 0, CHUNKED, EXPAND))
 
 

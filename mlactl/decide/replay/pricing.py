@@ -26,9 +26,10 @@ from mlactl.decide.calibration.steps import PathLaunches, group_max, group_sums
 from mlactl.decide.calibration.time import path_times
 from mlactl.decide.replay import rules
 from mlactl.decide.replay.scheduler import Schedule
+from mlactl.decide.workload import engine_cost
 from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
-from mlactl.model.linear import row_features
+from mlactl.model.linear import linear_ops, row_features
 from mlactl.util.defaults import REPLAY_LONG_PREFIX
 
 ROWS_PER_BLOCK = 1 << 19  # rows priced at once: ~100 MB of arrays at the peak, whatever the trace
@@ -148,18 +149,35 @@ class Pricer:
     def __init__(self, cost: CostModel, hw: HardwareProfile, calibration, engine: rules.Engine):
         self.cost, self.hw, self.cal, self.engine = cost, hw, calibration, engine
         self.layers = cost.cfg.layers
-        self.paths = rules.paths()
+        self.paths = rules.paths(engine)
+        # the path an engine runs at its own chunk (vLLM's workspace): expand_chunked; DSA's masked_expand
+        self.chunked = rules.chunked_path(engine)
+        # where a path cannot run at all (a DSA model's dense_expand past topk tokens)
+        self.limited = [p for p in self.paths if p == "dense_expand"]
+        # the cost model the engine's paths run with (vLLM's dense MHA with the whole indexer)
+        self.engine_cost = engine_cost(cost, engine.params)
         self.memory = hw.memory_gb * 1e9
         self.decode_table = np.zeros(0, dtype=np.int8)  # own_choice of one token after p, by p
 
     def figures(self, rows: Rows) -> list[PathLaunches]:
+        """Each path's launches of the block's rows (the model's paths, the references'); the
+        engine's own (engine_figs) differ where the engine runs a path otherwise (vLLM's dense
+        MHA with the whole indexer)."""
         x = row_features(self.cost, rows.new, rows.prefix)  # shared by every path
         self.x = x
-        self.every = (group_sums(x[:5], rows.starts), group_max(x[5:], rows.starts))
-        return [
+        self.every = (group_sums(x[:-1], rows.starts), group_max(x[-1:], rows.starts))
+        figs = [
             PathLaunches(self.cost, self.hw, self.cal, p, rows.new, rows.prefix, self.layers, features=x)
             for p in self.paths
         ]
+        self.engine_figs = list(figs)
+        if self.engine_cost is not self.cost:
+            for k, p in enumerate(self.paths):
+                if linear_ops(self.engine_cost, p).names != figs[k].lin.names:
+                    self.engine_figs[k] = PathLaunches(
+                        self.engine_cost, self.hw, self.cal, p, rows.new, rows.prefix, self.layers, features=x
+                    )
+        return figs
 
     def engine_codes(self, rows: Rows) -> np.ndarray:
         return rules.step_codes(self.engine, rows.new, rows.prefix, rows.step, rows.decode, rows.steps)
@@ -172,15 +190,18 @@ class Pricer:
             sel = np.arange(len(rows.new))
             group, groups, of = rows.step, rows.steps, np.arange(rows.steps)
         chunk = rules.own_chunk(e, codes, rows.prefix[sel], group, groups)
-        return self.launches(figs, rows, codes, sel, group, groups, of, own_chunk=chunk)
+        own = self.engine_figs  # the engine's paths as it runs them (figures() made them with figs)
+        return self.launches(own, rows, codes, sel, group, groups, of, own_chunk=chunk, cost=self.engine_cost)
 
-    def launches(self, figs, rows: Rows, codes, sel, group, groups, of, own_chunk=None) -> np.ndarray:
+    def launches(self, figs, rows: Rows, codes, sel, group, groups, of, own_chunk=None, cost=None) -> np.ndarray:
         """[groups]: the launches of each group's rows, row sel[i] on path codes[i]; expand_chunked
-        at `own_chunk` ([len(sel)]) where given. Roofline: every row has the same six parts on
-        every path (whole numbers: sums are exact), so the path most rows take is priced from the
-        group's total less the others', and only the others' rows are gathered."""
+        at `own_chunk` ([len(sel)]) where given, by `cost` (the engine's; default the model's).
+        Roofline: every row has the same parts on every path (whole numbers: sums are exact), so
+        the path most rows take is priced from the group's total less the others', and only the
+        others' rows are gathered."""
+        cost = self.cost if cost is None else cost
         k_paths = len(self.paths)
-        chunked = self.paths.index("expand_chunked") if "expand_chunked" in self.paths else -1
+        chunked = self.paths.index(self.chunked) if self.chunked in self.paths else -1
         if self.cal is not None:
             starts = np.searchsorted(group, np.arange(groups))
             t = np.zeros(groups)
@@ -191,7 +212,7 @@ class Pricer:
                 if k == chunked and own_chunk is not None:
                     sub = np.flatnonzero(on)
                     n_, p_ = rows.new[sel[sub]], rows.prefix[sel[sub]]
-                    own = PathLaunches(self.cost, self.hw, self.cal, p, n_, p_, self.layers, chunk=own_chunk[sub])
+                    own = PathLaunches(cost, self.hw, self.cal, p, n_, p_, self.layers, chunk=own_chunk[sub])
                     present, first = np.unique(group[sub], return_index=True)
                     t[present] += own.seconds(first)
                 else:
@@ -208,26 +229,26 @@ class Pricer:
             idx = np.flatnonzero(codes == k)
             rows_k = sel[idx]
             if k == chunked and own_chunk is not None:
-                x = row_features(self.cost, rows.new[rows_k], rows.prefix[rows_k], own_chunk[idx])
+                x = row_features(cost, rows.new[rows_k], rows.prefix[rows_k], own_chunk[idx])
             else:
                 x = self.x[:, rows_k]
             g = group[idx]
-            add = np.stack([np.bincount(g, weights=x[f], minlength=groups) for f in range(5)])
+            add = np.stack([np.bincount(g, weights=x[f], minlength=groups) for f in range(len(x) - 1)])
             most = np.zeros(groups)
-            np.maximum.at(most, g, x[5])
+            np.maximum.at(most, g, x[-1])
             t += figs[k].seconds_of(add, most[None])
             add_dom -= self.x_sums_of(rows_k, g, groups) if k == chunked and own_chunk is not None else add
         if dom >= 0 and counts[dom]:
             most = np.zeros((1, groups))
             if figs[dom].lin.uses_partials:
                 idx = np.flatnonzero(codes == dom)
-                np.maximum.at(most[0], group[idx], self.x[5, sel[idx]])
+                np.maximum.at(most[0], group[idx], self.x[-1, sel[idx]])
             t += figs[dom].seconds_of(add_dom, most)
         return t
 
     def x_sums_of(self, rows_k, g, groups) -> np.ndarray:
-        """[5, groups]: the shared (mlactl --chunk) parts of rows rows_k summed per group g."""
-        return np.stack([np.bincount(g, weights=self.x[f, rows_k], minlength=groups) for f in range(5)])
+        """[F, groups]: the shared (mlactl --chunk) parts of rows rows_k summed per group g."""
+        return np.stack([np.bincount(g, weights=self.x[f, rows_k], minlength=groups) for f in range(len(self.x) - 1)])
 
     def references(self, figs, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """([steps] best one path per step, [steps] each request on its own best path, [rows] that
@@ -237,7 +258,10 @@ class Pricer:
         for k, p in enumerate(self.paths):
             t = figs[k].seconds_of(*self.every) if self.cal is None else figs[k].seconds(rows.starts)
             resident = group_sums(self.cost.peak_expanded_bytes(p, 1, rows.new, rows.prefix), rows.starts)
-            ok = context * self.cost.latent_row_bytes() + resident <= self.memory
+            ok = context * self.cost.cache_row_bytes() + resident <= self.memory
+            if p in self.limited:  # every row of the step must be able to run it
+                cannot = (~self.cost.applicable(p, 1, rows.new, rows.prefix)).astype(np.float64)
+                ok &= group_sums(cannot, rows.starts) == 0
             step_best = np.minimum(step_best, np.where(ok, t, np.inf))
         choice = self.own_choice(rows)
         every_row = np.arange(len(rows.new))
@@ -271,7 +295,10 @@ class Pricer:
         else:
             timed = path_times(self.cost, self.hw, self.cal, 1, new, prefix, self.paths, self.layers)
             own = [timed[p].time_s for p in self.paths]
-        fits = [self.cost.resident_bytes(p, 1, new, prefix) <= self.memory for p in self.paths]
+        fits = [
+            (self.cost.resident_bytes(p, 1, new, prefix) <= self.memory) & self.cost.applicable(p, 1, new, prefix)
+            for p in self.paths
+        ]
         return np.stack([np.where(f, t, np.inf) for f, t in zip(fits, own)]).argmin(axis=0).astype(np.int8)
 
     def sweep(self, figs, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

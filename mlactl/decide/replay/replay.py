@@ -26,6 +26,7 @@ from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.pricing import STEP_TYPES, Pricer, blocks, rows_of, step_types
 from mlactl.decide.replay.scheduler import Schedule, Settings, scheduler_for
 from mlactl.decide.replay.traces import Trace
+from mlactl.decide.workload import engine_cost
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel, WeightCost
 from mlactl.model.hardware import HardwareProfile
@@ -124,10 +125,11 @@ class Replay:
 
 def capacity(weights: WeightCost, cost: CostModel, hw: HardwareProfile, s: ReplaySettings) -> int:
     """KV tokens the pool holds: --cache-tokens, or what fits in mem_fraction of the GPU's memory
-    after its share of the weights (model weights / TP), at the latent's bytes for every layer."""
+    after its share of the weights (model weights / TP; a DSA model's indexer whole), at a cache
+    row's bytes for every layer (the latent; a DSA model's index row too)."""
     if s.cache_tokens is not None:
         return int(s.cache_tokens)
-    per_token = cost.latent_row_bytes() * cost.cfg.layers
+    per_token = cost.cache_row_bytes() * cost.cfg.layers
     free = hw.memory_gb * 1e9 * s.mem_fraction - weights.model_bytes
     tokens = int(free // per_token)
     if tokens < s.block:
@@ -184,8 +186,15 @@ def replay(
             f"tokens does not fit the KV cache's {pool_blocks * s.block:,} tokens "
             f"({len(over)} request(s) do not); raise --tp, --mem-fraction or --cache-tokens"
         )
-    clock = Clock(cost, hw, wc, rules.paths(), s.step_overhead_s)
-    job = _Job(trace, cost, hw, calibration, clock, pool_blocks, s, keep_steps, tuple(engines))
+    # one clock per cost the engines run (a DSA model's dense_expand: the indexer vLLM runs in full)
+    found: dict[str, Clock] = {}
+    clocks = []
+    for e in engines:
+        own = engine_cost(cost, e.params)
+        if own.dense_indexer not in found:
+            found[own.dense_indexer] = Clock(own, hw, wc, rules.paths(e), s.step_overhead_s)
+        clocks.append(found[own.dense_indexer])
+    job = _Job(trace, cost, hw, calibration, tuple(clocks), pool_blocks, s, keep_steps, tuple(engines))
     if workers == 1:
         out = [job.run(k) for k in range(len(engines))]
     else:
@@ -211,7 +220,7 @@ class _Job:
     cost: CostModel
     hw: HardwareProfile
     calibration: Any
-    clock: Clock
+    clocks: tuple  # each engine's Clock
     pool_blocks: int
     settings: ReplaySettings
     keep_steps: bool
@@ -221,7 +230,7 @@ class _Job:
         e, s = self.engines[k], self.settings
         pool = BlockPool(self.pool_blocks, caching=s.prefix_cache)
         settings = Settings(s.max_batch_tokens, s.max_running, s.block)
-        sched = scheduler_for(e)(self.trace, e, pool, self.clock, settings).run()
+        sched = scheduler_for(e)(self.trace, e, pool, self.clocks[k], settings).run()
         return _price(self.trace, self.cost, self.hw, self.calibration, e, sched, s, self.keep_steps)
 
 
@@ -419,7 +428,9 @@ def _sweep(e: rules.Engine, constant: float, parts) -> Sweep:
     now = float(totals[np.searchsorted(candidates, current, side="right") - 1])
     least = totals.min()
     tied = np.flatnonzero(totals <= least + 1e-12 * max(abs(least), 1e-30))
-    highs: list[int | None] = [int(c) - 1 for c in candidates[1:]] + [None]
+    # the last range ends where the option does (SGLang's dense threshold: index_topk), else has no bound
+    highs: list[int | None] = [int(c) - 1 for c in candidates[1:]]
+    highs.append(e.threshold_max)
 
     def holds(i: int) -> bool:
         high = highs[i]

@@ -24,15 +24,18 @@ import numpy as np
 from mlactl.decide import engines as rules
 from mlactl.decide.engines import EngineParams
 from mlactl.decide.engines import sglang as sglang_rule
-from mlactl.model.cost import MLA_PATHS
+from mlactl.decide.engines import vllm as vllm_rule
+from mlactl.model.cost import DSA_PATHS, MLA_PATHS
 from mlactl.util.defaults import ENGINES
 from mlactl.util.errors import MlactlError
 
 VLLM, SGLANG = "vllm", "sglang"
 DEFAULT_ENGINES = ENGINES  # replay judges all four by default: sglang, sglang-triton, sglang-trtllm, vllm
-# The option each family's swept threshold is, under the engine's own name, and what it is compared with.
+# The option each family's swept threshold is, under the engine's own name, and what it is compared with
+# (a DSA model: SGLang's dense threshold, named per release, against an extend batch's longest sequence).
 SWEPT_OPTION = {SGLANG: "chunked_prefix_cache_threshold", VLLM: "reorder_batch_threshold"}
 COMPARES = {SGLANG: "the summed prefix of an extend batch", VLLM: "a request's new tokens"}
+DSA_COMPARES = "the longest sequence of an extend batch"
 # Rows of one call to vLLM's rule at most: its reorder follows each request (engines.vllm.MAX_REQUESTS).
 MAX_ROWS_PER_CALL = 1 << 22
 MEMO_STEPS = 1 << 16  # vLLM steps' answers kept by OneStep (a few MB)
@@ -81,20 +84,32 @@ class Engine:
         return self.family == SGLANG and bool(self.params.values.get("enable_mixed_chunk", False))
 
     @property
+    def dsa_dense(self) -> bool:
+        """SGLang's rule on a DSA model: the swept threshold is the dense one."""
+        return self.family == SGLANG and self.params.is_dsa
+
+    @property
     def threshold(self) -> int | None:
         """The threshold in force that the sweep tries, or None for a rule that does not read one."""
-        return int(self.params.threshold) if self.sweeps else None
+        if not self.sweeps:
+            return None
+        return int(self.params.dense_threshold if self.dsa_dense else self.params.threshold)
+
+    @property
+    def threshold_max(self) -> int | None:
+        """The largest threshold the rule takes (SGLang's dense one: index_topk), or None."""
+        return int(self.params.topk) if self.dsa_dense else None
 
     @property
     def sweep_option(self) -> str:
-        return SWEPT_OPTION[self.family]
+        return self.params.sglang_dsa.threshold_option if self.dsa_dense else SWEPT_OPTION[self.family]
 
     @property
     def compares(self) -> str:
-        return COMPARES[self.family]
+        return DSA_COMPARES if self.dsa_dense else COMPARES[self.family]
 
     def with_threshold(self, t: int) -> Engine:
-        return replace(self, params=replace(self.params, threshold=t))
+        return replace(self, params=_with_threshold(self, t))
 
     def to_json(self) -> dict:
         """The rule as resolved: name, engine, version, label, source, backend (and SGLang's decode
@@ -109,18 +124,30 @@ def parse(
     four engines by default), each rule resolved for the model `cfg`, the hardware profile `hw`
     and the cache dtype (either may be None: the rule sets' default context). Raises MlactlError
     (one line) on anything the rule sets cannot take."""
-    names = ",".join(DEFAULT_ENGINES) if engines is None else engines
+    if engines is None:  # the shorthands fix dense backends: a DSA model's default is the two engines
+        engines = ",".join(rules.DEFAULT_ENGINES if cfg is not None and cfg.is_dsa else DEFAULT_ENGINES)
+    names = engines
     params = rules.parse_engines(names, options, rules.context_for(cfg, hw, kv_dtype))
     return [Engine(p, sweeps=_reads_threshold(p)) for p in params]
+
+
+def _with_threshold(e: Engine, t):
+    """The engine's params with its swept threshold at `t` (a number, or an array per step)."""
+    if e.dsa_dense:
+        return replace(e.params, dense_threshold=cast(int, t))
+    return replace(e.params, threshold=cast(int, t))
 
 
 def _reads_threshold(p: EngineParams) -> bool:
     """Whether the rule's threshold can change a path. vLLM's always can. SGLang's only where the
     handler compares the summed prefix with it (not triton, trtllm_mla, fa4 or aiter, and not with
     the chunked prefix cache off or a switch that makes every extend absorb): asked of the rule
-    itself, on an extend batch of summed prefix 1 above the prefill graph, at thresholds 1 and 2."""
+    itself, on an extend batch of summed prefix 1 above the prefill graph, at thresholds 1 and 2.
+    On a DSA model SGLang's dense threshold can wherever dense MHA can run at all (dense_ok)."""
     if p.family == VLLM:
         return True
+    if p.is_dsa:
+        return p.dense_ok
     new = np.array([max(p.graph_max_tokens, 0) + 1])
     prefix, step, decode = np.array([1]), np.array([0]), np.array([False])
     at = [rules.step_paths(replace(p, threshold=t), new, prefix, None, step, decode)[0] for t in (1, 2)]
@@ -133,8 +160,11 @@ def decode_path(e: Engine) -> str:
     return str(step_paths(e, np.array([1]), np.array([1]), np.array([0]), np.array([True]), 1)[0])
 
 
-# mlactl.decide.engines reports counts in PATH_NAMES order; replay's codes index MLA_PATHS.
-_TO_CODE = np.array([MLA_PATHS.index(p) for p in rules.PATH_NAMES], dtype=np.int8)
+def _to_code(e: Engine) -> np.ndarray:
+    """mlactl.decide.engines reports counts in the rule's path_names order (absorb, expand,
+    expand_chunked; DSA's sparse_absorb, dense_expand, masked_expand); replay's codes index paths(e)."""
+    order = paths(e)
+    return np.array([order.index(name) for name in rules.path_names(e.params)], dtype=np.int8)
 
 
 def _rule_codes(e: Engine, new, prefix, step, decode, threshold=None) -> np.ndarray:
@@ -147,9 +177,9 @@ def _rule_codes(e: Engine, new, prefix, step, decode, threshold=None) -> np.ndar
             _, first = np.unique(step, return_index=True)
             t = t[first]
         # an array stands in for the number: both rules compare it element by element
-        p = replace(p, threshold=cast(int, t))
+        p = _with_threshold(e, t)
     counts = rules.step_counts(p, new, prefix, None, step, decode)
-    return _TO_CODE[np.argmax(counts, axis=1)] if len(counts) else np.zeros(0, dtype=np.int8)
+    return _to_code(e)[np.argmax(counts, axis=1)] if len(counts) else np.zeros(0, dtype=np.int8)
 
 
 def step_paths(e: Engine, new, prefix, step, decode, nsteps: int, threshold=None) -> np.ndarray:
@@ -163,7 +193,7 @@ def step_paths(e: Engine, new, prefix, step, decode, nsteps: int, threshold=None
     requests and splits them into decodes and prefills by query length. `threshold`: [rows], the
     threshold each row's step is judged at (the same within a step), else the rule's own.
     """
-    return np.asarray(MLA_PATHS)[step_codes(e, new, prefix, step, decode, nsteps, threshold, all_steps=True)]
+    return np.asarray(paths(e))[step_codes(e, new, prefix, step, decode, nsteps, threshold, all_steps=True)]
 
 
 class OneStep:
@@ -173,20 +203,31 @@ class OneStep:
     each of its prompt chunks (`new`, `prefix`: lists, in the scheduler's order).
 
     SGLang's handler is asked about the step's extend batch by its sums, the way it reads one
-    (mlactl.decide.engines.sglang.extend_paths: summed prefix, summed sequence, new tokens);
-    vLLM's rule (engines.step_counts) about the step with one decode row for the B, each row's
-    prefix as whether it has context, each query longer than the threshold as one past it, and
-    the answer kept for the next step alike: its reorder and split read a request's context only
-    as there or not, compare a long query only with the threshold (a first request past it makes
-    no decodes), and treat B alike decodes as one (tests/test_replay.py checks the answers
-    against the whole step's)."""
+    (mlactl.decide.engines.sglang.extend_paths: summed prefix, summed sequence, new tokens; on a
+    DSA model dsa_extend_paths: longest sequence, summed sequence, new tokens, for which the
+    scheduler passes its decodes' longest prefix where they join the batch); vLLM's rule
+    (engines.step_counts) about the step with one decode row for the B, each row's prefix as
+    whether it has context, each query longer than the threshold as one past it, and the answer
+    kept for the next step alike: its reorder and split read a request's context only as there
+    or not, compare a long query only with the threshold (a first request past it makes no
+    decodes), and treat B alike decodes as one (tests/test_replay.py checks the answers against
+    the whole step's). On a DSA model that split is the dense rule's; the step's prefills then
+    take one path from their longest query and sequence, their count and longest context chunk
+    (engines.vllm.dsa_step_paths), asked each step."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self.decode = decode_path(engine)
         self.memo: dict[tuple, tuple[str, list[str]]] = {}
+        p = engine.params
+        self.dsa = p.is_dsa
+        # vLLM's split of a DSA step is the dense rule's (the DSA rule then maps it)
+        self.split = replace(p, ctx=replace(p.ctx, model_kind="mla"), paths=rules.PATH_NAMES) if self.dsa else p
+        self.chunk = vllm_rule.dsa_chunk(p) if self.dsa and engine.family == VLLM else 0
 
-    def paths(self, B: int, decode_prefix_sum: int, new: list[int], prefix: list[int]) -> tuple[str, list[str]]:
+    def paths(
+        self, B: int, decode_prefix_sum: int, new: list[int], prefix: list[int], decode_prefix_max: int = 0
+    ) -> tuple[str, list[str]]:
         e = self.engine
         if not new:
             return self.decode, []
@@ -194,7 +235,13 @@ class OneStep:
             mixed = e.mixed_chunk and B > 0
             tokens = sum(new) + (B if mixed else 0)
             sum_prefix = sum(prefix) + (decode_prefix_sum if mixed else 0)
-            method = str(sglang_rule.extend_paths(e.params, [sum_prefix], [sum_prefix + tokens], [tokens])[0])
+            if self.dsa:
+                longest = max(q + c for q, c in zip(new, prefix))
+                if mixed:
+                    longest = max(longest, decode_prefix_max + 1)
+                method = str(sglang_rule.dsa_extend_paths(e.params, [longest], [sum_prefix + tokens], [tokens])[0])
+            else:
+                method = str(sglang_rule.extend_paths(e.params, [sum_prefix], [sum_prefix + tokens], [tokens])[0])
             return (method if mixed else self.decode), [method] * len(new)
         over = self.engine.params.threshold + 1
         short = [min(q, over) for q in new]
@@ -205,13 +252,29 @@ class OneStep:
             rows_new = np.array([1] * d + short, dtype=np.int64)
             rows_prefix = np.array([1] * d + [1 if c > 0 else 0 for c in prefix], dtype=np.int64)
             decode = np.array([True] * d + [False] * len(new))
-            counts = rules.step_counts(e.params, rows_new, rows_prefix, None, None, decode)
-            names = [MLA_PATHS[c] for c in _TO_CODE[np.argmax(counts, axis=1)]]
+            counts = rules.step_counts(self.split, rows_new, rows_prefix, None, None, decode)
+            order = MLA_PATHS if self.dsa else paths(e)
+            code = _TO_MLA if self.dsa else _to_code(e)
+            names = [order[c] for c in code[np.argmax(counts, axis=1)]]
             got = (names[0] if d else self.decode), names[d:]
             if len(self.memo) >= MEMO_STEPS:
                 self.memo.clear()
             self.memo[key] = got
-        return got
+        if not self.dsa:
+            return got
+        # the DSA rule: decodes sparse; the step's prefills together (dense, masked or sparse)
+        prefill = [j for j, name in enumerate(got[1]) if name != "absorb"]
+        if not prefill:
+            return self.decode, [self.decode] * len(new)
+        q = max(new[j] for j in prefill)
+        seq = max(new[j] + prefix[j] for j in prefill)
+        ctx = max(min(prefix[j], self.chunk) for j in prefill)
+        path = str(vllm_rule.dsa_step_paths(e.params, [len(prefill)], [q], [seq], [ctx])[0])
+        rest = [path if j in prefill else self.decode for j in range(len(new))]
+        return self.decode, rest
+
+
+_TO_MLA = np.array([MLA_PATHS.index(p) for p in rules.PATH_NAMES], dtype=np.int8)
 
 
 def step_codes(e: Engine, new, prefix, step, decode, nsteps: int, threshold=None, all_steps=False) -> np.ndarray:
@@ -223,7 +286,7 @@ def step_codes(e: Engine, new, prefix, step, decode, nsteps: int, threshold=None
     step, decode = np.asarray(step, dtype=np.int64), np.asarray(decode, dtype=bool)
     if len(step) > 1 and (np.diff(step) < 0).any():
         raise MlactlError("internal error: replay's rows are not grouped by step")
-    out = np.full(len(step), PATH_CODE[decode_path(e)] if len(step) and not all_steps else 0, dtype=np.int8)
+    out = np.full(len(step), path_code(e, decode_path(e)) if len(step) and not all_steps else 0, dtype=np.int8)
     if all_steps:
         ask = np.ones(len(step), dtype=bool)
     else:
@@ -243,11 +306,12 @@ def step_codes(e: Engine, new, prefix, step, decode, nsteps: int, threshold=None
     return out
 
 
-def codes(names) -> np.ndarray:
-    """Path names as indices into paths()."""
+def codes(names, e: Engine | None = None) -> np.ndarray:
+    """Path names as indices into paths(e)."""
     names = np.asarray(names)
+    order = paths(e)
     out = np.full(len(names), -1, dtype=np.int8)
-    for k, p in enumerate(MLA_PATHS):
+    for k, p in enumerate(order):
         out[names == p] = k
     if (out < 0).any():
         raise MlactlError(f"a rule chose a path replay does not price: {sorted(set(names[out < 0].tolist()))}")
@@ -255,19 +319,19 @@ def codes(names) -> np.ndarray:
 
 
 def own_chunk(e: Engine, paths, prefix, step, nsteps: int) -> np.ndarray | None:
-    """[rows]: the prefix tokens per chunk of the engine's own expand_chunked, for each row (vLLM:
-    the workspace over the step's prefills with context), or None where mlactl's --chunk stands
-    in (SGLang). `paths`: [rows] codes (step_codes)."""
+    """[rows]: the prefix tokens per chunk of the engine's own chunked path (expand_chunked; a
+    DSA model's masked_expand), for each row (vLLM: the workspace over the step's prefills with
+    context), or None where mlactl's --chunk stands in (SGLang). `paths`: [rows] codes (step_codes)."""
     if e.family != VLLM:
         return None
-    with_context = (np.asarray(paths) == PATH_CODE["expand_chunked"]) & (np.asarray(prefix) > 0)
+    with_context = (np.asarray(paths) == path_code(e, chunked_path(e))) & (np.asarray(prefix) > 0)
     count = np.bincount(step, weights=with_context, minlength=nsteps).astype(np.int64)
     chunks = rules.chunk_sizes(e.params, np.maximum(count, 1))
     return None if chunks is None else np.asarray(chunks)[step]
 
 
 def own_chunk_size(e: Engine, prefills_with_context: int) -> int | None:
-    """`own_chunk` for one step with this many rows on expand_chunked with a prefix."""
+    """`own_chunk` for one step with this many rows on its chunked path with a prefix."""
     if e.family != VLLM:
         return None
     chunks = rules.chunk_sizes(e.params, [max(int(prefills_with_context), 1)])
@@ -289,6 +353,8 @@ def breakpoints(e: Engine, new, prefix, step, decode, nsteps: int) -> tuple[np.n
     and checks it against these."""
     new, prefix, step = (np.asarray(a, dtype=np.int64) for a in (new, prefix, step))
     decode = np.asarray(decode, dtype=bool)
+    if e.dsa_dense:
+        return _dense_breakpoints(e, new, prefix, step, decode, nsteps)
     if e.family == VLLM:
         at = new > 1
         pairs = np.unique(np.stack([step[at], new[at]], axis=1), axis=0) if at.any() else np.zeros((0, 2), np.int64)
@@ -312,9 +378,42 @@ def breakpoints(e: Engine, new, prefix, step, decode, nsteps: int) -> tuple[np.n
     return steps, sums[steps] + 1
 
 
-def paths() -> tuple[str, ...]:
-    """The paths a rule can choose and the references are taken from."""
-    return tuple(MLA_PATHS)
+def _dense_breakpoints(e: Engine, new, prefix, step, decode, nsteps: int) -> tuple[np.ndarray, np.ndarray]:
+    """SGLang's dense threshold on a DSA model: an extend batch runs dense MHA from t = its
+    longest sequence S (S <= t), where its other conditions hold: a change at S, for the steps
+    whose paths differ between 1 and index_topk (the most the threshold takes)."""
+    extend = ~decode
+    if e.mixed_chunk:
+        has_chunk = np.bincount(step, weights=~decode, minlength=nsteps) > 0
+        extend = has_chunk[step]
+    longest = np.zeros(nsteps, dtype=np.int64)
+    np.maximum.at(longest, step[extend], (prefix + new)[extend])
+    steps = np.flatnonzero(longest > 1)
+    if len(steps):
+        ask = np.isin(step, steps)
+        low, high = (
+            step_codes(e, new[ask], prefix[ask], step[ask], decode[ask], nsteps, np.full(int(ask.sum()), t))
+            for t in (1, e.threshold_max)
+        )
+        moved = np.zeros(nsteps, dtype=bool)
+        moved[step[ask][low != high]] = True
+        steps = steps[moved[steps]]
+    return steps, longest[steps]
 
 
-PATH_CODE = {p: k for k, p in enumerate(MLA_PATHS)}
+def paths(e: Engine | None = None) -> tuple[str, ...]:
+    """The paths a rule can choose and the references are taken from: the model's (MLA's; a DSA
+    model's sparse_absorb, masked_expand, dense_expand)."""
+    return tuple(DSA_PATHS if e is not None and e.params.is_dsa else MLA_PATHS)
+
+
+def chunked_path(e: Engine | None = None) -> str:
+    """The path an engine may run at its own chunk: expand_chunked; a DSA model's masked_expand."""
+    return "masked_expand" if e is not None and e.params.is_dsa else "expand_chunked"
+
+
+def path_code(e: Engine | None, name: str) -> int:
+    return paths(e).index(name)
+
+
+PATH_CODE = {p: k for k, p in enumerate(MLA_PATHS)}  # an MLA model's codes

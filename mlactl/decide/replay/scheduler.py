@@ -38,6 +38,7 @@ than the budget), but a decoder that sits out is handled as vLLM does.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from array import array
 from collections import deque
@@ -157,6 +158,7 @@ class Scheduler:
         self.rule = rules.OneStep(engine)
         self.decode_path = self.rule.decode
         self._own_chunk: dict[int, int | None] = {}
+        self.own_path = rules.chunked_path(engine)  # the path the engine's own chunk is for
         if self.decode_path in self.clock.partial_paths:
             raise MlactlError(
                 f"{engine.label} decodes on {self.decode_path}, whose cost depends on each prefix's chunks: "
@@ -303,10 +305,15 @@ class Scheduler:
         sum_prefix = 0
         if B:
             sum_prefix = self.sum_c0_d0 + B * self.D if dec_ids is None else sum(self._prefix(i) for i in dec_ids)
-        paths = self._paths(chunks, B, sum_prefix)
+        dsa = clock.dsa
+        decode_prefixes = None
+        if B and dsa:  # a DSA step reads its decodes' top-k and (SGLang, mixed) their longest prefix
+            decode_prefixes = [self._prefix(i) for i in (dec_ids if dec_ids is not None else self.decoders)]
+        paths = self._paths(chunks, B, sum_prefix, max(decode_prefixes) if decode_prefixes else 0)
         launches: dict[str, list] = {}
-        with_context = sum(1 for p in paths[:B] if p == "expand_chunked")  # a decode has a prefix
-        with_context += sum(1 for p, pre in zip(paths[B:], rows_prefix) if p == "expand_chunked" and pre > 0)
+        own = self.own_path
+        with_context = sum(1 for p in paths[:B] if p == own)  # a decode has a prefix
+        with_context += sum(1 for p, pre in zip(paths[B:], rows_prefix) if p == own and pre > 0)
         chunk_size = self._own_chunk.get(with_context, 0)
         if chunk_size == 0:
             chunk_size = self._own_chunk[with_context] = rules.own_chunk_size(self.engine, with_context)
@@ -318,8 +325,8 @@ class Scheduler:
                     pre = self._prefix(i)
                     self._add(launches, p, clock.features(1, pre, chunk_size, p in partial), pre, chunk_size)
             else:
-                sums = clock.decode_features(B, sum_prefix)
-                launches[path] = [sums, 1.0]
+                selected = clock.decode_selected(decode_prefixes) if decode_prefixes is not None else 0.0
+                launches[path] = [clock.decode_features(B, sum_prefix, selected), 1.0]
         for p, new, prefix in zip(paths[B:], rows_new, rows_prefix):
             self._add(
                 launches, p, clock.features(new, prefix, chunk_size, p in clock.partial_paths), prefix, chunk_size
@@ -338,10 +345,11 @@ class Scheduler:
             got[0] = [a + b for a, b in zip(got[0], features)]
             got[1] = max(got[1], m)
 
-    def _paths(self, chunks, B: int, decode_prefix_sum: int) -> list[str]:
+    def _paths(self, chunks, B: int, decode_prefix_sum: int, decode_prefix_max: int = 0) -> list[str]:
         """The engine's rule over the step's rows: B decodes (their prefixes summing to
-        decode_prefix_sum), then the chunks."""
-        dec, rest = self.rule.paths(B, decode_prefix_sum, [n for _, n, _ in chunks], [p for _, _, p in chunks])
+        decode_prefix_sum, the longest decode_prefix_max), then the chunks."""
+        new, prefix = [n for _, n, _ in chunks], [p for _, _, p in chunks]
+        dec, rest = self.rule.paths(B, decode_prefix_sum, new, prefix, decode_prefix_max)
         return [dec] * B + rest
 
     def _decode_run(self, now: float) -> float:
@@ -354,12 +362,14 @@ class Scheduler:
         clock, path = self.clock, self.decode_path
         other = clock.other(B, B)
         sum_prefix = self.sum_c0_d0 + B * self.D
+        selected = self._selected(B) if clock.dsa else None
         s = self.s
         k = 0
         while k < steps:
             if k and watch and arrival <= now:
                 break
-            attention = clock.launch(path, clock.decode_features(B, sum_prefix), 1.0)
+            chosen = selected(self.D + k) if selected is not None else 0.0
+            attention = clock.launch(path, clock.decode_features(B, sum_prefix, chosen), 1.0)
             t = attention + other
             s.start.append(now)
             s.time.append(t)
@@ -373,6 +383,23 @@ class Scheduler:
         self.D += k
         self._finish_decodes(now)
         return now
+
+    def _selected(self, B: int):
+        """A DSA model's decodes' selected pairs at decode count D: decoder i's prefix is
+        b_i + D (b_i = c0 - d0), and it attends min(b_i + D + 1, topk) keys. With the b_i sorted
+        and their prefix sums, each step is a bisect: the decoders with b_i >= topk - 1 - D
+        are at topk, the rest sum to sum(b_i) + their count * (D + 1)."""
+        topk = self.clock.topk
+        bases = sorted(self.c0[i] - self.d0[i] for i in self.decoders)
+        sums = [0]
+        for b in bases:
+            sums.append(sums[-1] + b)
+
+        def selected(D: int) -> float:
+            under = bisect.bisect_left(bases, topk - 1 - D)  # the decoders below topk
+            return float(sums[under] + under * (D + 1) + (B - under) * topk)
+
+        return selected
 
     def _next_end(self) -> int:
         """The decode count at which the next decoder finishes (stale heap entries dropped)."""

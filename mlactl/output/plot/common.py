@@ -21,7 +21,15 @@ from mlactl.util.limits import check_plot
 FORMATS = ("png", "svg", "pdf")
 
 
-PATH_COLOURS = {"expand": "tab:orange", "expand_chunked": "tab:green", "absorb": "tab:blue", "mha": "tab:gray"}
+PATH_COLOURS = {
+    "expand": "tab:orange",
+    "expand_chunked": "tab:green",
+    "absorb": "tab:blue",
+    "mha": "tab:gray",
+    "sparse_absorb": "tab:blue",
+    "masked_expand": "tab:orange",
+    "dense_expand": "tab:green",
+}
 
 
 # Dates left out of the files, so that a regenerated image is byte-for-byte the same.

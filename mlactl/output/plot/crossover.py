@@ -8,7 +8,6 @@ import math
 import numpy as np
 
 from mlactl.decide.analysis import Analysis
-from mlactl.model.cost import MLA_PATHS
 from mlactl.output.plot.common import (
     PATH_COLOURS,
     measured_crossover_rows,
@@ -25,7 +24,9 @@ MAX_CROSSOVER_PANELS = 12
 
 def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis | None = None):
     """Time against new tokens, one panel per (batch, prefix) of the analysis: the predicted
-    expand, expand_chunked and absorb curves, measured path times, the predicted crossovers
+    expand, expand_chunked and absorb curves (a DSA model's sparse_absorb, masked_expand and
+    dense_expand, with the edges of the windows where an expand path wins), measured path times,
+    the predicted crossovers
     (roofline, from the analysis's crossover table), the asymptotic crossover by FLOPs, and the
     measured crossovers, each marked with its value.
 
@@ -46,10 +47,28 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
         raise MlactlError(
             f"the crossover chart draws at most {MAX_CROSSOVER_PANELS} (batch, prefix) panels, got {len(groups)}"
         )
-    solved = {(r.batch, r.prefix): r for r in analysis.crossover.rows}
+    dsa = analysis.cfg.is_dsa
+    choices = analysis.cost.choices
+    expand_paths = ("masked_expand", "dense_expand") if dsa else ("expand", "expand_chunked")
+    solved = {(r.batch, r.prefix): r for r in (analysis.crossover.windows if dsa else analysis.crossover.rows)}
     measured = measured_points(analysis, results)
     asymptotic = analysis.crossover.asymptotic_new
     panels = []
+
+    def curve(a: Analysis, path: str, idx) -> list:
+        """A path's times; None where it cannot run (DSA's dense_expand past top-k)."""
+        return [t if ok else None for t, ok in zip(a.paths[path].time_s[idx].tolist(), a.runs[path][idx].tolist())]
+
+    def predicted(row):
+        if row is None:
+            return {path: None for path in expand_paths}
+        if dsa:  # the first new-token count of each window (its last is in the data)
+            return {
+                "masked_expand": None if row.masked_by_time is None else row.masked_by_time.first,
+                "dense_expand": None if row.dense_by_time is None else row.dense_by_time.first,
+            }
+        return {"expand": row.by_time, "expand_chunked": row.by_time_chunked}
+
     for b, p in groups:
         idx = np.flatnonzero((analysis.batch == b) & (analysis.prefix == p))
         idx = idx[np.argsort(analysis.new[idx], kind="stable")]
@@ -59,32 +78,42 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
                 "batch": b,
                 "prefix": p,
                 "new": analysis.new[idx].tolist(),
-                "time_s": {path: analysis.paths[path].time_s[idx].tolist() for path in MLA_PATHS},
+                "time_s": {path: curve(analysis, path, idx) for path in choices},
                 "solved": row is not None,  # False when the analysis had too many prefixes to solve
-                "predicted": {
-                    "expand": None if row is None else row.by_time,
-                    "expand_chunked": None if row is None else row.by_time_chunked,
-                },
+                "predicted": predicted(row),
                 "measured_crossovers": [
                     {"source": m["source"], "new": m["new"]}
                     for m in measured_crossover_rows(results, b)
                     if m["prefix"] == p
                 ],
-                "measured": [m for m in measured if (m["batch"], m["prefix"]) == (b, p) and m["path"] in MLA_PATHS],
+                "measured": [m for m in measured if (m["batch"], m["prefix"]) == (b, p) and m["path"] in choices],
             }
         )
+        if dsa and row is not None:
+            panels[-1]["windows"] = {
+                "masked_expand": None
+                if row.masked_by_time is None
+                else [row.masked_by_time.first, row.masked_by_time.last],
+                "dense_expand": None
+                if row.dense_by_time is None
+                else [row.dense_by_time.first, row.dense_by_time.last],
+            }
         if calibrated is not None:  # same grid, calibrated time
-            crow = {(r.batch, r.prefix): r for r in calibrated.crossover.rows}.get((b, p))
+            rows = calibrated.crossover.windows if dsa else calibrated.crossover.rows
+            crow = {(r.batch, r.prefix): r for r in rows}.get((b, p))
+            first = None
+            if crow is not None:
+                first = (None if crow.masked_by_time is None else crow.masked_by_time.first) if dsa else crow.by_time
             spans = calibrated.spans  # each time's 80% interval, and the weakest basis of its ops
             panels[-1]["calibrated"] = {
-                "time_s": {path: calibrated.paths[path].time_s[idx].tolist() for path in MLA_PATHS},
-                "crossover": None if crow is None else crow.by_time,
-                "crossover_interval": None if crow is None else crow.by_time_interval,
+                "time_s": {path: curve(calibrated, path, idx) for path in choices},
+                "crossover": first,
+                "crossover_interval": None if crow is None or dsa else crow.by_time_interval,
                 "name": calibrated.calibration.name,
                 "interval_s": {
-                    p: None if spans.paths[p] is None else [v[idx].tolist() for v in spans.paths[p]] for p in MLA_PATHS
+                    q: None if spans.paths[q] is None else [v[idx].tolist() for v in spans.paths[q]] for q in choices
                 },  # fmt: skip
-                "basis": {p: spans.path_basis[p][idx].tolist() for p in MLA_PATHS},
+                "basis": {q: spans.path_basis[q][idx].tolist() for q in choices},
             }
     data = {
         "title": title("Crossover", analysis, results, calibrated, how="dotted"),
@@ -99,41 +128,47 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
     fig, axes = new_figure(4.6 * ncols + 0.6, 4.2 * nrows + 1.1, nrows, ncols)
     for k, panel in enumerate(panels):
         ax = axes.flat[k]
-        for path in MLA_PATHS:
+        for path in choices:
             ax.plot(
                 panel["new"],
-                np.asarray(panel["time_s"][path]) * 1e6,
+                np.asarray(panel["time_s"][path], dtype=np.float64) * 1e6,
                 color=PATH_COLOURS[path],
                 lw=1.6,
-                ls="--" if path == "expand_chunked" else "-",
+                ls="--" if path in ("expand_chunked", "dense_expand") else "-",
                 label=path,
             )
         cal = panel.get("calibrated")
         if cal is not None:
-            for path in MLA_PATHS:
+            for path in choices:
                 ax.plot(
                     panel["new"],
-                    np.asarray(cal["time_s"][path]) * 1e6,
+                    np.asarray(cal["time_s"][path], dtype=np.float64) * 1e6,
                     color=PATH_COLOURS[path],
                     lw=1.4,
                     ls=":",
                     label=f"{path} (calibrated)",
                 )
                 band, basis = cal["interval_s"][path], np.asarray(cal["basis"][path])
+                timed = np.asarray(cal["time_s"][path], dtype=np.float64)  # NaN: the path cannot run there
                 if band is not None:  # the 80% interval, and dots where an op was not measured
                     ax.fill_between(panel["new"], *(np.asarray(b) * 1e6 for b in band), color=PATH_COLOURS[path],
-                                    alpha=0.12, lw=0)  # fmt: skip
+                                    alpha=0.12, lw=0, where=np.isfinite(timed))  # fmt: skip
                 far = basis != "measured"
-                ax.plot(np.asarray(panel["new"])[far], np.asarray(cal["time_s"][path])[far] * 1e6, ".", ms=3,
-                        color=PATH_COLOURS[path])  # fmt: skip
+                ax.plot(np.asarray(panel["new"])[far], timed[far] * 1e6, ".", ms=3, color=PATH_COLOURS[path])
         for m in panel["measured"]:
             ax.plot(m["new"], m["median_s"] * 1e6, "o", color=PATH_COLOURS[m["path"]], mec="black", ms=6)
         # (new, text, colour, style): vertical lines, their values in the panel's title, never on a
-        # curve: predicted 160, chunked 165, calibrated 133 (128-181), ...
+        # curve: predicted 160, chunked 165, calibrated 133 (128-181), ...; a DSA model's windows:
+        # both ends marked, "masked_expand 12-812" in the title
         markers = []
-        for path in ("expand", "expand_chunked"):
+        windows = []
+        for path in expand_paths:
             n = panel["predicted"][path]
-            if n is not None:
+            if n is not None and dsa:
+                last = panel["windows"][path][1]
+                markers += [(n, "", PATH_COLOURS[path], "-"), (last, "", PATH_COLOURS[path], "-")]
+                windows.append(f"{path} {n}-{last}")
+            elif n is not None:
                 markers.append((n, f"{'predicted' if path == 'expand' else 'chunked'} {n}", PATH_COLOURS[path], "-"))
         if cal is not None and cal["crossover"] is not None:
             span = cal["crossover_interval"]
@@ -146,15 +181,15 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
                 markers.append((m["new"], f"measured {m['new']}", "black", "-."))
         for n, _, colour, style in markers:
             ax.axvline(n, color=colour, ls=style, lw=1.1)
-        values = [text for _, text, _, _ in markers]
-        never = [path for path in ("expand", "expand_chunked") if panel["solved"] and panel["predicted"][path] is None]
+        values = windows + [text for _, text, _, _ in markers if text]
+        never = [path for path in expand_paths if panel["solved"] and panel["predicted"][path] is None]
         if never:
             values.append(f"{' and '.join(never)} never faster up to {tokens(data['max_new'])}")
         if any(m["new"] is None for m in panel["measured_crossovers"]):
             values.append("measured: expand never faster")
         heading = f"batch {panel['batch']}, prefix {tokens(panel['prefix'])}"
         if values:
-            heading += "\ncrossover (new tokens): " + ", ".join(values[:2])
+            heading += f"\n{'wins' if dsa else 'crossover'} (new tokens): " + ", ".join(values[:2])
             heading += "\n" + ", ".join(values[2:]) if values[2:] else ""
         xs = panel["new"] + [m[0] for m in markers]
         ax.set_xlim(max(min(xs) / 1.5, 0.8), max(xs) * 1.5)
@@ -171,7 +206,8 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
     from matplotlib.lines import Line2D
 
     # the legend below the panels: inside one it would sit on the curves
-    extra = [Line2D([], [], color="black", ls="-", lw=1.1, label="predicted crossover (colour of its path)")]
+    what = "window's ends" if dsa else "crossover"
+    extra = [Line2D([], [], color="black", ls="-", lw=1.1, label=f"predicted {what} (colour of its path)")]
     if any(p.get("calibrated") for p in panels):
         extra.append(Line2D([], [], color="tab:purple", ls="--", lw=1.1, label="calibrated crossover"))
     if asymptotic is not None:

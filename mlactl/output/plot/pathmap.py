@@ -8,7 +8,6 @@ import math
 import numpy as np
 
 from mlactl.decide.analysis import Analysis
-from mlactl.model.cost import MLA_PATHS
 from mlactl.output.plot.common import (
     measured_crossover_rows,
     new_figure,
@@ -39,8 +38,10 @@ def _outline():
 def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = None):
     """Over the analysis's (new, prefix) grid, one batch size: which path is fastest by roofline
     time, and by how much -- the speedup of the best path over the best of the other kind
-    (absorb against the faster of expand and expand_chunked), with the measured crossovers on
-    top. With `policy` (an engine the analysis holds), a loss map instead: how many times slower
+    (absorb against the faster of expand and expand_chunked; for a DSA model, sparse_absorb
+    against the faster of masked_expand and dense_expand, a + where dense_expand is best), with
+    the measured crossovers on top. With `policy` (an engine the analysis holds), a loss map
+    instead: how many times slower
     that engine's rule is than the best path that fits, its path boundaries, and dots where it
     is more than WRONG_ABOVE times slower.
 
@@ -70,11 +71,16 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
         out[rows, cols] = values
         return out
 
-    times = {path: on_grid(analysis.paths[path].time_s) for path in MLA_PATHS}
+    dsa = analysis.cfg.is_dsa
+    choices = analysis.cost.choices
+    # a path that cannot run somewhere (DSA's dense_expand past top-k) is never the best there
+    times = {path: on_grid(np.where(analysis.runs[path], analysis.paths[path].time_s, np.inf)) for path in choices}
     best = on_grid(analysis.best)
-    best_time = np.minimum.reduce([times[p] for p in MLA_PATHS])
-    expand_kind = np.minimum(times["expand"], times["expand_chunked"])
-    other = np.where(best == "absorb", expand_kind, times["absorb"])
+    best_time = np.minimum.reduce([times[p] for p in choices])
+    absorb_kind = "sparse_absorb" if dsa else "absorb"
+    marked = "dense_expand" if dsa else "expand_chunked"  # the expand path marked with a + where best
+    expand_kind = np.minimum.reduce([times[p] for p in choices if p != absorb_kind])
+    other = np.where(best == absorb_kind, expand_kind, times[absorb_kind])
     speedup = other / best_time
     engine = None
     if policy is not None:
@@ -126,7 +132,7 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
     fig, axes = new_figure(9.5, 6.5)
     ax = axes[0, 0]
     if engine is None:
-        signed = np.where(best == "absorb", -1.0, 1.0) * np.log2(speedup)
+        signed = np.where(best == absorb_kind, -1.0, 1.0) * np.log2(speedup)
         vmax = max(1.0, float(np.ceil(np.abs(signed).max())))
         colours = {"cmap": "RdBu_r", "vmin": -vmax, "vmax": vmax}
     else:  # the loss map: log2 of the slowdown, white where the engine picks the best
@@ -145,12 +151,13 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
     ticks = np.arange(-int(vmax) // step * step if engine is None else 0, int(vmax) + 1, step)
     bar.set_ticks(ticks, labels=[f"×{2.0 ** abs(t):g}" for t in ticks])
     if engine is None:
-        bar.set_label("speedup of the best path:  ← absorb faster  |  expand faster →", fontsize=8)
+        kinds = "sparse absorb faster  |  masked or dense MHA faster" if dsa else "absorb faster  |  expand faster"
+        bar.set_label(f"speedup of the best path:  ← {kinds} →", fontsize=8)
     else:
         bar.set_label(f"{engine.engine}'s rule: times slower than the best path that fits", fontsize=8)
     x_mid = (x_edges[:-1] + x_edges[1:]) / 2
     y_mid = np.concatenate([[sum(zero_row) / 2] if zero_row else [], (y_edges[:-1] + y_edges[1:]) / 2])
-    chunked = best == "expand_chunked"
+    chunked = best == marked
     wy, wx = np.nonzero(chunked)
     ax.plot(x_mid[wx], y_mid[wy], "+", ms=4, color="black")
     if engine is not None:
@@ -198,7 +205,7 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
         if not np.isfinite(slowdown).all():
             legend.append(Line2D([], [], ls="", marker="x", color="black", label="its path does not fit"))
     if chunked.any():
-        legend.append(Line2D([], [], ls="", marker="+", color="black", label="expand_chunked best"))
+        legend.append(Line2D([], [], ls="", marker="+", color="black", label=f"{marked} best"))
     if measured:
         legend.append(Line2D([], [], color="yellow", marker="o", mec="black", lw=2.2, label="measured crossover"))
     if legend:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 from mlactl.decide.analysis import Analysis
-from mlactl.model.cost import MLA_PATHS
 from mlactl.output.plot.common import (
     PATH_COLOURS,
     ceilings,
@@ -60,6 +59,8 @@ def _calibrated_points(calibrated: Analysis | None, paths) -> list[dict]:
     out = []
     for i in range(len(calibrated)):
         for path in paths:
+            if not calibrated.runs[path][i]:
+                continue
             timed = calibrated.paths[path]
             flops, nbytes, t = (float(x[i]) for x in (timed.flops, timed.bytes, timed.time_s))
             basis = str(calibrated.spans.path_basis[path][i]) if calibrated.spans is not None else "measured"
@@ -68,7 +69,7 @@ def _calibrated_points(calibrated: Analysis | None, paths) -> list[dict]:
     return out
 
 
-def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS, calibrated: Analysis | None = None):
+def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrated: Analysis | None = None):
     """Log-log FLOP/s against FLOP/byte: the ceilings, the ridge of the compute dtype, each
     path's analytic point (filled) and its attention op's (hollow) at every shape of the
     analysis, and each measured path joined to its predicted point with its fraction of it.
@@ -86,11 +87,14 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=MLA_PATHS, cali
             "give fewer --new/--prefix values"
         )
     hw, dtype = analysis.hw, analysis.cost.dtype
+    paths = analysis.cost.choices if paths is None else paths
     lines = ceilings(hw, dtype, results)
     points = []
     for i in range(len(analysis)):
         b, n, p = int(analysis.batch[i]), int(analysis.new[i]), int(analysis.prefix[i])
         for path in paths:
+            if not analysis.runs[path][i]:  # DSA's dense_expand past top-k: no such point
+                continue
             timed = analysis.paths[path]
             attention = next(op for op in timed.ops if op.name == "attention")
             for op, figures in ((None, timed), ("attention", attention)):
