@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 import typer.core
 
-from mlactl.cli.common import choice, cli_errors, emit, fit_width, load_model, output_format
+from mlactl.cli.common import choice, cli_errors, emit, load_model, output_format, table_width
 from mlactl.cli.options import Option, Opts, shared
 from mlactl.decide.calibration import run, store
 from mlactl.decide.calibration.model import TERMS
@@ -21,11 +21,11 @@ from mlactl.util.errors import MlactlError
 
 
 class CalibrateGroup(typer.core.TyperGroup):
-    """`mlactl calibrate [fit] ...` fits (the default command, so the name may be left out);
-    `mlactl calibrate score ...` scores."""
+    """`mlactl calibrate [fit] ...` fits (the default command, so the name may be left out, and
+    `mlactl calibrate --help` is fit's help, which names score); `mlactl calibrate score ...` scores."""
 
     def parse_args(self, ctx, args):
-        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+        if not args or args[0] not in self.commands:
             args = ["fit", *args]
         return super().parse_args(ctx, args)
 
@@ -150,19 +150,21 @@ def calibrate(
 ):
     """Fit calibrated time per op class and write a calibration file; print the fit quality.
 
-    Per op class: n, the terms kept, median and p90 of |predicted/measured - 1|, in-sample,
-    held out over 5 random folds and over the blocked split (fit the lower part of the context,
-    or of a GEMM's rows, predict the upper), and the held-out share of measurements inside
-    their 80% interval.
+    Per op class: n, the terms kept, median and p90 of |predicted/measured - 1| in-sample and held out.
 
-    Terms are selected by both held-out errors (--terms fixes them). Paths timed side by side
-    (tune paths) are fitted together, each shape's common drift taken out first.
+    Held out over 5 random folds, and over the blocked split: fit context <= 8K (GEMM rows <= 1024), predict above.
+
+    In 80%: the share of held-out measurements inside their 80% interval.
+
+    Terms are selected by both held-out errors (--terms fixes them).
+
+    Paths timed side by side (tune paths) are fitted together, each shape's common drift taken out first.
 
     A calibration of the same name already there is kept aside (NAME.YYYYMMDD-HHMMSS.json), never overwritten.
 
-    Use the file with --calibration NAME on analyze, crossover, batch, engines and plot (they take its
-    hardware); score it on other measurements with `mlactl calibrate score --calibration NAME`, or here
-    with --test FILE.
+    Use the file with --calibration NAME on analyze, crossover, batch, engines and plot (they take its hardware).
+
+    Score it on other measurements with `mlactl calibrate score --calibration NAME`, or here with --test FILE.
 
     Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang
     """
@@ -232,7 +234,7 @@ def calibrate(
         return out
 
     def tables():
-        out: list = [fits_table(data["name"], hw.name, fits, fit_width()), *terms_lines(fits)]
+        out: list = [fits_table(data["name"], hw.name, fits, table_width(None)[0]), *terms_lines(fits)]
         for drift in {id(f.drift): f.drift for f in fits if f.drift}.values():
             out.append(
                 f"{' and '.join(drift['paired_with'])} were timed side by side at {drift['shapes']} shapes and fitted "
@@ -250,7 +252,7 @@ def calibrate(
         )
         if tested is not None:
             title = f"Scored on {safe.markup(test)} (measurements the fit never saw)"
-            out.append(score_table(title, tested, fit_width()))
+            out.append(score_table(title, tested, table_width(None)[0]))
         return out
 
     emit(fmt, None, json_data=json_data, tables=tables() if fmt == "table" else ())
@@ -299,4 +301,5 @@ def score_cmd(
         }
 
     title = f"Calibration {safe.markup(cal.name)} scored on {safe.markup(where)}"
-    emit(fmt, None, json_data=json_data, tables=[score_table(title, scores, fit_width())] if fmt == "table" else ())
+    tables = [score_table(title, scores, table_width(None)[0])] if fmt == "table" else []
+    emit(fmt, None, json_data=json_data, tables=tables)

@@ -42,14 +42,14 @@ def fits_table(name: str, hardware: str, fits, width: int | None):
         Col("kernel" if shared else "source", "left", typed=True),
         Col("phase", "left"),
         Col("dtype", "left", typed=True),
-        Col("n", drop=1),
+        Col("n", drop=4),
         Col("held-out"),
         Col("p90"),
-        Col("blocked"),
-        Col(" p90"),  # (repeated headers: rich needs none distinct, they are for our reading)
-        Col("in 80%", drop=1),
-        Col("in-sample", drop=2),
-        Col("p90 ", drop=3),
+        Col("blocked", drop=1),
+        Col(" p90", drop=2),  # (repeated headers: rich needs none distinct, they are for our reading)
+        Col("in 80%", drop=3),
+        Col("in-sample", drop=5),
+        Col("p90 ", drop=6),
     ]
     rows = []
     for f, (origin, kernel, phase) in zip(fits, sources):
