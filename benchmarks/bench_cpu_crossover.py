@@ -1,11 +1,16 @@
-"""Measured against calibrated crossovers of the torch backend on this CPU (issue #9's CPU target).
+"""Measured against calibrated crossovers of the torch backend on this CPU (issues 9 and 22).
 
 1. `mlactl tune paths --backend torch --device cpu` over new-token counts at each prefix (the
-   paths timed in turns at each shape; the run bisects the measured crossover), unless
-   --results FILE gives a run already made;
+   paths timed in turns at each shape, each round's times kept; the run bisects the measured
+   crossover), unless --results FILE gives a run already made;
 2. `mlactl calibrate --from results` on that run (whole-path fits), and the crossover of the
-   calibrated times at each prefix (`mlactl crossover --calibration`);
+   calibrated times at each prefix with its 80% interval (`mlactl crossover --calibration`);
 3. the same with each prefix held out: fitted on the other prefixes' points only.
+
+The measured crossover is the root of a local fit of log(expand/absorb) with its bootstrap
+interval (mlactl.tune.noise.root_crossover), `first_stable` the old definition. The target
+(issue 22): at every prefix, the calibrated crossover's interval and the measured one's overlap,
+on two runs (run this twice, the second with --output ...-rerun.json).
 
 Prints the table and writes benchmarks/results/cpu-crossover.json. Never a test: the times are
 this machine's, and a shared machine's noise moves a measured crossover.
@@ -26,6 +31,7 @@ import time
 from pathlib import Path
 
 from mlactl.decide.calibration import store
+from mlactl.decide.calibration.estimate import crossover_intervals
 from mlactl.decide.calibration.run import build
 from mlactl.decide.calibration.sources import results_points
 from mlactl.decide.calibration.time import crossover_by_time
@@ -33,6 +39,7 @@ from mlactl.model import hardware
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel
 from mlactl.results import store as results
+from mlactl.tune import noise
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "cpu-crossover.json"
@@ -50,9 +57,9 @@ def measure(path: Path, model: str, new: str, prefix: str, budget: int) -> None:
     subprocess.run(cmd, check=True)
 
 
-def calibrated_crossovers(data: dict, hw, keep_prefix=None) -> tuple[dict, list[dict]]:
+def calibrated_crossovers(data: dict, hw, keep_prefix=None) -> tuple[dict, dict, list[dict]]:
     """Calibrate on the run's path points (only those whose prefix passes keep_prefix), then the
-    crossover of the calibrated times at every measured prefix; and the fits."""
+    crossover of the calibrated times at every measured prefix and its 80% interval; and the fits."""
     rows = [r for r in data["paths"] if keep_prefix is None or keep_prefix(r["prefix"])]
     groups = results_points(dict(data, paths=rows, kernels=[]), "run")
     # the source `mlactl calibrate --from results` records: the run's dtype sets the peak
@@ -62,7 +69,44 @@ def calibrated_crossovers(data: dict, hw, keep_prefix=None) -> tuple[dict, list[
     cost = CostModel(cfg, kv_dtype=data["kv_dtype"], dtype=data["dtype"], chunk=data.get("chunk", 8192))
     prefixes = sorted({c["prefix"] for c in data["crossovers"]})
     found = crossover_by_time(cost, hw, cal, prefixes, max_new=4096)
-    return dict(zip(prefixes, found)), [f.to_json() for f in fits]
+    spans = crossover_intervals(cost, hw, cal, prefixes, max_new=4096)
+    summary = [
+        {k: f[k] for k in ("op", "terms", "n", "held_out", "blocked", "drift") if k in f}
+        | {"coverage": ((f.get("interval") or {}).get("coverage") or {}).get("held_out")}
+        for f in (x.to_json() for x in fits)
+    ]
+    return dict(zip(prefixes, found)), dict(zip(prefixes, spans)), summary
+
+
+def measured_now(data: dict, row: dict) -> dict:
+    """The crossover row's measured estimate, computed again from the run's timings (each round's
+    times) with this mlactl's estimator (noise.root_crossover), so a run made before a change to
+    it is read the same way; the row's first_stable where there is no sign change to fit."""
+    points: dict = {}
+    for r in data["paths"]:
+        if (r["batch"], r["prefix"]) == (row["batch"], row["prefix"]) and r.get("status", "ok") == "ok":
+            points.setdefault(r["new"], {})[r["path"]] = r
+    stable = row.get("first_stable", row.get("measured"))
+    found = noise.root_crossover(points, stable)
+    if found is None:
+        return {"measured": stable, "measured_interval": None, "estimator": "first_stable", "first_stable": stable}
+    return {
+        "measured": found["measured"],
+        "measured_root": found["root"],
+        "measured_interval": found["interval"],
+        "measured_window": found["window"],
+        "estimator": "local_root",
+        "first_stable": stable,
+    }
+
+
+def overlap(a, b) -> bool | None:
+    """Whether two intervals [lo, hi] (hi None: open above) share a count; None if one is missing."""
+    if a is None or b is None or a[0] is None or b[0] is None:
+        return None
+    a_hi = float("inf") if a[1] is None else a[1]
+    b_hi = float("inf") if b[1] is None else b[1]
+    return a[0] <= b_hi and b[0] <= a_hi
 
 
 def err(calibrated, measured) -> float | None:
@@ -90,43 +134,62 @@ def main() -> None:
         measure(run, args.model, args.new, args.prefix, args.budget)
     data = results.load(run)
     hw = hardware.load_profile(PROFILE)
-    in_sample, fits = calibrated_crossovers(data, hw)
+    in_sample, spans, fits = calibrated_crossovers(data, hw)
     rows = []
     for c in sorted(data["crossovers"], key=lambda c: c["prefix"]):
+        c = dict(c, **measured_now(data, c))
         p = c["prefix"]
-        held, _ = calibrated_crossovers(data, hw, keep_prefix=lambda q, p=p: q != p)
+        held, held_spans, _ = calibrated_crossovers(data, hw, keep_prefix=lambda q, p=p: q != p)
+        measured_interval = c.get("measured_interval")
         rows.append(
             {
                 "prefix": p,
                 "measured": c.get("measured"),
-                "measured_bracket": [c.get("measured_low"), c.get("measured_high")],
+                "measured_root": c.get("measured_root"),
+                "measured_interval": measured_interval,
+                "estimator": c.get("estimator"),
+                "measured_window": c.get("measured_window"),
+                "first_stable": c.get("first_stable", c.get("measured")),
+                "first_stable_bracket": [c.get("measured_low"), c.get("measured_high")],
                 "nonmonotone": c.get("nonmonotone"),
                 "flops": c.get("predicted_by_flops"),
                 "calibrated": in_sample[p],
+                "calibrated_interval": list(spans[p]),
                 "calibrated_error": err(in_sample[p], c.get("measured")),
+                "intervals_overlap": overlap(spans[p], measured_interval),
                 "calibrated_prefix_held_out": held[p],
+                "held_out_interval": list(held_spans[p]),
                 "held_out_error": err(held[p], c.get("measured")),
+                "held_out_overlap": overlap(held_spans[p], measured_interval),
             }
         )
+
+    def span(v) -> str:
+        return "—" if v is None else "–".join("?" if x is None else str(x) for x in v)
+
     print(
-        f"\n{'prefix':>6} {'measured':>9} {'bracket':>11} {'FLOPs':>6} {'calibrated':>10} {'err':>6} "
-        f"{'prefix held out':>15} {'err':>6}"
+        f"\n{'prefix':>6} {'measured':>9} {'(80%)':>11} {'first stable':>12} {'FLOPs':>6} {'calibrated':>10} "
+        f"{'(80%)':>11} {'overlap':>7} {'err':>6} {'prefix held out':>15} {'(80%)':>11} {'overlap':>7}"
     )
     for r in rows:
         e1 = "—" if r["calibrated_error"] is None else f"{100 * r['calibrated_error']:+.1f}%"
-        e2 = "—" if r["held_out_error"] is None else f"{100 * r['held_out_error']:+.1f}%"
-        bracket = "–".join("?" if v is None else str(v) for v in r["measured_bracket"])
         print(
-            f"{r['prefix']:>6} {str(r['measured']):>9} {bracket:>11} {str(r['flops']):>6} "
-            f"{str(r['calibrated']):>10} {e1:>6} {str(r['calibrated_prefix_held_out']):>15} {e2:>6}"
+            f"{r['prefix']:>6} {str(r['measured']):>9} {span(r['measured_interval']):>11} "
+            f"{str(r['first_stable']):>12} {str(r['flops']):>6} {str(r['calibrated']):>10} "
+            f"{span(r['calibrated_interval']):>11} {str(r['intervals_overlap']):>7} {e1:>6} "
+            f"{str(r['calibrated_prefix_held_out']):>15} {span(r['held_out_interval']):>11} "
+            f"{str(r['held_out_overlap']):>7}"
         )
     for f in fits:
+        blocked = f.get("blocked") or {}
         print(
             f"  fit {f['op']:12} terms {'+'.join(f['terms']):24} held-out median "
-            f"{100 * f['held_out']['median']:.1f}% p90 {100 * f['held_out']['p90']:.1f}%"
+            f"{100 * f['held_out']['median']:.1f}% p90 {100 * f['held_out']['p90']:.1f}%; blocked "
+            f"{100 * blocked.get('median', float('nan')):.1f}% / {100 * blocked.get('p90', float('nan')):.1f}%; "
+            f"80% interval held-out coverage {f['coverage']}"
         )
-    within = [r for r in rows if r["calibrated_error"] is not None and abs(r["calibrated_error"]) <= 0.10]
-    print(f"\n{len(within)}/{len(rows)} prefixes with the calibrated crossover within 10% of the measured one")
+    both = sum(1 for r in rows if r["intervals_overlap"])
+    print(f"\n{both}/{len(rows)} prefixes where the calibrated and the measured crossover's 80% intervals overlap")
     out = {
         "benchmark": "cpu-crossover",
         "machine": {

@@ -304,7 +304,7 @@ def test_analysis_as_a_dataframe():
 def test_shared_options_are_defined_once_and_read_alike():
     """Every command that takes a shared option gets the one definition: the same flags, help
     and default (SHARED), unless the command overrides it on purpose (calibrate's --hardware
-    and --format)."""
+    and --format, calibrate score's --calibration)."""
     import typer.main
 
     from mlactl.cli import LazyGroup
@@ -315,6 +315,7 @@ def test_shared_options_are_defined_once_and_read_alike():
     overridden = {
         ("calibrate", "hardware"),  # optional: from the system or the results file
         ("calibrate", "fmt"),  # table or json, no --output
+        ("calibrate", "calibration"),  # score: the calibration it scores, not the one that times
         ("list", "fmt"),  # two tables make no CSV
         ("plot", "output"),  # an image, named after the chart
         ("tune", "kv_dtype"),  # auto: the compute dtype

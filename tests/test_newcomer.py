@@ -839,9 +839,10 @@ def test_the_calibrate_table_fits_100_columns_without_folding_a_name():
     assert len(body) == 3  # one line a fit: nothing folded onto a second
     for name in ("absorb_attention", "kv_expand", "flash_attention", "sglang_deepgemm_gemm_nt_f8f8bf16", "fp8_block"):
         assert name in text
-    # piped (no width): every column, within rich's 132, still one line a fit
-    piped = render(fits_table("h200-aiconfigurator-sglang-0.5.14", "h200", fits, None), 132)
-    assert "held-out" in piped and "in-sample" in piped and "median and p90" in piped
+    # piped (132 columns): the held-out, blocked and interval columns, the in-sample ones left
+    # out first, still one line a fit
+    piped = render(fits_table("h200-aiconfigurator-sglang-0.5.14", "h200", fits, 132), 132)
+    assert "held-out" in piped and "blocked" in piped and "in 80%" in piped and "median and p90" in piped
     assert len([line for line in piped.splitlines() if "│" in line]) == 3
     assert terms_lines(fits)[0] == (
         "terms kept: absorb_attention (flash_attention, decode, bf16): fixed + split + kvpad + serial"

@@ -6,23 +6,62 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+import typer.core
 
-from mlactl.cli.common import choice, cli_errors, emit, fit_width, load_model, output_format
+from mlactl.cli.common import choice, cli_errors, emit, load_model, output_format, table_width
 from mlactl.cli.options import Option, Opts, shared
 from mlactl.decide.calibration import run, store
+from mlactl.decide.calibration.model import TERMS
+from mlactl.decide.calibration.score import score
+from mlactl.decide.calibration.sources import csv_points
 from mlactl.model import hardware as hwmod
-from mlactl.output.calibrate_tables import fits_table, pct, terms_lines
+from mlactl.output.calibrate_tables import fits_table, pct, score_table, terms_lines
 from mlactl.util import progress, safe
 from mlactl.util.errors import MlactlError
 
+
+class CalibrateGroup(typer.core.TyperGroup):
+    """`mlactl calibrate [fit] ...` fits (the default command, so the name may be left out, and
+    `mlactl calibrate --help` is fit's help, which names score); `mlactl calibrate score ...` scores."""
+
+    def parse_args(self, ctx, args):
+        if not args or args[0] not in self.commands:
+            args = ["fit", *args]
+        return super().parse_args(ctx, args)
+
+
 calibrate_app = typer.Typer(
-    help="Fit calibrated time to measured kernels: tune results, aiconfigurator's tables or a CSV.",
+    cls=CalibrateGroup,
+    help="Fit calibrated time to measured kernels (tune results, aiconfigurator's tables or a CSV), "
+    "or score a calibration on your own measurements.\n\n"
+    "`mlactl calibrate ...` fits (the `fit` command: its name may be left out); "
+    "`mlactl calibrate score --calibration NAME ...` scores.\n\n"
+    "Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang",
+    no_args_is_help=False,
 )
 
 
 SOURCES = ("results", "aiconfigurator", "csv")
 # calibrate prints a table or JSON on stdout (the calibration itself is a file in --dir)
 FORMAT = Option(Annotated[Optional[str], typer.Option("--format", "-f", help="table or json (default: table).")], None)
+FilesArg = Annotated[
+    Optional[list[Path]], typer.Argument(help="Results files (--from results) or one CSV (--from csv).")
+]
+SourceOpt = Annotated[str, typer.Option("--from", help="results, aiconfigurator or csv.")]
+SystemOpt = Annotated[
+    Optional[str], typer.Option("--system", help="aiconfigurator system, e.g. h200_sxm, h100_sxm, b200_sxm.")
+]
+FrameworkOpt = Annotated[
+    Optional[str], typer.Option("--framework", help="aiconfigurator framework: sglang, trtllm or vllm.")
+]
+FrameworkVersionOpt = Annotated[
+    Optional[str],
+    typer.Option("--framework-version", help="aiconfigurator framework version (default: the newest of each table)."),
+]
+DataDirOpt = Annotated[
+    Optional[Path],
+    typer.Option("--data-dir", help="A folder laid out as aiconfigurator's (default: the installed package's)."),
+]
 HARDWARE = Option(
     Annotated[
         Optional[str],
@@ -34,56 +73,9 @@ HARDWARE = Option(
 )
 
 
-@calibrate_app.command()
-@cli_errors
-@shared("hardware", "model", "tp", end=("fmt",), hardware=HARDWARE, fmt=FORMAT)
-def calibrate(
-    files: Annotated[
-        Optional[list[Path]], typer.Argument(help="Results files (--from results) or one CSV (--from csv).")
-    ] = None,
-    source: Annotated[str, typer.Option("--from", help="results, aiconfigurator or csv.")] = "results",
-    system: Annotated[
-        Optional[str], typer.Option("--system", help="aiconfigurator system, e.g. h200_sxm, h100_sxm, b200_sxm.")
-    ] = None,
-    framework: Annotated[
-        Optional[str], typer.Option("--framework", help="aiconfigurator framework: sglang, trtllm or vllm.")
-    ] = None,
-    framework_version: Annotated[
-        Optional[str],
-        typer.Option(
-            "--framework-version", help="aiconfigurator framework version (default: the newest of each table)."
-        ),
-    ] = None,
-    data_dir: Annotated[
-        Optional[Path],
-        typer.Option("--data-dir", help="A folder laid out as aiconfigurator's (default: the installed package's)."),
-    ] = None,
-    opts: Opts = Opts(),
-    name: Annotated[Optional[str], typer.Option("--name", help="Calibration name (default: hardware-source).")] = None,
-    out_dir: Annotated[
-        Optional[Path], typer.Option("--dir", help="Write the file here (default: $MLACTL_HOME/calibrations/).")
-    ] = None,
-):
-    """Fit calibrated time per op class and write a calibration file; print the fit quality.
-
-    Per op class: n, the terms kept, median and p90 of |predicted/measured - 1|, held out (5-fold) and in-sample.
-
-    Paths timed side by side (tune paths) are fitted together, each shape's common drift taken out first.
-
-    A calibration of the same name already there is kept aside (NAME.YYYYMMDD-HHMMSS.json), never overwritten.
-
-    Use the file with --calibration NAME on analyze, crossover, batch, engines and plot (they take its hardware).
-
-    Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang
-    """
-
-    fmt = output_format(opts.fmt, None)
-    if fmt == "csv":
-        raise MlactlError("mlactl calibrate writes table or json")
+def check_source(source: str, files, system, framework, framework_version, data_dir) -> None:
+    """The source options agree with each other (one `Error:` line where they do not)."""
     choice(source, "--from", SOURCES)
-    hw = None
-    if opts.hardware is not None:
-        hw = hwmod.resolve(opts.hardware)
     if source == "aiconfigurator":
         if files:
             raise MlactlError("--from aiconfigurator takes no files: give --system and --framework")
@@ -92,29 +84,124 @@ def calibrate(
             for o, v, e in (("--system", system, "h200_sxm"), ("--framework", framework, "sglang"))
             if not v
         ]
-        if missing or system is None or framework is None:
+        if missing:
             raise MlactlError(f"--from aiconfigurator needs {' and '.join(missing)}")
+        return
+    if system or framework or framework_version or data_dir:
+        raise MlactlError("--system, --framework, --framework-version and --data-dir go with --from aiconfigurator")
+    if not files:
+        raise MlactlError(f"--from {source} needs a file: mlactl calibrate --from {source} FILE")
+    if source == "csv" and len(files) != 1:
+        raise MlactlError("--from csv takes one file")
+
+
+def parse_terms(text: Optional[str]) -> Optional[tuple[str, ...]]:
+    """--terms a,b,c: known term names, at least one."""
+    if text is None:
+        return None
+    terms = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    unknown = [t for t in terms if t not in TERMS]
+    if not terms or unknown:
+        what = "unknown " + ", ".join(repr(safe.text(t, 40)) for t in unknown) if unknown else "no terms"
+        raise MlactlError(f"--terms: {what}; terms: {', '.join(TERMS)}")
+    return terms
+
+
+def measured_groups(source, files, system, framework, framework_version, data_dir, opts: Opts) -> dict:
+    """The measurements to score: {(op class, source, dtype): Points}."""
+    if source == "aiconfigurator":
+        with progress.task("reading aiconfigurator's tables"):
+            return run.aiconfigurator_groups(system, framework, framework_version, data_dir)
+    if source == "results":
+        with progress.task(f"reading {len(files)} results file(s)"):
+            return run.results_groups(files)
+    return csv_points(files[0], load_model(opts.model, opts.tp))
+
+
+@calibrate_app.command(name="fit")
+@cli_errors
+@shared("hardware", "model", "tp", end=("fmt",), hardware=HARDWARE, fmt=FORMAT)
+def calibrate(
+    files: FilesArg = None,
+    source: SourceOpt = "results",
+    system: SystemOpt = None,
+    framework: FrameworkOpt = None,
+    framework_version: FrameworkVersionOpt = None,
+    data_dir: DataDirOpt = None,
+    opts: Opts = Opts(),
+    terms: Annotated[
+        Optional[str],
+        typer.Option(
+            "--terms", help=f"Fit these terms, comma-separated, instead of selecting them: {', '.join(TERMS)}."
+        ),
+    ] = None,
+    test: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--test",
+            help="Score the calibration on this file too (a results file, or a CSV with --from csv): "
+            "the errors of measurements the fit never saw.",
+        ),
+    ] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Calibration name (default: hardware-source).")] = None,
+    out_dir: Annotated[
+        Optional[Path], typer.Option("--dir", help="Write the file here (default: $MLACTL_HOME/calibrations/).")
+    ] = None,
+):
+    """Fit calibrated time per op class and write a calibration file; print the fit quality.
+
+    Per op class: n, the terms kept, median and p90 of |predicted/measured - 1| in-sample and held out.
+
+    Held out over 5 random folds, and over the blocked split: fit context <= 8K (GEMM rows <= 1024), predict above.
+
+    In 80%: the share of held-out measurements inside their 80% interval.
+
+    Terms are selected by both held-out errors (--terms fixes them).
+
+    Paths timed side by side (tune paths) are fitted together, each shape's common drift taken out first.
+
+    A calibration of the same name already there is kept aside (NAME.YYYYMMDD-HHMMSS.json), never overwritten.
+
+    Use the file with --calibration NAME on analyze, crossover, batch, engines and plot (they take its hardware).
+
+    Score it on other measurements with `mlactl calibrate score --calibration NAME`, or here with --test FILE.
+
+    Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang
+    """
+
+    fmt = output_format(opts.fmt, None)
+    if fmt == "csv":
+        raise MlactlError("mlactl calibrate writes table or json")
+    check_source(source, files, system, framework, framework_version, data_dir)
+    fixed = parse_terms(terms)
+    if test is not None and source == "aiconfigurator":
+        raise MlactlError(
+            "--test takes a results file or a CSV; score on aiconfigurator's tables with "
+            "`mlactl calibrate score --calibration NAME --from aiconfigurator`"
+        )
+    hw = None
+    if opts.hardware is not None:
+        hw = hwmod.resolve(opts.hardware)
+    if source == "aiconfigurator":
+        assert system is not None and framework is not None  # check_source said so
         with progress.task("reading aiconfigurator's tables"):
             default, hw, desc, groups = run.from_aiconfigurator(system, framework, framework_version, data_dir, hw)
+    elif source == "results":
+        with progress.task(f"reading {len(files or [])} results file(s)"):
+            default, hw, desc, groups = run.from_results(files, hw)
     else:
-        if system or framework or framework_version or data_dir:
-            raise MlactlError("--system, --framework, --framework-version and --data-dir go with --from aiconfigurator")
-        if not files:
-            raise MlactlError(f"--from {source} needs a file: mlactl calibrate --from {source} FILE")
-        if source == "results":
-            with progress.task(f"reading {len(files)} results file(s)"):
-                default, hw, desc, groups = run.from_results(files, hw)
-        else:
-            if len(files) != 1:
-                raise MlactlError("--from csv takes one file")
-            if hw is None:
-                raise MlactlError("--from csv needs --hardware NAME|FILE: the profile the times were measured on")
-            default, hw, desc, groups = run.from_csv(files[0], load_model(opts.model, opts.tp), hw)
-    data, fits = run.build(name or default, hw, desc, groups)
+        if hw is None:
+            raise MlactlError("--from csv needs --hardware NAME|FILE: the profile the times were measured on")
+        default, hw, desc, groups = run.from_csv((files or [])[0], load_model(opts.model, opts.tp), hw)
+    test_groups = None
+    if test is not None:  # read before fitting: a bad test file costs no fit
+        test_groups = measured_groups(source, [test], None, None, None, None, opts)
+    data, fits = run.build(name or default, hw, desc, groups, terms=fixed)
     path, kept = store.save(data, out_dir)
+    tested = None if test_groups is None else score(store.load(path), test_groups)
 
     def json_data():
-        return {
+        out = {
             "calibration": {
                 "name": data["name"],
                 "hardware": data["hardware"],
@@ -134,14 +221,20 @@ def calibrate(
                     },
                     "in_sample": f.in_sample,
                     "held_out": f.held_out,
+                    "blocked": f.blocked,
+                    "interval_coverage": ((f.extra.get("interval") or {}).get("coverage") or {}).get("held_out"),
+                    "members": [m["terms"] for m in f.extra.get("members", [])],
                     **({"drift": f.drift} if f.drift else {}),
                 }
                 for f in fits
             ],
         }
+        if tested is not None:
+            out["test"] = {"file": str(test), "scores": [s.to_json() for s in tested]}
+        return out
 
     def tables():
-        out: list = [fits_table(data["name"], hw.name, fits, fit_width()), *terms_lines(fits)]
+        out: list = [fits_table(data["name"], hw.name, fits, table_width(None)[0]), *terms_lines(fits)]
         for drift in {id(f.drift): f.drift for f in fits if f.drift}.values():
             out.append(
                 f"{' and '.join(drift['paired_with'])} were timed side by side at {drift['shapes']} shapes and fitted "
@@ -157,6 +250,56 @@ def calibrate(
         out.append(
             f"use: --calibration {safe.markup(data['name'])}  (its hardware, {safe.markup(hw.name)}, comes with it)"
         )
+        if tested is not None:
+            title = f"Scored on {safe.markup(test)} (measurements the fit never saw)"
+            out.append(score_table(title, tested, table_width(None)[0]))
         return out
 
     emit(fmt, None, json_data=json_data, tables=tables() if fmt == "table" else ())
+
+
+@calibrate_app.command(name="score")
+@cli_errors
+@shared("model", "tp", end=("fmt",), fmt=FORMAT)
+def score_cmd(
+    files: FilesArg = None,
+    calibration: Annotated[
+        Optional[str],
+        typer.Option("--calibration", help="The calibration to score: a name from `mlactl calibrate` or a file."),
+    ] = None,
+    source: SourceOpt = "results",
+    system: SystemOpt = None,
+    framework: FrameworkOpt = None,
+    framework_version: FrameworkVersionOpt = None,
+    data_dir: DataDirOpt = None,
+    opts: Opts = Opts(),
+):
+    """Score a calibration on measurements: per op class n, median and p90 of |predicted/measured - 1|,
+    bias, and the share of measurements inside their 80% interval.
+
+    The measurements are a results file of `mlactl tune`, a CSV (op,batch,new,prefix,time_s; --model
+    gives its FLOPs and bytes) or aiconfigurator's tables. Nothing is fitted or written.
+
+    Example: mlactl calibrate score --calibration h200-aiconfigurator-sglang-0.5.14 --from csv my-h200.csv
+    """
+
+    fmt = output_format(opts.fmt, None)
+    if fmt == "csv":
+        raise MlactlError("mlactl calibrate score writes table or json")
+    if calibration is None:
+        raise MlactlError("mlactl calibrate score needs --calibration NAME|FILE: the calibration to score")
+    check_source(source, files, system, framework, framework_version, data_dir)
+    cal = store.resolve(calibration)
+    scores = score(cal, measured_groups(source, files, system, framework, framework_version, data_dir, opts))
+    where = f"{system}/{framework}" if source == "aiconfigurator" else ", ".join(str(f) for f in files or [])
+
+    def json_data():
+        return {
+            "calibration": cal.describe(),
+            "measurements": {"from": source, "where": where},
+            "scores": [s.to_json() for s in scores],
+        }
+
+    title = f"Calibration {safe.markup(cal.name)} scored on {safe.markup(where)}"
+    tables = [score_table(title, scores, table_width(None)[0])] if fmt == "table" else []
+    emit(fmt, None, json_data=json_data, tables=tables)

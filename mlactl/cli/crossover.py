@@ -34,6 +34,9 @@ def crossover_cmd(
 ):
     """For each prefix, the new-token count from which expand beats absorb, by FLOPs and by roofline.
 
+    With --calibration, by calibrated time, each with its 80% interval, e.g. 133 (133–292); a crossover
+    whose deciding ops were not measured there (extrapolated, or at roofline) is marked † and named.
+
     A DSA model (deepseek-v3.2) has windows instead: the new-token counts where masked MHA
     (masked_expand) beats sparse absorb, by FLOPs and by time, or none; and where dense MHA
     (context at most top-k) does.
@@ -70,15 +73,16 @@ def crossover_cmd(
             write_csv(fh, *window_columns(result.windows))
             return
         rows = result.rows
+        header = ["batch", "prefix", "by_flops", "by_time", "by_time_chunked"]
         cols = [[r.batch for r in rows], [r.prefix for r in rows]] + [
-            [np.nan if v is None else v for v in (getattr(r, k) for r in rows)]
-            for k in ("by_flops", "by_time", "by_time_chunked")
+            [np.nan if v is None else v for v in (getattr(r, k) for r in rows)] for k in header[2:]
         ]
-        write_csv(
-            fh,
-            ["batch", "prefix", "by_flops", "by_time", "by_time_chunked"],
-            [np.asarray(c, dtype=np.float64) for c in cols],
-        )
+        if cal is not None:  # the 80% intervals' ends (empty: past --max-new)
+            for k in ("by_time", "by_time_chunked"):
+                spans = [getattr(r, f"{k}_interval") or (None, None) for r in rows]
+                header += [f"{k}_lo", f"{k}_hi"]
+                cols += [[np.nan if s[i] is None else s[i] for s in spans] for i in (0, 1)]
+        write_csv(fh, header, [np.asarray(c, dtype=np.float64) for c in cols])
 
     header = (
         f"[bold]{safe.markup(cfg.name)}[/] on [bold]{safe.markup(hw.display)}[/] "

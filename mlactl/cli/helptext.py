@@ -51,6 +51,8 @@ METAVARS = {
     "out_dir": "DIR",
     "arch": "ARCH",
     "workers": "INT",
+    "terms": "TERM,...",
+    "test": "PATH",
     "trace": "TRACE",
     "report": "REPORT.JSON",
     "weight_dtype": "DTYPE",
@@ -64,11 +66,36 @@ METAVARS = {
 COMPLETION = ("install_completion", "show_completion")
 
 
+# a docstring line that starts one of these begins a line of its own in --help (an example, a
+# list item), as does a parenthesised line after an example (a second one); any other line
+# continues its paragraph
+OWN_LINE = ("Example", "mlactl ", "- ", "* ")
+
+
+def reflow(text: str) -> str:
+    """A docstring's paragraphs as rich prints them: each one line, wrapped to the terminal
+    (rich keeps a docstring's line breaks, which fold mid-sentence on any other width)."""
+    out = []
+    for para in text.split("\n\n"):
+        lines: list[str] = []
+        for line in para.splitlines():
+            line = line.strip()
+            after_example = bool(lines) and lines[-1].startswith(("Example", "(")) and line.startswith("(")
+            if lines and line and not line.startswith(OWN_LINE) and not after_example:
+                lines[-1] += " " + line
+            elif line:
+                lines.append(line)
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
 def polish(command) -> None:
-    """Set metavars and default display on `command` and every sub-command, once."""
+    """Set metavars and default display on `command` and every sub-command, once; reflow its help."""
     if getattr(command, "_mlactl_polished", False):
         return
     command._mlactl_polished = True
+    if command.help:
+        command.help = reflow(command.help)
     command.params = [p for p in command.params if p.name not in COMPLETION]
     for param in command.params:
         if getattr(param, "is_flag", False) or getattr(param, "count", False):

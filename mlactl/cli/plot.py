@@ -80,26 +80,31 @@ def geometric_fill(values: list[int], per_octave: int = 4) -> list[int]:
     return sorted(filled)
 
 
-def chart_analyses(setup: Setup, batch, new, prefix, engines=None, calibrated_only: bool = False):
+def chart_analyses(setup: Setup, batch, new, prefix, engines=None, calibrated_only: bool = False, spans=False):
     """The analysis a chart draws, by roofline time, and (with a calibration) by calibrated time:
-    (roofline, calibrated or None); with `calibrated_only` the calibrated one alone, as the first."""
+    (roofline, calibrated or None); with `calibrated_only` the calibrated one alone, as the first.
+    `spans`: the calibrated crossover's interval too (the crossover chart's; the slow part of a
+    calibrated analysis, which the other charts do not draw)."""
 
     check_plot(len(batch), 0)  # before the analysis: a chart's points cost more than a table's
     args = (setup.cfg, setup.hw, batch, new, prefix)
     kwargs = {"kv_dtype": setup.kv_dtype, "dtype": setup.dtype, "chunk": setup.chunk, "engines": engines}
+
+    def calibrated():
+        return analysis.analyze(*args, calibration=setup.calibration, crossover_spans=spans, **kwargs)
+
     with progress.task(f"analysing {len(batch):,} points"):
         if calibrated_only:
-            return analysis.analyze(*args, calibration=setup.calibration, **kwargs), None
+            return calibrated(), None
         roof = analysis.analyze(*args, **kwargs)
-        if setup.calibration is None:
-            return roof, None
-        return roof, analysis.analyze(*args, calibration=setup.calibration, **kwargs)
+        return roof, None if setup.calibration is None else calibrated()
 
 
 def draw(chart: str, setup: Setup, shapes, output: Path, dpi: str, data: Optional[Path]) -> None:
     """Analyse the shapes (by roofline, and calibrated with a calibration), draw `chart` of
     mlactl.output.plot with the measurements, and write it (and its --data)."""
-    result, calibrated = chart_analyses(setup, *shapes)
+    b, n, p = shapes
+    result, calibrated = chart_analyses(setup, b, n, p, spans=chart == "crossover")
     fig, drawn = getattr(plot, chart)(result, checked_results(setup, result), calibrated=calibrated)
     write(fig, output, dpi, chart, drawn, data, setup.notes)
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from mlactl.decide.calibration.estimate import Spans, batch_interval, crossover_intervals, estimates
+from mlactl.decide.calibration.estimate import spans as time_spans
 from mlactl.decide.calibration.time import batch_time as timed_batch
 from mlactl.decide.calibration.time import crossover_by_time, own_times, path_times, window_by_time
 from mlactl.decide.engines import (
@@ -44,8 +46,14 @@ class CrossoverRow:
     batch: int
     prefix: int
     by_flops: int | None  # smallest new count where expand takes fewer FLOPs than absorb
-    by_time: int | None  # ... where expand is faster by roofline time
-    by_time_chunked: int | None  # ... where expand_chunked is faster by roofline time
+    by_time: int | None  # ... where expand is faster by roofline (or calibrated) time
+    by_time_chunked: int | None  # ... where expand_chunked is faster by roofline (or calibrated) time
+    # calibrated only: the 80% intervals (hi None: past max_new), each deciding op's basis at the
+    # crossover ({path: {op: {"basis", ["octaves", "axis"]}}}), and a line when one is not measured
+    by_time_interval: tuple[int, int | None] | None = None
+    by_time_chunked_interval: tuple[int, int | None] | None = None
+    basis: dict | None = None
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,7 @@ class Analysis:
     policy_path: np.ndarray | None = None
     policy_time_lost: np.ndarray | None = None
     calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
+    spans: Spans | None = None  # calibrated: each time's 80% interval and each op's basis
 
     @property
     def cfg(self) -> MLAConfig:
@@ -158,9 +167,15 @@ def notes_for(cost: CostModel, layers: int) -> list[str]:
 
 
 def crossover_table(
-    cost: CostModel, hw: HardwareProfile, batch_prefix, max_new: int = DEFAULT_MAX_NEW, calibration=None
+    cost: CostModel,
+    hw: HardwareProfile,
+    batch_prefix,
+    max_new: int = DEFAULT_MAX_NEW,
+    calibration=None,
+    spans: bool = True,
 ) -> Crossover:
-    """Crossovers for each (batch, prefix) pair given; by calibrated time with `calibration`."""
+    """Crossovers for each (batch, prefix) pair given; by calibrated time with `calibration`, and
+    then (with `spans`) their intervals and the basis of the ops that decide them."""
     pairs = sorted(set((int(b), int(p)) for b, p in batch_prefix))
     note = ""
     if len(pairs) > MAX_CROSSOVER_PREFIXES:
@@ -177,9 +192,74 @@ def crossover_table(
         prefixes = [p for bb, p in pairs if bb == b]
         by_time = crossover_by_time(cost, hw, calibration, prefixes, batch=b, path="expand", max_new=max_new)
         chunked = crossover_by_time(cost, hw, calibration, prefixes, batch=b, path="expand_chunked", max_new=max_new)
-        for p, t, c in zip(prefixes, by_time, chunked):
-            rows.append(CrossoverRow(b, p, cost.crossover_by_flops(p), t, c))
+        if calibration is None or not spans:
+            rows += [
+                CrossoverRow(b, p, cost.crossover_by_flops(p), t, c) for p, t, c in zip(prefixes, by_time, chunked)
+            ]
+            continue
+        found_spans = {
+            path: crossover_intervals(cost, hw, calibration, prefixes, batch=b, path=path, max_new=max_new)
+            for path in ("expand", "expand_chunked")
+        }
+        for i, (p, t, c) in enumerate(zip(prefixes, by_time, chunked)):
+            found = deciding_basis(cost, hw, calibration, b, p, t if t is not None else max_new)
+            rows.append(
+                CrossoverRow(
+                    b,
+                    p,
+                    cost.crossover_by_flops(p),
+                    t,
+                    c,
+                    _holding(found_spans["expand"][i], t),
+                    _holding(found_spans["expand_chunked"][i], c),
+                    found,
+                    basis_note(found, b, p),
+                )  # fmt: skip
+            )
     return Crossover(cost.asymptotic_crossover(), rows, max_new, note, kind)
+
+
+def _holding(span: tuple[int, int | None], value: int | None) -> tuple[int, int | None]:
+    """A crossover's interval widened to hold its point value (None: past max_new)."""
+    lo, hi = span
+    if value is None:
+        return lo, None
+    return min(lo, value), None if hi is None else max(hi, value)
+
+
+DECIDING_SHARE = 0.05  # an op taking less of its path's time than this does not decide a crossover
+
+
+def deciding_basis(cost: CostModel, hw: HardwareProfile, calibration, batch: int, prefix: int, new: int) -> dict:
+    """{path: {op: basis}} of expand's and absorb's ops at a crossover (batch, new, prefix), the
+    ops that take at least DECIDING_SHARE of their path's time (they decide where it lies)."""
+    est = estimates(cost, hw, calibration, batch, np.array([new]), np.array([prefix]), ("expand", "absorb"))
+    out = {}
+    for path, e in est.items():
+        total = float(np.asarray(e.time).reshape(-1)[0])
+        out[path] = {
+            name: op.basis_json(0)
+            for name, op in e.ops.items()
+            if float(np.asarray(op.time).reshape(-1)[0]) >= DECIDING_SHARE * total
+        }
+    return out
+
+
+def basis_note(found: dict, batch: int, prefix: int) -> str:
+    """One line naming the deciding ops whose time was not measured there; "" if all were."""
+    parts = []
+    for path, ops in found.items():
+        for name, b in ops.items():
+            label = path if name == path else f"{path}'s {name}"
+            if b["basis"] == "roofline":
+                parts.append(f"{label} at roofline (no measurements)")
+            elif b["basis"] == "extrapolated":
+                octaves = b.get("octaves")
+                far = "by an unknown distance" if octaves is None else f"{octaves:.1f} octaves ({b['axis']})"
+                parts.append(f"{label} extrapolated {far}")
+    if not parts:
+        return ""
+    return f"batch {batch}, prefix {prefix}: the crossover rests on " + ", ".join(parts)
 
 
 def _window(found) -> Window | None:
@@ -224,13 +304,16 @@ def analyze(
     policy: str | None = None,
     results_data: dict | None = None,
     calibration=None,
+    crossover_spans: bool = True,
 ) -> Analysis:
     """Cost, roofline time, choice and crossover of every path at every (batch, new, prefix).
 
     `engines` (default: sglang and vllm with their defaults) adds each engine's path and the
     time it loses against the best path that fits. `policy` (roofline, flops, measured or an
     engine) adds that policy's path and the time it loses; measured takes its crossovers from
-    `results_data` (a loaded results file), per batch size.
+    `results_data` (a loaded results file), per batch size. Calibrated, each time's interval and
+    each op's basis are computed (`spans`), and with `crossover_spans` (the slow part: a search
+    per draw) each crossover's interval and the basis of the ops that decide it.
     """
     engines = parse_engines(None, ctx=context_for(cfg, hw, kv_dtype)) if engines is None else list(engines)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
@@ -279,12 +362,15 @@ def analyze(
         best_by_flops=argmin_path(runnable_flops(cost, batch, new, prefix), cost.choices),
         engine_paths=engine_paths,
         engine_time_lost={name: engine_lost(by_name[name], path) for name, path in engine_paths.items()},
-        crossover=crossover_table(cost, hw, batch_prefix, max_new, calibration),
+        crossover=crossover_table(cost, hw, batch_prefix, max_new, calibration, crossover_spans),
         notes=notes_for(cost, layers) + _cache_note(cost, hw, batch, new, prefix),
         policy=policy,
         policy_path=policy_path,
         policy_time_lost=policy_lost,
         calibration=calibration,
+        spans=None
+        if calibration is None
+        else time_spans(cost, hw, calibration, batch, new, prefix, cost.paths, layers),
     )
 
 
@@ -348,6 +434,8 @@ class BatchAnalysis:
     # expand, expand_chunked, or a DSA model's sparse_absorb, dense_expand, masked_expand; vLLM's
     # split can fall inside a row of alike requests: `assignments` holds the path of most of them)
     engine_counts: dict[str, np.ndarray] = field(default_factory=dict)
+    # calibrated: each strategy's and engine's total's 80% interval (None: an op without evidence)
+    intervals: dict[str, tuple[float, float] | None] | None = None
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -397,6 +485,12 @@ def analyze_batch(
     for path in cost.choices:  # a batch some of whose requests the path cannot run
         if not cost.applicable(path, count, new, prefix).all():
             totals[f"all_{path}"] = float("inf")
+    intervals = {}
+    if calibration is not None:
+        intervals = {
+            s: None if totals[s] == float("inf") else batch_interval(cost, hw, calibration, new, prefix, count, a)
+            for s, a in assignments.items()
+        }
     counts = {}
     for e in engines:
         names = path_names(e)  # absorb, expand, expand_chunked; DSA: sparse_absorb, dense_expand, masked_expand
@@ -412,4 +506,9 @@ def analyze_batch(
         own_cost = engine_cost(cost, e)
         own_cost = replace(own_cost, chunk=int(chunks[0])) if chunks is not None and with_context else own_cost
         totals[e.engine] = batch_time(own_cost, hw, new[idx], prefix[idx], n_req, paths, calibration)
-    return BatchAnalysis(cost, hw, new, prefix, count, own, assignments, totals, engines, calibration, counts)
+        if calibration is not None:
+            intervals[e.engine] = batch_interval(own_cost, hw, calibration, new[idx], prefix[idx], n_req, paths)
+    return BatchAnalysis(
+        cost, hw, new, prefix, count, own, assignments, totals, engines, calibration, counts,
+        intervals if calibration is not None else None,
+    )  # fmt: skip

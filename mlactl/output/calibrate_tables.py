@@ -19,6 +19,10 @@ def pct(v) -> str:
     return "—" if v is None else f"{100 * v:.1f}%"
 
 
+def signed(v) -> str:
+    return "—" if v is None else f"{100 * v:+.1f}%"
+
+
 def split_source(source: str) -> tuple[str, str, str]:
     """'sglang-0.5.14:flash_attention:decode' -> ('sglang-0.5.14', 'flash_attention', 'decode')."""
     parts = str(source).split(":")
@@ -28,7 +32,8 @@ def split_source(source: str) -> tuple[str, str, str]:
 
 
 def fits_table(name: str, hardware: str, fits, width: int | None):
-    """Each fit's op class, kernel, phase, dtype, points, held-out and in-sample error, terms."""
+    """Each fit's op class, kernel, phase, dtype, points, held-out (random folds and blocked
+    split) and in-sample error, and the held-out share inside the 80% interval."""
     sources = [split_source(f.source) for f in fits]
     origins = {o for o, _, _ in sources}
     shared = origins.pop() if len(origins) == 1 and "" not in origins else ""
@@ -37,11 +42,14 @@ def fits_table(name: str, hardware: str, fits, width: int | None):
         Col("kernel" if shared else "source", "left", typed=True),
         Col("phase", "left"),
         Col("dtype", "left", typed=True),
-        Col("n", drop=1),
+        Col("n", drop=4),
         Col("held-out"),
         Col("p90"),
-        Col("in-sample", drop=2),
-        Col("p90 ", drop=3),  # (a second p90: rich needs distinct headers only for our reading)
+        Col("blocked", drop=1),
+        Col(" p90", drop=2),  # (repeated headers: rich needs none distinct, they are for our reading)
+        Col("in 80%", drop=3),
+        Col("in-sample", drop=5),
+        Col("p90 ", drop=6),
     ]
     rows = []
     for f, (origin, kernel, phase) in zip(fits, sources):
@@ -54,6 +62,9 @@ def fits_table(name: str, hardware: str, fits, width: int | None):
                 str(f.n),
                 pct(f.held_out["median"]),
                 pct(f.held_out["p90"]),
+                pct((f.blocked or {}).get("median")),
+                pct((f.blocked or {}).get("p90")),
+                pct(((f.extra.get("interval") or {}).get("coverage") or {}).get("held_out")),
                 pct(f.in_sample["median"]),
                 pct(f.in_sample["p90"]),
             ]
@@ -61,7 +72,9 @@ def fits_table(name: str, hardware: str, fits, width: int | None):
     where = f", {safe.markup(shared)}" if shared else ""
     title = (
         f"Calibration {safe.markup(name)} (hardware {safe.markup(hardware)}{where}): "
-        "median and p90 of |predicted/measured - 1|, held out (5-fold) and in-sample"
+        "median and p90 of |predicted/measured - 1|, held out (5 random folds; blocked: fitted on context "
+        "<= 8K or GEMM rows <= 1024, predicting above) and in-sample; in 80%: held-out measurements inside "
+        "their 80% interval"
     )
     return table(title, cols, rows, width, elsewhere="a wider terminal or --format json")
 
@@ -74,3 +87,37 @@ def terms_lines(fits) -> list[str]:
         what = ", ".join(safe.markup(x) for x in (kernel, phase, f.dtype) if x)
         out.append(f"terms kept: {safe.markup(f.op)} ({what}): {' + '.join(f.terms)}")
     return out
+
+
+def score_table(title: str, scores, width: int | None):
+    """A calibration's errors on measurements it never saw, per op class (mlactl calibrate score)."""
+    cols = [
+        Col("op", "left", typed=True),
+        Col("source", "left", typed=True),
+        Col("dtype", "left", typed=True),
+        Col("n", drop=1),
+        Col("median"),
+        Col("p90"),
+        Col("bias"),
+        Col("in 80%"),
+        Col("in range", drop=2),
+    ]
+    rows = [
+        [
+            safe.markup(s.op),
+            safe.markup(s.source),
+            safe.markup(s.dtype),
+            str(s.n),
+            pct(s.median),
+            pct(s.p90),
+            signed(s.bias),
+            pct(s.coverage),
+            "no fit" if s.fit is None else pct(s.measured),
+        ]
+        for s in scores
+    ]
+    title += (
+        ": median and p90 of |predicted/measured - 1|; bias: median of predicted/measured - 1 (> 0: predicted "
+        "slow); in 80%: measurements inside their 80% interval; in range: points inside the fit's measured range"
+    )
+    return table(title, cols, rows, width, elsewhere="a wider terminal or --format json")

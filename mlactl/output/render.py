@@ -73,6 +73,28 @@ def _time_cell(time_s: float, compute_bound: bool, best: bool, fits: bool = True
     return text
 
 
+MARKS = {"extrapolated": "†", "roofline": "‡"}
+SPAN_LEGEND = (
+    "calibrated: (80% interval); † an op's time extrapolated beyond the shapes measured, "
+    "‡ an op at roofline (nothing measured for it); --format json gives each op's basis"
+)
+
+
+def seconds_span(lo: float, hi: float) -> str:
+    """`1.70–2.20ms`: an interval in the unit of its top."""
+    unit, scale = next(((u, f) for u, f in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)) if hi >= f), ("ns", 1e-9))
+    return f"{lo / scale:.3g}–{hi / scale:.3g}{unit}"
+
+
+def _with_span(cell: Text, spans, path: str, i: int) -> Text:
+    """A calibrated time cell with its interval and the mark of its weakest op basis."""
+    span = spans.paths[path]
+    if span is not None:
+        cell.append(f" ({seconds_span(span[0][i], span[1][i])})")
+    cell.append(MARKS.get(str(spans.path_basis[path][i]), ""))
+    return cell
+
+
 def _lost(t: float) -> Text:
     if t == float("inf"):
         return Text("does not fit", style="red")
@@ -111,6 +133,8 @@ def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = 
             )
             for i in shown
         ]
+        if analysis.spans is not None:
+            cells = [_with_span(c, analysis.spans, p, i) for c, i in zip(cells, shown)]
         columns.append(Column(SHORT[p] + ("*" if p == "mha" else ""), cells, priority=2 if p == "mha" else 0))
     columns.append(Column("best", [SHORT[analysis.best[i]] for i in shown], justify="left"))
     columns.append(Column("by FLOPs", [SHORT[analysis.best_by_flops[i]] for i in shown], justify="left", priority=1))
@@ -123,6 +147,8 @@ def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = 
     caption = ""
     if len(analysis) > max_rows:
         caption = f"first {max_rows} of {len(analysis)} rows; use --format csv or json for all"
+    if analysis.spans is not None:
+        caption = "\n".join(filter(None, [SPAN_LEGEND, caption]))
     fitted = fit(
         columns,
         width,
@@ -207,6 +233,19 @@ def window_table(crossover: Crossover) -> Table:
     return table
 
 
+def crossover_cell(value: int | None, interval, max_new: int, mark: str = "") -> str:
+    """`133`, or calibrated `133 (128–181)`: the 80% interval; `(≥ 128)` when its top lies past
+    max_new; `mark` flags a crossover whose deciding ops were not all measured."""
+    text = f"> {max_new}" if value is None else str(value)
+    if interval is not None:
+        lo, hi = interval
+        text += f" (≥ {lo})" if hi is None else f" ({lo}–{hi})"
+    return text + mark
+
+
+BASIS_MARK = "†"
+
+
 def crossover_table(crossover: Crossover) -> Table:
     if crossover.windows:
         return window_table(crossover)
@@ -217,13 +256,21 @@ def crossover_table(crossover: Crossover) -> Table:
         table.add_column(col, justify="right")
     limit = f"> {crossover.max_new}"
     for r in crossover.rows:
+        mark = BASIS_MARK if r.note else ""
         table.add_row(
             str(r.batch),
             str(r.prefix),
-            *(limit if v is None else str(v) for v in (r.by_flops, r.by_time, r.by_time_chunked)),
+            limit if r.by_flops is None else str(r.by_flops),
+            crossover_cell(r.by_time, r.by_time_interval, crossover.max_new, mark),
+            crossover_cell(r.by_time_chunked, r.by_time_chunked_interval, crossover.max_new),
         )
-    if crossover.note:
-        table.caption = crossover.note
+    lines = [crossover.note] if crossover.note else []
+    if kind == "calibrated":
+        lines.append("calibrated: (80% interval)")
+    lines += [f"{BASIS_MARK} {r.note}" for r in crossover.rows if r.note]
+    if lines:
+        table.caption = "\n".join(lines)
+        table.caption_justify = "left"
     return table
 
 
@@ -258,7 +305,9 @@ def batch_tables(ba: BatchAnalysis, max_rows: int = 200) -> list:
         ratio = t / ba.totals[best] if ba.totals[best] else 1.0
         style = "bold green" if s == best else ""
         label = next((e.label for e in ba.engines if e.engine == s), s)
-        totals.add_row(Text(label, style=style), seconds(t), f"{ratio:.2f}x")
+        span = ba.intervals.get(s) if ba.intervals else None
+        shown = seconds(t) if span is None else f"{seconds(t)} ({seconds_span(*span)})"
+        totals.add_row(Text(label, style=style), shown, f"{ratio:.2f}x")
     sources = "Engine rules: " + "; ".join(sorted({e.citation for e in ba.engines})) if ba.engines else ""
     return [rows, totals, *engine_lines(ba.engines), sources]
 

@@ -61,10 +61,14 @@ def window_json(w: Window | None) -> dict | None:
 
 
 def crossover_json(crossover: Crossover) -> dict:
-    if crossover.windows:  # a DSA model: windows where an expand path beats sparse_absorb
+    """Per (batch, prefix): the crossovers; calibrated, also their 80% intervals ([lo, hi], hi null
+    past max_new), each deciding op's basis and a note when one was not measured there. A DSA
+    model: the windows where an expand path beats sparse_absorb."""
+    if crossover.windows:
         return {
             "asymptotic_new": None,
             "max_new": crossover.max_new,
+            "time": crossover.time_kind,
             "by_prefix": [
                 {
                     "batch": r.batch,
@@ -79,19 +83,29 @@ def crossover_json(crossover: Crossover) -> dict:
             ],
             "note": crossover.note,
         }
+
+    def row(r) -> dict:
+        out = {
+            "batch": r.batch,
+            "prefix": r.prefix,
+            "by_flops": r.by_flops,
+            "by_time": r.by_time,
+            "by_time_chunked": r.by_time_chunked,
+        }
+        if crossover.time_kind == "calibrated":
+            out["by_time_interval"] = None if r.by_time_interval is None else list(r.by_time_interval)
+            out["by_time_chunked_interval"] = (
+                None if r.by_time_chunked_interval is None else list(r.by_time_chunked_interval)
+            )
+            out["basis"] = r.basis
+            out["note"] = r.note
+        return out
+
     return {
         "asymptotic_new": crossover.asymptotic_new,
         "max_new": crossover.max_new,
-        "by_prefix": [
-            {
-                "batch": r.batch,
-                "prefix": r.prefix,
-                "by_flops": r.by_flops,
-                "by_time": r.by_time,
-                "by_time_chunked": r.by_time_chunked,
-            }
-            for r in crossover.rows
-        ],
+        "time": crossover.time_kind,
+        "by_prefix": [row(r) for r in crossover.rows],
         "note": crossover.note,
     }
 
@@ -156,6 +170,7 @@ def to_json(analysis: Analysis) -> dict:
     rows = []
     if analysis.policy is not None:
         policy_paths, policy_lost = analysis.policy_path.tolist(), analysis.policy_time_lost.tolist()
+    spans = analysis.spans
     for i in range(len(analysis)):
         row_paths = {}
         for name, p in paths.items():
@@ -179,6 +194,8 @@ def to_json(analysis: Analysis) -> dict:
                     for op, f, b, t, cb in p["ops"]
                 ],
             }
+            if spans is not None:
+                add_spans(row_paths[name], spans, name, i)
         rows.append(
             {
                 "batch": cols["batch"][i],
@@ -206,6 +223,20 @@ def to_json(analysis: Analysis) -> dict:
     out["rows"] = rows
     out["crossover"] = crossover_json(analysis.crossover)
     return out
+
+
+def _interval(span, i: int):
+    return None if span is None else [float(span[0][i]), float(span[1][i])]
+
+
+def add_spans(row_path: dict, spans, path: str, i: int) -> None:
+    """A calibrated row's path: its time's 80% interval and weakest basis; each op's interval and
+    basis ({"basis": "measured" | "extrapolated" | "roofline", "octaves", "axis"})."""
+    row_path["time_interval_s"] = _interval(spans.paths[path], i)
+    row_path["basis"] = str(spans.path_basis[path][i])
+    for op in row_path["ops"]:
+        op["time_interval_s"] = _interval(spans.ops[path][op["name"]], i)
+        op.update(spans.op_estimates[path][op["name"]].basis_json(i))
 
 
 def dumps(data: dict) -> str:
@@ -253,6 +284,11 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
         cols[f"{name}.bound"] = Labels(pt.compute_bound, bounds)
         cols[f"{name}.peak_expanded_bytes"] = analysis.peak_expanded[name]
         cols[f"{name}.fits_memory"] = Labels(analysis.fits_memory[name], ["false", "true"])
+        spans = analysis.spans
+        if spans is not None:  # calibrated: the 80% interval and the weakest basis of the path's ops
+            if spans.paths[name] is not None:
+                cols[f"{name}.time_lo_s"], cols[f"{name}.time_hi_s"] = spans.paths[name]
+            cols[f"{name}.basis"] = Labels.of(spans.path_basis[name])
         if analysis.cfg.is_dsa:
             cols[f"{name}.runs"] = Labels(analysis.runs[name], ["false", "true"])
         if ops:
@@ -262,12 +298,23 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
                 cols[f"{name}.{op.name}.bytes"] = op.bytes
                 cols[f"{name}.{op.name}.time_s"] = op.time_s
                 cols[f"{name}.{op.name}.bound"] = Labels(op.compute_bound, bounds)
+                if spans is not None:
+                    if spans.ops[name][op.name] is not None:
+                        lo, hi = spans.ops[name][op.name]
+                        cols[f"{name}.{op.name}.time_lo_s"], cols[f"{name}.{op.name}.time_hi_s"] = lo, hi
+                    est = spans.op_estimates[name][op.name]
+                    cols[f"{name}.{op.name}.basis"] = Labels.of(est.basis)
+                    cols[f"{name}.{op.name}.octaves"] = est.octaves
     return list(cols), list(cols.values())
 
 
 def write_analysis_csv(fh, analysis: Analysis, ops: bool = False) -> None:
     header, columns = csv_columns(analysis, ops)
     write_csv(fh, header, columns)
+
+
+def _pair(span):
+    return None if span is None else list(span)
 
 
 def batch_json(ba) -> dict:
@@ -286,6 +333,7 @@ def batch_json(ba) -> dict:
             dict(
                 engine_json(e),
                 time_s=ba.totals[e.engine],
+                **({"time_interval_s": _pair(ba.intervals[e.engine])} if ba.intervals else {}),
                 # never negative: vLLM's own chunk size can beat the best assignment at --chunk
                 lost_s=max(0.0, ba.totals[e.engine] - ba.totals[ba.best_strategy]),
             )
@@ -303,7 +351,13 @@ def batch_json(ba) -> dict:
             }
             for i in range(len(ba.new))
         ],
-        "totals": {s: {"time_s": number_or_none(ba.totals[s])} for s in ba.strategies},
+        "totals": {
+            s: {
+                "time_s": number_or_none(ba.totals[s]),
+                **({"time_interval_s": _pair(ba.intervals.get(s))} if ba.intervals else {}),
+            }
+            for s in ba.strategies
+        },
         "best_strategy": ba.best_strategy,
     }
 

@@ -99,7 +99,9 @@ def kernels_table(entries: list[dict], meaningful: bool, width: int | None = Non
 
 
 PATHS_CAPTION = (
-    "64 (32–128): expand wins from 64 new tokens; noise leaves it anywhere above 32 and up to 128. "
+    "158 (140–175): the root of a local fit of log(expand/absorb), and its 80% bootstrap interval. "
+    "64 (32–128) where there is no sign change to fit: expand wins from 64 new tokens at every count "
+    "measured; noise leaves it anywhere above 32 and up to 128. "
     "↓: below the crossover of a shorter prefix (noise, or too few counts). never ≤256: expand won "
     "at none of the counts measured. cut (budget): the time budget stopped the sweep first."
 )
@@ -171,7 +173,10 @@ def crossover_text(row: dict) -> str:
         return f"never ≤{largest}" if largest else "never"
     low, high = row.get("measured_low"), row.get("measured_high")
     text = str(value)
-    if "measured_low" in row or "measured_high" in row:
+    if row.get("estimator") == "local_root":
+        interval = row.get("measured_interval")
+        text += " (no repeats)" if interval is None else f" ({interval[0]}–{interval[1]})"
+    elif "measured_low" in row or "measured_high" in row:
         text += f" ({'?' if low is None else low}–{'?' if high is None else high})"
     if row.get("nonmonotone"):
         text += " ↓"

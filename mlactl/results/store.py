@@ -31,14 +31,17 @@ and reads what):
       "crossovers": [                       # per (batch, prefix) measured by `tune paths`
         {"batch": 1, "prefix": 4096, "measured": 180, "predicted": 175, "predicted_by_flops": 168,
          "measured_status": "found" | "never" | "budget", "measured_low": 128, "measured_high": 256,
-         "nonmonotone": false}
+         "nonmonotone": false, "estimator": "local_root" | "first_stable", "first_stable": 192,
+         "measured_root": 179.4, "measured_interval": [171, 188], "measured_window": [64, 384],
+         "step_samples": [132, 133]}
       ],
       "ceilings": {"peak_tflops": {"bf16": 780.0}, "bandwidth_tbs": 4.3}   # `tune ceilings`
     }
 
 Every section but the header is optional: a run that only measured ceilings has no "paths".
-Optional in every timing: "cv" (stdev/mean of the repetitions), "remeasured", "unstable"; in a
-crossover row: its status, noise bracket and monotonicity flag (docs/noise-and-budget.md).
+Optional in every timing: "cv" (stdev/mean of the repetitions), "remeasured", "unstable", and
+in a path row "times_s" (each round's time, for the crossover's bootstrap); in a crossover row:
+its status, noise bracket, monotonicity flag, estimator and interval (docs/noise-and-budget.md).
 Times are seconds, FLOPs and bytes raw counts (from cost.py), as everywhere in mlactl.
 
 The checked form of this layout is HEADER, KERNEL, PATH and CROSSOVER below; `validate` applies

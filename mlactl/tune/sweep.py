@@ -16,7 +16,11 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from mlactl.decide.analysis import crossover_table
+from mlactl.decide.calibration.model import step_counts
+from mlactl.decide.calibration.sources import points_for
 from mlactl.kernels import configs as tuned_configs
 from mlactl.kernels.configs import ENV_OFF
 from mlactl.model import hardware
@@ -36,6 +40,11 @@ DEFAULT_NEW = {"cuda": "1:4096:*2", "cpu": "1:256:*2"}
 QUICK_PREFIXES = {"cuda": "0,8K", "cpu": "0,512"}
 QUICK_NEW = {"cuda": "1:4096:*4", "cpu": "1:256:*4"}
 REFINE_STEPS = 4  # bisection steps between the last new count absorb won and the first expand won
+# Steps are claims (docs/calibration.md): where a path's attention changes its count of query
+# tiles or of waves of CTAs, calibrated time may step; tune paths measures the count just before
+# and at each of the STEP_SAMPLES steps nearest the roofline crossover, so a calibration fitted
+# to the run has sampled them.
+STEP_SAMPLES = 4
 MEMORY_SHARE = 0.5  # a point whose inputs and intermediates need more of the free memory is skipped
 
 
@@ -425,8 +434,8 @@ def _measure_point(ctx: Context, cost, b: int, n: int, p: int, chunk: int) -> di
         timings = {}
         for path in runs:
             rows[path].update(status="failed", reason=_failure(exc))
-    for path, timing in timings.items():
-        rows[path].update(timing.to_dict())
+    for path, timing in timings.items():  # each round's time too: the crossover's bootstrap resamples them
+        rows[path].update(timing.to_dict(keep_times=True))
         found[path] = rows[path]["median_s"]
     # the paths compute one function: a path that disagrees must not set the policy
     if "expand" in outputs:
@@ -459,8 +468,37 @@ def measured_crossover(times: dict[int, dict[str, float]]) -> int | None:
     return crossover
 
 
+def predicted_steps(cost, sm_count: int | None, batch: int, prefix: int, low: int, high: int) -> list[int]:
+    """New-token counts n in (low, high] at which expand's or absorb's attention pads its query
+    rows more, or needs more waves of CTAs over `sm_count` SMs, than at n - 1 (calibration.model.
+    step_counts; none without SMs)."""
+    if not sm_count or high <= low:
+        return []
+    n = np.arange(low, high + 1, dtype=np.float64)
+    found: set[int] = set()
+    for cls in ("expand_attention", "absorb_attention"):
+        counts = step_counts(points_for(cost, cls, batch, n, prefix, None), sm_count)
+        changed = np.any(counts[1:] > counts[:-1] + 1e-12, axis=1)
+        found.update(int(v) for v in n[1:][changed])
+    return sorted(found)
+
+
+def step_samples(cost, hw, batch: int, prefix: int, news, most: int = STEP_SAMPLES) -> list[int]:
+    """The counts just before and at the `most` predicted steps nearest the roofline crossover
+    (within the sweep's range), not already in `news`."""
+    if hw is None or not news:
+        return []
+    steps = predicted_steps(cost, hw.sm_count, batch, prefix, min(news), max(news))
+    if not steps:
+        return []
+    near = crossover_table(cost, hw, [(batch, prefix)]).rows[0].by_time or max(news)
+    chosen = sorted(steps, key=lambda n: (abs(n - near), n))[:most]
+    return sorted({m for n in chosen for m in (n - 1, n) if m >= 1} - set(news))
+
+
 def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool = True) -> list[dict]:
-    """Both paths end to end over new-token counts for each (batch, prefix); measured and
+    """Both paths end to end over new-token counts for each (batch, prefix), and the counts just
+    before and at the predicted steps nearest the crossover (`step_samples`); measured and
     predicted crossovers. Returns the crossover rows."""
 
     cost = CostModel(ctx.cfg, kv_dtype=ctx.kv_dtype, dtype=ctx.dtype, chunk=chunk)
@@ -473,8 +511,9 @@ def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool =
                 continue
             times: dict[int, dict[str, float]] = {}
             cut = False
-            with ctx.task(f"paths batch {b} prefix {p}", len(news)) as advance:
-                for n in news:
+            steps = step_samples(cost, ctx.hw, b, p, news)
+            with ctx.task(f"paths batch {b} prefix {p}", len(news) + len(steps)) as advance:
+                for n in sorted(set(news) | set(steps)):
                     if ctx.out_of_time(clock.predict(b, n, p)):
                         ctx.skipped.append(f"paths batch {b} prefix {p} new {n}: time budget spent")
                         cut = True
@@ -485,6 +524,8 @@ def tune_paths(ctx: Context, batches, news, prefixes, chunk: int, refine: bool =
             if refine:
                 _refine(ctx, cost, b, p, chunk, times, clock)
             rows.append(crossover_row(ctx, cost, b, p, times, cut))
+            if steps:
+                rows[-1]["step_samples"] = steps
             store_crossovers(ctx, rows)
     return rows
 
@@ -493,21 +534,31 @@ def crossover_row(ctx: Context, cost, b: int, p: int, times: dict[int, dict[str,
     """The measured crossover of one (batch, prefix), with its status (found, never, or cut by the
     budget) and its bracket widened by noise, and the predicted ones. `store_crossovers` keeps it."""
 
-    measured = measured_crossover(times)
+    stable = measured_crossover(times)
     row = {
         "batch": b,
         "prefix": p,
-        "measured": measured,
-        "measured_status": noise.FOUND if measured is not None else (noise.BUDGET if cut else noise.NEVER),
+        "measured": stable,
+        "measured_status": noise.FOUND if stable is not None else (noise.BUDGET if cut else noise.NEVER),
         "measured_new": sorted(times),
         "predicted_by_flops": cost.crossover_by_flops(p),
+        "first_stable": stable,
     }
-    if measured is not None:
+    if stable is not None:
         points = {
             n: {path: ctx.store.find("paths", batch=b, new=n, prefix=p, path=path) for path in ("expand", "absorb")}
             for n in times
         }
-        row["measured_low"], row["measured_high"] = noise.bracket(points, measured)
+        row["measured_low"], row["measured_high"] = noise.bracket(points, stable)
+        found = noise.root_crossover(points, stable)
+        # the root of a local fit of log(expand/absorb), with its bootstrap interval; where there
+        # is no sign change to fit (expand wins from the smallest count), first_stable stands
+        row["estimator"] = "local_root" if found else "first_stable"
+        if found:
+            row["measured"] = found["measured"]
+            row["measured_root"] = found["root"]
+            row["measured_interval"] = found["interval"]
+            row["measured_window"] = found["window"]
     if ctx.hw is not None:
         row["predicted"] = crossover_table(cost, ctx.hw, [(b, p)]).rows[0].by_time
     return row

@@ -207,6 +207,25 @@ def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.n
     return rows, ctas
 
 
+def rows_of(pts: Points) -> np.ndarray:
+    """A projection's GEMM rows (tokens: batch x new, or batch x context for kv_expand); query
+    tokens (batch x new) for any other op class."""
+    if pts.op in PROJECTIONS:
+        return np.asarray(_rows_and_ctas(pts)[0], dtype=np.float64)
+    return np.asarray(pts.batch, dtype=np.float64) * np.asarray(pts.new, dtype=np.float64)
+
+
+def step_counts(pts: Points, sm_count: int | None, tile: int = TILE_ROWS) -> np.ndarray:
+    """[n, 2] what a predicted time steps with: the padding of query rows to whole tiles (padded
+    rows over rows), and the waves of CTAs over the SMs (0 without an SM count). Time steps up
+    where either grows from one point to the next."""
+    rows, ctas = _rows_and_ctas(pts, tile)
+    rows = np.maximum(np.asarray(rows, dtype=np.float64), 1.0)
+    pad = np.ceil(rows / tile) * tile / rows
+    waves = np.ceil(np.where(np.isfinite(ctas), ctas, 0.0) / sm_count) if sm_count else np.zeros_like(pad)
+    return np.stack([np.ravel(pad), np.ravel(waves)], axis=-1)
+
+
 # terms that only act on attention ops
 ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast", "qrow")
 
@@ -222,7 +241,7 @@ def relevant_terms(op: str, terms) -> tuple[str, ...]:
     if op.startswith("path:"):  # a whole path has no one tile shape; its ops may or may not overlap
         return tuple(t for t in terms if t in ("fixed", "sum") + PATH_TERMS)
     if op in PROJECTIONS:
-        return tuple(t for t in terms if t not in ATTENTION_TERMS)
+        return tuple(t for t in terms if t not in ATTENTION_TERMS + PATH_TERMS)
     if op not in ATTENTION_CLASSES:  # the indexer, top-k, merges: no tile model, no attention terms
         return tuple(t for t in terms if t not in ATTENTION_TERMS + PROJECTION_TERMS + PATH_TERMS)
     if op not in MQA_CLASSES or "split" not in terms:  # only the MQA attentions are split
@@ -304,8 +323,15 @@ def fa3_splits(ctas, n_blocks, sm_count: int, max_splits: int = 128) -> np.ndarr
     return out
 
 
-def _splits(pts: Points, ctas: np.ndarray, sm_count: int, block: int = KV_BLOCK, fa3: bool = False) -> np.ndarray:
-    """Split-KV factor: fill the SMs when the CTAs are fewer, at most one piece per KV block."""
+def _splits(
+    pts: Points, ctas: np.ndarray, sm_count: int, block: int = KV_BLOCK, fa3: bool = False, smooth: bool = False
+) -> np.ndarray:
+    """Split-KV factor: fill the SMs when the CTAs are fewer, at most one piece per KV block.
+    `smooth`: the continuous count (SMs / CTAs, at most one piece per key block), without its steps."""
+    if smooth:
+        few = np.isfinite(ctas) & (ctas < sm_count) & (pts.op in MQA_CLASSES)
+        c = np.where(few, np.maximum(ctas, 1.0), 1.0)
+        return np.where(few, np.clip(sm_count / c, 1.0, np.maximum(pts.context / block, 1.0)), 1.0)
     if fa3 and pts.op in MQA_CLASSES:
         c = np.where(np.isfinite(ctas), ctas, float(sm_count))
         return fa3_splits(c, np.ceil(pts.context / block), sm_count)
@@ -315,9 +341,13 @@ def _splits(pts: Points, ctas: np.ndarray, sm_count: int, block: int = KV_BLOCK,
     return np.where(few & (pts.op in MQA_CLASSES), np.maximum(s, 1.0), 1.0)
 
 
-def predict(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> np.ndarray:
-    """Calibrated seconds of each point (see the module docstring for the terms)."""
-    t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count)
+def predict(
+    params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None, smooth: bool = False
+) -> np.ndarray:
+    """Calibrated seconds of each point (see the module docstring for the terms). `smooth`: the same
+    fit with its counts (tiles, waves, KV blocks, splits) continuous instead of whole: the time
+    without the steps those counts make (`steps are claims`, docs/calibration.md)."""
+    t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count, smooth)
     t_fixed = t_fixed + added_seconds(params, terms, pts, bandwidth, sm_count)
     if "sum" in terms:  # compute and memory do not overlap
         t = t_fixed + np.maximum(t_compute + t_memory, serial)
@@ -385,7 +415,7 @@ def near_factor(table: dict, pts: Points, chunk: int = 2048) -> np.ndarray:
     only); 1 where none is that near."""
     x = np.asarray(table["features"], dtype=np.float64)
     r = np.asarray(table["log_residual"], dtype=np.float64)
-    f = near_features(pts)
+    f, back = np.unique(near_features(pts), axis=0, return_inverse=True)  # a grid repeats shapes
     out = np.ones(len(f))
     k = min(NEAR_K, len(x))
     for start in range(0, len(f), chunk):
@@ -398,6 +428,7 @@ def near_factor(table: dict, pts: Points, chunk: int = 2048) -> np.ndarray:
             warnings.simplefilter("ignore", RuntimeWarning)
             med = np.nanmedian(res, axis=1)
         out[start : start + chunk] = np.where(np.isfinite(med), np.exp(-med), 1.0)
+    out = out[np.reshape(back, -1)]
     shape = np.shape(np.asarray(_rows_and_ctas(pts)[0]))
     return out.reshape(shape) if shape else out[0]
 
@@ -410,37 +441,46 @@ def quant_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
     return pts.flops / (2 * per_row_out) * 2 / (params["eta_q"] * bandwidth)
 
 
-def components(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None):
+def _whole(x, smooth: bool):
+    """ceil(x), or with `smooth` x itself (at least 1): a count of tiles, waves or blocks, or its
+    continuous stand-in."""
+    return np.maximum(x, 1.0) if smooth else np.ceil(x)
+
+
+def components(
+    params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None, smooth: bool = False
+):
     """(t_fixed, compute seconds, memory seconds, serial seconds) of each point: the parts
-    `predict` combines, kept apart so a batch of requests in one launch can add them up."""
+    `predict` combines, kept apart so a batch of requests in one launch can add them up.
+    `smooth`: counts continuous (see `predict`)."""
     flops = np.asarray(pts.flops, dtype=np.float64)
     nbytes = np.asarray(pts.bytes, dtype=np.float64)
     serial = np.zeros_like(flops)
     attention = pts.op in ATTENTION_CLASSES
     tile = _tile(pts.op, terms)
     if attention and "kvpad" in terms:  # the cache is read in whole KV blocks (pages) per request
-        padded = np.ceil(pts.context / tile) * tile
+        padded = pts.context if smooth else np.ceil(pts.context / tile) * tile
         with np.errstate(divide="ignore", invalid="ignore"):
             nbytes = nbytes + np.where(pts.context > 0, pts.cache_bytes * (padded / pts.context - 1), 0.0)
     if {"pad", "waves", "split", "serial"} & set(terms):
         rows, ctas = _rows_and_ctas(pts, tile)
-        if "pad" in terms:
+        if "pad" in terms and not smooth:
             with np.errstate(divide="ignore", invalid="ignore"):
                 pad = np.where(rows > 0, np.ceil(rows / tile) * tile / rows, 1.0)
             flops = flops * pad
         finite = np.isfinite(ctas) & (ctas > 0)
         s = np.ones_like(flops)
         if sm_count and "split" in terms:
-            s = _splits(pts, ctas, sm_count, tile, "fa3split" in terms)
+            s = _splits(pts, ctas, sm_count, tile, "fa3split" in terms, smooth)
             # each piece writes an fp32 partial output and lse per (token, head); the merge reads them
             nbytes = nbytes + np.where(s > 1, 2 * s * pts.batch * pts.new * pts.heads * (pts.out_dim * 4 + 4), 0.0)
         if sm_count and "waves" in terms:  # the split pieces are CTAs too
             c = np.where(finite, ctas * s, 1.0)
-            util = np.where(finite, c / (np.ceil(c / sm_count) * sm_count), 1.0)
+            util = np.where(finite, c / (_whole(c / sm_count, smooth) * sm_count), 1.0)
             flops = flops / util
         if sm_count and "serial" in terms and attention:
-            waves = np.ceil(np.where(finite, ctas, 1.0) * s / sm_count)
-            iters = np.ceil(pts.context / (s * tile))
+            waves = _whole(np.where(finite, ctas, 1.0) * s / sm_count, smooth)
+            iters = _whole(pts.context / (s * tile), smooth)
             serial = params["t_iter_s"] * waves * iters
     if "ops" in terms and pts.op.startswith("path:") and pts.attn_flops is not None:
         # the path's ops run one after another: attention at eta_c, the rest (projections,

@@ -33,13 +33,16 @@ def ceilings(hw: HardwareProfile, dtype: str = "bf16") -> dict:
     }
 
 
-def build(name: str, hw: HardwareProfile, source: dict, groups: dict, select: bool = True) -> tuple[dict, list]:
-    """Fit every group and assemble the calibration file's dict; returns (data, fit results)."""
+def build(
+    name: str, hw: HardwareProfile, source: dict, groups: dict, select: bool = True, terms=None
+) -> tuple[dict, list]:
+    """Fit every group and assemble the calibration file's dict; returns (data, fit results).
+    `terms`: fit these terms (those that act on each op class) instead of selecting them."""
 
     if not groups:
         raise MlactlError("no measured points to calibrate from")
     dtype = source.get("dtype", "bf16")  # the runs' compute dtype: fits divide by its peak
-    results = fit_groups(groups, machine_for(hw, dtype), select_terms=select)
+    results = fit_groups(groups, machine_for(hw, dtype), select_terms=select, terms=terms)
     data = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -62,11 +65,7 @@ def from_aiconfigurator(system: str, framework: str, version: str | None, data_d
         if system not in SYSTEM_PROFILES:
             raise MlactlError(f"no hardware profile for system {system!r}: pass --hardware NAME|FILE")
         hw = hardware.from_name(SYSTEM_PROFILES[system])
-    groups = {}
-    for t in tables:
-        phase = ac.PHASES.get(t.name.split("/")[1], "")
-        for (op, src, dtype), pts in ac.table_points(t).items():
-            groups[(op, f"{framework}-{t.version}:{src}{phase}", dtype)] = pts
+    groups = table_groups(tables, framework)
     versions = sorted({t.version for t in tables})
     source = {
         "kind": "aiconfigurator",
@@ -114,6 +113,32 @@ def from_results(files, hw: HardwareProfile | None):
         source.update(model=dict(zip(DIMS, dims)), kv_dtype=kv_dtype, device=device)
     stem = "+".join(sorted({str(f).rsplit("/", 1)[-1].removesuffix(".json") for f in files}))[:80]
     return f"{hw.name}-results-{stem}", hw, source, groups
+
+
+def table_groups(tables, framework: str) -> dict:
+    """{(op, source, dtype): Points} of aiconfigurator tables; a source names the framework's
+    version and kernel, and ends in the table's phase (:decode, :prefill)."""
+    groups = {}
+    for t in tables:
+        phase = ac.PHASES.get(t.name.split("/")[1], "")
+        for (op, src, dtype), pts in ac.table_points(t).items():
+            groups[(op, f"{framework}-{t.version}:{src}{phase}", dtype)] = pts
+    return groups
+
+
+def aiconfigurator_groups(system: str, framework: str, version: str | None, data_dir) -> dict:
+    """The groups of `from_aiconfigurator`, for scoring."""
+    folder = ac.default_data_dir() if data_dir is None else data_dir
+    return table_groups(ac.find_tables(folder, system, framework, version), framework)
+
+
+def results_groups(files) -> dict:
+    """{(op, source, dtype): Points} of `mlactl tune` results files, keyed as `from_results`."""
+    groups: dict = {}
+    for f in files:
+        for key, pts in results_points(results.load(f), str(f)).items():
+            groups[key] = _concat([groups[key], pts]) if key in groups else pts
+    return groups
 
 
 def from_csv(file, cfg, hw: HardwareProfile):

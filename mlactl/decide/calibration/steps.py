@@ -37,7 +37,7 @@ from mlactl.decide.calibration.model import (
     op_class,
 )
 from mlactl.decide.calibration.sources import points_for
-from mlactl.decide.calibration.time import _fit_dtype, _whole_path_fit
+from mlactl.decide.calibration.time import fit_dtype, whole_path_fit
 from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.linear import linear_ops, row_features
@@ -133,7 +133,7 @@ class PathLaunches:
         if chunk is not None:
             chunk = np.asarray(chunk, dtype=np.int64)
             groups = [(replace(cost, chunk=int(c)), np.flatnonzero(chunk == c)) for c in np.unique(chunk)]
-        whole = _whole_path_fit(cost, cal, path)
+        whole = whole_path_fit(cost, cal, path)
         names = [f"path:{path}"] if whole else [op_class(path, op) for op in self.op_names]
         decode_like = (self.prefix > 0) & (self.new <= DECODE_MAX_NEW)
         lin, x = self.lin, self.x
@@ -144,7 +144,7 @@ class PathLaunches:
         for k, cls in enumerate(names):
             phases: dict[str, tuple | None] = {}
             for phase in ("decode", "prefill"):
-                fit = whole or cal.fit_for(cls, _fit_dtype(cost, cls), phase)
+                fit = whole or cal.fit_for(cls, fit_dtype(cost, cls), phase)
                 if fit is None:
                     phases[phase] = None
                     continue

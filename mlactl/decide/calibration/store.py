@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlactl.decide.calibration.evidence import check_evidence
 from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, TERMS, param_names
 from mlactl.util import dirs, safe
 from mlactl.util import schema as S
@@ -31,6 +32,10 @@ from mlactl.util.errors import MlactlError, warn
 from mlactl.util.io import atomic_write, contained, keep_aside, locked, read_json, store_files
 
 SCHEMA = "mlactl.calibration"
+# Each fit may carry its evidence (mlactl calibrate writes it since issue 22): "range", "shapes",
+# "interval", "members", "blocked" (mlactl.decide.calibration.evidence). A fit without it (a file
+# from an earlier mlactl, or written by hand) predicts as before, without an interval, and every
+# op it times has basis `extrapolated` by an unknown distance: nothing says where it was measured.
 SCHEMA_VERSION = 1
 
 
@@ -206,6 +211,24 @@ CALIBRATION = S.Obj(
 )
 
 
+MEMBER = S.Obj({"terms": _terms, "params": S.MapOf(S.anything)}, rule=_params_rule)
+
+
+def _member_check(fit: dict):
+    """check(member, where) for fit's members: their terms and every parameter within its
+    physical range, an efficiency's by the fit's dtype."""
+
+    def check(member, where: str) -> None:
+        if not isinstance(member, dict):
+            raise MlactlError(f"{where} must be an object")
+        try:
+            S.validate(MEMBER, dict(member, dtype=fit.get("dtype")))
+        except S.Invalid as exc:
+            raise MlactlError(f"{where}: {exc}") from None
+
+    return check
+
+
 def validate(data, where: str) -> Calibration:
     """Check every field of a calibration file against CALIBRATION (types, and each number's
     physical range); one MlactlError line naming the first field that is wrong."""
@@ -222,6 +245,8 @@ def validate(data, where: str) -> Calibration:
         S.validate(CALIBRATION, data)
     except S.Invalid as exc:
         raise MlactlError(f"{safe.text(where)}: {exc}") from None
+    for i, fit in enumerate(data["fits"]):  # each fit's evidence: its range, shapes, interval, members
+        check_evidence(fit, f"{safe.text(where)}: fits[{i}]", _member_check(fit))
     # names from the file: printable from here on (markup and mathtext are escaped where drawn)
     return Calibration(safe.text(data["name"]), safe.text(data["hardware"]), data, where)
 

@@ -28,29 +28,50 @@ from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import OpTime, PathTime, path_time, roofline_time
 
 
-def _scaled(ops: list[Op], layers: int) -> list[Op]:
+def scaled_ops(ops: list[Op], layers: int) -> list[Op]:
     if layers == 1:
         return ops
     return [Op(op.name, op.flops * layers, op.bytes * layers, op.weight_bytes * layers) for op in ops]
 
 
-def _fit_dtype(cost: CostModel, cls: str) -> str:
+def fit_dtype(cost: CostModel, cls: str) -> str:
     return cost.kv_dtype if "attention" in cls or cls.startswith("path:") else cost.dtype
 
 
-def calibrated_seconds(
-    cost: CostModel, hw: HardwareProfile, peak: float, fit: dict, cls: str, batch, new, prefix, path: str | None = None
-) -> np.ndarray:
-    """One op class's calibrated seconds (one layer) at the given points, as `path` runs it;
-    `peak` is the one the fit divided by (Calibration.peak)."""
-
-    pts = points_for(cost, cls, batch, new, prefix, None, path=path)
+def fit_terms(fit: dict, cls: str) -> list[str]:
+    """The terms a fit predicts with: its own, and `split` for an absorb attention fit with waves
+    but no split (see below)."""
     terms = list(fit["terms"])
     if cls == "absorb_attention" and "waves" in terms and "split" not in terms:
         # a fit on prefill tables (prefix 0) never saw few CTAs over a long cache; there the
         # kernel splits the KV (the split term has no parameter to fit), so add it
         terms.append("split")
-    return predict(fit["params"], terms, pts, peak, hw.bandwidth, hw.sm_count)
+    return terms
+
+
+def predict_fit(fit: dict, cls: str, pts, peak: float, bandwidth: float, sm_count, smooth: bool = False):
+    """A fit's (or a member's: {"terms", "params"}) seconds at `pts` (Points of class `cls`)."""
+    return predict(fit["params"], fit_terms(fit, cls), pts, peak, bandwidth, sm_count, smooth)
+
+
+def calibrated_seconds(
+    cost: CostModel,
+    hw: HardwareProfile,
+    peak: float,
+    fit: dict,
+    cls: str,
+    batch,
+    new,
+    prefix,
+    path: str | None = None,
+    smooth: bool = False,
+) -> np.ndarray:
+    """One op class's calibrated seconds (one layer) at the given points, as `path` runs it;
+    `peak` is the one the fit divided by (Calibration.peak). `fit` is a fit of the calibration
+    file or one of its members ({"terms", "params"}); `smooth`: without its counts' steps."""
+
+    pts = points_for(cost, cls, batch, new, prefix, None, path=path)
+    return predict_fit(fit, cls, pts, peak, hw.bandwidth, hw.sm_count, smooth)
 
 
 def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batch, new, prefix, path=None):
@@ -58,7 +79,7 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     has a decode and a prefill fit (aiconfigurator's two tables), a point with a cached prefix and
     at most DECODE_MAX_NEW new tokens takes decode's (the range the decode table measured), every
     other point prefill's: a decode table is memory-bound and says little about compute."""
-    dtype = _fit_dtype(cost, cls)
+    dtype = fit_dtype(cost, cls)
     decode = calibration.fit_for(cls, dtype, "decode")
     prefill = calibration.fit_for(cls, dtype, "prefill")
     if decode is None:
@@ -71,12 +92,12 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     return np.where(decode_like, t_decode, t_prefill)
 
 
-def _whole_path_fit(cost: CostModel, calibration, path: str) -> dict | None:
+def whole_path_fit(cost: CostModel, calibration, path: str) -> dict | None:
     """A whole-path fit for `path`; expand_chunked without its own takes expand's, applied to
     expand_chunked's own FLOPs and bytes (the same ops, chunk by chunk, plus the lse merges)."""
-    fit = calibration.fit_for(f"path:{path}", _fit_dtype(cost, f"path:{path}"))
+    fit = calibration.fit_for(f"path:{path}", fit_dtype(cost, f"path:{path}"))
     if fit is None and path == "expand_chunked":
-        fit = calibration.fit_for("path:expand", _fit_dtype(cost, "path:expand"))
+        fit = calibration.fit_for("path:expand", fit_dtype(cost, "path:expand"))
     return fit
 
 
@@ -110,12 +131,12 @@ def path_times(
     path of the model (cost.paths)."""
     out = {}
     for p in cost.paths if paths is None else paths:
-        ops = _scaled(cost.ops(p, batch, new, prefix), layers)
+        ops = scaled_ops(cost.ops(p, batch, new, prefix), layers)
         roof = path_time(ops, hw, cost.dtype, p)
         if calibration is None:
             out[p] = roof
             continue
-        whole = _whole_path_fit(cost, calibration, p)
+        whole = whole_path_fit(cost, calibration, p)
         timed = []
         for op in roof.ops:
             cls = op_class(p, op.name)
@@ -178,19 +199,24 @@ def batch_time(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, c
 def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> float:
     """Calibrated time of one launch per op over several request rows: one fixed cost, the rows'
     compute, memory and serial seconds each summed, the weights' read counted once."""
+    return sum(launch_parts(cost, hw, calibration, path, count, new, prefix))
+
+
+def launch_parts(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> list[float]:
+    """`_launch_seconds` op by op, in cost.ops's order (one entry for a whole-path fit)."""
 
     peak, bandwidth = calibration.peak(hw), hw.bandwidth
-    whole = _whole_path_fit(cost, calibration, path)
+    whole = whole_path_fit(cost, calibration, path)
     classes = [f"path:{path}"] if whole else [op_class(path, op.name) for op in cost.ops(path, 1, 1, 0)]
     ops = cost.ops(path, count, new, prefix)
-    total = 0.0
+    parts = []
     for k, cls in enumerate(classes):
         decode = bool(np.all((prefix > 0) & (new <= DECODE_MAX_NEW)))
-        fit = whole or calibration.fit_for(cls, _fit_dtype(cost, cls), "decode" if decode else "prefill")
+        fit = whole or calibration.fit_for(cls, fit_dtype(cost, cls), "decode" if decode else "prefill")
         if fit is None:  # no fit: the roofline of the summed op, weights once
             op = ops[k]
             nbytes = (op.bytes - op.weight_bytes).sum() + op.weight_bytes.max()
-            total += float(roofline_time(op.flops.sum(), nbytes, peak, bandwidth))
+            parts.append(float(roofline_time(op.flops.sum(), nbytes, peak, bandwidth)))
             continue
         pts = points_for(cost, cls, count, new, prefix, None, path=path)
         t_fixed, t_c, t_m, serial = components(fit["params"], fit["terms"], pts, peak, bandwidth, hw.sm_count)
@@ -203,8 +229,8 @@ def _launch_seconds(cost: CostModel, hw: HardwareProfile, calibration, path: str
             # one GEMM over all the rows' tokens: its shape bucket is the summed one's
             whole_gemm = points_for(cost, cls, 1, [np.sum(count * new)], [np.sum(count * prefix)], None, path=path)
             launch *= float(np.asarray(near_factor(fit["params"]["near"], whole_gemm)).reshape(-1)[0])
-        total += launch
-    return total
+        parts.append(launch)
+    return parts
 
 
 def own_times(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count) -> dict[str, np.ndarray]:

@@ -104,10 +104,16 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
             first = None
             if crow is not None:
                 first = (None if crow.masked_by_time is None else crow.masked_by_time.first) if dsa else crow.by_time
+            spans = calibrated.spans  # each time's 80% interval, and the weakest basis of its ops
             panels[-1]["calibrated"] = {
                 "time_s": {path: curve(calibrated, path, idx) for path in choices},
                 "crossover": first,
+                "crossover_interval": None if crow is None or dsa else crow.by_time_interval,
                 "name": calibrated.calibration.name,
+                "interval_s": {
+                    q: None if spans.paths[q] is None else [v[idx].tolist() for v in spans.paths[q]] for q in choices
+                },  # fmt: skip
+                "basis": {q: spans.path_basis[q][idx].tolist() for q in choices},
             }
     data = {
         "title": title("Crossover", analysis, results, calibrated, how="dotted"),
@@ -142,31 +148,40 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
                     ls=":",
                     label=f"{path} (calibrated)",
                 )
+                band, basis = cal["interval_s"][path], np.asarray(cal["basis"][path])
+                timed = np.asarray(cal["time_s"][path], dtype=np.float64)  # NaN: the path cannot run there
+                if band is not None:  # the 80% interval, and dots where an op was not measured
+                    ax.fill_between(panel["new"], *(np.asarray(b) * 1e6 for b in band), color=PATH_COLOURS[path],
+                                    alpha=0.12, lw=0, where=np.isfinite(timed))  # fmt: skip
+                far = basis != "measured"
+                ax.plot(np.asarray(panel["new"])[far], timed[far] * 1e6, ".", ms=3, color=PATH_COLOURS[path])
         for m in panel["measured"]:
             ax.plot(m["new"], m["median_s"] * 1e6, "o", color=PATH_COLOURS[m["path"]], mec="black", ms=6)
-        markers = []  # (new, what, colour, style): vertical lines, their values in the panel's title
-        windows = []  # a DSA model's windows: both ends marked, "masked_expand 12-812" in the title
+        # (new, text, colour, style): vertical lines, their values in the panel's title, never on a
+        # curve: predicted 160, chunked 165, calibrated 133 (128-181), ...; a DSA model's windows:
+        # both ends marked, "masked_expand 12-812" in the title
+        markers = []
+        windows = []
         for path in expand_paths:
             n = panel["predicted"][path]
             if n is not None and dsa:
                 last = panel["windows"][path][1]
-                markers += [(n, None, PATH_COLOURS[path], "-"), (last, None, PATH_COLOURS[path], "-")]
+                markers += [(n, "", PATH_COLOURS[path], "-"), (last, "", PATH_COLOURS[path], "-")]
                 windows.append(f"{path} {n}-{last}")
             elif n is not None:
-                markers.append((n, "predicted" if path == "expand" else "chunked", PATH_COLOURS[path], "-"))
+                markers.append((n, f"{'predicted' if path == 'expand' else 'chunked'} {n}", PATH_COLOURS[path], "-"))
         if cal is not None and cal["crossover"] is not None:
-            markers.append((cal["crossover"], "calibrated", "tab:purple", "--"))
+            span = cal["crossover_interval"]
+            where = "" if span is None else f" ({span[0]}–{'?' if span[1] is None else span[1]})"
+            markers.append((cal["crossover"], f"calibrated {cal['crossover']}{where}", "tab:purple", "--"))
         if asymptotic is not None:
-            markers.append((asymptotic, "by FLOPs", "gray", ":"))
+            markers.append((asymptotic, f"by FLOPs {asymptotic:.1f}", "gray", ":"))
         for m in panel["measured_crossovers"]:
             if m["new"] is not None:
-                markers.append((m["new"], "measured", "black", "-."))
+                markers.append((m["new"], f"measured {m['new']}", "black", "-."))
         for n, _, colour, style in markers:
             ax.axvline(n, color=colour, ls=style, lw=1.1)
-        # the values go in the panel's title, never on a curve: predicted 160, chunked 165, ...
-        values = windows + [
-            f"{what} {n:.1f}" if isinstance(n, float) else f"{what} {n}" for n, what, _, _ in markers if what
-        ]
+        values = windows + [text for _, text, _, _ in markers if text]
         never = [path for path in expand_paths if panel["solved"] and panel["predicted"][path] is None]
         if never:
             values.append(f"{' and '.join(never)} never faster up to {tokens(data['max_new'])}")

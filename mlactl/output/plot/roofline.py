@@ -63,7 +63,9 @@ def _calibrated_points(calibrated: Analysis | None, paths) -> list[dict]:
                 continue
             timed = calibrated.paths[path]
             flops, nbytes, t = (float(x[i]) for x in (timed.flops, timed.bytes, timed.time_s))
-            out.append({"path": path, "intensity": flops / nbytes, "flops_per_s": flops / t, "time_s": t})
+            basis = str(calibrated.spans.path_basis[path][i]) if calibrated.spans is not None else "measured"
+            point = {"path": path, "intensity": flops / nbytes, "flops_per_s": flops / t, "time_s": t}
+            out.append(dict(point, basis=basis))
     return out
 
 
@@ -234,7 +236,8 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
     data["labelled"] = [measured[i]["label"] + " " + measured[i]["path"] for i in labelled]
 
     for pt in data["calibrated"]:
-        ax.plot(pt["intensity"], pt["flops_per_s"], "x", ms=8, mew=1.6, color=PATH_COLOURS.get(pt["path"], "black"))
+        marker = "x" if pt["basis"] == "measured" else "1"  # an op extrapolated or at roofline: a tripod
+        ax.plot(pt["intensity"], pt["flops_per_s"], marker, ms=8, mew=1.6, color=PATH_COLOURS.get(pt["path"], "black"))
 
     from matplotlib.lines import Line2D
 
@@ -263,6 +266,8 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
         )
     if data["calibrated"]:
         legend.append(Line2D([], [], ls="", marker="x", color="gray", label="calibrated (whole path)"))
+        if any(pt["basis"] != "measured" for pt in data["calibrated"]):
+            legend.append(Line2D([], [], ls="", marker="1", color="gray", label="calibrated, an op not measured"))
     legend += [Line2D([], [], ls="", color=colour, label=text) for text, colour in keys]
     # below the axes, where no point or curve is: inside, it would sit on the measured points
     fig.legend(handles=legend, loc="outside lower center", fontsize=7, ncols=3 if len(legend) > 8 else 2)

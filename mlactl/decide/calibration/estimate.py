@@ -1,0 +1,390 @@
+"""Calibrated times with their intervals and each op's basis: the uncertainty beside `path_times`.
+
+`path_times` (time.py) gives the point value of every time; this module gives what stands behind
+it, by the same fits:
+
+    est = estimates(cost, hw, calibration, batch, new, prefix, paths)   # {path: PathEstimate}
+    est["absorb"].interval()          # (lo, hi) seconds: the 80% interval of the path's time
+    est["absorb"].ops["attention"]    # OpEstimate: its time, interval, basis per point
+
+    path_intervals(...)               # {path: (time, lo, hi)}: the small API for engine losses
+    path_scenarios(...)               # {path: [S, ...] seconds}: draw by draw, for derived figures
+    loss_interval(scenarios, chosen)  # the interval of what a choice of paths loses
+    crossover_intervals(...)          # the interval of each prefix's crossover
+
+How an interval is drawn is mlactl.decide.calibration.uncertainty's docstring; how a basis is
+decided, basis.py's. Where a calibration has a decode and a prefill fit of an op class, a point
+takes the one `time.op_seconds` takes, and where that fit's basis is `extrapolated` the other
+fit's time joins its members (both tables stand for the same kernel: beyond one table's shapes
+the other may know more).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from mlactl.decide.calibration import basis as basis_mod
+from mlactl.decide.calibration import uncertainty as u
+from mlactl.decide.calibration.model import DECODE_MAX_NEW, OP_CLASSES, PATH_CLASSES, op_class
+from mlactl.decide.calibration.sources import points_for
+from mlactl.decide.calibration.time import (
+    fit_dtype,
+    launch_parts,
+    path_times,
+    predict_fit,
+    scaled_ops,
+    whole_path_fit,
+)
+from mlactl.model.cost import MLA_PATHS, CostModel
+from mlactl.model.hardware import HardwareProfile
+from mlactl.model.roofline import path_time
+
+KEYS = {c: i for i, c in enumerate(OP_CLASSES + PATH_CLASSES)}  # each op class's own draws
+
+
+@dataclass(frozen=True)
+class OpEstimate:
+    """One op's calibrated seconds at each point and what its interval is drawn from: one
+    OpSpread per fit used (decode, prefill), each over the points `mask` gives it."""
+
+    cls: str
+    time: np.ndarray
+    parts: list  # [(mask, OpSpread)]
+    basis: np.ndarray  # per point: measured, extrapolated or roofline
+    octaves: np.ndarray  # per point: octaves beyond the measured range (0 inside)
+    axis: np.ndarray  # per point: the axis farthest out ("" inside)
+
+    @property
+    def has_interval(self) -> bool:
+        return all(spread.has_interval for _, spread in self.parts)
+
+    def scenarios(self, scenarios: int = u.SCENARIOS) -> np.ndarray:
+        """[S, ...] seconds, draw by draw (the op class's own draws)."""
+        out = np.zeros((scenarios,) + np.shape(self.time))
+        for mask, spread in self.parts:
+            d = u.draws(KEYS.get(self.cls, 0), len(spread.alternatives), scenarios)
+            out = np.where(mask, spread.scenarios(d), out)
+        return out
+
+    def interval(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The 80% interval of the op's time, widened to hold its point value (a roofline op's
+        point value is its lowest possible time)."""
+        if not self.has_interval:
+            return None
+        lo, hi = u.percentiles(self.scenarios())
+        return np.minimum(lo, self.time), np.maximum(hi, self.time)
+
+    def basis_json(self, i: int) -> dict:
+        """{"basis", ["octaves", "axis"]} of point i, as the JSON outputs write it."""
+        code = str(self.basis.reshape(-1)[i])
+        if code != basis_mod.EXTRAPOLATED:
+            return {"basis": code}
+        octaves = float(self.octaves.reshape(-1)[i])
+        return {
+            "basis": code,
+            "octaves": None if not np.isfinite(octaves) else round(octaves, 2),
+            "axis": str(self.axis.reshape(-1)[i]),
+        }
+
+
+@dataclass(frozen=True)
+class PathEstimate:
+    """A path's calibrated seconds and its ops' estimates; a whole-path fit is its one op."""
+
+    name: str
+    time: np.ndarray
+    ops: dict[str, OpEstimate] = field(default_factory=dict)
+
+    @property
+    def has_interval(self) -> bool:
+        return all(op.has_interval for op in self.ops.values())
+
+    def scenarios(self, scenarios: int = u.SCENARIOS) -> np.ndarray:
+        return functools.reduce(np.add, (op.scenarios(scenarios) for op in self.ops.values()))
+
+    def interval(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The 80% interval of the path's time, widened to hold its point value."""
+        if not self.has_interval:
+            return None
+        lo, hi = u.percentiles(self.scenarios())
+        return np.minimum(lo, self.time), np.maximum(hi, self.time)
+
+    def basis(self) -> np.ndarray:
+        """Per point, the weakest basis of its ops: roofline, then extrapolated, then measured."""
+        order = {basis_mod.MEASURED: 0, basis_mod.EXTRAPOLATED: 1, basis_mod.ROOFLINE: 2}
+        codes = np.stack([np.vectorize(order.get)(op.basis.reshape(-1)) for op in self.ops.values()])
+        names = np.array([basis_mod.MEASURED, basis_mod.EXTRAPOLATED, basis_mod.ROOFLINE], dtype=object)
+        return names[codes.max(axis=0)].reshape(np.shape(self.time))
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Intervals and bases of a grid of points, ready to print: per path its (lo, hi) and the
+    weakest basis of its ops; per op its (lo, hi) and basis (OpEstimate)."""
+
+    paths: dict[str, tuple[np.ndarray, np.ndarray] | None]
+    path_basis: dict[str, np.ndarray]
+    ops: dict[str, dict[str, tuple[np.ndarray, np.ndarray] | None]]
+    op_estimates: dict[str, dict[str, OpEstimate]]
+
+
+CHUNK = 4096  # points whose draws are held at once
+
+
+def spans(cost, hw, calibration, batch, new, prefix, paths=MLA_PATHS, layers: int = 1) -> Spans:
+    """`estimates` reduced to intervals and bases, CHUNK points at a time (the draws of a million
+    points would not fit in memory at once). batch, new, prefix: 1-D arrays of one length."""
+    batch, new, prefix = (np.asarray(a).reshape(-1) for a in np.broadcast_arrays(batch, new, prefix))
+    parts = [
+        estimates(cost, hw, calibration, batch[i : i + CHUNK], new[i : i + CHUNK], prefix[i : i + CHUNK], paths, layers)
+        for i in range(0, len(new), CHUNK)
+    ]
+
+    def cat(values):
+        return None if any(v is None for v in values) else tuple(np.concatenate(x) for x in zip(*values))
+
+    names = {p: list(parts[0][p].ops) for p in paths} if parts else {p: [] for p in paths}
+    return Spans(
+        paths={p: cat([e[p].interval() for e in parts]) for p in paths},
+        path_basis={p: np.concatenate([e[p].basis().reshape(-1) for e in parts]) for p in paths},
+        ops={p: {o: cat([e[p].ops[o].interval() for e in parts]) for o in names[p]} for p in paths},
+        op_estimates={p: {o: _joined([e[p].ops[o] for e in parts]) for o in names[p]} for p in paths},
+    )
+
+
+def _joined(ops: list[OpEstimate]) -> OpEstimate:
+    """The chunks' bases of one op as one OpEstimate (its parts are not kept: bases only)."""
+    return OpEstimate(
+        ops[0].cls,
+        np.concatenate([np.reshape(o.time, -1) for o in ops]),
+        [],
+        np.concatenate([np.reshape(o.basis, -1) for o in ops]),
+        np.concatenate([np.reshape(o.octaves, -1) for o in ops]),
+        np.concatenate([np.reshape(o.axis, -1) for o in ops]),
+    )
+
+
+def _fit_spread(cost, hw, calibration, fit: dict, cls: str, batch, new, prefix, path, layers) -> u.OpSpread:
+    """One fit's OpSpread at the points (`spread_of` on cost.py's figures there)."""
+    pts = points_for(cost, cls, batch, new, prefix, None, path=path)
+    return spread_of(fit, cls, pts, calibration.peak(hw), hw.bandwidth, hw.sm_count, layers)
+
+
+def spread_of(fit: dict, cls: str, pts, peak: float, bandwidth: float, sm_count, layers: int = 1) -> u.OpSpread:
+    """One fit's OpSpread at Points `pts`: its members, its step-free twin, its basis."""
+    t = predict_fit(fit, cls, pts, peak, bandwidth, sm_count) * layers
+    alts = [t] + [predict_fit(m, cls, pts, peak, bandwidth, sm_count) * layers for m in fit.get("members", [])]
+    smooth = predict_fit(fit, cls, pts, peak, bandwidth, sm_count, smooth=True) * layers
+    code, octaves, axis = basis_mod.basis(fit.get("range"), pts)
+    shape = np.shape(t)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step = np.where(smooth > 0, t / smooth - 1.0, 0.0)
+    sampled = basis_mod.steps_sampled(fit.get("shapes"), pts).reshape(shape)
+    iv = fit.get("interval") or {}
+    return u.OpSpread(
+        t, np.stack(alts), smooth, (step > u.STEP_MIN) & ~sampled, code.reshape(shape), octaves.reshape(shape),
+        np.asarray(axis, dtype=object).reshape(shape), iv.get("random"), iv.get("blocked"), iv.get("blocked_octaves"),
+        float(iv.get("scale", 1.0)),
+    )  # fmt: skip
+
+
+def op_estimate(cost, hw, calibration, cls: str, batch, new, prefix, path=None, layers: int = 1) -> OpEstimate | None:
+    """An op class's estimate, or None where the calibration has no fit for it (see the module
+    docstring for decode and prefill fits)."""
+    dtype = fit_dtype(cost, cls)
+    decode = calibration.fit_for(cls, dtype, "decode")
+    prefill = calibration.fit_for(cls, dtype, "prefill")
+    if decode is None:
+        return None
+    main = _fit_spread(cost, hw, calibration, prefill, cls, batch, new, prefix, path, layers)
+    shape = np.shape(main.time)
+    if decode is prefill:
+        return OpEstimate(cls, main.time, [(np.ones(shape, bool), main)], main.basis, main.octaves, main.axis)
+    other = _fit_spread(cost, hw, calibration, decode, cls, batch, new, prefix, path, layers)
+    decode_like = np.broadcast_to((np.asarray(prefix) > 0) & (np.asarray(new) <= DECODE_MAX_NEW), shape)
+    parts = []
+    for mask, own, alt in ((decode_like, other, main), (~decode_like, main, other)):
+        # beyond its own fit's shapes, the other table's fit joins the members
+        extra = np.where(own.basis != basis_mod.MEASURED, alt.time, np.nan)
+        parts.append((mask, _with_member(own, extra)))
+    pick = lambda a, b: np.where(decode_like, a, b)  # noqa: E731
+    return OpEstimate(
+        cls, pick(other.time, main.time), parts, pick(other.basis, main.basis), pick(other.octaves, main.octaves),
+        pick(other.axis, main.axis),
+    )  # fmt: skip
+
+
+def _with_member(spread: u.OpSpread, extra: np.ndarray) -> u.OpSpread:
+    """`spread` with one more member, NaN (the kept fit's time) where it does not apply: always
+    added, so that a point's draws do not depend on the other points asked with it."""
+    return replace(spread, alternatives=np.concatenate([spread.alternatives, extra[None]]))
+
+
+def estimates(
+    cost: CostModel, hw: HardwareProfile, calibration, batch, new, prefix, paths=MLA_PATHS, layers: int = 1
+) -> dict[str, PathEstimate]:
+    """{path: PathEstimate} at every point (a calibration is required: roofline times have no
+    interval and every op's basis is `roofline`)."""
+    out = {}
+    for p in paths:
+        roof = path_time(scaled_ops(cost.ops(p, batch, new, prefix), layers), hw, cost.dtype, p)
+        whole = whole_path_fit(cost, calibration, p)
+        ops: dict[str, OpEstimate] = {}
+        if whole:
+            cls = f"path:{p}"
+            spread = _fit_spread(cost, hw, calibration, whole, cls, batch, new, prefix, None, layers)
+            spread = _broadcast(spread, np.shape(roof.flops))
+            # the draws are the fit's: expand_chunked timed by expand's fit draws as expand does
+            ops[p] = OpEstimate(whole["op"], spread.time, [(np.ones(np.shape(spread.time), bool), spread)],
+                                spread.basis, spread.octaves, spread.axis)  # fmt: skip
+        else:
+            for op in roof.ops:
+                cls = op_class(p, op.name)
+                est = op_estimate(cost, hw, calibration, cls, batch, new, prefix, p, layers)
+                if est is None:
+                    shape = np.shape(op.time_s)
+                    spread = u.OpSpread.of_roofline(op.time_s)
+                    est = OpEstimate(cls, spread.time, [(np.ones(shape, bool), spread)],
+                                     np.full(shape, basis_mod.ROOFLINE, dtype=object), np.zeros(shape),
+                                     np.full(shape, "", dtype=object))  # fmt: skip
+                ops[op.name] = est
+        total = sum(o.time for o in ops.values())
+        out[p] = PathEstimate(p, np.broadcast_to(total, np.shape(roof.flops)), ops)
+    return out
+
+
+def _broadcast(spread: u.OpSpread, shape) -> u.OpSpread:
+    b = lambda a: np.broadcast_to(a, shape)  # noqa: E731
+    return replace(
+        spread, time=b(spread.time), smooth=b(spread.smooth), unsampled=b(spread.unsampled), basis=b(spread.basis),
+        octaves=b(spread.octaves), axis=b(spread.axis),
+        alternatives=np.broadcast_to(spread.alternatives, (len(spread.alternatives),) + tuple(shape)),
+    )  # fmt: skip
+
+
+def path_intervals(
+    cost: CostModel, hw: HardwareProfile, calibration, batch, new, prefix, paths=MLA_PATHS, layers: int = 1
+) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """{path: (seconds, lo, hi)} at every point: the calibrated time (as `path_times` gives it)
+    and its 80% interval. Without a calibration, lo = hi = the roofline time (no interval)."""
+    if calibration is None:
+        return {p: (t.time_s, t.time_s, t.time_s) for p, t in path_times(cost, hw, None, batch, new, prefix, paths,
+                                                                           layers).items()}  # fmt: skip
+    out = {}
+    for p, est in estimates(cost, hw, calibration, batch, new, prefix, paths, layers).items():
+        iv = est.interval()
+        out[p] = (est.time, est.time, est.time) if iv is None else (est.time, *iv)
+    return out
+
+
+def path_scenarios(
+    cost: CostModel, hw: HardwareProfile, calibration, batch, new, prefix, paths=MLA_PATHS, layers: int = 1,
+    scenarios: int = u.SCENARIOS,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """{path: [S, ...] seconds}: each path's time draw by draw; draw s of every path uses the same
+    draws of each op class, so figures derived from several paths (a loss, a crossover) are
+    computed draw by draw and their interval taken over the draws (`loss_interval`)."""
+    return {p: e.scenarios(scenarios) for p, e in estimates(cost, hw, calibration, batch, new, prefix, paths,
+                                                             layers).items()}  # fmt: skip
+
+
+def loss_interval(
+    scenarios: dict[str, np.ndarray], chosen, allowed: dict[str, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The 80% interval of what running `chosen` (a path name per point) loses against the best
+    path, draw by draw: `scenarios` from `path_scenarios`; `allowed[path]` (bool per point, default
+    all) says where a path may be best (a path whose expanded K/V does not fit may not)."""
+    names = list(scenarios)
+    stack = np.stack([scenarios[p] for p in names])  # [P, S, ...]
+    if allowed is not None:
+        ok = np.stack([np.broadcast_to(allowed.get(p, True), stack.shape[2:]) for p in names])
+        stack = np.where(ok[:, None], stack, np.inf)
+    best = stack.min(axis=0)
+    chosen = np.asarray(chosen)
+    mine = np.zeros_like(best)
+    for i, p in enumerate(names):
+        mine = np.where(chosen == p, stack[i], mine)
+    return u.percentiles(np.maximum(mine - best, 0.0))
+
+
+def batch_interval(
+    cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count, paths, scenarios: int = u.SCENARIOS
+) -> tuple[float, float] | None:
+    """The 80% interval of a mixed batch's calibrated time (time.batch_time: one launch per op and
+    path over its request rows). Draw by draw, each launch is scaled by its op's draws at those
+    rows, weighted by the rows' own times; the interval holds the point value. None where an op
+    has no interval (a fit without evidence)."""
+    total = np.zeros(scenarios)
+    point = 0.0
+    paths = np.asarray(paths)
+    for path in dict.fromkeys(paths.tolist()):  # each path the rows run, in their order
+        rows = paths == path
+        if not rows.any():
+            continue
+        launches = launch_parts(cost, hw, calibration, path, count[rows], new[rows], prefix[rows])
+        est = estimates(cost, hw, calibration, count[rows], new[rows], prefix[rows], (path,))[path]
+        if not est.has_interval:
+            return None
+        for launch, op in zip(launches, est.ops.values()):
+            own = np.reshape(op.time, -1)
+            factor = op.scenarios(scenarios).reshape(scenarios, -1).sum(axis=1) / own.sum() if own.sum() > 0 else 1.0
+            total += launch * factor
+            point += launch
+    lo, hi = u.percentiles(total)
+    return float(min(lo, point)), float(max(hi, point))
+
+
+BLOCK_ELEMENTS = 1 << 21  # draws x prefixes x new counts evaluated at once by crossover_intervals
+EXACT_UP_TO = 512  # crossover_intervals tries every count up to this, then steps of 2**(1/64) (1.1%)
+
+
+def search_counts(max_new: int) -> np.ndarray:
+    """The new counts a crossover interval is searched over: every one up to EXACT_UP_TO, then a
+    geometric grid 64 to the octave, and max_new."""
+    exact = np.arange(1, min(EXACT_UP_TO, max_new) + 1)
+    if max_new <= EXACT_UP_TO:
+        return exact.astype(np.float64)
+    octaves = np.log2(max_new / EXACT_UP_TO)
+    geometric = np.round(EXACT_UP_TO * 2.0 ** (np.arange(1, int(np.ceil(64 * octaves)) + 1) / 64))
+    grid = np.unique(np.concatenate([exact, geometric[geometric < max_new], [max_new]]))
+    return grid.astype(np.float64)
+
+
+def crossover_intervals(
+    cost: CostModel,
+    hw: HardwareProfile,
+    calibration,
+    prefixes,
+    batch: int = 1,
+    path: str = "expand",
+    max_new: int = 1 << 17,
+    scenarios: int = u.SCENARIOS,
+) -> list[tuple[int, int | None]]:
+    """For each prefix, the 80% interval (lo, hi) of the crossover (the smallest new-token count at
+    which `path` is faster than absorb, as mlactl.model.roofline.crossover_by_time defines it),
+    over the draws of `path_scenarios`; hi None where more than a tenth of the draws find none
+    within max_new. Counts are searched one by one up to EXACT_UP_TO and 1.1% apart beyond
+    (`search_counts`): an end above 512 is that close."""
+    prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
+    grid = search_counts(max_new)
+    found = np.full((scenarios, len(prefixes)), np.inf)
+    todo = np.ones_like(found, dtype=bool)
+    start = 0
+    while todo.any() and start < len(grid):
+        cols = np.flatnonzero(todo.any(axis=0))
+        width = max(16, min(256, BLOCK_ELEMENTS // (scenarios * len(cols))))
+        n = grid[start : start + width][None, :]
+        est = estimates(cost, hw, calibration, batch, n, prefixes[cols][:, None], (path, "absorb"))
+        wins = est[path].scenarios(scenarios) < est["absorb"].scenarios(scenarios)  # [S, cols, new]
+        hit, first = wins.any(axis=2), wins.argmax(axis=2)
+        pending = todo[:, cols]
+        found[:, cols] = np.where(pending & hit, n[0][first], found[:, cols])
+        todo[:, cols] = pending & ~hit
+        start += width
+    # order statistics (no interpolation between a count and "none found")
+    lo = np.quantile(found, u.LOW, axis=0, method="lower")
+    hi = np.quantile(found, u.HIGH, axis=0, method="higher")
+    return [(int(a), None if not np.isfinite(b) else int(b)) for a, b in zip(lo, hi)]
