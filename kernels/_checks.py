@@ -112,3 +112,21 @@ def check_new_lens(new_lens, contexts: list[int], tokens: int, q_name: str = "q"
     if sum(news) != tokens:
         raise ValueError(f"new_lens sums to {sum(news)} but {q_name} has {tokens} tokens; they must match")
     return news
+
+
+def out_and_lse(q, out, r: int, empty):
+    """A decode launcher's outputs: `out` [B, S_q, H, r] in q's dtype (the caller's, checked, or a
+    new one) and a new lse [B, S_q, H] in fp32, both from `empty(shape, dtype, device)`, the
+    launcher's own allocator (tests poison it)."""
+    B, S_q, H, _ = q.shape
+    device = q.device
+    if out is None:
+        out = empty((B, S_q, H, r), q.dtype, device)
+    else:
+        check_tensor("out", out, 4, (q.dtype,), contiguous=False)
+        if tuple(out.shape) != (B, S_q, H, r) or out.stride(-1) != 1 or out.device != device:
+            raise ValueError(
+                f"out must be [B, S_q, H, r] = {(B, S_q, H, r)} on {device} with a contiguous last dim, "
+                f"got {tuple(out.shape)} on {out.device}"
+            )
+    return out, empty((B, S_q, H), torch.float32, device)

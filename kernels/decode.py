@@ -46,7 +46,16 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from mlactl.util.defaults import DTYPE_BYTES
 
 from . import configs, schedule
-from ._checks import DTYPE_NAMES, check_device, check_dim, check_scale, check_tensor, interpreting, latent_rank
+from ._checks import (
+    DTYPE_NAMES,
+    check_device,
+    check_dim,
+    check_scale,
+    check_tensor,
+    interpreting,
+    latent_rank,
+    out_and_lse,
+)
 from ._triton_compat import patch_interpreter_index
 
 patch_interpreter_index()  # Triton 3.6's interpreter with numpy >= 2.4 (see _triton_compat)
@@ -939,16 +948,7 @@ def mla_decode(
     kv_cache, r, dR, ctx = _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal, kv_scale, validate)
     B, S_q, H, _ = q.shape
     device = q.device
-    if out is None:
-        out = _empty((B, S_q, H, r), q.dtype, device)
-    else:
-        check_tensor("out", out, 4, (q.dtype,), contiguous=False)
-        if tuple(out.shape) != (B, S_q, H, r) or out.stride(-1) != 1 or out.device != device:
-            raise ValueError(
-                f"out must be [B, S_q, H, r] = {(B, S_q, H, r)} on {device} with a "
-                f"contiguous last dim, got {tuple(out.shape)} on {out.device}"
-            )
-    lse = _empty((B, S_q, H), torch.float32, device)
+    out, lse = out_and_lse(q, out, r, _empty)
     if B == 0 or H == 0 or S_q == 0:
         return out, lse
 

@@ -36,7 +36,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from . import configs
-from ._checks import DTYPE_NAMES, check_device, check_scale, check_tensor, latent_rank
+from ._checks import DTYPE_NAMES, check_device, check_scale, check_tensor, latent_rank, out_and_lse
 from .sparse_decode_naive import FP8_TILE, sparse_fp8_row_bytes
 
 # ---- tuning defaults (sm_90 compile: Triton 3.9 for sm_90, ptxas 13.4; docs/kernels.md has the
@@ -390,16 +390,7 @@ def mla_sparse_decode(
     B, S_q, H, _ = q.shape
     topk = indices.shape[2]
     device = q.device
-    if out is None:
-        out = _empty((B, S_q, H, r), q.dtype, device)
-    else:
-        check_tensor("out", out, 4, (q.dtype,), contiguous=False)
-        if tuple(out.shape) != (B, S_q, H, r) or out.stride(-1) != 1 or out.device != device:
-            raise ValueError(
-                f"out must be [B, S_q, H, r] = {(B, S_q, H, r)} on {device} with a contiguous last dim, "
-                f"got {tuple(out.shape)} on {out.device}"
-            )
-    lse = _empty((B, S_q, H), torch.float32, device)
+    out, lse = out_and_lse(q, out, r, _empty)
     if B == 0 or S_q == 0 or H == 0:
         return out, lse
     if topk == 0:  # nothing selected: out 0, lse -inf, as a query with only -1 indices
