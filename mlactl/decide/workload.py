@@ -194,6 +194,14 @@ def _split_sums(keys: np.ndarray, below: np.ndarray, above: np.ndarray, at: np.n
     return head[i] + tail[i]
 
 
+def _swept(p: EngineParams, option: str, current: int, now: float, candidates, totals, lows, highs) -> Sweep:
+    """The Sweep of `option` whose thresholds `candidates` give `totals`: the best (`_pick`), its
+    range [lows[i], highs[i]], every candidate's total."""
+    i = _pick(candidates.astype(np.float64), totals, current, lows, highs)
+    table: list[tuple[int | None, float]] = [(int(t), float(v)) for t, v in zip(candidates, totals)]
+    return Sweep(p.engine, option, current, now, int(candidates[i]), (int(lows[i]), highs[i]), float(totals[i]), table)
+
+
 def sweep_sglang(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> Sweep | None:
     """SGLang's summed-prefix threshold t: an extend batch with summed prefix s > 0 runs MHA when
     s >= t, else MLA. Every t in (s_(k-1), s_k] gives the same paths, so t = s_k for each distinct
@@ -217,18 +225,7 @@ def sweep_sglang(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) ->
     now = float(fixed + _split_sums(sm, mla[movable], mha[movable], np.array([p.threshold]))[0])
     lows = np.append([1], values + 1)[: len(candidates)]
     highs: list = [int(v) for v in values] + [None]
-    i = _pick(candidates.astype(np.float64), totals, p.threshold, lows, highs)
-    table: list[tuple[int | None, float]] = [(int(t), float(v)) for t, v in zip(candidates, totals)]
-    return Sweep(
-        p.engine,
-        "chunked_prefix_cache_threshold",
-        p.threshold,
-        now,
-        int(candidates[i]),
-        (int(lows[i]), highs[i]),
-        float(totals[i]),
-        table,
-    )
+    return _swept(p, "chunked_prefix_cache_threshold", p.threshold, now, candidates, totals, lows, highs)
 
 
 def sweep_vllm(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> Sweep | None:
@@ -247,18 +244,7 @@ def sweep_vllm(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> S
     now = float(_split_sums(wl.new, absorb, prefill, np.array([p.threshold + 1]))[0])
     lows = candidates
     highs: list = [int(x) - 1 for x in candidates[1:]] + [None]
-    i = _pick(candidates.astype(np.float64), totals, p.threshold, lows, highs)
-    table: list[tuple[int | None, float]] = [(int(t), float(v)) for t, v in zip(candidates, totals)]
-    return Sweep(
-        p.engine,
-        "reorder_batch_threshold",
-        p.threshold,
-        now,
-        int(candidates[i]),
-        (int(lows[i]), highs[i]),
-        float(totals[i]),
-        table,
-    )
+    return _swept(p, "reorder_batch_threshold", p.threshold, now, candidates, totals, lows, highs)
 
 
 def sweep_sglang_dsa(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> Sweep | None:
@@ -282,18 +268,7 @@ def sweep_sglang_dsa(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]
     now = float(fixed + _split_sums(sm, dense, sparse, np.array([p.dense_threshold + 1]))[0])
     lows = candidates
     highs: list = [int(v) - 1 for v in values] + [p.topk]
-    i = _pick(candidates.astype(np.float64), totals, p.dense_threshold, lows, highs)
-    table: list[tuple[int | None, float]] = [(int(t), float(v)) for t, v in zip(candidates, totals)]
-    return Sweep(
-        p.engine,
-        p.sglang_dsa.threshold_option,
-        p.dense_threshold,
-        now,
-        int(candidates[i]),
-        (int(lows[i]), highs[i]),
-        float(totals[i]),
-        table,
-    )
+    return _swept(p, p.sglang_dsa.threshold_option, p.dense_threshold, now, candidates, totals, lows, highs)
 
 
 def sweep_vllm_masked(p: EngineParams, wl: Workload, times: dict[str, np.ndarray]) -> list[Sweep]:
