@@ -4,6 +4,7 @@ crossover by roofline, by FLOPs and as measured."""
 from __future__ import annotations
 
 import math
+import textwrap
 
 import numpy as np
 
@@ -50,6 +51,7 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
     dsa = analysis.cfg.is_dsa
     choices = analysis.cost.choices
     expand_paths = ("masked_expand", "dense_expand") if dsa else ("expand", "expand_chunked")
+    topk = analysis.cfg.index().topk if dsa else 0
     solved = {(r.batch, r.prefix): r for r in (analysis.crossover.windows if dsa else analysis.crossover.rows)}
     measured = measured_points(analysis, results)
     asymptotic = analysis.crossover.asymptotic_new
@@ -183,14 +185,19 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
             ax.axvline(n, color=colour, ls=style, lw=1.1)
         values = windows + [text for _, text, _, _ in markers if text]
         never = [path for path in expand_paths if panel["solved"] and panel["predicted"][path] is None]
+        # a DSA model's dense MHA runs only where the whole context is at most top-k
+        idle = [p for p in never if p == "dense_expand" and panel["prefix"] + 1 > topk]
+        never = [p for p in never if p not in idle]
         if never:
             values.append(f"{' and '.join(never)} never faster up to {tokens(data['max_new'])}")
+        if idle:
+            values.append(f"dense_expand cannot run (context > top-k {tokens(topk)})")
         if any(m["new"] is None for m in panel["measured_crossovers"]):
             values.append("measured: expand never faster")
         heading = f"batch {panel['batch']}, prefix {tokens(panel['prefix'])}"
-        if values:
-            heading += f"\n{'wins' if dsa else 'crossover'} (new tokens): " + ", ".join(values[:2])
-            heading += "\n" + ", ".join(values[2:]) if values[2:] else ""
+        if values:  # wrapped to the panel's width (about 70 characters at this size)
+            lead = f"{'wins' if dsa else 'crossover'} (new tokens): "
+            heading += "\n" + textwrap.fill(lead + ", ".join(values), width=70, break_long_words=False)
         xs = panel["new"] + [m[0] for m in markers]
         ax.set_xlim(max(min(xs) / 1.5, 0.8), max(xs) * 1.5)
         ax.set_xscale("log", base=2)
