@@ -4,7 +4,6 @@ crossover by roofline, by FLOPs and as measured."""
 from __future__ import annotations
 
 import math
-import textwrap
 
 import numpy as np
 
@@ -195,9 +194,16 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
         if any(m["new"] is None for m in panel["measured_crossovers"]):
             values.append("measured: expand never faster")
         heading = f"batch {panel['batch']}, prefix {tokens(panel['prefix'])}"
-        if values:  # wrapped to the panel's width (about 70 characters at this size)
-            lead = f"{'wins' if dsa else 'crossover'} (new tokens): "
-            heading += "\n" + textwrap.fill(lead + ", ".join(values), width=70, break_long_words=False)
+        if values:  # wrapped to the panel's width (about 70 characters at this size), between values
+            lines = [f"{'wins' if dsa else 'crossover'} (new tokens):"]
+            for i, value in enumerate(values):
+                joined = f"{lines[-1]}{',' if i else ''} {value}"
+                if len(joined) <= 70 or i == 0 and len(lines) == 1:
+                    lines[-1] = joined
+                else:
+                    lines[-1] += ","
+                    lines.append(value)
+            heading += "\n" + "\n".join(lines)
         xs = panel["new"] + [m[0] for m in markers]
         ax.set_xlim(max(min(xs) / 1.5, 0.8), max(xs) * 1.5)
         ax.set_xscale("log", base=2)
