@@ -583,3 +583,58 @@ def test_calibrated_crossover_csv_has_the_intervals(fixture_calibration):
     assert float(values["by_time_lo"]) <= float(values["by_time"])
     plain = run("crossover", "--hardware", "h200", "--prefix", "32K", "-f", "csv").stdout.splitlines()[0]
     assert plain == "batch,prefix,by_flops,by_time,by_time_chunked"
+
+
+def test_engine_losses_carry_an_interval(fixture_calibration, tmp_path):
+    """`mlactl engines --calibration`: each rule's time and loss with its 80% interval, holding the
+    point value; on a workload of one shape, the loss interval is that shape's weight times the
+    interval estimate.loss_interval gives for the point (a second implementation: per point, not
+    summed over a workload)."""
+    from mlactl.decide.calibration import load
+    from mlactl.decide.calibration.estimate import loss_interval, path_scenarios
+    from mlactl.model import hardware
+
+    workload = tmp_path / "w.csv"
+    workload.write_text("batch,new,prefix,weight\n1,512,32768,3\n")
+    args = ["engines", workload, "--hardware", "h200", "--calibration", fixture_calibration, "--engines", "sglang"]
+    data = json.loads(run(*args, "-f", "json").stdout)
+    (e,) = data["engines"]
+    for key in ("time", "lost"):
+        lo, hi = e[f"{key}_interval_s"]
+        assert lo <= e[f"{key}_s"] <= hi
+    cal = load(fixture_calibration)
+    hw = hardware.from_name("h200")
+    one = (np.array([1]), np.array([512]), np.array([32768]))
+    draws = path_scenarios(DSV3, hw, cal, *one, paths=("expand", "expand_chunked", "absorb"))
+    assert e["worst"], e  # the rule loses at this shape: its path is named there
+    path = e["worst"][0]["path"]
+    lo, hi = loss_interval(draws, np.array([path]))
+    want = (min(3 * float(lo[0]), e["lost_s"]), max(3 * float(hi[0]), e["lost_s"]))
+    assert e["lost_interval_s"] == pytest.approx(want, rel=1e-9)
+    assert "(" in run(*args).stdout.split("sglang")[1].splitlines()[0]  # the table prints it
+    roof = json.loads(run("engines", workload, "--hardware", "h200", "-f", "json").stdout)
+    assert "lost_interval_s" not in roof["engines"][0]
+
+
+def test_analyze_engine_losses_carry_an_interval(fixture_calibration):
+    """analyze --calibration: each row's engine loss with its 80% interval, as
+    estimate.loss_interval gives it point by point (widened to hold the point value); the CSV
+    has its ends; a roofline analysis has none."""
+    from mlactl.decide.calibration import load
+    from mlactl.decide.calibration.estimate import loss_interval, path_scenarios
+    from mlactl.model import hardware
+
+    args = ["analyze", "--hardware", "h200", "--new", "1,256", "--prefix", "0,32K", "--engines", "sglang"]
+    data = json.loads(run(*args, "--calibration", fixture_calibration, "-f", "json").stdout)
+    cal, hw = load(fixture_calibration), hardware.from_name("h200")
+    for r in data["rows"]:
+        e = r["engines"]["sglang"]
+        at = (np.array([1]), np.array([r["new"]]), np.array([r["prefix"]]))
+        draws = path_scenarios(DSV3, hw, cal, *at, paths=("expand", "expand_chunked", "absorb"))
+        lo, hi = loss_interval(draws, np.array([e["path"]]))
+        want = [min(float(lo[0]), e["time_lost_s"]), max(float(hi[0]), e["time_lost_s"])]
+        assert e["time_lost_interval_s"] == pytest.approx(want, rel=1e-9, abs=1e-15)
+    csv_text = run(*args, "--calibration", fixture_calibration, "-f", "csv").stdout
+    assert "sglang.time_lost_lo_s" in csv_text.splitlines()[0]
+    roof = json.loads(run(*args, "-f", "json").stdout)
+    assert "time_lost_interval_s" not in roof["rows"][0]["engines"]["sglang"]

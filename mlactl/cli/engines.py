@@ -20,7 +20,7 @@ from mlactl.decide.engines import DEFAULT_ENGINES, context_for, known_names, par
 from mlactl.decide.engines.catalog import ARCHS, CACHES, catalog, shorthands
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output.csvout import write_csv as write
-from mlactl.output.render import SHORT, engine_lines, seconds
+from mlactl.output.render import SHORT, engine_lines, seconds, seconds_span
 from mlactl.output.report import SCHEMA_VERSION, engine_json, number_or_none
 from mlactl.util import progress, safe
 from mlactl.util.errors import MlactlError
@@ -232,15 +232,23 @@ def tables(result, notes=()) -> list:
     total.add_column("engine", no_wrap=True)
     for col in ("time", "lost", "lost %"):
         total.add_column(col, justify="right", no_wrap=True)
+
+    def cell(value: float, span) -> str:  # `61.6ms`, calibrated `61.6ms (50.2–70.1ms)`
+        if value == float("inf"):
+            return "does not fit"
+        return seconds(value) + ("" if span is None else f" ({seconds_span(*span)})")
+
     for e in result.engines:
         pct = e.lost_s / e.time_s if e.time_s and e.lost_s != float("inf") else float("nan")
         total.add_row(
             e.params.label,
-            seconds(e.time_s) if e.time_s != float("inf") else "does not fit",
-            seconds(e.lost_s) if e.lost_s != float("inf") else "does not fit",
+            cell(e.time_s, e.time_interval_s),
+            cell(e.lost_s, e.lost_interval_s),
             "—" if pct != pct else f"{pct:.1%}",
         )
     total.caption = f"best path everywhere: {seconds(result.total_best_s)}"
+    if any(e.lost_interval_s is not None for e in result.engines):
+        total.caption += "; calibrated: (80% interval, the best path and the rule's compared draw by draw)"
     paths, counts = np.unique(result.best, return_counts=True)
     split = ", ".join(f"{SHORT[str(p)]} at {c}" for p, c in zip(paths, counts))
     out: list = [head, *notes, *result.notes, total, f"The best path: {split} of the {len(wl)} shapes"]
@@ -284,6 +292,14 @@ def to_json(result) -> dict:
             engine_json(e.params),
             time_s=number_or_none(e.time_s),
             lost_s=number_or_none(e.lost_s),
+            **(
+                {
+                    "time_interval_s": None if e.time_interval_s is None else list(e.time_interval_s),
+                    "lost_interval_s": None if e.lost_interval_s is None else list(e.lost_interval_s),
+                }
+                if result.calibration is not None
+                else {}
+            ),
             worst=[
                 {
                     "batch": int(wl.batch[i]),

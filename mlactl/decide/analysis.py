@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from mlactl.decide.calibration.estimate import Spans, batch_interval, crossover_intervals, estimates
+from mlactl.decide.calibration.estimate import Spans, batch_interval, crossover_intervals, estimates, loss_spans
 from mlactl.decide.calibration.estimate import spans as time_spans
 from mlactl.decide.calibration.time import batch_time as timed_batch
 from mlactl.decide.calibration.time import crossover_by_time, own_times, path_times, window_by_time
@@ -115,6 +115,8 @@ class Analysis:
     policy_time_lost: np.ndarray | None = None
     calibration: object | None = None  # mlactl.decide.calibration.Calibration the times came from
     spans: Spans | None = None  # calibrated: each time's 80% interval and each op's basis
+    # calibrated: per engine, the 80% interval of the time it loses at each point (lo, hi)
+    engine_lost_spans: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
 
     @property
     def cfg(self) -> MLAConfig:
@@ -330,11 +332,32 @@ def analyze(
     best_time = np.min(np.stack(list(mla_times.values())), axis=0)
     engine_paths = {e.engine: grid_paths(e, batch, new, prefix) for e in engines}
 
+    own_times = {
+        e.engine: engine_times(cost, hw, calibration, e, batch, new, prefix, mla_times, layers) for e in engines
+    }
+
     def engine_lost(e: EngineParams, chosen: np.ndarray) -> np.ndarray:  # at the engine's own chunk size
-        own = engine_times(cost, hw, calibration, e, batch, new, prefix, mla_times, layers)
+        own = own_times.get(e.engine)
+        if own is None:
+            own = engine_times(cost, hw, calibration, e, batch, new, prefix, mla_times, layers)
         return time_lost(chosen, own, best_time)
 
     by_name = {e.engine: e for e in engines}
+    engine_time_lost = {name: engine_lost(by_name[name], path) for name, path in engine_paths.items()}
+    lost_spans = None
+    if calibration is not None and engines:
+        rules = {name: (chosen, own_times[name]) for name, chosen in engine_paths.items()}
+        found = loss_spans(cost, hw, calibration, batch, new, prefix, mla_times, rules, layers)
+        if found is not None:  # each widened to hold its point value; NaN where the path does not fit
+            lost_spans = {}
+            for name, (lo, hi) in found.items():
+                point = engine_time_lost[name]
+                ok = np.isfinite(point)
+                lost_spans[name] = (
+                    np.where(ok, np.minimum(lo, point), np.nan),
+                    np.where(ok, np.maximum(hi, point), np.nan),
+                )
+
     policy_path = None
     if policy is not None:
         policy_path = _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data)
@@ -361,7 +384,7 @@ def analyze(
         best=best,
         best_by_flops=argmin_path(runnable_flops(cost, batch, new, prefix), cost.choices),
         engine_paths=engine_paths,
-        engine_time_lost={name: engine_lost(by_name[name], path) for name, path in engine_paths.items()},
+        engine_time_lost=engine_time_lost,
         crossover=crossover_table(cost, hw, batch_prefix, max_new, calibration, crossover_spans),
         notes=notes_for(cost, layers) + _cache_note(cost, hw, batch, new, prefix),
         policy=policy,
@@ -371,6 +394,7 @@ def analyze(
         spans=None
         if calibration is None
         else time_spans(cost, hw, calibration, batch, new, prefix, cost.paths, layers),
+        engine_lost_spans=lost_spans,
     )
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mlactl.decide.calibration import uncertainty
+from mlactl.decide.calibration.estimate import has_evidence, rule_draws
 from mlactl.decide.calibration.time import path_times
 from mlactl.decide.engines import EngineParams, chunk_sizes, grid_paths, time_lost, time_of
 from mlactl.decide.engines.vllm import dsa_chunk, mask_fits
@@ -21,6 +23,7 @@ from mlactl.decide.policy import fitting_times
 from mlactl.decide.requests import read_rows
 from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
+from mlactl.util import progress
 from mlactl.util.errors import MlactlError
 
 WORST = 5  # shapes listed per engine
@@ -143,6 +146,10 @@ class EngineLoss:
     time_s: float  # weighted time under the rule
     lost_s: float  # weighted loss
     sweeps: list[Sweep] = field(default_factory=list)  # every threshold of the rule that moves a shape
+    # calibrated: the 80% intervals of time_s and lost_s (None: roofline, a fit without
+    # evidence, or a path that does not fit)
+    time_interval_s: tuple[float, float] | None = None
+    lost_interval_s: tuple[float, float] | None = None
 
     @property
     def sweep(self) -> Sweep | None:
@@ -341,9 +348,11 @@ def report(
     best = np.asarray(choices)[np.stack([times[p] for p in choices]).argmin(axis=0)]
     notes: list[str] = []
     out = []
+    own_times = []
     for e in engines:
         paths = grid_paths(e, wl.batch, wl.new, wl.prefix)
         own = engine_times(cost, hw, calibration, e, wl.batch, wl.new, wl.prefix, times)
+        own_times.append(own)
         lost = time_lost(paths, own, best_time)
         sweeps: list[Sweep | None] = []
         if sweep and e.family == "sglang":
@@ -355,4 +364,52 @@ def report(
         total = float(np.sum(time_of(paths, own) * wl.weight))
         found = [s for s in sweeps if s is not None]
         out.append(EngineLoss(e, paths, lost, total, float(np.sum(lost * wl.weight)), found))
+    if calibration is not None:
+        rules = [(el.paths, own) for el, own in zip(out, own_times)]
+        spans = engine_intervals(cost, hw, calibration, wl, times, rules)
+        out = [
+            replace(el, time_interval_s=_widened(t, el.time_s), lost_interval_s=_widened(lo, el.lost_s))
+            for el, (t, lo) in zip(out, spans)
+        ]
     return WorkloadReport(cost, hw, wl, best, best_time, float(np.sum(best_time * wl.weight)), out, calibration, notes)
+
+
+def engine_intervals(
+    cost: CostModel, hw: HardwareProfile, calibration, wl: Workload, times: dict[str, np.ndarray], rules: list
+) -> list[tuple[tuple[float, float] | None, tuple[float, float] | None]]:
+    """For each rule (its path per shape, its own times per path): the 80% intervals of its
+    weighted time over the workload and of what it loses against the best path. Within each draw
+    (estimate.rule_draws) the rule's path and the best are compared and the workload summed; the
+    interval is taken over the draws. (None, None) for every rule where an op has no evidence;
+    None for a total that is infinite (a path that does not fit). report() widens each interval
+    to hold its point value."""
+    if not has_evidence(cost, hw, calibration, tuple(times)):
+        return [(None, None)] * len(rules)
+    named = {str(k): rule for k, rule in enumerate(rules)}
+    time_draws = np.zeros((len(rules), uncertainty.SCENARIOS))
+    lost_draws = np.zeros((len(rules), uncertainty.SCENARIOS))
+    with progress.task("intervals of the engines' losses", total=len(wl)) as bar:
+        for part, taken, best in rule_draws(cost, hw, calibration, wl.batch, wl.new, wl.prefix, times, named):
+            weight = wl.weight[part]
+            for k in range(len(rules)):
+                mine = taken[str(k)]
+                with np.errstate(invalid="ignore"):
+                    time_draws[k] += (mine * weight).sum(axis=1)
+                    lost_draws[k] += (np.maximum(mine - best, 0.0) * weight).sum(axis=1)
+            bar.advance(len(weight))
+    return [(_holding(time_draws[k]), _holding(lost_draws[k])) for k in range(len(rules))]
+
+
+def _holding(draws: np.ndarray) -> tuple[float, float] | None:
+    """The 80% interval over the draws of a total, or None where it is not finite."""
+    if not np.all(np.isfinite(draws)):
+        return None
+    lo, hi = uncertainty.percentiles(draws)
+    return float(lo), float(hi)
+
+
+def _widened(span: tuple[float, float] | None, point: float) -> tuple[float, float] | None:
+    """An interval widened to hold its point value (None stays None, as does an infinite point)."""
+    if span is None or not np.isfinite(point):
+        return None
+    return min(span[0], point), max(span[1], point)

@@ -151,6 +151,17 @@ def to_json(analysis: Analysis) -> dict:
     engine_cols = {
         e: (analysis.engine_paths[e].tolist(), analysis.engine_time_lost[e].tolist()) for e in analysis.engine_paths
     }
+    lost_spans = analysis.engine_lost_spans
+
+    def lost_span(e: str, i: int) -> dict:
+        """Calibrated: the 80% interval of the time the rule loses there (null: it does not fit,
+        or an op without evidence)."""
+        if analysis.calibration is None:
+            return {}
+        if lost_spans is None or not np.isfinite(lost_spans[e][0][i]):
+            return {"time_lost_interval_s": None}
+        return {"time_lost_interval_s": [float(lost_spans[e][0][i]), float(lost_spans[e][1][i])]}
+
     paths = {}
     for name, pt in analysis.paths.items():
         paths[name] = {
@@ -208,7 +219,7 @@ def to_json(analysis: Analysis) -> dict:
                 "kv_cache_bytes": number(cols["kv"][i]),
                 "mha_cache_bytes": number(cols["mha"][i]),
                 "engines": {
-                    e: {"path": path[i], "time_lost_s": number_or_none(lost[i])}
+                    e: {"path": path[i], "time_lost_s": number_or_none(lost[i]), **lost_span(e, i)}
                     for e, (path, lost) in engine_cols.items()
                 },
             }
@@ -271,6 +282,8 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
     for e in analysis.engine_paths:
         cols[f"{e}.path"] = path_labels(analysis.engine_paths[e])
         cols[f"{e}.time_lost_s"] = analysis.engine_time_lost[e]
+        if analysis.engine_lost_spans is not None:  # calibrated: its 80% interval
+            cols[f"{e}.time_lost_lo_s"], cols[f"{e}.time_lost_hi_s"] = analysis.engine_lost_spans[e]
     if analysis.policy is not None:
         cols["policy.path"] = path_labels(analysis.policy_path)
         cols["policy.time_lost_s"] = analysis.policy_time_lost

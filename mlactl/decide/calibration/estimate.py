@@ -310,6 +310,66 @@ def loss_interval(
     return u.percentiles(np.maximum(mine - best, 0.0))
 
 
+RULE_CHUNK = 2048  # points whose draws rule_draws holds at once: 128 x 6 paths x 2,048 x 8 B, 12 MB
+
+
+def rule_draws(
+    cost: CostModel, hw: HardwareProfile, calibration, batch, new, prefix, shared: dict, rules: dict,
+    layers: int = 1, chunk: int = RULE_CHUNK,
+):  # fmt: skip
+    """Draw by draw, what each rule's choice of paths takes and what the best path takes, a chunk
+    of points at a time: yields (slice of the points, {rule: [S, chunk] seconds}, [S, chunk] the
+    best path's). `shared[path]` is each path's point time at every point (+inf where it does not
+    fit or cannot run: never the best); `rules[name] = (paths, own)`, the rule's path per point and
+    its own time of each path (an engine's own chunk size or indexer), which scales that path's
+    draws by own / shared. Draw s of every path uses the same draws of each op class, so a loss
+    is computed within a draw. Yields nothing at all where an op has no evidence (a fit without an
+    interval): check `has_evidence` first."""
+    batch, new, prefix = (np.asarray(a).reshape(-1) for a in np.broadcast_arrays(batch, new, prefix))
+    choices = tuple(shared)
+    for start in range(0, len(new), chunk):
+        part = slice(start, start + chunk)
+        est = estimates(cost, hw, calibration, batch[part], new[part], prefix[part], choices, layers)
+        draws = {p: est[p].scenarios() for p in choices}
+        ok = {p: np.isfinite(shared[p][part]) for p in choices}
+        best = np.min(np.stack([np.where(ok[p], draws[p], np.inf) for p in choices]), axis=0)
+        taken = {}
+        for name, (paths, own) in rules.items():
+            mine = np.zeros_like(best)
+            for p in choices:
+                on = paths[part] == p
+                if on.any():
+                    base, theirs = shared[p][part], own[p][part]
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        scale = np.where(np.isfinite(base) & (base > 0), theirs / base, np.inf)
+                    mine = np.where(on, draws[p] * scale, mine)
+            taken[name] = mine
+        yield part, taken, best
+
+
+def has_evidence(cost: CostModel, hw: HardwareProfile, calibration, paths) -> bool:
+    """Whether every op of these paths has an interval (a fit that carries its evidence)."""
+    one = (np.array([1]), np.array([1]), np.array([1]))
+    return all(e.has_interval for e in estimates(cost, hw, calibration, *one, paths).values())
+
+
+def loss_spans(
+    cost: CostModel, hw: HardwareProfile, calibration, batch, new, prefix, shared: dict, rules: dict, layers: int = 1
+) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """{rule: (lo, hi)} per point: the 80% interval of what each rule loses against the best path
+    (rule_draws), widened to hold 0; None where an op has no evidence."""
+    if not has_evidence(cost, hw, calibration, tuple(shared)):
+        return None
+    n = np.broadcast_arrays(batch, new, prefix)[0].size
+    out = {name: (np.zeros(n), np.zeros(n)) for name in rules}
+    for part, taken, best in rule_draws(cost, hw, calibration, batch, new, prefix, shared, rules, layers):
+        for name, mine in taken.items():
+            with np.errstate(invalid="ignore"):
+                lo, hi = u.percentiles(np.maximum(mine - best, 0.0))
+            out[name][0][part], out[name][1][part] = lo, hi
+    return out
+
+
 def batch_interval(
     cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count, paths, scenarios: int = u.SCENARIOS
 ) -> tuple[float, float] | None:
