@@ -638,3 +638,32 @@ def test_analyze_engine_losses_carry_an_interval(fixture_calibration):
     assert "sglang.time_lost_lo_s" in csv_text.splitlines()[0]
     roof = json.loads(run(*args, "-f", "json").stdout)
     assert "time_lost_interval_s" not in roof["rows"][0]["engines"]["sglang"]
+
+
+def test_engine_loss_intervals_on_a_sample_of_a_large_workload(fixture_calibration, monkeypatch):
+    """Above INTERVAL_SHAPES the intervals are drawn on a weighted sample of the shapes
+    (Horvitz-Thompson): on 1,500 shapes sampled down to about 300, each end stays within 10% of
+    the interval drawn on every shape, and the point values are the full workload's."""
+    from mlactl.decide import workload as W
+    from mlactl.decide.calibration import load
+    from mlactl.decide.engines import context_for, parse_engines
+    from mlactl.model import hardware
+
+    rng = np.random.default_rng(5)
+    n = 1500
+    wl = W.Workload(
+        rng.choice([1, 4, 16, 64], n), rng.integers(1, 4096, n), rng.integers(0, 65536, n),
+        rng.uniform(0.5, 2.0, n), "test",
+    )  # fmt: skip
+    hw, cal = hardware.from_name("h200"), load(fixture_calibration)
+    engines = parse_engines("sglang,vllm", ctx=context_for(DSV3.cfg, hw, "bf16"))
+    full = W.report(DSV3, hw, wl, engines, sweep=False, calibration=cal)
+    monkeypatch.setattr(W, "INTERVAL_SHAPES", 300)
+    keep, _ = W._interval_sample(wl, W.path_times_for(DSV3, hw, wl.batch, wl.new, wl.prefix, cal), [])
+    assert 200 < len(keep) < 400
+    sampled = W.report(DSV3, hw, wl, engines, sweep=False, calibration=cal)
+    for a, b in zip(full.engines, sampled.engines):
+        assert (a.time_s, a.lost_s) == (b.time_s, b.lost_s)
+        for x, y in ((a.time_interval_s, b.time_interval_s), (a.lost_interval_s, b.lost_interval_s)):
+            assert x is not None and y is not None
+            assert y == pytest.approx(x, rel=0.10)

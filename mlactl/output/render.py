@@ -32,6 +32,8 @@ def si(x: float, unit: str = "", digits: int = 3) -> str:
 
 def seconds(t: float) -> str:
     t = float(t)
+    if t >= 1000:  # 26,219s, not 2.62e+04s
+        return f"{t:,.0f}s"
     if t >= 1:
         return f"{t:.3g}s"
     if t >= 1e-3:
@@ -83,6 +85,8 @@ SPAN_LEGEND = (
 def seconds_span(lo: float, hi: float) -> str:
     """`1.70–2.20ms`: an interval in the unit of its top."""
     unit, scale = next(((u, f) for u, f in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)) if hi >= f), ("ns", 1e-9))
+    if unit == "s" and hi >= 1000:
+        return f"{lo:,.0f}–{hi:,.0f}s"
     return f"{lo / scale:.3g}–{hi / scale:.3g}{unit}"
 
 
