@@ -95,3 +95,42 @@ def test_calibrate_and_use_on_deepseek_v32(home):
                               "h200-aiconfigurator-sglang-0.5.14", "-f", "json"])  # fmt: skip
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["time"] == "calibrated"
+
+
+def test_calibrated_windows_carry_their_ends_intervals(home, monkeypatch):
+    """A DSA model's calibrated windows: each end's 80% interval over the draws, as a plain scan of
+    every count draw by draw gives it (order statistics of the first and last winning count), and
+    in the crossover JSON holding the point ends (or null where the draws too often find none)."""
+    from mlactl.decide.calibration import estimate
+    from mlactl.decide.calibration import uncertainty as u
+
+    result = runner.invoke(app, ["calibrate", "--from", "aiconfigurator", "--system", "h200_sxm", "--framework",
+                                 "sglang", "--data-dir", str(FIXTURE), "-f", "json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    cal = store.resolve("h200-aiconfigurator-sglang-0.5.14")
+    cost = CostModel(model.from_name("deepseek-v3.2"))
+    hw = hardware.from_name("h200")
+    monkeypatch.setattr(estimate, "WINDOW_EXACT", 4096)  # every count: the scan below's grid
+    (got,) = estimate.window_intervals(cost, hw, cal, [1024], path="masked_expand", max_new=3000)
+    n = np.arange(1, 3001, dtype=np.float64)
+    est = estimate.estimates(cost, hw, cal, 1, n, np.full_like(n, 1024.0), ("masked_expand", "sparse_absorb"))
+    wins = est["masked_expand"].scenarios() < est["sparse_absorb"].scenarios()  # [S, 3000]
+    found = wins.any(axis=1)
+    if found.mean() < 1 - u.LOW:
+        assert got is None
+    else:
+        first = np.array([n[row.argmax()] for row in wins[found]])
+        last = np.array([n[len(row) - 1 - row[::-1].argmax()] for row in wins[found]])
+        want = (
+            (int(np.quantile(first, u.LOW, method="lower")), int(np.quantile(first, u.HIGH, method="higher"))),
+            (int(np.quantile(last, u.LOW, method="lower")), int(np.quantile(last, u.HIGH, method="higher"))),
+        )
+        assert got == want
+    out = runner.invoke(app, ["crossover", "-m", "deepseek-v3.2", "-g", "h200", "--prefix", "0,1K", "--calibration",
+                              "h200-aiconfigurator-sglang-0.5.14", "-f", "json"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    for row in json.loads(out.stdout)["crossover"]["by_prefix"]:
+        w = row["masked_expand"]["by_time"]
+        if w is not None and w["first_interval"] is not None:
+            assert w["first_interval"][0] <= w["first"] <= w["first_interval"][1]
+            assert w["last_interval"][0] <= w["last"] <= w["last_interval"][1]

@@ -10,7 +10,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from mlactl.decide.calibration.estimate import Spans, batch_interval, crossover_intervals, estimates, loss_spans
+from mlactl.decide.calibration.estimate import (
+    Spans,
+    batch_interval,
+    crossover_intervals,
+    estimates,
+    loss_spans,
+    window_intervals,
+)
 from mlactl.decide.calibration.estimate import spans as time_spans
 from mlactl.decide.calibration.time import batch_time as timed_batch
 from mlactl.decide.calibration.time import crossover_by_time, own_times, path_times, window_by_time
@@ -77,6 +84,10 @@ class WindowRow:
     masked_by_flops: Window | None
     masked_by_time: Window | None
     dense_by_time: Window | None
+    # calibrated: the 80% intervals of each window's first and last counts ((lo, hi), (lo, hi)),
+    # None where the window is absent in the point value or in more than a tenth of the draws
+    masked_interval: tuple[tuple[int, int], tuple[int, int]] | None = None
+    dense_interval: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -188,7 +199,8 @@ def crossover_table(
         pairs = []
     kind = "roofline" if calibration is None else "calibrated"
     if cost.cfg.is_dsa:
-        return Crossover(None, [], max_new, note, kind, _windows(cost, hw, pairs, max_new, calibration))
+        windows = _windows(cost, hw, pairs, max_new, calibration, spans and calibration is not None)
+        return Crossover(None, [], max_new, note, kind, windows)
     rows = []
     for b in sorted(set(b for b, _ in pairs)):
         prefixes = [p for bb, p in pairs if bb == b]
@@ -268,10 +280,13 @@ def _window(found) -> Window | None:
     return None if found is None else Window(*found)
 
 
-def _windows(cost: CostModel, hw: HardwareProfile, pairs, max_new: int, calibration) -> list[WindowRow]:
+def _windows(
+    cost: CostModel, hw: HardwareProfile, pairs, max_new: int, calibration, spans: bool = False
+) -> list[WindowRow]:
     """A DSA model's windows per (batch, prefix): masked_expand against sparse_absorb by FLOPs
     (exact, one unbroken run: CostModel.masked_window_by_flops) and by time; dense_expand
-    against sparse_absorb by time, where it can run."""
+    against sparse_absorb by time, where it can run. With `spans` (calibrated), each window's
+    ends with their 80% intervals."""
     out = []
     for b in sorted(set(b for b, _ in pairs)):
         prefixes = [p for bb, p in pairs if bb == b]
@@ -283,11 +298,36 @@ def _windows(cost: CostModel, hw: HardwareProfile, pairs, max_new: int, calibrat
         dense = window_by_time(
             cost, hw, calibration, prefixes, batch=b, path="dense_expand", against="sparse_absorb", max_new=dense_max
         )
-        for p, m, d in zip(prefixes, masked, dense):
+        intervals: dict[str, list] = {"masked": [None] * len(prefixes), "dense": [None] * len(prefixes)}
+        if spans:
+            for key, path, most in (("masked", "masked_expand", max_new), ("dense", "dense_expand", dense_max)):
+                intervals[key] = window_intervals(
+                    cost, hw, calibration, prefixes, batch=b, path=path, against="sparse_absorb", max_new=most
+                )
+        for i, (p, m, d) in enumerate(zip(prefixes, masked, dense)):
             flops = cost.masked_window_by_flops(p, max_new)
             by_flops = None if flops is None else Window(flops[0], flops[1], flops[1] - flops[0] + 1)
-            out.append(WindowRow(b, p, by_flops, _window(m), _window(d)))
+            out.append(
+                WindowRow(
+                    b,
+                    p,
+                    by_flops,
+                    _window(m),
+                    _window(d),
+                    _window_holding(intervals["masked"][i], m),
+                    _window_holding(intervals["dense"][i], d),
+                )  # fmt: skip
+            )
     return out
+
+
+def _window_holding(span, found) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """A window's end intervals widened to hold its point values; None without a window."""
+    if span is None or found is None:
+        return None
+    (f_lo, f_hi), (l_lo, l_hi) = span
+    first, last = found[0], found[1]
+    return (min(f_lo, first), max(f_hi, first)), (min(l_lo, last), max(l_hi, last))
 
 
 def analyze(

@@ -208,10 +208,19 @@ def ops_table(analysis: Analysis, max_rows: int = 200) -> Table:
     return table
 
 
-def _window_cell(w: Window | None, limit: int) -> str:
+def _window_cell(w: Window | None, limit: int, interval=None, calibrated: bool = False) -> str:
+    """`146–11847`; calibrated, each end with its 80% interval: `146 (140–152)–11847 (11200–12500)`,
+    or `(none in over 10% of draws)` where the draws too often find no window."""
     if w is None:
         return "none"
-    span = f"{w.first}–{w.last}" if w.last < limit else f"{w.first}–(> {limit})"
+    if calibrated and interval is None:
+        return _window_cell(w, limit) + " (none in over 10% of draws)"
+
+    def end(value: int, span) -> str:
+        return str(value) if span is None else f"{value} ({span[0]}–{span[1]})"
+
+    first, last = (None, None) if interval is None else interval
+    span = f"{end(w.first, first)}–{end(w.last, last)}" if w.last < limit else f"{end(w.first, first)}–(> {limit})"
     gaps = w.last - w.first + 1 - w.count
     return span + (f" ({gaps} gaps)" if gaps else "")
 
@@ -230,10 +239,16 @@ def window_table(crossover: Crossover) -> Table:
         table.add_row(
             str(r.batch),
             str(r.prefix),
-            *(_window_cell(w, crossover.max_new) for w in (r.masked_by_flops, r.masked_by_time, r.dense_by_time)),
+            _window_cell(r.masked_by_flops, crossover.max_new),
+            _window_cell(r.masked_by_time, crossover.max_new, r.masked_interval, kind == "calibrated"),
+            _window_cell(r.dense_by_time, crossover.max_new, r.dense_interval, kind == "calibrated"),
         )
-    if crossover.note:
-        table.caption = crossover.note
+    lines = [crossover.note] if crossover.note else []
+    if kind == "calibrated":
+        lines.append("calibrated: each end with its 80% interval")
+    if lines:
+        table.caption = "\n".join(lines)
+        table.caption_justify = "left"
     return table
 
 

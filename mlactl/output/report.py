@@ -56,8 +56,16 @@ def hardware_json(analysis: Analysis) -> dict:
     return out
 
 
-def window_json(w: Window | None) -> dict | None:
-    return None if w is None else {"first": w.first, "last": w.last, "count": w.count}
+def window_json(w: Window | None, interval=None, kind: str = "roofline") -> dict | None:
+    """{first, last, count}; calibrated, also first_interval and last_interval ([lo, hi], 80%;
+    null where the draws too often find no window)."""
+    if w is None:
+        return None
+    out = {"first": w.first, "last": w.last, "count": w.count}
+    if kind == "calibrated":
+        out["first_interval"] = None if interval is None else list(interval[0])
+        out["last_interval"] = None if interval is None else list(interval[1])
+    return out
 
 
 def crossover_json(crossover: Crossover) -> dict:
@@ -75,9 +83,9 @@ def crossover_json(crossover: Crossover) -> dict:
                     "prefix": r.prefix,
                     "masked_expand": {
                         "by_flops": window_json(r.masked_by_flops),
-                        "by_time": window_json(r.masked_by_time),
+                        "by_time": window_json(r.masked_by_time, r.masked_interval, crossover.time_kind),
                     },
-                    "dense_expand": {"by_time": window_json(r.dense_by_time)},
+                    "dense_expand": {"by_time": window_json(r.dense_by_time, r.dense_interval, crossover.time_kind)},
                 }
                 for r in crossover.windows
             ],

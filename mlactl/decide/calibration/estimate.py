@@ -401,14 +401,63 @@ BLOCK_ELEMENTS = 1 << 21  # draws x prefixes x new counts evaluated at once by c
 EXACT_UP_TO = 512  # crossover_intervals tries every count up to this, then steps of 2**(1/64) (1.1%)
 
 
-def search_counts(max_new: int) -> np.ndarray:
-    """The new counts a crossover interval is searched over: every one up to EXACT_UP_TO, then a
-    geometric grid 64 to the octave, and max_new."""
-    exact = np.arange(1, min(EXACT_UP_TO, max_new) + 1)
-    if max_new <= EXACT_UP_TO:
+def window_intervals(
+    cost: CostModel,
+    hw: HardwareProfile,
+    calibration,
+    prefixes,
+    batch: int = 1,
+    path: str = "masked_expand",
+    against: str = "sparse_absorb",
+    max_new: int = 1 << 17,
+    scenarios: int = u.SCENARIOS,
+) -> list[tuple[tuple[int, int], tuple[int, int]] | None]:
+    """For each prefix, the 80% intervals of a DSA window's first and last new-token counts (where
+    `path` runs and is faster than `against`, as mlactl.model.roofline.window_by_time defines it),
+    over the draws of `path_scenarios`: ((first lo, first hi), (last lo, last hi)), or None where
+    more than a tenth of the draws find no window within max_new. Counts are searched one by one
+    up to WINDOW_EXACT and 2.2% apart beyond (32 to the octave): an end above 64 is that close,
+    and a calibrated crossover's windows at the default prefixes take seconds, not tens of them."""
+    prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
+    grid = search_counts(max_new, exact_up_to=WINDOW_EXACT, per_octave=32)
+    first = np.full((scenarios, len(prefixes)), np.inf)
+    last = np.full((scenarios, len(prefixes)), -np.inf)
+    width = max(16, min(256, BLOCK_ELEMENTS // (scenarios * max(1, len(prefixes)))))
+    for start in range(0, len(grid), width):
+        n = grid[start : start + width][None, :]
+        p = prefixes[:, None]
+        est = estimates(cost, hw, calibration, batch, n, p, (path, against))
+        runs = np.broadcast_to(cost.applicable(path, batch, n, p), np.broadcast_shapes(n.shape, p.shape))
+        wins = (est[path].scenarios(scenarios) < est[against].scenarios(scenarios)) & runs  # [S, P, new]
+        counts = np.broadcast_to(n, wins.shape)
+        first = np.minimum(first, np.where(wins, counts, np.inf).min(axis=2))
+        last = np.maximum(last, np.where(wins, counts, -np.inf).max(axis=2))
+    out: list[tuple[tuple[int, int], tuple[int, int]] | None] = []
+    for k in range(len(prefixes)):
+        none = ~np.isfinite(first[:, k])
+        if none.mean() > u.LOW:  # more than a tenth of the draws: no window
+            out.append(None)
+            continue
+        f, la = first[~none, k], last[~none, k]
+        # order statistics (counts, not between two of them)
+        f_lo, f_hi = np.quantile(f, u.LOW, method="lower"), np.quantile(f, u.HIGH, method="higher")
+        l_lo, l_hi = np.quantile(la, u.LOW, method="lower"), np.quantile(la, u.HIGH, method="higher")
+        out.append(((int(f_lo), int(f_hi)), (int(l_lo), int(l_hi))))
+    return out
+
+
+WINDOW_EXACT = 64  # window_intervals tries every count up to this, then 32 to the octave
+
+
+def search_counts(max_new: int, exact_up_to: int = EXACT_UP_TO, per_octave: int = 64) -> np.ndarray:
+    """The new counts a crossover interval is searched over: every one up to `exact_up_to`, then
+    a geometric grid `per_octave` to the octave, and max_new."""
+    exact = np.arange(1, min(exact_up_to, max_new) + 1)
+    if max_new <= exact_up_to:
         return exact.astype(np.float64)
-    octaves = np.log2(max_new / EXACT_UP_TO)
-    geometric = np.round(EXACT_UP_TO * 2.0 ** (np.arange(1, int(np.ceil(64 * octaves)) + 1) / 64))
+    octaves = np.log2(max_new / exact_up_to)
+    steps = np.arange(1, int(np.ceil(per_octave * octaves)) + 1) / per_octave
+    geometric = np.round(exact_up_to * 2.0**steps)
     grid = np.unique(np.concatenate([exact, geometric[geometric < max_new], [max_new]]))
     return grid.astype(np.float64)
 
