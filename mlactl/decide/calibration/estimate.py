@@ -416,10 +416,10 @@ def window_intervals(
     `path` runs and is faster than `against`, as mlactl.model.roofline.window_by_time defines it),
     over the draws of `path_scenarios`: ((first lo, first hi), (last lo, last hi)), or None where
     more than a tenth of the draws find no window within max_new. Counts are searched one by one
-    up to WINDOW_EXACT and 2.2% apart beyond (32 to the octave): an end above 64 is that close,
+    up to WINDOW_EXACT and 4.4% apart beyond (16 to the octave): an end above 64 is that close,
     and a calibrated crossover's windows at the default prefixes take seconds, not tens of them."""
     prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
-    grid = search_counts(max_new, exact_up_to=WINDOW_EXACT, per_octave=32)
+    grid = search_counts(max_new, exact_up_to=WINDOW_EXACT, per_octave=16)
     first = np.full((scenarios, len(prefixes)), np.inf)
     last = np.full((scenarios, len(prefixes)), -np.inf)
     width = max(16, min(256, BLOCK_ELEMENTS // (scenarios * max(1, len(prefixes)))))
@@ -446,7 +446,7 @@ def window_intervals(
     return out
 
 
-WINDOW_EXACT = 64  # window_intervals tries every count up to this, then 32 to the octave
+WINDOW_EXACT = 64  # window_intervals tries every count up to this, then 16 to the octave
 
 
 def search_counts(max_new: int, exact_up_to: int = EXACT_UP_TO, per_octave: int = 64) -> np.ndarray:
