@@ -673,6 +673,16 @@ def test_near_factor_by_hand():
     # 1.5 tokens: log2 0.58, both 0 and 1 within an octave -> median 0.2; 3 tokens: log2 1.58,
     # only row 1 (0.58 away) -> 0.3; 1000 and 1024 tokens (log2 ~10): none within an octave -> 1
     assert got == pytest.approx([np.exp(-0.2), np.exp(-0.3), 1.0, 1.0])
+    # asked again, with shapes it has answered and one it has not: the same figures, and the
+    # answered ones not searched again (the table's cache holds them)
+    from mlactl.decide.calibration import model as calibration_model
+
+    again = points_for(cost, "kv_expand", 1, np.array([3.0, 2.0, 1.5]), 0, None)
+    # 2 tokens: log2 1, rows 0 and 1 both within an octave (1.0 and 0.0 away) -> median 0.2
+    assert near_factor(table, again) == pytest.approx([np.exp(-0.3), np.exp(-0.2), np.exp(-0.2)])
+    assert len(calibration_model._near_known(table)) == 5  # 1.5, 3, 1000, 1024 and now 2
+    other = dict(table, log_residual=[0.0, 0.0, 0.0])  # another table: its own answers
+    assert near_factor(other, again) == pytest.approx([1.0, 1.0, 1.0])
 
 
 def test_near_term_follows_steps_a_smooth_model_cannot():

@@ -410,12 +410,35 @@ def near_table(params: dict, terms, pts: Points, peak: float, bandwidth: float, 
     }
 
 
+# near_factor's answers per residual table, by feature row: a search (a crossover, a window)
+# asks the same shapes again and again. Each entry holds its table, so an id is never reused
+# while cached; at most NEAR_TABLES tables are kept, the oldest dropped first.
+NEAR_TABLES = 32
+NEAR_KNOWN = 1 << 18  # feature rows kept per table (a table past it starts again: a few MB at most)
+_near_cache: dict[int, tuple[dict, dict[bytes, float]]] = {}
+
+
+def _near_known(table: dict) -> dict[bytes, float]:
+    entry = _near_cache.get(id(table))
+    if entry is None or entry[0] is not table:
+        while len(_near_cache) >= NEAR_TABLES:
+            del _near_cache[next(iter(_near_cache))]
+        entry = _near_cache[id(table)] = (table, {})
+    return entry[1]
+
+
 def near_factor(table: dict, pts: Points, chunk: int = 2048) -> np.ndarray:
     """exp(-median residual) of the NEAR_K nearest measured points within NEAR_RADIUS (those
-    only); 1 where none is that near."""
+    only); 1 where none is that near. Feature rows already answered for this table are not
+    searched again."""
     x = np.asarray(table["features"], dtype=np.float64)
     r = np.asarray(table["log_residual"], dtype=np.float64)
-    f, back = np.unique(near_features(pts), axis=0, return_inverse=True)  # a grid repeats shapes
+    unique, back = np.unique(near_features(pts), axis=0, return_inverse=True)  # a grid repeats shapes
+    known = _near_known(table)
+    keys = [row.tobytes() for row in unique]
+    factors = np.array([known.get(key, np.nan) for key in keys])
+    todo = np.flatnonzero(np.isnan(factors))
+    f = unique[todo]
     out = np.ones(len(f))
     k = min(NEAR_K, len(x))
     for start in range(0, len(f), chunk):
@@ -428,7 +451,11 @@ def near_factor(table: dict, pts: Points, chunk: int = 2048) -> np.ndarray:
             warnings.simplefilter("ignore", RuntimeWarning)
             med = np.nanmedian(res, axis=1)
         out[start : start + chunk] = np.where(np.isfinite(med), np.exp(-med), 1.0)
-    out = out[np.reshape(back, -1)]
+    factors[todo] = out
+    if len(known) + len(todo) > NEAR_KNOWN:
+        known.clear()
+    known.update(zip((keys[i] for i in todo[:NEAR_KNOWN]), out.tolist()))
+    out = factors[np.reshape(back, -1)]
     shape = np.shape(np.asarray(_rows_and_ctas(pts)[0]))
     return out.reshape(shape) if shape else out[0]
 
