@@ -124,17 +124,23 @@ def from_name(name: str) -> MLAConfig:
     return PRESETS[key]
 
 
-def from_hf_config(path: str | Path) -> MLAConfig:
-    """Read an MLA model from a Hugging Face config.json (or a folder holding one)."""
+def read_hf_config(path: str | Path) -> tuple[Path, dict]:
+    """A Hugging Face config.json (or a folder holding one): its path and its language model's
+    fields (multimodal wrappers, e.g. Kimi-VL, keep them under text_config)."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
     data = read_json(path, "model config", limit=MAX_CONFIG_BYTES)
     if not isinstance(data, dict):
         raise MlactlError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    # Multimodal wrappers (e.g. Kimi-VL) keep the language model's fields under text_config.
     if "kv_lora_rank" not in data and isinstance(data.get("text_config"), dict):
         data = data["text_config"]
+    return path, data
+
+
+def from_hf_config(path: str | Path) -> MLAConfig:
+    """Read an MLA model from a Hugging Face config.json (or a folder holding one)."""
+    path, data = read_hf_config(path)
     missing = [hf for key, hf in HF_FIELDS.items() if hf not in data and key != "q_lora_rank"]
     if missing:
         raise MlactlError(f"{path} is not an MLA model config: missing {', '.join(missing)}")

@@ -19,10 +19,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from mlactl.model.config import ALIASES
+from mlactl.model.config import ALIASES, read_hf_config
 from mlactl.util.defaults import DTYPE_BYTES, WEIGHT_DTYPES
 from mlactl.util.errors import MlactlError
-from mlactl.util.io import MAX_CONFIG_BYTES, read_json
 
 
 @dataclass(frozen=True)
@@ -112,14 +111,7 @@ def _count(data: dict, key: str, path, minimum: int = 0, default: int | None = N
 def from_hf_config(path: str | Path, dtype: str | None = None) -> ModelWeights:
     """The weights of a Hugging Face config.json (or a folder holding one): a dense model when it
     has no n_routed_experts; fp8 weights when its quantization_config says quant_method fp8."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    data = read_json(path, "model config", limit=MAX_CONFIG_BYTES)
-    if not isinstance(data, dict):
-        raise MlactlError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    if "kv_lora_rank" not in data and isinstance(data.get("text_config"), dict):
-        data = data["text_config"]
+    path, data = read_hf_config(path)
     values: dict[str, Any] = {k: _count(data, hf, path, 1) for k, hf in HF_REQUIRED.items()}
     experts = data.get("n_routed_experts") or 0
     values["experts"] = _count({"n_routed_experts": experts}, "n_routed_experts", path)
