@@ -104,8 +104,9 @@ def replay_cmd(
     vllm by default; paths sparse_absorb, masked_expand, dense_expand; SGLang's swept threshold
     is its dense one), with the indexer's cache row in the KV pool (docs/replay.md).
 
-    Times are roofline, or calibrated with --calibration. `-f json` for the report (and `mlactl
-    plot replay`), `-f csv` for one row per engine and step.
+    Times are roofline, or calibrated with --calibration (each engine's time, best and losses
+    then with their 80% intervals). `-f json` for the report (and `mlactl plot replay`), `-f csv`
+    for one row per engine and step.
 
     Example: mlactl replay conversation_trace.jsonl --hardware h200 --tp 8 -o replay.json
 

@@ -11,7 +11,10 @@ not finite (a step where no path fits) is null.
                options, options_set, why (the rule as resolved, as analyze's JSON gives it),
                steps, duration_s, step_time_s, time_s,
                best_time_s, lost_s, lost_pct, best_step_time_s, lost_vs_step_s,
-               best_request_time_s, lost_vs_request_s, best_threshold, sweep, tokens, paths,
+               best_request_time_s, lost_vs_request_s, calibrated: time_interval_s,
+               best_time_interval_s, lost_interval_s, lost_vs_step_interval_s,
+               lost_vs_request_interval_s (each [lo, hi], the 80% interval), best_threshold, sweep,
+               tokens, paths,
                by_step_type[], timeline, latency_s, cache
 """
 
@@ -27,7 +30,7 @@ from mlactl.decide.replay.pricing import STEP_TYPES
 from mlactl.decide.replay.replay import EngineReplay, Replay
 from mlactl.output.csvout import Labels
 from mlactl.output.csvout import write_csv as write
-from mlactl.output.render import SHORT, engine_lines, seconds
+from mlactl.output.render import SHORT, engine_lines, seconds, seconds_span
 from mlactl.util import safe
 
 SCHEMA = "mlactl.replay"
@@ -87,9 +90,9 @@ def summary_table(result: Replay) -> Table:
         t.add_row(
             e.engine.label,
             f"{e.steps:,}",
-            _time(e.time_s),
-            _time(e.best_s),
-            _time(e.lost_s),
+            _spanned(e, "time", e.time_s),
+            _spanned(e, "best", e.best_s),
+            _spanned(e, "lost", e.lost_s),
             f"{e.lost_pct:.1f}%",
             _time(e.lost_step_s),
             _time(e.lost_request_s),
@@ -98,7 +101,18 @@ def summary_table(result: Replay) -> Table:
         "best: per step the faster of one path for the whole step and each request on its own best path; "
         "losses are paired, on each engine's own steps"
     )
+    if any(e.intervals is not None for e in result.engines):
+        t.caption += "; calibrated: (80% interval; --format json has each loss's)"
     return t
+
+
+def _spanned(e: EngineReplay, name: str, point: float) -> str:
+    """A total's cell, with its 80% interval where calibrated: `468s (412–530s)`."""
+    span = None if e.intervals is None else e.intervals.get(name)
+    if span is None or not math.isfinite(point) or point == 0:
+        return _time(point)
+    lo, hi = span
+    return f"{_time(point)} ({seconds_span(lo, hi)})"
 
 
 def paths_table(result: Replay) -> Table:
@@ -191,6 +205,23 @@ def tables(result: Replay) -> list:
 # -- JSON -----------------------------------------------------------------------------------------
 
 
+# each total's interval key beside its point value's
+INTERVAL_KEYS = {
+    "time": "time_interval_s",
+    "best": "best_time_interval_s",
+    "lost": "lost_interval_s",
+    "lost_step": "lost_vs_step_interval_s",
+    "lost_request": "lost_vs_request_interval_s",
+}
+
+
+def _intervals(e: EngineReplay) -> dict:
+    """Calibrated: each total's 80% interval ([lo, hi], null where not finite); roofline: none."""
+    if e.intervals is None:
+        return {}
+    return {key: None if e.intervals[name] is None else list(e.intervals[name]) for name, key in INTERVAL_KEYS.items()}
+
+
 def engine_json(e: EngineReplay) -> dict:
     s = e.sweep
     return {
@@ -206,6 +237,7 @@ def engine_json(e: EngineReplay) -> dict:
         "lost_vs_step_s": e.lost_step_s,
         "best_request_time_s": e.best_request_s,
         "lost_vs_request_s": e.lost_request_s,
+        **_intervals(e),
         "best_threshold": None if s is None else s.best,
         "sweep": None
         if s is None

@@ -114,7 +114,7 @@ class PathLaunches:
     def seconds_of(self, add: np.ndarray, most: np.ndarray) -> np.ndarray:
         """[groups]: the launches' seconds (every layer) from their summed and largest parts."""
         if self.cal is not None:
-            return self._calibrated_seconds(add, most) * self.layers
+            return self._calibrated_seconds(add, most).sum(axis=0) * self.layers
         lin = self.lin
         any_row = add[0] > 0  # every row has at least one new token
         w = (lin.weights[:, :1] + lin.weights[:, 1:] * most[0]) * any_row  # [ops, groups]
@@ -122,6 +122,17 @@ class PathLaunches:
         return t.sum(axis=0) * self.layers
 
     # -- calibrated -------------------------------------------------------------------------
+
+    def class_seconds(self, starts, rows=None, mask=None) -> np.ndarray:
+        """[classes, groups]: calibrated, each op class's (or the whole path's) launch seconds,
+        every layer, in the order of `class_names`; they add up to `seconds`."""
+        return self._calibrated_seconds(*self.sums(starts, rows, mask)) * self.layers
+
+    @property
+    def class_names(self) -> list[str]:
+        """Calibrated: the op class of each of this path's ops (cost.py's order), or the one
+        whole-path class `path:<path>` where the calibration times the path end to end."""
+        return [cls for _, cls, _ in self.classes]
 
     def _calibrated(self, hw: HardwareProfile, chunk) -> None:
         """Per op class (or the whole path) and phase: each row's compute, memory, serial and
@@ -171,10 +182,11 @@ class PathLaunches:
         self.add, self.most = np.stack(add), np.stack(most)
 
     def _calibrated_seconds(self, add: np.ndarray, most: np.ndarray) -> np.ndarray:
+        """[classes, groups]: one layer's launch seconds of each class."""
         any_row = add[COUNT] > 0
         all_decode = add[DECODE_LIKE] == add[COUNT]
         k_ops = len(self.op_names)
-        total = np.zeros(add.shape[1])
+        total = np.zeros((len(self.classes), add.shape[1]))
         for k, cls, phases in self.classes:
             out: dict[str, np.ndarray | None] = {}
             for phase, found in phases.items():
@@ -195,5 +207,5 @@ class PathLaunches:
                 launch = roofline_time(f, b, self.cal_peak, self.bandwidth)
             else:
                 launch = np.where(all_decode, out["decode"], out["prefill"])
-            total += np.where(any_row, launch, 0.0)
+            total[k] = np.where(any_row, launch, 0.0)
         return total

@@ -193,6 +193,13 @@ class Pricer:
         own = self.engine_figs  # the engine's paths as it runs them (figures() made them with figs)
         return self.launches(own, rows, codes, sel, group, groups, of, own_chunk=chunk, cost=self.engine_cost)
 
+    def engine_class_launches(self, rows: Rows, codes) -> list:
+        """Calibrated: `class_launches` of the engine's rule on the block's steps (as
+        `engine_seconds` prices them), after `figures(rows)`."""
+        chunk = rules.own_chunk(self.engine, codes, rows.prefix, rows.step, rows.steps)
+        every = np.arange(len(rows.new))
+        return self.class_launches(self.engine_figs, rows, codes, every, rows.step, rows.steps, chunk, self.engine_cost)
+
     def launches(self, figs, rows: Rows, codes, sel, group, groups, of, own_chunk=None, cost=None) -> np.ndarray:
         """[groups]: the launches of each group's rows, row sel[i] on path codes[i]; expand_chunked
         at `own_chunk` ([len(sel)]) where given, by `cost` (the engine's; default the model's).
@@ -203,21 +210,8 @@ class Pricer:
         k_paths = len(self.paths)
         chunked = self.paths.index(self.chunked) if self.chunked in self.paths else -1
         if self.cal is not None:
-            starts = np.searchsorted(group, np.arange(groups))
-            t = np.zeros(groups)
-            for k, p in enumerate(self.paths):
-                on = codes == k
-                if not on.any():
-                    continue
-                if k == chunked and own_chunk is not None:
-                    sub = np.flatnonzero(on)
-                    n_, p_ = rows.new[sel[sub]], rows.prefix[sel[sub]]
-                    own = PathLaunches(cost, self.hw, self.cal, p, n_, p_, self.layers, chunk=own_chunk[sub])
-                    present, first = np.unique(group[sub], return_index=True)
-                    t[present] += own.seconds(first)
-                else:
-                    t += figs[k].seconds(starts, rows=sel, mask=on)
-            return t
+            parts = self.class_launches(figs, rows, codes, sel, group, groups, own_chunk, cost)
+            return sum((c.sum(axis=0) for c in parts if c is not None), np.zeros(groups))
         counts = np.bincount(codes, minlength=k_paths)
         free = [k for k in range(k_paths) if not (k == chunked and own_chunk is not None)]
         dom = max(free, key=lambda k: counts[k]) if free else -1
@@ -246,6 +240,29 @@ class Pricer:
             t += figs[dom].seconds_of(add_dom, most)
         return t
 
+    def class_launches(self, figs, rows: Rows, codes, sel, group, groups, own_chunk=None, cost=None) -> list:
+        """Calibrated, per path: [classes, groups] each op class's launch seconds of the rows on
+        it (as `launches`), or None where no row takes the path."""
+        cost = self.cost if cost is None else cost
+        chunked = self.paths.index(self.chunked) if self.chunked in self.paths else -1
+        starts = np.searchsorted(group, np.arange(groups))
+        out: list = []
+        for k, p in enumerate(self.paths):
+            on = codes == k
+            if not on.any():
+                out.append(None)
+            elif k == chunked and own_chunk is not None:
+                sub = np.flatnonzero(on)
+                n_, p_ = rows.new[sel[sub]], rows.prefix[sel[sub]]
+                own = PathLaunches(cost, self.hw, self.cal, p, n_, p_, self.layers, chunk=own_chunk[sub])
+                present, first = np.unique(group[sub], return_index=True)
+                t = np.zeros((len(own.classes), groups))
+                t[:, present] = own.class_seconds(first)
+                out.append(t)
+            else:
+                out.append(figs[k].class_seconds(starts, rows=sel, mask=on))
+        return out
+
     def x_sums_of(self, rows_k, g, groups) -> np.ndarray:
         """[F, groups]: the shared (mlactl --chunk) parts of rows rows_k summed per group g."""
         return np.stack([np.bincount(g, weights=self.x[f, rows_k], minlength=groups) for f in range(len(self.x) - 1)])
@@ -253,20 +270,27 @@ class Pricer:
     def references(self, figs, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """([steps] best one path per step, [steps] each request on its own best path, [rows] that
         path's code)."""
-        context = group_sums((rows.new + rows.prefix).astype(np.float64), rows.starts)
         step_best = np.full(rows.steps, np.inf)
-        for k, p in enumerate(self.paths):
+        for k, ok in enumerate(self.step_fits(rows)):
             t = figs[k].seconds_of(*self.every) if self.cal is None else figs[k].seconds(rows.starts)
-            resident = group_sums(self.cost.peak_expanded_bytes(p, 1, rows.new, rows.prefix), rows.starts)
-            ok = context * self.cost.cache_row_bytes() + resident <= self.memory
-            if p in self.limited:  # every row of the step must be able to run it
-                cannot = (~self.cost.applicable(p, 1, rows.new, rows.prefix)).astype(np.float64)
-                ok &= group_sums(cannot, rows.starts) == 0
             step_best = np.minimum(step_best, np.where(ok, t, np.inf))
         choice = self.own_choice(rows)
         every_row = np.arange(len(rows.new))
         request_best = self.launches(figs, rows, choice, every_row, rows.step, rows.steps, np.arange(rows.steps))
         return step_best, request_best, choice
+
+    def step_fits(self, rows: Rows) -> np.ndarray:
+        """[paths, steps]: whether each path can run the whole step: its latent cache and the
+        expanded K/V it holds fit the GPU's memory (per layer), and every row can run it."""
+        context = group_sums((rows.new + rows.prefix).astype(np.float64), rows.starts)
+        out = np.zeros((len(self.paths), rows.steps), dtype=bool)
+        for k, p in enumerate(self.paths):
+            resident = group_sums(self.cost.peak_expanded_bytes(p, 1, rows.new, rows.prefix), rows.starts)
+            out[k] = context * self.cost.cache_row_bytes() + resident <= self.memory
+            if p in self.limited:  # every row of the step must be able to run it
+                cannot = (~self.cost.applicable(p, 1, rows.new, rows.prefix)).astype(np.float64)
+                out[k] &= group_sums(cannot, rows.starts) == 0
+        return out
 
     def own_choice(self, rows: Rows) -> np.ndarray:
         """[rows]: the code of the path each row takes least time on alone (weights left out)

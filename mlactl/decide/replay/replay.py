@@ -23,6 +23,7 @@ import numpy as np
 from mlactl.decide.replay import rules
 from mlactl.decide.replay.cache import BlockPool
 from mlactl.decide.replay.clock import Clock
+from mlactl.decide.replay.intervals import Drawer, sample_size, step_weights
 from mlactl.decide.replay.pricing import STEP_TYPES, Pricer, blocks, rows_of, step_types
 from mlactl.decide.replay.scheduler import Schedule, Settings, scheduler_for
 from mlactl.decide.replay.traces import Trace
@@ -97,6 +98,8 @@ class EngineReplay:
     latency: dict  # seconds: time to first token, end to end; p50, p90, p99
     cache: dict  # hit rate, blocks evicted
     per_step: dict | None = field(repr=False)  # [steps] arrays, for the CSV (replay(keep_steps=True))
+    # calibrated: the 80% interval of each total (time, best, lost, lost_step, lost_request), or None
+    intervals: dict | None = None
 
     @property
     def lost_s(self) -> float:
@@ -280,6 +283,7 @@ def _price(
         "sweep_base": 0.0,
     }
     sweep_parts, kept = [], []
+    step_engine, step_lost = np.zeros(n), np.zeros(n)  # the intervals' sample is drawn on them
     for first, last in blocks(sched):
         rows = rows_of(sched, first, last)
         figs = pricer.figures(rows)
@@ -319,7 +323,20 @@ def _price(
         if keep_steps:
             rows_in = np.diff(rows.starts, append=len(rows.step))
             kept.append((engine_t, step_best, request_best, best, kind, rows_in, tokens))
+        step_engine[first:last], step_lost[first:last] = engine_t, engine_t - best
+    drawer = None
+    if Drawer.possible(pricer):  # the drawn steps priced again, draw by draw
+        drawer = Drawer(pricer, step_weights(sample_size(step_engine, step_lost)))
+        for first, last in blocks(sched):
+            drawer.add(rows_of(sched, first, last))
     total_tokens = float(acc["path_tokens"].sum())
+    points = {
+        "time": acc["time"],
+        "best": acc["best"],
+        "lost": acc["time"] - acc["best"],
+        "lost_step": acc["lost_step"],
+        "lost_request": acc["lost_request"],
+    }
     per_step = None
     if keep_steps:
         cat = [np.concatenate([k[j] for k in kept]) if kept else np.zeros(0) for j in range(6)]
@@ -368,6 +385,7 @@ def _price(
         latency=_latency(trace, sched),
         cache=_cache(trace, sched),
         per_step=per_step,
+        intervals=None if drawer is None else drawer.totals.intervals(points),
     )
 
 
