@@ -183,8 +183,12 @@ def main() -> None:
             )
         keys = ("version", "backend", "threshold", "steps", "time_s", "best_time_s", "lost_pct", "best_threshold")
         results["report"] = {e["name"]: {k: e[k] for k in keys} for e in report["engines"]}
+    save(results, args.json or HERE / "results" / f"replay-{platform.node() or 'host'}.json")
+
+
+def save(results: dict, path: Path) -> None:
+    """The results with the load average after the run, as JSON at `path`."""
     results["load_average_after"] = os.getloadavg()
-    path = args.json or HERE / "results" / f"replay-{platform.node() or 'host'}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"saved {path}")
 

@@ -13,48 +13,16 @@ import math
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from mlactl.cli import app
 from mlactl.decide.calibration import load, store
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.estimate import estimates
 from mlactl.decide.calibration.model import OP_CLASSES, PROJECTIONS
 from mlactl.decide.replay import intervals as I
-from mlactl.decide.replay import rules
-from mlactl.decide.replay.cache import BlockPool
-from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.pricing import Pricer, rows_of
-from mlactl.decide.replay.scheduler import Settings, scheduler_for
-from mlactl.decide.replay.traces import read_trace
-from mlactl.model import hardware
-from mlactl.model.config import from_name
-from mlactl.model.cost import CostModel, WeightCost
-from mlactl.model.weights import from_name as weights_of
+from mlactl.model.cost import CostModel
+from tests.test_replay import H200, V3, mooncake, parse, run, schedule
 from tests.test_uncertainty import FIXTURE, QUICK_TERMS
-
-runner = CliRunner()
-V3 = from_name("deepseek-v3").with_tp(8)
-H200 = hardware.resolve("h200")
-
-
-def run(*args, ok=True):
-    result = runner.invoke(app, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def mooncake(path, rows) -> str:
-    """rows: (timestamp ms, input, output, hash_ids)."""
-    path.write_text(
-        "".join(
-            json.dumps({"timestamp": t, "input_length": i, "output_length": o, "hash_ids": list(h)}) + "\n"
-            for t, i, o, h in rows
-        )
-    )
-    return str(path)
-
 
 # a few requests: prefills, an extend after a shared prefix, decodes, and steps that mix them
 SMALL = [(0, 3000, 4, [1, 2, 3, 4, 5, 6]), (0, 700, 3, []), (5, 4000, 3, [1, 2, 3, 4, 5, 6, 7, 8]), (9, 20, 2, [])]
@@ -115,11 +83,8 @@ def test_a_factor_every_draw_shares_scales_every_total_by_it(model, tmp_path, mo
 
 
 def schedule_rows(trace, engine: str):
-    cost = CostModel(V3)
-    e = rules.parse(engine, [], V3, H200)[0]
-    clock = Clock(cost, H200, WeightCost(V3, weights_of("deepseek-v3")), rules.paths(e))
-    s = scheduler_for(e)(read_trace(trace), e, BlockPool(100_000, True), clock, Settings(8192, 256, 512)).run()
-    return cost, e, s, rows_of(s, 0, len(s))
+    s = schedule(trace, engine)
+    return CostModel(V3), parse(engine), s, rows_of(s, 0, len(s))
 
 
 def plain_draws(pricer: Pricer, figs, launches, codes, rows) -> np.ndarray:

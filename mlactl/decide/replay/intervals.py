@@ -100,7 +100,9 @@ class Cells:
             est = estimates(self.cost, self.hw, self.cal, 1, new, prefix, (self.path,))[self.path]
             ops = list(est.ops.values()) if self.names is None else [est.ops[n] for n in self.names]
             t = np.stack([np.broadcast_to(np.reshape(o.time, -1), missing.shape) for o in ops]).astype(np.float64)
-            d = np.stack([o.scenarios(self.s).reshape(self.s, -1).T for o in ops])
+            d = np.stack(
+                [np.broadcast_to(o.scenarios(self.s).reshape(self.s, -1).T, (len(missing), self.s)) for o in ops]
+            )
             codes_all = np.concatenate([self.codes, missing])
             order = np.argsort(codes_all)
             self.codes = codes_all[order]
