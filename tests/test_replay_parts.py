@@ -335,6 +335,18 @@ def test_plot_replay_draws_the_report(tmp_path):
     assert (tmp_path / "r.svg").read_text().startswith("<?xml")
 
 
+def test_plot_replay_legend_gives_each_loss_and_its_interval(tmp_path):
+    from mlactl.output.plot.replay import replay as chart
+
+    line = {"label": "e", "timeline": {"edges_s": [0.0, 1.0], "lost_s": [0.5]}, "by_step_type": []}
+    report = {"schema": "mlactl.replay", "schema_version": 1, "engines": [line]}
+    assert chart(report)[1]["legend"] == ["e"]  # a report without totals: the label alone
+    line.update(lost_s=468.07, lost_interval_s=[280.2, 468.07])
+    assert chart(report)[1]["legend"] == ["e: lost 468s (280–468s)"]
+    line.update(lost_s=0.0132, lost_interval_s=None)
+    assert chart(report)[1]["legend"] == ["e: lost 13.2ms"]
+
+
 def test_plot_replay_refuses_other_files(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('{"schema": "mlactl.analysis"}')

@@ -9,6 +9,7 @@ for each step type and engine, the share of new tokens on each path.
 from __future__ import annotations
 
 from mlactl.output.plot.common import PATH_COLOURS, new_figure
+from mlactl.output.render import seconds, seconds_span
 from mlactl.util import safe
 from mlactl.util import schema as S
 from mlactl.util.errors import MlactlError
@@ -62,8 +63,8 @@ def check_report(data, where: str) -> None:
 
 def replay(data: dict):
     """(fig, drawn): the two panels, and what they drew:
-    {"title", "timeline": [{"engine", "start_s", "end_s", "lost_per_s"}], "mix": [{"engine",
-    "type", "steps", "path", "share"}]}."""
+    {"title", "legend" (each engine's line, with its loss), "timeline": [{"engine", "start_s",
+    "end_s", "lost_per_s"}], "mix": [{"engine", "type", "steps", "path", "share"}]}."""
     engines = data["engines"]
     trace = data.get("trace", {})
     requests = trace.get("requests", "?")
@@ -71,7 +72,7 @@ def replay(data: dict):
         f"Replay of {safe.mathtext(trace.get('path', 'a trace'))}: {requests} requests, "
         f"{safe.mathtext(data.get('time', 'roofline'))} times"
     )
-    timeline, mix = [], []
+    timeline, mix, legend = [], [], []
     fig, axes = new_figure(10.0, 7.5, nrows=2)
     top, bottom = axes[0, 0], axes[1, 0]
     origin = min(e["timeline"]["edges_s"][0] for e in engines if e["timeline"]["edges_s"])
@@ -83,7 +84,9 @@ def replay(data: dict):
             timeline.append({"engine": e["label"], "start_s": lo, "end_s": hi, "lost_per_s": rate})
             xs += [(lo - origin) / 60.0, (hi - origin) / 60.0]
             ys += [rate * 1e3, rate * 1e3]
-        top.plot(xs, ys, lw=1.2, label=e["label"], color=ENGINE_COLOURS[k % len(ENGINE_COLOURS)])
+        label = _legend(e)
+        legend.append(label)
+        top.plot(xs, ys, lw=1.2, label=safe.mathtext(label), color=ENGINE_COLOURS[k % len(ENGINE_COLOURS)])
     top.set_xlabel("trace time (minutes, each engine's own clock)")
     top.set_ylabel("attention lost against the best\n(ms per second of trace)")
     top.legend(fontsize=7, loc="upper right")
@@ -128,4 +131,16 @@ def replay(data: dict):
         ncols=len(paths),
     )
     fig.suptitle(title, fontsize=9)
-    return fig, {"title": title, "timeline": timeline, "mix": mix}
+    return fig, {"title": title, "legend": legend, "timeline": timeline, "mix": mix}
+
+
+def _legend(e: dict) -> str:
+    """An engine's line: its label and what it loses over the trace, with the 80% interval where
+    the report is calibrated: `sglang: lost 468s (280–468s)`."""
+    if "lost_s" not in e:
+        return e["label"]
+    out = f"{e['label']}: lost {seconds(e['lost_s'])}"
+    span = e.get("lost_interval_s")
+    if span is not None and len(span) == 2:
+        out += f" ({seconds_span(*span)})"
+    return out
