@@ -6,7 +6,8 @@ cache, and what each engine's path rule costs on those steps.
 For each engine: its scheduler forms the steps once (scheduler.py), the clock priced by the
 engine's own rule (clock.py); then every step is priced again, exactly, under the rule, the best
 path per step, the best path per request and the rule at every threshold that changes a path
-(pricing.py). Losses are paired: every comparison is on the same steps.
+(pricing.py). Losses are paired: every comparison is on the same steps. Calibrated, each
+engine's totals then get their 80% intervals, the steps drawn again draw by draw (intervals.py).
 """
 
 from __future__ import annotations
