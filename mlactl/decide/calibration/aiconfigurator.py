@@ -292,5 +292,7 @@ def _dsa_points(table: Table, frame) -> dict[tuple[str, str, str], Points]:
             np.full(len(sub), float(cost.cfg.r)),
             b * n * keys * cost.latent_row_bytes(),
             time_s=t,
+            slots=np.full(len(sub), float(cost.cfg.index().topk)),
+            pool=n + p,
         )
     return out

@@ -61,7 +61,7 @@ fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_spl
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -110,6 +110,8 @@ TERMS = (
     "near",
     "ops",
     "scores",
+    "slots",
+    "reuse",
 )
 BIG_TILE = 128  # rows and keys of a tile under `tile128`
 PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb", "indexer_proj", "indexer_key")
@@ -121,6 +123,13 @@ ALIGN_ROWS = 4  # `align`: rows (tokens) a GEMM's fp32 row scales need for 16-by
 # projection's prediction; away from every measured shape the parametric model stands alone
 NEAR_K = 6
 NEAR_RADIUS = 1.0
+# the indexer (DeepGEMM's fp8_mqa_logits) gives a CTA 128 rows: 128 / index heads query tokens (4
+# at GLM-5's 32 heads), the batch's tokens packed one after another, and the CTA walks every key
+# its tokens see, one KV block after another. aiconfigurator's H200 table shows both: with a few
+# tokens the time is 3.5 us + 4.0 ns per key (12, 66 and 525 us at 2K, 16K and 131K keys), and
+# one token each of 4 requests (one CTA spanning the four requests' keys) takes 4x one request's
+# (257 against 65 us at 16K keys); 4 tokens of each of 1 to 64 requests take the same 66-70 us
+INDEXER_TILE_ROWS = 128
 
 
 def op_class(path: str, op: str) -> str:
@@ -157,6 +166,12 @@ class Points:
     # a whole path's attention op alone (the rest = flops/bytes less these), for `ops`
     attn_flops: np.ndarray | None = None
     attn_bytes: np.ndarray | None = None
+    # a sparse attention's index slots per query (the model's top-k), for `slots`, and the keys of
+    # a request's context its queries select from, for `reuse`; else None
+    slots: np.ndarray | None = None
+    pool: np.ndarray | None = None
+    # the indexer's heads (its rows per query token), for its tile model; else None
+    index_heads: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.flops)
@@ -175,11 +190,16 @@ class Points:
             group=pick(self.group),
             attn_flops=pick(self.attn_flops),
             attn_bytes=pick(self.attn_bytes),
+            slots=pick(self.slots),
+            pool=pick(self.pool),
+            index_heads=pick(self.index_heads),
         )
 
 
 def _tile(op: str, terms) -> int:
     """Query rows (and keys) of one attention tile under these terms."""
+    if op == "indexer":
+        return INDEXER_TILE_ROWS
     return BIG_TILE if "tile128" in terms and op in ATTENTION_CLASSES else TILE_ROWS
 
 
@@ -198,6 +218,12 @@ def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.n
     elif pts.op == "kv_expand":  # one GEMM: tokens x H*(dC+dV)
         rows = b * pts.context
         ctas = np.ceil(rows / TILE_ROWS) * np.ceil(h * pts.out_dim / PROJ_TILE_N)
+    elif pts.op == "indexer" and pts.index_heads is not None:  # rows packed over the batch (INDEXER_TILE_ROWS)
+        rows = b * n * pts.index_heads
+        ctas = np.ceil(rows / INDEXER_TILE_ROWS)
+    elif pts.op == "topk":  # one CTA selects one query's top-k (TOPK_KEY_BLOCK keys a step)
+        rows = np.full_like(pts.flops, float(TILE_ROWS))
+        ctas = b * n
     elif pts.op in ("indexer_proj", "indexer_key"):  # GEMMs over the batch's new tokens
         rows = b * n
         ctas = np.ceil(rows / TILE_ROWS) * np.ceil(pts.out_dim / PROJ_TILE_N)
@@ -227,9 +253,23 @@ def step_counts(pts: Points, sm_count: int | None, tile: int = TILE_ROWS) -> np.
 
 
 # terms that only act on attention ops
-ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast", "qrow")
+ATTENTION_TERMS = (
+    "split",
+    "serial",
+    "kvpad",
+    "combine",
+    "request",
+    "tile128",
+    "fa3split",
+    "kvcast",
+    "qrow",
+    "slots",
+    "reuse",
+)
 
 
+# terms that only act on a sparse attention (DSA's): the top-k slots it walks, the rows it reuses
+SPARSE_TERMS = ("slots", "reuse")
 # terms that only act on projections (GEMMs and BMMs)
 PROJECTION_TERMS = ("quant", "align", "near")
 # terms that only act on whole paths
@@ -242,10 +282,14 @@ def relevant_terms(op: str, terms) -> tuple[str, ...]:
         return tuple(t for t in terms if t in ("fixed", "sum") + PATH_TERMS)
     if op in PROJECTIONS:
         return tuple(t for t in terms if t not in ATTENTION_TERMS + PATH_TERMS)
-    if op not in ATTENTION_CLASSES:  # the indexer, top-k, merges: no tile model, no attention terms
+    if op in ("indexer", "topk"):  # their CTAs walk their keys serially; no other attention term
+        return tuple(t for t in terms if t == "serial" or t not in ATTENTION_TERMS + PROJECTION_TERMS + PATH_TERMS)
+    if op not in ATTENTION_CLASSES:  # top-k, merges: no tile model, no attention terms
         return tuple(t for t in terms if t not in ATTENTION_TERMS + PROJECTION_TERMS + PATH_TERMS)
     if op not in MQA_CLASSES or "split" not in terms:  # only the MQA attentions are split
         terms = tuple(t for t in terms if t != "fa3split")
+    if op != "sparse_attention":  # only a sparse attention walks index slots and reuses rows
+        terms = tuple(t for t in terms if t not in ("slots", "reuse"))
     return tuple(t for t in terms if t not in PROJECTION_TERMS + PATH_TERMS)
 
 
@@ -360,9 +404,55 @@ def predict(
     return t
 
 
+def walked_keys(pts: Points) -> np.ndarray:
+    """Keys one CTA walks: its requests' context. The indexer's CTA holds INDEXER_TILE_ROWS rows
+    of tokens packed across requests, so with fewer tokens a request than it holds it spans
+    ceil(tokens it holds / new) requests (at most the batch) and walks all their keys."""
+    ctx = np.asarray(pts.context, dtype=np.float64)
+    if pts.op != "indexer" or pts.index_heads is None:
+        return ctx
+    per_cta = INDEXER_TILE_ROWS / np.asarray(pts.index_heads, dtype=np.float64)
+    spans = np.minimum(np.ceil(per_cta / np.maximum(pts.new, 1.0)), np.maximum(pts.batch, 1.0))
+    return ctx * np.maximum(spans, 1.0)
+
+
+def walked(pts: Points, terms) -> Points:
+    """A sparse attention's work as its kernel does it (other op classes, or neither term: as is).
+
+    `reuse`: the queries of one request select their rows from the same n + p cached ones, so a
+    row that several of them select is read from memory once and from L2 after: the cache bytes
+    are the request's distinct rows, at most min(n + p, the rows its queries select), not one
+    read per selection as cost.py counts (an upper bound). flash_mla_sparse_fwd at 64 heads takes
+    0.49 us per query token with 2,048 rows on an H100 as on an H200 (aiconfigurator 0.12); read
+    once per query, those rows alone would need 4.8 TB/s, over the H100's 3.35.
+    `slots`: the kernel walks every one of a query's top-k index slots, the ones that point at no
+    key (a context shorter than top-k: index -1) as well as the others, so its FLOPs and KV
+    iterations per query are top-k keys', not min(top-k, context)'s: on an H200, 128 query tokens
+    take 63-65 us whether they select 128 keys or 2,048.
+
+    Applying it twice changes nothing."""
+    if pts.op != "sparse_attention" or not {"slots", "reuse"} & set(terms):
+        return pts
+    ctx = np.asarray(pts.context, dtype=np.float64)
+    flops, nbytes = np.asarray(pts.flops, dtype=np.float64), np.asarray(pts.bytes, dtype=np.float64)
+    if "reuse" in terms and pts.pool is not None:
+        cache = np.asarray(pts.cache_bytes, dtype=np.float64)
+        selected = pts.batch * pts.new * ctx  # rows read, one per selection
+        with np.errstate(divide="ignore", invalid="ignore"):
+            row = np.where(selected > 0, cache / selected, 0.0)
+        distinct = pts.batch * np.minimum(np.asarray(pts.pool, dtype=np.float64), pts.new * ctx) * row
+        nbytes = nbytes - cache + np.minimum(distinct, cache)
+    if "slots" in terms and pts.slots is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f = np.where(ctx > 0, np.maximum(np.asarray(pts.slots, dtype=np.float64) / ctx, 1.0), 1.0)
+        flops, ctx = flops * f, ctx * f
+    return replace(pts, flops=flops, bytes=nbytes, context=ctx, slots=None, pool=None)
+
+
 def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: int | None) -> np.ndarray:
     """Seconds each point adds outside the overlapped roofline: per-request setup, the combine
     launch after a split, a pass over the activations (quant) or over the cache keys (kvcast)."""
+    pts = walked(pts, terms)
     out = np.zeros(np.shape(pts.flops))
     if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
         out = out + params["t_request_s"] * pts.batch
@@ -480,6 +570,7 @@ def components(
     """(t_fixed, compute seconds, memory seconds, serial seconds) of each point: the parts
     `predict` combines, kept apart so a batch of requests in one launch can add them up.
     `smooth`: counts continuous (see `predict`)."""
+    pts = walked(pts, terms)
     flops = np.asarray(pts.flops, dtype=np.float64)
     nbytes = np.asarray(pts.bytes, dtype=np.float64)
     serial = np.zeros_like(flops)
@@ -505,9 +596,9 @@ def components(
             c = np.where(finite, ctas * s, 1.0)
             util = np.where(finite, c / (_whole(c / sm_count, smooth) * sm_count), 1.0)
             flops = flops / util
-        if sm_count and "serial" in terms and attention:
+        if sm_count and "serial" in terms and (attention or pts.op in ("indexer", "topk")):
             waves = _whole(np.where(finite, ctas, 1.0) * s / sm_count, smooth)
-            iters = _whole(pts.context / (s * tile), smooth)
+            iters = _whole(walked_keys(pts) / (s * tile), smooth)
             serial = params["t_iter_s"] * waves * iters
     if "ops" in terms and pts.op.startswith("path:") and pts.attn_flops is not None:
         # the path's ops run one after another: attention at eta_c, the rest (projections,
