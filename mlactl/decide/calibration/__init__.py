@@ -60,6 +60,11 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     ("fixed", "pad", "waves", "serial", "slots", "reuse"),
     ("fixed", "pad", "waves", "serial", "slots"),
     ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split", "qrow", "slots"),
+    # projections timed over and over on the same tensors: those that fit in L2 read from it
+    ("fixed", "l2"),
+    ("fixed", "sum", "l2"),
+    ("fixed", "pad", "waves", "l2"),
+    ("fixed", "pad", "waves", "sum", "l2"),
     # whole paths (`mlactl tune paths`): attention and the rest at their own efficiencies, and the
     # score matrix an unfused kernel writes and reads back
     ("fixed", "ops"),
@@ -112,10 +117,13 @@ def misses(result) -> tuple[bool, bool]:
     return over(result.held_out, RANDOM_TARGET), over(result.blocked, BLOCKED_TARGET)
 
 
-def op_tries(op: str, terms) -> bool:
+def op_tries(op: str, terms, machine=None) -> bool:
     """Whether selection tries this candidate set on op class `op`: a set written for the sparse
-    attention's own terms (SPARSE_TERMS) only there, where it differs from the sets without them;
-    elsewhere it would only add its other terms as a set of their own."""
+    attention's own terms (SPARSE_TERMS) only there, where it differs from the sets without them
+    (elsewhere it would only add its other terms as a set of their own); one with `l2` only where
+    the machine's L2 size is known (without it the term does nothing)."""
+    if "l2" in terms and machine is not None and not getattr(machine, "l2_bytes", None):
+        return False
     return op == "sparse_attention" or not set(SPARSE_TERMS) & set(terms)
 
 
@@ -163,7 +171,7 @@ def select(
         if best is None or better(result, best[1]):
             best = (selection_score(result), result)
 
-    tries = [t for t in candidates if op_tries(op, t)] or list(candidates)  # `--terms`: as given
+    tries = [t for t in candidates if op_tries(op, t, machine)] or list(candidates)  # `--terms`: as given
     for terms in dict.fromkeys(relevant_terms(op, t) for t in tries):
         consider(terms)
     if extras and op in PROJECTIONS and len(candidates) > 1:  # extras on the best parametric sets

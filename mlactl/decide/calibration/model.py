@@ -19,7 +19,9 @@ split   split-KV (absorb's attention): with fewer CTAs than SMs the kernel split
         B_split = 2 * s * rows * (dV_out*4 + 4)
 kvpad   the cache is read in whole 64-token pages: cache bytes * ceil(ctx/64)*64/ctx
 serial  a CTA walks its KV blocks one after another: t_iter per block, per wave of CTAs; with
-        few CTAs this latency, not bandwidth, bounds the time (t_iter fitted)
+        few CTAs this latency, not bandwidth, bounds the time (t_iter fitted). DSA's indexer and
+        top-k too: the indexer's CTAs hold INDEXER_TILE_ROWS rows packed over the batch and walk
+        every key of each request they span; top-k gives each query row a CTA
 combine a split launch is followed by a kernel that merges the pieces: t_combine where s > 1
 request per-request setup (page table, scheduling): t_request * batch, not overlapped; SGLang's
         decode of 1024 requests, 1 head, context 2 takes 58 us on an H200 where its bytes need 1
@@ -51,6 +53,10 @@ ops     a whole path's attention at eta_c and its other ops at eta_p, each its o
         (they run one after another and reach different fractions of peak)
 scores  a whole path's unfused attention (torch twins) writing and re-reading its fp32 scores:
         4 passes over batch x new x keys x heads values at eta_s of the bandwidth, not overlapped
+slots   a sparse attention walks all top-k index slots of a query (the ones pointing at no key
+        too): its FLOPs and KV iterations are top-k keys', not min(top-k, context)'s (walked())
+reuse   a sparse attention's rows selected by several queries of one request are read once: the
+        cache bytes are the request's distinct rows, not one read per selection (walked())
 fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_splits_heuristic,
         commit 13d0fd9c): none when the CTAs fill 80% of the SMs or there are <= 4 KV blocks;
         else the fewest splits within 85% of the best wave efficiency (ctas*s/SMs over its
@@ -112,6 +118,7 @@ TERMS = (
     "scores",
     "slots",
     "reuse",
+    "l2",
 )
 BIG_TILE = 128  # rows and keys of a tile under `tile128`
 PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb", "indexer_proj", "indexer_key")
@@ -271,7 +278,7 @@ ATTENTION_TERMS = (
 # terms that only act on a sparse attention (DSA's): the top-k slots it walks, the rows it reuses
 SPARSE_TERMS = ("slots", "reuse")
 # terms that only act on projections (GEMMs and BMMs)
-PROJECTION_TERMS = ("quant", "align", "near")
+PROJECTION_TERMS = ("quant", "align", "near", "l2")
 # terms that only act on whole paths
 PATH_TERMS = ("ops", "scores")
 
@@ -307,6 +314,7 @@ def param_names(terms) -> list[str]:
         + ["t_align_s"] * ("align" in terms)
         + ["eta_p"] * ("ops" in terms)
         + ["eta_s"] * ("scores" in terms)
+        + ["l2_gain"] * ("l2" in terms)
     )
 
 
@@ -336,6 +344,7 @@ def pack(params: dict, terms) -> np.ndarray:
         "t_align_s": 1e-6,
         "eta_p": 0.5,
         "eta_s": 0.3,
+        "l2_gain": 1.5,
     }
     v = [max(params.get(k, start.get(k, 1.0)), 1e-12) for k in param_names(terms)]
     return np.log(np.asarray(v, dtype=np.float64))
@@ -469,6 +478,18 @@ def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: 
     if "align" in terms and pts.op in PROJECTIONS:  # rows not a multiple of ALIGN_ROWS: a padded copy
         out = out + params["t_align_s"] * (np.mod(_rows_and_ctas(pts)[0], ALIGN_ROWS) != 0)
     return out
+
+
+def memory_eta(params: dict, terms, op: str, launch_bytes) -> np.ndarray:
+    """The memory efficiency of a launch moving `launch_bytes`: eta_m, or with `l2` eta_m * l2_gain
+    (at least 1: an L2 is no slower than HBM) where the launch's tensors fit in the GPU's L2
+    (params["l2_bytes"], kept by the fit, not fitted) and a timing that repeats the call finds them
+    there. Projections only."""
+    nbytes = np.asarray(launch_bytes, dtype=np.float64)
+    if "l2" not in terms or op not in PROJECTIONS or not params.get("l2_bytes"):
+        return np.full(nbytes.shape, params["eta_m"])
+    gain = np.where(nbytes <= params["l2_bytes"], params["l2_gain"], 1.0)
+    return params["eta_m"] * gain
 
 
 def score_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
@@ -613,4 +634,6 @@ def components(
     # roofline_time with only one side non-zero gives each side alone
     t_compute = roofline_time(flops, 0.0, params["eta_c"] * peak, 1.0)
     t_memory = roofline_time(0.0, nbytes, 1.0, params["eta_m"] * bandwidth)
+    if "l2" in terms and pts.op in PROJECTIONS:
+        t_memory = nbytes / (memory_eta(params, terms, pts.op, pts.bytes) * bandwidth)
     return params.get("t_fixed_s", 0.0), t_compute, t_memory, serial
