@@ -53,6 +53,9 @@ ops     a whole path's attention at eta_c and its other ops at eta_p, each its o
         (they run one after another and reach different fractions of peak)
 scores  a whole path's unfused attention (torch twins) writing and re-reading its fp32 scores:
         4 passes over batch x new x keys x heads values at eta_s of the bandwidth, not overlapped
+l2      a projection's memory at eta_m * l2_gain (1-4) where the launch's bytes fit in the GPU's L2
+        (params["l2_bytes"], the profile's l2_mib): aiconfigurator repeats each call on the same
+        tensors (B200 torch.bmm out_absorb: 6.4-8.0 TB/s up to ~92 MB, 4.8-5.9 from 126 MB)
 slots   a sparse attention walks all top-k index slots of a query (the ones pointing at no key
         too): its FLOPs and KV iterations are top-k keys', not min(top-k, context)'s (walked())
 reuse   a sparse attention's rows selected by several queries of one request are read once: the
