@@ -898,3 +898,102 @@ def test_a_batch_of_one_request_takes_the_path_time_with_near(home, tmp_path):
     assert kv.time_s == pytest.approx(kv_plain.time_s * np.exp(-0.5))
     launched = batch_time(cost, hw, cal, new, prefix, np.array([1.0]), np.array(["expand"]))
     assert launched == pytest.approx(float(one.time_s[0]), rel=1e-9)
+
+
+# -- `l2`: a projection timed over and over on the same tensors reads them from L2 where they fit --
+
+L2 = 50 * 1024 * 1024  # 52,428,800 bytes
+
+
+def _out_absorb(tokens):
+    # DeepSeek-V3's out_absorb (128 heads, r 512, dV 128, bf16): per token 128*512*2 + 128*128*2 =
+    # 163,840 bytes in and out, the weights 128*512*128*2 = 16,777,216 bytes once
+    return points_for(CostModel(from_name("deepseek-v3")), "out_absorb", np.asarray(tokens, float), 1, 0, None)
+
+
+def test_l2_term_reads_a_resident_launch_at_its_own_efficiency():
+    from mlactl.decide.calibration.model import predict
+
+    pts = _out_absorb([100, 300])
+    assert np.allclose(pts.bytes, [33_161_216, 65_929_216])  # cost.py agrees with the count above
+    params = {"t_fixed_s": 0.0, "eta_c": 1000.0, "eta_m": 0.5, "l2_gain": 3.0, "l2_bytes": L2}
+    got = predict(params, ("l2",), pts, PEAK, BW, SMS)
+    # 100 tokens fit in 50 MiB: at 1.5 of the bandwidth; 300 do not: at 0.5
+    assert got == pytest.approx([33_161_216 / (1.5 * BW), 65_929_216 / (0.5 * BW)])
+    assert predict(params, (), pts, PEAK, BW, SMS) == pytest.approx([33_161_216 / (0.5 * BW), 65_929_216 / (0.5 * BW)])
+    # no L2 size known: the term does nothing
+    unknown = predict(dict(params, l2_bytes=None), ("l2",), pts, PEAK, BW, SMS)
+    assert unknown[0] == pytest.approx(33_161_216 / (0.5 * BW))
+
+
+def test_l2_term_recovers_a_resident_regime_and_is_bounded():
+    from mlactl.decide.calibration import select
+    from mlactl.decide.calibration.fit import bounds
+
+    tokens = np.unique(np.round(np.geomspace(1, 20000, 60)))
+    pts = _out_absorb(tokens)
+    flops = tokens * 2 * 128 * 512 * 128
+    eta_mem = np.where(pts.bytes <= L2, 1.6, 0.7)  # from L2 at 1.6 of the bandwidth, from HBM at 0.7
+    t = 4e-6 + np.maximum(flops / (0.6 * PEAK), pts.bytes / (eta_mem * BW))
+    machine = Machine(PEAK, BW, SMS, l2_bytes=L2)
+    from dataclasses import replace
+
+    sets = (("fixed",), ("fixed", "l2"))
+    best, tried = select("out_absorb", "synthetic", "bf16", replace(pts, time_s=t), machine, sets)
+    assert best.terms[:2] == ("fixed", "l2")
+    assert best.params["eta_m"] * best.params["l2_gain"] == pytest.approx(1.6, rel=0.02)
+    assert best.params["eta_m"] == pytest.approx(0.7, rel=0.02)
+    assert best.params["l2_bytes"] == L2
+    assert tried[0].held_out["p90"] > 0.1 > 0.01 > best.held_out["p90"]
+    # an L2 may read faster than HBM, by at most twice the dtype's limit (1.2 for bf16)
+    assert bounds("l2_gain", 1.2) == (1.0, 4.0)
+
+
+def test_l2_sets_are_tried_only_with_an_l2_size():
+    from mlactl.decide.calibration import CANDIDATE_TERMS, op_tries
+
+    with_l2 = [t for t in CANDIDATE_TERMS if "l2" in t]
+    assert with_l2
+    assert all(op_tries("kv_expand", t, Machine(PEAK, BW, SMS, l2_bytes=L2)) for t in with_l2)
+    assert not any(op_tries("kv_expand", t, Machine(PEAK, BW, SMS)) for t in with_l2)
+
+
+def test_store_holds_l2_params_to_their_range():
+    from mlactl.decide.calibration import store
+    from mlactl.util import schema as S
+
+    fit = {"terms": ["fixed", "l2"], "dtype": "bf16",
+           "params": {"t_fixed_s": 1e-6, "eta_c": 0.5, "eta_m": 0.7, "l2_gain": 3.9, "l2_bytes": L2}}  # fmt: skip
+    store._params_rule(fit, "fits[0]")
+    for key, bad in (("l2_gain", 4.1), ("l2_gain", 0.9), ("l2_bytes", -1.0)):
+        with pytest.raises(S.Invalid):
+            store._params_rule({**fit, "params": {**fit["params"], key: bad}}, "fits[0]")
+
+
+def test_l2_residency_of_a_batch_launch_is_decided_by_the_whole_launch(home):
+    # q_absorb of DeepSeek-V3 (128 heads, dC 128, r 512, bf16): 163,840 bytes a token, weights
+    # 16,777,216 once. 100 tokens alone: 33,161,216 bytes, in 50 MiB of L2; three requests of 100
+    # in one launch: 65,929,216 bytes, not; two: 49,545,216, in
+    from mlactl.decide.calibration import store
+    from mlactl.decide.calibration.time import launch_parts
+    from mlactl.model.hardware import from_name as hw_named
+
+    cost = CostModel(from_name("deepseek-v3"))
+    hw = hw_named("h200")
+    params = {"t_fixed_s": 0.0, "eta_c": 1.2, "eta_m": 0.5, "l2_gain": 3.0, "l2_bytes": L2}
+    fit_ = {"op": "q_absorb", "source": "t", "dtype": "bf16", "terms": ["l2"], "params": params}
+    data = {"schema": "mlactl.calibration", "schema_version": 1, "name": "l2-test", "hardware": "h200", "fits": [fit_]}
+    cal = store.validate(data, "test")
+    at = [op.name for op in cost.ops("absorb", 1, 1, 0)].index("q_absorb")
+    flops = 2 * 128 * 128 * 512  # a token's q_absorb FLOPs: compute is 1.2 of the peak, below memory here
+
+    def launch(rows):  # `rows` request rows of one request of 100 new tokens each, one launch
+        one = np.ones(rows)
+        got = launch_parts(cost, hw, cal, "absorb", one, 100.0 * one, 0.0 * one)[at]
+        assert rows * 100 * flops / (1.2 * hw.peak_flops("bf16")) < got
+        return got
+
+    assert launch(1) == pytest.approx(33_161_216 / (1.5 * hw.bandwidth))
+    assert launch(2) == pytest.approx(49_545_216 / (1.5 * hw.bandwidth))
+    # each row alone would fit; the launch does not
+    assert launch(3) == pytest.approx(65_929_216 / (0.5 * hw.bandwidth))

@@ -45,6 +45,7 @@ def test_indexer_rows():
     # GLM-5's indexer: 32 heads of 128 -> 2*32*128 = 8192 FLOPs a causal pair; token i sees p + i keys
     pairs = b * sum(p + i for i in range(1, n + 1))
     assert pts.flops[0] == 8192 * pairs
+    assert pts.index_heads[0] == 32  # 128 rows a CTA: 4 tokens
     assert pts.time_s[0] == pytest.approx(row["latency"] * 1e-3)
     assert len(pts) == len(frame)
 
@@ -68,6 +69,8 @@ def test_sparse_attention_rows_read_topk_rows_per_query():
     # 2*64*(576 + 512) FLOPs a pair; rows of 576 bf16 numbers, q of 64*576 and out of 64*512 bf16
     assert pts.flops[0] == b * n * keys * 2 * 64 * 1088
     assert pts.bytes[0] == b * n * keys * 1152 + b * n * 64 * (576 + 512) * 2
+    # the kernel walks all 2,048 top-k slots (`slots`) and its queries share the request's p + n rows
+    assert pts.slots[0] == 2048 and pts.pool[0] == p + n
 
 
 def test_calibrate_and_use_on_deepseek_v32(home):
@@ -134,3 +137,92 @@ def test_calibrated_windows_carry_their_ends_intervals(home, monkeypatch):
         if w is not None and w["first_interval"] is not None:
             assert w["first_interval"][0] <= w["first"] <= w["first_interval"][1]
             assert w["last_interval"][0] <= w["last"] <= w["last_interval"][1]
+
+
+# -- the kernel-shaped terms of DSA's ops (model.py: slots, reuse; the indexer's and top-k's CTAs) --
+
+PEAK, BW, SMS = 1e15, 4e12, 132
+
+
+def _sparse_point(batch, new, keys, pool, slots=2048.0, row=656.0, other=1000.0, flops=1e9):
+    from mlactl.decide.calibration.model import Points
+
+    one = lambda v: np.array([float(v)])  # noqa: E731
+    cache = batch * new * keys * row
+    return Points(
+        "sparse_attention", one(flops), one(cache + other), one(batch), one(new), one(keys), one(64), one(512),
+        one(cache), slots=one(slots), pool=one(pool),
+    )  # fmt: skip
+
+
+def test_slots_term_counts_every_topk_slot():
+    # 128 keys a query, 2,048 slots: the kernel does 16x cost.py's pair FLOPs; compute-bound here
+    # (1e9 FLOPs at 1e15: 1 us; x16: 16 us); at or above 2,048 keys nothing changes
+    from mlactl.decide.calibration.model import predict
+
+    params = {"t_fixed_s": 0.0, "eta_c": 1.0, "eta_m": 1.0}
+    short = _sparse_point(1, 4, 128, pool=4, row=0.0, other=0.0)
+    assert float(predict(params, ("slots",), short, PEAK, BW, SMS)[0]) == pytest.approx(16e-6)
+    assert float(predict(params, (), short, PEAK, BW, SMS)[0]) == pytest.approx(1e-6)
+    full = _sparse_point(1, 4, 4096, pool=8000, row=0.0, other=0.0)
+    assert float(predict(params, ("slots",), full, PEAK, BW, SMS)[0]) == pytest.approx(1e-6)
+
+
+def test_reuse_term_reads_a_requests_rows_once():
+    # 2 requests of 8 queries, each query selecting 2,048 of its request's 2,100 rows of 656 bytes:
+    # cost.py counts 2*8*2048 = 32,768 row reads (21,495,808 bytes), the request's distinct rows are
+    # 2*2100 = 4,200 (2,755,200 bytes); plus 1,000 bytes of q and out. Memory-bound (no FLOPs).
+    from mlactl.decide.calibration.model import predict
+
+    params = {"t_fixed_s": 0.0, "eta_c": 1.0, "eta_m": 1.0}
+    pt = _sparse_point(2, 8, 2048, pool=2100, flops=0.0)
+    assert float(predict(params, (), pt, PEAK, BW, SMS)[0]) == pytest.approx((21_495_808 + 1000) / BW)
+    assert float(predict(params, ("reuse",), pt, PEAK, BW, SMS)[0]) == pytest.approx((2_755_200 + 1000) / BW)
+    # a query that selects fewer rows than its request holds: the selections bound the reads
+    few = _sparse_point(1, 1, 100, pool=5000, flops=0.0)
+    assert float(predict(params, ("reuse",), few, PEAK, BW, SMS)[0]) == pytest.approx((100 * 656 + 1000) / BW)
+
+
+def test_sparse_terms_are_tried_on_sparse_attention_only():
+    from mlactl.decide.calibration import CANDIDATE_TERMS, op_tries
+    from mlactl.decide.calibration.model import SPARSE_TERMS, relevant_terms
+
+    sparse_sets = [t for t in CANDIDATE_TERMS if set(SPARSE_TERMS) & set(t)]
+    assert sparse_sets and all(op_tries("sparse_attention", t) for t in sparse_sets)
+    assert not any(op_tries("absorb_attention", t) for t in sparse_sets)
+    assert relevant_terms("absorb_attention", ("fixed", "slots", "reuse")) == ("fixed",)
+    assert relevant_terms("sparse_attention", ("fixed", "slots", "reuse")) == ("fixed", "slots", "reuse")
+
+
+def test_indexer_ctas_walk_the_keys_of_every_request_they_hold():
+    # DeepGEMM's fp8_mqa_logits: 128 rows a CTA, the batch's tokens packed; DeepSeek-V3.2 has 64
+    # index heads, so 2 tokens a CTA. One token of each of 4 requests (context 16,384): 2 CTAs,
+    # each holding 2 requests and walking 2 x 16,384 keys, 256 blocks of 128; 4 tokens of one
+    # request: 2 CTAs of 128 blocks each (GLM-5's 32 heads on an H200: 257 against 65 us, 4 a CTA)
+    from mlactl.decide.calibration.model import predict
+    from mlactl.decide.calibration.sources import points_for
+
+    cost = CostModel(model.from_name("deepseek-v3.2"))
+    assert cost.cfg.index().heads == 64
+    params = {"t_fixed_s": 0.0, "eta_c": 1000.0, "eta_m": 1000.0, "t_iter_s": 1e-6}
+    spread = points_for(cost, "indexer", [4], [1], [16383], None)
+    packed = points_for(cost, "indexer", [1], [4], [16380], None)
+    assert float(predict(params, ("serial",), packed, PEAK, BW, SMS)[0]) == pytest.approx(128e-6)
+    assert float(predict(params, ("serial",), spread, PEAK, BW, SMS)[0]) == pytest.approx(256e-6)
+    # 132 requests of 2 tokens: 132 CTAs, one wave; 133: two waves
+    one = points_for(cost, "indexer", [132], [2], [16382], None)
+    two = points_for(cost, "indexer", [133], [2], [16382], None)
+    assert float(predict(params, ("serial",), one, PEAK, BW, SMS)[0]) == pytest.approx(128e-6)
+    assert float(predict(params, ("serial",), two, PEAK, BW, SMS)[0]) == pytest.approx(256e-6)
+
+
+def test_topk_gives_each_query_row_a_cta():
+    # one CTA per query row, its keys in blocks of 64: 200 rows on 132 SMs are two waves, 6,400
+    # keys 100 blocks: t_iter x 200
+    from mlactl.decide.calibration.model import predict
+    from mlactl.decide.calibration.sources import points_for
+
+    cost = CostModel(model.from_name("deepseek-v3.2"))
+    params = {"t_fixed_s": 0.0, "eta_c": 1000.0, "eta_m": 1000.0, "t_iter_s": 1e-7}
+    pts = points_for(cost, "topk", [1], [200], [6200], None)
+    assert float(predict(params, ("serial",), pts, PEAK, BW, SMS)[0]) == pytest.approx(1e-7 * 2 * 100)

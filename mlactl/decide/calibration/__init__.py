@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from mlactl.decide.calibration.evidence import evidence
 from mlactl.decide.calibration.fit import K_FOLDS, fit
-from mlactl.decide.calibration.model import BASE_TERMS, PROJECTIONS, TERMS, relevant_terms
+from mlactl.decide.calibration.model import BASE_TERMS, PROJECTIONS, SPARSE_TERMS, TERMS, relevant_terms
 from mlactl.decide.calibration.paired import fit_paired, paired_groups
 from mlactl.decide.calibration.store import Calibration, check_hardware, load, resolve
 from mlactl.decide.calibration.uncertainty import members_of
@@ -54,6 +54,17 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     # a cost per query row (token x head) outside the kernel's overlap (TRT-LLM's fp8 decode)
     ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split", "qrow"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "fa3split", "kvcast", "qrow"),
+    # a sparse attention as its kernel walks it: every top-k slot, and rows shared by a request's
+    # queries read once (tried for sparse_attention only: SPARSE_TERMS)
+    ("fixed", "pad", "waves", "slots", "reuse"),
+    ("fixed", "pad", "waves", "serial", "slots", "reuse"),
+    ("fixed", "pad", "waves", "serial", "slots"),
+    ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split", "qrow", "slots"),
+    # projections timed over and over on the same tensors: those that fit in L2 read from it
+    ("fixed", "l2"),
+    ("fixed", "sum", "l2"),
+    ("fixed", "pad", "waves", "l2"),
+    ("fixed", "pad", "waves", "sum", "l2"),
     # whole paths (`mlactl tune paths`): attention and the rest at their own efficiencies, and the
     # score matrix an unfused kernel writes and reads back
     ("fixed", "ops"),
@@ -106,6 +117,16 @@ def misses(result) -> tuple[bool, bool]:
     return over(result.held_out, RANDOM_TARGET), over(result.blocked, BLOCKED_TARGET)
 
 
+def op_tries(op: str, terms, machine=None) -> bool:
+    """Whether selection tries this candidate set on op class `op`: a set written for the sparse
+    attention's own terms (SPARSE_TERMS) only there, where it differs from the sets without them
+    (elsewhere it would only add its other terms as a set of their own); one with `l2` only where
+    the machine's L2 size is known (without it the term does nothing)."""
+    if "l2" in terms and machine is not None and not getattr(machine, "l2_bytes", None):
+        return False
+    return op == "sparse_attention" or not set(SPARSE_TERMS) & set(terms)
+
+
 def better(a, b) -> bool:
     """Whether FitResult `a` is to be kept over `b`, tried before it: a set meeting more of the
     targets first (the random folds' before the blocked split's), then the lower
@@ -150,7 +171,8 @@ def select(
         if best is None or better(result, best[1]):
             best = (selection_score(result), result)
 
-    for terms in dict.fromkeys(relevant_terms(op, t) for t in candidates):
+    tries = [t for t in candidates if op_tries(op, t, machine)] or list(candidates)  # `--terms`: as given
+    for terms in dict.fromkeys(relevant_terms(op, t) for t in tries):
         consider(terms)
     if extras and op in PROJECTIONS and len(candidates) > 1:  # extras on the best parametric sets
         for base in _leading(tried, EXTRA_BASES):

@@ -35,7 +35,10 @@ glm5_topk         topk: SGLang's fused top-2048 over those logits; two score mix
                   read. A context of at most 2048 has nothing to select: latency 0, dropped
 glm5_dsa_attn     sparse_attention: flash_mla_sparse_fwd, EVERY query of a request reads
                   min(2048, step + isl) rows (not the causal min(step + i, 2048)) of a bf16
-                  cache; 64 heads (rates at 128 would pass the GPU's bf16 peak)
+                  cache; 64 heads (rates at 128 would pass the GPU's bf16 peak). The kernel
+                  walks all 2048 index slots whatever the rows (on Hopper the time does not
+                  change with them): the points carry the slots and the request's n + p rows
+                  for the `slots` and `reuse` terms
 
 dsa_{context,generation}_module (DeepSeek-V3.2 and GLM-5, every framework) time the whole DSA
 attention module -- the q/kv down-projections, o_proj and norms beside the indexer and the
@@ -292,5 +295,7 @@ def _dsa_points(table: Table, frame) -> dict[tuple[str, str, str], Points]:
             np.full(len(sub), float(cost.cfg.r)),
             b * n * keys * cost.latent_row_bytes(),
             time_s=t,
+            slots=np.full(len(sub), float(cost.cfg.index().topk)),
+            pool=n + p,
         )
     return out

@@ -24,7 +24,7 @@ from mlactl.decide.calibration.model import (
     rows_of,
     unpack,
 )
-from mlactl.decide.calibration.store import ETA_LOWEST, ITER_SECONDS_MAX, SECONDS_MAX, eta_limit
+from mlactl.decide.calibration.store import ETA_LOWEST, ITER_SECONDS_MAX, L2_GAIN_MAX, SECONDS_MAX, eta_limit
 from mlactl.util.errors import MlactlError
 
 K_FOLDS = 5
@@ -49,6 +49,8 @@ def bounds(name: str, eta_max: float) -> tuple[float, float]:
     """(lowest, highest) a parameter may take in a fit whose efficiencies reach eta_max."""
     if name == "eta_q":
         return ETA_PASS_MIN, 1.0
+    if name == "l2_gain":
+        return 1.0, L2_GAIN_MAX
     if name.startswith("eta_"):
         return ETA_LOWEST, eta_max
     return 0.0, ITER_SECONDS_MAX if name == "t_iter_s" else SECONDS_MAX
@@ -100,6 +102,7 @@ class Machine:
     bandwidth: float
     sm_count: int | None
     eta_max: float = ETA_MAX  # the largest efficiency a fit may reach (fit() sets it per dtype)
+    l2_bytes: float | None = None  # the GPU's L2, for `l2` (hardware profile's l2_mib)
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,13 @@ def summary(errors: np.ndarray) -> dict:
     return {"median": float(np.median(errors)), "p90": float(np.percentile(errors, 90))}
 
 
+def with_l2(params: dict, terms, machine: Machine) -> dict:
+    """`l2`: the L2 size the fit divides the shapes by, kept in the params (not fitted)."""
+    if "l2" in terms:
+        params["l2_bytes"] = machine.l2_bytes
+    return params
+
+
 def fit_params(pts: Points, machine: Machine, terms) -> dict:
     """Least-squares fit of one op class; returns named parameters. With `near`, the parametric
     part is fitted first and its residuals at these points become params["near"]."""
@@ -182,7 +192,7 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
         raise MlactlError(f"{pts.op}: measured times must be positive and finite")
 
     def residuals(theta):
-        params = unpack(theta, terms)
+        params = with_l2(unpack(theta, terms), terms, machine)
         return np.log(predict(params, terms, pts, machine.peak, machine.bandwidth, machine.sm_count) / measured)
 
     best = None
@@ -212,7 +222,7 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
         theta[mask] = sol.x
         if best is None or sol.cost < best[0]:
             best = (sol.cost, theta)
-    params = unpack(best[1], terms)
+    params = with_l2(unpack(best[1], terms), terms, machine)
     if "fixed" not in terms:
         params["t_fixed_s"] = 0.0
     return params

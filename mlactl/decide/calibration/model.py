@@ -19,7 +19,9 @@ split   split-KV (absorb's attention): with fewer CTAs than SMs the kernel split
         B_split = 2 * s * rows * (dV_out*4 + 4)
 kvpad   the cache is read in whole 64-token pages: cache bytes * ceil(ctx/64)*64/ctx
 serial  a CTA walks its KV blocks one after another: t_iter per block, per wave of CTAs; with
-        few CTAs this latency, not bandwidth, bounds the time (t_iter fitted)
+        few CTAs this latency, not bandwidth, bounds the time (t_iter fitted). DSA's indexer and
+        top-k too: the indexer's CTAs hold INDEXER_TILE_ROWS rows packed over the batch and walk
+        every key of each request they span; top-k gives each query row a CTA
 combine a split launch is followed by a kernel that merges the pieces: t_combine where s > 1
 request per-request setup (page table, scheduling): t_request * batch, not overlapped; SGLang's
         decode of 1024 requests, 1 head, context 2 takes 58 us on an H200 where its bytes need 1
@@ -51,6 +53,13 @@ ops     a whole path's attention at eta_c and its other ops at eta_p, each its o
         (they run one after another and reach different fractions of peak)
 scores  a whole path's unfused attention (torch twins) writing and re-reading its fp32 scores:
         4 passes over batch x new x keys x heads values at eta_s of the bandwidth, not overlapped
+l2      a projection's memory at eta_m * l2_gain (1-4) where the launch's bytes fit in the GPU's L2
+        (params["l2_bytes"], the profile's l2_mib): aiconfigurator repeats each call on the same
+        tensors (B200 torch.bmm out_absorb: 6.4-8.0 TB/s up to ~92 MB, 4.8-5.9 from 126 MB)
+slots   a sparse attention walks all top-k index slots of a query (the ones pointing at no key
+        too): its FLOPs and KV iterations are top-k keys', not min(top-k, context)'s (walked())
+reuse   a sparse attention's rows selected by several queries of one request are read once: the
+        cache bytes are the request's distinct rows, not one read per selection (walked())
 fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_splits_heuristic,
         commit 13d0fd9c): none when the CTAs fill 80% of the SMs or there are <= 4 KV blocks;
         else the fewest splits within 85% of the best wave efficiency (ctas*s/SMs over its
@@ -61,7 +70,7 @@ fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_spl
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -110,6 +119,9 @@ TERMS = (
     "near",
     "ops",
     "scores",
+    "slots",
+    "reuse",
+    "l2",
 )
 BIG_TILE = 128  # rows and keys of a tile under `tile128`
 PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb", "indexer_proj", "indexer_key")
@@ -121,6 +133,13 @@ ALIGN_ROWS = 4  # `align`: rows (tokens) a GEMM's fp32 row scales need for 16-by
 # projection's prediction; away from every measured shape the parametric model stands alone
 NEAR_K = 6
 NEAR_RADIUS = 1.0
+# the indexer (DeepGEMM's fp8_mqa_logits) gives a CTA 128 rows: 128 / index heads query tokens (4
+# at GLM-5's 32 heads), the batch's tokens packed one after another, and the CTA walks every key
+# its tokens see, one KV block after another. aiconfigurator's H200 table shows both: with a few
+# tokens the time is 3.5 us + 4.0 ns per key (12, 66 and 525 us at 2K, 16K and 131K keys), and
+# one token each of 4 requests (one CTA spanning the four requests' keys) takes 4x one request's
+# (257 against 65 us at 16K keys); 4 tokens of each of 1 to 64 requests take the same 66-70 us
+INDEXER_TILE_ROWS = 128
 
 
 def op_class(path: str, op: str) -> str:
@@ -157,6 +176,12 @@ class Points:
     # a whole path's attention op alone (the rest = flops/bytes less these), for `ops`
     attn_flops: np.ndarray | None = None
     attn_bytes: np.ndarray | None = None
+    # a sparse attention's index slots per query (the model's top-k), for `slots`, and the keys of
+    # a request's context its queries select from, for `reuse`; else None
+    slots: np.ndarray | None = None
+    pool: np.ndarray | None = None
+    # the indexer's heads (its rows per query token), for its tile model; else None
+    index_heads: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.flops)
@@ -175,11 +200,16 @@ class Points:
             group=pick(self.group),
             attn_flops=pick(self.attn_flops),
             attn_bytes=pick(self.attn_bytes),
+            slots=pick(self.slots),
+            pool=pick(self.pool),
+            index_heads=pick(self.index_heads),
         )
 
 
 def _tile(op: str, terms) -> int:
     """Query rows (and keys) of one attention tile under these terms."""
+    if op == "indexer":
+        return INDEXER_TILE_ROWS
     return BIG_TILE if "tile128" in terms and op in ATTENTION_CLASSES else TILE_ROWS
 
 
@@ -198,6 +228,12 @@ def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.n
     elif pts.op == "kv_expand":  # one GEMM: tokens x H*(dC+dV)
         rows = b * pts.context
         ctas = np.ceil(rows / TILE_ROWS) * np.ceil(h * pts.out_dim / PROJ_TILE_N)
+    elif pts.op == "indexer" and pts.index_heads is not None:  # rows packed over the batch (INDEXER_TILE_ROWS)
+        rows = b * n * pts.index_heads
+        ctas = np.ceil(rows / INDEXER_TILE_ROWS)
+    elif pts.op == "topk":  # one CTA selects one query's top-k (TOPK_KEY_BLOCK keys a step)
+        rows = np.full_like(pts.flops, float(TILE_ROWS))
+        ctas = b * n
     elif pts.op in ("indexer_proj", "indexer_key"):  # GEMMs over the batch's new tokens
         rows = b * n
         ctas = np.ceil(rows / TILE_ROWS) * np.ceil(pts.out_dim / PROJ_TILE_N)
@@ -227,11 +263,25 @@ def step_counts(pts: Points, sm_count: int | None, tile: int = TILE_ROWS) -> np.
 
 
 # terms that only act on attention ops
-ATTENTION_TERMS = ("split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast", "qrow")
+ATTENTION_TERMS = (
+    "split",
+    "serial",
+    "kvpad",
+    "combine",
+    "request",
+    "tile128",
+    "fa3split",
+    "kvcast",
+    "qrow",
+    "slots",
+    "reuse",
+)
 
 
+# terms that only act on a sparse attention (DSA's): the top-k slots it walks, the rows it reuses
+SPARSE_TERMS = ("slots", "reuse")
 # terms that only act on projections (GEMMs and BMMs)
-PROJECTION_TERMS = ("quant", "align", "near")
+PROJECTION_TERMS = ("quant", "align", "near", "l2")
 # terms that only act on whole paths
 PATH_TERMS = ("ops", "scores")
 
@@ -242,10 +292,14 @@ def relevant_terms(op: str, terms) -> tuple[str, ...]:
         return tuple(t for t in terms if t in ("fixed", "sum") + PATH_TERMS)
     if op in PROJECTIONS:
         return tuple(t for t in terms if t not in ATTENTION_TERMS + PATH_TERMS)
-    if op not in ATTENTION_CLASSES:  # the indexer, top-k, merges: no tile model, no attention terms
+    if op in ("indexer", "topk"):  # their CTAs walk their keys serially; no other attention term
+        return tuple(t for t in terms if t == "serial" or t not in ATTENTION_TERMS + PROJECTION_TERMS + PATH_TERMS)
+    if op not in ATTENTION_CLASSES:  # top-k, merges: no tile model, no attention terms
         return tuple(t for t in terms if t not in ATTENTION_TERMS + PROJECTION_TERMS + PATH_TERMS)
     if op not in MQA_CLASSES or "split" not in terms:  # only the MQA attentions are split
         terms = tuple(t for t in terms if t != "fa3split")
+    if op != "sparse_attention":  # only a sparse attention walks index slots and reuses rows
+        terms = tuple(t for t in terms if t not in ("slots", "reuse"))
     return tuple(t for t in terms if t not in PROJECTION_TERMS + PATH_TERMS)
 
 
@@ -263,6 +317,7 @@ def param_names(terms) -> list[str]:
         + ["t_align_s"] * ("align" in terms)
         + ["eta_p"] * ("ops" in terms)
         + ["eta_s"] * ("scores" in terms)
+        + ["l2_gain"] * ("l2" in terms)
     )
 
 
@@ -292,6 +347,7 @@ def pack(params: dict, terms) -> np.ndarray:
         "t_align_s": 1e-6,
         "eta_p": 0.5,
         "eta_s": 0.3,
+        "l2_gain": 1.5,
     }
     v = [max(params.get(k, start.get(k, 1.0)), 1e-12) for k in param_names(terms)]
     return np.log(np.asarray(v, dtype=np.float64))
@@ -360,9 +416,55 @@ def predict(
     return t
 
 
+def walked_keys(pts: Points) -> np.ndarray:
+    """Keys one CTA walks: its requests' context. The indexer's CTA holds INDEXER_TILE_ROWS rows
+    of tokens packed across requests, so with fewer tokens a request than it holds it spans
+    ceil(tokens it holds / new) requests (at most the batch) and walks all their keys."""
+    ctx = np.asarray(pts.context, dtype=np.float64)
+    if pts.op != "indexer" or pts.index_heads is None:
+        return ctx
+    per_cta = INDEXER_TILE_ROWS / np.asarray(pts.index_heads, dtype=np.float64)
+    spans = np.minimum(np.ceil(per_cta / np.maximum(pts.new, 1.0)), np.maximum(pts.batch, 1.0))
+    return ctx * np.maximum(spans, 1.0)
+
+
+def walked(pts: Points, terms) -> Points:
+    """A sparse attention's work as its kernel does it (other op classes, or neither term: as is).
+
+    `reuse`: the queries of one request select their rows from the same n + p cached ones, so a
+    row that several of them select is read from memory once and from L2 after: the cache bytes
+    are the request's distinct rows, at most min(n + p, the rows its queries select), not one
+    read per selection as cost.py counts (an upper bound). flash_mla_sparse_fwd at 64 heads takes
+    0.49 us per query token with 2,048 rows on an H100 as on an H200 (aiconfigurator 0.12); read
+    once per query, those rows alone would need 4.8 TB/s, over the H100's 3.35.
+    `slots`: the kernel walks every one of a query's top-k index slots, the ones that point at no
+    key (a context shorter than top-k: index -1) as well as the others, so its FLOPs and KV
+    iterations per query are top-k keys', not min(top-k, context)'s: on an H200, 128 query tokens
+    take 63-65 us whether they select 128 keys or 2,048.
+
+    Applying it twice changes nothing."""
+    if pts.op != "sparse_attention" or not {"slots", "reuse"} & set(terms):
+        return pts
+    ctx = np.asarray(pts.context, dtype=np.float64)
+    flops, nbytes = np.asarray(pts.flops, dtype=np.float64), np.asarray(pts.bytes, dtype=np.float64)
+    if "reuse" in terms and pts.pool is not None:
+        cache = np.asarray(pts.cache_bytes, dtype=np.float64)
+        selected = pts.batch * pts.new * ctx  # rows read, one per selection
+        with np.errstate(divide="ignore", invalid="ignore"):
+            row = np.where(selected > 0, cache / selected, 0.0)
+        distinct = pts.batch * np.minimum(np.asarray(pts.pool, dtype=np.float64), pts.new * ctx) * row
+        nbytes = nbytes - cache + np.minimum(distinct, cache)
+    if "slots" in terms and pts.slots is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f = np.where(ctx > 0, np.maximum(np.asarray(pts.slots, dtype=np.float64) / ctx, 1.0), 1.0)
+        flops, ctx = flops * f, ctx * f
+    return replace(pts, flops=flops, bytes=nbytes, context=ctx, slots=None, pool=None)
+
+
 def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: int | None) -> np.ndarray:
     """Seconds each point adds outside the overlapped roofline: per-request setup, the combine
     launch after a split, a pass over the activations (quant) or over the cache keys (kvcast)."""
+    pts = walked(pts, terms)
     out = np.zeros(np.shape(pts.flops))
     if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
         out = out + params["t_request_s"] * pts.batch
@@ -379,6 +481,18 @@ def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: 
     if "align" in terms and pts.op in PROJECTIONS:  # rows not a multiple of ALIGN_ROWS: a padded copy
         out = out + params["t_align_s"] * (np.mod(_rows_and_ctas(pts)[0], ALIGN_ROWS) != 0)
     return out
+
+
+def memory_eta(params: dict, terms, op: str, launch_bytes) -> np.ndarray:
+    """The memory efficiency of a launch moving `launch_bytes`: eta_m, or with `l2` eta_m * l2_gain
+    (at least 1: an L2 is no slower than HBM) where the launch's tensors fit in the GPU's L2
+    (params["l2_bytes"], kept by the fit, not fitted) and a timing that repeats the call finds them
+    there. Projections only."""
+    nbytes = np.asarray(launch_bytes, dtype=np.float64)
+    if "l2" not in terms or op not in PROJECTIONS or not params.get("l2_bytes"):
+        return np.full(nbytes.shape, params["eta_m"])
+    gain = np.where(nbytes <= params["l2_bytes"], params["l2_gain"], 1.0)
+    return params["eta_m"] * gain
 
 
 def score_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
@@ -480,6 +594,7 @@ def components(
     """(t_fixed, compute seconds, memory seconds, serial seconds) of each point: the parts
     `predict` combines, kept apart so a batch of requests in one launch can add them up.
     `smooth`: counts continuous (see `predict`)."""
+    pts = walked(pts, terms)
     flops = np.asarray(pts.flops, dtype=np.float64)
     nbytes = np.asarray(pts.bytes, dtype=np.float64)
     serial = np.zeros_like(flops)
@@ -505,9 +620,9 @@ def components(
             c = np.where(finite, ctas * s, 1.0)
             util = np.where(finite, c / (_whole(c / sm_count, smooth) * sm_count), 1.0)
             flops = flops / util
-        if sm_count and "serial" in terms and attention:
+        if sm_count and "serial" in terms and (attention or pts.op in ("indexer", "topk")):
             waves = _whole(np.where(finite, ctas, 1.0) * s / sm_count, smooth)
-            iters = _whole(pts.context / (s * tile), smooth)
+            iters = _whole(walked_keys(pts) / (s * tile), smooth)
             serial = params["t_iter_s"] * waves * iters
     if "ops" in terms and pts.op.startswith("path:") and pts.attn_flops is not None:
         # the path's ops run one after another: attention at eta_c, the rest (projections,
@@ -522,4 +637,6 @@ def components(
     # roofline_time with only one side non-zero gives each side alone
     t_compute = roofline_time(flops, 0.0, params["eta_c"] * peak, 1.0)
     t_memory = roofline_time(0.0, nbytes, 1.0, params["eta_m"] * bandwidth)
+    if "l2" in terms and pts.op in PROJECTIONS:
+        t_memory = nbytes / (memory_eta(params, terms, pts.op, pts.bytes) * bandwidth)
     return params.get("t_fixed_s", 0.0), t_compute, t_memory, serial

@@ -21,7 +21,8 @@ SYSTEM_PROFILES = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200
 
 
 def machine_for(hw: HardwareProfile, dtype: str = "bf16") -> Machine:
-    return Machine(hw.peak_flops(dtype), hw.bandwidth, hw.sm_count)
+    l2 = None if hw.l2_mib is None else hw.l2_mib * 1024 * 1024
+    return Machine(hw.peak_flops(dtype), hw.bandwidth, hw.sm_count, l2_bytes=l2)
 
 
 def ceilings(hw: HardwareProfile, dtype: str = "bf16") -> dict:

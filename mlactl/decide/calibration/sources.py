@@ -104,6 +104,9 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None,
             k: np.broadcast_to(np.asarray(v, dtype=np.float64), shape).copy()
             for k, v in zip(("attn_flops", "attn_bytes"), attn)
         }
+    sparse = op == "sparse_attention"  # the top-k slots each query walks, the keys it selects from
+    slots = np.full(shape, float(cfg.index().topk)) if sparse else None
+    pool = np.broadcast_to(n + p, shape).astype(np.float64) if sparse else None
     return Points(
         op,
         *full,
@@ -112,6 +115,9 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None,
         np.broadcast_to(cache, shape).astype(np.float64),
         time_s=None if time_s is None else np.asarray(time_s, dtype=np.float64),
         group=group,
+        slots=slots,
+        pool=pool,
+        index_heads=np.full(shape, float(cfg.index().heads)) if op == "indexer" else None,
         **parts,
     )
 
@@ -120,6 +126,10 @@ def _concat(parts: list[Points]) -> Points:
     fields: tuple[str, ...] = ("flops", "bytes", "batch", "new", "context", "heads", "out_dim", "cache_bytes", "time_s")
     if all(p.attn_flops is not None for p in parts):
         fields += ("attn_flops", "attn_bytes")
+    if all(p.slots is not None for p in parts):
+        fields += ("slots", "pool")
+    if all(p.index_heads is not None for p in parts):
+        fields += ("index_heads",)
     cat = {k: np.concatenate([getattr(p, k) for p in parts]) for k in fields}
     return Points(parts[0].op, **cat)
 

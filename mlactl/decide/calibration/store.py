@@ -103,6 +103,12 @@ NEAR_FEATURE_MAX = 64.0
 NEAR_RESIDUAL_MAX = 9.2
 
 
+# `l2`: L2 reads are no slower than HBM's and at most 4x faster (Hopper's and Blackwell's L2s
+# read at roughly 2.5-3.5x their HBM); an L2 is at most 1 GiB
+L2_GAIN_MAX = 4.0
+L2_BYTES_MAX = float(1 << 30)
+
+
 def eta_limit(dtype) -> float:
     """The largest efficiency a fit of this dtype may have (ETA_PHYSICAL, times 2 for fp8)."""
     name = str(dtype or "").lower()
@@ -149,7 +155,9 @@ def _params_rule(fit: dict, where: str) -> None:
     top = eta_limit(fit.get("dtype"))
     for key in sorted(names):
         value = params.get(key)
-        if key.startswith("eta_"):
+        if key == "l2_gain":  # L2 reads over HBM reads
+            check = S.number(1.0, maximum=L2_GAIN_MAX)
+        elif key.startswith("eta_"):
             check = S.number(ETA_LOWEST, maximum=top)
         else:
             check = S.number(0.0, maximum=ITER_SECONDS_MAX if key == "t_iter_s" else SECONDS_MAX)
@@ -158,6 +166,11 @@ def _params_rule(fit: dict, where: str) -> None:
         expected = check(value)
         if expected is not None:
             raise S.Invalid(f"{at}.{key}", expected, value)
+    if "l2" in terms:  # the GPU's L2 in bytes, or null (no L2 size: the term does nothing)
+        l2 = params.get("l2_bytes")
+        expected = None if l2 is None else S.number(1.0, maximum=L2_BYTES_MAX)(l2)
+        if expected is not None:
+            raise S.Invalid(f"{at}.l2_bytes", expected, params.get("l2_bytes"))
     if "near" in terms:
         expected = _near(params.get("near"))
         if expected is not None:

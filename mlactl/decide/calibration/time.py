@@ -17,6 +17,7 @@ from mlactl.decide.calibration.model import (
     PROJECTIONS,
     added_seconds,
     components,
+    memory_eta,
     near_factor,
     op_class,
     predict,
@@ -223,6 +224,10 @@ def launch_parts(cost: CostModel, hw: HardwareProfile, calibration, path: str, c
         weights = sum(op.weight_bytes for op in ops) if whole else ops[k].weight_bytes
         w = np.broadcast_to(weights, np.shape(t_m)) / (fit["params"]["eta_m"] * bandwidth)
         memory = np.sum(t_m) - np.sum(w) + (np.max(w) if len(w) else 0.0)
+        if "l2" in fit["terms"] and cls in PROJECTIONS:  # the launch's whole working set decides L2 residency
+            wb = np.broadcast_to(weights, np.shape(pts.bytes))
+            launch_bytes = float(np.sum(pts.bytes) - np.sum(wb) + (np.max(wb) if len(wb) else 0.0))
+            memory = launch_bytes / (float(memory_eta(fit["params"], fit["terms"], cls, launch_bytes)) * bandwidth)
         added = np.sum(added_seconds(fit["params"], fit["terms"], pts, bandwidth, hw.sm_count))
         launch = float(t_fixed + added + max(np.sum(t_c), memory, np.sum(serial)))
         if "near" in fit["terms"] and cls in PROJECTIONS and fit["params"].get("near"):
