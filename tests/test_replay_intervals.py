@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 import pytest
+from test_replay import H200, V3, mooncake, parse, run, schedule
+from test_uncertainty import FIXTURE, QUICK_TERMS
 
 from mlactl.decide.calibration import load, store
 from mlactl.decide.calibration import uncertainty as u
@@ -21,8 +23,6 @@ from mlactl.decide.calibration.model import OP_CLASSES, PROJECTIONS
 from mlactl.decide.replay import intervals as I
 from mlactl.decide.replay.pricing import Pricer, rows_of
 from mlactl.model.cost import CostModel
-from tests.test_replay import H200, V3, mooncake, parse, run, schedule
-from tests.test_uncertainty import FIXTURE, QUICK_TERMS
 
 # a few requests: prefills, an extend after a shared prefix, decodes, and steps that mix them
 SMALL = [(0, 3000, 4, [1, 2, 3, 4, 5, 6]), (0, 700, 3, []), (5, 4000, 3, [1, 2, 3, 4, 5, 6, 7, 8]), (9, 20, 2, [])]
