@@ -65,7 +65,7 @@ reuse   a sparse attention's rows selected by several queries of one request are
 dgtile  a single GEMM (kv_expand, DSA's indexer projections) run by DeepGEMM on a Hopper: pad and
         waves count the block_m x block_n tiles DeepGEMM's SM90 heuristic picks for its m x n
         (deepgemm_tile), not 64 x 128 ones. SGLang's fp8_block kv_expand on an H200 at n = 16,384:
-        256 x 128 tiles from m = 1,024 on (4 waves there, 16 at m = 4,096), 4.4-5.2 us a wave
+        256 x 128 tiles from m = 1,024 on (4 waves there, 16 at m = 4,096), 4.4-4.9 us a wave
 pipe    compute and memory overlapped across the tiles each SM runs in turn (a persistent GEMM
         loads the next tile and stores the last while it computes): of one tile only the
         lesser side is exposed, max(C, M) + min(C, M) / waves; one wave is `sum`, many the
