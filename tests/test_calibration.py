@@ -997,3 +997,122 @@ def test_l2_residency_of_a_batch_launch_is_decided_by_the_whole_launch(home):
     assert launch(2) == pytest.approx(49_545_216 / (1.5 * hw.bandwidth))
     # each row alone would fit; the launch does not
     assert launch(3) == pytest.approx(65_929_216 / (0.5 * hw.bandwidth))
+
+
+# `dgtile`: DeepGEMM's SM90 tile heuristic (csrc/jit_kernels/heuristics/common.hpp, get_best_config),
+# worked by hand for an fp8 1D2D GEMM with a bf16 output on 132 SMs:
+#   m=1, n=256: every block_m is one m-block; block_n 16 gives the most CTAs (16) in the one wave,
+#     and block_m 16 (m <= 16) ties with 64 at the same block_n and is the smaller: 16 x 16
+#   m=1024, n=2048: 128 x 128 is 8 x 16 = 128 CTAs in one wave; no legal tile gives 129-132 (64-row
+#     blocks need block_n >= 256, which a 1D2D kernel may not take); 256 x 64 ties at 128 CTAs but
+#     its block_n is not larger: 128 x 128
+#   m=1025, n=2048: 256 x 80 is 5 x 26 = 130 CTAs in one wave; 128-row blocks give 9 x 13 = 117 at
+#     most (block_n 160; 144 is 9 x 15 = 135, two waves): 256 x 80
+#   m=1024, n=16384: no tile gives 3 waves (256 x 128 is the largest: 4 x 128 = 512 CTAs, 3.9 waves;
+#     256 x 192 is not legal): 256 x 128, 4 waves; m=4096: 16 x 128 = 2048 CTAs, 16 waves
+def test_deepgemm_tile_is_the_heuristic_worked_by_hand():
+    from mlactl.decide.calibration.model import deepgemm_tile
+
+    assert deepgemm_tile(1, 256, 132) == (16, 16)
+    assert deepgemm_tile(1024, 2048, 132) == (128, 128)
+    assert deepgemm_tile(1025, 2048, 132) == (256, 80)
+    assert deepgemm_tile(1024, 16384, 132) == (256, 128)
+    assert deepgemm_tile(4096, 16384, 132) == (256, 128)
+
+
+def _kv(m, heads):
+    return _kv_expand_points(np.asarray([float(m)]), np.asarray([float(heads)]), np.ones(1))
+
+
+def test_dgtile_pads_and_waves_with_deepgemm_tiles():
+    from mlactl.decide.calibration.model import predict, tile_waves
+
+    pts = _kv(1025, 8)  # n = 8 * (128 + 128) = 2048
+    assert pts.flops[0] == 2 * 1025 * 512 * 2048
+    params = {"t_fixed_s": 0.0, "eta_c": 0.5, "eta_m": 1e9}
+    got = predict(params, ("pad", "waves", "dgtile"), pts, PEAK, BW, SMS)[0]
+    # 256 x 80 tiles: 1280 x 2080 computed, 130 CTAs of 132 SMs
+    assert got == pytest.approx(2 * 512 * 1280 * 2080 * 132 / 130 / (0.5 * PEAK))
+    # 64 x 128 tiles instead: 1088 x 2048 computed, 17 x 16 = 272 CTAs in 3 waves (396 slots)
+    plain = predict(params, ("pad", "waves"), pts, PEAK, BW, SMS)[0]
+    assert plain == pytest.approx(2 * 512 * 1088 * 2048 * 396 / 272 / (0.5 * PEAK))
+    assert tile_waves(pts, ("dgtile",), SMS)[0] == 1
+    assert tile_waves(_kv(4096, 64), ("dgtile",), SMS)[0] == 16
+    # not a DeepGEMM GEMM: a per-head BMM keeps the 64 x 128 tiles
+    bmm = _out_absorb([1025])
+    assert predict(params, ("pad", "waves", "dgtile"), bmm, PEAK, BW, SMS) == pytest.approx(
+        predict(params, ("pad", "waves"), bmm, PEAK, BW, SMS)
+    )
+
+
+def test_pipe_exposes_one_tile_of_the_lesser_side():
+    from mlactl.decide.calibration.model import predict
+
+    tiles = ("pad", "waves", "dgtile")
+    for m, heads, waves in ((4096, 64, 16), (1024, 8, 1)):
+        pts = _kv(m, heads)
+        compute = predict({"t_fixed_s": 0.0, "eta_c": 0.5, "eta_m": 1e9}, tiles, pts, PEAK, BW, SMS)[0]
+        memory = predict({"t_fixed_s": 0.0, "eta_c": 1e9, "eta_m": 0.5}, tiles, pts, PEAK, BW, SMS)[0]
+        params = {"t_fixed_s": 3e-6, "eta_c": 0.5, "eta_m": 0.5}
+        got = predict(params, (*tiles, "pipe"), pts, PEAK, BW, SMS)[0]
+        assert got == pytest.approx(3e-6 + max(compute, memory) + min(compute, memory) / waves, rel=1e-6)
+        summed = predict(params, (*tiles, "sum"), pts, PEAK, BW, SMS)[0]
+        assert (got == pytest.approx(summed)) == (waves == 1)  # one wave: nothing to overlap with
+
+
+def test_pipe_fitted_below_1024_rows_predicts_above():
+    # a persistent GEMM whose SMs overlap one tile's stores with the next tile's math: fitted on
+    # m <= 1024 (1-16 waves), the rows above (up to 126 waves) follow; `sum` overpredicts them
+    from mlactl.decide.calibration.model import predict
+
+    mm, hh = (a.ravel() for a in np.meshgrid([64.0, 256, 512, 768, 1024, 2048, 4096, 8192], [1.0, 8, 64, 256]))
+    pts = _kv_expand_points(mm, hh, np.ones(len(mm)))
+    truth = {"t_fixed_s": 4e-6, "eta_c": 0.6, "eta_m": 0.7}
+    terms = ("fixed", "pad", "waves", "dgtile", "pipe")
+    from dataclasses import replace
+
+    pts = replace(pts, time_s=predict(truth, terms, pts, PEAK, BW, SMS))
+    machine = Machine(PEAK, BW, SMS, sm90=True)
+    got = fit(pts, machine, terms, "synthetic", "fp8_block")
+    assert got.blocked["median"] < 0.01 and got.params["eta_c"] == pytest.approx(0.6, rel=0.02)
+    assert fit(pts, machine, ("fixed", "pad", "waves", "dgtile", "sum"), "synthetic", "fp8_block").blocked["p90"] > 0.05
+
+
+def test_dgtile_sets_are_tried_only_on_deepgemm_gemms_on_hopper():
+    from mlactl.decide.calibration import CANDIDATE_TERMS, op_tries
+    from mlactl.decide.calibration.run import machine_for
+    from mlactl.model import hardware
+
+    sets = [t for t in CANDIDATE_TERMS if "dgtile" in t]
+    hopper, blackwell = Machine(PEAK, BW, SMS, sm90=True), Machine(PEAK, BW, 148)
+    src = "sglang_deepgemm_gemm_nt_f8f8bf16"
+    assert sets and all(op_tries("kv_expand", t, hopper, src) for t in sets)
+    assert not any(op_tries("kv_expand", t, blackwell, src) for t in sets)
+    assert not any(op_tries("kv_expand", t, hopper, "sglang_sgl_kernel_fp8_scaled_mm") for t in sets)
+    assert not any(op_tries("out_absorb", t, hopper, src) for t in sets)
+    assert machine_for(hardware.from_name("h200")).sm90 and not machine_for(hardware.from_name("b200")).sm90
+
+
+def test_pipe_in_a_launch_counts_the_waves_of_the_whole_gemm(home):
+    # expand's kv_expand of DeepSeek-V3 (128 heads: n = 32,768) over 4,096 context tokens: one row
+    # of 4,096 or two of 2,048 are one GEMM of m = 4,096 (256 x 128 tiles, 16 x 256 = 4,096 CTAs,
+    # 32 waves), not two of 16 waves
+    from mlactl.decide.calibration import store
+    from mlactl.decide.calibration.model import predict
+    from mlactl.decide.calibration.time import launch_parts
+    from mlactl.model.hardware import from_name as hw_named
+
+    cost = CostModel(from_name("deepseek-v3"))
+    hw = hw_named("h200")
+    terms = ["fixed", "pad", "waves", "dgtile", "pipe"]
+    params = {"t_fixed_s": 4e-6, "eta_c": 0.9, "eta_m": 1.2}
+    fit_ = {"op": "kv_expand", "source": "t", "dtype": "bf16", "terms": terms, "params": params}
+    data = {"schema": "mlactl.calibration", "schema_version": 1, "name": "pipe-test", "hardware": "h200"}
+    cal = store.validate(dict(data, fits=[fit_]), "test")
+    at = [op.name for op in cost.ops("expand", 1, 1, 0)].index("kv_expand")
+    whole = points_for(cost, "kv_expand", np.ones(1), np.full(1, 4096.0), np.zeros(1), None)
+    alone = predict(params, terms, whole, hw.peak_flops("bf16"), hw.bandwidth, hw.sm_count)[0]
+    one = launch_parts(cost, hw, cal, "expand", np.ones(1), np.full(1, 4096.0), np.zeros(1))[at]
+    two = launch_parts(cost, hw, cal, "expand", np.ones(2), np.full(2, 2048.0), np.zeros(2))[at]
+    assert one == pytest.approx(alone)
+    assert two == pytest.approx(alone, rel=0.02)  # the same GEMM: its tiles' padding aside

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from mlactl.decide.calibration.evidence import evidence
 from mlactl.decide.calibration.fit import K_FOLDS, fit
-from mlactl.decide.calibration.model import BASE_TERMS, PROJECTIONS, SPARSE_TERMS, TERMS, relevant_terms
+from mlactl.decide.calibration.model import BASE_TERMS, GEMM_OPS, PROJECTIONS, SPARSE_TERMS, TERMS, relevant_terms
 from mlactl.decide.calibration.paired import fit_paired, paired_groups
 from mlactl.decide.calibration.store import Calibration, check_hardware, load, resolve
 from mlactl.decide.calibration.uncertainty import members_of
@@ -65,6 +65,10 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     ("fixed", "sum", "l2"),
     ("fixed", "pad", "waves", "l2"),
     ("fixed", "pad", "waves", "sum", "l2"),
+    # DeepGEMM's fp8 GEMM on a Hopper: the tiles its heuristic picks, and compute and memory
+    # overlapped across the tiles each SM runs in turn (tried for DeepGEMM sources only)
+    ("fixed", "pad", "waves", "dgtile", "sum"),
+    ("fixed", "pad", "waves", "dgtile", "pipe"),
     # whole paths (`mlactl tune paths`): attention and the rest at their own efficiencies, and the
     # score matrix an unfused kernel writes and reads back
     ("fixed", "ops"),
@@ -117,13 +121,19 @@ def misses(result) -> tuple[bool, bool]:
     return over(result.held_out, RANDOM_TARGET), over(result.blocked, BLOCKED_TARGET)
 
 
-def op_tries(op: str, terms, machine=None) -> bool:
+def op_tries(op: str, terms, machine=None, source: str | None = None) -> bool:
     """Whether selection tries this candidate set on op class `op`: a set written for the sparse
     attention's own terms (SPARSE_TERMS) only there, where it differs from the sets without them
     (elsewhere it would only add its other terms as a set of their own); one with `l2` only where
-    the machine's L2 size is known (without it the term does nothing)."""
+    the machine's L2 size is known (without it the term does nothing); one with `dgtile` only on
+    a DeepGEMM kernel's single GEMM (model.GEMM_OPS) on an SM90 machine, the one its tile
+    heuristic describes."""
     if "l2" in terms and machine is not None and not getattr(machine, "l2_bytes", None):
         return False
+    if "dgtile" in terms and machine is not None:
+        deepgemm = source is not None and "deepgemm" in source.lower()
+        if not (deepgemm and op in GEMM_OPS and getattr(machine, "sm90", False)):
+            return False
     return op == "sparse_attention" or not set(SPARSE_TERMS) & set(terms)
 
 
@@ -171,7 +181,7 @@ def select(
         if best is None or better(result, best[1]):
             best = (selection_score(result), result)
 
-    tries = [t for t in candidates if op_tries(op, t, machine)] or list(candidates)  # `--terms`: as given
+    tries = [t for t in candidates if op_tries(op, t, machine, source)] or list(candidates)  # `--terms`: as given
     for terms in dict.fromkeys(relevant_terms(op, t) for t in tries):
         consider(terms)
     if extras and op in PROJECTIONS and len(candidates) > 1:  # extras on the best parametric sets

@@ -103,6 +103,7 @@ class Machine:
     sm_count: int | None
     eta_max: float = ETA_MAX  # the largest efficiency a fit may reach (fit() sets it per dtype)
     l2_bytes: float | None = None  # the GPU's L2, for `l2` (hardware profile's l2_mib)
+    sm90: bool = False  # a Hopper GPU (H100/H200/H800): DeepGEMM's SM90 tile heuristic, for `dgtile`
 
 
 @dataclass(frozen=True)

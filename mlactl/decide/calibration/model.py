@@ -3,6 +3,8 @@
     t = [t_fixed + t_quant + t_align + t_request + t_combine + t_kvcast + t_row
          + max(roofline(F * pad / u, B + B_split; eta_c * peak, eta_m * bw), t_iter * waves * iters)] * near
 
+(with `pipe`, roofline(C, M) is max(C, M) + min(C, M) / waves)
+
 F and B are cost.py's FLOPs and bytes of the op; roofline() is mlactl.model.roofline's max(F/peak,
 B/bw) (with `sum`, its two sides added instead). The terms, each switched on per fit (`terms`)
 and kept only where it lowers the held-out error (docs/calibration.md has the figures):
@@ -60,6 +62,15 @@ slots   a sparse attention walks all top-k index slots of a query (the ones poin
         too): its FLOPs and KV iterations are top-k keys', not min(top-k, context)'s (walked())
 reuse   a sparse attention's rows selected by several queries of one request are read once: the
         cache bytes are the request's distinct rows, not one read per selection (walked())
+dgtile  a single GEMM (kv_expand, DSA's indexer projections) run by DeepGEMM on a Hopper: pad and
+        waves count the block_m x block_n tiles DeepGEMM's SM90 heuristic picks for its m x n
+        (deepgemm_tile), not 64 x 128 ones. SGLang's fp8_block kv_expand on an H200 at n = 16,384:
+        256 x 128 tiles from m = 1,024 on (4 waves there, 16 at m = 4,096), 4.4-4.9 us a wave
+pipe    compute and memory overlapped across the tiles each SM runs in turn (a persistent GEMM
+        loads the next tile and stores the last while it computes): of one tile only the
+        lesser side is exposed, max(C, M) + min(C, M) / waves; one wave is `sum`, many the
+        roofline's max. Fitted on SGLang's DeepGEMM rows m <= 1,024 (1-16 waves), it predicts
+        the rows above within 12% / 30% (H100) and 11% / 33% (H200), blocked median / p90
 fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_splits_heuristic,
         commit 13d0fd9c): none when the CTAs fill 80% of the SMs or there are <= 4 KV blocks;
         else the fewest splits within 85% of the best wave efficiency (ctas*s/SMs over its
@@ -122,6 +133,8 @@ TERMS = (
     "slots",
     "reuse",
     "l2",
+    "pipe",
+    "dgtile",
 )
 BIG_TILE = 128  # rows and keys of a tile under `tile128`
 PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb", "indexer_proj", "indexer_key")
@@ -281,7 +294,7 @@ ATTENTION_TERMS = (
 # terms that only act on a sparse attention (DSA's): the top-k slots it walks, the rows it reuses
 SPARSE_TERMS = ("slots", "reuse")
 # terms that only act on projections (GEMMs and BMMs)
-PROJECTION_TERMS = ("quant", "align", "near", "l2")
+PROJECTION_TERMS = ("quant", "align", "near", "l2", "pipe", "dgtile")
 # terms that only act on whole paths
 PATH_TERMS = ("ops", "scores")
 
@@ -405,7 +418,11 @@ def predict(
     without the steps those counts make (`steps are claims`, docs/calibration.md)."""
     t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count, smooth)
     t_fixed = t_fixed + added_seconds(params, terms, pts, bandwidth, sm_count)
-    if "sum" in terms:  # compute and memory do not overlap
+    if "pipe" in terms and pts.op in PROJECTIONS and sm_count:  # one tile's lesser side exposed
+        w = tile_waves(pts, terms, sm_count, smooth)
+        lo, hi = np.minimum(t_compute, t_memory), np.maximum(t_compute, t_memory)
+        t = t_fixed + np.maximum(hi + lo / w, serial)
+    elif "sum" in terms:  # compute and memory do not overlap
         t = t_fixed + np.maximum(t_compute + t_memory, serial)
     else:
         t = t_fixed + np.maximum(np.maximum(t_compute, t_memory), serial)
@@ -414,6 +431,91 @@ def predict(
     if "near" in terms and pts.op in PROJECTIONS and params.get("near"):
         t = t * near_factor(params["near"], pts)
     return t
+
+
+# `dgtile`: the tile DeepGEMM's SM90 heuristic gives an fp8 GEMM with 1D2D (per-128 block)
+# scales and a bf16 output (deepseek-ai/DeepGEMM, csrc/jit_kernels/heuristics/common.hpp,
+# get_best_config, commit 02edd319; the SM90ArchSpec of csrc/jit_kernels/heuristics/sm90.hpp of
+# the same v2 series): block_m from 64, 128, 256 (and 16, 32 where m <= 16, 32), block_n from
+# 16 to 256 in 16s, where a 1D2D block_n above 128 must be 144, 160 or 192 and block_m and
+# block_n are not both above 128; of those the fewest waves over the SMs, then the fullest last
+# wave, then (a tie) the smaller block_m or block_n of the same other side, or the larger
+# block_n where both differ and neither passes the shape. The kernel is persistent: each SM
+# runs its tiles one after another.
+DG_BLOCK_M = (64, 128, 256)
+DG_BLOCK_N = tuple(range(16, 257, 16))
+DG_WIDE_N = (144, 160, 192)  # the 1D2D block_n above 128 the heuristic allows
+GEMM_OPS = ("kv_expand", "indexer_proj", "indexer_key")  # one GEMM per launch (no batch of heads)
+_DG_CACHE: dict[tuple[int, int, int], tuple[int, int]] = {}
+
+
+def deepgemm_tile(m: int, n: int, sm_count: int) -> tuple[int, int]:
+    """(block_m, block_n) DeepGEMM's SM90 heuristic picks for an m x n fp8 GEMM (see above)."""
+    key = (m, n, sm_count)
+    if key not in _DG_CACHE:
+        block_ms = DG_BLOCK_M + tuple(b for b in (16, 32) if m <= b)
+        best: tuple[int, int, int, int] | None = None  # block_m, block_n, waves, last-wave CTAs
+        for bm in block_ms:
+            for bn in DG_BLOCK_N:
+                if (bn > 128 and bn not in DG_WIDE_N) or (bm > 128 and bn > 128):
+                    continue
+                blocks = -(-m // bm) * -(-n // bn)
+                waves, last = -(-blocks // sm_count), blocks % sm_count or sm_count
+                if best is None or waves < best[2]:
+                    take = True
+                elif waves > best[2]:
+                    take = False
+                elif last != best[3]:
+                    take = last > best[3]
+                else:
+                    take = (
+                        (bm == best[0] and bn < best[1])
+                        or (bn == best[1] and bm < best[0])
+                        or (bm != best[0] and bn > best[1] and bn <= n and bm <= m)
+                    )
+                if take:
+                    best = (bm, bn, waves, last)
+        assert best is not None
+        _DG_CACHE[key] = best[:2]
+    return _DG_CACHE[key]
+
+
+def gemm_shape(pts: Points) -> tuple[np.ndarray, np.ndarray]:
+    """A single GEMM's (m, n): rows (tokens) and output columns (kv_expand: H * (dC + dV))."""
+    rows = np.asarray(_rows_and_ctas(pts)[0], dtype=np.float64)
+    cols = pts.out_dim * (pts.heads if pts.op == "kv_expand" else 1.0)
+    return rows, np.broadcast_to(np.asarray(cols, dtype=np.float64), rows.shape)
+
+
+def deepgemm_tiles(pts: Points, sm_count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(m, n, block_m, block_n) of each point, the blocks by `deepgemm_tile`."""
+    rows, cols = gemm_shape(pts)
+    m = np.maximum(np.round(np.ravel(rows)), 1).astype(np.int64)
+    n = np.maximum(np.round(np.ravel(cols)), 1).astype(np.int64)
+    shapes, back = np.unique(np.stack([m, n], axis=1), axis=0, return_inverse=True)
+    tiles = np.array([deepgemm_tile(int(a), int(b), sm_count) for a, b in shapes], dtype=np.float64)
+    picked = tiles[np.reshape(back, -1)]
+    return rows, cols, picked[:, 0].reshape(rows.shape), picked[:, 1].reshape(rows.shape)
+
+
+def tile_model(pts: Points, terms, sm_count: int | None, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """(padded work over work, CTAs) of one launch: the query rows padded to whole tiles and the
+    CTAs of `_rows_and_ctas`, or with `dgtile` for a single GEMM DeepGEMM's blocks: both sides
+    padded to whole block_m x block_n tiles, one CTA a tile."""
+    if "dgtile" in terms and pts.op in GEMM_OPS and sm_count:
+        m, n, bm, bn = deepgemm_tiles(pts, sm_count)
+        mb, nb = np.ceil(m / bm), np.ceil(n / bn)
+        return mb * bm * nb * bn / np.maximum(m * n, 1.0), mb * nb
+    rows, ctas = _rows_and_ctas(pts, tile)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pad = np.where(rows > 0, np.ceil(rows / tile) * tile / rows, 1.0)
+    return pad, ctas
+
+
+def tile_waves(pts: Points, terms, sm_count: int, smooth: bool = False) -> np.ndarray:
+    """`pipe`: the tiles each SM runs one after another (waves of CTAs over the SMs)."""
+    ctas = tile_model(pts, terms, sm_count)[1]
+    return _whole(np.where(np.isfinite(ctas), ctas, 1.0) / sm_count, smooth)
 
 
 def walked_keys(pts: Points) -> np.ndarray:
@@ -605,10 +707,8 @@ def components(
         with np.errstate(divide="ignore", invalid="ignore"):
             nbytes = nbytes + np.where(pts.context > 0, pts.cache_bytes * (padded / pts.context - 1), 0.0)
     if {"pad", "waves", "split", "serial"} & set(terms):
-        rows, ctas = _rows_and_ctas(pts, tile)
+        pad, ctas = tile_model(pts, terms, sm_count, tile)
         if "pad" in terms and not smooth:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                pad = np.where(rows > 0, np.ceil(rows / tile) * tile / rows, 1.0)
             flops = flops * pad
         finite = np.isfinite(ctas) & (ctas > 0)
         s = np.ones_like(flops)

@@ -20,9 +20,13 @@ from mlactl.util.errors import MlactlError
 SYSTEM_PROFILES = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100-sxm"}
 
 
+# hardware profiles of Hopper (SM90) GPUs: DeepGEMM picks their GEMM tiles by its SM90 heuristic
+SM90_PROFILES = ("h100-sxm", "h200", "h800")
+
+
 def machine_for(hw: HardwareProfile, dtype: str = "bf16") -> Machine:
     l2 = None if hw.l2_mib is None else hw.l2_mib * 1024 * 1024
-    return Machine(hw.peak_flops(dtype), hw.bandwidth, hw.sm_count, l2_bytes=l2)
+    return Machine(hw.peak_flops(dtype), hw.bandwidth, hw.sm_count, l2_bytes=l2, sm90=hw.name in SM90_PROFILES)
 
 
 def ceilings(hw: HardwareProfile, dtype: str = "bf16") -> dict:

@@ -21,6 +21,7 @@ from mlactl.decide.calibration.model import (
     near_factor,
     op_class,
     predict,
+    tile_waves,
 )
 from mlactl.decide.calibration.sources import points_for
 from mlactl.model import roofline
@@ -229,10 +230,16 @@ def launch_parts(cost: CostModel, hw: HardwareProfile, calibration, path: str, c
             launch_bytes = float(np.sum(pts.bytes) - np.sum(wb) + (np.max(wb) if len(wb) else 0.0))
             memory = launch_bytes / (float(memory_eta(fit["params"], fit["terms"], cls, launch_bytes)) * bandwidth)
         added = np.sum(added_seconds(fit["params"], fit["terms"], pts, bandwidth, hw.sm_count))
-        launch = float(t_fixed + added + max(np.sum(t_c), memory, np.sum(serial)))
-        if "near" in fit["terms"] and cls in PROJECTIONS and fit["params"].get("near"):
-            # one GEMM over all the rows' tokens: its shape bucket is the summed one's
+        # one GEMM over all the rows' tokens: its shape (bucket, tiles) is the summed one's
+        whole_gemm = None
+        if cls in PROJECTIONS and {"pipe", "near"} & set(fit["terms"]):
             whole_gemm = points_for(cost, cls, 1, [np.sum(count * new)], [np.sum(count * prefix)], None, path=path)
+        busy = max(np.sum(t_c), memory)
+        if "pipe" in fit["terms"] and whole_gemm is not None and hw.sm_count:  # the lesser side of one tile exposed
+            waves = float(np.asarray(tile_waves(whole_gemm, fit["terms"], hw.sm_count)).reshape(-1)[0])
+            busy += min(np.sum(t_c), memory) / waves
+        launch = float(t_fixed + added + max(busy, np.sum(serial)))
+        if "near" in fit["terms"] and whole_gemm is not None and fit["params"].get("near"):
             launch *= float(np.asarray(near_factor(fit["params"]["near"], whole_gemm)).reshape(-1)[0])
         parts.append(launch)
     return parts
