@@ -275,24 +275,12 @@ def step_counts(pts: Points, sm_count: int | None, tile: int = TILE_ROWS) -> np.
     return np.stack([np.ravel(pad), np.ravel(waves)], axis=-1)
 
 
-# terms that only act on attention ops
-ATTENTION_TERMS = (
-    "split",
-    "serial",
-    "kvpad",
-    "combine",
-    "request",
-    "tile128",
-    "fa3split",
-    "kvcast",
-    "qrow",
-    "slots",
-    "reuse",
-)
-
-
 # terms that only act on a sparse attention (DSA's): the top-k slots it walks, the rows it reuses
 SPARSE_TERMS = ("slots", "reuse")
+# terms that only act on attention ops
+ATTENTION_TERMS = (
+    "split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast", "qrow",
+) + SPARSE_TERMS  # fmt: skip
 # terms that only act on projections (GEMMs and BMMs)
 PROJECTION_TERMS = ("quant", "align", "near", "l2", "pipe", "dgtile")
 # terms that only act on whole paths
