@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from mlactl.cli import app
 from mlactl.decide.calibration import store
 from mlactl.decide.calibration.steps import PathLaunches
-from mlactl.decide.calibration.time import batch_time
+from mlactl.decide.calibration.time import batch_time, path_times
 from mlactl.decide.replay.cache import BlockPool
 from mlactl.decide.replay.traces import MAX_ERRORS, read_trace
 from mlactl.model import hardware
@@ -244,10 +244,25 @@ def test_path_launches_are_batch_time_step_by_step(tp, chunk):
         np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+def test_a_launch_of_one_row_is_its_ops_predicted_times():
+    """batch_time of one request is path_times's time of that shape (time.predict, op by op):
+    a second implementation of how a fit's compute and memory combine (`sum`, `pipe`, `l2`)."""
+    cost = CostModel(from_name("deepseek-v3").with_tp(8))
+    cal = calibration()
+    for new, prefix in ((1, 4096), (7, 0), (512, 30000), (3000, 100)):
+        for p in ("absorb", "expand", "expand_chunked"):
+            one = np.array([new]), np.array([prefix])
+            want = float(np.reshape(path_times(cost, H200, cal, 1, *one, (p,))[p].time_s, -1)[0])
+            got = batch_time(cost, H200, cal, *one, np.ones(1, dtype=int), np.array([p]))
+            assert got == pytest.approx(want, rel=1e-12), (new, prefix, p)
+
+
 def calibration():
-    """Fits with most terms, a decode and a prefill fit for absorb's attention, and a projection
-    with `near`: each per-step part of PathLaunches is exercised."""
+    """Fits with most terms, a decode and a prefill fit for absorb's attention, a projection
+    with `near`, one with `sum` and `l2`, one with `dgtile` and `pipe`: each per-step part of
+    PathLaunches is exercised."""
     attn = ["fixed", "split", "kvpad", "serial", "combine", "request", "fa3split", "kvcast", "qrow", "pad", "waves"]
+    dg = ["fixed", "pad", "waves", "dgtile", "pipe"]
     near = {"features": [[3.0, 4.0, 0.0], [5.0, 4.0, 1.0], [7.0, 4.0, 0.0]], "log_residual": [0.1, -0.2, 0.3]}
     p = {"t_fixed_s": 1e-5, "eta_c": 0.5, "eta_m": 0.7, "t_iter_s": 1e-7, "t_combine_s": 1e-6}
     p |= {"t_request_s": 1e-8, "eta_x": 0.3, "t_row_s": 1e-9}
@@ -259,6 +274,12 @@ def calibration():
          "params": {"t_fixed_s": 3e-6, "eta_c": 0.7, "eta_m": 0.8, "eta_q": 0.5, "t_align_s": 1e-6, "near": near}},
         {"op": "expand_attention", "source": "x:prefill", "dtype": "bf16", "terms": ["fixed", "pad", "tile128"],
          "params": {"t_fixed_s": 5e-6, "eta_c": 0.5, "eta_m": 0.8}},
+        # compute and memory added, and L2 decided by the launch's bytes (8 MB: some launches fit)
+        {"op": "out_absorb", "source": "x:prefill", "dtype": "bf16", "terms": ["fixed", "sum", "l2"],
+         "params": {"t_fixed_s": 2e-6, "eta_c": 0.6, "eta_m": 0.7, "l2_gain": 2.5, "l2_bytes": 8e6}},
+        # DeepGEMM's tiles, of one tile the lesser side exposed
+        {"op": "kv_expand", "source": "x:prefill", "dtype": "bf16", "terms": dg,
+         "params": {"t_fixed_s": 4e-6, "eta_c": 0.8, "eta_m": 0.9}},
     ]  # fmt: skip
     data = {"schema": "mlactl.calibration", "schema_version": 1, "name": "t", "hardware": "h200", "fits": fits}
     return store.validate(data, "test")

@@ -33,8 +33,10 @@ from mlactl.decide.calibration.model import (
     PROJECTIONS,
     added_seconds,
     components,
+    memory_eta,
     near_factor,
     op_class,
+    tile_waves,
 )
 from mlactl.decide.calibration.sources import points_for
 from mlactl.decide.calibration.time import fit_dtype, whole_path_fit
@@ -83,7 +85,7 @@ class PathLaunches:
         self.prefix = np.asarray(prefix, dtype=np.float64)
         self.lin = linear_ops(cost, path)
         self.op_names = self.lin.names
-        self.peak, self.bandwidth = hw.peak_flops(cost.dtype), hw.bandwidth
+        self.peak, self.bandwidth, self.sm_count = hw.peak_flops(cost.dtype), hw.bandwidth, hw.sm_count
         # [F + 1, rows]: the features and the partials (at each row's chunk): shared between paths
         self.x = row_features(cost, self.new, self.prefix, chunk) if features is None else features
         if calibration is None:
@@ -161,10 +163,12 @@ class PathLaunches:
                     continue
                 parts = np.zeros((5, len(self.new)))  # compute, memory, serial, added, weights
                 fixed = 0.0
+                # `l2` is decided by the launch's bytes: the rows' memory is kept at eta_m (HBM)
+                hbm = [t for t in fit["terms"] if t != "l2"]
                 for c, at in groups:
                     pts = points_for(c, cls, 1, self.new[at], self.prefix[at], None, path=path)
                     fixed, parts[0, at], parts[1, at], parts[2, at] = components(
-                        fit["params"], fit["terms"], pts, self.cal_peak, bandwidth, hw.sm_count
+                        fit["params"], hbm, pts, self.cal_peak, bandwidth, hw.sm_count
                     )
                     parts[3, at] = added_seconds(fit["params"], fit["terms"], pts, bandwidth, hw.sm_count)
                 w = weights.sum(axis=0) if whole else weights[k]
@@ -172,7 +176,7 @@ class PathLaunches:
                 near = None
                 if "near" in fit["terms"] and cls in PROJECTIONS and fit["params"].get("near"):
                     near = fit["params"]["near"]
-                phases[phase] = (float(fixed), len(add), len(most), near)
+                phases[phase] = (float(fixed), len(add), len(most), near, fit)
                 add += list(parts)
                 most.append(parts[4])
             self.classes.append((k, cls, phases))
@@ -193,13 +197,28 @@ class PathLaunches:
                 if found is None:
                     out[phase] = None
                     continue
-                fixed, a, m, near = found
+                fixed, a, m, near, fit = found
+                params, terms = fit["params"], fit["terms"]
                 t_c, t_m, serial, added, w = add[a : a + 5]
-                memory = t_m - w + most[m]
-                launch = fixed + added + np.maximum(np.maximum(t_c, memory), serial)
-                if near is not None:
-                    pts = points_for(self.cost, cls, 1, add[NEW], add[PREFIX], None, path=self.path)
-                    launch = launch * np.asarray(near_factor(near, pts), dtype=np.float64).reshape(-1)
+                memory = t_m - w + most[m]  # seconds at eta_m
+                if "l2" in terms and cls in PROJECTIONS:  # the launch's whole working set decides L2
+                    launch_bytes = memory * params["eta_m"] * self.bandwidth
+                    memory = memory * params["eta_m"] / memory_eta(params, terms, cls, launch_bytes)
+                # one GEMM over all the rows' tokens: its shape (bucket, tiles) is the summed one's
+                whole = None
+                if cls in PROJECTIONS and (near is not None or "pipe" in terms):
+                    whole = points_for(self.cost, cls, 1, add[NEW], add[PREFIX], None, path=self.path)
+                busy = np.maximum(t_c, memory)  # as `predict` combines them (time.launch_parts)
+                if "pipe" in terms and whole is not None and self.sm_count:
+                    waves = np.maximum(
+                        np.asarray(tile_waves(whole, terms, self.sm_count), dtype=np.float64).reshape(-1), 1.0
+                    )
+                    busy = busy + np.minimum(t_c, memory) / waves
+                elif "sum" in terms:
+                    busy = t_c + memory
+                launch = fixed + added + np.maximum(busy, serial)
+                if near is not None and whole is not None:
+                    launch = launch * np.asarray(near_factor(near, whole), dtype=np.float64).reshape(-1)
                 out[phase] = launch
             if out["decode"] is None:  # no fit: the roofline of the summed op, weights once
                 f = add[self.roof_at + k]
