@@ -212,3 +212,16 @@ def test_cells_by_hand():
     n = np.arange(1, 200_000, 7)
     some = np.unique(I.cell_codes(n, n[::-1]))
     assert (I.cell_codes(*I.cell_shapes(some)) == some).all()
+
+
+def test_a_sampled_loss_never_goes_below_zero():
+    """The sample adds each draw's departure from the point value: for a loss of 0.1 s a sampled
+    departure of -0.3 s would make -0.2 s, and a loss is never negative."""
+    t = I.Totals.zeros(4)
+    t.lost[:] = [-0.3, 0.0, 0.1, 0.2]
+    t.time[:] = [-0.3, 0.0, 0.1, 0.2]
+    points = {name: 0.1 for name in I.TOTALS}
+    spans = t.intervals(points)
+    # draws 0, 0.1, 0.2, 0.3 (the first held at 0): the 10th percentile 0.03; the time's draws
+    # -0.2, 0.1, 0.2, 0.3 are not held: -0.2 + 0.3 x 0.3 = -0.11
+    assert spans["lost"][0] == pytest.approx(0.03) and spans["time"][0] == pytest.approx(-0.11)

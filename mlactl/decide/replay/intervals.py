@@ -140,6 +140,8 @@ class Totals:
         for name in TOTALS:
             point = points[name]
             d = point + getattr(self, name)
+            if name != "time" and name != "best":  # a loss is never below 0 (a sampled departure can be)
+                d = np.maximum(d, 0.0)
             if not np.all(np.isfinite(d)) or not np.isfinite(point):
                 out[name] = None
                 continue
