@@ -406,19 +406,25 @@ def predict(
     without the steps those counts make (`steps are claims`, docs/calibration.md)."""
     t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count, smooth)
     t_fixed = t_fixed + added_seconds(params, terms, pts, bandwidth, sm_count)
-    if "pipe" in terms and pts.op in PROJECTIONS and sm_count:  # one tile's lesser side exposed
-        w = tile_waves(pts, terms, sm_count, smooth)
-        lo, hi = np.minimum(t_compute, t_memory), np.maximum(t_compute, t_memory)
-        t = t_fixed + np.maximum(hi + lo / w, serial)
-    elif "sum" in terms:  # compute and memory do not overlap
-        t = t_fixed + np.maximum(t_compute + t_memory, serial)
-    else:
-        t = t_fixed + np.maximum(np.maximum(t_compute, t_memory), serial)
+    waves = tile_waves(pts, terms, sm_count, smooth) if "pipe" in terms and pts.op in PROJECTIONS and sm_count else None
+    t = t_fixed + np.maximum(busy_seconds(t_compute, t_memory, terms, waves), serial)
     if "scores" in terms and pts.op.startswith("path:"):
         t = t + score_seconds(params, pts, bandwidth)
     if "near" in terms and pts.op in PROJECTIONS and params.get("near"):
         t = t * near_factor(params["near"], pts)
     return t
+
+
+def busy_seconds(t_compute, t_memory, terms, waves=None):
+    """Compute and memory as a fit combines them: overlapped (the larger), added (`sum`), or with
+    `pipe` (`waves`: the tiles each SM runs in turn, given where it applies) of one tile the lesser
+    side exposed. `predict` takes it per point; a launch of several rows (time.launch_parts,
+    steps.PathLaunches) on the rows' summed seconds."""
+    if waves is not None:
+        return np.maximum(t_compute, t_memory) + np.minimum(t_compute, t_memory) / waves
+    if "sum" in terms:
+        return t_compute + t_memory
+    return np.maximum(t_compute, t_memory)
 
 
 # `dgtile`: the tile DeepGEMM's SM90 heuristic gives an fp8 GEMM with 1D2D (per-128 block)

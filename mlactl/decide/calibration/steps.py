@@ -32,6 +32,7 @@ from mlactl.decide.calibration.model import (
     DECODE_MAX_NEW,
     PROJECTIONS,
     added_seconds,
+    busy_seconds,
     components,
     memory_eta,
     near_factor,
@@ -208,15 +209,10 @@ class PathLaunches:
                 whole = None
                 if cls in PROJECTIONS and (near is not None or "pipe" in terms):
                     whole = points_for(self.cost, cls, 1, add[NEW], add[PREFIX], None, path=self.path)
-                busy = np.maximum(t_c, memory)  # as `predict` combines them (time.launch_parts)
+                waves = None
                 if "pipe" in terms and whole is not None and self.sm_count:
-                    waves = np.maximum(
-                        np.asarray(tile_waves(whole, terms, self.sm_count), dtype=np.float64).reshape(-1), 1.0
-                    )
-                    busy = busy + np.minimum(t_c, memory) / waves
-                elif "sum" in terms:
-                    busy = t_c + memory
-                launch = fixed + added + np.maximum(busy, serial)
+                    waves = np.maximum(np.reshape(tile_waves(whole, terms, self.sm_count), -1), 1.0)
+                launch = fixed + added + np.maximum(busy_seconds(t_c, memory, terms, waves), serial)
                 if near is not None and whole is not None:
                     launch = launch * np.asarray(near_factor(near, whole), dtype=np.float64).reshape(-1)
                 out[phase] = launch

@@ -16,6 +16,7 @@ from mlactl.decide.calibration.model import (
     DECODE_MAX_NEW,
     PROJECTIONS,
     added_seconds,
+    busy_seconds,
     components,
     memory_eta,
     near_factor,
@@ -234,14 +235,10 @@ def launch_parts(cost: CostModel, hw: HardwareProfile, calibration, path: str, c
         whole_gemm = None
         if cls in PROJECTIONS and {"pipe", "near"} & set(fit["terms"]):
             whole_gemm = points_for(cost, cls, 1, [np.sum(count * new)], [np.sum(count * prefix)], None, path=path)
-        # compute and memory as `predict` combines them: overlapped, added (`sum`), or of one tile
-        # the lesser side exposed (`pipe`)
-        busy = max(np.sum(t_c), memory)
+        waves = None
         if "pipe" in fit["terms"] and whole_gemm is not None and hw.sm_count:
             waves = float(np.asarray(tile_waves(whole_gemm, fit["terms"], hw.sm_count)).reshape(-1)[0])
-            busy += min(np.sum(t_c), memory) / waves
-        elif "sum" in fit["terms"]:
-            busy = np.sum(t_c) + memory
+        busy = busy_seconds(np.sum(t_c), memory, fit["terms"], waves)
         launch = float(t_fixed + added + max(busy, np.sum(serial)))
         if "near" in fit["terms"] and whole_gemm is not None and fit["params"].get("near"):
             launch *= float(np.asarray(near_factor(fit["params"]["near"], whole_gemm)).reshape(-1)[0])
