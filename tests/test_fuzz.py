@@ -792,6 +792,39 @@ def test_guard_integer_is_bounded_and_ascii(text, minimum, maximum):
     assert text.isascii()
 
 
+def user_forms(n: int) -> list[str]:
+    """The ways a user writes the size `n`: 4096, 4_096, 4.096e3, 4K (each where it is exact)."""
+    forms = [str(n), f"{n:_}", f" {n} ", f"{n}e0"]
+    if n and n % 10 == 0:
+        digits = str(n).rstrip("0")
+        forms.append(f"{digits}e{len(str(n)) - len(digits)}")
+    if n % 1024 == 0:
+        forms += [f"{n // 1024}K", f"{n // 1024}k"]
+    if n % 1024 == 512:
+        forms.append(f"{n // 1024}.5K")
+    return forms
+
+
+@given(n=st.integers(0, numbers.MAX_SIZE))
+def test_guard_integer_reads_every_form_users_write(n):
+    for text in user_forms(n):
+        assert numbers.integer(text, "--x") == n, text
+
+
+FOREIGN_DIGIT = st.characters(categories=["Nd", "No", "Nl"]).filter(lambda c: not c.isascii())
+
+
+@given(before=st.text(alphabet="0123456789", max_size=3), digit=FOREIGN_DIGIT, after=st.text("0123456789", max_size=3))
+def test_guard_numbers_refuse_other_scripts_and_hex_clearly(before, digit, after):
+    """A digit of another script anywhere, or a 0x/0o/0b prefix, is refused by both parsers with
+    the reason, never read as some other number."""
+    for text in (before + digit + after, f"0x{before or '1'}{after}", f"0o{after or '7'}", "0b1"):
+        for parse in (lambda t: numbers.integer(t, "--x"), lambda t: numbers.real(t, "--y", 0, 1e9)):
+            with pytest.raises(MlactlError, match="another script|hexadecimal") as err:
+                parse(text)
+            assert "\n" not in str(err.value)
+
+
 @given(text=NUMBER_TEXT, low=st.sampled_from([0.0, 1e-4]), high=st.sampled_from([1.2, 3600.0]))
 def test_guard_real_is_finite_bounded_and_ascii(text, low, high):
     try:

@@ -10,8 +10,9 @@ and optionally `batch`, `count` and `weight`. Other columns are ignored; a colum
 
 Numbers are read the same way by both commands:
 
-* sizes (new, prefix, context, batch, count): ASCII digits with an optional K or M (4K = 4096),
-  at most 2^31 - 1; no sign (`-0` and `+1` are refused), no fraction (`1.5` is refused);
+* sizes (new, prefix, context, batch, count): as mlactl.util.numbers reads them: ASCII digits
+  with an optional K or M (4K = 4096), an exponent (`1e3`) or digit groups (`1_000`), at most
+  2^31 - 1; no sign (`-0` and `+1` are refused), nothing that is not whole (`1.5` is refused);
 * weight: a plain decimal number (`1.5`, `2e3`) above 0 and at most 1e12; no K, no sign.
 
 Digits that are not ASCII (`٤`) are refused. A UTF-8 byte-order mark is dropped. The file is
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlactl.util import numbers
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import open_input
 from mlactl.util.limits import MAX_SIZE, check_requests
@@ -42,9 +44,7 @@ MAX_LINE = 4096
 MAX_WEIGHT = 1e12
 SIZES = ("new", "prefix", "context", "batch", "count")
 KNOWN = (*SIZES, "weight")
-_SIZE = re.compile(r"([0-9]+)([kKmM]?)", re.ASCII)
 _WEIGHT = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
-_SUFFIX = {"": 1, "k": 1024, "m": 1024**2}
 
 
 @dataclass
@@ -63,14 +63,16 @@ class Rows:
 
 
 def size_cell(cell: str, name: str) -> int:
-    """One size as the CSVs write it (see the module docstring)."""
-    match = _SIZE.fullmatch(cell)
-    if not match:
-        raise MlactlError(f"{name} {cell[:40]!r} is not a whole number (ASCII digits, optionally K or M; no sign)")
-    digits, suffix = match.groups()
-    value = int(digits) * _SUFFIX[suffix.lower()] if len(digits.lstrip("0")) <= 19 else MAX_SIZE + 1
+    """One size as the CSVs write it (see the module docstring): the forms of
+    mlactl.util.numbers (`4096`, `8K`, `1e3`, `1_000`), no sign."""
+    text = cell.strip()
+    match = numbers.INT.match(text) if text[:1] not in ("+", "-") else None
+    value = None if match is None else numbers.whole(match, MAX_SIZE)
+    if value is None:
+        why = numbers.why_not_number(text) or "ASCII digits, e.g. 4096, 8K, 1e3 or 1_000; no sign"
+        raise MlactlError(f"{name} {numbers.shown_text(text)} is not a whole number ({why})")
     if value > MAX_SIZE:
-        raise MlactlError(f"{name}: {cell[:40]!r} is above the limit of {MAX_SIZE:,} (2^31 - 1)")
+        raise MlactlError(f"{name}: {text[:40]!r} is above the limit of {MAX_SIZE:,} (2^31 - 1)")
     return value
 
 
