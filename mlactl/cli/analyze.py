@@ -32,7 +32,7 @@ from mlactl.cli.options import (
     shared,
 )
 from mlactl.decide import analysis
-from mlactl.decide.engines import context_for, is_engine, parse_engines
+from mlactl.decide.engines import context_for, is_engine, parse_engines, parse_policy
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output import render
 from mlactl.output.report import to_json, write_analysis_csv
@@ -119,7 +119,10 @@ def analyze(
         context=parse_sizes(context, "--context") if context is not None else None,
     )
     n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
-    engine_params = parse_engines(engines, engine_option, context_for(cfg, setup.hw, setup.kv_dtype))
+    ctx = context_for(cfg, setup.hw, setup.kv_dtype)
+    engine_params = parse_engines(engines, engine_option, ctx)
+    # an engine policy takes the same --engine-options it would take among --engines
+    chosen_policy = parse_policy(policy, engines, engine_option, ctx) if policy and is_engine(policy) else policy
     check_points(len(b), fmt)
     results_data = setup.results[0] if setup.results else None
     with progress.task(f"analysing {len(b):,} points"):
@@ -134,7 +137,7 @@ def analyze(
             chunk=setup.chunk,
             layers=n_layers,
             engines=engine_params,
-            policy=policy,
+            policy=chosen_policy,
             results_data=results_data,
             calibration=cal,
         )

@@ -115,7 +115,7 @@ class Analysis:
     runs: dict[str, np.ndarray]  # where the path can run at all (a DSA model's dense_expand: context <= topk)
     kv_cache_bytes: np.ndarray
     mha_cache_bytes: np.ndarray
-    best: np.ndarray
+    best: np.ndarray  # where no path fits (best_fits False): the fastest that runs, which does not fit
     best_by_flops: np.ndarray
     engine_paths: dict[str, np.ndarray]  # engine name -> its path at each point
     engine_time_lost: dict[str, np.ndarray]  # ... and the time it loses (+inf: does not fit)
@@ -128,6 +128,7 @@ class Analysis:
     spans: Spans | None = None  # calibrated: each time's 80% interval and each op's basis
     # calibrated: per engine, the 80% interval of the time it loses at each point (lo, hi)
     engine_lost_spans: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    best_fits: np.ndarray | None = None  # whether `best` fits the GPU's memory (None: everywhere)
 
     @property
     def cfg(self) -> MLAConfig:
@@ -156,7 +157,8 @@ def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> lis
         return []
     return [
         f"[red]at {int(over.sum())} point(s) the latent cache alone (up to {float(cache.max()):.3g} bytes "
-        f"per layer) exceeds the {hw.memory_gb:g} GB of {safe.markup(hw.name)}: no path fits there (✗)[/]"
+        f"per layer) exceeds the {hw.memory_gb:g} GB of {safe.markup(hw.name)}: no path fits there (✗); "
+        "best there is the fastest path that would run with more memory, marked ✗ (JSON: best_fits_memory false)[/]"
     ]
 
 
@@ -343,7 +345,7 @@ def analyze(
     layers: int = 1,
     engines: list[EngineParams] | None = None,
     max_new: int = DEFAULT_MAX_NEW,
-    policy: str | None = None,
+    policy: str | EngineParams | None = None,
     results_data: dict | None = None,
     calibration=None,
     crossover_spans: bool = True,
@@ -352,12 +354,18 @@ def analyze(
 
     `engines` (default: sglang and vllm with their defaults) adds each engine's path and the
     time it loses against the best path that fits. `policy` (roofline, flops, measured or an
-    engine) adds that policy's path and the time it loses; measured takes its crossovers from
+    engine's rule, resolved with its options by `parse_policy`; a bare engine name takes that
+    rule among `engines`, else its defaults) adds that policy's path and the time it loses;
+    measured takes its crossovers from
     `results_data` (a loaded results file), per batch size. Calibrated, each time's interval and
     each op's basis are computed (`spans`), and with `crossover_spans` (the slow part: a search
     per draw) each crossover's interval and the basis of the ops that decide it.
     """
     engines = parse_engines(None, ctx=context_for(cfg, hw, kv_dtype)) if engines is None else list(engines)
+    if isinstance(policy, EngineParams):  # reported under its name, computed as resolved
+        engines_for_policy, policy = [policy, *engines], policy.engine
+    else:
+        engines_for_policy = engines
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise MlactlError(f"--layers must be a positive integer or 'all', got {layers!r}")
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
@@ -366,7 +374,10 @@ def analyze(
     batch, new, prefix = np.broadcast_arrays(batch, new, prefix)
     paths = path_times(cost, hw, calibration, batch, new, prefix, cost.paths, layers)
     fitting = fitting_times(cost, hw, {p: paths[p].time_s for p in cost.paths}, batch, new, prefix)
-    best = argmin_path(fitting, cost.choices)
+    # where no path fits the GPU's memory, the fastest of those that run, marked so (best_fits)
+    fits_any = np.any(np.isfinite(np.stack([fitting[p] for p in cost.choices])), axis=0)
+    runnable = {p: np.where(cost.applicable(p, batch, new, prefix), paths[p].time_s, np.inf) for p in cost.choices}
+    best = np.where(fits_any, argmin_path(fitting, cost.choices), argmin_path(runnable, cost.choices))
     # +inf where a path's expanded K/V would not fit, or where it cannot run
     mla_times = {p: fitting[p] for p in cost.choices}
     best_time = np.min(np.stack(list(mla_times.values())), axis=0)
@@ -400,10 +411,11 @@ def analyze(
 
     policy_path = None
     if policy is not None:
-        policy_path = _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data)
+        policy_path = _policy_paths(cost, hw, batch, new, prefix, policy, engines_for_policy, results_data)
     policy_lost = None
     if policy is not None and policy_path is not None:
-        policy_lost = _policy_lost(policy, policy_path, engines, engine_lost, mla_times, context_for(cfg, hw, kv_dtype))
+        ctx = context_for(cfg, hw, kv_dtype)
+        policy_lost = _policy_lost(policy, policy_path, engines_for_policy, engine_lost, mla_times, ctx)
     span = int(prefix.max()) + 1 if len(prefix) else 1
     keys = np.unique(batch * span + prefix)  # distinct (batch, prefix) pairs, one int each
     batch_prefix = list(zip((keys // span).tolist(), (keys % span).tolist()))
@@ -422,6 +434,7 @@ def analyze(
         kv_cache_bytes=cost.kv_cache_bytes(batch, new, prefix) * layers,
         mha_cache_bytes=cost.mha_cache_bytes(batch, new, prefix) * layers,
         best=best,
+        best_fits=fits_any,
         best_by_flops=argmin_path(runnable_flops(cost, batch, new, prefix), cost.choices),
         engine_paths=engine_paths,
         engine_time_lost=engine_time_lost,

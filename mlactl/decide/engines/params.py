@@ -265,8 +265,9 @@ def known_names() -> list[str]:
 
 
 def is_engine(name: str) -> bool:
-    """Whether a policy name names an engine's rule (`sglang`, `vllm@0.33.0`, `sglang-triton`)."""
-    return name in known_names() or name.partition("@")[0] in NEWEST
+    """Whether a policy name names an engine's rule (`sglang`, `vllm@0.33.0`, `sglang-triton@0.5.14`)."""
+    family = name.partition("@")[0]
+    return name in known_names() or family in NEWEST or family in SHORTHANDS
 
 
 def ruleset_for(name: str) -> tuple[RuleSet, dict]:
@@ -275,10 +276,14 @@ def ruleset_for(name: str) -> tuple[RuleSet, dict]:
         return RULESETS[name], {}
     if name in NEWEST:
         return RULESETS[NEWEST[name]], {}
-    if name in SHORTHANDS:
-        family, fixed = SHORTHANDS[name]
-        return RULESETS[NEWEST[family]], dict(fixed)
     family, at, version = name.partition("@")
+    if family in SHORTHANDS:  # a forced backend, of the newest rule set or of the version named
+        base, fixed = SHORTHANDS[family]
+        wanted = f"{base}@{version}" if at else NEWEST[base]
+        if wanted not in RULESETS:
+            have = ", ".join(r.version for r in RULESETS.values() if r.engine == base)
+            raise MlactlError(f"no rule set for {name}; {base} versions: {have} (see `mlactl engines --list`)")
+        return RULESETS[wanted], dict(fixed)
     if at and family in NEWEST:
         have = ", ".join(r.version for r in RULESETS.values() if r.engine == family)
         raise MlactlError(f"no rule set for {name}; {family} versions: {have} (see `mlactl engines --list`)")
@@ -346,6 +351,19 @@ def parse_engines(engines, options: list[str] | None = None, ctx: Context | None
                 )
             given[n][canon] = parse_value(rs.options[canon], value, f"--engine-option {text!r}")
     return [resolve(n, given[n], ctx) for n in names]
+
+
+def parse_policy(policy: str, engines, options: list[str] | None = None, ctx: Context | None = None) -> EngineParams:
+    """The rule an engine named as a policy (`--policy vllm@0014ca6b`) means: resolved exactly as
+    if it were one more of `--engines`, so every `--engine-option` that would reach it there
+    (`vllm.backend=flashmla`, a bare key it has) reaches it here too."""
+    if isinstance(engines, (list, tuple)):
+        engines = ",".join(engines)
+    names = [e.strip() for e in (engines if engines is not None else ",".join(DEFAULT_ENGINES)).split(",")]
+    names = [n for n in names if n]
+    if policy in names:
+        return parse_engines(names, options, ctx)[names.index(policy)]
+    return parse_engines([*names, policy], options, ctx)[-1]
 
 
 def _canonical(rs: RuleSet, key: str) -> str | None:
