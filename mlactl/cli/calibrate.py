@@ -12,10 +12,12 @@ from mlactl.cli.common import choice, cli_errors, emit, load_model, output_forma
 from mlactl.cli.options import Option, Opts, shared
 from mlactl.decide.calibration import run, store
 from mlactl.decide.calibration.model import TERMS
-from mlactl.decide.calibration.score import score
+from mlactl.decide.calibration.score import check_measured_on, score
 from mlactl.decide.calibration.sources import csv_points
+from mlactl.decide.calibration.transfer import transfer
 from mlactl.model import hardware as hwmod
-from mlactl.output.calibrate_tables import fits_table, pct, score_table, terms_lines
+from mlactl.output.calibrate_tables import fits_table, pct, score_table, terms_lines, transfer_table, uncovered_lines
+from mlactl.results import store as results_store
 from mlactl.util import progress, safe
 from mlactl.util.errors import MlactlError
 
@@ -35,7 +37,8 @@ calibrate_app = typer.Typer(
     help="Fit calibrated time to measured kernels (tune results, aiconfigurator's tables or a CSV), "
     "or score a calibration on your own measurements.\n\n"
     "`mlactl calibrate ...` fits (the `fit` command: its name may be left out); "
-    "`mlactl calibrate score --calibration NAME ...` scores.\n\n"
+    "`mlactl calibrate score --calibration NAME ...` scores; "
+    "`mlactl calibrate transfer NAME --hardware GPU` carries a calibration to another GPU.\n\n"
     "Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang",
     no_args_is_help=False,
 )
@@ -62,6 +65,18 @@ DataDirOpt = Annotated[
     Optional[Path],
     typer.Option("--data-dir", help="A folder laid out as aiconfigurator's (default: the installed package's)."),
 ]
+SCORE_HARDWARE = Option(
+    Annotated[
+        Optional[str],
+        typer.Option(
+            "--hardware",
+            "-g",
+            help="Profile the measurements were taken on (default: the system's, the results file's, or for a CSV "
+            "the calibration's). A calibration of another GPU is refused: transfer it first.",
+        ),
+    ],
+    None,
+)
 HARDWARE = Option(
     Annotated[
         Optional[str],
@@ -69,6 +84,10 @@ HARDWARE = Option(
             "--hardware", "-g", help="Profile the fit divides by (default: from the system or the results file)."
         ),
     ],
+    None,
+)
+TRANSFER_HARDWARE = Option(
+    Annotated[Optional[str], typer.Option("--hardware", "-g", help="The GPU to carry it to: a profile NAME or FILE.")],
     None,
 )
 
@@ -258,9 +277,24 @@ def calibrate(
     emit(fmt, None, json_data=json_data, tables=tables() if fmt == "table" else ())
 
 
+def measured_hardware(source, files, system, hardware: Optional[str]) -> Optional[str]:
+    """The profile the measurements to score were taken on: --hardware, else the system's
+    (aiconfigurator) or the results files' own; None (a CSV, a CPU run): the calibration's."""
+    if hardware is not None:
+        return hwmod.resolve(hardware).name
+    if source == "aiconfigurator":
+        if system not in run.SYSTEM_PROFILES:
+            raise MlactlError(f"no hardware profile for system {safe.text(system, 40)!r}: pass --hardware NAME|FILE")
+        return run.SYSTEM_PROFILES[system]
+    if source == "results":
+        named = {(results_store.load(f).get("device") or {}).get("hardware") for f in files or []}
+        return named.pop() if len(named) == 1 and None not in named else None
+    return None
+
+
 @calibrate_app.command(name="score")
 @cli_errors
-@shared("model", "tp", end=("fmt",), fmt=FORMAT)
+@shared("model", "tp", "hardware", end=("fmt",), fmt=FORMAT, hardware=SCORE_HARDWARE)
 def score_cmd(
     files: FilesArg = None,
     calibration: Annotated[
@@ -290,8 +324,13 @@ def score_cmd(
         raise MlactlError("mlactl calibrate score needs --calibration NAME|FILE: the calibration to score")
     check_source(source, files, system, framework, framework_version, data_dir)
     cal = store.resolve(calibration)
-    scores = score(cal, measured_groups(source, files, system, framework, framework_version, data_dir, opts))
     where = f"{system}/{framework}" if source == "aiconfigurator" else ", ".join(str(f) for f in files or [])
+    measured_on = measured_hardware(source, files, system, opts.hardware)
+    check_measured_on(cal, measured_on, where)  # before reading the tables: a wrong GPU costs nothing
+    if measured_on is not None:
+        store.check_ceilings(cal, hwmod.resolve(opts.hardware or measured_on))
+    groups = measured_groups(source, files, system, framework, framework_version, data_dir, opts)
+    scores = score(cal, groups, measured_on, where)
 
     def json_data():
         return {
@@ -301,5 +340,87 @@ def score_cmd(
         }
 
     title = f"Calibration {safe.markup(cal.name)} scored on {safe.markup(where)}"
-    tables = [score_table(title, scores, table_width(None)[0])] if fmt == "table" else []
+    note = cal.transfer_note()
+    tables = (
+        [score_table(title, scores, table_width(None)[0]), *uncovered_lines(scores)]
+        + ([safe.markup(note)] if note else [])
+        if fmt == "table"
+        else []
+    )
     emit(fmt, None, json_data=json_data, tables=tables)
+
+
+@calibrate_app.command(name="transfer")
+@cli_errors
+@shared("hardware", end=("fmt",), hardware=TRANSFER_HARDWARE, fmt=FORMAT)
+def transfer_cmd(
+    calibration: Annotated[
+        str, typer.Argument(help="The calibration to carry: a name from `mlactl calibrate` or a file.")
+    ],
+    opts: Opts = Opts(),
+    name: Annotated[
+        Optional[str], typer.Option("--name", help="Name of the new calibration (default: TARGET-from-NAME).")
+    ] = None,
+    out_dir: Annotated[
+        Optional[Path], typer.Option("--dir", help="Write the file here (default: $MLACTL_HOME/calibrations/).")
+    ] = None,
+):
+    """Carry a calibration to a GPU it was not measured on, and write it as a calibration for that GPU.
+
+    Each fit keeps what belongs to the kernel (launch and per-request costs in seconds, efficiencies as fractions
+    of the ceilings) and takes the target's ceilings, SM count and L2.
+
+    Terms of one kernel (FA3's split and fp8-cache pass, DeepGEMM's SM90 tiles) travel only where the engine runs
+    that kernel on the target, by its default backend there; elsewhere the fit falls back to a member without them.
+
+    Each interval is widened by the error transfer itself makes, measured leave-one-GPU-out over the GPUs
+    aiconfigurator has tables for.
+
+    analyze, crossover, engines, replay and plot accept the result for the target and say its times are transferred.
+
+    Example: mlactl calibrate transfer h200-aiconfigurator-sglang-0.5.14 --hardware b300
+    """
+
+    fmt = output_format(opts.fmt, None)
+    if fmt == "csv":
+        raise MlactlError("mlactl calibrate transfer writes table or json")
+    if opts.hardware is None:
+        raise MlactlError("mlactl calibrate transfer needs --hardware NAME|FILE: the GPU to carry the calibration to")
+    cal = store.resolve(calibration)
+    source_hw = hwmod.resolve(cal.hardware)
+    store.check_ceilings(cal, source_hw)
+    target = hwmod.resolve(opts.hardware)
+    data = transfer(cal, source_hw, target, name)
+    path, kept = store.save(data, out_dir)
+
+    def json_data():
+        return {
+            "calibration": {
+                "name": data["name"],
+                "hardware": data["hardware"],
+                "path": str(path),
+                "replaced": None if kept is None else str(kept),
+                "transferred": data["transfer"]["from"] | {"to": data["transfer"]["to"]},
+            },
+            "fits": [
+                {k: f.get(k) for k in ("op", "source", "dtype", "terms", "transfer")}
+                | {"interval_transfer": (f.get("interval") or {}).get("transfer")}
+                for f in data["fits"]
+            ],
+        }
+
+    def tables():
+        out: list = [transfer_table(data["name"], cal.hardware, target.name, data["fits"], table_width(None)[0])]
+        if kept is not None:
+            out.append(
+                f"replaced: {safe.markup(path)} (the earlier calibration of this name is kept as {safe.markup(kept)})"
+            )
+        else:
+            out.append(f"written: {safe.markup(path)}")
+        out.append(
+            f"use: --calibration {safe.markup(data['name'])}  (its hardware, {safe.markup(target.name)}, comes with it;"
+            " its times are transferred)"
+        )
+        return out
+
+    emit(fmt, None, json_data=json_data, tables=tables() if fmt == "table" else ())

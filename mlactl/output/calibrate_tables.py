@@ -112,12 +112,61 @@ def score_table(title: str, scores, width: int | None):
             pct(s.p90),
             signed(s.bias),
             pct(s.coverage),
-            "no fit" if s.fit is None else pct(s.measured),
+            "not covered" if s.fit is None else pct(s.measured),
         ]
         for s in scores
     ]
     title += (
         ": median and p90 of |predicted/measured - 1|; bias: median of predicted/measured - 1 (> 0: predicted "
         "slow); in 80%: measurements inside their 80% interval; in range: points inside the fit's measured range"
+    )
+    return table(title, cols, rows, width, elsewhere="a wider terminal or --format json")
+
+
+def uncovered_lines(scores) -> list[str]:
+    """`not covered: kv_expand (sglang_flashinfer_cutedsl_nvfp4, nvfp4): no nvfp4 fit of ...`, one a
+    group the calibration has no fit of its op class and dtype for."""
+    return [
+        f"not covered: {safe.markup(s.op)} ({safe.markup(s.source)}, {safe.markup(s.dtype)}): {safe.markup(s.note)}"
+        for s in scores
+        if s.fit is None and s.note
+    ]
+
+
+def transfer_table(name: str, source: str, target: str, fits, width: int | None):
+    """A transferred calibration's fits: op, kernel measured and kernel the target runs, what the
+    fit rests on, the kernel terms dropped and the transfer error its interval was widened by."""
+    cols = [
+        Col("op", "left", typed=True),
+        Col("measured", "left", typed=True),
+        Col("on target", "left", typed=True),
+        Col("phase", "left", drop=3),
+        Col("dtype", "left", typed=True),
+        Col("rests on", "left"),
+        Col("dropped", "left", drop=2),
+        Col("transfer p90", drop=1),
+    ]
+    rows = []
+    for f in fits:
+        t = f.get("transfer") or {}
+        kernel = t.get("kernel") or {}
+        q = ((f.get("interval") or {}).get("transfer") or {}).get("quantiles")
+        p90 = None if not q else max(abs(q[2]), abs(q[-3]))  # the 5% and 95% levels: 90% of |log error|
+        rows.append(
+            [
+                safe.markup(f["op"]),
+                safe.markup(kernel.get("measured", "")),
+                safe.markup(kernel.get("target", "")),
+                split_source(f.get("source", ""))[2] or "—",
+                safe.markup(f.get("dtype", "")),
+                safe.markup(t.get("rests_on", "")),
+                safe.markup(", ".join(t.get("dropped") or [])) or "—",
+                "—" if p90 is None else f"{100 * (pow(2.718281828459045, p90) - 1):.0f}%",
+            ]
+        )
+    title = (
+        f"Calibration {safe.markup(name)}: fitted on {safe.markup(source)}, transferred to {safe.markup(target)}'s "
+        "ceilings, SMs and L2; on target: the kernel the engine runs there; transfer p90: the transfer error its "
+        "interval was widened by (leave-one-GPU-out)"
     )
     return table(title, cols, rows, width, elsewhere="a wider terminal or --format json")

@@ -17,7 +17,10 @@ from mlactl.results.measured import DIMS  # the dims a whole-path fit was measur
 from mlactl.util.errors import MlactlError
 
 # aiconfigurator system -> mlactl hardware profile
-SYSTEM_PROFILES = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100-sxm"}
+SYSTEM_PROFILES = {
+    "h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "a100_sxm": "a100-sxm", "gb200": "gb200",
+    "b300_sxm": "b300", "gb300": "gb300", "l40s": "l40s", "rtx_pro_6000_server": "rtx-pro-6000",
+}  # fmt: skip
 
 
 # hardware profiles of Hopper (SM90) GPUs: DeepGEMM picks their GEMM tiles by its SM90 heuristic

@@ -10,11 +10,17 @@ calibrate` fits), the calibration's fit of that op class predicts every point, a
     coverage   the share of measurements inside their 80% interval (None: the fit has none)
     measured   the share of points inside the fit's measured range (basis `measured`)
 
-A group whose op class the calibration has no fit for is listed with n and nothing else. Where
+A group whose op class the calibration has no fit for, or no fit of the group's dtype, is
+listed with n and nothing else: not covered (an fp8 fit says nothing of an nvfp4 kernel). Where
 the calibration has a decode and a prefill fit of a class, a point takes the one the time
 function would (mlactl.decide.calibration.time.op_seconds); an aiconfigurator table says which
-it is (its source ends in :decode or :prefill). Predictions divide by the ceilings the
-calibration was fitted with (its "ceilings"), so no hardware profile is needed.
+it is (its source ends in :decode or :prefill).
+
+Predictions divide by the ceilings the calibration records, which are those of the hardware it
+is for: the GPU it was fitted on, or the one `mlactl calibrate transfer` carried it to. The
+measurements must come from that GPU (`check_measured_on`): a calibration of another GPU is
+refused with the transfer command to run, never scored at the wrong ceilings. A transferred
+calibration is scored like any other; its intervals hold the transfer error.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from mlactl.decide.calibration import basis as basis_mod
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.estimate import spread_of
 from mlactl.decide.calibration.model import DECODE_MAX_NEW, Points
+from mlactl.decide.calibration.store import transfer_source
+from mlactl.util import safe
 from mlactl.util.errors import MlactlError
 
 
@@ -42,6 +50,7 @@ class Score:
     coverage: float | None = None
     measured: float | None = None
     fit: str | None = None  # the fit that predicted: "<source> (<dtype>)"
+    note: str | None = None  # why a group is not covered
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -66,15 +75,54 @@ def _phase(source: str) -> str | None:
     return None
 
 
-def score_group(calibration, key: tuple[str, str, str], pts: Points) -> Score:
+def check_measured_on(calibration, hardware: str | None, where: str) -> None:
+    """Refuse to score `calibration` on measurements taken on other hardware than the one it is
+    for (its ceilings would be the wrong GPU's): one line naming the transfer command."""
+    if hardware is None or hardware == calibration.hardware:
+        return
+    made = "carried to" if calibration.transferred else "fitted on"
+    raise MlactlError(
+        f"calibration {calibration.name!r} was {made} {calibration.hardware}, and {safe.text(where, 80)} was measured "
+        f"on {hardware}: it would be scored at {calibration.hardware}'s ceilings. Carry it there first: "
+        f"`mlactl calibrate transfer {transfer_source(calibration)} --hardware {hardware}`, then score the new one"
+    )
+
+
+def fit_of(calibration, op: str, dtype: str, phase: str) -> dict | None:
+    """The fit of op class `op` of exactly this dtype, of the phase if there is one; never
+    another dtype's."""
+    found = [f for f in calibration.fits if f["op"] == op and f.get("dtype") == dtype]
+    return next((f for f in found if str(f.get("source", "")).endswith(":" + phase)), found[0] if found else None)
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """A group's predicted seconds, 80% interval (NaN: none), whether each point lies in its fit's
+    measured range, and the fits used ("<source> (<dtype>)")."""
+
+    time: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    inside: np.ndarray
+    used: tuple[str, ...]
+
+
+def uncovered(calibration, op: str, dtype: str) -> str:
+    """Why a group of this op class and dtype is not covered."""
+    have = sorted({str(f.get("dtype")) for f in calibration.fits if f["op"] == op})
+    return f"no {op} fit" if not have else f"no {dtype} fit of {op} (the calibration's are {', '.join(have)})"
+
+
+def predicted(calibration, key: tuple[str, str, str], pts: Points) -> Predicted | None:
+    """The calibration's prediction of every point of a group, or None where it has no fit of
+    the group's op class and dtype (see the module docstring)."""
     op, source, dtype = key
     peak, bandwidth, sms = machine_of(calibration)
     phase = _phase(source)
-    decode = calibration.fit_for(op, dtype, phase or "decode")
-    prefill = calibration.fit_for(op, dtype, phase or "prefill")
-    if decode is None:
-        return Score(op, source, dtype, len(pts))
-    y = np.asarray(pts.time_s, dtype=np.float64)
+    decode = fit_of(calibration, op, dtype, phase or "decode")
+    prefill = fit_of(calibration, op, dtype, phase or "prefill")
+    if decode is None or prefill is None:  # both or neither: a fit of this dtype is both's fallback
+        return None
     decode_like = (
         np.ones(len(pts), bool)
         if phase == "decode"
@@ -97,9 +145,18 @@ def score_group(calibration, key: tuple[str, str, str], pts: Points) -> Score:
             lo[rows], hi[rows] = np.minimum(a, spread.time), np.maximum(b, spread.time)
         else:
             lo[rows], hi[rows] = np.nan, np.nan
-    ratio = t / y - 1.0
+    return Predicted(t, lo, hi, inside, tuple(dict.fromkeys(used)))
+
+
+def score_group(calibration, key: tuple[str, str, str], pts: Points) -> Score:
+    op, source, dtype = key
+    p = predicted(calibration, key, pts)
+    if p is None:
+        return Score(op, source, dtype, len(pts), note=uncovered(calibration, op, dtype))
+    y = np.asarray(pts.time_s, dtype=np.float64)
+    ratio = p.time / y - 1.0
     err = np.abs(ratio)
-    covered = np.isfinite(lo)
+    covered = np.isfinite(p.lo)
     return Score(
         op,
         source,
@@ -108,14 +165,16 @@ def score_group(calibration, key: tuple[str, str, str], pts: Points) -> Score:
         float(np.median(err)),
         float(np.percentile(err, 90)),
         float(np.median(ratio)),
-        float(np.mean((lo <= y) & (y <= hi))) if covered.all() else None,
-        float(np.mean(inside)),
-        " + ".join(dict.fromkeys(used)),
+        float(np.mean((p.lo <= y) & (y <= p.hi))) if covered.all() else None,
+        float(np.mean(p.inside)),
+        " + ".join(p.used),
     )
 
 
-def score(calibration, groups: dict) -> list[Score]:
-    """A Score per measured group ({(op, source, dtype): Points}), in sorted order."""
+def score(calibration, groups: dict, hardware: str | None = None, where: str = "the measurements") -> list[Score]:
+    """A Score per measured group ({(op, source, dtype): Points}), in sorted order; `hardware`
+    names the profile the measurements were taken on (None: the calibration's own)."""
+    check_measured_on(calibration, hardware, where)
     if not groups:
         raise MlactlError("no measured points to score")
     return [score_group(calibration, key, pts) for key, pts in sorted(groups.items())]

@@ -8,6 +8,9 @@
                "dtype": "bf16"},                   # the peak fits divided by: the measured runs' dtype
   "source": {"kind": "aiconfigurator", "system": "h200_sxm", "framework": "sglang",
              "version": "0.5.14", "files": [...]},
+  "transfer": {"from": {"hardware": "h200", "calibration": "...", "ceilings": {...}}, "to": "b300",
+               "error_model": {...}},        # only in a calibration `mlactl calibrate transfer` wrote;
+                                             # each of its fits has "transfer" too (transfer.py)
   "created": "2026-11-30T12:00:00Z", "mlactl_version": "0.1.0",
   "fits": [{"op": "absorb_attention", "source": "flash_attention", "dtype": "bf16",
             "terms": ["fixed", "kvpad", "serial"], "n": 1448,
@@ -75,9 +78,39 @@ class Calibration:
             found = [f for f in found if str(f.get("source", "")).endswith(":" + phase)] or found
         return found[0]
 
+    @property
+    def transferred(self) -> dict | None:
+        """{"from": {"hardware", "calibration", "ceilings"}, "to", "error_model"} of a calibration
+        carried from another GPU by `mlactl calibrate transfer`; None for one fitted here."""
+        t = self.data.get("transfer")
+        return t if isinstance(t, dict) else None
+
+    def transfer_note(self) -> str | None:
+        """The line that says a calibration's times are transferred (None for a fitted one)."""
+        t = self.transferred
+        if t is None:
+            return None
+        rests = [f.get("transfer", {}).get("rests_on") for f in self.fits]
+        other = sum(1 for r in rests if r is not None and not r.startswith("same kernel"))
+        src = safe.text(t["from"]["hardware"], 40)
+        return (
+            f"times of calibration {self.name} are transferred: fitted on {src} "
+            f"({safe.text(t['from']['calibration'], 80)}), carried to {self.hardware}'s ceilings; "
+            "their intervals include the transfer error"
+            + (f"; {other} of {len(rests)} fits rest on a kernel the target does not run" if other else "")
+        )
+
     def describe(self) -> dict:
-        """What JSON outputs record about the calibration used."""
-        return {"name": self.name, "hardware": self.hardware, "path": self.path, "source": self.data.get("source")}
+        """What JSON outputs record about the calibration used (a transferred one: from where)."""
+        out = {"name": self.name, "hardware": self.hardware, "path": self.path, "source": self.data.get("source")}
+        t = self.transferred
+        if t is not None:
+            out["transferred"] = {
+                "from": safe.text(t["from"]["hardware"], 80),
+                "calibration": safe.text(t["from"]["calibration"], 80),
+                "to": safe.text(t["to"], 80),
+            }
+        return out
 
 
 # -- the schema: every field a prediction or a message reads, with its physical range ------------
@@ -177,6 +210,25 @@ def _params_rule(fit: dict, where: str) -> None:
             raise S.Invalid(f"{at}.near", expected, params.get("near"))
 
 
+CEILINGS = S.Obj(
+    {},
+    {
+        "peak_flops": S.number(1e6, positive=True, maximum=1e21),  # a MFLOP/s to a ZFLOP/s
+        "bandwidth_bytes_per_s": S.number(1e6, positive=True, maximum=1e18),
+        "sm_count": S.nullable(S.integer(1, 1 << 20)),
+        "dtype": S.string,
+    },
+)
+# a transferred calibration's record (transfer.py) and each of its fits'
+TRANSFER = S.Obj(
+    {"from": S.Obj({"hardware": _non_empty, "calibration": _non_empty}, {"ceilings": S.nullable(CEILINGS)}),
+     "to": _non_empty},
+    {"error_model": S.nullable(S.MapOf(S.anything))},
+)  # fmt: skip
+FIT_TRANSFER = S.Obj(
+    {"from": _non_empty, "to": _non_empty, "rests_on": _non_empty},
+    {"dropped": S.ListOf(S.string), "kernel": S.nullable(S.MapOf(S.anything)), "crossing": S.string},
+)
 _ERRORS = S.nullable(S.number(0.0, maximum=1e6))
 FIT = S.Obj(
     {
@@ -188,6 +240,7 @@ FIT = S.Obj(
         "source": S.string,
         "dtype": S.string,
         "n": S.integer(0),
+        "transfer": FIT_TRANSFER,
         "in_sample": S.Obj({}, {"median": _ERRORS, "p90": _ERRORS}),
         "held_out": S.Obj({}, {"median": _ERRORS, "p90": _ERRORS}),
         "drift": S.nullable(
@@ -204,18 +257,10 @@ FIT = S.Obj(
     },
     rule=_params_rule,
 )
-CEILINGS = S.Obj(
-    {},
-    {
-        "peak_flops": S.number(1e6, positive=True, maximum=1e21),  # a MFLOP/s to a ZFLOP/s
-        "bandwidth_bytes_per_s": S.number(1e6, positive=True, maximum=1e18),
-        "sm_count": S.nullable(S.integer(1, 1 << 20)),
-        "dtype": S.string,
-    },
-)
 CALIBRATION = S.Obj(
     {"name": _non_empty, "hardware": _non_empty, "fits": S.ListOf(FIT)},
     {
+        "transfer": TRANSFER,
         "ceilings": S.nullable(CEILINGS),
         "source": S.nullable(S.MapOf(S.anything)),
         "created": S.string,
@@ -293,7 +338,8 @@ def find_own(hw_name: str, dims: dict, kv_dtype: str) -> Calibration | None:
     """The newest calibration of mlactl's own paths (`mlactl calibrate --from results` on
     `mlactl tune paths` runs) made for this hardware profile, these model dims and this cache
     dtype, with a whole-path fit of expand and of absorb; None if there is none. Never one of
-    another engine's kernels (aiconfigurator, CSV). A bad file is skipped with a warning."""
+    another engine's kernels (aiconfigurator, CSV); one fitted on this GPU before one transferred
+    to it. A bad file is skipped with a warning."""
 
     found = []
     for path in store_files(calibrations_dir(), "*.json"):
@@ -311,16 +357,31 @@ def find_own(hw_name: str, dims: dict, kv_dtype: str) -> Calibration | None:
             and source.get("kv_dtype") == kv_dtype
             and {"path:expand", "path:absorb"} <= ops
         ):
-            found.append((str(cal.data.get("created", "")), str(path), cal))
-    return max(found)[2] if found else None
+            # one fitted on this GPU before one transferred to it
+            found.append((cal.transferred is None, str(cal.data.get("created", "")), str(path), cal))
+    return max(found, key=lambda f: f[:3])[3] if found else None
 
 
 def check_hardware(cal: Calibration, hw_name: str) -> None:
+    """Refuse a calibration made for other hardware (one line naming the transfer command); a
+    transferred calibration is accepted for its target, and a note says its times are
+    transferred (a `Warning:` line, once per command)."""
     if cal.hardware != hw_name:
+        made = "carried by transfer to" if cal.transferred else "made for"
         raise MlactlError(
-            f"calibration {cal.name!r} was made for hardware {cal.hardware!r}, not {hw_name!r}: "
-            f"pass --hardware {cal.hardware}, or calibrate for {hw_name}"
+            f"calibration {cal.name!r} was {made} hardware {cal.hardware!r}, not {hw_name!r}: "
+            f"pass --hardware {cal.hardware}, or calibrate for {hw_name}, or carry it there with "
+            f"`mlactl calibrate transfer {transfer_source(cal)} --hardware {hw_name}`"
         )
+    note = cal.transfer_note()
+    if note is not None:
+        warn(note)
+
+
+def transfer_source(cal: Calibration) -> str:
+    """The calibration a transfer starts from: a transferred one's own source, else itself."""
+    t = cal.transferred
+    return safe.text(t["from"]["calibration"], 80) if t else cal.name
 
 
 # Relative difference between a calibration's recorded ceilings and the profile's beyond which

@@ -1,0 +1,305 @@
+"""How far a calibration carries to another GPU: leave-one-GPU-out transfer error and coverage.
+
+For each framework of aiconfigurator-core's tables (sglang, trtllm, vllm), one calibration is
+fitted per GPU of FIT_GPUS (`mlactl calibrate --from aiconfigurator`, cached in --cache), and
+every ordered pair (source, target) of those GPUs is transferred (mlactl.decide.calibration.
+transfer) and predicted on the target's tables, op class by op class, beside the roofline at
+the target's ceilings. The log errors log(measured / predicted) of those pairs are the transfer
+error model (by op class, and whether the pair crosses an architecture).
+
+Leave-one-GPU-out: for each GPU G of FIT_GPUS, the error model is fitted on the pairs among the
+other three only, the calibrations of the other GPUs are transferred to G with it, and scored on
+G's tables as `mlactl calibrate score` scores (median and p90 of |predicted / measured - 1|, the
+share inside the 80% interval). Goal: 80% intervals cover 65-90% of a held-out GPU's points.
+
+HELD_OUT GPUs (b300_sxm, gb300, l40s, rtx_pro_6000_server) are never fitted and never choose
+anything: with --held-out the shipped model (fitted on every pair of FIT_GPUS) is applied to
+HELD_PAIRS and scored there, once, for the record.
+
+    python benchmarks/bench_transfer.py                       # fit (cached), pairs, LOGO
+    python benchmarks/bench_transfer.py --write-model         # and write transfer_errors.py
+    python benchmarks/bench_transfer.py --held-out            # and score HELD_PAIRS
+    python benchmarks/bench_transfer.py --no-near             # the same with `near` left behind
+
+Prints medians and spreads and writes benchmarks/results/transfer.json. Never a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mlactl.decide.calibration import run, store
+from mlactl.decide.calibration import uncertainty as u
+from mlactl.decide.calibration.score import predicted
+from mlactl.decide.calibration.transfer import error_key, transfer
+from mlactl.model import hardware
+from mlactl.model.roofline import roofline_time
+
+FIT_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "gb200": "gb200"}
+HELD_OUT = ("b300_sxm", "gb300", "l40s", "rtx_pro_6000_server")
+HELD_PAIRS = (("h200_sxm", "b300_sxm", "sglang"), ("h200_sxm", "gb300", "sglang"), ("b200_sxm", "b300_sxm", "sglang"))
+FRAMEWORKS = ("sglang", "trtllm", "vllm")
+OUT = Path(__file__).parent / "results" / "transfer.json"
+MODEL_FILE = Path(__file__).parent.parent / "mlactl" / "decide" / "calibration" / "transfer_errors.py"
+PER_GROUP = 400  # points of one (pair, group) in the error model at most: a big table does not drown the rest
+MIN_ROWS = 20  # op classes with fewer rows on a target are not summarised
+
+
+def profile(system: str):
+    return hardware.from_name(run.SYSTEM_PROFILES[system])
+
+
+def calibration(system: str, framework: str, cache: Path):
+    """The calibration of one GPU and framework: fitted once, then read from the cache."""
+    path = cache / f"{system}-{framework}.json"
+    if not path.exists():
+        t0 = time.time()
+        name, hw, desc, groups = run.from_aiconfigurator(system, framework, None, None, profile(system))
+        data, _ = run.build(name, hw, desc, groups)
+        path.write_text(json.dumps(data))
+        print(f"# fitted {system}/{framework}: {len(groups)} groups in {time.time() - t0:.0f} s", flush=True)
+    return store.validate(json.loads(path.read_text()), str(path))
+
+
+_GROUPS: dict = {}
+
+
+def groups(system: str, framework: str) -> dict:
+    key = (system, framework)
+    if key not in _GROUPS:
+        try:
+            _GROUPS[key] = run.aiconfigurator_groups(system, framework, None, None)
+        except Exception as exc:  # a GPU without this framework's tables
+            print(f"# {system}/{framework}: {exc}")
+            _GROUPS[key] = {}
+    return _GROUPS[key]
+
+
+def summary(err: np.ndarray) -> dict:
+    return {"median": float(np.median(err)), "p90": float(np.percentile(err, 90))}
+
+
+def scored(cal, target: str, framework: str) -> list[dict]:
+    """Each of the target's groups: n, the transferred prediction's error, its interval's coverage,
+    the roofline's error at the target's ceilings, and the log residuals."""
+    hw = profile(target)
+    out = []
+    for key, pts in sorted(groups(target, framework).items()):
+        op, src, dtype = key
+        p = predicted(cal, key, pts)
+        y = np.asarray(pts.time_s, dtype=np.float64)
+        roof = roofline_time(pts.flops, pts.bytes, hw.peak_flops("bf16"), hw.bandwidth)
+        row = {"op": op, "source": src, "dtype": dtype, "n": len(pts), "roofline": summary(np.abs(roof / y - 1))}
+        if p is None:
+            out.append(dict(row, covered=False))
+            continue
+        has = bool(np.isfinite(p.lo).all())
+        out.append(
+            dict(
+                row,
+                covered=True,
+                fit=" + ".join(p.used),
+                error=summary(np.abs(p.time / y - 1)),
+                bias=float(np.median(p.time / y - 1)),
+                coverage=float(np.mean((p.lo <= y) & (y <= p.hi))) if has else None,
+                inside=int(np.sum((p.lo <= y) & (y <= p.hi))) if has else None,
+                log_residual=np.log(y / p.time),
+            )
+        )
+    return out
+
+
+def error_model(records: list[dict]) -> dict:
+    """{"<op>/<same|cross>": {"n", "pairs", "quantiles"}} and the pooled "*/<crossing>" of the
+    residual records [{"op", "crossing", "pair", "log_residual"}]."""
+    rng = np.random.default_rng(30)
+    pooled: dict = {}
+    for r in records:
+        res = r["log_residual"]
+        if len(res) > PER_GROUP:
+            res = rng.choice(res, PER_GROUP, replace=False)
+        for key in (f"{r['op']}/{r['crossing']}", f"*/{r['crossing']}"):
+            entry = pooled.setdefault(key, {"res": [], "pairs": set()})
+            entry["res"].append(res)
+            entry["pairs"].add(r["pair"])
+    out = {}
+    for key, entry in sorted(pooled.items()):
+        res = np.concatenate(entry["res"])
+        q = u.quantiles(res)
+        if q is not None:
+            out[key] = {"n": int(len(res)), "pairs": sorted(entry["pairs"]), "quantiles": q}
+    return out
+
+
+def residual_records(cals: dict, frameworks, near: bool) -> tuple[list[dict], list[dict]]:
+    """Every ordered pair of FIT_GPUS, each framework: (residual records, per-group rows)."""
+    records, rows = [], []
+    for fw in frameworks:
+        for s in FIT_GPUS:
+            for t in FIT_GPUS:
+                if s == t or (s, fw) not in cals:
+                    continue
+                src_hw, tgt_hw = profile(s), profile(t)
+                moved = store.validate(transfer(cals[(s, fw)], src_hw, tgt_hw, errors={}, near=near), "pair")
+                for g in scored(moved, t, fw):
+                    crossing = error_key(g["op"], src_hw, tgt_hw)[1]
+                    rows.append(dict({k: v for k, v in g.items() if k != "log_residual"}, source_gpu=s,
+                                     target_gpu=t, framework=fw, crossing=crossing))  # fmt: skip
+                    if g.get("covered"):
+                        records.append({"op": g["op"], "crossing": crossing, "pair": f"{s}>{t}:{fw}",
+                                        "log_residual": g["log_residual"], "gpus": (s, t)})  # fmt: skip
+    return records, rows
+
+
+def by_class(rows: list[dict]) -> dict:
+    """Per op class: groups, rows, median and spread (min-max) of the group medians and p90s,
+    pooled coverage, and the roofline's median of medians."""
+    out: dict = {}
+    for r in rows:
+        if not r.get("covered"):
+            continue
+        e = out.setdefault(r["op"], {"groups": 0, "n": 0, "med": [], "p90": [], "in": 0, "checked": 0, "roof": []})
+        e["groups"] += 1
+        e["n"] += r["n"]
+        e["med"].append(r["error"]["median"])
+        e["p90"].append(r["error"]["p90"])
+        e["roof"].append(r["roofline"]["median"])
+        if r.get("coverage") is not None:
+            e["in"] += r["inside"]
+            e["checked"] += r["n"]
+    return {
+        op: {
+            "groups": e["groups"],
+            "n": e["n"],
+            "median": float(np.median(e["med"])),
+            "median_range": [float(min(e["med"])), float(max(e["med"]))],
+            "p90": float(np.median(e["p90"])),
+            "p90_range": [float(min(e["p90"])), float(max(e["p90"]))],
+            "coverage": e["in"] / e["checked"] if e["checked"] else None,
+            "roofline_median": float(np.median(e["roof"])),
+        }
+        for op, e in sorted(out.items())
+        if e["n"] >= MIN_ROWS
+    }
+
+
+def print_classes(title: str, classes: dict) -> None:
+    print(f"\n{title}")
+    head = f"{'op class':18} {'groups':>6} {'rows':>6} {'median (range)':>22} {'p90 (range)':>24}"
+    print(f"{head} {'in 80%':>7} {'roof':>6}")
+    for op, c in classes.items():
+        med = f"{100 * c['median']:.1f} ({100 * c['median_range'][0]:.0f}-{100 * c['median_range'][1]:.0f})"
+        p90 = f"{100 * c['p90']:.1f} ({100 * c['p90_range'][0]:.0f}-{100 * c['p90_range'][1]:.0f})"
+        cov = "—" if c["coverage"] is None else f"{100 * c['coverage']:.1f}"
+        print(f"{op:18} {c['groups']:6} {c['n']:6} {med:>22} {p90:>24} {cov:>7} {100 * c['roofline_median']:6.1f}")
+
+
+def strip(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "log_residual"} for r in rows]
+
+
+def logo(cals: dict, records: list[dict], frameworks, near: bool) -> dict:
+    """Leave-one-GPU-out: per held-out GPU of FIT_GPUS, the model of the other GPUs' pairs, the
+    other GPUs' calibrations transferred to it and scored there."""
+    out = {}
+    for g in FIT_GPUS:
+        model = error_model([r for r in records if g not in r["gpus"]])
+        rows = []
+        for fw in frameworks:
+            for s in FIT_GPUS:
+                if s == g or (s, fw) not in cals:
+                    continue
+                moved = store.validate(transfer(cals[(s, fw)], profile(s), profile(g), errors=model, near=near), "logo")
+                rows += [dict(r, source_gpu=s, framework=fw) for r in strip(scored(moved, g, fw))]
+        out[g] = {"rows": rows, "classes": by_class(rows)}
+        print_classes(
+            f"held out {g} (error model from the other GPUs' pairs): transferred from each other GPU", out[g]["classes"]
+        )
+    return out
+
+
+def write_model(model: dict) -> None:
+    meta = {"gpus": list(FIT_GPUS), "levels": list(u.LEVELS), "written_by": "benchmarks/bench_transfer.py"}
+    meta["per_group"] = PER_GROUP
+    text = (
+        '"""The transfer error model: written by benchmarks/bench_transfer.py, not by hand.\n\n'
+        'ERRORS["<op class>/<same|cross>"] = {"n": points, "pairs": [...], "quantiles": [log(measured /\n'
+        "predicted) at uncertainty.LEVELS]}: fits carried between the GPUs aiconfigurator has tables for\n"
+        '(MODEL["gpus"]), "same" where source and target share an architecture; "*/<crossing>" pools\n'
+        "every op class. A transferred fit's interval is widened to these (transfer.widen).\n"
+        '"""\n\n'
+        "# fmt: off\n"
+        f"MODEL: dict = {json.dumps(meta)}\n"
+        f"ERRORS: dict = {json.dumps(model, indent=1)}\n"
+        "# fmt: on\n"
+    )
+    MODEL_FILE.write_text(text)
+    print(f"wrote {MODEL_FILE}")
+
+
+def held_out(cals: dict, model: dict, near: bool) -> dict:
+    out = {}
+    for s, t, fw in HELD_PAIRS:
+        cal = cals.get((s, fw))
+        if cal is None:
+            continue
+        moved = store.validate(transfer(cal, profile(s), profile(t), errors=model, near=near), "held")
+        rows = strip(scored(moved, t, fw))
+        out[f"{s}>{t}:{fw}"] = {"rows": rows, "classes": by_class(rows)}
+        print_classes(f"held-out pair {s} -> {t} ({fw}), the shipped model", out[f"{s}>{t}:{fw}"]["classes"])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cache", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "mlactl-bench-transfer"))
+    ap.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    ap.add_argument("--output", default=str(OUT))
+    ap.add_argument("--write-model", action="store_true", help="write the error model of every pair")
+    ap.add_argument("--held-out", action="store_true", help="score HELD_PAIRS with the model of every pair")
+    ap.add_argument("--no-near", action="store_true", help="leave `near` behind in every transfer")
+    args = ap.parse_args()
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    frameworks = args.frameworks.split(",")
+    near = not args.no_near
+    start = time.time()
+    cals = {}
+    for fw in frameworks:
+        for s in FIT_GPUS:
+            if groups(s, fw):
+                cals[(s, fw)] = calibration(s, fw, cache)
+    records, rows = residual_records(cals, frameworks, near)
+    print_classes("every ordered pair of " + ", ".join(FIT_GPUS) + " (no widening)", by_class(rows))
+    for crossing in ("same", "cross"):
+        print_classes(f"pairs {crossing} architecture", by_class([r for r in rows if r["crossing"] == crossing]))
+    model = error_model(records)
+    result = {
+        "benchmark": "bench_transfer",
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "fit_gpus": list(FIT_GPUS),
+        "frameworks": frameworks,
+        "near_travels": near,
+        "pairs": {"rows": rows, "classes": by_class(rows)},
+        "logo": logo(cals, records, frameworks, near),
+        "model": model,
+    }
+    if args.held_out:
+        result["held_out"] = held_out(cals, model, near)
+    if args.write_model:
+        write_model(model)
+    result["seconds"] = round(time.time() - start, 1)
+    result["load_average_after"] = os.getloadavg()
+    Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"saved {args.output} ({result['seconds']} s)")
+
+
+if __name__ == "__main__":
+    main()

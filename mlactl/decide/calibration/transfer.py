@@ -1,0 +1,243 @@
+"""Carrying a calibration to a GPU it was not measured on: `mlactl calibrate transfer`.
+
+A fit (model.py) already keeps apart what belongs to the kernel and what to the GPU:
+
+    the kernel's   t_fixed, t_iter, t_combine, t_request, t_row, t_align (seconds: launch and
+                   setup, one KV block's latency, per request and per row costs), the tile shape
+                   (pad, tile128), the split rule, and the efficiencies eta_c, eta_m, eta_q, eta_x
+                   (fractions of the GPU's ceilings), l2_gain (L2 reads over HBM reads)
+    the GPU's      peak FLOP/s, bandwidth, SM count (waves, splits, serial waves) and L2 size
+
+so a transferred fit keeps the kernel's parameters and takes the target profile's ceilings, SMs
+and L2 (`l2_bytes`). A time is then the same kernel at the target's ceilings: per-SM and per-wave
+effects follow the target's SM count, an `l2` fit its L2.
+
+Terms that describe one kernel (KERNEL_TERMS) travel only where the engine runs that same kernel
+on the target: FA3's split heuristic and SGLang FA3's pass over an fp8 cache are FA3's, on
+Hopper; DeepGEMM's tile heuristic is its SM90 one. Which kernel the target runs is the engine's
+default backend there, as mlactl.decide.engines resolves it (SGLang: fa3 on sm90, trtllm_mla on
+sm100); where no rule set names the kernel (TRT-LLM, vLLM's GEMMs, mlactl's own kernels) it is
+taken to be the source's. Where the target runs another kernel than the one measured, the fit
+falls back to its best member without the kernel's terms (a term set that fitted about as well,
+with its own parameters), else to its own parameters less those terms, and says which
+(`transfer.rests_on` of each fit).
+
+Intervals: each op class's residual quantiles are widened, level by level, to the transfer
+error that leave-one-GPU-out measured (mlactl.decide.calibration.transfer_errors, written by
+benchmarks/bench_transfer.py): log(measured / predicted) of fits carried between the GPUs that
+aiconfigurator has tables for, by op class and by whether the pair crosses an architecture.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+
+from mlactl import __version__
+from mlactl.decide.calibration import uncertainty as u
+from mlactl.decide.calibration.model import ATTENTION_CLASSES
+from mlactl.decide.calibration.store import Calibration, safe_name, validate
+from mlactl.decide.calibration.transfer_errors import ERRORS, MODEL
+from mlactl.decide.engines import arch_of, context_for, default_params
+from mlactl.model.hardware import HardwareProfile
+from mlactl.util.errors import MlactlError
+
+# terms that describe one kernel: (the kernel source they describe, or None for the fit's own
+# kernel; the architecture they describe, or None for any)
+KERNEL_TERMS = {
+    "fa3split": ("flash_attention", "sm90"),  # flash-attention hopper/heuristics.h num_splits_heuristic
+    "kvcast": ("flash_attention", "sm90"),  # SGLang's FA3 decode converts an fp8 cache first
+    "dgtile": (None, "sm90"),  # DeepGEMM's SM90 block heuristic (model.deepgemm_tile), any DeepGEMM GEMM
+}
+# SGLang's attention backends (mlactl.decide.engines) as aiconfigurator names the kernel sources
+SGLANG_KERNELS = {
+    "fa3": "flash_attention",
+    "trtllm_mla": "trtllm_mla",
+    "flashinfer": "flashinfer",
+    "flashmla": "flashmla",
+    "cutlass_mla": "cutlass_mla",
+    "triton": "triton",
+    "fa4": "fa4",
+    "aiter": "aiter",
+}
+# `near` (a projection's residuals at the nearest measured shapes) corrects what the parametric
+# model misses of the kernel at those shapes (its tile quirks); NEAR_TRAVELS says whether that
+# correction is carried too (benchmarks/bench_transfer.py measures both)
+NEAR_TRAVELS = True
+SAME, OTHER = "same kernel", "another kernel's fit"
+MEMBER, DROPPED = "its best member without the dropped terms", "the dropped terms left out of its own parameters"
+
+
+def kernel_of(fit: dict) -> str:
+    """The kernel source a fit was measured on: an aiconfigurator source without its framework
+    and phase (`sglang-0.5.14:flash_attention:decode` -> `flash_attention`), else the source."""
+    parts = str(fit.get("source", "")).split(":")
+    if len(parts) > 1 and parts[-1] in ("decode", "prefill"):
+        parts.pop()
+    return ":".join(parts[1:]) if len(parts) > 1 else parts[0]
+
+
+def phase_of(fit: dict) -> str | None:
+    src = str(fit.get("source", ""))
+    return next((p for p in ("decode", "prefill") if src.endswith(":" + p)), None)
+
+
+def target_kernel(framework: str | None, fit: dict, target: HardwareProfile) -> tuple[str, str]:
+    """(the kernel the target runs for this fit's op, how that was decided)."""
+    own = kernel_of(fit)
+    if framework != "sglang" or fit["op"] not in ATTENTION_CLASSES:
+        return own, "no engine rule names another kernel"
+    kv = "fp8" if "fp8" in str(fit.get("dtype", "")) else "bf16"
+    p = default_params("sglang", context_for(None, target, kv))
+    backend = p.decode_backend if phase_of(fit) == "decode" else p.backend
+    return SGLANG_KERNELS.get(backend, backend), f"{p.name} on {target.name}: {backend}"
+
+
+def travels(term: str, source_kernel: str, kernel: str, arch: str | None) -> bool:
+    """Whether a kernel-specific term applies on the target: the target runs the measured
+    kernel, and where that is the kernel the term describes (FA3's terms on FA3, any DeepGEMM
+    for dgtile), on the architecture it describes. On another kernel that selected it (TRT-LLM's
+    decode takes fa3split's split count) the term is that kernel's, and travels with it."""
+    if term not in KERNEL_TERMS:
+        return True
+    if kernel != source_kernel:
+        return False
+    describes, on = KERNEL_TERMS[term]
+    if describes is not None and source_kernel != describes:
+        return True
+    return on is None or arch == on
+
+
+def _retarget(model: dict, target: HardwareProfile) -> dict:
+    """A fit's or member's {"terms", "params"} with the target's L2 size (`l2`)."""
+    out = copy.deepcopy(model)
+    if "l2" in out["terms"]:
+        out["params"]["l2_bytes"] = None if target.l2_mib is None else target.l2_mib * 1024 * 1024
+    return out
+
+
+def family(hw: HardwareProfile) -> str | None:
+    """The architecture the transfer error model keys by (sm90, sm100, ...), or None."""
+    return arch_of(hw)
+
+
+def error_key(op: str, source: HardwareProfile, target: HardwareProfile) -> tuple[str, str]:
+    """The transfer error model's key: op class, and whether the pair crosses an architecture."""
+    a, b = family(source), family(target)
+    return op, "same" if a is not None and a == b else "cross"
+
+
+def transfer_error(op: str, crossing: str, errors: dict | None = None) -> dict | None:
+    """The transfer error entry of an op class ({"n", "quantiles"}), or the pooled one of all
+    classes at this crossing ("*"), or None."""
+    table = ERRORS if errors is None else errors
+    return table.get(f"{op}/{crossing}") or table.get(f"*/{crossing}")
+
+
+def widen(interval: dict | None, error: dict | None) -> dict | None:
+    """A fit's interval evidence widened by the transfer error: at each level, the farther from
+    zero of the fit's own (scaled) residual and the transfer's; the scale is then 1."""
+    if interval is None or error is None:
+        return interval
+    q_t = error["quantiles"]
+    scale = float(interval.get("scale", 1.0))
+
+    def one(q):
+        if q is None:
+            return None
+        own = [scale * v for v in q]
+        return [round(min(a, b) if lv < 0.5 else max(a, b), 6) for lv, a, b in zip(u.LEVELS, own, q_t)]
+
+    out = dict(interval, random=one(interval["random"]), blocked=one(interval.get("blocked")), scale=1.0)
+    out["transfer"] = {"quantiles": list(q_t), "n": error.get("n"), "source_scale": scale}
+    return out
+
+
+def transfer_fit(
+    fit: dict,
+    framework: str | None,
+    source: HardwareProfile,
+    target: HardwareProfile,
+    errors: dict | None = None,
+    near: bool = NEAR_TRAVELS,
+) -> dict:
+    """One fit carried to `target` (see the module docstring), with its `transfer` record.
+    `near`: whether a projection's nearest-shape correction travels (NEAR_TRAVELS)."""
+    src_kernel = kernel_of(fit)
+    kernel, decided = target_kernel(framework, fit, target)
+    arch = family(target)
+    drop = [t for t in fit["terms"] if not travels(t, src_kernel, kernel, arch) or (t == "near" and not near)]
+    out = _retarget(fit, target)
+    rests_on = SAME if kernel == src_kernel else f"{OTHER} ({src_kernel} measured, {kernel} on {target.name})"
+    members = [_retarget(m, target) for m in fit.get("members", [])]
+    if drop:
+        clean = [m for m in members if not set(drop) & set(m["terms"])]
+        if clean:  # the best member that needs none of the dropped terms
+            out["terms"], out["params"] = list(clean[0]["terms"]), dict(clean[0]["params"])
+            members = clean[1:]
+            rests_on += f"; {MEMBER}"
+        else:
+            out["terms"] = [t for t in fit["terms"] if t not in drop]  # the others' parameters as fitted
+            rests_on += f"; {DROPPED}"
+        members = [dict(m, terms=[t for t in m["terms"] if t not in drop]) for m in members]
+    out["members"] = members
+    crossing = error_key(fit["op"], source, target)[1]
+    error = transfer_error(fit["op"], crossing, errors)
+    if "interval" in out:
+        out["interval"] = widen(out["interval"], error)
+    out["transfer"] = {
+        "from": source.name,
+        "to": target.name,
+        "kernel": {"measured": src_kernel, "target": kernel, "decided": decided},
+        "dropped": drop,
+        "rests_on": rests_on,
+        "crossing": crossing,
+        "error": None if error is None else {"n": error.get("n"), "key": f"{fit['op']}/{crossing}"},
+    }
+    return out
+
+
+def transfer(
+    cal: Calibration,
+    source: HardwareProfile,
+    target: HardwareProfile,
+    name: str | None = None,
+    errors=None,
+    near: bool = NEAR_TRAVELS,
+) -> dict:
+    """The calibration file's dict of `cal` carried to `target` (validated). `source` is the
+    profile `cal` was fitted against (its hardware)."""
+    if cal.data.get("transfer"):
+        first = cal.data["transfer"]["from"]["hardware"]
+        raise MlactlError(
+            f"calibration {cal.name!r} is itself transferred (from {first}): transfer the one fitted on {first}"
+        )
+    if target.name == cal.hardware:
+        raise MlactlError(f"calibration {cal.name!r} was fitted on {target.name} already: nothing to transfer")
+    ceilings = cal.data.get("ceilings") or {}
+    dtype = ceilings.get("dtype") or "bf16"
+    if dtype not in target.peak_tflops:
+        raise MlactlError(f"{target.name} has no {dtype} peak, the dtype calibration {cal.name!r} divides by")
+    framework = (cal.data.get("source") or {}).get("framework")
+    fits = [transfer_fit(f, framework, source, target, errors, near) for f in cal.fits]
+    data = copy.deepcopy({k: v for k, v in cal.data.items() if k != "fits"})
+    data.update(
+        name=safe_name(name or f"{target.name}-from-{cal.name}"),
+        hardware=target.name,
+        ceilings={
+            "peak_flops": target.peak_flops(dtype),
+            "bandwidth_bytes_per_s": target.bandwidth,
+            "sm_count": target.sm_count,
+            "dtype": dtype,
+        },
+        created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        mlactl_version=__version__,
+        fits=fits,
+    )
+    data["transfer"] = {
+        "from": {"hardware": cal.hardware, "calibration": cal.name, "ceilings": ceilings},
+        "to": target.name,
+        "error_model": MODEL,
+    }
+    validate(data, "the transferred calibration")
+    return data

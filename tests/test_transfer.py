@@ -1,0 +1,315 @@
+"""`mlactl calibrate transfer`: a calibration carried to another GPU (mlactl.decide.calibration.
+transfer), the times it gives there worked out by hand, the kernel terms it drops and where, its
+widened intervals, and the consumers that take it for the target and say its times are
+transferred."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from mlactl.cli import app
+from mlactl.decide.calibration import store
+from mlactl.decide.calibration import uncertainty as u
+from mlactl.decide.calibration.time import op_seconds
+from mlactl.decide.calibration.transfer import kernel_of, transfer, transfer_fit, widen
+from mlactl.model import hardware
+from mlactl.model.config import from_name
+from mlactl.model.cost import CostModel
+
+runner = CliRunner()
+H, R, DR, DC, DV = 128, 512, 64, 128, 128  # DeepSeek-V3
+FIXTURE = Path(__file__).parent / "data" / "aiconfigurator"
+# a hand-made target: 2,000 TFLOP/s bf16, 8 TB/s, 100 SMs, 100 MiB of L2
+TARGET_TOML = """name = "handmade"
+display = "Hand-made GPU"
+memory_gb = 100
+bandwidth_tbs = 8.0
+sm_count = 100
+l2_mib = 100
+sources = ["made up for a test"]
+
+[peak_tflops]
+bf16 = 2000
+"""
+T_PEAK, T_BW, T_SMS = 2000e12, 8e12, 100
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLACTL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def target(tmp_path):
+    path = tmp_path / "handmade.toml"
+    path.write_text(TARGET_TOML)
+    return hardware.load_profile(path)
+
+
+def run(*args, ok=True):
+    result = runner.invoke(app, [str(a) for a in args])
+    if ok:
+        assert result.exit_code == 0, result.output
+    return result
+
+
+def error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip() and not ln.startswith("Warning: ")]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    return lines[0]
+
+
+def calibration(fits, hardware_name="h200", framework="sglang") -> dict:
+    hw = hardware.from_name(hardware_name)
+    return {
+        "schema": "mlactl.calibration",
+        "schema_version": 1,
+        "name": "hand",
+        "hardware": hw.name,
+        "ceilings": {"peak_flops": hw.peak_flops("bf16"), "bandwidth_bytes_per_s": hw.bandwidth,
+                     "sm_count": hw.sm_count, "dtype": "bf16"},
+        "source": {"kind": "aiconfigurator", "system": "h200_sxm", "framework": framework, "version": "0.5.14"},
+        "fits": fits,
+    }  # fmt: skip
+
+
+DECODE = {
+    "op": "absorb_attention", "source": "sglang-0.5.14:flash_attention:decode", "dtype": "bf16",
+    "terms": ["fixed"], "params": {"t_fixed_s": 5e-6, "eta_c": 0.5, "eta_m": 0.8},
+}  # fmt: skip
+GEMM = {
+    "op": "kv_expand", "source": "sglang-0.5.14:sglang_torch_linear", "dtype": "bf16",
+    "terms": ["fixed", "pad", "waves"], "params": {"t_fixed_s": 3e-6, "eta_c": 0.05, "eta_m": 1.0},
+}  # fmt: skip
+
+
+def carried(fits, target_hw, source="h200", framework="sglang"):
+    cal = store.validate(calibration(fits, source, framework), "hand")
+    return store.validate(transfer(cal, hardware.from_name(source), target_hw, errors={}), "moved")
+
+
+def test_a_hand_made_calibration_carried_to_a_hand_made_gpu_gives_the_times_worked_by_hand(target):
+    moved = carried([DECODE, GEMM], target)
+    cost = CostModel(from_name("deepseek-v3"))
+    assert moved.hardware == "handmade" and moved.transferred["from"]["hardware"] == "h200"
+    assert moved.data["ceilings"] == {"peak_flops": T_PEAK, "bandwidth_bytes_per_s": T_BW, "sm_count": T_SMS,
+                                      "dtype": "bf16"}  # fmt: skip
+    # decode, batch 4, 8,191 cached + 1 new: 8,192 keys a request
+    # FLOPs 4 * 8192 * (2*128*576 + 2*128*512) = 9,126,805,504; bytes 4 * (8192*576*2 + 128*576*2 + 128*512*2)
+    # = 38,862,848. Compute 9.1268e9 / (0.5 * 2e15) = 9.1268 us; memory 38,862,848 / (0.8 * 8e12) = 6.0723 us
+    flops = 4 * 8192 * (2 * H * (R + DR) + 2 * H * R)
+    nbytes = 4 * (8192 * (R + DR) * 2 + H * (R + DR) * 2 + H * R * 2)
+    assert (flops, nbytes) == (9_126_805_504, 38_862_848)
+    t = op_seconds(cost, target, moved, "absorb_attention", np.array([4.0]), np.array([1.0]), np.array([8191.0]))
+    assert t[0] == pytest.approx(5e-6 + 9_126_805_504 / (0.5 * T_PEAK))  # 14.1268 us: compute-bound here
+    # on the H200 (989 TFLOP/s, 4.8 TB/s) the same fit gives 5 + 18.457 us
+    h200 = hardware.from_name("h200")
+    own = store.validate(calibration([DECODE, GEMM]), "hand")
+    t0 = op_seconds(cost, h200, own, "absorb_attention", np.array([4.0]), np.array([1.0]), np.array([8191.0]))
+    assert t0[0] == pytest.approx(5e-6 + 9_126_805_504 / (0.5 * 989e12))
+    # kv_expand of 64 tokens: 2*64*512*128*256 = 2,147,483,648 FLOPs; 1 x 256 CTAs of 64 x 128 (128 heads
+    # x 256 columns): 3 waves on 100 SMs, 256 / 300 busy; compute 2.1475e9 / (0.05 * 2e15) / (256/300)
+    # = 25.166 us over memory (37,814,272 bytes / 8e12 = 4.73 us); on the H200's 132 SMs 2 waves, 256/264
+    t = op_seconds(cost, target, moved, "kv_expand", np.array([1.0]), np.array([64.0]), np.array([0.0]))
+    assert t[0] == pytest.approx(3e-6 + 2_147_483_648 / (0.05 * T_PEAK) / (256 / 300))
+    t0 = op_seconds(cost, h200, own, "kv_expand", np.array([1.0]), np.array([64.0]), np.array([0.0]))
+    assert t0[0] == pytest.approx(3e-6 + 2_147_483_648 / (0.05 * 989e12) / (256 / 264))
+
+
+def test_an_l2_fit_takes_the_target_l2(target):
+    fit = dict(GEMM, terms=["fixed", "l2"], params={"t_fixed_s": 3e-6, "eta_c": 0.5, "eta_m": 0.8,
+                                                     "l2_gain": 2.0, "l2_bytes": 60 * 2**20})  # fmt: skip
+    moved = carried([fit], target)
+    assert moved.fits[0]["params"]["l2_bytes"] == 100 * 2**20 and moved.fits[0]["params"]["l2_gain"] == 2.0
+
+
+FA3 = {
+    "op": "absorb_attention", "source": "sglang-0.5.14:flash_attention:decode", "dtype": "fp8",
+    "terms": ["fixed", "split", "kvpad", "serial", "fa3split", "kvcast"],
+    "params": {"t_fixed_s": 1e-5, "eta_c": 0.6, "eta_m": 0.9, "t_iter_s": 3e-7, "eta_x": 0.4},
+    "members": [
+        {"terms": ["fixed", "split", "kvpad", "serial", "kvcast"],
+         "params": {"t_fixed_s": 1e-5, "eta_c": 0.6, "eta_m": 0.9, "t_iter_s": 3e-7, "eta_x": 0.4}},
+        {"terms": ["fixed", "split", "kvpad", "serial"],
+         "params": {"t_fixed_s": 2e-5, "eta_c": 0.5, "eta_m": 0.7, "t_iter_s": 4e-7}},
+    ],
+}  # fmt: skip
+DEEPGEMM = {
+    "op": "kv_expand", "source": "sglang-0.5.14:sglang_deepgemm_gemm_nt_f8f8bf16", "dtype": "fp8_block",
+    "terms": ["fixed", "pad", "waves", "dgtile", "pipe"], "params": {"t_fixed_s": 3e-6, "eta_c": 0.6, "eta_m": 0.9},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "fit, framework, target_name, dropped, kernel",
+    [
+        # SGLang's default on Hopper is fa3 (FA3's kernel, flash_attention): every term travels
+        pytest.param(FA3, "sglang", "h100-sxm", [], "flash_attention", id="fa3-to-h100"),
+        # on sm100 SGLang runs trtllm_mla: FA3's split and fp8-cache pass stay behind
+        pytest.param(FA3, "sglang", "b200", ["fa3split", "kvcast"], "trtllm_mla", id="fa3-to-b200"),
+        pytest.param(FA3, "sglang", "b300", ["fa3split", "kvcast"], "trtllm_mla", id="fa3-to-b300"),
+        # TRT-LLM's decode selected fa3split as its own kernel's split count; no rule names another kernel
+        pytest.param(
+            dict(FA3, source="trtllm-1.3.0rc20:default:decode"),
+            "trtllm",
+            "b200",
+            [],
+            "default",
+            id="trtllm-keeps-its-terms",
+        ),  # fmt: skip
+        # DeepGEMM's tile heuristic is its SM90 one: kept on an H100, dropped on a B200 (same kernel)
+        pytest.param(DEEPGEMM, "sglang", "h100-sxm", [], "sglang_deepgemm_gemm_nt_f8f8bf16", id="dgtile-sm90"),
+        pytest.param(DEEPGEMM, "sglang", "b200", ["dgtile"], "sglang_deepgemm_gemm_nt_f8f8bf16", id="dgtile-sm100"),
+    ],
+)
+def test_kernel_terms_are_dropped_exactly_where_the_target_runs_another_kernel(
+    fit, framework, target_name, dropped, kernel
+):
+    h200, tgt = hardware.from_name("h200"), hardware.from_name(target_name)
+    moved = transfer_fit(fit, framework, h200, tgt, errors={})
+    record = moved["transfer"]
+    assert record["dropped"] == dropped and record["kernel"]["target"] == kernel
+    assert not set(dropped) & set(moved["terms"])
+    assert all(not set(dropped) & set(m["terms"]) for m in moved["members"])
+    if not dropped:
+        assert moved["terms"] == fit["terms"] and moved["params"] == fit["params"]
+    if fit is FA3 and dropped:
+        # the first member that needs neither term, with its own parameters, is what the target gets
+        assert moved["terms"] == ["fixed", "split", "kvpad", "serial"] and moved["params"]["t_fixed_s"] == 2e-5
+        assert record["rests_on"].startswith("another kernel's fit (flash_attention measured, trtllm_mla on")
+        assert "best member" in record["rests_on"]
+
+
+def test_a_fit_without_a_clean_member_drops_the_terms_from_its_own_parameters():
+    fit = dict(FA3, members=[])
+    moved = transfer_fit(fit, "sglang", hardware.from_name("h200"), hardware.from_name("b200"), errors={})
+    assert moved["terms"] == ["fixed", "split", "kvpad", "serial"] and moved["params"]["t_fixed_s"] == 1e-5
+    assert "dropped terms left out" in moved["transfer"]["rests_on"]
+
+
+def test_kernel_of_reads_aiconfigurator_sources():
+    assert kernel_of({"source": "sglang-0.5.14:flash_attention:decode"}) == "flash_attention"
+    assert kernel_of({"source": "sglang-0.5.14:sglang_torch_linear"}) == "sglang_torch_linear"
+    assert kernel_of({"source": "results"}) == "results"
+
+
+def test_intervals_are_widened_to_the_transfer_error_level_by_level():
+    levels = len(u.LEVELS)
+    own = [0.01 * (i - levels // 2) for i in range(levels)]  # -0.09 .. +0.09, 0 at the median
+    error = {"n": 50, "quantiles": [0.05 * (i - levels // 2) for i in range(levels)]}  # five times wider
+    iv = {"levels": list(u.LEVELS), "random": own, "blocked": None, "scale": 2.0}
+    out = widen(iv, error)
+    # own residuals scaled by 2 (-0.18 .. 0.18) against the transfer's (-0.45 .. 0.45): the transfer's wins
+    assert out["random"] == pytest.approx(error["quantiles"]) and out["scale"] == 1.0 and out["blocked"] is None
+    narrow = {"n": 50, "quantiles": [0.001 * (i - levels // 2) for i in range(levels)]}
+    assert widen(iv, narrow)["random"] == pytest.approx([2 * v for v in own])  # the fit's own, scaled, wins
+    assert widen(iv, None) is iv and widen(None, error) is None
+
+
+def test_transfer_refuses_its_own_gpu_and_a_transferred_calibration(target):
+    cal = store.validate(calibration([DECODE]), "hand")
+    with pytest.raises(Exception, match="fitted on h200 already"):
+        transfer(cal, hardware.from_name("h200"), hardware.from_name("h200"))
+    moved = carried([DECODE], target)
+    with pytest.raises(Exception, match="is itself transferred"):
+        transfer(moved, target, hardware.from_name("b200"))
+
+
+def test_a_bad_transfer_record_is_one_line():
+    data = calibration([DECODE])
+    data["transfer"] = {"from": {"hardware": ""}, "to": "b200"}
+    with pytest.raises(Exception, match="transfer.from.hardware"):
+        store.validate(data, "bad")
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+
+def fixture_calibration(name="fx"):
+    run("calibrate", "--from", "aiconfigurator", "--system", "h200_sxm", "--framework", "sglang",
+        "--data-dir", FIXTURE, "--name", name, "--terms", "fixed,pad,waves,split,kvpad,serial,fa3split")  # fmt: skip
+    return name
+
+
+@pytest.mark.slow
+def test_calibrate_transfer_and_every_consumer_take_it_for_the_target(home, tmp_path):
+    name = fixture_calibration()
+    out = json.loads(run("calibrate", "transfer", name, "--hardware", "b300", "-f", "json").stdout)
+    assert out["calibration"]["name"] == "b300-from-fx" and out["calibration"]["hardware"] == "b300"
+    att = [f for f in out["fits"] if f["op"] == "absorb_attention"]
+    assert att and all(f["transfer"]["dropped"] == ["fa3split"] for f in att)
+    assert "trtllm_mla" in run("calibrate", "transfer", name, "--hardware", "b300", "--name", "again").stdout
+    moved = "b300-from-fx"
+    for args in (
+        ("analyze", "--new", "1,256", "--prefix", "0,32K"),
+        ("crossover", "--prefix", "0,4K"),
+        ("engines", "--new", "1,256", "--prefix", "0,32K"),
+    ):
+        result = run(*args, "--calibration", moved)
+        assert "are transferred: fitted on h200 (fx), carried to b300's ceilings" in result.output, args
+        data = json.loads(run(*args, "--calibration", moved, "-f", "json").stdout)
+        assert "'transferred': {'from': 'h200', 'calibration': 'fx', 'to': 'b300'}" in str(data), args
+    # on another GPU: one line that names the transfer command from the calibration fitted
+    line = error_line(run("analyze", "--calibration", moved, "--hardware", "b200", ok=False))
+    assert "carried by transfer to hardware 'b300', not 'b200'" in line
+    assert "`mlactl calibrate transfer fx --hardware b200`" in line
+
+
+def test_calibrate_transfer_bad_input_is_one_error_line(home):
+    assert "needs --hardware" in error_line(run("calibrate", "transfer", "nope", ok=False))
+    assert "no calibration named 'nope'" in error_line(run("calibrate", "transfer", "nope", "-g", "b200", ok=False))
+    store.write(calibration([DECODE]))
+    assert "fitted on h200 already" in error_line(run("calibrate", "transfer", "hand", "-g", "h200", ok=False))
+    assert "unknown hardware" in error_line(run("calibrate", "transfer", "hand", "-g", "tpu", ok=False))
+
+
+def write_csv(path: Path, rows, header="op,batch,new,prefix,time_s") -> Path:
+    path.write_text(header + "\n" + "".join(",".join(str(v) for v in r) + "\n" for r in rows))
+    return path
+
+
+def test_score_refuses_the_wrong_ceilings_and_scores_a_transferred_calibration_at_the_target(home, tmp_path):
+    store.write(calibration([DECODE]))
+    # aiconfigurator's tables of a B200 (the fixture laid out as b200_sxm) with an H200 calibration
+    data = tmp_path / "ac"
+    shutil.copytree(FIXTURE / "h200_sxm", data / "b200_sxm")
+    args = ("calibrate", "score", "--calibration", "hand", "--from", "aiconfigurator", "--system", "b200_sxm",
+            "--framework", "sglang", "--data-dir", data)  # fmt: skip
+    line = error_line(run(*args, ok=False))
+    assert "was fitted on h200, and b200_sxm/sglang was measured on b200" in line
+    assert "`mlactl calibrate transfer hand --hardware b200`" in line
+    # a CSV measured on a B200: --hardware says so, and is refused the same way
+    rows = [("absorb_attention", 4, 1, 8191, 1.0)]
+    csv = write_csv(tmp_path / "m.csv", rows)
+    line = error_line(run("calibrate", "score", "--calibration", "hand", "--from", "csv", csv, "-g", "b200", ok=False))
+    assert "calibrate transfer hand --hardware b200" in line
+    # transferred to the B200, it scores there at the B200's ceilings: measured = 1.1 x the fit's time
+    # at 2.25 PFLOP/s and 8 TB/s (5 us + 9.1268e9 / (0.5 * 2.25e15) = 13.112 us): error 1 - 1/1.1
+    run("calibrate", "transfer", "hand", "--hardware", "b200")
+    t = 5e-6 + 9_126_805_504 / (0.5 * 2250e12)
+    write_csv(csv, [("absorb_attention", 4, 1, 8191, 1.1 * t)])
+    out = run("calibrate", "score", "--calibration", "b200-from-hand", "--from", "csv", csv, "-g", "b200", "-f", "json")
+    s = json.loads(out.stdout)["scores"][0]
+    assert s["median"] == pytest.approx(1 - 1 / 1.1) and s["bias"] == pytest.approx(1 / 1.1 - 1)
+    assert json.loads(out.stdout)["calibration"]["transferred"]["from"] == "h200"
+
+
+def test_score_never_uses_another_dtypes_fit(home, tmp_path):
+    store.write(calibration([dict(GEMM, dtype="fp8")]))
+    rows = [("kv_expand", 1, 64, 0, 1e-5, "sglang_flashinfer_cutedsl_nvfp4", "nvfp4"),
+            ("kv_expand", 1, 128, 0, 2e-5, "sglang_flashinfer_cutedsl_nvfp4", "nvfp4")]  # fmt: skip
+    csv = write_csv(tmp_path / "n.csv", rows, "op,batch,new,prefix,time_s,source,dtype")
+    out = run("calibrate", "score", "--calibration", "hand", "--from", "csv", csv, "-f", "json")
+    s = json.loads(out.stdout)["scores"][0]
+    assert s["dtype"] == "nvfp4" and s["fit"] is None and s["median"] is None
+    assert s["note"] == "no nvfp4 fit of kv_expand (the calibration's are fp8)"
+    table = run("calibrate", "score", "--calibration", "hand", "--from", "csv", csv).stdout
+    assert "not covered" in table and "no nvfp4 fit of kv_expand" in table
