@@ -91,10 +91,9 @@ def show(name: str, s: dict, extra: str = "") -> None:
 def in_process(trace: Path, model: str = "deepseek-v3", hardware_name: str = "h200", tp: int = 8) -> dict:
     """Each phase timed once: read, then per engine its scheduler and its pricing."""
     from mlactl.decide.replay import rules
-    from mlactl.decide.replay.cache import BlockPool
     from mlactl.decide.replay.clock import Clock
-    from mlactl.decide.replay.replay import ReplaySettings, _price, capacity
-    from mlactl.decide.replay.scheduler import Settings, scheduler_for
+    from mlactl.decide.replay.replay import ReplaySettings, _price, capacity, pool_and_settings, shipped_for
+    from mlactl.decide.replay.scheduler import scheduler_for
     from mlactl.decide.replay.traces import read_trace
     from mlactl.decide.workload import engine_cost
     from mlactl.model import hardware
@@ -108,11 +107,12 @@ def in_process(trace: Path, model: str = "deepseek-v3", hardware_name: str = "h2
     cfg = from_name(model).with_tp(tp)
     hw = hardware.resolve(hardware_name)
     cost, wc, s = CostModel(cfg), WeightCost(cfg, weights_of(model)), ReplaySettings()
-    blocks = capacity(wc, cost, hw, s) // s.block
+    tokens = capacity(wc, cost, hw, s)
     for e in rules.parse(None, None, cfg, hw, "bf16"):
         clock = Clock(engine_cost(cost, e.params), hw, wc, rules.paths(e))
         start, cpu = time.perf_counter(), time.process_time()
-        sched = scheduler_for(e)(t, e, BlockPool(blocks), clock, Settings(s.max_batch_tokens, s.max_running, s.block))
+        pool, settings = pool_and_settings(shipped_for(e, s, hw, tokens, cfg), tokens)
+        sched = scheduler_for(e)(t, e, pool, clock, settings)
         sched = sched.run()
         scheduled, scheduled_cpu = time.perf_counter() - start, time.process_time() - cpu
         start, cpu = time.perf_counter(), time.process_time()

@@ -46,10 +46,9 @@ def main() -> None:
 
     from mlactl.decide.calibration import resolve
     from mlactl.decide.replay import intervals, rules
-    from mlactl.decide.replay.cache import BlockPool
     from mlactl.decide.replay.clock import Clock
-    from mlactl.decide.replay.replay import ReplaySettings, _price, capacity
-    from mlactl.decide.replay.scheduler import Settings, scheduler_for
+    from mlactl.decide.replay.replay import ReplaySettings, _price, capacity, pool_and_settings, shipped_for
+    from mlactl.decide.replay.scheduler import scheduler_for
     from mlactl.decide.replay.traces import read_trace
     from mlactl.decide.workload import engine_cost
     from mlactl.model import hardware
@@ -76,11 +75,11 @@ def main() -> None:
         results["trace"] = synthetic_trace(trace_path, args.requests, args.hours)
         trace = read_trace(trace_path)
     print(f"trace: {results['trace']}; calibration {cal.name} on {hw.name}")
-    blocks = capacity(wc, cost, hw, s) // s.block
+    tokens = capacity(wc, cost, hw, s)
     for e in rules.parse(args.engines, None, cfg, hw, "bf16"):
         clock = Clock(engine_cost(cost, e.params), hw, wc, rules.paths(e))
-        settings = Settings(s.max_batch_tokens, s.max_running, s.block)
-        sched = scheduler_for(e)(trace, e, BlockPool(blocks), clock, settings).run()
+        pool, settings = pool_and_settings(shipped_for(e, s, hw, tokens, cfg), tokens)
+        sched = scheduler_for(e)(trace, e, pool, clock, settings).run()
         possible = intervals.Drawer.possible
         intervals.Drawer.possible = staticmethod(lambda p: False)  # type: ignore[method-assign]
         _price(trace, cost, hw, cal, e, sched, s)  # warm: the calibration's caches fill on the first pricing

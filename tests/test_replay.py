@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from mlactl.cli import app
 from mlactl.decide.replay import rules
-from mlactl.decide.replay.cache import BlockPool
+from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.pricing import rows_of
 from mlactl.decide.replay.replay import ReplaySettings, _sweep, capacity, replay
@@ -42,6 +42,10 @@ runner = CliRunner()
 V3 = from_name("deepseek-v3").with_tp(8)
 H200 = hardware.resolve("h200")
 ALL = ("sglang", "sglang-triton", "sglang-trtllm", "vllm")
+# Each backend's page on an H200 as the engines ship it, read by hand from their sources
+# (docs/replay.md): SGLang's page_size 1, 64 for trtllm_mla; vLLM's block_size 16 (FLASH_ATTN_MLA),
+# 64 for FlashMLA
+PAGE = {"fa3": 1, "triton": 1, "trtllm_mla": 64, "FLASH_ATTN_MLA": 16, "FLASHMLA": 64}
 
 
 def run(*args, ok=True):
@@ -63,14 +67,25 @@ def mooncake(path, rows) -> str:
 
 
 def schedule(
-    trace_path, engine="vllm", max_batch_tokens=8192, max_running=256, blocks=100_000, caching=True, options=()
+    trace_path,
+    engine="vllm",
+    max_batch_tokens=8192,
+    max_running=256,
+    blocks=100_000,
+    caching=True,
+    options=(),
+    page=None,
 ):
-    """One engine's schedule of a trace, from the scheduler alone (the clock at DeepSeek-V3, TP 8, H200)."""
+    """One engine's schedule of a trace, from the scheduler alone (the clock at DeepSeek-V3, TP 8,
+    H200), a pool of `blocks` x 512 tokens, at the engine's own page unless `page` is given."""
     cost = CostModel(V3)
     clock = Clock(cost, H200, WeightCost(V3, weights_of("deepseek-v3")), rules.paths())
     e = parse(engine, options)
     t = read_trace(trace_path)
-    s = scheduler_for(e)(t, e, BlockPool(blocks, caching), clock, Settings(max_batch_tokens, max_running, 512))
+    tokens = blocks * 512
+    if page is None:
+        page = PAGE[e.params.backend]
+    s = scheduler_for(e)(t, e, TokenPool(tokens, caching), clock, Settings(max_batch_tokens, max_running, page))
     return s.run()
 
 
@@ -135,14 +150,37 @@ def test_one_long_prompt_in_chunks(tmp_path):
 
 
 def test_second_request_finds_the_shared_blocks_cached(tmp_path):
-    # three leading blocks shared; the second arrives 10 s later, long after the first's prefill
-    trace = mooncake(tmp_path / "t.jsonl", [(0, 2000, 5, [1, 2, 3, 4]), (10_000, 3000, 5, [1, 2, 3, 7, 8, 9])])
+    # three leading blocks shared; the second arrives 10 s later, long after the first's prefill.
+    # It is shorter than the first (1900 < 2000 tokens), so it is no continuation of it: the
+    # three hash ids are all it finds
+    trace = mooncake(tmp_path / "t.jsonl", [(0, 2000, 5, [1, 2, 3, 4]), (10_000, 1900, 5, [1, 2, 3, 7])])
     for engine in ALL:
         s = schedule(trace, engine)
         assert list(s.cached) == [0, 1536]
-        assert list(zip(s.chunk_new, s.chunk_prefix)) == [(2000, 0), (3000 - 1536, 1536)]
+        assert list(zip(s.chunk_new, s.chunk_prefix)) == [(2000, 0), (1900 - 1536, 1536)]
     data = report(trace)
-    assert data["tokens"] == {"prefill_computed": 2000 + 1464, "prefill_cached": 1536, "decode": 8}
+    assert data["tokens"] == {"prefill_computed": 2000 + 364, "prefill_cached": 1536, "decode": 8}
+    assert data["trace"]["continued"] == 0
+
+
+@pytest.mark.parametrize(
+    "engine, want",
+    [
+        # the first stores 2000 + 5 - 1 = 2004 tokens: its 3 full blocks (1536) and 468 of its own
+        pytest.param("sglang", 2004, id="sglang-fa3-page1"),
+        pytest.param("sglang-triton", 2004, id="sglang-triton-page1"),
+        pytest.param("vllm", 2000, id="vllm-block16"),  # 125 blocks of 16
+        pytest.param("sglang-trtllm", 1984, id="sglang-trtllm-page64"),  # 31 pages of 64
+    ],
+)
+def test_a_continuation_finds_the_earlier_prompt_and_output(tmp_path, engine, want):
+    # the second extends all of the first's full blocks and is longer: taken as its next turn
+    trace = mooncake(tmp_path / "t.jsonl", [(0, 2000, 5, [1, 2, 3, 4]), (10_000, 3000, 5, [1, 2, 3, 7, 8, 9])])
+    t = read_trace(trace)
+    assert t.parent.tolist() == [-1, 0] and t.continued == 1
+    s = schedule(trace, engine)
+    assert list(s.cached) == [0, want]
+    assert list(zip(s.chunk_new, s.chunk_prefix))[1] == (3000 - want, want)
 
 
 def test_blocks_are_cached_only_once_their_prefill_ran(tmp_path):
@@ -300,7 +338,8 @@ def test_max_running_holds_the_third_request(tmp_path):
 
 
 def test_fcfs_head_of_line_waits_for_room(tmp_path):
-    # a pool of 3 blocks: A holds 2; B needs 2 and waits; C (1 block) may not jump ahead
+    # a pool of 1536 tokens: A holds 1024 (1023 in blocks of 16); B needs as many and waits; C
+    # (112) may not jump ahead
     trace = mooncake(tmp_path / "t.jsonl", [(0, 1000, 24, []), (0, 1000, 24, []), (0, 100, 2, [])])
     s = schedule(trace, "vllm", blocks=3)
     assert s.admitted[1] >= s.finished[0]
@@ -308,7 +347,8 @@ def test_fcfs_head_of_line_waits_for_room(tmp_path):
 
 
 def test_cached_tokens_leave_one_token_to_compute(tmp_path):
-    # the same 1024-token prompt twice: both blocks cached, yet one token is computed
+    # the same 1024-token prompt twice: both blocks cached (and 2 output tokens of the first, its
+    # continuation's), yet one token is computed
     trace = mooncake(tmp_path / "t.jsonl", [(0, 1024, 3, [5, 6]), (5000, 1024, 3, [5, 6])])
     s = schedule(trace, "sglang")
     assert list(s.cached) == [0, 1023]
@@ -321,9 +361,10 @@ def test_no_prefix_cache(tmp_path):
 
 
 def test_lru_evicts_the_least_recently_used(tmp_path):
-    # 4 blocks of room, each request's 1024 tokens two of them. A [1,2] runs and finishes; B [3,4]
-    # likewise; C [5,6] takes A's, the least recently used (cache: 3,4,5,6); D [1,2] finds
-    # nothing and takes B's (cache: 5,6,1,2); E [5,6,11] finds C's two and takes 1 for its third
+    # 2048 tokens of room, each request's 1024 tokens (one output: nothing past the prompt is
+    # stored) two segments. A [1,2] runs and finishes; B [3,4] likewise; C [5,6] takes A's, the
+    # least recently used (cache: 3,4,5,6); D [1,2] finds nothing and takes B's (cache: 5,6,1,2);
+    # E [5,6,11] finds C's two (it continues C, which stored nothing past them) and evicts 1
     rows = [(0, 1024, 1, [1, 2]), (10_000, 1024, 1, [3, 4]), (20_000, 1024, 1, [5, 6])]
     rows += [(30_000, 1024, 1, [1, 2]), (40_000, 1025, 1, [5, 6, 11]), (50_000, 1024, 1, [3, 4])]
     trace = mooncake(tmp_path / "t.jsonl", rows)
@@ -333,12 +374,33 @@ def test_lru_evicts_the_least_recently_used(tmp_path):
 
 
 def test_session_turn_finds_the_last_turns_prompt_and_output(tmp_path):
-    # turn 1: 1000 prompt + 100 output = 1099 tokens of KV (the last token's is never computed):
-    # two full blocks (1024 tokens). Turn 2 extends it (1100 + 400 new): it finds 1024 cached
+    # turn 1: 1000 prompt + 100 output = 1099 tokens of KV (the last token's is never computed;
+    # SGLang caches kv_committed_len = input + output - 1 of them). Turn 2 extends it (1100 + 400
+    # new): SGLang at page 1 finds all 1099
     f = tmp_path / "t.csv"
     f.write_text("arrival_s,input_tokens,output_tokens,session\n0,1000,100,chat-1\n100,1500,10,chat-1\n150,900,1,\n")
     s = schedule(str(f), "sglang")
-    assert list(s.cached) == [0, 1024, 0]  # the lone 900-token prompt shares nothing
+    assert list(s.cached) == [0, 1099, 0]  # the lone 900-token prompt shares nothing
+
+
+@pytest.mark.parametrize(
+    "engine, hardware, want",
+    [
+        # 1099 tokens stored: SGLang fa3 at page 1 takes all; vLLM's blocks of 16 take 68 of them
+        # (1088) and trtllm_mla's pages of 64 take 17 (1088)
+        pytest.param("sglang", "h200", 1099, id="sglang-fa3-h200"),
+        pytest.param("vllm", "h200", 1088, id="vllm-flash-attn-mla-h200"),
+        pytest.param("sglang-trtllm", "b200", 1088, id="sglang-trtllm-b200"),
+        pytest.param("sglang", "b200", 1088, id="sglang-b200-default-trtllm"),
+    ],
+)
+def test_two_turn_session_caches_at_each_engines_page(tmp_path, engine, hardware, want):
+    f = tmp_path / "t.csv"
+    f.write_text("arrival_s,input_tokens,output_tokens,session\n0,1000,100,a\n100,1600,10,a\n")
+    data = json.loads(run("replay", f, "--hardware", hardware, "--engines", engine, "-f", "json").output)
+    e = data["engines"][0]
+    assert e["tokens"]["prefill_cached"] == want
+    assert e["tokens"]["prefill_computed"] == 1000 + 1600 - want
 
 
 def test_reported_cached_tokens_are_taken_as_given(tmp_path):
@@ -757,7 +819,7 @@ def test_a_trace_too_big_for_the_memory_budget_is_refused(tmp_path, monkeypatch)
         pytest.param(
             ["--hardware", "a100-sxm"], "has no fp8 peak (it has: bf16, fp16, fp32); give --weight-dtype", id="fp8"
         ),
-        pytest.param(["--cache-tokens", "1000"], "does not fit the KV cache's 512 tokens", id="pool-too-small"),
+        pytest.param(["--cache-tokens", "1000"], "does not fit the KV cache's 1,000 tokens", id="pool-too-small"),
     ],
 )
 def test_bad_options_are_one_error_line(tmp_path, args, message):
@@ -766,3 +828,63 @@ def test_bad_options_are_one_error_line(tmp_path, args, message):
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0], result.output
+
+
+# -- each engine's scheduler as it ships ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "hardware, chunk, steps",
+    [
+        # 20,000 tokens: 16384 + 3616 on a B200 (180 GB = 167.6 GiB >= 160 GiB: both engines 16384);
+        # 8192 + 8192 + 3616 on an H200 (141 GB = 131.3 GiB)
+        pytest.param("b200", 16384, 2, id="b200-2-chunks"),
+        pytest.param("h200", 8192, 3, id="h200-3-chunks"),
+    ],
+)
+def test_a_long_prompt_takes_each_engines_own_chunk_for_the_gpu(tmp_path, hardware, chunk, steps):
+    trace = mooncake(tmp_path / "t.jsonl", [(0, 20_000, 1, [])])
+    data = json.loads(run("replay", trace, "--hardware", hardware, "--engines", "sglang,vllm", "-f", "json").output)
+    for e in data["engines"]:
+        assert e["scheduler"]["max_batch_tokens"] == chunk and e["steps"] == steps
+
+
+def test_default_max_running_as_the_engines_derive_it(tmp_path):
+    trace = mooncake(tmp_path / "t.jsonl", [(0, 1000, 1, [])])
+
+    def running(*args):
+        data = json.loads(run("replay", trace, "--engines", "sglang,vllm", "-f", "json", *args).output)
+        return [e["scheduler"]["max_running"] for e in data["engines"]]
+
+    # SGLang: min(clamp(int(pool / 163840 * 512), 2048, 4096), pool // 2); vLLM on an H200: 1024
+    assert running() == [2048, 1024]  # 608,732 tokens: int(1902.3) -> 2048
+    assert running("--cache-tokens", "4000000") == [4096, 1024]  # int(12500) -> 4096
+    assert running("--cache-tokens", "3000") == [1500, 1024]  # the pool's half
+    assert running("--max-running", "7") == [7, 7]
+
+
+@pytest.mark.parametrize(
+    "engines, options, want",
+    [
+        pytest.param("sglang", ["sglang.chunked_prefill_size=4096"], [(4096, 1)], id="sglang-chunk"),
+        pytest.param("vllm", ["vllm.max_num_batched_tokens=2048"], [(2048, 16)], id="vllm-chunk"),
+        pytest.param("sglang", ["page_size=32"], [(8192, 32)], id="sglang-page-fa3"),
+        pytest.param("sglang-trtllm", ["page_size=32"], [(8192, 32)], id="trtllm-keeps-32"),
+        pytest.param("sglang-trtllm", ["page_size=16"], [(8192, 64)], id="trtllm-forces-64"),
+        pytest.param("vllm", ["vllm.block_size=32"], [(8192, 32)], id="vllm-block"),
+        pytest.param("vllm", ["vllm.backend=FLASHMLA"], [(8192, 64)], id="vllm-flashmla-64"),
+    ],
+)
+def test_scheduler_options_under_the_engines_own_names(tmp_path, engines, options, want):
+    trace = mooncake(tmp_path / "t.jsonl", [(0, 1000, 1, [])])
+    args = [a for o in options for a in ("--engine-option", o)]
+    data = json.loads(run("replay", trace, "--engines", engines, *args, "-f", "json").output)
+    assert [(e["scheduler"]["max_batch_tokens"], e["scheduler"]["page"]) for e in data["engines"]] == want
+
+
+def test_a_scheduler_option_of_the_other_engine_is_one_error_line(tmp_path):
+    trace = mooncake(tmp_path / "t.jsonl", [(0, 1000, 1, [])])
+    result = run("replay", trace, "--engines", "vllm", "--engine-option", "sglang.page_size=64", ok=False)
+    assert result.exit_code == 2 and "sglang is not among --engines" in result.output
+    result = run("replay", trace, "--engine-option", "vllm.chunked_prefill_size=64", ok=False)
+    assert result.exit_code == 2 and "chunked_prefill_size is an option of sglang, not of vllm" in result.output

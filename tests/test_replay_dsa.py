@@ -27,7 +27,7 @@ from mlactl.cli import app
 from mlactl.decide.calibration.steps import PathLaunches
 from mlactl.decide.calibration.time import batch_time
 from mlactl.decide.replay import rules
-from mlactl.decide.replay.cache import BlockPool
+from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.replay import ReplaySettings, capacity, replay
 from mlactl.decide.replay.scheduler import Settings, scheduler_for
@@ -310,7 +310,7 @@ def test_a_dsa_schedule_decodes_across_topk_with_the_scheduler_alone(tmp_path):
     cost = CostModel(V32)
     clock = Clock(cost, B200, WeightCost(V32, weights_of("deepseek-v3.2")), rules.paths(parse("vllm")))
     e = parse("vllm")
-    s = scheduler_for(e)(read_trace(trace), e, BlockPool(100_000, True), clock, Settings(8192, 256, 64)).run()
+    s = scheduler_for(e)(read_trace(trace), e, TokenPool(51_200_000, True), clock, Settings(8192, 256, 64)).run()
     assert len(s) == 20
     for k in range(1, 20):  # decode k after 2040 + k - 1 tokens: min(2040 + k, 2048) keys selected
         p = 2040 + k - 1

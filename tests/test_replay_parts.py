@@ -15,7 +15,7 @@ from mlactl.cli import app
 from mlactl.decide.calibration import store
 from mlactl.decide.calibration.steps import PathLaunches
 from mlactl.decide.calibration.time import batch_time, path_times
-from mlactl.decide.replay.cache import BlockPool
+from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.traces import MAX_ERRORS, read_trace
 from mlactl.model import hardware
 from mlactl.model import weights as weights_mod
@@ -57,15 +57,19 @@ def test_mooncake_lines(tmp_path):
     assert t.format == "mooncake" and len(t) == 2
     assert t.arrival.tolist() == [0.0, 3.0]  # milliseconds to seconds
     assert t.input.tolist() == [6758, 915] and t.output.tolist() == [500, 355]
-    assert t.prompt_blocks(0) == list(range(14)) and t.prompt_blocks(1) == [0, 462]
-    assert t.cached.tolist() == [-1, -1] and t.finished_blocks(0) == []
+    # 6758 + 500 - 1 tokens of KV: 13 full hash blocks, then 2 blocks of its own (its partial
+    # block's 102 tokens with its output); the second's partial block is its own too
+    ids, _, alts = t.stream(0)
+    assert ids[:13] == list(range(13)) and len(ids) == 15 and all(b < 0 for b in ids[13:]) and alts is None
+    assert t.stream(1)[0][0] == 0 and len(t.stream(1)[0]) == 3
+    assert t.cached.tolist() == [-1, -1] and t.parent.tolist() == [-1, -1]
 
 
 def test_mooncake_with_fewer_ids_than_blocks_gets_ids_of_its_own(tmp_path):
     # Dynamo's synthesiser writes input_length // 512 ids: the partial last block has none
     f = tmp_path / "t.jsonl"
     f.write_text('{"timestamp": 0, "input_length": 1100, "output_length": 2, "hash_ids": [7, 8]}\n')
-    blocks = read_trace(f).prompt_blocks(0)
+    blocks = read_trace(f).stream(0)[0]
     assert blocks[:2] == [7, 8] and len(blocks) == 3 and blocks[2] < 0
 
 
@@ -76,12 +80,11 @@ def test_csv_sessions_chain_their_blocks(tmp_path):
     )
     t = read_trace(f)
     assert t.format == "csv" and t.arrival.tolist() == [0.0, 5.5, 6.0]
-    first, second = t.prompt_blocks(0), t.prompt_blocks(1)
-    assert first[0] == second[0]  # the same session's block 0
-    assert first[1] != second[1]  # turn 1's partial block is its own; turn 2's block 1 is full
-    # the output (100 tokens, the last never fed back) fills block 1: 1099 tokens
-    assert t.finished_blocks(0) == [second[1]]
-    assert t.prompt_blocks(2)[0] not in first  # no session: shares nothing
+    first, second = t.stream(0)[0], t.stream(1)[0]
+    # one stream a session: turn 1's 1099 tokens of KV (the last output token's is never
+    # computed) fill its blocks 0 to 2 (512, 512, 75), turn 2's 1203 the same three (512, 512, 179)
+    assert len(first) == 3 and second == first
+    assert t.stream(2)[0][0] not in first  # no session: shares nothing
 
 
 @pytest.mark.parametrize(
@@ -171,35 +174,44 @@ def test_unreadable_trace(tmp_path):
 # -- the block pool -----------------------------------------------------------------------------
 
 
-def test_pool_evicts_least_recently_used_unheld_blocks():
-    pool = BlockPool(4)
-    assert pool.admit([], 2)
-    pool.computed([1, 2])
+def test_pool_evicts_least_recently_used_unheld_segments():
+    pool = TokenPool(2048)
+    assert pool.admit([], 1024)
+    pool.private -= 1024
+    assert pool.store(1, 512, False) and pool.store(2, 512, False)
     pool.release([1, 2], 0)  # cached, evictable: 1 then 2
-    assert pool.admit([], 2)
-    pool.computed([3, 4])
-    assert pool.match([1, 2, 9]) == 2 and pool.match([2]) == 1 and pool.match([9, 1]) == 0
-    assert not pool.fits([], 3)  # 3 and 4 are held: only 1 and 2 can go
-    assert pool.admit([2], 1)  # holds 2 again, so 1 is evicted
+    assert pool.admit([], 1024)
+    pool.private -= 1024
+    pool.store(3, 512, False)
+    pool.store(4, 512, False)
+    assert pool.match([1, 2, 9]) == ([1, 2], 1024) and pool.match([9, 1]) == ([], 0)
+    assert not pool.fits([], 1025)  # 3 and 4 are held: only 1 and 2 (1024 tokens) can go
+    assert pool.admit([2], 100)  # holds 2 again, so 1 is evicted
     assert 1 not in pool and 2 in pool and pool.evicted == 1
     pool.release([3, 4], 0)
-    pool.release([2], 1)
-    assert pool.used == 3 and list(pool.lru) == [3, 4, 2]  # most recently used last
+    pool.release([2], 100)
+    assert pool.used == 1536 and list(pool.lru) == [3, 4, 2]  # most recently used last
 
 
-def test_pool_shares_a_block_computed_twice():
-    pool = BlockPool(10)
-    assert pool.admit([], 2) and pool.admit([], 2)
-    pool.computed([5])
-    pool.computed([5])  # the second copy is freed; both hold the one id
-    assert pool.refs[5] == 2 and pool.private == 2 and pool.used == 3
+def test_pool_grows_a_segment_and_stops_a_match_after_a_partial_one():
+    pool = TokenPool(10_000)
+    pool.store(7, 76, False)  # a session's block with 76 tokens so far
+    assert pool.match([5, 7], 0, None) == ([], 0)
+    pool.store(5, 512, False)
+    assert pool.match([5, 7, 8], 0, None) == ([5, 7], 588)  # the walk ends after the partial one
+    pool.store(7, 300, True)  # the same holder computed more of it: it grows
+    assert pool.size[7] == 300 and pool.cached == 812
+    pool.store(7, 100, False)  # a second holder of fewer tokens shares it, nothing grows
+    assert pool.refs[7] == 2 and pool.cached == 812
+    # the continuation's block stands in where the request's own is missing
+    assert pool.match([5, 9], 1, [7]) == ([5, 7], 812)
 
 
 def test_pool_without_caching_matches_nothing():
-    pool = BlockPool(10, caching=False)
+    pool = TokenPool(10, caching=False)
     assert pool.admit([], 3)
-    pool.computed([1, 2])
-    assert pool.match([1]) == 0 and pool.private == 3
+    assert not pool.store(1, 2, False)
+    assert pool.match([1]) == ([], 0) and pool.private == 3
     pool.release([], 3)
     assert pool.used == 0
 

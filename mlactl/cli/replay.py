@@ -12,18 +12,13 @@ from mlactl.cli.common import choice, cli_errors, emit, one_int, output_format, 
 from mlactl.cli.options import MACHINE, OUTPUT, AllEnginesOpt, EngineOptionOpt, Opts, shared
 from mlactl.decide.replay import rules
 from mlactl.decide.replay.replay import ReplaySettings, replay
+from mlactl.decide.replay.shipped import SCHEDULER_OPTIONS
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model import weights as model_weights
 from mlactl.output import replay as report
 from mlactl.util import numbers, progress
-from mlactl.util.defaults import (
-    REPLAY_HARDWARE,
-    REPLAY_MAX_BATCH_TOKENS,
-    REPLAY_MAX_RUNNING,
-    REPLAY_MEM_FRACTION,
-    REPLAY_TP,
-    WEIGHT_DTYPES,
-)
+from mlactl.util.defaults import REPLAY_HARDWARE, REPLAY_MEM_FRACTION, REPLAY_TP, WEIGHT_DTYPES
+from mlactl.util.errors import MlactlError
 from mlactl.util.io import refuse_input
 
 replay_app = typer.Typer(add_completion=False)
@@ -51,16 +46,21 @@ def replay_cmd(
     engines: AllEnginesOpt = None,
     engine_option: EngineOptionOpt = None,
     max_batch_tokens: Annotated[
-        str,
+        Optional[str],
         typer.Option(
             "--max-batch-tokens",
-            help="New tokens a step takes at most (vLLM max_num_batched_tokens, SGLang chunked_prefill_size).",
+            help="New tokens a step takes at most, every engine (vLLM max_num_batched_tokens, SGLang "
+            "chunked_prefill_size; default: each engine's own for the GPU's memory).",
         ),
-    ] = str(REPLAY_MAX_BATCH_TOKENS),
+    ] = None,
     max_running: Annotated[
-        str,
-        typer.Option("--max-running", help="Requests running at once at most (max_num_seqs, max_running_requests)."),
-    ] = str(REPLAY_MAX_RUNNING),
+        Optional[str],
+        typer.Option(
+            "--max-running",
+            help="Requests running at once at most, every engine (max_num_seqs, max_running_requests; "
+            "default: each engine's own).",
+        ),
+    ] = None,
     mem_fraction: Annotated[
         str,
         typer.Option("--mem-fraction", help="Share of the GPU's memory for the weights and the KV cache together."),
@@ -119,10 +119,13 @@ def replay_cmd(
     if weight_dtype is not None:
         choice(weight_dtype, "--weight-dtype", WEIGHT_DTYPES)
     weights = model_weights.resolve(opts.model, weight_dtype)
-    chosen = rules.parse(engines, engine_option, cfg, hw, kv)
+    rule_options, engine_settings = scheduler_options(engine_option)
+    chosen = rules.parse(engines, rule_options, cfg, hw, kv)
+    _check_targets(engine_settings, chosen)
     settings = ReplaySettings(
-        max_batch_tokens=one_int(max_batch_tokens, "--max-batch-tokens"),
-        max_running=one_int(max_running, "--max-running"),
+        max_batch_tokens=None if max_batch_tokens is None else one_int(max_batch_tokens, "--max-batch-tokens"),
+        max_running=None if max_running is None else one_int(max_running, "--max-running"),
+        engine_settings=engine_settings,
         mem_fraction=numbers.real(mem_fraction, "--mem-fraction", 0.0, 1.0, above=True),
         cache_tokens=None if cache_tokens is None else one_int(cache_tokens, "--cache-tokens"),
         prefix_cache=not no_prefix_cache,
@@ -155,3 +158,34 @@ def replay_cmd(
         write_csv=lambda fh: report.write_csv(fh, result),
         tables=[*setup.markup_notes(), *report.tables(result)],
     )
+
+
+def scheduler_options(options: list[str] | None) -> tuple[list[str], dict]:
+    """`--engine-option`s that set replay's scheduler under the engine's own name
+    (shipped.SCHEDULER_OPTIONS: SGLang's chunked_prefill_size, max_running_requests, page_size;
+    vLLM's max_num_batched_tokens) apart from the rule's: (the rule's, {engine or family: {key:
+    value}})."""
+    family_of = {k: fam for fam, keys in SCHEDULER_OPTIONS.items() for k in keys}
+    rest: list[str] = []
+    out: dict[str, dict] = {}
+    for text in options or []:
+        key, eq, value = text.partition("=")
+        target, dot, name = key.strip().rpartition(".")
+        fam = family_of.get(name.strip())
+        if not eq or fam is None:
+            rest.append(text)
+            continue
+        target = target if dot else fam
+        if not (target == fam or target.startswith((fam + "@", fam + "-"))):
+            raise MlactlError(f"--engine-option {text!r}: {name.strip()} is an option of {fam}, not of {target}")
+        out.setdefault(target, {})[name.strip()] = one_int(value, f"--engine-option {text!r}")
+    return rest, out
+
+
+def _check_targets(settings: dict, chosen) -> None:
+    names = {e.name for e in chosen} | {e.family for e in chosen}
+    for target in settings:
+        if target not in names:
+            raise MlactlError(
+                f"--engine-option {target}.*: {target} is not among --engines ({', '.join(sorted(names))})"
+            )

@@ -76,9 +76,22 @@ def header(result: Replay) -> str:
         f"[bold]{safe.markup(cfg.name)}[/] (tp {cfg.tp}, {w.dtype} weights, "
         f"{result.weights.model_bytes / 1e9:.1f} GB a GPU) on [bold]{safe.markup(hw.display)}[/], "
         f"kv cache {result.cost.kv_dtype}; trace {safe.markup(t.path)}: {len(t):,} requests over "
-        f"{t.duration_s:,.0f} s ({t.format}); steps of at most {s.max_batch_tokens:,} new tokens and "
-        f"{s.max_running} requests; KV pool {result.capacity_tokens:,} tokens, prefix cache {cache}; "
+        f"{t.duration_s:,.0f} s ({t.format}); {_steps(result)}; "
+        f"KV pool {result.capacity_tokens:,} tokens, prefix cache {cache}; "
         f"{time_kind(result)} attention times, every layer"
+    )
+
+
+def _steps(result: Replay) -> str:
+    """Each engine's chunk, request cap and page, once per distinct setting."""
+    seen: dict[tuple, list[str]] = {}
+    for e in result.engines:
+        sh = e.scheduler
+        if sh is not None:
+            seen.setdefault((sh.max_batch_tokens, sh.max_running, sh.page), []).append(e.engine.name)
+    return "; ".join(
+        f"{', '.join(safe.markup(n) for n in names)}: steps of at most {c:,} new tokens and {r:,} requests, page {p}"
+        for (c, r, p), names in seen.items()
     )
 
 
@@ -258,6 +271,7 @@ def engine_json(e: EngineReplay) -> dict:
         "timeline": e.timeline,
         "latency_s": e.latency,
         "cache": e.cache,
+        "scheduler": None if e.scheduler is None else e.scheduler.to_json(),
     }
 
 
@@ -278,6 +292,7 @@ def to_json(result: Replay) -> dict:
             "requests": len(t),
             "first_arrival_s": float(t.arrival[0]),
             "duration_s": t.duration_s,
+            "continued": t.continued,
         },
         "model": dict(cfg.to_dict(), softmax_scale=cfg.softmax_scale),
         "weights": dict(

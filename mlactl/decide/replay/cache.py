@@ -1,125 +1,151 @@
-"""The KV cache of one GPU as a pool of blocks, and the prefix cache over it.
+"""The KV cache of one GPU as a pool of tokens, and the prefix cache over it.
 
-The pool holds `capacity` blocks of `block` tokens (512, the Mooncake traces' block). A running
-request holds its blocks: the cached ones its prompt matched, the ones its prefill computed
-(which join the cache as they are computed: the prefill that computes a block caches it), and
-the rest of its context (prompt and output) reserved at admission without an id. When it
-finishes it lets go of its blocks: those with an id stay cached, evictable, most recently used
-last; the rest are freed. A new request takes as many blocks as it needs, evicting the least
-recently used cached blocks nobody holds; when even that is not enough it waits.
+The pool holds `capacity` tokens. What is cached is kept in segments: a segment is one 512-token
+block of a token stream (a Mooncake hash id, a CSV session's stream, a request's own tokens), and
+holds the first `size` tokens of that block, up to 512. A segment's content is a prefix of its
+block, so a later request that has the same block in its stream can use any leading part of it:
+the pool grows a segment when a request computes more of its block (a session's partial block,
+filled by the turn's output) and never shrinks one while it is held.
 
-A request's cached prefix is its leading blocks that are in the cache (held or not), capped at
-input - 1 tokens by the caller: one token is always computed. With caching off nothing is
-matched and nothing keeps an id, but the pool still bounds what runs at once.
+A running request holds its segments: the ones its prompt matched, and the ones it computes
+(which join the cache as they are computed: the prefill that computes tokens caches them, a
+finished request caches its prompt and output). It also holds `private` tokens: what it reserved
+at admission and has not yet cached. When it finishes it lets go of its segments, which stay
+cached, evictable, most recently used last; its private tokens are freed. A new request takes
+as many tokens as it needs, evicting the least recently used segments nobody holds (whole
+segments); when even that is not enough it waits.
 
-Reserving a request's whole context at admission is mlactl's simplification: vLLM allocates
-blocks as a request grows and preempts (recomputes) the newest when they run out; SGLang admits
-on an estimate of the output (new_token_ratio) and retracts decodes on a shortage. Neither is
-modelled (docs/replay.md).
+The engine's page (block) enters through the callers: a hit is floored to whole pages, and a
+request reserves whole pages (scheduler.py). Eviction here goes by segments of 512 tokens, not
+by page: an approximation of both engines' LRU, whose unit is the page (vLLM) or the radix node
+(SGLang). With caching off nothing is matched or kept, but the pool still bounds what runs.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+SEGMENT = 512  # tokens of a trace block: the unit the pool caches and evicts in
 
-class BlockPool:
-    """`capacity` blocks: the ids held by running requests (`refs`), the cached ids nobody holds
-    in least-recently-used order (`lru`), and `private` blocks held without an id."""
+
+class TokenPool:
+    """`capacity` tokens: cached segments held by running requests (`refs`) or by nobody
+    (`lru`, least recently used first), each with its size in tokens, and `private` tokens held
+    by running requests outside any segment."""
 
     def __init__(self, capacity: int, caching: bool = True):
         self.capacity = int(capacity)
         self.caching = caching
         self.refs: dict[int, int] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()
+        self.size: dict[int, int] = {}
+        self.cached = 0  # tokens in segments, held or not
+        self.evictable = 0  # tokens in segments nobody holds
         self.private = 0
-        self.evicted = 0
+        self.evicted = 0  # segments evicted
         self.version = 0  # moves whenever what a waiting request could match or take may have changed
 
     @property
     def used(self) -> int:
-        return len(self.refs) + len(self.lru) + self.private
+        return self.cached + self.private
 
-    def __contains__(self, block: int) -> bool:
-        return block in self.refs or block in self.lru
+    def __contains__(self, seg: int) -> bool:
+        return seg in self.size
 
-    def match(self, ids: list[int]) -> int:
-        """How many of `ids`, from the first, are cached."""
+    def match(self, ids: list[int], alt_from: int = 0, alts: list[int] | None = None) -> tuple[list[int], int]:
+        """The cached lead of a stream: (the segments matched, their tokens). Block k is
+        `ids[k]`, or where that is not cached and k >= alt_from, `alts[k - alt_from]` (the
+        continuation of an earlier request); the walk stops at the first block neither holds and
+        after the first segment that is not full."""
         if not self.caching:
-            return 0
-        n = 0
-        for b in ids:
-            if b not in self.refs and b not in self.lru:
+            return [], 0
+        size = self.size
+        out: list[int] = []
+        tokens = 0
+        n_alt = len(alts) if alts else 0
+        for k, seg in enumerate(ids):
+            got = size.get(seg)
+            if got is None and alts is not None and 0 <= k - alt_from < n_alt:
+                seg = alts[k - alt_from]
+                got = size.get(seg)
+            if got is None:
                 break
-            n += 1
-        return n
+            out.append(seg)
+            tokens += got
+            if got < SEGMENT:
+                break
+        return out, tokens
+
+    def _pinned(self, matched: list[int]) -> int:
+        lru, size = self.lru, self.size
+        return sum(size[s] for s in matched if s in lru)
 
     def fits(self, matched: list[int], need: int) -> bool:
         """Whether `admit(matched, need)` would succeed (nothing changed)."""
-        pinned_lru = sum(1 for b in matched if b in self.lru)
-        return need <= self.capacity - self.used + len(self.lru) - pinned_lru
+        return need <= self.capacity - self.used + self.evictable - self._pinned(matched)
 
     def admit(self, matched: list[int], need: int) -> bool:
-        """Hold the `matched` cached blocks and `need` new ones, evicting the least recently used
-        cached blocks nobody holds; False (nothing changed) when they do not fit."""
+        """Hold the `matched` segments and `need` tokens, evicting the least recently used
+        segments nobody holds; False (nothing changed) when they do not fit."""
         if not self.fits(matched, need):
             return False
-        for b in matched:
-            if b in self.lru:
-                del self.lru[b]
-                self.refs[b] = 1
-            else:
-                self.refs[b] += 1
-        free = self.capacity - self.used
-        while free < need:
-            self.lru.popitem(last=False)
-            self.evicted += 1
-            free += 1
+        for s in matched:
+            self._hold(s)
+        self._make_room(need)
         self.private += need
         return True
 
-    def computed(self, ids: list[int]) -> None:
-        """A running request computed the blocks `ids` (held privately until now): they join the
-        cache, held by it. A block another request cached meanwhile is shared, its copy freed."""
-        self.version += 1
-        self.private -= len(ids)
-        if not self.caching:
-            self.private += len(ids)
-            return
-        for b in ids:
-            if b in self.lru:
-                del self.lru[b]
-                self.refs[b] = 1
-            elif b in self.refs:
-                self.refs[b] += 1
-            else:
-                self.refs[b] = 1
-
-    def release(self, held: list[int], private: int) -> None:
-        """A request finished: its ids stay cached, now evictable (most recent last); its
-        `private` blocks are freed."""
-        self.version += 1
-        for b in held:
-            left = self.refs[b] - 1
-            if left:
-                self.refs[b] = left
-            else:
-                del self.refs[b]
-                self.lru[b] = None
-        self.private -= private
-
-    def rename(self, old: int, new: int) -> None:
-        """A held block gets another id (a session's partial prompt block, full once the output
-        fills it): the old id is dropped; the new one is held instead (shared if cached)."""
-        left = self.refs[old] - 1
-        if left:
-            self.refs[old] = left
-            self.private += 1  # the old id stays with its other holders: this copy is private
-            self.computed([new])
-            return
-        del self.refs[old]
-        if new in self.refs or new in self.lru:
-            self.private += 1
-            self.computed([new])
+    def _hold(self, seg: int) -> None:
+        if seg in self.lru:
+            del self.lru[seg]
+            self.evictable -= self.size[seg]
+            self.refs[seg] = 1
         else:
-            self.refs[new] = 1
+            self.refs[seg] += 1
+
+    def _make_room(self, need: int) -> None:
+        while self.capacity - self.used < need and self.lru:
+            seg, _ = self.lru.popitem(last=False)
+            got = self.size.pop(seg)
+            self.cached -= got
+            self.evictable -= got
+            self.evicted += 1
+
+    def store(self, seg: int, hi: int, held: bool) -> bool:
+        """A running request has the first `hi` tokens of segment `seg` computed (the caller
+        takes them from its private tokens): the segment grows to them, or is made. `held`:
+        whether the request holds it already; returns whether it holds it now (False with
+        caching off, where nothing is kept)."""
+        self.version += 1
+        if not self.caching:
+            return False
+        got = self.size.get(seg)
+        if got is None:
+            self.size[seg] = hi
+            self.cached += hi
+            self.refs[seg] = 1
+            self._make_room(0)
+            return True
+        if hi > got:
+            self.size[seg] = hi
+            self.cached += hi - got
+            if seg in self.lru:
+                self.evictable += hi - got
+        if not held:
+            self._hold(seg)
+        self._make_room(0)
+        return True
+
+    def release(self, held, private: int) -> None:
+        """A request finished: its segments stay cached, now evictable (most recent last); its
+        `private` tokens are freed."""
+        self.version += 1
+        for s in held:
+            left = self.refs[s] - 1
+            if left:
+                self.refs[s] = left
+            else:
+                del self.refs[s]
+                self.lru[s] = None
+                self.evictable += self.size[s]
+        self.private -= private

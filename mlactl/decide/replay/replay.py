@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 
 from mlactl.decide.replay import rules
-from mlactl.decide.replay.cache import BlockPool
+from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.intervals import Drawer, sample_size, step_weights
 from mlactl.decide.replay.pricing import STEP_TYPES, Pricer, blocks, rows_of, step_types
 from mlactl.decide.replay.scheduler import Schedule, Settings, scheduler_for
+from mlactl.decide.replay.shipped import Shipped, shipped
 from mlactl.decide.replay.traces import Trace
 from mlactl.decide.workload import engine_cost
 from mlactl.model.config import MLAConfig
@@ -36,8 +37,6 @@ from mlactl.model.weights import ModelWeights
 from mlactl.util.defaults import (
     DEFAULT_CHUNK,
     REPLAY_BLOCK,
-    REPLAY_MAX_BATCH_TOKENS,
-    REPLAY_MAX_RUNNING,
     REPLAY_MEM_FRACTION,
     REPLAY_TIMELINE_BINS,
 )
@@ -49,14 +48,17 @@ CURVE_POINTS = 200  # thresholds of the sweep's curve kept for JSON and the char
 
 @dataclass(frozen=True)
 class ReplaySettings:
-    max_batch_tokens: int = REPLAY_MAX_BATCH_TOKENS
-    max_running: int = REPLAY_MAX_RUNNING
+    max_batch_tokens: int | None = None  # every engine's; None: each engine's own (shipped.py)
+    max_running: int | None = None  # likewise
     mem_fraction: float = REPLAY_MEM_FRACTION
     cache_tokens: int | None = None  # the KV pool in tokens; None: what the GPU holds after the weights
     prefix_cache: bool = True
     step_overhead_s: float = 0.0
     block: int = REPLAY_BLOCK
     bins: int = REPLAY_TIMELINE_BINS
+    # the engines' own scheduler options, per engine name or family (`--engine-option`):
+    # {"sglang": {"chunked_prefill_size": 16384}, "vllm@0.33.0": {...}}
+    engine_settings: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -97,10 +99,11 @@ class EngineReplay:
     sweep: Sweep | None
     timeline: dict  # bins of trace time: edges, attention, best, lost
     latency: dict  # seconds: time to first token, end to end; p50, p90, p99
-    cache: dict  # hit rate, blocks evicted
+    cache: dict  # hit rate, segments evicted, the page
     per_step: dict | None = field(repr=False)  # [steps] arrays, for the CSV (replay(keep_steps=True))
     # calibrated: the 80% interval of each total (time, best, lost, lost_step, lost_request), or None
     intervals: dict | None = None
+    scheduler: Shipped | None = None  # the chunk, running requests and page it ran with
 
     @property
     def lost_s(self) -> float:
@@ -180,16 +183,18 @@ def replay(
             f"(it has: {have}); give --weight-dtype with one it has (engines there run them dequantised)"
         )
     tokens = capacity(wc, cost, hw, s)
-    pool_blocks = tokens // s.block
-    need = -(-(trace.input + trace.output - 1) // s.block)
-    over = np.flatnonzero(need > pool_blocks)
-    if len(over):
-        i = int(over[0])
-        raise MlactlError(
-            f"{trace.path}: line {int(trace.line[i])}: a request of {int(trace.input[i] + trace.output[i] - 1):,} "
-            f"tokens does not fit the KV cache's {pool_blocks * s.block:,} tokens "
-            f"({len(over)} request(s) do not); raise --tp, --mem-fraction or --cache-tokens"
-        )
+    schedulers = [shipped_for(e, s, hw, tokens, cfg) for e in engines]
+    need = trace.input + trace.output - 1
+    for sh in schedulers:
+        pages = -(-need // sh.page) * sh.page
+        over = np.flatnonzero(pages > tokens // sh.page * sh.page)
+        if len(over):
+            i = int(over[0])
+            raise MlactlError(
+                f"{trace.path}: line {int(trace.line[i])}: a request of {int(need[i]):,} tokens does not fit "
+                f"the KV cache's {tokens:,} tokens ({len(over)} request(s) do not); raise --tp, --mem-fraction "
+                "or --cache-tokens"
+            )
     # one clock per cost the engines run (a DSA model's dense_expand: the indexer vLLM runs in full)
     found: dict[str, Clock] = {}
     clocks = []
@@ -198,7 +203,7 @@ def replay(
         if own.dense_indexer not in found:
             found[own.dense_indexer] = Clock(own, hw, wc, rules.paths(e), s.step_overhead_s)
         clocks.append(found[own.dense_indexer])
-    job = _Job(trace, cost, hw, calibration, tuple(clocks), pool_blocks, s, keep_steps, tuple(engines))
+    job = _Job(trace, cost, hw, calibration, tuple(clocks), tokens, s, keep_steps, tuple(engines), tuple(schedulers))
     if workers == 1:
         out = [job.run(k) for k in range(len(engines))]
     else:
@@ -225,20 +230,30 @@ class _Job:
     hw: HardwareProfile
     calibration: Any
     clocks: tuple  # each engine's Clock
-    pool_blocks: int
+    pool_tokens: int
     settings: ReplaySettings
     keep_steps: bool
     engines: tuple
+    schedulers: tuple  # each engine's Shipped
 
     def run(self, k: int) -> EngineReplay:
-        e, s = self.engines[k], self.settings
-        pool = BlockPool(self.pool_blocks, caching=s.prefix_cache)
-        settings = Settings(s.max_batch_tokens, s.max_running, s.block)
+        e, s, sh = self.engines[k], self.settings, self.schedulers[k]
+        pool, settings = pool_and_settings(sh, self.pool_tokens, s.prefix_cache)
         sched = scheduler_for(e)(self.trace, e, pool, self.clocks[k], settings).run()
-        return _price(self.trace, self.cost, self.hw, self.calibration, e, sched, s, self.keep_steps)
+        out = _price(self.trace, self.cost, self.hw, self.calibration, e, sched, s, self.keep_steps)
+        out.scheduler = sh
+        out.cache["page"] = sh.page
+        return out
 
 
 _FORKED: _Job | None = None
+
+
+def pool_and_settings(sh: Shipped, pool_tokens: int, prefix_cache: bool = True) -> tuple[TokenPool, Settings]:
+    """An engine's KV pool (whole pages of it) and its scheduler's settings."""
+    return TokenPool(pool_tokens // sh.page * sh.page, caching=prefix_cache), Settings(
+        sh.max_batch_tokens, sh.max_running, sh.page
+    )
 
 
 def _run_forked(k: int) -> EngineReplay:
@@ -246,8 +261,19 @@ def _run_forked(k: int) -> EngineReplay:
     return _FORKED.run(k)
 
 
+def shipped_for(e: rules.Engine, s: ReplaySettings, hw: HardwareProfile, tokens: int, cfg: MLAConfig) -> Shipped:
+    """The engine's scheduler on this GPU: its own options where given (by its name, then its
+    family), the shared --max-batch-tokens and --max-running, else its defaults as it ships."""
+    given = dict(s.engine_settings.get(e.family, {}))
+    given.update(s.engine_settings.get(e.name, {}))
+    p = e.params
+    if e.family == rules.VLLM and "max_num_seqs" in p.given:  # the rule's own option, read here too
+        given["max_num_seqs"] = p.values["max_num_seqs"]
+    return shipped(e.family, p, hw.memory_gb, hw.name, tokens, cfg.name, given, s.max_batch_tokens, s.max_running)
+
+
 def _check_settings(s: ReplaySettings) -> None:
-    if s.max_batch_tokens < 1 or s.max_running < 1:
+    if (s.max_batch_tokens is not None and s.max_batch_tokens < 1) or (s.max_running is not None and s.max_running < 1):
         raise MlactlError("--max-batch-tokens and --max-running must be at least 1")
     if not 0 < s.mem_fraction <= 1:
         raise MlactlError(f"--mem-fraction must be above 0 and at most 1, got {s.mem_fraction:g}")

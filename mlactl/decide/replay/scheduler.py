@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from mlactl.decide.replay import rules
-from mlactl.decide.replay.cache import BlockPool
+from mlactl.decide.replay.cache import SEGMENT, TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.traces import Trace
 from mlactl.util.errors import MlactlError
@@ -60,7 +60,7 @@ WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
 class Settings:
     max_batch_tokens: int
     max_running: int
-    block: int
+    page: int  # the engine's page (block): hits are whole pages, and so is what a request reserves
 
 
 class Schedule:
@@ -128,7 +128,7 @@ class Schedule:
 class Scheduler:
     """Runs one engine's scheduler over a trace (`run`); subclasses form the steps."""
 
-    def __init__(self, trace: Trace, engine: rules.Engine, pool: BlockPool, clock: Clock, settings: Settings):
+    def __init__(self, trace: Trace, engine: rules.Engine, pool: TokenPool, clock: Clock, settings: Settings):
         self.trace, self.engine, self.pool, self.clock, self.settings = trace, engine, pool, clock, settings
         n = len(trace)
         self.inp = trace.input.tolist()
@@ -137,9 +137,9 @@ class Scheduler:
         self.given_cached = trace.cached.tolist()
         self.phase = [WAITING] * n
         self.computed = [0] * n
-        self.next_block = [0] * n
-        self.blocks: list[list[int] | None] = [None] * n
-        self.held: list[list[int]] = [[] for _ in range(n)]
+        self.stored = [0] * n  # tokens of its stream it took from the cache or has cached since
+        self.streams: list[tuple | None] = [None] * n  # Trace.stream(i), while it runs
+        self.held: list[dict[int, None]] = [{} for _ in range(n)]
         self.private = [0] * n
         # decodes: prefix c0 when it joined at decode count d0, and the decode count it ends at
         self.c0 = [0] * n
@@ -205,23 +205,27 @@ class Scheduler:
         return ok
 
     def _plan(self, i: int, commit: bool = True):
-        """(matched ids, cached tokens, blocks to reserve) for admitting request i (taking them
-        from the pool with `commit`), or None when the pool cannot hold it now."""
-        ids = self.blocks[i]
-        if ids is None:
-            ids = self.blocks[i] = self.trace.prompt_blocks(i)
-        inp, block = self.inp[i], self.settings.block
-        total = -(-(inp + self.out[i] - 1) // block)
+        """(matched segments, cached tokens, tokens to reserve) for admitting request i (taking
+        them from the pool with `commit`), or None when the pool cannot hold it now.
+
+        The hit is the stream's cached lead, capped at input - 1 (one token is always computed:
+        vLLM's `max_cache_hit_length = request.num_tokens - 1` in KVCacheManager.get_computed_blocks,
+        SGLang's `max_prefix_len = input_len - 1` in Req._compute_max_prefix_len, schedule_batch.py) and floored to
+        whole pages (vLLM hits full blocks; SGLang's paged radix cache matches page-aligned keys).
+        The reservation is the whole context, prompt and output less the last token, in pages."""
+        stream = self.streams[i]
+        if stream is None:
+            stream = self.streams[i] = self.trace.stream(i)
+        inp, page = self.inp[i], self.settings.page
+        total = -(-(inp + self.out[i] - 1) // page) * page
         given = self.given_cached[i]
         matched: list[int] = []
         if given >= 0:
             cached = given
-            need = total - given // block
         else:
-            m = self.pool.match(ids)
-            matched = ids[:m]
-            cached = min(m * block, inp - 1)
-            need = total - m
+            matched, tokens = self.pool.match(*stream)
+            cached = min(tokens, inp - 1) // page * page
+        need = total - cached
         if not (self.pool.admit(matched, need) if commit else self.pool.fits(matched, need)):
             return None
         return matched, cached, need
@@ -242,9 +246,9 @@ class Scheduler:
         self.running.append(i)
         self.phase[i] = PREFILL
         self.computed[i] = cached
-        self.held[i] = list(matched)
+        self.held[i] = dict.fromkeys(matched)
         self.private[i] = need
-        self.next_block[i] = len(matched) if self.given_cached[i] < 0 else cached // self.settings.block
+        self.stored[i] = cached
         self.s.cached[i] = cached
         self.s.admitted[i] = now
         return i, cached
@@ -434,19 +438,30 @@ class Scheduler:
             s.span_d0.append(self.d0[i])
 
     def _computed(self, i: int, computed: int) -> None:
-        """Request i's prompt is computed up to `computed` tokens: the blocks that completes join
-        the cache (the last, partial one with the last chunk)."""
+        """Request i's prompt is computed up to `computed` tokens: they join the cache (the
+        prefill that computes tokens caches them)."""
         self.computed[i] = computed
-        block = self.settings.block
-        ids = self.blocks[i] or []
-        upto = len(ids) if computed == self.inp[i] else computed // block
-        if upto > self.next_block[i]:
-            new = ids[self.next_block[i] : upto]
-            self.pool.computed(new)
-            if self.pool.caching:
-                self.held[i].extend(new)
-                self.private[i] -= len(new)
-            self.next_block[i] = upto
+        self._store(i, computed)
+
+    def _store(self, i: int, upto: int) -> None:
+        """Request i's stream is computed up to `upto` tokens: the segments that covers grow to
+        them, taken from its private tokens (with caching off they stay private)."""
+        lo = self.stored[i]
+        if upto <= lo:
+            return
+        self.stored[i] = upto
+        pool = self.pool
+        if not pool.caching:
+            return
+        stream = self.streams[i]
+        assert stream is not None
+        ids, held = stream[0], self.held[i]
+        self.private[i] -= upto - lo
+        pool.private -= upto - lo  # first: the segments take these tokens, so no room is made for them
+        for k in range(lo // SEGMENT, -(-upto // SEGMENT)):
+            seg = ids[k]
+            if pool.store(seg, min(upto - k * SEGMENT, SEGMENT), seg in held):
+                held[seg] = None
 
     def _prefilled(self, i: int, now: float) -> None:
         """Request i's prompt is done: it sampled its first token; it decodes the rest."""
@@ -474,23 +489,15 @@ class Scheduler:
             self._finish(i, now)
 
     def _finish(self, i: int, now: float) -> None:
+        """Request i is done: its prompt and output, less the last token (whose KV is never
+        computed), join the cache (SGLang's release_kv_cache caches kv_committed_len tokens of
+        origin_input_ids + output_ids; vLLM caches every full block it filled), and it lets go."""
         self.phase[i] = DONE
         self.running.remove(i)
         self.s.finished[i] = now
-        finished = self.trace.finished_blocks(i) if self.pool.caching else []
-        held = self.held[i]
-        if finished:
-            ids = self.blocks[i] or []
-            partial = self.inp[i] % self.settings.block
-            if partial and ids and ids[-1] in held and finished[0] != ids[-1]:
-                self.pool.rename(ids[-1], finished[0])
-                held[held.index(ids[-1])] = finished[0]
-                finished = finished[1:]
-            self.pool.computed(finished)
-            held.extend(finished)
-            self.private[i] -= len(finished)
-        self.pool.release(held, self.private[i])
-        self.held[i], self.private[i], self.blocks[i] = [], 0, None
+        self._store(i, self.inp[i] + self.out[i] - 1)
+        self.pool.release(self.held[i], self.private[i])
+        self.held[i], self.private[i], self.streams[i] = {}, 0, None
         self.finishes += 1
 
 

@@ -63,7 +63,8 @@ class Trace:
     arrival: [N] float seconds from the trace's start (the first arrival is not moved to 0);
     input, output: [N] int tokens; cached: [N] int, a reported cache hit or -1 (simulate);
     line: [N] int, the file line of each request; session: [N] int, the conversation of a CSV
-    turn or -1; ids, id_start: Mooncake's hash_ids, flat, and where each request's begin ([N+1]).
+    turn or -1; ids, id_start: Mooncake's hash_ids, flat, and where each request's begin ([N+1]);
+    parent: [N] the earlier request each Mooncake request is inferred to continue, or -1.
     """
 
     path: str
@@ -77,6 +78,7 @@ class Trace:
     ids: np.ndarray
     id_start: np.ndarray
     block: int = REPLAY_BLOCK
+    parent: np.ndarray | None = None  # Mooncake: the request each continues, or -1 (infer_parents)
 
     def __len__(self) -> int:
         return len(self.input)
@@ -85,28 +87,82 @@ class Trace:
     def duration_s(self) -> float:
         return float(self.arrival[-1] - self.arrival[0]) if len(self) else 0.0
 
-    def prompt_blocks(self, i: int) -> list[int]:
-        """Ids of request i's prompt blocks, one per `block` tokens (the last may be partial)."""
-        n = -(-int(self.input[i]) // self.block)
-        if self.format == "mooncake":
-            given = self.ids[self.id_start[i] : self.id_start[i + 1]].tolist()
-            return given + [_own(i, j) for j in range(len(given), n)]
-        s = int(self.session[i])
-        if s < 0:
-            return [_own(i, j) for j in range(n)]
-        full = int(self.input[i]) // self.block
-        return [_stream(s, j) for j in range(full)] + ([_own(i, full)] if n > full else [])
+    @property
+    def continued(self) -> int:
+        """Requests inferred to continue an earlier one (Mooncake: `parents`)."""
+        return 0 if self.parent is None else int((self.parent >= 0).sum())
 
-    def finished_blocks(self, i: int) -> list[int]:
-        """Ids of the blocks request i's output completes, cached when it finishes: a session's
-        stream blocks that prompt and output (less the last token, whose KV is never computed)
-        fill. Empty for Mooncake (its ids cover prompts only) and for a lone CSV prompt."""
+    def _chain(self, i: int) -> int:
+        """Blocks of request i's stream named by the trace (Mooncake: its full blocks' hash ids)."""
+        return min(int(self.id_start[i + 1] - self.id_start[i]), int(self.input[i]) // self.block)
+
+    def blocks(self, i: int) -> int:
+        """Blocks of request i's stream its KV fills: its prompt and output but the last token
+        (whose KV is never computed)."""
+        return -(-(int(self.input[i]) + int(self.output[i]) - 1) // self.block)
+
+    def stream(self, i: int) -> tuple[list[int], int, list[int] | None]:
+        """Request i's token stream as block ids, one per `block` tokens of its prompt and output
+        (the last partial), and where an earlier request's stream may stand in for it:
+        (ids, alt_from, alts), block k matched as ids[k] or, from alt_from on, alts[k - alt_from].
+
+        Mooncake: the full blocks' hash ids, then ids of the request's own (its partial block,
+        its output); a request inferred to continue an earlier one (`parent`) may take that
+        one's own blocks from the end of the shared hash ids. CSV: a session's blocks are the
+        session's stream (each turn's prompt is the previous turn's prompt and output and more);
+        a row without a session has blocks of its own."""
+        n = self.blocks(i)
+        if self.format == "mooncake":
+            chain = self._chain(i)
+            ids = self.ids[self.id_start[i] : self.id_start[i] + chain].tolist()
+            ids += [_own(i, j) for j in range(chain, n)]
+            p = -1 if self.parent is None else int(self.parent[i])
+            if p < 0:
+                return ids, 0, None
+            start = self._chain(p)
+            return ids, start, [_own(p, j) for j in range(start, self.blocks(p))]
         s = int(self.session[i])
         if s < 0:
-            return []
-        lo = int(self.input[i]) // self.block
-        hi = (int(self.input[i]) + int(self.output[i]) - 1) // self.block
-        return [_stream(s, j) for j in range(lo, hi)]
+            return [_own(i, j) for j in range(n)], 0, None
+        return [_stream(s, j) for j in range(n)], 0, None
+
+
+def infer_parents(trace: Trace) -> np.ndarray:
+    """[N] the request each Mooncake request continues, or -1.
+
+    Mooncake's hash ids name a prompt's blocks of 512 tokens, prefix by prefix; a conversation's
+    next turn carries the last turn's prompt and its answer, but the ids cannot say so past the
+    last turn's full blocks. So a request B is taken to continue an earlier request A when A's
+    full blocks (at least one) are B's leading blocks and B's prompt is at least as long as A's:
+    of the requests that qualify, the one with the most full blocks, the latest on a tie. B may
+    then find A's partial block and output cached (up to B's own prompt less one token, at the
+    engine's page). It is an inference: a request that shares a system prompt with a shorter
+    one that ended at a block boundary is credited too, so replay reports the share of requests
+    it credits (docs/replay.md)."""
+    n = len(trace)
+    parent = np.full(n, -1, dtype=np.int64)
+    if trace.format != "mooncake":
+        return parent
+    ends: dict[int, int] = {}  # the hash of a chain of full blocks -> the latest request it is all of
+    inp = trace.input.tolist()
+    starts = trace.id_start.tolist()
+    ids = trace.ids.tolist()
+    block = trace.block
+    for i in range(n):
+        chain = min(starts[i + 1] - starts[i], inp[i] // block)
+        given = ids[starts[i] : starts[i + 1]]
+        h, key, best = 0, 0, -1
+        for k, b in enumerate(given):
+            h = hash((h, b))
+            a = ends.get(h)
+            if a is not None and inp[a] <= inp[i]:
+                best = a  # a longer chain, found later in the walk, replaces a shorter one
+            if k + 1 == chain:
+                key = h
+        parent[i] = best
+        if chain:
+            ends[key] = i
+    return parent
 
 
 def _own(i: int, j: int) -> int:
@@ -271,7 +327,9 @@ def _read_mooncake(lines, first: tuple[int, str], path: Path, errors: _Errors) -
         if text.strip():
             one(number, text)
     errors.raise_all()
-    return out.build()
+    trace = out.build()
+    trace.parent = infer_parents(trace)
+    return trace
 
 
 def _read_csv(lines, first: tuple[int, str], path: Path, errors: _Errors) -> Trace:

@@ -1,0 +1,148 @@
+"""Each engine's scheduler and cache defaults as it ships, per backend and GPU memory.
+
+A replayed engine runs its own page size, chunk and request cap unless the user sets them under
+the engine's own option names (`--engine-option sglang.chunked_prefill_size=16384`,
+`vllm.max_num_batched_tokens=4096`; `--max-batch-tokens` and `--max-running` set both engines).
+Where each value comes from (docs/replay.md, "Defaults as the engines ship"):
+
+SGLang (sgl-project/sglang):
+  page_size        1, raised by `ServerArgs._handle_attention_backend_compatibility`
+                   (python/sglang/srt/server_args.py): flashmla 64, cutlass_mla 128, trtllm_mla
+                   (and tokenspeed_mla) 64 unless 32 or 64 is given; either the attention or the
+                   decode attention backend triggers it.
+  chunked_prefill_size   by the GPU's memory in MiB (server_args.py, the chunked prefill size
+                   default): under 35 GiB 2048, under 60 GiB 4096, under 160 GiB 8192 (H100,
+                   H200), else 16384 (B200, MI300).
+  max_running_requests   `ModelRunner._resolve_max_num_reqs`: min(clamp(int(pool tokens /
+                   context_len * 512), 2048, 4096), pool tokens // 2).
+
+vLLM (vllm-project/vllm), the OpenAI server's usage context (what `vllm serve` runs):
+  block_size       16 (vllm/config/cache.py), forced by `CudaPlatform.check_and_update_config`
+                   (vllm/platforms/cuda.py): FlashMLA 64, CUTLASS MLA 128, FlashInfer MLA 64
+                   (32 kept when given), the sparse backends 64. mlactl's rule already resolves
+                   it (EngineParams.block).
+  max_num_batched_tokens, max_num_seqs   `EngineArgs.get_batch_defaults`
+                   (vllm/engine/arg_utils.py): a GPU of at least 70 GiB that is not an A100 gets
+                   8192 tokens and 1024 sequences, any other 2048 and 256; from v0.28.0 a GPU of
+                   at least 160 GiB gets 16384 tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlactl.util.errors import MlactlError
+
+GIB = float(1 << 30)
+# The engines' own names for what replay's scheduler takes, per family (`--engine-option`).
+SCHEDULER_OPTIONS = {
+    "sglang": ("chunked_prefill_size", "max_running_requests", "page_size"),
+    "vllm": ("max_num_batched_tokens",),  # max_num_seqs and block_size are the rule's own options
+}
+# The model's context length (config.json max_position_embeddings), which SGLang's request cap
+# reads; a model not listed takes DeepSeek-V3's.
+CONTEXT_LEN = {"deepseek-v3": 163840, "deepseek-v2": 163840, "deepseek-v2-lite": 163840, "kimi-k2": 131072}
+DEFAULT_CONTEXT_LEN = 163840
+# SGLang's page size forced by a backend (ServerArgs._handle_attention_backend_compatibility)
+SGLANG_PAGE = {"flashmla": 64, "cutlass_mla": 128, "trtllm_mla": 64, "tokenspeed_mla": 64}
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """One engine's scheduler as it runs: the new tokens a step takes, the requests that run at
+    once, and the page (block) the prefix cache matches and allocates in; `why`: where each
+    came from, one phrase each."""
+
+    max_batch_tokens: int
+    max_running: int
+    page: int
+    why: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {
+            "max_batch_tokens": self.max_batch_tokens,
+            "max_running": self.max_running,
+            "page": self.page,
+            "why": list(self.why),
+        }
+
+
+def sglang_chunk(memory_gib: float) -> int:
+    """SGLang's default chunked_prefill_size for a GPU of this much memory (GiB)."""
+    if memory_gib < 35:
+        return 2048
+    if memory_gib < 60:
+        return 4096
+    if memory_gib < 160:
+        return 8192
+    return 16384
+
+
+def vllm_batch(memory_gib: float, name: str) -> tuple[int, int]:
+    """vLLM's default (max_num_batched_tokens, max_num_seqs) for `vllm serve` on this GPU."""
+    if memory_gib >= 160:
+        return 16384, 1024
+    if memory_gib >= 70 and "a100" not in name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+def sglang_max_running(pool_tokens: int, context_len: int) -> int:
+    """SGLang's default max_running_requests for a KV pool of this many tokens."""
+    estimated = max(min(int(pool_tokens / context_len * 512), 4096), 2048)
+    return max(1, min(estimated, pool_tokens // 2))
+
+
+def sglang_page(backend: str, decode_backend: str, given: int | None = None) -> int:
+    """SGLang's page size: `given` (default 1) unless a backend forces its own."""
+    page = given or 1
+    for b in (backend, decode_backend or backend):
+        forced = SGLANG_PAGE.get(b)
+        if forced is None:
+            continue
+        if b in ("trtllm_mla", "tokenspeed_mla"):
+            page = page if page in (32, 64) else forced
+        else:
+            page = forced
+    return page
+
+
+def shipped(
+    family: str,
+    params,
+    memory_gb: float,
+    hw_name: str,
+    pool_tokens: int,
+    model: str,
+    given: dict,
+    max_batch_tokens: int | None = None,
+    max_running: int | None = None,
+) -> Shipped:
+    """The scheduler `family`'s engine runs on this GPU: each value as set (`given`, the
+    engine's own option names; then --max-batch-tokens and --max-running), else as it ships.
+    `params`: the engine's resolved rule (mlactl.decide.engines.EngineParams)."""
+    gib = memory_gb * 1e9 / GIB
+    why = []
+    if family == "sglang":
+        chunk = given.get("chunked_prefill_size") or max_batch_tokens
+        why.append("chunked_prefill_size " + ("set" if chunk else f"default for {gib:.0f} GiB"))
+        chunk = chunk or sglang_chunk(gib)
+        page = sglang_page(params.backend, params.decode_backend, given.get("page_size"))
+        why.append(f"page_size {page} ({'set' if given.get('page_size') else 'as ' + params.backend + ' takes it'})")
+        running = given.get("max_running_requests") or max_running
+        ctx = CONTEXT_LEN.get(model, DEFAULT_CONTEXT_LEN)
+        why.append("max_running_requests " + ("set" if running else f"from the pool and context {ctx:,}"))
+        running = running or sglang_max_running(pool_tokens, ctx)
+    else:
+        tokens, seqs = vllm_batch(gib, hw_name)
+        chunk = given.get("max_num_batched_tokens") or max_batch_tokens
+        why.append("max_num_batched_tokens " + ("set" if chunk else f"default for {gib:.0f} GiB"))
+        chunk = chunk or tokens
+        page = int(params.block) or 16
+        why.append(f"block_size {page} ({params.backend})")
+        running = given.get("max_num_seqs") or max_running
+        why.append("max_num_seqs " + ("set" if running else f"default for {gib:.0f} GiB"))
+        running = running or seqs
+    if chunk < 1 or running < 1 or page < 1:
+        raise MlactlError("the chunk, the running requests and the page must each be at least 1")
+    return Shipped(int(chunk), int(running), int(page), tuple(why))
