@@ -41,6 +41,7 @@ from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import PathTime
 from mlactl.results import store as results
 from mlactl.util import safe
+from mlactl.util.arrays import unique
 from mlactl.util.defaults import DEFAULT_CHUNK
 from mlactl.util.errors import MlactlError
 
@@ -417,7 +418,7 @@ def analyze(
         ctx = context_for(cfg, hw, kv_dtype)
         policy_lost = _policy_lost(policy, policy_path, engines_for_policy, engine_lost, mla_times, ctx)
     span = int(prefix.max()) + 1 if len(prefix) else 1
-    keys = np.unique(batch * span + prefix)  # distinct (batch, prefix) pairs, one int each
+    keys = unique(batch * span + prefix)  # distinct (batch, prefix) pairs, one int each
     batch_prefix = list(zip((keys // span).tolist(), (keys % span).tolist()))
     return Analysis(
         cost=cost,
@@ -462,7 +463,7 @@ def _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data):
             "`mlactl tune paths`, or run it for this model and hardware"
         )
     out = np.empty(len(new), dtype=object)
-    for b in np.unique(batch):
+    for b in unique(batch):
         rows = batch == b
         out[rows] = select_paths(
             cost,

@@ -24,6 +24,7 @@ from mlactl.decide.requests import read_rows
 from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.util import progress
+from mlactl.util.arrays import unique
 from mlactl.util.errors import MlactlError
 
 WORST = 5  # shapes listed per engine
@@ -77,7 +78,7 @@ def engine_times(
     )
     chunked = np.array(np.broadcast_to(times[name], np.shape(chunks)), dtype=np.float64)
     with_context = prefix > 0  # only these are chunked
-    for c in np.unique(chunks[with_context]):
+    for c in unique(chunks[with_context]):
         at = with_context & (chunks == c)
         args = (batch[at], new[at], prefix[at], calibration, (name,), layers)
         chunked[at] = path_times_for(replace(own, chunk=int(c)), hw, *args)[name]
