@@ -79,6 +79,45 @@ def synthetic_trace(path: Path, requests: int, hours: float, seed: int = 0) -> d
     }
 
 
+def ideal_hit_rate(path: Path, page: int = 1) -> dict:
+    """The trace's hit rate with a cache that never evicts and every earlier request done, worked
+    out plainly from the file (a second implementation of replay's matching): by hash ids alone
+    (each prompt's longest run of leading full blocks some earlier prompt had), and with each
+    request's inferred continuation credited (the latest earlier request with the most full
+    blocks that are all this one's leading ids, whose prompt is no longer: its prompt and output
+    but the last token), at most input - 1 and in whole pages."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    seen: set = set()
+    ends: dict = {}
+    by_block = with_continuations = total = 0
+    for i, r in enumerate(rows):
+        inp, ids = r["input_length"], r["hash_ids"]
+        chain = ids[: min(len(ids), inp // BLOCK)]
+        prefixes = [tuple(chain[: k + 1]) for k in range(len(chain))]
+        shared = max((k + 1 for k, p in enumerate(prefixes) if p in seen), default=0) * BLOCK
+        parent = max(
+            (k + 1 for k in range(len(ids)) if ends.get(tuple(ids[: k + 1])) is not None
+             and rows[ends[tuple(ids[: k + 1])]]["input_length"] <= inp),
+            default=0,
+        )  # fmt: skip
+        credit = 0
+        if parent:
+            a = rows[ends[tuple(ids[:parent])]]
+            credit = a["input_length"] + a["output_length"] - 1
+        cap = inp - 1
+        by_block += min(shared, cap) // page * page
+        with_continuations += min(max(shared, credit), cap) // page * page
+        total += inp
+        seen.update(prefixes)
+        if chain:
+            ends[tuple(chain)] = i
+    return {
+        "page": page,
+        "by_block": by_block / total,
+        "with_continuations": with_continuations / total,
+    }
+
+
 def summary(times: list[float]) -> dict:
     return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs": len(times)}
 
@@ -182,7 +221,18 @@ def main() -> None:
                 f"{p['steps_per_s']:>9,.0f} steps/s"
             )
         keys = ("version", "backend", "threshold", "steps", "time_s", "best_time_s", "lost_pct", "best_threshold")
+        keys += ("cache", "scheduler")
         results["report"] = {e["name"]: {k: e[k] for k in keys} for e in report["engines"]}
+        results["continued"] = report["trace"]["continued"] / report["trace"]["requests"]
+        results["ideal_hit_rate"] = [ideal_hit_rate(trace, page) for page in (1, 16, 64, 512)]
+        print(f"continuations credited: {100 * results['continued']:.1f}% of requests")
+        for e in report["engines"]:
+            print(f"  {e['name']:<16} cache hit {100 * e['cache']['hit_rate']:5.1f}% at page {e['cache']['page']}")
+        for ideal in results["ideal_hit_rate"]:
+            print(
+                f"  never evicting, page {ideal['page']:>3}: {100 * ideal['by_block']:5.1f}% by hash ids, "
+                f"{100 * ideal['with_continuations']:5.1f}% with continuations"
+            )
     save(results, args.json or HERE / "results" / f"replay-{platform.node() or 'host'}.json")
 
 

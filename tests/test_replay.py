@@ -888,3 +888,52 @@ def test_a_scheduler_option_of_the_other_engine_is_one_error_line(tmp_path):
     assert result.exit_code == 2 and "sglang is not among --engines" in result.output
     result = run("replay", trace, "--engine-option", "vllm.chunked_prefill_size=64", ok=False)
     assert result.exit_code == 2 and "chunked_prefill_size is an option of sglang, not of vllm" in result.output
+
+
+def plain_hits(rows, page):
+    """Each request's hit with a cache that never evicts and every earlier request done, worked
+    out plainly (a second implementation of the matching and of the continuation inference): the
+    longest run of leading full blocks an earlier prompt had, or, for a request whose leading
+    ids are all of an earlier request's full blocks (the most of them; its prompt no longer),
+    that request's prompt and output less the last token; at most input - 1, in whole pages."""
+    seen, ends, out = set(), {}, []
+    for i, (_, inp, _, ids) in enumerate(rows):
+        chain = ids[: min(len(ids), inp // 512)]
+        shared = max([k + 1 for k in range(len(chain)) if tuple(chain[: k + 1]) in seen] + [0]) * 512
+        credit = 0
+        for k in range(len(ids)):
+            a = ends.get(tuple(ids[: k + 1]))
+            if a is not None and rows[a][1] <= inp:
+                credit = rows[a][1] + rows[a][2] - 1
+        out.append(min(max(shared, credit), inp - 1) // page * page)
+        seen.update(tuple(chain[: k + 1]) for k in range(len(chain)))
+        if chain:
+            ends[tuple(chain)] = i
+    return out
+
+
+@pytest.mark.parametrize(
+    "engine, page", [pytest.param("sglang", 1, id="sglang-page1"), pytest.param("vllm", 16, id="vllm-block16")]
+)
+def test_never_evicting_hits_match_a_plain_count(tmp_path, engine, page):
+    rng = np.random.default_rng(7)
+    rows, next_id = [], 10_000
+    for i in range(60):
+        roll = rng.random()
+        if rows and roll < 0.3:  # a later turn: an earlier request's full blocks, its answer, more
+            _, a_in, a_out, a_ids = rows[int(rng.integers(len(rows)))]
+            inp = a_in + a_out + int(rng.integers(1, 2000))
+            head = a_ids[: a_in // 512]
+        elif rows and roll < 0.6:  # an earlier prompt's leading blocks, then its own
+            _, a_in, _, a_ids = rows[int(rng.integers(len(rows)))]
+            inp = int(rng.integers(100, 5000))
+            head = a_ids[: int(rng.integers(0, a_in // 512 + 1))]
+        else:
+            inp, head = int(rng.integers(100, 5000)), []
+        head = head[: -(-inp // 512) - 1] if inp % 512 else head[: inp // 512]
+        own = list(range(next_id, next_id + -(-inp // 512) - len(head)))
+        next_id += len(own)
+        rows.append((i * 1_000_000, inp, int(rng.integers(1, 50)), head + own))
+    trace = mooncake(tmp_path / "t.jsonl", rows)
+    s = schedule(trace, engine, blocks=1_000_000, page=page)
+    assert list(s.cached) == plain_hits(rows, page)
