@@ -37,8 +37,8 @@ import numpy as np
 
 from mlactl.decide.calibration import run, store
 from mlactl.decide.calibration import uncertainty as u
-from mlactl.decide.calibration.score import predicted
-from mlactl.decide.calibration.transfer import error_key, transfer
+from mlactl.decide.calibration.score import fit_of, predicted
+from mlactl.decide.calibration.transfer import error_key, error_keys, transfer
 from mlactl.model import hardware
 from mlactl.model.roofline import roofline_time
 
@@ -49,6 +49,7 @@ FRAMEWORKS = ("sglang", "trtllm", "vllm")
 OUT = Path(__file__).parent / "results" / "transfer.json"
 MODEL_FILE = Path(__file__).parent.parent / "mlactl" / "decide" / "calibration" / "transfer_errors.py"
 PER_GROUP = 400  # points of one (pair, group) in the error model at most: a big table does not drown the rest
+CORRECT = [True]  # --no-correct
 MIN_ROWS = 20  # op classes with fewer rows on a target are not summarised
 
 
@@ -94,6 +95,8 @@ def scored(cal, target: str, framework: str) -> list[dict]:
     for key, pts in sorted(groups(target, framework).items()):
         op, src, dtype = key
         p = predicted(cal, key, pts)
+        fit = fit_of(cal, op, dtype, src.rsplit(":", 1)[-1] if src.endswith(("decode", "prefill")) else "decode")
+        kernel = ((fit or {}).get("transfer") or {}).get("kernel") or {}
         y = np.asarray(pts.time_s, dtype=np.float64)
         roof = roofline_time(pts.flops, pts.bytes, hw.peak_flops("bf16"), hw.bandwidth)
         row = {"op": op, "source": src, "dtype": dtype, "n": len(pts), "roofline": summary(np.abs(roof / y - 1))}
@@ -105,6 +108,7 @@ def scored(cal, target: str, framework: str) -> list[dict]:
             dict(
                 row,
                 covered=True,
+                other=kernel.get("target") != kernel.get("measured"),
                 fit=" + ".join(p.used),
                 error=summary(np.abs(p.time / y - 1)),
                 bias=float(np.median(p.time / y - 1)),
@@ -117,15 +121,16 @@ def scored(cal, target: str, framework: str) -> list[dict]:
 
 
 def error_model(records: list[dict]) -> dict:
-    """{"<op>/<same|cross>": {"n", "pairs", "quantiles"}} and the pooled "*/<crossing>" of the
-    residual records [{"op", "crossing", "pair", "log_residual"}]."""
+    """{key: {"n", "pairs", "quantiles"}} for every key of transfer.error_keys (op class or every
+    class "*", at the crossing or within one architecture / across two) of the residual records
+    [{"op", "crossing", "pair", "log_residual"}]."""
     rng = np.random.default_rng(30)
     pooled: dict = {}
     for r in records:
         res = r["log_residual"]
         if len(res) > PER_GROUP:
             res = rng.choice(res, PER_GROUP, replace=False)
-        for key in (f"{r['op']}/{r['crossing']}", f"*/{r['crossing']}"):
+        for key in error_keys(r["op"], r["crossing"], r["dtype"], r["other"]):
             entry = pooled.setdefault(key, {"res": [], "pairs": set()})
             entry["res"].append(res)
             entry["pairs"].add(r["pair"])
@@ -134,7 +139,8 @@ def error_model(records: list[dict]) -> dict:
         res = np.concatenate(entry["res"])
         q = u.quantiles(res)
         if q is not None:
-            out[key] = {"n": int(len(res)), "pairs": sorted(entry["pairs"]), "quantiles": q}
+            shift = round(float(np.median(res)), 6)
+            out[key] = {"n": int(len(res)), "pairs": sorted(entry["pairs"]), "quantiles": q, "shift": shift}
     return out
 
 
@@ -154,6 +160,7 @@ def residual_records(cals: dict, frameworks, near: bool) -> tuple[list[dict], li
                                      target_gpu=t, framework=fw, crossing=crossing))  # fmt: skip
                     if g.get("covered"):
                         records.append({"op": g["op"], "crossing": crossing, "pair": f"{s}>{t}:{fw}",
+                                        "dtype": g["dtype"], "other": g["other"],
                                         "log_residual": g["log_residual"], "gpus": (s, t)})  # fmt: skip
     return records, rows
 
@@ -201,6 +208,11 @@ def print_classes(title: str, classes: dict) -> None:
         print(f"{op:18} {c['groups']:6} {c['n']:6} {med:>22} {p90:>24} {cov:>7} {100 * c['roofline_median']:6.1f}")
 
 
+def carry(cal, source: str, target: str, model: dict, near: bool):
+    data = transfer(cal, profile(source), profile(target), errors=model, near=near, correct=CORRECT[0])
+    return store.validate(data, f"{source}>{target}")
+
+
 def strip(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "log_residual"} for r in rows]
 
@@ -216,7 +228,9 @@ def logo(cals: dict, records: list[dict], frameworks, near: bool) -> dict:
             for s in FIT_GPUS:
                 if s == g or (s, fw) not in cals:
                     continue
-                moved = store.validate(transfer(cals[(s, fw)], profile(s), profile(g), errors=model, near=near), "logo")
+                moved = store.validate(
+                    transfer(cals[(s, fw)], profile(s), profile(g), errors=model, near=near, correct=CORRECT[0]), "logo"
+                )
                 rows += [dict(r, source_gpu=s, framework=fw) for r in strip(scored(moved, g, fw))]
         out[g] = {"rows": rows, "classes": by_class(rows)}
         print_classes(
@@ -232,8 +246,8 @@ def write_model(model: dict) -> None:
         '"""The transfer error model: written by benchmarks/bench_transfer.py, not by hand.\n\n'
         'ERRORS["<op class>/<same|cross>"] = {"n": points, "pairs": [...], "quantiles": [log(measured /\n'
         "predicted) at uncertainty.LEVELS]}: fits carried between the GPUs aiconfigurator has tables for\n"
-        '(MODEL["gpus"]), "same" where source and target share an architecture; "*/<crossing>" pools\n'
-        "every op class. A transferred fit's interval is widened to these (transfer.widen).\n"
+        '(MODEL["gpus"]), by op class ("*": every class) and crossing ("sm90>sm100", or "same" / "cross"\n'
+        "architecture: transfer.error_keys). A transferred fit's interval is widened to these (transfer.widen).\n"
         '"""\n\n'
         "# fmt: off\n"
         f"MODEL: dict = {json.dumps(meta)}\n"
@@ -250,7 +264,9 @@ def held_out(cals: dict, model: dict, near: bool) -> dict:
         cal = cals.get((s, fw))
         if cal is None:
             continue
-        moved = store.validate(transfer(cal, profile(s), profile(t), errors=model, near=near), "held")
+        moved = store.validate(
+            transfer(cal, profile(s), profile(t), errors=model, near=near, correct=CORRECT[0]), "held"
+        )
         rows = strip(scored(moved, t, fw))
         out[f"{s}>{t}:{fw}"] = {"rows": rows, "classes": by_class(rows)}
         print_classes(f"held-out pair {s} -> {t} ({fw}), the shipped model", out[f"{s}>{t}:{fw}"]["classes"])
@@ -265,11 +281,17 @@ def main() -> None:
     ap.add_argument("--write-model", action="store_true", help="write the error model of every pair")
     ap.add_argument("--held-out", action="store_true", help="score HELD_PAIRS with the model of every pair")
     ap.add_argument("--no-near", action="store_true", help="leave `near` behind in every transfer")
+    ap.add_argument("--no-correct", action="store_true", help="widen only: keep the transfer's median error")
+    ap.add_argument("--gpus", default=None, help="only these of FIT_GPUS (a quick check of the script)")
     args = ap.parse_args()
+    if args.gpus:
+        for g in set(FIT_GPUS) - set(args.gpus.split(",")):
+            del FIT_GPUS[g]
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     frameworks = args.frameworks.split(",")
     near = not args.no_near
+    CORRECT[0] = not args.no_correct
     start = time.time()
     cals = {}
     for fw in frameworks:
@@ -278,8 +300,8 @@ def main() -> None:
                 cals[(s, fw)] = calibration(s, fw, cache)
     records, rows = residual_records(cals, frameworks, near)
     print_classes("every ordered pair of " + ", ".join(FIT_GPUS) + " (no widening)", by_class(rows))
-    for crossing in ("same", "cross"):
-        print_classes(f"pairs {crossing} architecture", by_class([r for r in rows if r["crossing"] == crossing]))
+    for crossing in sorted({r["crossing"] for r in rows}):
+        print_classes(f"pairs {crossing}", by_class([r for r in rows if r["crossing"] == crossing]))
     model = error_model(records)
     result = {
         "benchmark": "bench_transfer",
@@ -287,6 +309,7 @@ def main() -> None:
         "fit_gpus": list(FIT_GPUS),
         "frameworks": frameworks,
         "near_travels": near,
+        "correct": CORRECT[0],
         "pairs": {"rows": rows, "classes": by_class(rows)},
         "logo": logo(cals, records, frameworks, near),
         "model": model,

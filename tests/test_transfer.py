@@ -17,7 +17,7 @@ from mlactl.cli import app
 from mlactl.decide.calibration import store
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.time import op_seconds
-from mlactl.decide.calibration.transfer import kernel_of, transfer, transfer_fit, widen
+from mlactl.decide.calibration.transfer import bias_factor, kernel_of, scaled, transfer, transfer_fit, widen
 from mlactl.model import hardware
 from mlactl.model.config import from_name
 from mlactl.model.cost import CostModel
@@ -313,3 +313,42 @@ def test_score_never_uses_another_dtypes_fit(home, tmp_path):
     assert s["note"] == "no nvfp4 fit of kv_expand (the calibration's are fp8)"
     table = run("calibrate", "score", "--calibration", "hand", "--from", "csv", csv).stdout
     assert "not covered" in table and "no nvfp4 fit of kv_expand" in table
+
+
+def test_the_transfer_models_median_error_is_taken_out_exactly(target):
+    # a model whose median log error says the H200 fit runs exp(0.25) = 1.284x slower on the target:
+    # every time in seconds x1.284 and every efficiency /1.284 make the predicted time 1.284x, exactly
+    levels = len(u.LEVELS)
+    q = [0.25 + 0.02 * (i - levels // 2) for i in range(levels)]
+    errors = {
+        "absorb_attention/sm90>?": {"n": 100, "pairs": ["a", "b"], "quantiles": q, "shift": 0.25},
+        "*/sm90>?": {"n": 900, "pairs": ["a", "b", "c"], "quantiles": [0.0] * levels, "shift": 0.0},
+    }
+    fit = dict(DECODE, interval={"levels": list(u.LEVELS), "random": [0.0] * levels, "blocked": None, "scale": 1.0})
+    moved = transfer_fit(fit, "sglang", hardware.from_name("h200"), target, errors=errors)
+    assert (
+        moved["transfer"]["error"]["key"] == "absorb_attention/sm90>?"
+    )  # h200 (sm90) to a GPU of no known architecture
+    assert moved["transfer"]["factor"] == pytest.approx(np.exp(0.25), rel=1e-6)
+    assert moved["params"] == pytest.approx({"t_fixed_s": 5e-6 * np.exp(0.25), "eta_c": 0.5 / np.exp(0.25),
+                                             "eta_m": 0.8 / np.exp(0.25)})  # fmt: skip
+    # the residuals re-centred on the corrected time: the transfer's quantiles less 0.25
+    assert moved["interval"]["random"] == pytest.approx([v - 0.25 for v in q], abs=1e-6)
+    cost = CostModel(from_name("deepseek-v3"))
+    cal = store.validate(dict(calibration([DECODE]), fits=[moved], hardware="handmade",
+                              ceilings={"peak_flops": T_PEAK, "bandwidth_bytes_per_s": T_BW, "sm_count": T_SMS,
+                                        "dtype": "bf16"}), "moved")  # fmt: skip
+    t = op_seconds(cost, target, cal, "absorb_attention", np.array([4.0]), np.array([1.0]), np.array([8191.0]))
+    assert t[0] == pytest.approx(np.exp(0.25) * (5e-6 + 9_126_805_504 / (0.5 * T_PEAK)))
+    # one pair only: not enough for its own key; the pooled one (shift 0) is used
+    errors["absorb_attention/sm90>?"]["pairs"] = ["a"]
+    moved = transfer_fit(fit, "sglang", hardware.from_name("h200"), target, errors=errors)
+    assert moved["transfer"]["error"]["key"] == "*/sm90>?" and moved["transfer"]["factor"] == 1.0
+
+
+def test_a_correction_never_takes_an_efficiency_past_its_limit():
+    # shift log(0.5): times halved would need eta_m 0.8 / 0.5 = 1.6 > 1.2 (store.ETA_PHYSICAL for bf16);
+    # held at 0.8 / 1.2 = 0.667, which puts eta_m at the limit exactly
+    assert bias_factor([DECODE], float(np.log(0.5)), "bf16") == pytest.approx(0.8 / 1.2)
+    assert bias_factor([DECODE], float(np.log(2.0)), "bf16") == pytest.approx(2.0)
+    assert scaled(DECODE, 2.0)["params"] == {"t_fixed_s": 1e-5, "eta_c": 0.25, "eta_m": 0.4}

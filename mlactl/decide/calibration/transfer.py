@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import math
 
 from mlactl import __version__
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.model import ATTENTION_CLASSES
-from mlactl.decide.calibration.store import Calibration, safe_name, validate
+from mlactl.decide.calibration.store import Calibration, eta_limit, safe_name, validate
 from mlactl.decide.calibration.transfer_errors import ERRORS, MODEL
 from mlactl.decide.engines import arch_of, context_for, default_params
 from mlactl.model.hardware import HardwareProfile
@@ -64,6 +65,10 @@ SGLANG_KERNELS = {
 # model misses of the kernel at those shapes (its tile quirks); NEAR_TRAVELS says whether that
 # correction is carried too (benchmarks/bench_transfer.py measures both)
 NEAR_TRAVELS = True
+# the transfer error model's median (its `shift`) is taken out of a transferred fit's times: a
+# fit carried from Hopper to Blackwell is, by op class, systematically slow or fast there
+CORRECT = True
+MIN_PAIRS = 2  # a key of the transfer error model is used from this many (source, target) pairs
 SAME, OTHER = "same kernel", "another kernel's fit"
 MEMBER, DROPPED = "its best member without the dropped terms", "the dropped terms left out of its own parameters"
 
@@ -122,16 +127,61 @@ def family(hw: HardwareProfile) -> str | None:
 
 
 def error_key(op: str, source: HardwareProfile, target: HardwareProfile) -> tuple[str, str]:
-    """The transfer error model's key: op class, and whether the pair crosses an architecture."""
-    a, b = family(source), family(target)
-    return op, "same" if a is not None and a == b else "cross"
+    """(op class, crossing): `sm90>sm100` from one architecture to another (`sm90>sm90` within
+    one); `?` for an architecture the engines' rules do not name."""
+    return op, f"{family(source) or '?'}>{family(target) or '?'}"
 
 
-def transfer_error(op: str, crossing: str, errors: dict | None = None) -> dict | None:
-    """The transfer error entry of an op class ({"n", "quantiles"}), or the pooled one of all
-    classes at this crossing ("*"), or None."""
+def error_keys(op: str, crossing: str, dtype: str | None = None, other: bool | None = None) -> list[str]:
+    """The transfer error model's keys for a fit, most specific first: its op class, dtype and
+    whether the target runs another kernel (`:other`, else `:same`) at this crossing; its op
+    class at this crossing; every class at it; then its class and every class within one
+    architecture (`same`) or across two (`cross`)."""
+    a, b = crossing.split(">")
+    kind = "same" if a == b and a != "?" else "cross"
+    keys = [f"{op}/{crossing}", f"*/{crossing}", f"{op}/{kind}", f"*/{kind}"]
+    if dtype is not None and other is not None:
+        keys.insert(0, f"{op}:{dtype}:{'other' if other else 'same'}/{crossing}")
+    return keys
+
+
+def transfer_error(
+    op: str, crossing: str, errors: dict | None = None, dtype: str | None = None, other: bool | None = None
+) -> tuple[str, dict] | None:
+    """(key, entry {"n", "pairs", "quantiles", "shift"}) of the most specific key the model has
+    from at least MIN_PAIRS pairs (`error_keys`), or None."""
     table = ERRORS if errors is None else errors
-    return table.get(f"{op}/{crossing}") or table.get(f"*/{crossing}")
+    keys = error_keys(op, crossing, dtype, other)
+    return next(((k, table[k]) for k in keys if k in table and len(table[k].get("pairs", ())) >= MIN_PAIRS), None)
+
+
+SECONDS = ("t_fixed_s", "t_iter_s", "t_combine_s", "t_request_s", "t_row_s", "t_align_s")
+ETAS = ("eta_c", "eta_m", "eta_q", "eta_x", "eta_p", "eta_s")
+
+
+def scaled(model: dict, factor: float) -> dict:
+    """A fit's or member's {"terms", "params"} whose every time is `factor` times as long: each
+    time in seconds times it, each efficiency over it (model.predict is linear in those)."""
+    params = dict(model["params"])
+    for k in SECONDS:
+        if k in params:
+            params[k] = params[k] * factor
+    for k in ETAS:
+        if k in params:
+            params[k] = params[k] / factor
+    return dict(model, params=params)
+
+
+def bias_factor(models: list[dict], shift: float, dtype) -> float:
+    """exp(shift), the transfer model's median log(measured / predicted), held where it would
+    take an efficiency of any of `models` past its physical limit (store.eta_limit)."""
+    factor = math.exp(shift)
+    top = eta_limit(dtype)
+    for m in models:
+        for k in ETAS:
+            if k in m["params"] and m["params"][k] / factor > top:
+                factor = m["params"][k] / top
+    return factor
 
 
 def widen(interval: dict | None, error: dict | None) -> dict | None:
@@ -160,9 +210,11 @@ def transfer_fit(
     target: HardwareProfile,
     errors: dict | None = None,
     near: bool = NEAR_TRAVELS,
+    correct: bool = CORRECT,
 ) -> dict:
     """One fit carried to `target` (see the module docstring), with its `transfer` record.
-    `near`: whether a projection's nearest-shape correction travels (NEAR_TRAVELS)."""
+    `near`: whether a projection's nearest-shape correction travels (NEAR_TRAVELS); `correct`:
+    whether the transfer model's median error is taken out (CORRECT)."""
     src_kernel = kernel_of(fit)
     kernel, decided = target_kernel(framework, fit, target)
     arch = family(target)
@@ -182,7 +234,16 @@ def transfer_fit(
         members = [dict(m, terms=[t for t in m["terms"] if t not in drop]) for m in members]
     out["members"] = members
     crossing = error_key(fit["op"], source, target)[1]
-    error = transfer_error(fit["op"], crossing, errors)
+    found = transfer_error(fit["op"], crossing, errors, fit.get("dtype"), kernel != src_kernel)
+    key, error = found if found is not None else (None, None)
+    factor = 1.0
+    if error is not None and error.get("shift") and correct:
+        # the transfer's median error taken out: every time times exp(shift), its residuals re-centred
+        factor = bias_factor([out, *members], error["shift"], fit.get("dtype"))
+        scaled_fit = scaled(out, factor)
+        out["params"] = scaled_fit["params"]
+        out["members"] = [scaled(m, factor) for m in members]
+        error = dict(error, quantiles=[round(q - math.log(factor), 6) for q in error["quantiles"]])
     if "interval" in out:
         out["interval"] = widen(out["interval"], error)
     out["transfer"] = {
@@ -192,7 +253,8 @@ def transfer_fit(
         "dropped": drop,
         "rests_on": rests_on,
         "crossing": crossing,
-        "error": None if error is None else {"n": error.get("n"), "key": f"{fit['op']}/{crossing}"},
+        "error": None if error is None else {"n": error.get("n"), "key": key},
+        "factor": round(factor, 6),
     }
     return out
 
@@ -204,6 +266,7 @@ def transfer(
     name: str | None = None,
     errors=None,
     near: bool = NEAR_TRAVELS,
+    correct: bool = CORRECT,
 ) -> dict:
     """The calibration file's dict of `cal` carried to `target` (validated). `source` is the
     profile `cal` was fitted against (its hardware)."""
@@ -219,7 +282,7 @@ def transfer(
     if dtype not in target.peak_tflops:
         raise MlactlError(f"{target.name} has no {dtype} peak, the dtype calibration {cal.name!r} divides by")
     framework = (cal.data.get("source") or {}).get("framework")
-    fits = [transfer_fit(f, framework, source, target, errors, near) for f in cal.fits]
+    fits = [transfer_fit(f, framework, source, target, errors, near, correct) for f in cal.fits]
     data = copy.deepcopy({k: v for k, v in cal.data.items() if k != "fits"})
     data.update(
         name=safe_name(name or f"{target.name}-from-{cal.name}"),

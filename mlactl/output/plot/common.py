@@ -211,7 +211,9 @@ def title(
     cal = analysis.calibration if analysis.calibration is not None else getattr(calibrated, "calibration", None)
     if cal is not None:
         drawn = f" ({how})" if how else ""
-        head += f"\ncalibrated times{drawn}: {safe.mathtext(cal.name)}, fitted to measurements"
+        moved = getattr(cal, "transferred", None)
+        how_made = "fitted to measurements" if not moved else f"transferred from {moved['from']['hardware']}"
+        head += f"\ncalibrated times{drawn}: {safe.mathtext(cal.name)}, {safe.mathtext(how_made)}"
     lines = [head]
     if results:
         lines.append("measured: " + "; ".join(measured_label(d) for d in results))
