@@ -91,8 +91,11 @@ def replay_cmd(
 
     Each engine forms its own steps once, continuous batching with chunked prefill its own way
     (vLLM: decodes and chunks in one step; SGLang: extend and decode batches apart unless
-    --engine-option sglang.enable_mixed_chunk=true), with an LRU prefix cache of 512-token
-    blocks; the clock runs at the roofline time of each step (attention of every layer by the
+    --engine-option sglang.enable_mixed_chunk=true), with its own chunk, request cap and page
+    for the GPU (settable under its own option names: sglang.chunked_prefill_size,
+    sglang.max_running_requests, sglang.page_size, vllm.max_num_batched_tokens,
+    vllm.max_num_seqs, vllm.block_size) and an LRU prefix cache that keeps each finished
+    request's prompt and output; the clock runs at the roofline time of each step (attention of every layer by the
     engine's rule, the other weights read once, --step-overhead-ms). docs/replay.md has the
     model and how it differs from the engines' own schedulers.
 
