@@ -352,3 +352,16 @@ def test_a_correction_never_takes_an_efficiency_past_its_limit():
     assert bias_factor([DECODE], float(np.log(0.5)), "bf16") == pytest.approx(0.8 / 1.2)
     assert bias_factor([DECODE], float(np.log(2.0)), "bf16") == pytest.approx(2.0)
     assert scaled(DECODE, 2.0)["params"] == {"t_fixed_s": 1e-5, "eta_c": 0.25, "eta_m": 0.4}
+
+
+def test_the_same_default_backend_on_both_gpus_keeps_the_measured_kernel():
+    # B200 -> B300: SGLang runs trtllm_mla on both (sm100), so its fit keeps the fa3split it selected
+    fit = dict(FA3, source="sglang-0.5.14:trtllm_mla:decode")
+    moved = transfer_fit(fit, "sglang", hardware.from_name("b200"), hardware.from_name("b300"), errors={})
+    assert moved["transfer"]["dropped"] == [] and moved["transfer"]["kernel"]["target"] == "trtllm_mla"
+    # a DSA model's sparse attention: SGLang's dsa backend on Hopper and Blackwell alike
+    sparse = {"op": "sparse_attention", "source": "sglang-0.5.14:flash_mla_sparse_fwd", "dtype": "bf16",
+              "terms": ["fixed"], "params": {"t_fixed_s": 1e-5, "eta_c": 0.5, "eta_m": 0.5}}  # fmt: skip
+    moved = transfer_fit(sparse, "sglang", hardware.from_name("h200"), hardware.from_name("b300"), errors={})
+    assert moved["transfer"]["kernel"]["target"] == "flash_mla_sparse_fwd"
+    assert "dsa on h200 and b300" in moved["transfer"]["kernel"]["decided"]

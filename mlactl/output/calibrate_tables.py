@@ -9,6 +9,8 @@ fit, so no cell folds in mid-name at 100 columns and the table needs no more tha
 
 from __future__ import annotations
 
+import math
+
 from mlactl.output.tables import Col, table
 from mlactl.util import safe
 
@@ -134,39 +136,46 @@ def uncovered_lines(scores) -> list[str]:
 
 
 def transfer_table(name: str, source: str, target: str, fits, width: int | None):
-    """A transferred calibration's fits: op, kernel measured and kernel the target runs, what the
-    fit rests on, the kernel terms dropped and the transfer error its interval was widened by."""
+    """A transferred calibration's fits: op, kernel measured and kernel the target runs (`same`:
+    the measured one), what the fit rests on (that kernel, or another's: its member without the
+    dropped terms, or its own parameters less them), the terms dropped and the transfer error
+    its interval was widened by."""
     cols = [
         Col("op", "left", typed=True),
-        Col("measured", "left", typed=True),
-        Col("on target", "left", typed=True),
-        Col("phase", "left", drop=3),
+        Col("phase", "left", drop=1),
         Col("dtype", "left", typed=True),
+        Col("measured", "left", typed=True),
+        Col("on target", "left"),
         Col("rests on", "left"),
         Col("dropped", "left", drop=2),
-        Col("transfer p90", drop=1),
+        Col("transfer p90", drop=3),
+        Col("factor", drop=4),
     ]
     rows = []
     for f in fits:
         t = f.get("transfer") or {}
         kernel = t.get("kernel") or {}
+        same = kernel.get("measured") == kernel.get("target")
         q = ((f.get("interval") or {}).get("transfer") or {}).get("quantiles")
         p90 = None if not q else max(abs(q[2]), abs(q[-3]))  # the 5% and 95% levels: 90% of |log error|
         rows.append(
             [
                 safe.markup(f["op"]),
-                safe.markup(kernel.get("measured", "")),
-                safe.markup(kernel.get("target", "")),
                 split_source(f.get("source", ""))[2] or "—",
                 safe.markup(f.get("dtype", "")),
-                safe.markup(t.get("rests_on", "")),
+                safe.markup(kernel.get("measured", "")),
+                "same" if same else safe.markup(kernel.get("target", "")),
+                ("its kernel's fit" if same else "another kernel's fit")
+                + {"member": ": a member", "terms dropped": ": terms dropped"}.get(t.get("fallback") or "", ""),
                 safe.markup(", ".join(t.get("dropped") or [])) or "—",
-                "—" if p90 is None else f"{100 * (pow(2.718281828459045, p90) - 1):.0f}%",
+                "—" if p90 is None else f"{100 * (math.exp(p90) - 1):.0f}%",
+                f"{t.get('factor', 1.0):.2f}",
             ]
         )
     title = (
         f"Calibration {safe.markup(name)}: fitted on {safe.markup(source)}, transferred to {safe.markup(target)}'s "
-        "ceilings, SMs and L2; on target: the kernel the engine runs there; transfer p90: the transfer error its "
-        "interval was widened by (leave-one-GPU-out)"
+        "ceilings, SMs and L2; on target: the kernel the engine runs there; transfer p90: the 90th percentile of "
+        "the transfer error its interval was widened to; factor: its median taken out of the times "
+        "(leave-one-GPU-out model)"
     )
     return table(title, cols, rows, width, elsewhere="a wider terminal or --format json")

@@ -227,7 +227,12 @@ TRANSFER = S.Obj(
 )  # fmt: skip
 FIT_TRANSFER = S.Obj(
     {"from": _non_empty, "to": _non_empty, "rests_on": _non_empty},
-    {"dropped": S.ListOf(S.string), "kernel": S.nullable(S.MapOf(S.anything)), "crossing": S.string},
+    {
+        "dropped": S.ListOf(S.string),
+        "kernel": S.nullable(S.MapOf(S.anything)),
+        "crossing": S.string,
+        "fallback": S.nullable(S.string),
+    },
 )
 _ERRORS = S.nullable(S.number(0.0, maximum=1e6))
 FIT = S.Obj(

@@ -40,6 +40,7 @@ from mlactl.decide.calibration.model import ATTENTION_CLASSES
 from mlactl.decide.calibration.store import Calibration, eta_limit, safe_name, validate
 from mlactl.decide.calibration.transfer_errors import ERRORS, MODEL
 from mlactl.decide.engines import arch_of, context_for, default_params
+from mlactl.model.config import from_name
 from mlactl.model.hardware import HardwareProfile
 from mlactl.util.errors import MlactlError
 
@@ -87,15 +88,27 @@ def phase_of(fit: dict) -> str | None:
     return next((p for p in ("decode", "prefill") if src.endswith(":" + p)), None)
 
 
-def target_kernel(framework: str | None, fit: dict, target: HardwareProfile) -> tuple[str, str]:
-    """(the kernel the target runs for this fit's op, how that was decided)."""
+def _sglang_backend(fit: dict, hw: HardwareProfile) -> tuple[str, str]:
+    """(SGLang's default attention backend for this fit's op and phase on `hw`, the rule's name):
+    a DSA model's for the sparse and masked attentions, DeepSeek-V3's for the others."""
+    cfg = from_name("deepseek-v3.2") if fit["op"] in ("sparse_attention", "masked_attention") else None
+    kv = "fp8" if "fp8" in str(fit.get("dtype", "")) else "bf16"
+    p = default_params("sglang", context_for(cfg, hw, kv))
+    return (p.decode_backend if phase_of(fit) == "decode" else p.backend), p.name
+
+
+def target_kernel(framework: str | None, fit: dict, source: HardwareProfile, target: HardwareProfile):
+    """(the kernel the target runs for this fit's op, how that was decided): the measured one
+    where the engine's default backend is the same on both GPUs (or no rule set names it), else
+    the target's backend's kernel."""
     own = kernel_of(fit)
     if framework != "sglang" or fit["op"] not in ATTENTION_CLASSES:
         return own, "no engine rule names another kernel"
-    kv = "fp8" if "fp8" in str(fit.get("dtype", "")) else "bf16"
-    p = default_params("sglang", context_for(None, target, kv))
-    backend = p.decode_backend if phase_of(fit) == "decode" else p.backend
-    return SGLANG_KERNELS.get(backend, backend), f"{p.name} on {target.name}: {backend}"
+    there, rule = _sglang_backend(fit, target)
+    here, _ = _sglang_backend(fit, source)
+    if there == here:
+        return own, f"{rule}: {there} on {source.name} and {target.name}"
+    return SGLANG_KERNELS.get(there, there), f"{rule}: {here} on {source.name}, {there} on {target.name}"
 
 
 def travels(term: str, source_kernel: str, kernel: str, arch: str | None) -> bool:
@@ -216,21 +229,24 @@ def transfer_fit(
     `near`: whether a projection's nearest-shape correction travels (NEAR_TRAVELS); `correct`:
     whether the transfer model's median error is taken out (CORRECT)."""
     src_kernel = kernel_of(fit)
-    kernel, decided = target_kernel(framework, fit, target)
+    kernel, decided = target_kernel(framework, fit, source, target)
     arch = family(target)
     drop = [t for t in fit["terms"] if not travels(t, src_kernel, kernel, arch) or (t == "near" and not near)]
     out = _retarget(fit, target)
     rests_on = SAME if kernel == src_kernel else f"{OTHER} ({src_kernel} measured, {kernel} on {target.name})"
     members = [_retarget(m, target) for m in fit.get("members", [])]
+    fallback = None
     if drop:
         clean = [m for m in members if not set(drop) & set(m["terms"])]
         if clean:  # the best member that needs none of the dropped terms
             out["terms"], out["params"] = list(clean[0]["terms"]), dict(clean[0]["params"])
             members = clean[1:]
             rests_on += f"; {MEMBER}"
+            fallback = "member"
         else:
             out["terms"] = [t for t in fit["terms"] if t not in drop]  # the others' parameters as fitted
             rests_on += f"; {DROPPED}"
+            fallback = "terms dropped"
         members = [dict(m, terms=[t for t in m["terms"] if t not in drop]) for m in members]
     out["members"] = members
     crossing = error_key(fit["op"], source, target)[1]
@@ -252,6 +268,7 @@ def transfer_fit(
         "kernel": {"measured": src_kernel, "target": kernel, "decided": decided},
         "dropped": drop,
         "rests_on": rests_on,
+        "fallback": fallback,
         "crossing": crossing,
         "error": None if error is None else {"n": error.get("n"), "key": key},
         "factor": round(factor, 6),
