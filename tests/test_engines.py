@@ -578,7 +578,7 @@ def test_sweep_sentences():
     """The sentence for each kind of sweep result, `off` included (vLLM's masked MHA never)."""
     from types import SimpleNamespace
 
-    from mlactl.cli.engines import sentence
+    from mlactl.output.engines import sentence
 
     result = SimpleNamespace(hw=SimpleNamespace(name="b200"))
     e = SimpleNamespace(params=SimpleNamespace(engine="vllm"))

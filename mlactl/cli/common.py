@@ -25,7 +25,8 @@ from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.shapes import parse_sizes
 from mlactl.output import progress as progress_bar
-from mlactl.output.report import dumps
+from mlactl.output.render import calibration_line  # noqa: F401 - for the commands
+from mlactl.output.report import calibration_json, dumps  # noqa: F401 - for the commands
 from mlactl.results import measured
 from mlactl.results import store as results
 from mlactl.util import io as files
@@ -244,14 +245,3 @@ def table_width(output: Optional[Path]) -> tuple[int, bool]:
     piped or written to a file, the tables print every value in full within 132 columns."""
     width = fit_width(output)
     return (132, False) if width is None else (width, True)
-
-
-def calibration_line(cal) -> str:
-    return f"times: calibrated with {safe.markup(cal.name)} ({safe.markup(cal.path)}); ops it lacks keep roofline time"
-
-
-def calibration_json(cal) -> dict:
-    """What a JSON output records about its times: roofline, or the calibration used."""
-    if cal is None:
-        return {"time": "roofline"}
-    return {"time": "calibrated", "calibration": cal.describe()}

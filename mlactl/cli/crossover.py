@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import numpy as np
 import typer
 
-from mlactl.cli.common import calibration_json, calibration_line, cli_errors, emit, one_int, output_format, resolve
+from mlactl.cli.common import cli_errors, emit, one_int, output_format, resolve
 from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, Opts, shared
 from mlactl.decide import analysis
 from mlactl.model.shapes import parse_sizes
 from mlactl.output import render, report
-from mlactl.output.csvout import write_csv
-from mlactl.util import safe
 from mlactl.util.errors import MlactlError
 
 crossover_app = typer.Typer(add_completion=False)
@@ -47,7 +44,7 @@ def crossover_cmd(
 
     fmt = output_format(opts.fmt, opts.output)
     setup = resolve(opts)
-    cfg, hw, cal = setup.cfg, setup.hw, setup.calibration
+    hw, cal = setup.hw, setup.calibration
     model_cost = setup.cost()
     hw.peak_flops(model_cost.dtype)
     pairs = [(b, p) for b in parse_sizes(batch, "--batch") for p in parse_sizes(prefix, "--prefix", minimum=0)]
@@ -55,52 +52,10 @@ def crossover_cmd(
         raise MlactlError(f"{len(pairs)} (batch, prefix) pairs; at most {analysis.MAX_CROSSOVER_PREFIXES} at once")
     result = analysis.crossover_table(model_cost, hw, pairs, max_new=one_int(max_new, "--max-new"), calibration=cal)
 
-    def json_data():
-        return {
-            "schema": "mlactl.crossover",
-            "schema_version": report.SCHEMA_VERSION,
-            "model": dict(cfg.to_dict(), softmax_scale=cfg.softmax_scale),
-            "hardware": hw.to_dict(),
-            "kv_dtype": model_cost.kv_dtype,
-            "dtype": model_cost.dtype,
-            "chunk": model_cost.chunk,
-            "crossover": report.crossover_json(result),
-            **calibration_json(cal),
-        }
-
-    def csv_data(fh):
-        if result.windows:
-            write_csv(fh, *window_columns(result.windows))
-            return
-        rows = result.rows
-        header = ["batch", "prefix", "by_flops", "by_time", "by_time_chunked"]
-        cols = [[r.batch for r in rows], [r.prefix for r in rows]] + [
-            [np.nan if v is None else v for v in (getattr(r, k) for r in rows)] for k in header[2:]
-        ]
-        if cal is not None:  # the 80% intervals' ends (empty: past --max-new)
-            for k in ("by_time", "by_time_chunked"):
-                spans = [getattr(r, f"{k}_interval") or (None, None) for r in rows]
-                header += [f"{k}_lo", f"{k}_hi"]
-                cols += [[np.nan if s[i] is None else s[i] for s in spans] for i in (0, 1)]
-        write_csv(fh, header, [np.asarray(c, dtype=np.float64) for c in cols])
-
-    header = (
-        f"[bold]{safe.markup(cfg.name)}[/] on [bold]{safe.markup(hw.display)}[/] "
-        f"({'measured' if hw.using_measured else 'nominal'}), kv cache {model_cost.kv_dtype}"
+    emit(
+        fmt,
+        opts.output,
+        json_data=lambda: report.crossover_document(model_cost, hw, result, cal),
+        write_csv=lambda fh: report.write_crossover_csv(fh, result, calibrated=cal is not None),
+        tables=[*render.crossover_lines(model_cost, hw, cal), *setup.markup_notes(), render.crossover_table(result)],
     )
-    lines = [header] + ([calibration_line(cal)] if cal is not None else []) + setup.markup_notes()
-    emit(fmt, opts.output, json_data=json_data, write_csv=csv_data, tables=[*lines, render.crossover_table(result)])
-
-
-def window_columns(windows) -> tuple[list[str], list[np.ndarray]]:
-    """A DSA model's windows as CSV columns: first, last and count of each window (empty: none)."""
-    header, cols = ["batch", "prefix"], [[w.batch for w in windows], [w.prefix for w in windows]]
-    for name, key in (
-        ("masked_by_flops", "masked_by_flops"),
-        ("masked_by_time", "masked_by_time"),
-        ("dense_by_time", "dense_by_time"),
-    ):
-        for part in ("first", "last", "count"):
-            header.append(f"{name}.{part}")
-            cols.append([np.nan if getattr(w, key) is None else getattr(getattr(w, key), part) for w in windows])
-    return header, [np.asarray(c, dtype=np.float64) for c in cols]

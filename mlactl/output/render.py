@@ -140,7 +140,9 @@ def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = 
         if analysis.spans is not None:
             cells = [_with_span(c, analysis.spans, p, i) for c, i in zip(cells, shown)]
         columns.append(Column(SHORT[p] + ("*" if p == "mha" else ""), cells, priority=2 if p == "mha" else 0))
-    columns.append(Column("best", [SHORT[analysis.best[i]] for i in shown], justify="left"))
+    fits = analysis.best_fits
+    best = [SHORT[analysis.best[i]] + ("" if fits is None or fits[i] else " ✗") for i in shown]
+    columns.append(Column("best", best, justify="left"))
     columns.append(Column("by FLOPs", [SHORT[analysis.best_by_flops[i]] for i in shown], justify="left", priority=1))
     for e in analysis.engines:
         path, lost = analysis.engine_paths[e.engine], analysis.engine_time_lost[e.engine]
@@ -387,3 +389,17 @@ def hardware_table(profiles, width: int | None = None) -> Table:
         for hw in profiles
     ]
     return table("Hardware (profiles; or --hardware path/to/profile.toml)", cols, rows, width)
+
+
+def crossover_lines(cost, hw, cal) -> list[str]:
+    """The lines above `mlactl crossover`'s table: model, GPU and cache; the calibration used."""
+    head = (
+        f"[bold]{safe.markup(cost.cfg.name)}[/] on [bold]{safe.markup(hw.display)}[/] "
+        f"({'measured' if hw.using_measured else 'nominal'}), kv cache {cost.kv_dtype}"
+    )
+    return [head] if cal is None else [head, calibration_line(cal)]
+
+
+def calibration_line(cal) -> str:
+    """The line under a table whose times are calibrated (rich markup, names escaped)."""
+    return f"times: calibrated with {safe.markup(cal.name)} ({safe.markup(cal.path)}); ops it lacks keep roofline time"

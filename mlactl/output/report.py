@@ -232,6 +232,9 @@ def to_json(analysis: Analysis) -> dict:
                 },
             }
         )
+        if analysis.best_fits is not None and not analysis.best_fits[i]:
+            # no path fits the GPU's memory here: `best` is the fastest that would run with more
+            rows[-1]["best_fits_memory"] = False
         if analysis.policy is not None:
             rows[-1]["policy"] = {
                 "name": analysis.policy,
@@ -420,3 +423,59 @@ def to_frame(analysis: Analysis, ops: bool = False):
         else:
             data[name] = np.asarray(col)
     return pd.DataFrame(data)
+
+
+def calibration_json(cal) -> dict:
+    """What a JSON output records about its times: roofline, or the calibration used."""
+    if cal is None:
+        return {"time": "roofline"}
+    return {"time": "calibrated", "calibration": cal.describe()}
+
+
+def crossover_document(cost, hw, result, cal) -> dict:
+    """`mlactl crossover --format json`: the crossover (or a DSA model's windows) per (batch, prefix)."""
+    cfg = cost.cfg
+    return {
+        "schema": "mlactl.crossover",
+        "schema_version": SCHEMA_VERSION,
+        "model": dict(cfg.to_dict(), softmax_scale=cfg.softmax_scale),
+        "hardware": hw.to_dict(),
+        "kv_dtype": cost.kv_dtype,
+        "dtype": cost.dtype,
+        "chunk": cost.chunk,
+        "crossover": crossover_json(result),
+        **calibration_json(cal),
+    }
+
+
+def write_crossover_csv(fh, result, calibrated: bool) -> None:
+    """`mlactl crossover --format csv`: one row per (batch, prefix); calibrated, each crossover's
+    80% interval ends too (empty: past --max-new)."""
+    if result.windows:
+        write_csv(fh, *window_columns(result.windows))
+        return
+    rows = result.rows
+    header = ["batch", "prefix", "by_flops", "by_time", "by_time_chunked"]
+    cols = [[r.batch for r in rows], [r.prefix for r in rows]] + [
+        [np.nan if v is None else v for v in (getattr(r, k) for r in rows)] for k in header[2:]
+    ]
+    if calibrated:
+        for k in ("by_time", "by_time_chunked"):
+            spans = [getattr(r, f"{k}_interval") or (None, None) for r in rows]
+            header += [f"{k}_lo", f"{k}_hi"]
+            cols += [[np.nan if s[i] is None else s[i] for s in spans] for i in (0, 1)]
+    write_csv(fh, header, [np.asarray(c, dtype=np.float64) for c in cols])
+
+
+def window_columns(windows) -> tuple[list[str], list[np.ndarray]]:
+    """A DSA model's windows as CSV columns: first, last and count of each window (empty: none)."""
+    header, cols = ["batch", "prefix"], [[w.batch for w in windows], [w.prefix for w in windows]]
+    for name, key in (
+        ("masked_by_flops", "masked_by_flops"),
+        ("masked_by_time", "masked_by_time"),
+        ("dense_by_time", "dense_by_time"),
+    ):
+        for part in ("first", "last", "count"):
+            header.append(f"{name}.{part}")
+            cols.append([np.nan if getattr(w, key) is None else getattr(getattr(w, key), part) for w in windows])
+    return header, [np.asarray(c, dtype=np.float64) for c in cols]
