@@ -365,3 +365,16 @@ def test_the_same_default_backend_on_both_gpus_keeps_the_measured_kernel():
     moved = transfer_fit(sparse, "sglang", hardware.from_name("h200"), hardware.from_name("b300"), errors={})
     assert moved["transfer"]["kernel"]["target"] == "flash_mla_sparse_fwd"
     assert "dsa on h200 and b300" in moved["transfer"]["kernel"]["decided"]
+
+
+def test_an_fp8_cache_fit_on_a_kernel_the_target_does_not_run_takes_the_bf16_fit():
+    bf16 = dict(DECODE)  # flash_attention decode, bf16 cache: t_fixed 5 us, eta_c 0.5, eta_m 0.8
+    cal = store.validate(calibration([FA3, bf16]), "hand")
+    on_b200 = transfer(cal, hardware.from_name("h200"), hardware.from_name("b200"), errors={})
+    fp8 = next(f for f in on_b200["fits"] if f["dtype"] == "fp8")
+    assert fp8["terms"] == ["fixed"] and fp8["params"] == {"t_fixed_s": 5e-6, "eta_c": 0.5, "eta_m": 0.8}
+    assert fp8["transfer"]["fallback"] == "bf16 fit" and fp8["source"] == FA3["source"]
+    # on an H100 SGLang runs FA3 too: the fp8 fit itself, every term with it
+    on_h100 = transfer(cal, hardware.from_name("h200"), hardware.from_name("h100-sxm"), errors={})
+    fp8 = next(f for f in on_h100["fits"] if f["dtype"] == "fp8")
+    assert fp8["terms"] == FA3["terms"] and fp8["transfer"]["fallback"] is None

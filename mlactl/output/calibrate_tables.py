@@ -166,7 +166,9 @@ def transfer_table(name: str, source: str, target: str, fits, width: int | None)
                 safe.markup(kernel.get("measured", "")),
                 "same" if same else safe.markup(kernel.get("target", "")),
                 ("its kernel's fit" if same else "another kernel's fit")
-                + {"member": ": a member", "terms dropped": ": terms dropped"}.get(t.get("fallback") or "", ""),
+                + {"member": ": a member", "terms dropped": ": terms dropped", "bf16 fit": ": the bf16 fit"}.get(
+                    t.get("fallback") or "", ""
+                ),
                 safe.markup(", ".join(t.get("dropped") or [])) or "—",
                 "—" if p90 is None else f"{100 * (math.exp(p90) - 1):.0f}%",
                 f"{t.get('factor', 1.0):.2f}",

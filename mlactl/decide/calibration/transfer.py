@@ -69,6 +69,11 @@ NEAR_TRAVELS = True
 # the transfer error model's median (its `shift`) is taken out of a transferred fit's times: a
 # fit carried from Hopper to Blackwell is, by op class, systematically slow or fast there
 CORRECT = True
+# An fp8-cache attention fit on a kernel the target does not run: the measured kernel's fp8 path
+# (FA3 converts the cache first: kvcast) says nothing of the target's, so the same op's bf16 fit,
+# at the fp8 cache's bytes, stands in. H200 SGLang -> B200 (trtllm_mla) fp8 decode: 67.4% / 174%
+# median / p90 with the fp8 fit, 22.8% / 90.8% with the bf16 one (benchmarks/bench_transfer.py)
+STAND_IN = "the same op's bf16 fit at the fp8 cache's bytes"
 MIN_PAIRS = 2  # a key of the transfer error model is used from this many (source, target) pairs
 SAME, OTHER = "same kernel", "another kernel's fit"
 MEMBER, DROPPED = "its best member without the dropped terms", "the dropped terms left out of its own parameters"
@@ -276,6 +281,25 @@ def transfer_fit(
     return out
 
 
+def _carry(fit: dict, fits: list, framework, source, target, errors, near: bool, correct: bool) -> dict:
+    """`transfer_fit`, and for an fp8-cache attention fit on a kernel the target does not run, the
+    same op and phase's bf16 fit in its place (STAND_IN) where the calibration has one."""
+    moved = transfer_fit(fit, framework, source, target, errors, near, correct)
+    kernel = moved["transfer"]["kernel"]
+    if kernel["measured"] == kernel["target"] or fit["op"] not in ATTENTION_CLASSES:
+        return moved
+    if "fp8" not in str(fit.get("dtype", "")):
+        return moved
+    twin = [f for f in fits if f["op"] == fit["op"] and f.get("dtype") == "bf16" and phase_of(f) == phase_of(fit)]
+    if not twin:
+        return moved
+    stand_in = dict(copy.deepcopy(twin[0]), dtype=fit["dtype"], source=fit["source"])
+    moved = transfer_fit(stand_in, framework, source, target, errors, near, correct)
+    moved["transfer"]["rests_on"] += f"; {STAND_IN}"
+    moved["transfer"]["fallback"] = "bf16 fit"
+    return moved
+
+
 def transfer(
     cal: Calibration,
     source: HardwareProfile,
@@ -299,7 +323,7 @@ def transfer(
     if dtype not in target.peak_tflops:
         raise MlactlError(f"{target.name} has no {dtype} peak, the dtype calibration {cal.name!r} divides by")
     framework = (cal.data.get("source") or {}).get("framework")
-    fits = [transfer_fit(f, framework, source, target, errors, near, correct) for f in cal.fits]
+    fits = [_carry(f, cal.fits, framework, source, target, errors, near, correct) for f in cal.fits]
     data = copy.deepcopy({k: v for k, v in cal.data.items() if k != "fits"})
     data.update(
         name=safe_name(name or f"{target.name}-from-{cal.name}"),
