@@ -257,6 +257,14 @@ def test_calibrate_transfer_and_every_consumer_take_it_for_the_target(home, tmp_
         assert "are transferred: fitted on h200 (fx), carried to b300's ceilings" in result.output, args
         data = json.loads(run(*args, "--calibration", moved, "-f", "json").stdout)
         assert "'transferred': {'from': 'h200', 'calibration': 'fx', 'to': 'b300'}" in str(data), args
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n0,1000,10\n0.1,2000,5\n")
+    result = run("replay", trace, "--calibration", moved)
+    assert "are transferred: fitted on h200 (fx)" in result.output
+    replayed = json.loads(run("replay", trace, "--calibration", moved, "-f", "json").stdout)
+    assert replayed["calibration"]["transferred"] == {"from": "h200", "calibration": "fx", "to": "b300"}
+    result = run("plot", "crossover", "--calibration", moved, "--prefix", "0", "--output", tmp_path / "c.png")
+    assert "are transferred" in result.output and (tmp_path / "c.png").stat().st_size > 0
     # on another GPU: one line that names the transfer command from the calibration fitted
     line = error_line(run("analyze", "--calibration", moved, "--hardware", "b200", ok=False))
     assert "carried by transfer to hardware 'b300', not 'b200'" in line
