@@ -667,3 +667,35 @@ def test_engine_loss_intervals_on_a_sample_of_a_large_workload(fixture_calibrati
         for x, y in ((a.time_interval_s, b.time_interval_s), (a.lost_interval_s, b.lost_interval_s)):
             assert x is not None and y is not None
             assert y == pytest.approx(x, rel=0.10)
+
+
+def test_a_crossover_that_never_comes_is_said_in_words_json_and_csv(fixture_calibration, monkeypatch):
+    """Where expand never beats absorb (here: absorb's draws made a millionth of expand's, and the
+    point search finding none), the interval has no end: the table says `none up to --max-new`,
+    JSON `[null, null]`, CSV empty ends. It raised OverflowError (int of +inf) before."""
+    from mlactl.decide import analysis
+    from mlactl.decide.calibration import estimate
+
+    real = estimate.estimates
+
+    def absorb_always_wins(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if "absorb" in out:
+            e = out["absorb"]
+            fast = replace(e, ops={k: replace(op, time=op.time * 1e-6) for k, op in e.ops.items()})
+            object.__setattr__(fast, "scenarios", lambda s=u.SCENARIOS: e.scenarios(s) * 1e-6)
+            out["absorb"] = fast
+        return out
+
+    monkeypatch.setattr(estimate, "estimates", absorb_always_wins)
+    monkeypatch.setattr(analysis, "crossover_by_time", lambda cost, hw, cal, prefixes, **kw: [None] * len(prefixes))
+    args = ["crossover", "--hardware", "h200", "--prefix", "32K", "--max-new", "4K"]
+    args += ["--calibration", fixture_calibration]
+    data = json.loads(run(*args, "-f", "json").stdout)
+    row = data["crossover"]["by_prefix"][0]
+    assert row["by_time"] is None and row["by_time_interval"] == [None, None]
+    table = run(*args).stdout
+    assert "> 4096 (none up to 4096)" in table
+    header, line = run(*args, "-f", "csv").stdout.splitlines()[:2]
+    values = dict(zip(header.split(","), line.split(",")))
+    assert values["by_time_lo"] in ("", "nan") and values["by_time_hi"] in ("", "nan")

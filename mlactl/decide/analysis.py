@@ -56,10 +56,11 @@ class CrossoverRow:
     by_flops: int | None  # smallest new count where expand takes fewer FLOPs than absorb
     by_time: int | None  # ... where expand is faster by roofline (or calibrated) time
     by_time_chunked: int | None  # ... where expand_chunked is faster by roofline (or calibrated) time
-    # calibrated only: the 80% intervals (hi None: past max_new), each deciding op's basis at the
+    # calibrated only: the 80% intervals (hi None: past max_new; lo None too: none up to max_new in
+    # nine draws of ten), each deciding op's basis at the
     # crossover ({path: {op: {"basis", ["octaves", "axis"]}}}), and a line when one is not measured
-    by_time_interval: tuple[int, int | None] | None = None
-    by_time_chunked_interval: tuple[int, int | None] | None = None
+    by_time_interval: tuple[int | None, int | None] | None = None
+    by_time_chunked_interval: tuple[int | None, int | None] | None = None
     basis: dict | None = None
     note: str = ""
 
@@ -236,12 +237,12 @@ def crossover_table(
     return Crossover(cost.asymptotic_crossover(), rows, max_new, note, kind)
 
 
-def _holding(span: tuple[int, int | None], value: int | None) -> tuple[int, int | None]:
-    """A crossover's interval widened to hold its point value (None: past max_new)."""
+def _holding(span: tuple[int | None, int | None], value: int | None) -> tuple[int | None, int | None]:
+    """A crossover's interval widened to hold its point value (an end None: past max_new)."""
     lo, hi = span
     if value is None:
         return lo, None
-    return min(lo, value), None if hi is None else max(hi, value)
+    return (value if lo is None else min(lo, value)), None if hi is None else max(hi, value)
 
 
 DECIDING_SHARE = 0.05  # an op taking less of its path's time than this does not decide a crossover

@@ -256,11 +256,15 @@ def window_table(crossover: Crossover) -> Table:
 
 def crossover_cell(value: int | None, interval, max_new: int, mark: str = "") -> str:
     """`133`, or calibrated `133 (128–181)`: the 80% interval; `(≥ 128)` when its top lies past
-    max_new; `mark` flags a crossover whose deciding ops were not all measured."""
+    max_new, `(none up to 4096)` when both ends do; `mark` flags a crossover whose deciding ops
+    were not all measured."""
     text = f"> {max_new}" if value is None else str(value)
     if interval is not None:
         lo, hi = interval
-        text += f" (≥ {lo})" if hi is None else f" ({lo}–{hi})"
+        if lo is None:
+            text += f" (none up to {max_new})"
+        else:
+            text += f" (≥ {lo})" if hi is None else f" ({lo}–{hi})"
     return text + mark
 
 

@@ -471,11 +471,12 @@ def crossover_intervals(
     path: str = "expand",
     max_new: int = 1 << 17,
     scenarios: int = u.SCENARIOS,
-) -> list[tuple[int, int | None]]:
+) -> list[tuple[int | None, int | None]]:
     """For each prefix, the 80% interval (lo, hi) of the crossover (the smallest new-token count at
     which `path` is faster than absorb, as mlactl.model.roofline.crossover_by_time defines it),
     over the draws of `path_scenarios`; hi None where more than a tenth of the draws find none
-    within max_new. Counts are searched one by one up to EXACT_UP_TO and 1.1% apart beyond
+    within max_new, and lo None too where nine tenths do (no end: none up to max_new). Counts are
+    searched one by one up to EXACT_UP_TO and 1.1% apart beyond
     (`search_counts`): an end above 512 is that close."""
     prefixes = np.asarray(prefixes, dtype=np.float64).reshape(-1)
     grid = search_counts(max_new)
@@ -496,4 +497,4 @@ def crossover_intervals(
     # order statistics (no interpolation between a count and "none found")
     lo = np.quantile(found, u.LOW, axis=0, method="lower")
     hi = np.quantile(found, u.HIGH, axis=0, method="higher")
-    return [(int(a), None if not np.isfinite(b) else int(b)) for a, b in zip(lo, hi)]
+    return [(None if not np.isfinite(a) else int(a), None if not np.isfinite(b) else int(b)) for a, b in zip(lo, hi)]

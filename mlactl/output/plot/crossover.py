@@ -173,7 +173,12 @@ def crossover(analysis: Analysis, results: list[dict] = (), calibrated: Analysis
                 markers.append((n, f"{'predicted' if path == 'expand' else 'chunked'} {n}", PATH_COLOURS[path], "-"))
         if cal is not None and cal["crossover"] is not None:
             span = cal["crossover_interval"]
-            where = "" if span is None else f" ({span[0]}–{'?' if span[1] is None else span[1]})"
+            if span is None:
+                where = ""
+            elif span[0] is None:  # nine draws of ten find none up to max_new
+                where = " (80%: none in range)"
+            else:
+                where = f" ({span[0]}–{'?' if span[1] is None else span[1]})"
             markers.append((cal["crossover"], f"calibrated {cal['crossover']}{where}", "tab:purple", "--"))
         if asymptotic is not None:
             markers.append((asymptotic, f"by FLOPs {asymptotic:.1f}", "gray", ":"))
