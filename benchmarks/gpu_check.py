@@ -52,10 +52,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SCHEMA = "mlactl-gpu-check"
-SCHEMA_VERSION = 2  # 2: baselines, measured ceilings, max error with thresholds, the split-score row
+SCHEMA_VERSION = 3  # 3: kernel-only time, launched kernels' registers and spills, clocks, repeat check
 TEST_TIMEOUT_S = 150  # the GPU tests, when this script runs them (device_check.sh runs them apart)
-BENCH_BUDGET_S = 170  # rows not started this long after the benchmark's own start are skipped
+BENCH_BUDGET_S = 90  # a row is not started when it would end (by the rows so far) past this
+SMOKE_WATCHDOG_S = 20  # the smoke launch: a hang or a wrong answer in this long stops the run
+REPEATS_BITWISE = 20  # launches of one decode on the same inputs, each compared bit for bit with the first
 TAIL_CHARS = 4000  # of the test output kept in the JSON
+TESTS_LOG_ENV = "GPU_CHECK_TESTS_LOG"  # the pytest plugin below appends one JSON line per test here
+CLOCKS_ENV = "GPU_CHECK_CLOCKS"  # a clocks CSV another process samples into (device_check.py)
+# the Triton modules whose compiled kernels a row can launch
+KERNEL_MODULES = ("decode", "prefill", "merge", "sparse_decode", "schedule", "expansion", "attention")
 TFLOPS, TBS = 1e12, 1e12
 
 
@@ -76,6 +82,7 @@ class Plan:
     warmup: int
     min_repeats: int
     max_repeats: int
+    repeat_runs: int  # launches of the bitwise repeat check per decode row
 
 
 FULL = Plan(
@@ -92,6 +99,7 @@ FULL = Plan(
     warmup=3,
     min_repeats=5,
     max_repeats=100,
+    repeat_runs=REPEATS_BITWISE,
 )
 SMOKE = Plan(
     dtype="fp16",
@@ -107,6 +115,7 @@ SMOKE = Plan(
     warmup=1,
     min_repeats=1,
     max_repeats=1,
+    repeat_runs=2,
 )
 
 # The issue's targets (H200, bf16): (metric, minimum in SI units), by the role of the row;
@@ -142,28 +151,95 @@ def parse_pytest(output: str) -> dict:
     return counts
 
 
-def run_gpu_tests(timeout_s: float) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]
-    result = {"command": " ".join(["python"] + cmd[1:]), "timeout_s": timeout_s}
+def gpu_test_files(repo: Path = REPO) -> list[str]:
+    """The test files that hold GPU tests (a `gpu` mark): collecting only these skips importing
+    the other ~40 modules (8 s on the project's CPU) and cannot fail on their imports."""
+    found = []
+    for path in sorted((repo / "tests").glob("test_*.py")):
+        if re.search(r"\bmark\.gpu\b", path.read_text(encoding="utf-8", errors="replace")):
+            found.append(str(path.relative_to(repo)))
+    return found
+
+
+def xdist_workers() -> int:
+    """pytest-xdist workers for the GPU tests where it is installed (0: none): the tests are
+    bound by Triton compiles, CPU work that 4 processes spread over the H200 machine's 16 cores."""
+    import importlib.util
+
+    return 4 if importlib.util.find_spec("xdist") is not None else 0
+
+
+def gpu_tests_command(python: str, repo: Path = REPO, workers: int | None = None) -> list[str]:
+    """pytest over the GPU tests with this file as a plugin (-p gpu_check, benchmarks/ on the
+    path): each failure is printed on a line of its own as it happens and each outcome appended
+    to $GPU_CHECK_TESTS_LOG, so a run killed at its budget still says which tests failed so far."""
+    workers = xdist_workers() if workers is None else workers
+    cmd = [python, "-m", "pytest", "-m", "gpu", "-q", "-rfE", "--tb=line", "-p", "no:cacheprovider", "-p", "gpu_check"]
+    if workers:
+        cmd += ["-n", str(workers)]
+    return cmd + (gpu_test_files(repo) or ["tests"])
+
+
+def plugin_env(env: dict | None = None, log: Path | None = None) -> dict:
+    """The environment that gpu_tests_command needs: benchmarks/ importable, the outcome log named."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), str(REPO), env.get("PYTHONPATH", "")) if p)
+    if log is not None:
+        env[TESTS_LOG_ENV] = str(log)
+    return env
+
+
+def read_tests_log(path: Path) -> dict:
+    """What the plugin logged: {"ended": {nodeid: record}, "running": [nodeids started, not ended]}
+    (a torn last line, from a kill mid-write, is skipped)."""
+    ended, started = {}, []
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == "start":
+            started.append(rec["nodeid"])
+        elif rec.get("event") == "end":
+            if rec["nodeid"] not in ended or rec["outcome"] in ("failed", "error"):
+                ended[rec["nodeid"]] = rec
+    return {"ended": ended, "running": [n for n in dict.fromkeys(started) if n not in ended]}
+
+
+def run_gpu_tests(timeout_s: float, log: Path | None = None) -> dict:
+    log = log or Path(tempfile.mkdtemp()) / "tests.jsonl"
+    cmd = gpu_tests_command(sys.executable)
+    result = {"command": " ".join(["python"] + cmd[1:]), "timeout_s": timeout_s, "log": str(log)}
     start = time.perf_counter()
     try:
-        with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as log:
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as out:
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=plugin_env(log=log))  # fmt: skip
             try:
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)  # our own session: pytest and its children
                 proc.wait()
                 rc = None
-            log.seek(0)
-            output = log.read()
+            out.seek(0)
+            output = out.read()
     except Exception as exc:  # noqa: BLE001 - a broken test step must not stop the benchmark
         result.update(status="error", error=f"{type(exc).__name__}: {exc}", duration_s=time.perf_counter() - start)
         return result
     counts = parse_pytest(output)
-    if rc is None:
+    logged = read_tests_log(log)
+    failures = [f"{r['outcome'].upper()} {r['nodeid']} - {r.get('message', '')}"
+                for r in logged["ended"].values() if r["outcome"] in ("failed", "error")]  # fmt: skip
+    if rc is None:  # killed: the plugin's log holds what ended before
         status = "timeout"
-    elif counts["failed"] or counts["errors"] or rc not in (0, 5):
+        for k in ("passed", "failed", "skipped"):
+            counts[k] = sum(r["outcome"] == k for r in logged["ended"].values())
+        counts["errors"] = sum(r["outcome"] == "error" for r in logged["ended"].values())
+    elif counts["failed"] or counts["errors"] or failures or rc not in (0, 5):
         status = "failed"
     elif counts["passed"]:
         status = "passed"
@@ -174,10 +250,70 @@ def run_gpu_tests(timeout_s: float) -> dict:
         returncode=rc,
         duration_s=time.perf_counter() - start,
         **counts,
-        failures=[ln for ln in output.splitlines() if ln.startswith(("FAILED ", "ERROR "))],
+        failures=failures or [ln for ln in output.splitlines() if ln.startswith(("FAILED ", "ERROR "))],
+        running_when_killed=logged["running"] if rc is None else [],
         output_tail=output[-TAIL_CHARS:],
     )
     return result
+
+
+# ---- the pytest plugin (-p gpu_check): every outcome as it happens ------------------------------
+
+_PYTEST_CONFIG = None
+
+
+def _log_line(record: dict) -> None:
+    """One JSON line appended with a single write (O_APPEND): a kill leaves whole lines."""
+    path = os.environ.get(TESTS_LOG_ENV)
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _controller() -> bool:
+    """Not an xdist worker: the controller sees every worker's reports and logs them once."""
+    return _PYTEST_CONFIG is not None and not hasattr(_PYTEST_CONFIG, "workerinput")
+
+
+def pytest_configure(config):
+    global _PYTEST_CONFIG
+    _PYTEST_CONFIG = config
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _controller():
+        _log_line({"event": "start", "nodeid": nodeid, "t": time.time()})
+
+
+def pytest_runtest_logreport(report):
+    if not _controller():
+        return
+    if report.when != "call" and not report.failed and not report.skipped:
+        return  # a setup or teardown that passed: the call's report says it all
+    outcome = "error" if report.failed and report.when != "call" else report.outcome
+    message = ""
+    if isinstance(report.longrepr, tuple):  # a skip: (path, line, reason)
+        message = str(report.longrepr[-1])
+    elif report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        message = getattr(crash, "message", None) or str(report.longrepr)
+    message = (message.strip().splitlines() or [""])[0][:300]
+    _log_line({"event": "end", "nodeid": report.nodeid, "when": report.when, "outcome": outcome,
+               "duration_s": round(report.duration, 3), "message": message, "t": time.time()})  # fmt: skip
+    if report.failed:
+        line = f"{'FAILED' if report.when == 'call' else 'ERROR'} {report.nodeid} - {message}"
+        reporter = _PYTEST_CONFIG.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 1):  # after -q's dots
+                reporter.write("\n")
+            reporter.write_line(line)
+        else:
+            print(line, flush=True)
+        sys.stdout.flush()
 
 
 def tests_failed(tests: dict) -> bool:
@@ -291,6 +427,25 @@ class Bench:
                 out["roofline_error"] = f"{type(exc).__name__}: {exc}"
         return out
 
+    def kernel_time(self, fn) -> dict:
+        """The launches' own GPU time (mlactl.tune.timing.time_kernel: a CUDA graph's replays),
+        beside `time`'s whole call; on a CPU there is no such figure."""
+        if self.device.type != "cuda":
+            return {"status": "not measured", "reason": "a CPU run: only the whole call is timed"}
+        from mlactl.tune.timing import time_kernel
+
+        p = self.plan
+        try:
+            t = time_kernel(fn, device=self.device, budget_s=p.budget_s, warmup=p.warmup,
+                            min_repeats=p.min_repeats, max_repeats=p.max_repeats)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the whole call's figure stands without it
+            return {"status": "error", "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        return {"status": "ok", **t.to_dict()}
+
+    def launched(self, fn) -> dict:
+        """The compiled kernels one call of `fn` launches, with what the JIT reports of each."""
+        return launched_kernels(fn, self.sync)
+
     def sync(self):
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
@@ -301,6 +456,265 @@ class Bench:
             self.torch.cuda.empty_cache()
 
 
+# -- what the JIT launched: registers and spills as Triton reports them ---------------------------
+
+
+def jit_functions() -> dict:
+    """Every Triton JIT function of mlactl.kernels, by qualified name ({} under the interpreter,
+    whose kernels are not compiled)."""
+    import importlib
+
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return {}
+    found = {}
+    for mod in KERNEL_MODULES:
+        try:
+            module = importlib.import_module(f"mlactl.kernels.{mod}")
+        except ImportError:
+            continue
+        for name, obj in vars(module).items():
+            if isinstance(obj, JITFunction):
+                found[f"{mod}.{name}"] = obj
+    return found
+
+
+def compiled_kernels(jit) -> list:
+    """The CompiledKernel objects a JIT function holds: device_caches[device][0] is the kernel
+    cache (a {key: CompiledKernel} dict) in Triton 3.2 through 3.9 alike."""
+    out = []
+    for cache in getattr(jit, "device_caches", {}).values():
+        kernels = cache[0] if isinstance(cache, tuple) and cache and isinstance(cache[0], dict) else {}
+        out.extend(kernels.values())
+    return out
+
+
+def kernel_record(qualname: str, k) -> dict:
+    """What the JIT knows of one compiled kernel: registers and spills (set when the binary is
+    loaded, i.e. on its first launch), shared memory, warps, stages, its specialised constants."""
+    meta = getattr(k, "metadata", None)
+    rec = {
+        "kernel": qualname,
+        "name": getattr(k, "name", None),
+        "n_regs": getattr(k, "n_regs", None),
+        "n_spills": getattr(k, "n_spills", None),
+        "shared_bytes": getattr(meta, "shared", None),
+        "num_warps": getattr(meta, "num_warps", None),
+        "num_stages": getattr(meta, "num_stages", None),
+        "hash": getattr(k, "hash", None),
+    }
+    consts = getattr(getattr(k, "src", None), "constants", None)
+    if isinstance(consts, dict):
+        names = getattr(getattr(k.src, "fn", None), "arg_names", None) or []
+        plain = {}
+        for key, value in consts.items():
+            if isinstance(key, tuple) and len(key) == 1 and isinstance(key[0], int) and key[0] < len(names):
+                key = names[key[0]]
+            if isinstance(value, (bool, int, float, str)):
+                plain[str(key)] = value
+        rec["constants"] = plain
+    return rec
+
+
+def _install_launch_hook(hook):
+    """Add `hook` to Triton's launch-enter hook and return the function that removes it: a
+    HookChain (knobs.runtime.launch_enter_hook.add, Triton 3.5 on), the knob set plainly
+    (3.3-3.4), or CompiledKernel.launch_enter_hook (3.2). None where this Triton has none."""
+    try:
+        from triton import knobs
+
+        chain = knobs.runtime.launch_enter_hook
+        if hasattr(chain, "add") and hasattr(chain, "remove"):
+            chain.add(hook)
+            return lambda: chain.remove(hook)
+        old = chain
+        knobs.runtime.launch_enter_hook = hook
+        return lambda: setattr(knobs.runtime, "launch_enter_hook", old)
+    except (ImportError, AttributeError):
+        pass
+    try:
+        from triton.compiler.compiler import CompiledKernel
+
+        if hasattr(CompiledKernel, "launch_enter_hook"):
+            old = CompiledKernel.launch_enter_hook
+            CompiledKernel.launch_enter_hook = hook
+            return lambda: setattr(CompiledKernel, "launch_enter_hook", old)
+    except ImportError:
+        pass
+    return None
+
+
+def launched_kernels(fn, sync=lambda: None) -> dict:
+    """Call `fn` once with a launch hook that notes each launch's CUfunction, then look those up
+    among the JIT's compiled kernels: the kernels this call actually launched, with the registers
+    and spills the driver reported when it loaded them (CompiledKernel.n_regs / n_spills). Where
+    this Triton has no hook, the kernels whose binary is loaded stand in (method "loaded")."""
+    jits = jit_functions()
+    if not jits:
+        return {"method": "none", "note": "no compiled Triton kernels (the interpreter runs them)", "kernels": []}
+    handles: list = []
+
+    def hook(metadata):
+        data = getattr(metadata, "data", metadata)
+        try:
+            handles.append(data["function"])
+        except (KeyError, TypeError):
+            pass
+
+    remove = _install_launch_hook(hook)
+    try:
+        fn()
+        sync()
+    finally:
+        if remove is not None:
+            remove()
+    every = [(q, k) for q, jit in jits.items() for k in compiled_kernels(jit)]
+    if remove is not None and handles:
+        counts: dict = {}
+        for h in handles:
+            counts[h] = counts.get(h, 0) + 1
+        found = []
+        for q, k in every:
+            if getattr(k, "function", None) in counts:
+                found.append(dict(kernel_record(q, k), launches=counts[k.function]))
+        return {"method": "launch-hook", "launches": len(handles), "kernels": found}
+    loaded = [kernel_record(q, k) for q, k in every if getattr(k, "n_regs", None) is not None]
+    return {"method": "loaded", "note": "no launch hook: every kernel loaded in this process so far",
+            "kernels": loaded}  # fmt: skip
+
+
+def spill_summary(rows: list[dict]) -> dict:
+    """Per distinct compiled kernel (by hash) across the rows: the largest registers and spills."""
+    seen: dict = {}
+    for r in rows:
+        for k in (r.get("launched") or {}).get("kernels", []):
+            seen[k.get("hash") or (k["kernel"], json.dumps(k.get("constants"), sort_keys=True))] = k
+    kernels = list(seen.values())
+    spills = [k for k in kernels if (k.get("n_spills") or 0) > 0]
+    return {
+        "kernels": len(kernels),
+        "spilling": len(spills),
+        "max_regs": max((k.get("n_regs") or 0 for k in kernels), default=None),
+        "spilling_kernels": [f"{k['kernel']} ({k['n_spills']} spills)" for k in spills],
+    }
+
+
+# -- the GPU's clocks, sampled by nvidia-smi --------------------------------------------------------
+
+CLOCK_FIELDS = ("timestamp", "clocks.sm", "clocks.mem", "clocks.max.sm", "temperature.gpu", "power.draw",
+                "utilization.gpu", "clocks_event_reasons.active")  # fmt: skip
+CLOCK_FIELDS_OLD = CLOCK_FIELDS[:-1] + ("clocks_throttle_reasons.active",)  # drivers before 535
+CLOCK_PERIOD_MS = 500
+
+
+def clock_command(period_ms: int = CLOCK_PERIOD_MS) -> list[str] | None:
+    """The nvidia-smi command that samples the clocks every `period_ms` (None without nvidia-smi);
+    the field list the driver accepts (newer drivers name throttle reasons 'event reasons')."""
+    import shutil
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    for fields in (CLOCK_FIELDS, CLOCK_FIELDS_OLD):
+        query = f"--query-gpu={','.join(fields)}"
+        try:
+            probe = subprocess.run([smi, query, "--format=csv,noheader,nounits"], capture_output=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if probe.returncode == 0:
+            return [smi, query, "--format=csv,nounits", f"-lms={period_ms}"]
+    return None
+
+
+def start_clock_sampler(path: Path, period_ms: int = CLOCK_PERIOD_MS):
+    """nvidia-smi sampling into `path` (CSV, its own header), as a child the caller stops; None
+    where there is no nvidia-smi. nvidia-smi writes each line itself: a kill of ours loses none."""
+    cmd = clock_command(period_ms)
+    if cmd is None:
+        return None
+    out = open(path, "w", encoding="utf-8")  # noqa: SIM115 - the child owns it until stopped
+    try:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL)
+    finally:
+        out.close()
+
+
+def _num(text: str):
+    try:
+        return float(text)
+    except ValueError:  # "[N/A]", "[Not Supported]"
+        return None
+
+
+def read_clocks(path: Path) -> list[dict]:
+    """Samples of a clocks CSV (header line skipped): unix time, SM and memory MHz, the SM's max,
+    temperature, power, utilisation, and the active clock-event reasons (a bit mask, hex)."""
+    samples = []
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return samples
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != len(CLOCK_FIELDS) or parts[0].startswith("timestamp"):
+            continue
+        try:
+            t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        except ValueError:
+            continue
+        samples.append({
+            "t": t, "sm_mhz": _num(parts[1]), "mem_mhz": _num(parts[2]), "max_sm_mhz": _num(parts[3]),
+            "temp_c": _num(parts[4]), "power_w": _num(parts[5]), "util_pct": _num(parts[6]),
+            "reasons": parts[7],
+        })  # fmt: skip
+    return samples
+
+
+def clock_window(samples: list[dict], t0: float, t1: float) -> dict:
+    """The clocks while something ran (unix times t0..t1): SM and memory MHz (min, median, max),
+    the most power and heat, and every clock-event reason mask seen (0x0: none)."""
+    inside = [s for s in samples if t0 <= s["t"] <= t1]
+    out: dict = {"samples": len(inside)}
+    for key in ("sm_mhz", "mem_mhz"):
+        values = sorted(v for s in inside if (v := s[key]) is not None)
+        if values:
+            out[key] = {"min": values[0], "median": values[len(values) // 2], "max": values[-1]}
+    for key in ("power_w", "temp_c"):
+        values = [v for s in inside if (v := s[key]) is not None]
+        if values:
+            out[f"max_{key}"] = max(values)
+    maxes = [v for s in inside if (v := s["max_sm_mhz"]) is not None]
+    if maxes:
+        out["max_sm_mhz"] = max(maxes)
+    out["reasons"] = sorted({s["reasons"] for s in inside})
+    return out
+
+
+# -- the repeat check ---------------------------------------------------------------------------------
+
+
+def bitwise_repeat(fn, first, runs: int = REPEATS_BITWISE) -> dict:
+    """`fn` called `runs` times on the same inputs, each output compared bit for bit with `first`
+    (NaN patterns included): a race, such as the split score's exchange of p through its scratch
+    slot across a barrier, shows as an output that differs from one launch to the next."""
+    import torch
+
+    def bits(t):
+        return t.detach().contiguous().view(torch.uint8)
+
+    ref = bits(first).clone()
+    mismatches, worst = 0, 0.0
+    for _ in range(runs):
+        got = fn()
+        if not torch.equal(bits(got), ref):
+            mismatches += 1
+            diff = (got.float() - first.float()).abs()
+            diff[got.isnan() & first.isnan()] = 0.0  # NaN in both: equal as values, the bits decide
+            worst = max(worst, float(diff.nan_to_num(nan=math.inf).max()))
+    return {"runs": runs, "mismatches": mismatches, "max_abs_diff": worst, "bitwise_equal": mismatches == 0}
+
+
 AGREE_REL_ERR = 2e-2  # relative L2 error kernel vs twin above which the outputs disagree
 # (bf16 outputs of the same inputs land near 4e-3; tests/test_attention.py uses 2e-2 too)
 # largest elementwise |kernel - twin| allowed, by output dtype: bf16 keeps 8 bits, so an output
@@ -308,12 +722,20 @@ AGREE_REL_ERR = 2e-2  # relative L2 error kernel vs twin above which the outputs
 MAX_ABS_ERR = {"bf16": 2e-2, "fp16": 4e-3, "fp32": 1e-4}
 
 
-def finish(row: dict, timing: dict, target=None) -> None:
-    """Achieved rates, roofline fraction and target verdict of a timed row."""
+def finish(row: dict, timing: dict, target=None, kernel: dict | None = None) -> None:
+    """Achieved rates, roofline fraction and target verdict of a timed row; with `kernel` (the
+    launches' own time, Bench.kernel_time) the rates at that time too, and the host's share."""
     row["timing"] = timing
     median = timing["median_s"]
     row["achieved_flops_per_s"] = row["flops"] / median
     row["achieved_bytes_per_s"] = row["bytes"] / median
+    if kernel is not None:
+        row["kernel_timing"] = kernel
+        if kernel.get("status") == "ok":
+            k = kernel["median_s"]
+            row["kernel_flops_per_s"] = row["flops"] / k
+            row["kernel_bytes_per_s"] = row["bytes"] / k
+            row["host_overhead_s"] = median - k  # what the whole call adds to the launches' GPU time
     if "roofline_s" in row:
         row["roofline_fraction"] = row["roofline_s"] / median
     if target:
@@ -531,13 +953,13 @@ def row_decode(bench: Bench, H: int, fp8: bool, target=None, config=None, suffix
         row["config"] = config
     got, _ = mla_decode(q, kv, table, seqlens, scale, kv_scale=kv_scale, r=m.r, config=config)  # validated once
     row["output_finite"] = bool(bench.torch.isfinite(got).all())
-    finish(
-        row,
-        bench.time(
-            lambda: mla_decode(q, kv, table, seqlens, scale, kv_scale=kv_scale, r=m.r, validate=False, config=config)
-        ),
-        target,
-    )
+
+    def call():
+        return mla_decode(q, kv, table, seqlens, scale, kv_scale=kv_scale, r=m.r, validate=False, config=config)
+
+    finish(row, bench.time(call), target, bench.kernel_time(call))
+    row["launched"] = bench.launched(call)
+    row["repeat"] = bitwise_repeat(lambda: call()[0], got, p.repeat_runs)
     row["twin"] = twin_result(
         bench,
         "mla_decode_naive",
@@ -590,7 +1012,12 @@ def row_prefill(bench: Bench, L: int, with_twin: bool, target=None) -> dict:
     scale = m.softmax_scale
     got, _ = mla_prefill(q, k_nope, k_rope, v, cu, cu, scale, causal=True)
     row["output_finite"] = bool(bench.torch.isfinite(got).all())
-    finish(row, bench.time(lambda: mla_prefill(q, k_nope, k_rope, v, cu, cu, scale, causal=True)), target)
+
+    def call():
+        return mla_prefill(q, k_nope, k_rope, v, cu, cu, scale, causal=True)
+
+    finish(row, bench.time(call), target, bench.kernel_time(call))
+    row["launched"] = bench.launched(call)
     if not with_twin:  # the long row: torch SDPA per backend at the same shape
         row["baselines"] = prefill_baselines(bench, q, k_nope, k_rope, v, scale, row["timing"]["median_s"], got)
     if with_twin:
@@ -649,7 +1076,12 @@ def row_path(bench: Bench, path: str, name: str, shape: tuple[int, int, int]) ->
     )
     got = mla_attention(**inputs, path=path, backend="triton")
     row["output_finite"] = bool(torch.isfinite(got).all())
-    finish(row, bench.time(lambda: mla_attention(**inputs, path=path, backend="triton")))
+
+    def call():
+        return mla_attention(**inputs, path=path, backend="triton")
+
+    finish(row, bench.time(call), kernel=bench.kernel_time(call))
+    row["launched"] = bench.launched(call)
     row["twin"] = twin_result(
         bench,
         "mla_attention(backend='torch')",
@@ -734,6 +1166,12 @@ def summarize(doc: dict) -> dict:
         "baselines_faster": sum(
             b.get("status") == "ok" and b["ratio"] < 1.0 for r in rows for b in r.get("baselines", [])
         ),
+        "kernel_timed": sum((r.get("kernel_timing") or {}).get("status") == "ok" for r in rows),
+        "repeat_checked": sum("repeat" in r for r in rows),
+        "repeat_mismatch": sum(not r["repeat"]["bitwise_equal"] for r in rows if "repeat" in r),
+        "smoke_status": (doc.get("smoke_launch") or {}).get("status"),
+        "smoke_failed": (doc.get("smoke_launch") or {}).get("status") not in (None, "ok", "not run"),
+        "launched_kernels": spill_summary(rows),
     }
 
 
@@ -761,7 +1199,8 @@ def _fmt(x, scale=1.0, spec=".4g", none="-"):
 
 def table(doc: dict) -> str:
     head = (
-        f"{'row':<32} {'median ms':>9} {'p10-p90 ms':>15} {'TFLOP/s':>8} {'GB/s':>7} {'%mm':>5} {'%copy':>5} "
+        f"{'row':<32} {'median ms':>9} {'kernel ms':>9} {'p10-p90 ms':>15} {'TFLOP/s':>8} {'GB/s':>7} "
+        f"{'%mm':>5} {'%copy':>5} "
         f"{'frac':>5} {'target':>19} {'max err (thr)':>17} {'vs twin':>8}  status"
     )
     lines = [head, "-" * len(head)]
@@ -790,13 +1229,24 @@ def table(doc: dict) -> str:
             status = "WRONG OUTPUT"
         frac = r.get("roofline_fraction")
         of = r.get("fraction_of_measured") or {}
+        kt = r.get("kernel_timing") or {}
+        if "repeat" in r and not r["repeat"]["bitwise_equal"]:
+            status = f"NOT REPEATABLE ({r['repeat']['mismatches']}/{r['repeat']['runs']} launches differ)"
         lines.append(
-            f"{r['id']:<32} {_fmt(t.get('median_s'), 1e-3):>9} {spread:>15} "
+            f"{r['id']:<32} {_fmt(t.get('median_s'), 1e-3):>9} {_fmt(kt.get('median_s'), 1e-3):>9} {spread:>15} "
             f"{_fmt(r.get('achieved_flops_per_s') if t else None, TFLOPS, '.4g'):>8} "
             f"{_fmt(r.get('achieved_bytes_per_s') if t else None, 1e9, '.4g'):>7} "
             f"{_fmt(of.get('flops'), 0.01, '.0f'):>5} {_fmt(of.get('bytes'), 0.01, '.0f'):>5} "
             f"{_fmt(frac, 1.0, '.2g'):>5} {target:>19} {err:>17} {vs:>8}  {status}"
         )
+        for k in (r.get("launched") or {}).get("kernels", []):
+            spills = f"{k['n_spills']} SPILLS" if k.get("n_spills") else "0 spills"
+            lines.append(f"    ran {k['kernel']:<40} {k.get('n_regs')} registers, {spills}, "
+                         f"{k.get('shared_bytes')} B shared, x{k.get('launches', '?')}")  # fmt: skip
+        clk = r.get("clocks") or {}
+        if clk.get("sm_mhz"):
+            lines.append(f"    clocks SM {clk['sm_mhz']['min']:.0f}-{clk['sm_mhz']['max']:.0f} MHz "
+                         f"(max {clk.get('max_sm_mhz', 0):.0f}), reasons {','.join(clk['reasons'])}")  # fmt: skip
         for base in r.get("baselines", []):
             if base.get("status") == "ok":
                 lines.append(
@@ -864,7 +1314,179 @@ def print_report(doc: dict, path: Path) -> None:
             f"{AGREE_REL_ERR:g} (relative L2) or the max |error| threshold, {s['outputs_not_finite']} with NaN/inf"
             " outputs"
         )
+    if s["repeat_mismatch"]:
+        print(f"NOT REPEATABLE: {s['repeat_mismatch']} decode row(s) gave different bits on the same inputs (a race)")
+    lk = s["launched_kernels"]
+    print(
+        f"kernel-only time in {s['kernel_timed']} of {s['rows']} rows; {lk['kernels']} distinct kernels launched, "
+        f"most registers {lk['max_regs']}, {lk['spilling']} spilling" + (f": {', '.join(lk['spilling_kernels'])}"
+                                                                            if lk["spilling"] else "")
+    )  # fmt: skip
+    clk = doc.get("clocks") or {}
+    if clk.get("sm_mhz"):
+        print(f"clocks over the run: SM {clk['sm_mhz']['min']:.0f}-{clk['sm_mhz']['max']:.0f} MHz, memory "
+              f"{clk.get('mem_mhz', {}).get('median', 0):.0f} MHz, at most {clk.get('max_power_w', 0):.0f} W, "
+              f"{clk.get('max_temp_c', 0):.0f} C; clock-event reasons {','.join(clk['reasons'])}")  # fmt: skip
     print(f"saved {path}")
+    print(
+        f"gpu_check: SUMMARY {'FAILED' if failed(doc) else 'ok'}: rows ok {s['rows_ok']}/{s['rows']}, errors "
+        f"{s['rows_error']}, skipped {s['rows_skipped']}; wrong outputs "
+        f"{s['outputs_disagree'] + s['outputs_not_finite']}; "
+        f"not repeatable {s['repeat_mismatch']}; tests {s['tests_status']}; smoke launch {s['smoke_status']}"
+    )
+
+
+# ---- the smoke launch: one short launch per decode tile height, under a watchdog ----------------
+
+SMOKE_FILE = "smoke.json"
+
+
+def smoke_launch(out: Path, tiny: bool = False) -> int:
+    """Launch the shipped decode default once per tile height (H 128: 64-row tiles with the split
+    score; H 16: 16-row tiles, the balanced schedule) on a small batch, check each against its twin
+    and bit for bit against a second launch. Writes smoke.json before and after every launch, so
+    a watchdog that kills a hang leaves which launch it was. 0: all right; 1: a wrong answer;
+    2: no GPU. `tiny`: the smoke plan's shapes (on a CPU, in Triton's interpreter)."""
+    started = time.perf_counter()
+    path = out / SMOKE_FILE
+    out.mkdir(parents=True, exist_ok=True)
+    doc: dict = {"schema": "mlactl-gpu-smoke", "watchdog_s": SMOKE_WATCHDOG_S, "tiny": tiny, "launches": [],
+                 "status": "running"}  # fmt: skip
+    save_plain(doc, path)
+    if tiny and not _cuda_present():
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    if not torch.cuda.is_available() and not tiny:
+        doc["status"] = "no CUDA GPU"
+        save_plain(doc, path)
+        print("smoke launch: no CUDA GPU", flush=True)
+        return 2
+    from mlactl.kernels.decode import mla_decode
+    from mlactl.kernels.decode_naive import mla_decode_naive
+    from mlactl.model.config import from_name
+    from mlactl.tune.common import relative_error
+    from mlactl.tune.inputs import paged_cache
+
+    plan = SMOKE if tiny else FULL
+    m = smoke_model() if tiny else from_name("deepseek-v3")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[plan.dtype]
+    gen = torch.Generator(device=device).manual_seed(1)
+    B, ctx = 2, 3 * plan.page + 5  # a partly filled last page
+    wrong = 0
+    for H in (m.H, m.H // plan.tp_narrow):
+        rec: dict = {"id": f"decode-H{H}", "shape": {"batch": B, "context": ctx, "H": H, "r": m.r, "dR": m.dR},
+                     "status": "started"}  # fmt: skip
+        doc["launches"].append(rec)
+        if len(doc["launches"]) > 1 and time.perf_counter() - started > SMOKE_WATCHDOG_S / 2:
+            rec["status"] = "skipped: half the watchdog spent"
+            continue
+        save_plain(doc, path)
+        t0 = time.perf_counter()
+        kv, table, _ = paged_cache(B, ctx, m.r + m.dR, plan.dtype, dt, device, gen, page=plan.page)
+        seqlens = torch.full((B,), ctx, dtype=torch.int32, device=device)
+        q = (torch.randn(B, 1, H, m.r + m.dR, generator=gen, device=device) * 0.5).to(dt)
+
+        def call(q=q, kv=kv, table=table, seqlens=seqlens):
+            return mla_decode(q, kv, table, seqlens, m.softmax_scale, r=m.r)[0]
+
+        got = call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        want = mla_decode_naive(q, kv, table, seqlens, m.softmax_scale, r=m.r)[0]
+        rec["max_abs_err"] = max_abs_error(got, want)
+        rec["max_abs_err_threshold"] = MAX_ABS_ERR[plan.dtype]
+        rec["rel_err"] = relative_error(got, want)
+        rec["repeat"] = bitwise_repeat(call, got, 2)
+        ok = rec["max_abs_err"] <= rec["max_abs_err_threshold"] and rec["repeat"]["bitwise_equal"]
+        rec["status"] = "ok" if ok else "wrong"
+        rec["seconds"] = time.perf_counter() - t0
+        wrong += not ok
+        save_plain(doc, path)
+        print(f"smoke launch {rec['id']}: {rec['status']} (max |err| {rec['max_abs_err']:.2g}, repeat "
+              f"{'bitwise equal' if rec['repeat']['bitwise_equal'] else 'DIFFERS'}) in {rec['seconds']:.1f} s",
+              flush=True)  # fmt: skip
+    doc["status"] = "wrong" if wrong else "ok"
+    doc["seconds"] = time.perf_counter() - started
+    save_plain(doc, path)
+    return 1 if wrong else 0
+
+
+def run_smoke_launch(out: Path, watchdog_s: float = SMOKE_WATCHDOG_S, tiny: bool = False) -> dict:
+    """smoke_launch in a child process under a watchdog of `watchdog_s`: {"status": ok | wrong |
+    timeout | failed, ...} with the child's smoke.json; a hang is killed with its process group."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--smoke-launch", "--out", str(out)] + (["--smoke"] * tiny)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=watchdog_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        rc = None
+    try:
+        found = json.loads((out / SMOKE_FILE).read_text())
+    except (OSError, ValueError):
+        found = {}
+    status = {None: "timeout", 0: "ok", 1: "wrong"}.get(rc, "failed")
+    result = {"status": status, "returncode": rc, "seconds": time.perf_counter() - t0, "watchdog_s": watchdog_s,
+              "smoke": found}  # fmt: skip
+    if rc is None:
+        hung = [x["id"] for x in found.get("launches", []) if x.get("status") == "started"]
+        result["hung_in"] = hung[0] if hung else "startup (imports, CUDA init)"
+    return result
+
+
+def save_plain(doc: dict, path: Path) -> None:
+    from mlactl.util.io import atomic_write
+
+    atomic_write(path, json.dumps(_plain(doc), indent=1, allow_nan=False) + "\n")
+
+
+# ---- --dry-run: the plan and its budgets, no GPU ---------------------------------------------------
+
+STARTUP_RESERVE_S = 20  # of the gpu_check step: imports, CUDA init, the ceilings, the report
+
+
+def dry_run(bench_budget: float, step_budget: float | None) -> int:
+    """Print the rows in order and check every budget and every tool the run leans on."""
+    from mlactl.model.config import from_name
+
+    problems, notes = [], []
+    specs = row_specs(FULL, from_name("deepseek-v3"))
+    print(f"gpu_check plan: {len(specs)} rows, bench budget {bench_budget:.0f} s, smoke watchdog "
+          f"{SMOKE_WATCHDOG_S} s, repeat check {FULL.repeat_runs} launches")  # fmt: skip
+    for row_id, _ in specs:
+        print(f"  {row_id}")
+    if SMOKE_WATCHDOG_S != 20:
+        problems.append(f"the smoke watchdog is {SMOKE_WATCHDOG_S} s, not 20")
+    if bench_budget <= 0:
+        problems.append(f"bench budget {bench_budget} s")
+    if step_budget is not None and bench_budget + STARTUP_RESERVE_S > step_budget:
+        problems.append(f"bench budget {bench_budget:.0f} s + {STARTUP_RESERVE_S} s of startup is over the step's "
+                        f"{step_budget:.0f} s")  # fmt: skip
+    try:
+        import torch
+
+        for name in ("CUDAGraph", "graph", "Event", "_sleep"):
+            if not hasattr(torch.cuda, name):
+                problems.append(f"torch.cuda.{name} is missing (kernel-only timing needs it)")
+    except ImportError as exc:
+        problems.append(f"torch: {exc}")
+    remove = _install_launch_hook(lambda metadata: None)
+    if remove is None:
+        notes.append("this Triton has no launch hook: launched kernels are read from those loaded")
+    else:
+        remove()
+    if clock_command() is None:
+        notes.append("no nvidia-smi here: clocks are sampled on the GPU machine only")
+    for note in notes:
+        print(f"  note: {note}")
+    for problem in problems:
+        print(f"  PROBLEM: {problem}")
+    print(f"dry run: {'ok' if not problems else f'{len(problems)} problem(s)'}")
+    return 1 if problems else 0
 
 
 # ---- main --------------------------------------------------------------------------------------
@@ -877,6 +1499,15 @@ def _cuda_present() -> bool:
         return torch.cuda.is_available()
     except Exception:  # noqa: BLE001
         return False
+
+
+def _device_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - a broken CUDA setup: the file is named "unknown"
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -898,19 +1529,42 @@ def main(argv: list[str] | None = None) -> int:
         "--bench-budget",
         type=float,
         default=BENCH_BUDGET_S,
-        help=f"seconds after which rows not yet started are skipped (default {BENCH_BUDGET_S}, counted from the "
-        "benchmark's start, after the tests)",
+        help=f"seconds for the rows (default {BENCH_BUDGET_S}, from the benchmark's start, after the tests): a row "
+        "that would end past it, by the rows so far, is skipped",
     )
+    parser.add_argument(
+        "--smoke-launch",
+        action="store_true",
+        help=f"only the smoke launch (writes {SMOKE_FILE}); exit 1 on a wrong answer, 2 without a GPU",
+    )
+    parser.add_argument(
+        "--skip-smoke-launch",
+        action="store_true",
+        help=f"do not run the smoke launch first (on a GPU it runs under a {SMOKE_WATCHDOG_S} s watchdog)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the plan, check its budgets and tools; no GPU")
+    parser.add_argument("--step-budget", type=float, default=None, help="with --dry-run: the step's budget to fit")
     args = parser.parse_args(argv)
+    if args.dry_run:
+        return dry_run(args.bench_budget, args.step_budget)
+    if args.smoke_launch:
+        return smoke_launch(args.out, tiny=args.smoke)
     started = time.perf_counter()
     now = datetime.datetime.now(datetime.timezone.utc).astimezone()
+    args.out.mkdir(parents=True, exist_ok=True)
 
-    # the tests first, before this process holds any GPU memory
-    if args.skip_tests:
-        tests = {"status": "not run", "reason": "--skip-tests"}
+    # the smoke launch first, in a child under its watchdog: a hang or a wrong answer stops here
+    smoke = {"status": "not run", "reason": "--skip-smoke-launch" if args.skip_smoke_launch else "no CUDA GPU"}
+    if not args.skip_smoke_launch and _cuda_present():
+        print(f"smoke launch (watchdog {SMOKE_WATCHDOG_S} s) ...", flush=True)
+        smoke = run_smoke_launch(args.out, SMOKE_WATCHDOG_S)
+
+    # the tests next, before this process holds any GPU memory
+    if args.skip_tests or smoke["status"] not in ("ok", "not run"):
+        tests = {"status": "not run", "reason": "--skip-tests" if args.skip_tests else "the smoke launch failed"}
     else:
         print(f"running the GPU tests (timeout {args.test_timeout:.0f} s) ...", flush=True)
-        tests = run_gpu_tests(args.test_timeout)
+        tests = run_gpu_tests(args.test_timeout, args.out / "gpu-tests.jsonl")
         print(f"GPU tests: {tests.get('status')} in {tests.get('duration_s', 0):.0f} s", flush=True)
 
     if args.smoke and not _cuda_present():
@@ -929,11 +1583,41 @@ def main(argv: list[str] | None = None) -> int:
         "device": {"name": None},
         "versions": {},
         "hardware_profile": {"note": None},
-        "timing_method": "mlactl.tune.timing.time_call, L2 flushed (cold) on CUDA",
+        "timing_method": "mlactl.tune.timing.time_call (the whole call) and time_kernel (the launches alone: a CUDA "
+        "graph's replays), L2 flushed (cold) on CUDA",
         "plan": {k: getattr(plan, k) for k in plan.__dataclass_fields__},
+        "smoke_launch": smoke,
         "tests": tests,
         "rows": [],
     }
+    from mlactl.tune.common import versions
+
+    doc["versions"] = versions(git_dir=REPO)
+    name = _device_name() or ("cpu" if args.smoke else "unknown")
+    path = args.out / f"gpu-check-{slug(name)}{'-smoke' if args.smoke else ''}-{now:%Y%m%d-%H%M%S}.json"
+    if smoke["status"] not in ("ok", "not run"):
+        hung = smoke.get("hung_in")
+        doc["skipped_because"] = f"the smoke launch {smoke['status']}" + (
+            f" (hung in {hung}, killed by its {SMOKE_WATCHDOG_S} s watchdog)" if hung else ""
+        )
+        print(f"SMOKE LAUNCH {smoke['status'].upper()}: {doc['skipped_because']}; the benchmark is skipped", flush=True)
+        doc["elapsed_s"] = time.perf_counter() - started
+        save(doc, path)
+        print(f"saved {path}")
+        return 1
+
+    # the clocks: from the sampler device_check.py runs ($GPU_CHECK_CLOCKS), else one of our own
+    sampler, clocks_path = None, None
+    if os.environ.get(CLOCKS_ENV):
+        clocks_path = Path(os.environ[CLOCKS_ENV])
+    elif _cuda_present():
+        clocks_path = args.out / f"clocks-{now:%Y%m%d-%H%M%S}.csv"
+        sampler = start_clock_sampler(clocks_path)
+        if sampler is None:
+            clocks_path = None
+    doc["clocks_file"] = str(clocks_path) if clocks_path else None
+    wall0 = time.time()
+
     bench = None
     try:
         bench = Bench(plan, args.smoke)
@@ -949,43 +1633,51 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001
         doc["setup_error"] = f"{type(exc).__name__}: {exc}"
         doc["setup_traceback"] = traceback.format_exc()[-3000:]
-    from mlactl.tune.common import versions
-
-    doc["versions"] = versions(git_dir=REPO)
-    name = doc["device"].get("name") or "unknown"
-    path = args.out / f"gpu-check-{slug(name)}{'-smoke' if args.smoke else ''}-{now:%Y%m%d-%H%M%S}.json"
     save(doc, path)
 
     bench_started = time.perf_counter()  # the budget counts from here, after the tests
-    if bench is not None:
-        for row_id, build in row_specs(plan, bench.model):
-            if time.perf_counter() - bench_started > args.bench_budget:
-                doc["rows"].append(
-                    {"id": row_id, "status": "skipped", "error": f"time budget of {args.bench_budget:.0f} s spent"}
-                )
-                continue
-            print(f"  {row_id} ...", end="", flush=True)
-            t0 = time.perf_counter()
-            try:
-                row = build(bench)
-                row["status"] = "ok"
-                ceiling_fractions(row, doc.get("ceilings"))
-            except Exception as exc:  # noqa: BLE001 - one broken row must not lose the others
-                row = {
-                    "id": row_id,
-                    "status": "error",
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": traceback.format_exc()[-3000:],
-                }
-            row["wall_s"] = time.perf_counter() - t0
-            doc["rows"].append(row)
-            print(f" {row['status']} ({row['wall_s']:.1f} s)", flush=True)
-            del row
-            try:
-                bench.free()
-            except Exception:  # noqa: BLE001 - after a CUDA error even this can raise
-                pass
-            save(doc, path)
+    walls: list[float] = []
+    try:
+        if bench is not None:
+            for row_id, build in row_specs(plan, bench.model):
+                spent = time.perf_counter() - bench_started
+                predicted = sorted(walls)[len(walls) // 2] if walls else 0.0  # the median row so far
+                if spent + predicted > args.bench_budget:
+                    why = f"time budget of {args.bench_budget:.0f} s: {spent:.0f} s spent, rows take ~{predicted:.0f} s"
+                    doc["rows"].append({"id": row_id, "status": "skipped", "error": why})
+                    save(doc, path)
+                    continue
+                print(f"  {row_id} ...", end="", flush=True)
+                t0, w0 = time.perf_counter(), time.time()
+                try:
+                    row = build(bench)
+                    row["status"] = "ok"
+                    ceiling_fractions(row, doc.get("ceilings"))
+                except Exception as exc:  # noqa: BLE001 - one broken row must not lose the others
+                    row = {
+                        "id": row_id,
+                        "status": "error",
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "traceback": traceback.format_exc()[-3000:],
+                    }
+                row["wall_s"] = time.perf_counter() - t0
+                walls.append(row["wall_s"])
+                if clocks_path is not None:
+                    row["clocks"] = clock_window(read_clocks(clocks_path), w0, time.time())
+                doc["rows"].append(row)
+                print(f" {row['status']} ({row['wall_s']:.1f} s)", flush=True)
+                del row
+                try:
+                    bench.free()
+                except Exception:  # noqa: BLE001 - after a CUDA error even this can raise
+                    pass
+                save(doc, path)
+    finally:
+        if clocks_path is not None:
+            doc["clocks"] = clock_window(read_clocks(clocks_path), wall0, time.time())
+        if sampler is not None:
+            sampler.terminate()
+            sampler.wait()
     doc["elapsed_s"] = time.perf_counter() - started
     save(doc, path)
     try:
@@ -993,9 +1685,15 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # noqa: BLE001 - the JSON is saved; a report bug must not hide it
         traceback.print_exc()
         print(f"saved {path}")
+    return 1 if failed(doc) else 0
+
+
+def failed(doc: dict) -> bool:
+    """A test failed or timed out, the smoke launch or a row went wrong, an output was wrong,
+    not finite, or not the same from one launch to the next, or the setup broke."""
     s = doc["summary"]
-    broken = s["rows_error"] or s["outputs_disagree"] or s["outputs_not_finite"]
-    return 1 if (s["tests_failed"] or broken or "setup_error" in doc) else 0
+    broken = s["rows_error"] or s["outputs_disagree"] or s["outputs_not_finite"] or s["repeat_mismatch"]
+    return bool(s["tests_failed"] or broken or "setup_error" in doc or s["smoke_failed"])
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from mlactl.model.cost import CostModel
 from mlactl.tune import inputs
 
 HOPPER_SMEM = 227 * 1024  # opt-in shared memory per block when the device does not say
+SHIPPED_CAPABILITY = 90  # the GPU the shipped defaults are asked for (H100/H200: sm_90)
 # the sparse decode of a model without DSA fields is tuned at DeepSeek-V3.2's top-k (its index
 # heads and dim only name the cache layout here)
 SPARSE_TOPK = 2048
@@ -32,6 +33,12 @@ class KernelSpec:
     space: Callable  # (cfg, shape, kv_dtype, dtype, smem) -> [config]
     cost_op: Callable  # (cost_model, shape) -> cost.Op
     dtype_name: Callable  # (kv_dtype, dtype) -> the tuned-config file's dtype
+    # (cfg, shape, kv_dtype, dtype) -> the config the launcher ships for the shape (no tuned
+    # file), in the space's keys: what `candidates` puts first, so every sweep times it
+    shipped: Callable | None = None
+
+
+QUICK_CANDIDATES = 8  # configs a --quick sweep keeps per bucket, the shipped defaults among them
 
 
 def _pow2_at_least(x: int, low: int = 1) -> int:
@@ -97,6 +104,14 @@ def _decode_space(cfg, shape, kv_dtype, dtype, smem):
     return found
 
 
+def _decode_shipped(cfg, shape, kv_dtype, dtype):
+    from mlactl.kernels.decode import default_config
+
+    # the launcher's heuristic at the page the GPU runs use; its split count is left to the
+    # launcher (the space has none: tune's second stage tries split counts)
+    return default_config(shape, cfg.r, cfg.dR, inputs.PAGE, dtype, kv_dtype)
+
+
 def decode_split_space(shape, page: int) -> list[int]:
     """Split counts worth trying for a bucket: powers of two up to its pages (at most 64)."""
     pages = max(1, -(-shape["ctx"] // page))
@@ -127,6 +142,12 @@ def _prefill_twin(kwargs):
     from mlactl.kernels.prefill_naive import mla_prefill_naive
 
     return mla_prefill_naive(**kwargs)[0]
+
+
+def _prefill_shipped(cfg, shape, kv_dtype, dtype):
+    from mlactl.kernels.prefill import default_config
+
+    return default_config(SHIPPED_CAPABILITY, cfg.dC + cfg.dR, cfg.dV, dtype, shape["L"])
 
 
 def _prefill_space(cfg, shape, kv_dtype, dtype, smem):
@@ -167,6 +188,12 @@ def _merge_twin(kwargs):
     from mlactl.kernels.merge import merge_attn_states_naive
 
     return merge_attn_states_naive(**kwargs)[0]
+
+
+def _merge_shipped(cfg, shape, kv_dtype, dtype):
+    from mlactl.kernels.merge import default_config
+
+    return default_config(shape["H"], cfg.dV)
 
 
 def _merge_space(cfg, shape, kv_dtype, dtype, smem):
@@ -210,6 +237,12 @@ def _sparse_twin(kwargs):
     return mla_sparse_decode_naive(**kwargs)[0]
 
 
+def _sparse_shipped(cfg, shape, kv_dtype, dtype):
+    from mlactl.kernels.sparse_decode import default_config
+
+    return default_config(shape, kv_dtype)
+
+
 def _sparse_space(cfg, shape, kv_dtype, dtype, smem):
     most_rows = max(16, _pow2_at_least(shape["H"]))
     return [
@@ -234,6 +267,7 @@ KERNELS = {
         # the absorb path's attention op: S_q new tokens after ctx - S_q cached
         lambda cost, s: cost.ops("absorb", s["B"], s["S_q"], s["ctx"] - s["S_q"])[1],
         _file_dtype,
+        _decode_shipped,
     ),
     "mla_prefill": KernelSpec(
         "mla_prefill",
@@ -245,6 +279,7 @@ KERNELS = {
         # the expand path's attention op over one causal sequence, no prefix
         lambda cost, s: cost.ops("expand", 1, s["L"], 0)[1],
         lambda kv_dtype, dtype: dtype,
+        _prefill_shipped,
     ),
     "merge_attn_states": KernelSpec(
         "merge_attn_states",
@@ -256,6 +291,7 @@ KERNELS = {
         # one merge of two partials: expand_chunked's lse_merge with a prefix of one chunk
         lambda cost, s: cost.ops("expand_chunked", 1, s["T"], 1)[2],
         lambda kv_dtype, dtype: dtype,
+        _merge_shipped,
     ),
     "mla_sparse_decode": KernelSpec(
         "mla_sparse_decode",
@@ -267,6 +303,7 @@ KERNELS = {
         # sparse_absorb's attention: every query over its top-k rows (the context is longer)
         lambda cost, s: cost.sparse_attention(s["B"] * s["S_q"], s["B"] * s["S_q"] * s["topk"]),
         _file_dtype,
+        _sparse_shipped,
     ),
 }
 
@@ -283,3 +320,48 @@ def cost_model(cfg, kernel: str, kv_dtype: str, dtype: str) -> CostModel:
     if kernel == "mla_sparse_decode" and not cfg.is_dsa:
         cfg = replace(cfg, topk=SPARSE_TOPK, index_heads=SPARSE_INDEX[0], index_dim=SPARSE_INDEX[1])
     return CostModel(cfg, kv_dtype=kv_dtype if kernel in ("mla_decode", "mla_sparse_decode") else dtype, dtype=dtype)
+
+
+def spread_order(items: list) -> list:
+    """The same items, in an order whose every prefix spans the list: index 0, then the middle,
+    then the quarters... (bit-reversed strides). A sweep the budget cuts short has still tried
+    every kind of tile, not only the first few (the docs' interpreter sweep was cut after six
+    configs, all of BLOCK_N 16, in the space's plain order)."""
+    order, seen, step = [], set(), 1
+    while step < len(items):
+        step *= 2
+    while step >= 1:
+        for i in range(0, len(items), step):
+            if i not in seen:
+                seen.add(i)
+                order.append(i)
+        step //= 2
+    return [items[i] for i in order]
+
+
+def shipped_configs(spec: KernelSpec, cfg, shape: dict, kv_dtype: str, dtype: str, keys=None) -> list[dict]:
+    """The launcher's shipped config for the shape, as a candidate: only the keys the space's
+    configs have (`keys`; all but num_splits when not given). [] when the kernel has none or its
+    launcher cannot say (a model the heuristic does not cover)."""
+    if spec.shipped is None:
+        return []
+    try:
+        full = spec.shipped(cfg, shape, kv_dtype, dtype)
+    except (KeyError, ValueError, TypeError):  # a launcher's changed signature must not stop a sweep
+        return []
+    wanted = set(keys) if keys else set(full) - {"num_splits"}
+    return [{k: v for k, v in full.items() if k in wanted}]
+
+
+def candidates(spec: KernelSpec, cfg, shape: dict, kv_dtype: str, dtype: str, smem, quick: bool) -> list[dict]:
+    """What a sweep tries for one bucket, in order: the shipped config first (so it is compiled
+    and timed before any budget can cut the sweep), then the space in `spread_order`; with
+    `quick`, QUICK_CANDIDATES in all. The shipped config is kept even where the space's own
+    shared-memory estimate would leave it out: it is what runs."""
+    space = spec.space(cfg, shape, kv_dtype, dtype, smem)
+    keys = set().union(*(c.keys() for c in space)) if space else None
+    first = shipped_configs(spec, cfg, shape, kv_dtype, dtype, keys)
+    rest = spread_order([c for c in space if c not in first])
+    if quick:
+        rest = rest[: max(0, QUICK_CANDIDATES - len(first))]
+    return first + rest

@@ -46,6 +46,12 @@ REFINE_STEPS = 4  # bisection steps between the last new count absorb won and th
 # to the run has sampled them.
 STEP_SAMPLES = 4
 MEMORY_SHARE = 0.5  # a point whose inputs and intermediates need more of the free memory is skipped
+# A --quick sweep compiles (Triton + ptxas, 3-7 s a config for the 64-row decode on sm_90) for at
+# most this long per bucket, and never for more than a third of the time left: the compile stage
+# once took every candidate in turn with no budget, longer than the whole --quick run.
+QUICK_COMPILE_BUDGET_S = 20.0
+COMPILE_SHARE = 1 / 3
+spread_order = spaces.spread_order  # kept here too: the sweep's order of candidates
 
 
 @dataclass
@@ -67,6 +73,9 @@ class Context:
     timing_budget_s: float = 0.1
     repeats: int = 2  # re-measurements of an unstable timing (--repeats)
     unstable: int = 0  # timings still unstable after them
+    # seconds the compile stage may take per bucket: None = QUICK_COMPILE_BUDGET_S with --quick,
+    # no limit without (the deadline still holds)
+    compile_budget_s: float | None = None
 
     def out_of_time(self, predicted_s: float = 0.0) -> bool:
         """Past the deadline, or too close to it to start a unit predicted to take this long."""
@@ -260,15 +269,14 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
         entry["default_status"] = (
             default["status"] if default["status"] == "ok" else f"{default['status']}: {default['reason']}"
         )
+        entry["default_timing"] = default  # the shipped default's whole timing, on disk before any candidate
+        ctx.store.add("kernels", entry)
 
     if configs_override is not None:
         candidates = list(configs_override)
-    else:
-        candidates = spec.space(ctx.cfg, shape, ctx.kv_dtype, ctx.dtype, smem)
-        if ctx.quick:  # every 4th: still every tile height and keys per tile, fewer warps/stages
-            candidates = candidates[::4]
-        candidates = stage.drop_by_compile(ctx, spec, shape, candidates, entry)  # spills, smem: no GPU time
-        candidates = spread_order(candidates)
+    else:  # the shipped config first, then the space spread out (--quick: a few of it)
+        candidates = spaces.candidates(spec, ctx.cfg, shape, ctx.kv_dtype, ctx.dtype, smem, ctx.quick)
+        candidates = compile_stage(ctx, spec, shape, bucket, candidates, entry)  # spills, smem: no GPU time
     tried = {_key(c["config"]) for c in entry["configs"]}
     last_trial_s = 0.0
 
@@ -313,21 +321,79 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
     return entry
 
 
-def spread_order(items: list) -> list:
-    """The same items, in an order whose every prefix spans the list: index 0, then the middle,
-    then the quarters... (bit-reversed strides). A sweep the budget cuts short has still tried
-    every kind of tile, not only the first few (the docs' interpreter sweep was cut after six
-    configs, all of BLOCK_N 16, in the space's plain order)."""
-    order, seen, step = [], set(), 1
-    while step < len(items):
-        step *= 2
-    while step >= 1:
-        for i in range(0, len(items), step):
-            if i not in seen:
-                seen.add(i)
-                order.append(i)
-        step //= 2
-    return [items[i] for i in order]
+def compile_budget(ctx: Context) -> float:
+    """Seconds the compile stage may spend on the next bucket: the budget asked for (or, with
+    --quick, QUICK_COMPILE_BUDGET_S), never more than COMPILE_SHARE of the time to the deadline."""
+    budget = ctx.compile_budget_s
+    if budget is None:
+        budget = QUICK_COMPILE_BUDGET_S if ctx.quick else math.inf
+    left = ctx.deadline - time.monotonic()
+    return max(0.0, min(budget, COMPILE_SHARE * left if math.isfinite(left) else math.inf))
+
+
+def _compile_in_process(ctx: Context) -> bool:
+    """Whether the compile stage can run in this process: Triton's JIT (not its interpreter) is
+    what this process launches with, so no child needs to start and import torch per config."""
+    return ctx.backend == "triton" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+
+
+def compile_stage(ctx: Context, spec, shape: dict, bucket: str, candidates: list[dict], entry: dict) -> list[dict]:
+    """The candidates that compile for this GPU without spilling and fit its shared memory, one
+    config at a time, in the order given (the shipped config first), under `compile_budget`: a
+    config is not started when the last one's compile time would take the stage past it. What
+    each compile found goes into entry["compiled"] and the store as it comes (a kill keeps it);
+    configs the budget left uncompiled are not timed, and are listed in entry["compile_budget_cut"]
+    and ctx.skipped. Without a GPU the stage knows (a CPU run, the interpreter) nothing is compiled
+    (mlactl.tune.compile.drop_by_compile decides that)."""
+    arch = stage.cuda_arch(ctx.device) if ctx.backend == "triton" else None
+    if arch is None or not candidates:
+        return stage.drop_by_compile(ctx, spec, shape, candidates, entry)
+    why = stage.available()
+    if why:
+        ctx.skipped.append(f"{spec.name}: compile stage not run ({why}); configs kept untested")
+        return candidates
+    budget = compile_budget(ctx)
+    stop_at = time.monotonic() + budget
+    compiled = entry.setdefault("compiled", [])
+    kept: list[dict] = []
+    last_s = 0.0
+    for i, config in enumerate(candidates):
+        if time.monotonic() + last_s > stop_at:
+            cut = candidates[i:]
+            entry["compile_budget_cut"] = cut
+            entry["compile_budget_s"] = budget
+            ctx.skipped.append(
+                f"{spec.name} {bucket}: {len(cut)} configs not compiled, not timed "
+                f"(compile budget {budget:.0f} s spent)"
+            )
+            break
+        started = time.monotonic()
+        if _compile_in_process(ctx):
+            cfg = ctx.cfg
+            case = stage.Case(spec.name, shape, config, arch=arch, dtype=ctx.dtype, kv_dtype=ctx.kv_dtype, r=cfg.r,
+                              dR=cfg.dR, dC=cfg.dC, dV=cfg.dV, label="candidate")  # fmt: skip
+            result = stage.compile_one(case)
+            reason = stage.verdict(result)
+            if reason is None:
+                kept.append(config)
+            else:
+                entry.setdefault("compile_dropped", []).append({"config": config, "reason": reason})
+                ctx.skipped.append(f"{spec.name} {config}: dropped before timing, {reason}")
+        else:
+            kept += stage.drop_by_compile(ctx, spec, shape, [config], entry, arch=arch)
+            result, reason = {}, next((d["reason"] for d in entry.get("compile_dropped", [])
+                                       if d["config"] == config), None)  # fmt: skip
+        last_s = time.monotonic() - started
+        compiled.append(
+            {
+                "config": config,
+                "seconds": last_s,
+                "dropped": reason,
+                **{k: result.get(k) for k in ("registers", "spill_bytes", "smem_bytes") if k in result},
+            }
+        )
+        ctx.store.add("kernels", entry)
+    return kept
 
 
 def _key(config) -> str:

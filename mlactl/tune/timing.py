@@ -202,3 +202,77 @@ def time_interleaved(
         times = {name: [s.elapsed_time(e) / 1e3 for s, e in pairs] for name, pairs in times.items()}
     method, l2 = ("cuda-events", "warm" if warm else "cold") if cuda else ("wall-clock", "warm")
     return {name: summarize(times[name], method, l2) for name in names}
+
+
+# -- kernel-only time ------------------------------------------------------------------------------
+
+# GPU-side sleeps before the start event, so the GPU reaches it only once the host has queued
+# what is timed: ~2 ms at the H200's 1.98 GHz for a call's own launches (mla_decode's host side
+# is 133-339 us), ~100 us for one graph replay (a single launch from the host)
+QUEUE_AHEAD_CYCLES = 4_000_000
+QUEUE_AHEAD_GRAPH_CYCLES = 200_000
+
+
+def time_kernel(
+    fn,
+    *,
+    device,
+    warm: bool = False,
+    warmup: int = 3,
+    budget_s: float = 0.1,
+    min_repeats: int = 5,
+    max_repeats: int = 200,
+) -> Timing:
+    """The GPU time of `fn()`'s launches alone, without the host side of the call: `fn` is
+    captured once in a CUDA graph and the graph's replays are timed with CUDA events (method
+    "cuda-graph"). A call that cannot be captured (a host sync inside, say) is timed with its
+    launches queued behind a GPU-side sleep instead, so the start event is reached only after the
+    host has issued them all (method "cuda-events-queued"; a replay is queued behind a shorter
+    one too). The L2 is flushed before each repetition unless `warm`. Needs CUDA: on a CPU,
+    `time_call`'s whole-call time is the only figure."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError("time_kernel needs a CUDA device: on a CPU only the whole call can be timed")
+    for _ in range(max(1, warmup)):  # compiles (Triton JIT) and allocator growth stay outside the graph
+        fn()
+    torch.cuda.synchronize(device)
+    graph, run, method = None, fn, "cuda-graph"
+    try:
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            fn()  # a warm-up on the capture's side stream, as torch's graph docs ask
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run = graph.replay
+    except Exception:  # noqa: BLE001 - any capture failure: fall back to queued events
+        graph, run, method = None, fn, "cuda-events-queued"
+        torch.cuda.synchronize(device)
+    flush = None if warm else _flushers.get(device) or _flushers.setdefault(device, _Flusher(device))
+
+    def once() -> tuple:
+        if flush is not None:
+            flush()
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is not None:
+            sleep(QUEUE_AHEAD_CYCLES if graph is None else QUEUE_AHEAD_GRAPH_CYCLES)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        return start, end
+
+    run()
+    torch.cuda.synchronize(device)
+    s, e = once()
+    torch.cuda.synchronize(device)
+    first = max(s.elapsed_time(e) / 1e3, 1e-7)
+    repeats = int(min(max_repeats, max(min_repeats, budget_s / first)))
+    pairs = [once() for _ in range(repeats)]
+    torch.cuda.synchronize(device)
+    times = [max(a.elapsed_time(b) / 1e3, 1e-7) for a, b in pairs]
+    return summarize(times, method, "warm" if warm else "cold")
