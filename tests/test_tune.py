@@ -5,6 +5,7 @@ No assertion here depends on a timing: where a result is a measurement, the test
 structure; the logic that turns timings into a crossover is tested on given times."""
 
 import json
+import math
 import multiprocessing
 import os
 
@@ -395,3 +396,140 @@ def test_ceilings_on_cpu_write_a_measured_profile(tmp_path, home):
     )
     assert analyzed.exit_code == 0, analyzed.output
     assert os.listdir(home / "results" / "cpu")  # the run's results file too
+
+
+# ---- tune --quick: the shipped defaults first, a compile budget, the default's timing on disk ------
+
+
+def test_quick_candidates_start_with_the_shipped_defaults():
+    """The 64-row bf16 decode ships with the split score on (kernels/decode.py, NO_SPILL): the old
+    thinning, every 4th config of the space, had none with SPLIT_SCORE=1 (the flag is the space's
+    last factor, so every 4th config has it 0). Now the shipped config comes first, whatever it is,
+    and the quick list is QUICK_CANDIDATES long."""
+    from mlactl.kernels import decode
+    from mlactl.model.config import from_name
+    from mlactl.tune import space
+
+    cfg = from_name("deepseek-v3")
+    spec = space.KERNELS["mla_decode"]
+    shape = {"B": 128, "H": 128, "S_q": 1, "ctx": 8192}
+    whole = spec.space(cfg, shape, "bf16", "bf16", space.HOPPER_SMEM)
+    assert {c["SPLIT_SCORE"] for c in whole[::4]} == {0}  # what --quick used to keep
+    got = space.candidates(spec, cfg, shape, "bf16", "bf16", space.HOPPER_SMEM, quick=True)
+    shipped = decode.default_config(shape, 512, 64, 64, "bf16", "bf16")
+    assert got[0] == {k: shipped[k] for k in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages", "SPLIT_SCORE")}
+    assert len(got) == space.QUICK_CANDIDATES and len({json.dumps(c, sort_keys=True) for c in got}) == len(got)
+    assert all(c in whole for c in got[1:])
+    full = space.candidates(spec, cfg, shape, "bf16", "bf16", space.HOPPER_SMEM, quick=False)
+    assert full[0] == got[0] and len(full) == len(whole) + (got[0] not in whole)
+    for name in ("mla_prefill", "merge_attn_states", "mla_sparse_decode"):
+        spec = space.KERNELS[name]
+        for shape in spec.buckets(cfg, True, "cuda"):
+            first = space.candidates(spec, cfg, shape, "bf16", "bf16", space.HOPPER_SMEM, quick=True)[0]
+            assert first == space.shipped_configs(spec, cfg, shape, "bf16", "bf16", set(first))[0], name
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+
+class _Store:
+    def __init__(self):
+        self.saved = []
+
+    def add(self, section, entry):
+        self.saved.append(json.loads(json.dumps(entry)))  # what reached the disk at that moment
+
+
+def test_compile_stage_stops_when_its_budget_runs_out(monkeypatch):
+    """Compiles of 4 s each (a fake clock) under a 10 s budget: the first at 0 s, the second at
+    4 s, then 8 + 4 > 10, so the stage stops after two; the rest are not timed, and each compile
+    was stored as it ended. The shipped config, first in the list, is compiled first."""
+    import types
+
+    from mlactl.model.config import from_name
+    from mlactl.tune import compile as stage
+    from mlactl.tune import space
+
+    clock = _Clock()
+    monkeypatch.setattr(sweep, "time", clock)
+    compiled = []
+
+    def fake_compile(case):
+        compiled.append(case.config)
+        clock.now += 4.0
+        spills = 16 if case.config["BLOCK_N"] == 64 else 0
+        return dict(arch="sm_90", smem_bytes=100_000, spill_bytes=spills, stack_bytes=0, error=None, registers=200)
+
+    monkeypatch.setattr(stage, "compile_one", fake_compile)
+    monkeypatch.setattr(stage, "available", lambda: None)
+    monkeypatch.setattr(stage, "cuda_arch", lambda device: "sm_90")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    store = _Store()
+    ctx = types.SimpleNamespace(
+        cfg=from_name("deepseek-v3"), dtype="bf16", kv_dtype="bf16", skipped=[], backend="triton", device=None,
+        compile_budget_s=10.0, quick=True, deadline=math.inf, store=store,
+    )  # fmt: skip
+    shape = {"B": 128, "H": 128, "S_q": 1, "ctx": 8192}
+    candidates = space.candidates(space.KERNELS["mla_decode"], ctx.cfg, shape, "bf16", "bf16", space.HOPPER_SMEM, True)
+    candidates[1]["BLOCK_N"] = 64  # the second one spills
+    entry = {}
+    kept = sweep.compile_stage(ctx, space.KERNELS["mla_decode"], shape, "B=128", candidates, entry)
+    assert compiled == candidates[:2] and kept == candidates[:1]
+    assert entry["compile_budget_cut"] == candidates[2:] and entry["compile_budget_s"] == 10.0
+    assert entry["compile_dropped"] == [{"config": candidates[1], "reason": "spills 16 B (stack 0 B)"}]
+    assert [len(s["compiled"]) for s in store.saved] == [1, 2]  # each compile on disk as it ended
+    assert store.saved[0]["compiled"][0] == {"config": candidates[0], "seconds": 4.0, "dropped": None,
+                                             "registers": 200, "spill_bytes": 0, "smem_bytes": 100_000}  # fmt: skip
+    assert any(f"{len(candidates) - 2} configs not compiled, not timed (compile budget 10 s spent)" in s
+               for s in ctx.skipped)  # fmt: skip
+
+
+def test_compile_budget_is_a_share_of_the_time_left():
+    import types
+
+    ctx = types.SimpleNamespace(compile_budget_s=None, quick=True, deadline=sweep.time.monotonic() + 30)
+    assert 9.9 < sweep.compile_budget(ctx) <= 10.0  # a third of the 30 s left, under the quick 20 s
+    ctx.deadline = math.inf
+    assert sweep.compile_budget(ctx) == sweep.QUICK_COMPILE_BUDGET_S == 20.0
+    ctx.quick = False
+    assert sweep.compile_budget(ctx) == math.inf
+
+
+def test_the_defaults_timing_is_stored_before_any_candidate(tmp_path, home, monkeypatch):
+    """A run killed in its first candidate still has the launcher default's timing on disk."""
+    import torch
+
+    from mlactl.tune import space
+
+    model = from_hf_config(model_file(tmp_path, TINY))
+    header = {"schema": "mlactl.results", "schema_version": 1, "device": {"name": "cpu"}, "backend": "triton",
+              "timing": {}, "model": model.to_dict(), "kv_dtype": "fp32", "dtype": "fp32", "versions": {}}  # fmt: skip
+    out = tmp_path / "killed.json"
+
+    def run(kwargs, config):
+        if config is not None:
+            raise Killed
+        return kwargs["x"] * 2
+
+    spec = space.KernelSpec(
+        "mla_decode", lambda cfg, q, d: [{"B": 1}], lambda *a: {"x": torch.ones(4)}, run, lambda kw: kw["x"] * 2,
+        lambda *a: [{"BLOCK_N": 16}], lambda cost, s: types_op(), lambda k, d: d,
+    )  # fmt: skip
+    monkeypatch.setitem(space.KERNELS, "mla_decode", spec)
+    ctx = sweep.Context(model, torch.device("cpu"), "triton", "fp32", "fp32", store_mod.ResultsStore(out, header), None)
+    with pytest.raises(Killed):
+        sweep.tune_kernels(ctx, ["mla_decode"], write_configs=False)
+    (entry,) = results.load(out)["kernels"]
+    assert entry["default_status"] == "ok" and entry["default_median_s"] > 0
+    assert entry["default_timing"]["status"] == "ok" and entry["configs"] == []
+
+
+def types_op():
+    import types
+
+    return types.SimpleNamespace(flops=1.0, bytes=1.0)
