@@ -1,9 +1,18 @@
-"""GPU check: the GPU tests, then a short benchmark of the kernels measured against cost.py.
+"""GPU check: a smoke launch, the GPU tests, then a short benchmark of the kernels against cost.py.
 
-    python benchmarks/gpu_check.py [--out DIR] [--skip-tests] [--smoke]
+    python benchmarks/gpu_check.py [--out DIR] [--skip-tests] [--skip-smoke-launch] [--smoke]
+    python benchmarks/gpu_check.py --smoke-launch [--out DIR]   # the smoke launch alone
+    python benchmarks/gpu_check.py --dry-run                    # the plan and its budgets, no GPU
 
-1. Runs `python -m pytest -m gpu -q -p no:cacheprovider tests` in a subprocess (timeout
-   --test-timeout, 150 s) and keeps its counts and the tail of its output.
+(benchmarks/device_check.py runs these as separate steps of one GPU run; docs/gpu-check.md.)
+
+0. The smoke launch, in a child under a SMOKE_WATCHDOG_S (20 s) watchdog: the shipped decode
+   default once per tile height on a small batch, against its twin and bit for bit against a
+   second launch (smoke.json). A hang or a wrong answer skips everything after it, and says so.
+1. Runs the GPU tests (the files with a `gpu` mark; pytest-xdist's -n 4 where it is installed)
+   with this file as a pytest plugin (-p gpu_check): each failure is printed on its own line as
+   it happens and each outcome appended to a JSON-lines log, so a kill at --test-timeout (150 s)
+   still tells which tests failed and which one was running.
 2. Times, with mlactl.tune.timing.time_call (CUDA events, L2 flushed before every repetition),
    at DeepSeek-V3 dims (r 512, dR 64, dC 128, dV 128), bf16, page 64, random inputs:
    * mla_decode (absorb attention): B 128, context 8192, S_q 1, H 128 and H 16 (TP 8), bf16 and
@@ -13,16 +22,24 @@
      2048 tokens;
    * mla_attention, backend triton vs torch, paths absorb and expand, at a decode shape
      (B 64, prefix 8191, new 1, H 16) and an extend shape (B 1, new 2048, prefix 8192, H 16).
+   Beside the whole call, each kernel row has its kernel-only time (time_kernel: the call
+   captured in a CUDA graph, its replays timed), the kernels the call launched with the
+   registers and spills the JIT reports for them (CompiledKernel.n_regs / n_spills, found by a
+   launch hook), the GPU's clocks while it ran (nvidia-smi, sampled every 500 ms), and for a
+   decode row a bitwise repeat check (REPEATS_BITWISE launches on the same inputs).
    FLOPs and bytes of every row come from mlactl.model.cost.CostModel.ops: a kernel row counts its
    path's attention op, a path row the whole path. Achieved FLOP/s = FLOPs / median time,
    bytes/s = bytes / median; roofline time from mlactl.model.roofline on the profile that
-   hardware.detect finds for this GPU; fraction = roofline time / measured time.
-3. Prints a table and saves JSON (gpu-check-<device>-<YYYYMMDD-HHMMSS>.json in --out, default
-   benchmarks/results/), rewritten after every row so a crash keeps what was measured.
+   hardware.detect finds for this GPU; fraction = roofline time / measured time. A row that would
+   end past --bench-budget (by the median row so far) is skipped, and listed.
+3. Prints a table and a summary line, and saves JSON (gpu-check-<device>-<YYYYMMDD-HHMMSS>.json
+   in --out, default benchmarks/results/), rewritten atomically after every row so a kill keeps
+   what was measured.
 
-Exit status 1 when a GPU test failed (or timed out), a benchmark row raised, or a kernel's output
-was not finite or differed from its twin's; 0 otherwise.
-A missed target never changes the exit status: a timing never decides a test.
+Exit status 1 when the smoke launch hung or was wrong, a GPU test failed (or timed out), a
+benchmark row raised, or a kernel's output was not finite, differed from its twin's or changed
+from one launch to the next; 0 otherwise. A missed target never changes the exit status: a
+timing never decides a test.
 
 --smoke runs the same code with tiny shapes (H 4 and 2, r 32, dR 16, dC 16, dV 16, page 16,
 fp16) on the CPU under TRITON_INTERPRET=1 when there is no CUDA GPU, with the "teaching"
@@ -427,11 +444,14 @@ class Bench:
                 out["roofline_error"] = f"{type(exc).__name__}: {exc}"
         return out
 
-    def kernel_time(self, fn) -> dict:
+    def kernel_time(self, fn, not_capturable: str | None = None) -> dict:
         """The launches' own GPU time (mlactl.tune.timing.time_kernel: a CUDA graph's replays),
-        beside `time`'s whole call; on a CPU there is no such figure."""
+        beside `time`'s whole call; on a CPU, or for a call that syncs with the host
+        (`not_capturable` says where), there is no such figure."""
         if self.device.type != "cuda":
             return {"status": "not measured", "reason": "a CPU run: only the whole call is timed"}
+        if not_capturable:
+            return {"status": "not measured", "reason": not_capturable}
         from mlactl.tune.timing import time_kernel
 
         p = self.plan
@@ -1080,7 +1100,10 @@ def row_path(bench: Bench, path: str, name: str, shape: tuple[int, int, int]) ->
     def call():
         return mla_attention(**inputs, path=path, backend="triton")
 
-    finish(row, bench.time(call), kernel=bench.kernel_time(call))
+    # mla_attention reads cache_seqlens on the host (kernels/attention.py, `ctxs = cache_seqlens.tolist()`):
+    # no CUDA graph can hold it, and events behind a sleep would still count the host after that sync
+    why = "mla_attention syncs with the host (cache_seqlens.tolist()): no graph, only the whole call is timed"
+    finish(row, bench.time(call), kernel=bench.kernel_time(call, not_capturable=why))
     row["launched"] = bench.launched(call)
     row["twin"] = twin_result(
         bench,
