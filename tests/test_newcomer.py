@@ -504,7 +504,8 @@ def test_help_reads_alike(command):
     assert out.exit_code == 0, out.output
     text = out.output
     assert "<str>" not in text and "<int>" not in text
-    assert "install-completion" not in text and "show-completion" not in text
+    if command:  # completion is offered once, on the root (`mlactl --install-completion`)
+        assert "install-completion" not in text and "show-completion" not in text
     for line in text.splitlines():
         assert not ("(default" in line and "[default:" in line), line
     assert "{requests}" not in text
@@ -847,3 +848,33 @@ def test_the_calibrate_table_fits_100_columns_without_folding_a_name():
     assert terms_lines(fits)[0] == (
         "terms kept: absorb_attention (flash_attention, decode, bf16): fixed + split + kvpad + serial"
     )
+
+
+# -- round three: what a newcomer hits first -----------------------------------------------------------
+
+
+def test_python_dash_m_mlactl_runs_the_cli():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "mlactl", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("mlactl ")
+
+
+@pytest.mark.parametrize("typed, meant", [("analyse", "analyze"), ("cross", "crossover"), ("replya", "replay")])
+def test_mistyped_command_gets_did_you_mean(typed, meant):
+    out = runner.invoke(app, [typed])
+    assert out.exit_code == 2
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"did you mean {meant}?" in lines[0], out.output
+
+
+def test_shell_completion_is_offered_and_completes_commands():
+    shown = runner.invoke(app, ["--show-completion", "bash"], prog_name="mlactl")
+    assert shown.exit_code == 0 and "_mlactl_completion" in shown.output
+    env = {"_MLACTL_COMPLETE": "complete_bash", "COMP_WORDS": "mlactl ana", "COMP_CWORD": "1"}
+    assert runner.invoke(app, [], env=env, prog_name="mlactl").output.split() == ["analyze"]
+    env = {"_MLACTL_COMPLETE": "complete_bash", "COMP_WORDS": "mlactl analyze --hard", "COMP_CWORD": "2"}
+    assert runner.invoke(app, [], env=env, prog_name="mlactl").output.split() == ["--hardware"]
+    # sub-commands do not repeat them
+    assert "--install-completion" not in runner.invoke(app, ["analyze", "--help"]).output

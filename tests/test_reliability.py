@@ -952,3 +952,24 @@ def test_the_crossover_search_is_bounded_whatever_max_new():
         sizes.clear()
         assert roofline.crossover_by_time(cost, hw, prefixes, max_new=max_new, times=times) == [None] * 8
         assert max(sizes) <= roofline.BLOCK and sum(sizes) < 20_000, (max_new, sum(sizes))
+
+
+# -- round three: known defects ----------------------------------------------------------------------
+
+
+def test_best_when_no_path_fits_is_marked_so():
+    """64 requests after a 10M-token prefix: the latent cache alone is 773 GB a layer
+    (64 x 10,485,761 tokens x (512 + 64) x 2 bytes = 7.73e11), past an H800's 80 GB, so no path
+    fits. `best` was `expand` (35.9 s: the first of the paths, all +inf); it is now the fastest that
+    runs, absorb (0.23 s), marked as not fitting in the JSON and the table."""
+    result = cli("analyze", "--new", "1", "--prefix", "0,10M", "--batch", "64", "--hardware", "h800", "-f", "json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["rows"]
+    fits, huge = rows
+    assert huge["prefix"] == 10 * 1024 * 1024
+    assert not any(p["fits_memory"] for p in huge["paths"].values())
+    assert huge["best"] == "absorb" and huge["best_fits_memory"] is False
+    assert huge["paths"]["absorb"]["time_s"] < huge["paths"]["expand"]["time_s"] / 100
+    assert "best_fits_memory" not in fits  # only where nothing fits
+    table = cli("analyze", "--new", "1", "--prefix", "10M", "--batch", "64", "--hardware", "h800")
+    assert "absorb ✗" in table.stdout.split("┃ best")[1]

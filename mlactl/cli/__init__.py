@@ -20,6 +20,8 @@ import typer.main
 from mlactl.cli.errors import run_root
 from mlactl.cli.helptext import polish
 from mlactl.cli.options import VersionOpt
+from mlactl.util import safe
+from mlactl.util.suggest import did_you_mean
 
 
 class LazyGroup(typer.core.TyperGroup):
@@ -52,6 +54,15 @@ class LazyGroup(typer.core.TyperGroup):
             polish(command)
         return command
 
+    def resolve_command(self, ctx, args):
+        """An unknown command is one line with the nearest names: `mlactl analyse` asks
+        whether `analyze` was meant."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            hint = did_you_mean(name, self.list_commands(ctx))
+            ctx.fail(f"No such command {safe.text(name, 60)!r}.{hint}")
+        return super().resolve_command(ctx, args)
+
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """Usage errors as one `Error:` line (not click's boxed usage), and a closed pipe
         (`mlactl analyze | head`) as a quiet exit, like other Unix tools."""
@@ -63,7 +74,9 @@ app = typer.Typer(
     help="Expand or absorb? Exact cost model, Triton kernels and autotuner for Multi-head Latent "
     "Attention (DeepSeek-V2/V3/R1, Kimi K2).",
     no_args_is_help=True,
-    add_completion=False,
+    # `mlactl --install-completion` (bash, zsh, fish, PowerShell) and `--show-completion`: on the
+    # root only (helptext.polish keeps them off every sub-command)
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

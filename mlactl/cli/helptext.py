@@ -4,8 +4,8 @@
   are typed `str` so that `32K` and `1:4096:*2` parse in mlactl, not in click.
 * An option whose help already says "(default: ...)" does not get click's "[default: ...]" too.
 * A required argument in the usage line as `REQUESTS.CSV`, not typer's `{requests}`.
-* `--install-completion` and `--show-completion` offered nowhere: the root command has never
-  offered them, and a sub-command group (tune, plot) should not be the one place they appear.
+* `--install-completion` and `--show-completion` on the root command only (`mlactl
+  --install-completion`): a sub-command group (tune, plot) should not offer them again.
 """
 
 from __future__ import annotations

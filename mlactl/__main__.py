@@ -1,0 +1,5 @@
+"""`python -m mlactl`: the same as the `mlactl` command."""
+
+from mlactl.cli import main
+
+main()
