@@ -180,12 +180,24 @@ def append_record(path: Path, record: dict) -> None:
         os.close(fd)
 
 
+class Interrupted(Exception):
+    """SIGTERM or SIGINT to the run: the step in flight is killed, the rest are not started."""
+
+
+def _interrupt(signum, frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
 def run_one(step: Step, timeout_s: float, env: dict) -> tuple[str, int | None]:
     """Run a step in its own process group; kill the group at `timeout_s` (SIGTERM, then SIGKILL
     GRACE_S later, both within it). Returns (status, return code or None)."""
-    proc = subprocess.Popen(step.argv, cwd=REPO, env={**env, **step.env}, start_new_session=True)
+    proc = subprocess.Popen(step.argv, cwd=REPO, env={**env, **step.env}, **gpu_check.own_group())
     try:
         rc = proc.wait(timeout=max(0.1, timeout_s - GRACE_S))
+    except Interrupted:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -232,6 +244,11 @@ def run_plan(steps: list[Step], out: Path, limit_s: float = LIMIT_S, env: dict |
     0 when every step was ok, 1 otherwise (a failure, a timeout or a skipped step)."""
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "steps.jsonl"
+    record_path.unlink(missing_ok=True)  # this run's records only (the device tool empties $OUT anyway)
+    for step in steps:
+        if gpu_check.TESTS_LOG_ENV in step.env:
+            Path(step.env[gpu_check.TESTS_LOG_ENV]).unlink(missing_ok=True)
+    handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), str(HERE), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
@@ -258,7 +275,10 @@ def run_plan(steps: list[Step], out: Path, limit_s: float = LIMIT_S, env: dict |
             else:
                 print(f"== {step.name} (budget {step.budget_s:g} s, at {used:.0f} s)", flush=True)
                 t0 = time.monotonic()
-                status, rc = run_one(step, min(step.budget_s, left), env)
+                try:
+                    status, rc = run_one(step, min(step.budget_s, left), env)
+                except Interrupted as exc:
+                    status, rc, stop_reason = "failed", None, f"the run was interrupted ({exc}) during {step.name}"
                 record.update(status=status, rc=rc, seconds=round(time.monotonic() - t0, 1))
                 record.update(step_note(step, status, out))
                 print(f"== {step.name}: {status} in {record['seconds']:.0f} s", flush=True)
@@ -278,6 +298,8 @@ def run_plan(steps: list[Step], out: Path, limit_s: float = LIMIT_S, env: dict |
             append_record(record_path, record)
             results.append(record)
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         if sampler is not None:
             sampler.terminate()
             sampler.wait()

@@ -227,6 +227,12 @@ def read_tests_log(path: Path) -> dict:
     return {"ended": ended, "running": [n for n in dict.fromkeys(started) if n not in ended]}
 
 
+def own_group() -> dict:
+    """Popen arguments: the child leads a process group (killpg ends it and its workers) in our
+    session (so whoever ends our session ends it too)."""
+    return {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+
+
 def run_gpu_tests(timeout_s: float, log: Path | None = None) -> dict:
     log = log or Path(tempfile.mkdtemp()) / "tests.jsonl"
     cmd = gpu_tests_command(sys.executable)
@@ -234,7 +240,7 @@ def run_gpu_tests(timeout_s: float, log: Path | None = None) -> dict:
     start = time.perf_counter()
     try:
         with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, **own_group(),
                                     env=plugin_env(log=log))  # fmt: skip
             try:
                 rc = proc.wait(timeout=timeout_s)
@@ -1441,7 +1447,7 @@ def run_smoke_launch(out: Path, watchdog_s: float = SMOKE_WATCHDOG_S, tiny: bool
     timeout | failed, ...} with the child's smoke.json; a hang is killed with its process group."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--smoke-launch", "--out", str(out)] + (["--smoke"] * tiny)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, **own_group())
     try:
         rc = proc.wait(timeout=watchdog_s)
     except subprocess.TimeoutExpired:

@@ -483,7 +483,8 @@ def test_gpu_tests_command_names_the_gpu_test_files(gpu_check):
     assert ["-p", "gpu_check"] == cmd[cmd.index("gpu_check") - 1 : cmd.index("gpu_check") + 1]
     assert "--tb=line" in cmd and "-rfE" in cmd and cmd[cmd.index("-n") + 1] == "4"
     files = [a for a in cmd if a.startswith("tests/")]
-    assert "tests/test_decode.py" in files and "tests/test_gpu_check.py" not in files  # this file has no GPU test
+    assert "tests/test_decode.py" in files and "tests/test_gpu_check.py" in files  # its GPU test below
+    assert "tests/test_tune.py" not in files  # no GPU test there
     assert "-n" not in gpu_check.gpu_tests_command("python3", workers=0)
 
 
@@ -640,3 +641,33 @@ def test_a_step_that_would_end_past_the_limit_is_skipped(device_check, tmp_path,
     rc = device_check.run_plan([S("a", 8, _fake("pass")), S("b", 30, _fake("pass"))], tmp_path, limit_s=12)
     records = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert rc == 1 and records[1]["status"] == "skipped" and "past the 12 s limit" in records[1]["note"]
+
+
+@pytest.mark.gpu
+def test_kernel_time_and_launched_kernels_on_the_gpu(gpu_check):
+    """On the GPU machine (the tests step): mla_decode is captured in a CUDA graph for its
+    kernel-only time, and the launch hook finds the kernels it launched with the registers and
+    spills the JIT reports. No timing is judged: only that each figure exists and is sane."""
+    import torch
+
+    from mlactl.kernels.decode import mla_decode
+    from mlactl.tune.inputs import paged_cache
+    from mlactl.tune.timing import time_kernel
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    kv, table, _ = paged_cache(4, 1000, 576, "bf16", torch.bfloat16, torch.device("cuda"), gen, page=64)
+    seqlens = torch.full((4,), 1000, dtype=torch.int32, device="cuda")
+    q = torch.randn(4, 1, 16, 576, generator=gen, device="cuda").to(torch.bfloat16)
+
+    def call():
+        return mla_decode(q, kv, table, seqlens, 0.07, r=512, validate=False)[0]
+
+    first = call()
+    t = time_kernel(call, device="cuda", budget_s=0.01, min_repeats=3, max_repeats=10)
+    assert t.method == "cuda-graph" and t.repeats >= 3 and t.median_s > 0
+    got = gpu_check.launched_kernels(call, torch.cuda.synchronize)
+    assert got["method"] == "launch-hook" and got["launches"] >= 1, got
+    assert any("mla_decode" in k["name"] for k in got["kernels"]), got
+    for k in got["kernels"]:
+        assert isinstance(k["n_regs"], int) and 0 < k["n_regs"] <= 255 and k["n_spills"] >= 0, k
+    assert gpu_check.bitwise_repeat(call, first, 5)["bitwise_equal"]
