@@ -317,12 +317,30 @@ def test_smoke_launch_writes_each_launch_and_passes_tiny(gpu_check, tmp_path):
     assert got["smoke"]["status"] == "ok"
 
 
-def test_smoke_launch_watchdog_kills_a_hang(gpu_check, tmp_path):
-    """A watchdog shorter than the child's start-up (importing torch alone takes longer than 0.3 s)
-    stands in for a hang: the child is killed, and the verdict says where it was."""
+def test_smoke_launch_watchdog_kills_the_child(gpu_check, tmp_path):
+    """A watchdog shorter than the child's start-up (importing torch alone takes longer than 0.3 s):
+    the child is killed, and the verdict says it was on the host side, not in a kernel."""
     got = gpu_check.run_smoke_launch(tmp_path, watchdog_s=0.3, tiny=True)
     assert got["status"] == "timeout" and got["returncode"] is None
-    assert got["hung_in"] in ("startup (imports, CUDA init)", "decode-H4")
+    assert got["slow_in"] == "startup (imports, CUDA init)" and "hung_in" not in got
+    assert gpu_check.smoke_stops_the_run(got) is False
+
+
+def test_smoke_verdict_tells_a_hang_from_a_slow_compile(gpu_check):
+    def doc(*statuses):
+        return {"launches": [{"id": f"decode-H{i}", "status": s} for i, s in enumerate(statuses)]}
+
+    v = gpu_check.smoke_verdict
+    assert v(doc("ok", "waiting for the GPU"), killed=True) == {"hung_in": "decode-H1", "phase": "waiting for the GPU"}
+    assert v(doc("repeating on the GPU"), killed=True)["hung_in"] == "decode-H0"
+    assert v(doc("ok", "compiling and launching"), killed=True) == {"slow_in": "decode-H1",
+                                                                     "phase": "compiling and launching"}  # fmt: skip
+    assert v(doc(), killed=True)["slow_in"] == "startup (imports, CUDA init)"
+    assert v(doc("waiting for the GPU"), killed=False) == {}
+    stops = gpu_check.smoke_stops_the_run
+    assert stops({"status": "timeout", "hung_in": "decode-H0"}) and stops({"status": "wrong"})
+    assert stops({"status": "failed", "returncode": 2}) and not stops({"status": "ok"})
+    assert not stops({"status": "timeout", "slow_in": "decode-H0"}) and not stops({"status": "not run"})
 
 
 def test_a_failed_smoke_launch_skips_the_benchmark_and_says_so(gpu_check, tmp_path, monkeypatch, capsys):
@@ -617,7 +635,7 @@ def test_run_plan_all_ok_exits_0(device_check, tmp_path, capfd):
 def test_a_hung_smoke_launch_skips_every_later_step(device_check, tmp_path, capfd):
     """The smoke step hangs in its first launch (its smoke.json says so): it is killed, every later
     step is skipped with the reason, and the run exits 1."""
-    smoke = {"status": "running", "launches": [{"id": "decode-H128", "status": "started"}]}
+    smoke = {"status": "running", "launches": [{"id": "decode-H128", "status": "waiting for the GPU"}]}
     write = f"import json, time; open({str(tmp_path / 'smoke.json')!r}, 'w').write(json.dumps({smoke!r})); "
     S = device_check.Step
     steps = [
@@ -671,3 +689,16 @@ def test_kernel_time_and_launched_kernels_on_the_gpu(gpu_check):
     for k in got["kernels"]:
         assert isinstance(k["n_regs"], int) and 0 < k["n_regs"] <= 255 and k["n_spills"] >= 0, k
     assert gpu_check.bitwise_repeat(call, first, 5)["bitwise_equal"]
+
+
+def test_a_smoke_launch_killed_while_compiling_lets_the_run_go_on(device_check, tmp_path, capfd):
+    """Killed on the host side (its first launch still compiling): no kernel hung, so the later
+    steps run; the smoke step still counts as timed out in the summary and the exit status."""
+    smoke = {"status": "running", "launches": [{"id": "decode-H128", "status": "compiling and launching"}]}
+    write = f"import json, time; open({str(tmp_path / 'smoke.json')!r}, 'w').write(json.dumps({smoke!r})); "
+    S = device_check.Step
+    rc = device_check.run_plan([S("smoke", 4, _fake(write + "time.sleep(60)")), S("gpu_check", 10, _fake("pass"))],
+                               tmp_path, limit_s=30)  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert rc == 1 and records[0]["slow_in"] == "decode-H128" and records[1]["status"] == "ok"
+    assert "no kernel hung, going on" in capfd.readouterr().out
