@@ -1679,8 +1679,8 @@ def main(argv: list[str] | None = None) -> int:
     sampler, clocks_path = None, None
     if os.environ.get(CLOCKS_ENV):
         clocks_path = Path(os.environ[CLOCKS_ENV])
-    elif _cuda_present():
-        clocks_path = args.out / f"clocks-{now:%Y%m%d-%H%M%S}.csv"
+    elif _cuda_present():  # a scratch file: the JSON keeps the clocks of each row and of the run
+        clocks_path = Path(tempfile.mkdtemp(prefix="gpu-check-clocks.")) / "clocks.csv"
         sampler = start_clock_sampler(clocks_path)
         if sampler is None:
             clocks_path = None
