@@ -12,11 +12,15 @@ Each case carries the source line it exercises. Sources (docs/engines.md cites t
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from mlactl.cli import app
 from mlactl.decide.engines import Context, grid_paths, parse_engines, step_counts, step_paths
 from mlactl.util.errors import MlactlError
 
@@ -1402,3 +1406,22 @@ def test_dsa_grid_points_match_the_step_rule():
             for b, n, q in [(1, 1, 500), (1, 600, 0), (4, 600, 0), (2, 1500, 0), (1, 5000, 3000), (3, 20000, 100)]:
                 want = step_paths(p, [n] * b, [q] * b)
                 assert set(want) == {grid_paths(p, b, n, q).item()}, (engine, ctx, b, n, q)
+
+
+runner = CliRunner()
+ALL_RULES = ("sglang@0.5.14", "sglang@0.5.23", "vllm@0014ca6b", "vllm@0.33.0")
+DEV_NOTES = re.compile(r"issue \d|search tool|index id|tools hold|\bthe index\b|\bstored\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("model", ["deepseek-v3", "deepseek-v3.2"])
+def test_what_users_read_cites_sources_not_how_they_were_looked_up(model):
+    """A citation names a repository, a commit or release, a file and a line; what could not be
+    confirmed is said in the user's terms, never by the project's own notes or tools."""
+    texts = [runner.invoke(app, ["engines", "--list", "-f", "json"]).stdout]
+    for gpu in ("h200", "b200", "a100-sxm"):
+        for kv in ("bf16", "fp8"):
+            args = ["--model", model, "--hardware", gpu, "--kv-dtype", kv]
+            texts.append(runner.invoke(app, ["analyze", *args, "--engines", ",".join(ALL_RULES)]).output)
+            texts.append(runner.invoke(app, ["analyze", *args, "--engines", ",".join(ALL_RULES), "-f", "json"]).output)
+    found = sorted({m.group(0) for t in texts for m in DEV_NOTES.finditer(t)})
+    assert not found, found

@@ -313,3 +313,14 @@ def test_ci_runs_ruff_then_mypy_then_pytest():
 def test_license_is_the_apache_2_text():
     # 175792518e4ac015ab6696d16c4f607e: the md5 of https://www.apache.org/licenses/LICENSE-2.0.txt
     assert hashlib.md5((REPO / "LICENSE").read_bytes()).hexdigest() == "175792518e4ac015ab6696d16c4f607e"
+
+
+def test_what_users_read_names_sources_not_how_they_were_found():
+    """The docs, the README, the changelog and every string in mlactl/ and kernels/ cite a
+    repository, a release or commit, a file and a line: never the tools a developer read the
+    source with, an index id, or the project's issue numbers."""
+    pattern = re.compile(r"search tools?|index id \d|tools hold|\(issue \d+|issue \d+'s|issue \d+\)", re.IGNORECASE)
+    files = [REPO / "README.md", REPO / "CHANGELOG.md", *(REPO / "docs").glob("*.md")]
+    files += [*(REPO / "mlactl").rglob("*.py"), *(REPO / "kernels").glob("*.py")]
+    found = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in files for m in pattern.finditer(p.read_text())]
+    assert not found, found

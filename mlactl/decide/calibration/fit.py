@@ -39,7 +39,7 @@ SEED = 0  # folds are random but fixed: the same data gives the same figures
 # the bytes need 10 us): eta_q 0.027, which predicts the rows above 1024 within 12% / 28%
 # (blocked median / p90). A floor of 0.3 there gave 30% / 64%. Where a small eta_q is a fixed
 # cost in disguise (SGLang's fp8 GEMM on an H200 fitted 0.028 on small GEMMs and predicted
-# 1-head shapes 3-9x too slow above 1024 rows, issue 22), the blocked split in term selection
+# 1-head shapes 3-9x too slow above 1024 rows), the blocked split in term selection
 # drops the term instead. Times: at most a second, a serial iteration at most 1 ms.
 ETA_MAX = eta_limit("bf16")
 ETA_PASS_MIN = 0.01
@@ -263,7 +263,7 @@ def held_out_errors(pts: Points, machine: Machine, terms, k: int = K_FOLDS) -> n
 
 # Blocked split: fit the lower part of a size axis, predict the upper part. Attention and whole
 # paths split on the context (keys per request) at 8K, projections on the GEMM's rows at 1024
-# (issue 22's targets); where that leaves fewer than BLOCKED_MIN_TEST points above or too few
+# (the held-out targets); where that leaves fewer than BLOCKED_MIN_TEST points above or too few
 # to fit below, at the median of the axis's distinct values instead.
 BLOCKED_SPLITS = {"context": 8192.0, "rows": 1024.0}
 BLOCKED_MIN_TEST = 10

@@ -35,7 +35,7 @@ from mlactl.util.errors import MlactlError, warn
 from mlactl.util.io import atomic_write, contained, keep_aside, locked, read_json, store_files
 
 SCHEMA = "mlactl.calibration"
-# Each fit may carry its evidence (mlactl calibrate writes it since issue 22): "range", "shapes",
+# Each fit may carry its evidence (mlactl calibrate writes it since 0.1): "range", "shapes",
 # "interval", "members", "blocked" (mlactl.decide.calibration.evidence). A fit without it (a file
 # from an earlier mlactl, or written by hand) predicts as before, without an interval, and every
 # op it times has basis `extrapolated` by an unknown distance: nothing says where it was measured.
@@ -435,7 +435,7 @@ def save(data: dict, folder: Path | None = None) -> tuple[Path, Path | None]:
     path = contained(folder / f"{safe_name(data['name'])}.json", folder)
     with locked(path):
         contained(path, folder)  # again under the lock: a link planted meanwhile
-        kept = keep_aside(path) if os.path.lexists(path) else None
+        kept = keep_aside(path, kind=SCHEMA) if os.path.lexists(path) else None  # never a tune results file
         atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
     return path, kept
 

@@ -5,7 +5,7 @@ A resolved rule (`EngineParams`) is what the rule functions (sglang.py, vllm.py)
 built from three things: a rule set (rulesets.py), the user's options (checked here, each one
 bounded and typed), and the context the engine runs in (`Context`: GPU architecture, cache
 dtype, model kind and architecture). The context is part of what a rule sees, so a model-
-dependent rule (DeepSeek-V3.2's sparse attention, issue 21) goes in beside the dense one.
+dependent rule (DeepSeek-V3.2's sparse attention) goes in beside the dense one.
 """
 
 from __future__ import annotations
@@ -449,7 +449,7 @@ def _resolve_sglang(name, rs: RuleSet, values, set_keys, ctx: Context) -> Engine
     graph_flag = next(k for k in rs.options if k.endswith("piecewise_cuda_graph"))
     graph_on = values[graph_flag] if graph_flag.startswith("enable") else not values[graph_flag]
     if graph_flag.startswith("disable") and ctx.arch == "rocm":
-        graph_on = False  # "on by default on CUDA" (issue 19); not confirmed for HIP
+        graph_on = False  # on by default on CUDA; not confirmed for HIP
     if (
         graph_on
         and graph_flag.startswith("disable")
@@ -459,7 +459,7 @@ def _resolve_sglang(name, rs: RuleSet, values, set_keys, ctx: Context) -> Engine
         if ctx.model_arch == "DeepseekV3ForCausalLM":
             graph_on = False
             why.append(
-                "piecewise graph off for DeepseekV3ForCausalLM on trtllm_mla (issue 19; not confirmed in source)"
+                "piecewise graph off for DeepseekV3ForCausalLM on trtllm_mla (assumed; not found in server_args.py)"
             )
     max_tokens = values["piecewise_cuda_graph_max_tokens"] if graph_on else 0
     first = f"{rs.name} {_where(ctx)} → {head}"

@@ -1,7 +1,7 @@
 """One interface over both engines' rules: paths of grid points, of a mixed batch, and of many
 scheduler steps at once; the chunk size an engine expands context at; what a choice loses.
 
-Replay (issue 20) calls `step_paths` with arrays of rows and a step index: SGLang sums each
+Replay calls `step_paths` with arrays of rows and a step index: SGLang sums each
 step's extends, vLLM reorders and splits each step's requests; both in one array pass.
 """
 

@@ -343,7 +343,7 @@ SGLANG_DSA_0_5_23 = SGLangDSA(
     graph_guard=True,
     graph_captures_dsa=True,
     source=(
-        f"{HANDLER} handle_attention_dsa (newest stored); {DSA_BACKEND} set_dsa_prefill_impl (0034a380: "
+        f"{HANDLER} handle_attention_dsa (newest read); {DSA_BACKEND} set_dsa_prefill_impl (0034a380: "
         f"MHA off inside a piecewise or breakable graph); {MODEL_CONFIG} (001adf56: DSA models no longer "
         f"among piecewise_cuda_graph_disabled_model_archs); {ENVIRON} SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD"
     ),
@@ -392,7 +392,7 @@ SGLANG_0_5_14 = RuleSet(
             (SERVER_ARGS + " (version with enable_piecewise_cuda_graph = False)", "the piecewise graph is off"),
             (ENVIRON, "SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD 8192, SGLANG_MAX_KV_CHUNK_CAPACITY 128K"),
         ),
-        note="commit 0a8dcfa9 is issue 19's '0.5.14'; the release tag was not confirmed with the search tools",
+        note="release not confirmed: rules read at commit 0a8dcfa9, taken as 0.5.14",
     ),
     options=_sgl_options(
         _sgl_backends(cutlass=True, aiter_graph_mha=False, prefill_cp=True),
@@ -402,11 +402,11 @@ SGLANG_0_5_14 = RuleSet(
     backends=_sgl_backends(cutlass=True, aiter_graph_mha=False, prefill_cp=True),
     defaults=_sgl_defaults(),
     notes=(
-        "DSA: SGLANG_NSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD is issue 21's name for this release; its "
-        "environ.py is not stored at 0a8dcfa9, whose handler already registers dsa with nsa as the "
-        "deprecated alias, so both names are taken",
-        "DSA: set_dsa_prefill_impl is not stored at 0a8dcfa9; its use_mha conditions are those of every "
-        "stored version (nsa_backend.py 005e8bf8, dsa_backend.py 0034a380), without the later graph guard",
+        "DSA: SGLANG_NSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD is taken as this release's name (environ.py "
+        "not read at 0a8dcfa9); that commit's handler already registers dsa with nsa as the deprecated "
+        "alias, so both names are taken",
+        "DSA: set_dsa_prefill_impl not read at 0a8dcfa9; its use_mha conditions are those of the later "
+        "versions read (nsa_backend.py at 005e8bf8, dsa_backend.py at 0034a380), without their graph guard",
     ),
     aliases={**SGLANG_ALIASES, **_TO_NSA},
     model_kinds=("mla", "dsa"),
@@ -420,13 +420,13 @@ SGLANG_0_5_23 = RuleSet(
         SGL_REPO,
         "0.5.23",
         (
-            (f"{HANDLER} (stored version without cutlass_mla; index id 54520054747)", "the rules"),
+            (f"{HANDLER} (the version without cutlass_mla; commit not known)", "the rules"),
             (f"{HANDLER} handle_attention_aiter", "aiter runs MHA inside a piecewise/breakable graph"),
             (SERVER_ARGS + " (version with disable_piecewise_cuda_graph = False)", "the piecewise graph is on"),
         ),
         note=(
-            "the newest handler the search tools hold; its commit is not shown by the index, and "
-            "that it is the v0.5.23 tag is issue 19's statement, not confirmed"
+            "release not confirmed: rules read from the newest attention_backend_handler.py found, "
+            "whose commit is not known, taken as 0.5.23"
         ),
     ),
     options=_sgl_options(
@@ -437,9 +437,9 @@ SGLANG_0_5_23 = RuleSet(
     backends=_sgl_backends(cutlass=False, aiter_graph_mha=True, prefill_cp=True),
     defaults=_sgl_defaults(),
     notes=(
-        "piecewise graph off for DeepSeek-V3 on trtllm_mla: issue 19's statement, not found in the stored source",
-        "DSA: the newest stored set_dsa_prefill_impl, model_config.py and environ.py are taken as 0.5.23's "
-        "(the index shows no tag); that the prefill graph captures DSA models in 0.5.23 rests on them",
+        "piecewise graph off for DeepSeek-V3 on trtllm_mla: assumed, not found in server_args.py",
+        "DSA: the newest set_dsa_prefill_impl, model_config.py and environ.py read are taken as 0.5.23's "
+        "(release not confirmed); that the prefill graph captures DSA models in 0.5.23 rests on them",
     ),
     aliases={**SGLANG_ALIASES, **_TO_DSA},
     model_kinds=("mla", "dsa"),
@@ -628,7 +628,7 @@ VLLM_DSA_0_33_0 = VLLMDSA(
     masked_kv_dtypes=("bf16", "fp16"),
     mask_words=128 * 1024 * 1024 // 4,
     source=(
-        f"{MLA_ATTN} (newest stored) _DSV32_MASKED_MHA_THRESHOLDS, _use_masked_mha, MLAAttention.forward_impl; "
+        f"{MLA_ATTN} (newest read) _DSV32_MASKED_MHA_THRESHOLDS, _use_masked_mha, MLAAttention.forward_impl; "
         f"{SPARSE_ATTN} SparseMLACommonMetadataBuilder.build (use_dense_mha), _is_masked_mha_available, "
         "_masked_mha_workspace_fits, _topk_mask_shape"
     ),
@@ -641,7 +641,7 @@ _VLLM_DEFAULTS_SRC = (
 
 
 def _vllm_defaults(confirmed: bool) -> tuple[Default, ...]:
-    note = "" if confirmed else " (read in a later cuda.py, 002db495; not stored at this commit)"
+    note = "" if confirmed else " (read in a later cuda.py, 002db495; not read at this commit)"
     return (
         Default("sm90", "FLASH_ATTN_MLA", "first SM90 priority that takes the cache dtype", _VLLM_DEFAULTS_SRC),
         Default("sm100", "FLASHINFER_MLA", "forced on sm100" + note, _VLLM_DEFAULTS_SRC, confirmed=confirmed),
@@ -662,9 +662,8 @@ VLLM_0014CA6B = RuleSet(
             (f"{MLA_DIR}/flashmla.py, flashattn_mla.py, flashinfer_mla.py, cutlass_mla.py", "thresholds"),
         ),
         note=(
-            "the release of commit 0014ca6b could not be found with the search tools, so the rule set is "
-            "named by its commit; utils.py and cuda.py are not stored at this commit (read at 00bd1493 "
-            "and 002db495)"
+            "release not known: the rule set is named by its commit, 0014ca6b; utils.py and cuda.py "
+            "read at 00bd1493 and 002db495"
         ),
     ),
     options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=False, sparse_builders=False)),
@@ -690,7 +689,7 @@ VLLM_0_33_0 = RuleSet(
             (f"{CUDA} at 002db495: _get_backend_priorities, check_and_update_config", "defaults"),
             (f"{MLA_DIR}/flashinfer_mla.py at 002d68ef", "FLASHINFER_MLA: UNIFORM, threshold 1, DCP varlen"),
             (
-                f"{UTILS} (newest stored: split_decodes_and_prefills with treat_short_extends_as_decodes)",
+                f"{UTILS} (newest read: split_decodes_and_prefills with treat_short_extends_as_decodes)",
                 "the split, PCP",
             ),
             (
@@ -698,15 +697,12 @@ VLLM_0_33_0 = RuleSet(
                 "decode, short extend, long extend, prefill",
             ),
             (
-                f"{MLA_ATTN} (newest stored: build passes treat_short_extends_as_decodes=not use_pcp; "
+                f"{MLA_ATTN} (newest read: build passes treat_short_extends_as_decodes=not use_pcp; "
                 "plan_mla_context_chunks, align_mla_chunked_context_workspace_size)",
                 "PCP, the packed context, the workspace rounded up to the block",
             ),
         ),
-        note=(
-            "the newest files the search tools hold (the index shows no commit for several); that they are "
-            "the v0.33.0 tag is issue 19's statement, not confirmed"
-        ),
+        note=("release not confirmed: the newest files found (several without a known commit), taken as v0.33.0's"),
     ),
     options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=True, sparse_builders=True), pcp=True, force_mqa=True),
     backends=_vllm_backends(flashinfer_dcp_varlen=True, sparse_builders=True),
@@ -714,7 +710,7 @@ VLLM_0_33_0 = RuleSet(
     notes=(
         "DSA: the sparse files used (mla_attention.py with the masked-MHA table, sparse_mla_attention.py with "
         "masked_mha_workspace_fits, flashmla_sparse.py at 008a0c31, a flashinfer_mla_sparse.py on the common "
-        "sparse builder) are the newest the tools hold, not confirmed to be the v0.33.0 tag",
+        "sparse builder) are the newest found, not confirmed to be v0.33.0's",
         "DSA: masked MHA needs FlashAttention 4 (get_flash_attn_version); mlactl takes it as there on sm100",
     ),
     aliases=VLLM_ALIASES,
