@@ -43,8 +43,6 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from mlactl.util.defaults import DTYPE_BYTES
-
 from . import configs, schedule
 from ._checks import (
     DTYPE_NAMES,
@@ -84,12 +82,20 @@ MAX_SPLITS = 64  # the merge loops over splits; beyond 64 it costs more than the
 # issuing each tensor-core multiply-add once where a config can (issued_mma_over_needed 1.0; the
 # sweep is in docs/kernels.md). The balanced kernel keeps more state live across its request loop:
 # at 64 rows it spills 1.2-2.7 KB in every config, so 64-row tiles keep the uniform schedule.
+# Every default keeps at least two KV tiles in flight across the value dot (the block-table
+# entries are carried one tile ahead; `mlactl tune compile` reads kv_buffers and tiles_in_flight
+# from the compiled loop, tests/test_compile.py pins them): TMA tiles need num_stages 3 for that
+# (3 buffers: tile i + 2 is copied while tile i + 1 is multiplied; at 2 stages the copy of tile
+# i + 1 waits for tile i's value dot), cp.async tiles num_stages 3 (2 buffers, since mma.sync
+# reads its operands from registers) or 4 (3 buffers).
 NO_SPILL = {
-    # split score (TMA loads): 1.00 issued/needed, 0 B under both; without the split 1.53, and the
-    # one-split bf16 output spills 152 B (3.9) / 48 B (3.6) at 3 stages, 168 B (3.9) at 2
-    (64, False): (32, 2, "uniform", 1),
+    # split score (TMA loads): 1.00 issued/needed, 3 buffers, 0 B under both (237 / 224 registers
+    # under 3.9, 249 / 232 under 3.6, one split / several); without the split score 1.53
+    (64, False): (32, 3, "uniform", 1),
     (32, False): (32, 3, "balanced", 0),  # 1.53; balanced at BLOCK_N 64: 192 B (split score too)
-    (32, True): (32, 2, "uniform", 0),  # 1.53; every 3-stage fp8 config spills 8-56 B
+    # 1.53 (mma.sync), 3 buffers; 0 B with the scale as a tensor or a float, under 3.9 and 3.6;
+    # without the split score, 3 stages spill 24 B (one split) and 4 stages 8 B (a float scale)
+    (32, True): (32, 4, "uniform", 1),
     (16, False): (64, 3, "balanced", 0),  # 1.00 already: 64 keys give each of the 8 warps its own
     (16, True): (32, 3, "balanced", 0),  # 1.53; balanced at BLOCK_N 64: 96 B (split score: 356 B)
 }
@@ -115,9 +121,22 @@ _FITTED: dict = {}  # launch key -> (BLOCK_N, num_stages) that fit shared memory
 def _tma_row(p_bt, n0, num_pages, max_pages, PAGE: tl.constexpr):
     """Row of the [blocks * PAGE, r + dR] cache view where the page-aligned tile at key n0 starts.
     One block-table read; a bad page id (validate=False) reads page 0, never out of bounds."""
-    i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE
-    b_pg = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
+    b_pg = _tile_page(p_bt, n0, max_pages, PAGE)
     return tl.where((b_pg >= 0) & (b_pg < num_pages), b_pg, 0) * PAGE + n0 % PAGE
+
+
+@triton.jit
+def _tile_page(p_bt, n0, max_pages, PAGE: tl.constexpr):
+    """Page id of the page-aligned tile at key n0 (-1 past the block table's width)."""
+    i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE  # a tensor under the interpreter too
+    return tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
+
+
+@triton.jit
+def _key_pages(p_bt, o_n, end, max_pages, PAGE: tl.constexpr):
+    """Page id of each key position o_n [BLOCK_N] (-1 past end or the block table's width)."""
+    o_page = o_n // PAGE
+    return tl.load(p_bt + o_page, mask=(o_n < end) & (o_page < max_pages), other=-1)  # [BLOCK_N]
 
 
 @triton.jit
@@ -241,8 +260,12 @@ def _attend_keys(
         # whole tiles first: every row is a key of the context (n0 + BLOCK_N <= end <= seqlen), so
         # nothing is masked and the copied tile goes to the tensor cores as it is
         full_end = start + (end - start) // BLOCK_N * BLOCK_N
+        row_next = _tma_row(p_bt, start, num_pages, max_pages, PAGE)
         for n0 in range(start, full_end, BLOCK_N):
-            row0 = _tma_row(p_bt, n0, num_pages, max_pages, PAGE)
+            # the page id is carried one tile ahead: the copy of tile i + 1 depends on no load of
+            # iteration i, so the pipeliner issues it before tile i's dots (sm_90 compile)
+            row0 = row_next
+            row_next = _tma_row(p_bt, n0 + BLOCK_N, num_pages, max_pages, PAGE)
             b_kv = kv_desc.load([row0, 0])  # [BLOCK_N, R]
             b_kpe = kpe_desc.load([row0, R])  # [BLOCK_N, DR]
             acc, m_i, l_i = _score_and_accumulate(
@@ -250,7 +273,7 @@ def _attend_keys(
                 BLOCK_H, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, SPLIT_SCORE, INTERPRETED,
             )  # fmt: skip
         if full_end < end:  # the last tile: the rest of its page may hold anything, NaN too
-            row0 = _tma_row(p_bt, full_end, num_pages, max_pages, PAGE)
+            row0 = row_next  # the page of the tile at full_end, read by the loop's last trip
             m_n = full_end + o_t < end
             b_kv = tl.where(m_n[:, None], kv_desc.load([row0, 0]), 0)  # [BLOCK_N, R]
             b_kpe = tl.where(m_n[:, None], kpe_desc.load([row0, R]), 0)  # [BLOCK_N, DR]
@@ -259,21 +282,25 @@ def _attend_keys(
                 BLOCK_H, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, SPLIT_SCORE, INTERPRETED,
             )  # fmt: skip
     else:
+        # the block-table entries of the next tile are carried one tile ahead, as on the TMA path
+        if PAGE % BLOCK_N == 0:
+            pg_next = _tile_page(p_bt, start, max_pages, PAGE)  # one page id: the tile lies in one page
+        else:
+            pg_next = _key_pages(p_bt, start + o_t, end, max_pages, PAGE)  # [BLOCK_N]
         for n0 in range(start, end, BLOCK_N):
             o_n = n0 + o_t  # key positions
             m_n = o_n < end
-            if PAGE % BLOCK_N == 0:  # page-aligned: the tile lies in one page, one block-table read
-                i_page = (tl.zeros([], dtype=tl.int32) + n0) // PAGE  # a tensor under the interpreter too
-                b_page = tl.load(p_bt + i_page, mask=i_page < max_pages, other=-1)
-                b_page = tl.zeros([BLOCK_N], dtype=tl.int32) + b_page  # [BLOCK_N], one value
+            if PAGE % BLOCK_N == 0:  # page-aligned: one block-table read per tile, contiguous rows
+                b_page = tl.zeros([BLOCK_N], dtype=tl.int32) + pg_next  # [BLOCK_N], one value
+                pg_next = _tile_page(p_bt, n0 + BLOCK_N, max_pages, PAGE)
                 m_n = m_n & (b_page >= 0) & (b_page < num_pages)  # a bad page id (validate=False) reads zeros
                 p_kv = kv + tl.where(m_n, b_page, 0).to(tl.int64) * stride_kv_blk + ((n0 % PAGE) + o_t) * stride_kv_tok
             else:
-                o_page = o_n // PAGE
-                b_page = tl.load(p_bt + o_page, mask=m_n & (o_page < max_pages), other=0)  # [BLOCK_N]
+                b_page = pg_next  # [BLOCK_N]
+                pg_next = _key_pages(p_bt, n0 + BLOCK_N + o_t, end, max_pages, PAGE)
                 # defence in depth: with validate=False a bad page id reads zeros, never out of bounds
                 m_n = m_n & (b_page >= 0) & (b_page < num_pages)
-                p_kv = kv + b_page.to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok  # [BLOCK_N]
+                p_kv = kv + tl.where(m_n, b_page, 0).to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok
             b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
             b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
             acc, m_i, l_i = _score_and_accumulate(
@@ -352,7 +379,13 @@ def _merge_rows(acc, w_sum, m_use):
     return b_o, b_lse
 
 
-@triton.jit
+# ints that change with the batch (block-table width, split count and the strides that follow
+# it) are not specialised on: a new batch shape reuses the compiled kernel (tests/test_decode.py
+# counts Triton's cache keys across batches)
+_BATCH_INTS = ["stride_bt", "num_pages", "max_pages", "stride_lb", "stride_ls", "stride_lh"]
+
+
+@triton.jit(do_not_specialize=_BATCH_INTS + ["stride_l_split", "num_splits"])
 def _mla_decode_split_kernel(
     q,
     kv,
@@ -383,6 +416,7 @@ def _mla_decode_split_kernel(
     stride_l_split,
     num_pages,
     max_pages,
+    num_splits,
     H: tl.constexpr,
     S_Q: tl.constexpr,
     R: tl.constexpr,
@@ -390,7 +424,6 @@ def _mla_decode_split_kernel(
     PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr,
     KV_FP8: tl.constexpr,
     KV_SCALE_FROM_PTR: tl.constexpr,
@@ -415,11 +448,11 @@ def _mla_decode_split_kernel(
         qk_scale = qk_scale * kv_scale
     seqlen = tl.load(seqlens + pid_b)
     o_row, m_row, o_s, o_hh = _tile_rows(pid_h, H, S_Q, BLOCK_H)
-    i_x = (pid_b * NUM_SPLITS + pid_split) * tl.num_programs(0) + pid_h  # this program's scratch
+    i_x = (pid_b * num_splits + pid_split) * tl.num_programs(0) + pid_h  # this program's scratch
 
     # this split's keys: a contiguous run of whole BLOCK_N tiles, the last one cut at seqlen
     n_tiles = tl.cdiv(seqlen, BLOCK_N)
-    tiles_per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+    tiles_per_split = tl.cdiv(n_tiles, num_splits)
     start = pid_split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, seqlen)
 
@@ -435,7 +468,7 @@ def _mla_decode_split_kernel(
     _store_rows(p_o, p_lse, b_o, b_lse, m_row, R)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_BATCH_INTS + ["fixed"])
 def _mla_decode_planned_kernel(
     q,
     kv,
@@ -473,6 +506,7 @@ def _mla_decode_planned_kernel(
     stride_lh,
     num_pages,
     max_pages,
+    fixed,
     H: tl.constexpr,
     S_Q: tl.constexpr,
     R: tl.constexpr,
@@ -480,7 +514,6 @@ def _mla_decode_planned_kernel(
     PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    FIXED: tl.constexpr,
     CAUSAL: tl.constexpr,
     KV_FP8: tl.constexpr,
     KV_SCALE_FROM_PTR: tl.constexpr,
@@ -510,10 +543,10 @@ def _mla_decode_planned_kernel(
         i_b = tl.full([], 0, tl.int64) + b  # (the interpreter hands range() ints)
         seqlen = tl.load(seqlens + i_b)
         n_tiles = tl.cdiv(seqlen, BLOCK_N)
-        start_b = tl.load(starts + i_b) + FIXED
+        start_b = tl.load(starts + i_b) + fixed
         t0 = tl.minimum(tl.maximum(x0 - start_b, 0), n_tiles)
         t1 = tl.minimum(tl.maximum(x1 - start_b, 0), n_tiles)
-        owner = (n_tiles == 0) & (x0 <= start_b - FIXED) & (start_b - FIXED < x1)
+        owner = (n_tiles == 0) & (x0 <= start_b - fixed) & (start_b - fixed < x1)
         if (t1 > t0) | owner:
             b_o, b_lse = _attend_request(
                 q + i_b * stride_qb + o_s * stride_qs + o_hh * stride_qh, m_row, o_s, seqlen,
@@ -574,7 +607,7 @@ def _mla_decode_planned_merge_kernel(
         tl.store(lse + pid_b * stride_lb + i_s * stride_ls + i_h * stride_lh, b_lse)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_qb", "stride_qs", "stride_qh", "stride_q_split", "num_splits"])
 def _mla_decode_merge_kernel(
     o_part,
     lse_part,
@@ -594,29 +627,30 @@ def _mla_decode_merge_kernel(
     stride_lb,
     stride_ls,
     stride_lh,
+    num_splits,
     H: tl.constexpr,
     R: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
 ):
-    """One (request, new token, head) row: LSE-weighted sum of its splits' partial outputs."""
+    """One (request, new token, head) row: LSE-weighted sum of its splits' partial outputs
+    (num_splits at run time: one compile serves every split count)."""
     pid_row = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
     i_s = pid_row // H
     i_h = pid_row % H
-    o_k = tl.arange(0, SPLITS_P2)
     o_r = tl.arange(0, R)
 
     p_lse = lse_part + pid_b * stride_qb + i_s * stride_qs + i_h * stride_qh
-    b_lse = tl.load(p_lse + o_k * stride_q_split, mask=o_k < NUM_SPLITS, other=-float("inf"))  # [SPLITS_P2]
-    m = tl.max(b_lse, 0)
+    m = tl.full([], -float("inf"), dtype=tl.float32)
+    for k in range(num_splits):
+        m = tl.maximum(m, tl.load(p_lse + k * stride_q_split))
     m_use = tl.where(m == -float("inf"), 0.0, m)  # every split empty: all weights 0, no NaN
-    w_sum = tl.sum(tl.exp2((b_lse - m_use) * LOG2E), 0)
 
     p_o = o_part + pid_b * stride_pb + i_s * stride_ps + i_h * stride_ph
+    w_sum = tl.zeros([], dtype=tl.float32)
     acc = tl.zeros([R], dtype=tl.float32)
-    for k in range(NUM_SPLITS):
+    for k in range(num_splits):
         w_k = tl.exp2((tl.load(p_lse + k * stride_q_split) - m_use) * LOG2E)
+        w_sum += w_k
         acc += w_k * tl.load(p_o + k * stride_p_split + o_r)  # [R]; an empty split wrote zeros
 
     b_o, b_lse_out = _merge_rows(acc, w_sum, m_use)
@@ -643,14 +677,16 @@ def _device_info(device: torch.device) -> tuple[str, int]:
 
 
 def smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8, r=None, split_score=False):
-    """Shared memory of one program as Triton 3.9 lays it out for sm_90 (checked against the
-    compiler for the DeepSeek shapes): the query tile, two KV tiles in flight from num_stages 2
-    on, one more cache-dtype tile for an fp8 cache's widening, and 1 KiB of scratch; with `r`,
-    at least the [BLOCK_H, r] fp32 accumulator, which the epilogue converts through shared
+    """Shared memory of one program as Triton lays it out for sm_90 (checked against the compiler
+    for the DeepSeek shapes, tests/test_decode.py): the query tile, the KV buffers (num_stages of
+    them for TMA tiles, num_stages - 1 for cp.async ones: the page ids are carried one tile
+    ahead), one more cache-dtype tile for an fp8 cache's widening, and 2 KiB of scratch; with
+    `r`, at least the [BLOCK_H, r] fp32 accumulator, which the epilogue converts through shared
     memory (128 KiB at 64 rows: more than the loop's buffers once BLOCK_N is 16); with
     split_score, the [BLOCK_H, BLOCK_N] p tile the value dot reads from shared memory."""
-    in_flight = min(stages, 2) + (1 if fp8 else 0)
-    loop = block_h * row * q_bytes + in_flight * block_n * row * kv_bytes + 1024
+    buffers = stages if block_h >= TMA_MIN_BLOCK_H else max(1, stages - 1)
+    in_flight = buffers + (1 if fp8 else 0)
+    loop = block_h * row * q_bytes + in_flight * block_n * row * kv_bytes + 2048
     loop += block_h * block_n * q_bytes if split_score else 0
     return max(loop, block_h * r * 4) if r else loop
 
@@ -724,24 +760,32 @@ def compile_spec(
     causal=True,
     variant=None,
     capability: int = 90,
+    kv_scale: str = "tensor",
+    stage: str = "stage1",
 ):
     """What `mlactl tune compile` needs to build stage 1 for a GPU target without launching it:
     (jit function, signature, constants, argument names divisible by 16, compile options, launch),
     built as `mla_decode` launches it: the schedule `launch_variant` picks (a config with its own
     num_splits runs uniform), the split count of the config or the heuristic, and the output
     dtype that split count implies (one split: stage 1 writes q's dtype; several: fp32 partials).
-    `launch` is {"variant", "num_splits", "out_dtype"} as recorded in the compile report.
-    variant: "balanced" or "uniform" to force one (schedule= of mla_decode)."""
+    `launch` is {"variant", "num_splits", "out_dtype", "kv_scale", "stage"} as recorded in the
+    compile report. variant: "balanced" or "uniform" to force one (schedule= of mla_decode).
+    kv_scale: how an fp8 cache's scale is passed, "tensor" (read on the device) or "float".
+    stage: "stage1", or "merge" for the merge the launch runs after it (uniform with several
+    splits: `_mla_decode_merge_kernel`; balanced: `_mla_decode_planned_merge_kernel`)."""
     fp8 = kv_dtype == "fp8"
     full = {**default_config(shape, r, dR, page, dtype, kv_dtype), **config}
     variant = launch_variant(full, fp8, "num_splits" in config, variant or "auto")
     splits = full["num_splits"] if variant == "uniform" else 1
-    consts = _constants(shape["H"], shape["S_q"], r, dR, page, full["BLOCK_H"], splits, causal,
-                        fp8, fp8, dtype == "fp32", False, full.get("SPLIT_SCORE", 0))  # fmt: skip
+    from_ptr = fp8 and kv_scale == "tensor"
+    consts = _constants(shape["H"], shape["S_q"], r, dR, page, full["BLOCK_H"], causal, fp8, from_ptr,
+                        dtype == "fp32", False, full.get("SPLIT_SCORE", 0))  # fmt: skip
     consts["BLOCK_N"] = full["BLOCK_N"]
     consts["TMA"] = (  # as _descriptors decides
         USE_TMA and full["BLOCK_H"] >= TMA_MIN_BLOCK_H and page % full["BLOCK_N"] == 0 and capability >= 90
     )
+    if stage == "merge":
+        return _merge_spec(shape, r, dtype, variant, splits, kv_scale)
     kv_type = "u8" if fp8 else dtype
     if consts["TMA"]:
         desc = {"kv_desc": f"tensordesc<{kv_type}[{full['BLOCK_N']}, {r}]>"}
@@ -756,11 +800,6 @@ def compile_spec(
                "stride_kv_tok", "stride_ob", "stride_os", "stride_oh"]  # fmt: skip
     if variant == "balanced":
         fn = _mla_decode_planned_kernel
-        del consts["NUM_SPLITS"]
-        q_bytes = DTYPE_BYTES[dtype]
-        consts["FIXED"] = schedule.split_cost_tiles(
-            full["BLOCK_H"], r, dR, full["BLOCK_N"], q_bytes, 1 if fp8 else q_bytes
-        )
         types.update(o_part="*fp32", lse_part="*fp32")
         types.update({n: "*i32" for n in ("cuts", "b_first", "b_last", "starts", "first_part", "n_splits", "slots")})
         aligned += ["o_part", "lse_part"]
@@ -769,8 +808,26 @@ def compile_spec(
         aligned.append("stride_o_split")  # 0 with one split: divisible by 16 too
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
     options = {"num_warps": full["num_warps"], "num_stages": full["num_stages"]}
-    launch = {"variant": variant, "num_splits": splits, "out_dtype": out_dtype}
+    launch = {"variant": variant, "num_splits": splits, "out_dtype": out_dtype, "kv_scale": kv_scale, "stage": stage}
     return fn, sig, consts, aligned, options, launch
+
+
+def _merge_spec(shape, r, dtype, variant, splits, kv_scale):
+    """compile_spec of the merge a launch runs after stage 1 (4 warps, as launched)."""
+    if variant == "balanced":
+        fn = _mla_decode_planned_merge_kernel
+        consts = {"H": shape["H"], "S_Q": shape["S_q"], "R": r}
+        types = {"o_part": "*fp32", "lse_part": "*fp32", "n_splits": "*i32", "slots": "*i32", "o": f"*{dtype}",
+                 "lse": "*fp32"}  # fmt: skip
+    else:
+        fn = _mla_decode_merge_kernel
+        consts = {"H": shape["H"], "R": r}
+        types = {"o_part": "*fp32", "lse_part": "*fp32", "o": f"*{dtype}", "lse": "*fp32"}
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+    aligned = [n for n in ("o_part", "lse_part", "o", "lse", "stride_pb", "stride_ps", "stride_ph", "stride_p_split",
+                           "stride_ob", "stride_os", "stride_oh") if n in fn.arg_names]  # fmt: skip
+    launch = {"variant": variant, "num_splits": splits, "out_dtype": dtype, "kv_scale": kv_scale, "stage": "merge"}
+    return fn, sig, consts, aligned, {"num_warps": 4, "num_stages": 1}, launch
 
 
 def launch_variant(config: dict, fp8: bool, explicit_splits: bool, schedule: str = "auto") -> str:
@@ -783,7 +840,7 @@ def launch_variant(config: dict, fp8: bool, explicit_splits: bool, schedule: str
     return "uniform" if explicit_splits else default_variant(config, fp8)
 
 
-def _constants(H, S_q, r, dR, page, block_h, splits, causal, fp8, from_ptr, fp32, dot_fp32, split_score):
+def _constants(H, S_q, r, dR, page, block_h, causal, fp8, from_ptr, fp32, dot_fp32, split_score):
     return dict(
         H=H,
         S_Q=S_q,
@@ -791,7 +848,6 @@ def _constants(H, S_q, r, dR, page, block_h, splits, causal, fp8, from_ptr, fp32
         DR=dR,
         PAGE=page,
         BLOCK_H=block_h,
-        NUM_SPLITS=splits,
         CAUSAL=bool(causal),
         KV_FP8=fp8,
         KV_SCALE_FROM_PTR=from_ptr,
@@ -1018,6 +1074,7 @@ def mla_decode(
         *lse1_strides,
         kv_cache.shape[0],
         block_table.shape[1],
+        splits,
     )
     constants = _constants(
         H,
@@ -1026,7 +1083,6 @@ def mla_decode(
         dR,
         kv_cache.shape[1],
         cfg["BLOCK_H"],
-        splits,
         causal,
         fp8,
         from_ptr,
@@ -1045,10 +1101,9 @@ def mla_decode(
             *lse1.stride(),
             *out.stride()[:3],
             *lse.stride(),
+            splits,
             H=H,
             R=r,
-            NUM_SPLITS=splits,
-            SPLITS_P2=triton.next_power_of_2(splits),
             num_warps=4,
         )
     return out, lse
@@ -1065,10 +1120,9 @@ def _run_balanced(q, kv_arg, kv_cache, block_table, seqlens, scale_ptr, out, lse
     parts = max(1, num_sms // n_h)  # one program per SM: n_h row tiles x parts
     q_bytes = q.element_size()
     kv_bytes = kv_cache.element_size()
-    constants = _constants(H, S_q, r, dR, kv_cache.shape[1], cfg["BLOCK_H"], 1, causal, fp8, from_ptr,
+    constants = _constants(H, S_q, r, dR, kv_cache.shape[1], cfg["BLOCK_H"], causal, fp8, from_ptr,
                            q.dtype == torch.float32, q.dtype == torch.bfloat16 and device.type != "cuda",
                            cfg.get("SPLIT_SCORE", 0))  # fmt: skip
-    del constants["NUM_SPLITS"]
     key = (device, "balanced", *sorted(constants.items()), cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"])
     tries = [_FITTED.get(key, (cfg["BLOCK_N"], cfg["num_stages"]))]
     tries += [c for c in BLOCK_N_CHOICES if c < tries[0]]
@@ -1085,8 +1139,8 @@ def _run_balanced(q, kv_arg, kv_cache, block_table, seqlens, scale_ptr, out, lse
                 pl.cuts, pl.b_first, pl.b_last, pl.starts, pl.first_part, pl.n_splits, pl.slot,
                 scale * kv_scale_val * LOG2E.value, kv_scale_val,
                 q.stride(0), q.stride(1), q.stride(2), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-                *out.stride()[:3], *lse.stride(), kv_cache.shape[0], block_table.shape[1],
-                **constants, BLOCK_N=block_n, FIXED=fixed, TMA=tma, num_warps=cfg["num_warps"], num_stages=stages,
+                *out.stride()[:3], *lse.stride(), kv_cache.shape[0], block_table.shape[1], fixed,
+                **constants, BLOCK_N=block_n, TMA=tma, num_warps=cfg["num_warps"], num_stages=stages,
             )  # fmt: skip
         except OutOfResources:
             if i == len(tries) - 1:

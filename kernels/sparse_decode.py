@@ -41,17 +41,22 @@ from .sparse_decode_naive import FP8_TILE, sparse_fp8_row_bytes
 
 # ---- tuning defaults (sm_90 compile: Triton 3.9 for sm_90, ptxas 13.4; docs/kernels.md has the
 # sweep of 78 configs per cache, benchmarks/results/compile-sm90-sparse-decode.json) ----
-BLOCK_H_WIDE = 32  # heads a tile: every 64-row config spills (276-11,428 B bf16, 880-10,376 B fp8:
+# (cache kind) -> heads a tile. Every 64-row config spills (276-11,428 B bf16, 880-10,376 B fp8:
 # the [64, 512] fp32 accumulator beside a gathered tile's addresses), so 128 heads are 4 tiles of
-# 32 (mma.sync), each reading the token's rows (the first from HBM, the rest mostly from L2)
+# 32 (mma.sync) with a bf16 cache. With fp8, 32-row tiles spill 1,132-1,184 B once a second tile
+# is in flight (2-3 stages, 16 or 32 rows a gather) and compile without spilling only
+# unpipelined (1 stage); 16-row tiles pipeline with 0 B, so fp8 takes 8 tiles of 16 at 128 heads.
+# A token's head tiles run side by side in the grid, so all but the first read its rows from L2.
+BLOCK_H_WIDE = {"bf16": 32, "fp8": 16}
 BLOCK_H_MIN = 16  # tl.dot needs 16 rows; fewer heads are masked padding
-# (cache kind) -> (BLOCK_N, num_stages, num_warps) at 32-row tiles: the largest gather of rows
-# that compiles with 0 spills for sm_90; bf16: 32 rows a gather, 3 stages, 159 registers, 74 KiB;
-# fp8: 32 rows, one stage (2 and 3 stages spill 1,132-1,140 B), 250 registers, 52 KiB
-NO_SPILL = {"bf16": (32, 3, 8), "fp8": (32, 1, 8)}
-# at 16-row tiles (16 heads or fewer, e.g. DeepSeek-V3.2 at TP 8): bf16 64 rows, 3 stages, 128
-# registers, 93 KiB; fp8 32 rows, 2 stages, 240 registers, 83 KiB (64 rows spill 0-16 B at 255)
-NO_SPILL_NARROW = {"bf16": (64, 3, 8), "fp8": (32, 2, 8)}
+# (cache kind) -> (BLOCK_N, num_stages, num_warps) at the tile above: the largest gather of rows
+# that compiles with 0 spills for sm_90 with two tiles in flight (the indices carried one tile
+# ahead; sm_90 compile, Triton 3.9 / 3.6): bf16 32 rows a gather, 3 stages, 162 registers,
+# 110 KiB; fp8 at 16-row tiles 32 rows, 3 stages, 234 registers, 83 KiB
+NO_SPILL = {"bf16": (32, 3, 8), "fp8": (32, 3, 8)}
+# at 16-row tiles (16 heads or fewer, e.g. DeepSeek-V3.2 at TP 8): bf16 64 rows, 3 stages, 139
+# registers, 164 KiB; fp8 as above
+NO_SPILL_NARROW = {"bf16": (64, 3, 8), "fp8": (32, 3, 8)}
 WAVES = 2  # splits aim at ~2 waves of programs over the SMs
 MIN_SPLIT_ROWS = 256  # a split below 256 rows writes as much partial as it reads cache
 MAX_SPLITS = 16
@@ -64,7 +69,12 @@ _FP8_BYTES = (torch.uint8, torch.float8_e4m3fn) if hasattr(torch, "float8_e4m3fn
 _FITTED: dict = {}
 
 
-@triton.jit
+# ints that change with the batch or the split count (the lse strides follow the split count):
+# not specialised on, so a new batch shape reuses the compiled kernels (tests/test_dsa_kernel.py)
+_BATCH_INTS = ["num_slots", "topk", "num_splits", "stride_lt", "stride_lh", "stride_l_split"]
+
+
+@triton.jit(do_not_specialize=_BATCH_INTS)
 def _sparse_decode_kernel(
     q,
     kv,
@@ -88,26 +98,31 @@ def _sparse_decode_kernel(
     stride_l_split,
     num_slots,
     topk,
+    num_splits,
     H: tl.constexpr,
     R: tl.constexpr,
     DR: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     FP8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
     """One (query token, head tile, split): online softmax over the split's selected rows.
 
+    Grid (head tiles x tokens, splits): a token's head tiles are adjacent programs, so they run
+    at the same time and all but the first find the token's rows in L2. num_splits is a run-time
+    argument (one compile serves every batch).
+
     qk_scale = softmax scale * log2(e). Traffic: the tile's queries once ([BLOCK_H, r + dR]), the
     split's indices once, each selected row once (r + dR numbers, or the fp8 row's bytes: its
     r values and r/128 scales feed key and value, its RoPE the key); writes [BLOCK_H, r] outputs
     and BLOCK_H lses (fp32 partials when split).
     """
-    pid_t = tl.program_id(0).to(tl.int64)  # B*S_q tokens x topk indices can pass 2**31
-    pid_h = tl.program_id(1)
-    pid_split = tl.program_id(2)
+    N_H: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
+    pid_t = (tl.program_id(0) // N_H).to(tl.int64)  # B*S_q tokens x topk indices can pass 2**31
+    pid_h = tl.program_id(0) % N_H
+    pid_split = tl.program_id(1)
     o_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     m_h = o_h < H
     o_r = tl.arange(0, R)
@@ -122,17 +137,21 @@ def _sparse_decode_kernel(
         b_qpe = b_qpe.to(tl.float32)
 
     # this split's index positions: whole BLOCK_N tiles, the last one cut at topk
-    tiles_per_split = tl.cdiv(tl.cdiv(topk, BLOCK_N), NUM_SPLITS)
+    tiles_per_split = tl.cdiv(tl.cdiv(topk, BLOCK_N), num_splits)
     start = pid_split * tiles_per_split * BLOCK_N
     end = tl.minimum(start + tiles_per_split * BLOCK_N, topk)
 
     m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)  # running max, base 2
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)  # running sum of exp2
     acc = tl.zeros([BLOCK_H, R], dtype=tl.float32)
+    p_idx = indices + pid_t * stride_it
+    # the indices are carried one tile ahead: the gather of tile i + 1 depends on no load of
+    # iteration i, so Triton's pipeliner can issue it while tile i is multiplied (sm_90 compile)
+    idx_next = tl.load(p_idx + start + o_n, mask=start + o_n < end, other=-1)  # [BLOCK_N]
     for n0 in range(start, end, BLOCK_N):
-        m_n = n0 + o_n < end
-        b_idx = tl.load(indices + pid_t * stride_it + n0 + o_n, mask=m_n, other=-1)  # [BLOCK_N]
-        m_n = m_n & (b_idx >= 0) & (b_idx < num_slots)  # -1 or out of the cache: skipped, never read
+        b_idx = idx_next  # [BLOCK_N]
+        idx_next = tl.load(p_idx + n0 + BLOCK_N + o_n, mask=n0 + BLOCK_N + o_n < end, other=-1)
+        m_n = (b_idx >= 0) & (b_idx < num_slots)  # -1, past the split or out of the cache: never read
         i_row = tl.where(m_n, b_idx, 0).to(tl.int64)  # [BLOCK_N]
         if FP8:  # FlashMLA's row: r e4m3 bytes | r/128 fp32 scales | dR bf16
             b_raw = tl.load(kv + i_row[:, None] * stride_kv + o_r[None, :], mask=m_n[:, None], other=0)
@@ -172,7 +191,7 @@ def _sparse_decode_kernel(
     tl.store(lse + pid_t * stride_lt + o_h * stride_lh + pid_split * stride_l_split, b_lse, mask=m_h)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_qt", "stride_qh", "stride_q_split", "num_splits"])
 def _sparse_merge_kernel(
     o_part,
     lse_part,
@@ -188,26 +207,26 @@ def _sparse_merge_kernel(
     stride_oh,
     stride_lt,
     stride_lh,
+    num_splits,
     H: tl.constexpr,
     R: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
 ):
-    """One (query token, head) row: lse-weighted sum of its splits' partial outputs."""
+    """One (query token, head) row: lse-weighted sum of its splits' partial outputs (num_splits
+    at run time: one compile serves every split count)."""
     pid_t = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
-    o_k = tl.arange(0, SPLITS_P2)
     o_r = tl.arange(0, R)
     p_lse = lse_part + pid_t * stride_qt + pid_h * stride_qh
-    b_lse = tl.load(p_lse + o_k * stride_q_split, mask=o_k < NUM_SPLITS, other=-float("inf"))  # [SPLITS_P2]
-    m = tl.max(b_lse, 0)
+    m = tl.full([], -float("inf"), dtype=tl.float32)
+    for k in range(num_splits):
+        m = tl.maximum(m, tl.load(p_lse + k * stride_q_split))
     m_use = tl.where(m == -float("inf"), 0.0, m)  # every split empty: weights 0, no NaN
-    w = tl.exp2((b_lse - m_use) * LOG2E)  # [SPLITS_P2]
-    w_sum = tl.sum(w, 0)
     p_o = o_part + pid_t * stride_pt + pid_h * stride_ph
+    w_sum = tl.zeros([], dtype=tl.float32)
     acc = tl.zeros([R], dtype=tl.float32)
-    for k in range(NUM_SPLITS):
+    for k in range(num_splits):
         w_k = tl.exp2((tl.load(p_lse + k * stride_q_split) - m_use) * LOG2E)
+        w_sum += w_k
         acc += w_k * tl.load(p_o + k * stride_p_split + o_r)  # [R]; an empty split wrote zeros
     has_keys = w_sum > 0
     b_o = acc / tl.where(has_keys, w_sum, 1.0)
@@ -237,8 +256,9 @@ def cache_kind(kv_dtype: str) -> str:
 def heuristic_config(T: int, H: int, topk: int, kv_dtype: str, num_sms: int) -> dict:
     """The launch config without a tuned one: 32-head tiles (fewer heads: the next power of two,
     at least 16), the no-spill gather of NO_SPILL, splits to ~WAVES waves of programs."""
-    block_h = min(BLOCK_H_WIDE, max(BLOCK_H_MIN, triton.next_power_of_2(H)))
-    table = NO_SPILL if block_h >= BLOCK_H_WIDE else NO_SPILL_NARROW
+    wide = BLOCK_H_WIDE[cache_kind(kv_dtype)]
+    block_h = min(wide, max(BLOCK_H_MIN, triton.next_power_of_2(H)))
+    table = NO_SPILL if block_h >= wide else NO_SPILL_NARROW
     block_n, stages, warps = table[cache_kind(kv_dtype)]
     programs = T * triton.cdiv(H, block_h)
     most = max(1, min(MAX_SPLITS, triton.cdiv(topk, block_n), triton.cdiv(topk, MIN_SPLIT_ROWS)))
@@ -251,30 +271,39 @@ def default_config(shape: dict, kv_dtype: str, num_sms: int = 132) -> dict:
     return heuristic_config(shape["B"] * shape["S_q"], shape["H"], shape["topk"], kv_dtype, num_sms)
 
 
-def _constants(H, r, dR, block_h, splits, fp8, fp32, dot_fp32):
+def _constants(H, r, dR, block_h, fp8, fp32, dot_fp32):
     return dict(
         H=H,
         R=r,
         DR=dR,
         BLOCK_H=block_h,
-        NUM_SPLITS=splits,
         FP8=fp8,
         DOT_PRECISION="ieee" if fp32 else "tf32",
         DOT_FP32=dot_fp32,
     )
 
 
-def compile_spec(shape: dict, config: dict, r: int, dR: int, dtype: str, kv_dtype: str):
+def compile_spec(shape: dict, config: dict, r: int, dR: int, dtype: str, kv_dtype: str, stage: str = "stage1"):
     """What `mlactl tune compile` needs to build stage 1 for a GPU target without launching it:
     (jit function, signature, constants, argument names divisible by 16, compile options, launch),
     built as `mla_sparse_decode` launches it: the config over the heuristic's for the shape, and
     stage 1's output an fp32 partial when split, else q's dtype. `launch` is {"num_splits",
-    "out_dtype"} as recorded in the compile report."""
+    "out_dtype", "stage"} as recorded in the compile report. stage "merge": the merge of the
+    splits (4 warps, as launched)."""
     fp8 = kv_dtype == "fp8"
     full = {**default_config(shape, kv_dtype), **config}
     full["BLOCK_H"] = min(full["BLOCK_H"], max(BLOCK_H_MIN, triton.next_power_of_2(shape["H"])))  # as launched
     out_dtype = "fp32" if full["num_splits"] > 1 else dtype
-    consts = _constants(shape["H"], r, dR, full["BLOCK_H"], full["num_splits"], fp8, dtype == "fp32", False)
+    if stage == "merge":
+        fn = _sparse_merge_kernel
+        consts = {"H": shape["H"], "R": r}
+        types = {"o_part": "*fp32", "lse_part": "*fp32", "o": f"*{dtype}", "lse": "*fp32"}
+        sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+        aligned = ["o_part", "lse_part", "o", "lse", "stride_pt", "stride_ph", "stride_p_split", "stride_ot"]
+        aligned.append("stride_oh")
+        launch = {"num_splits": full["num_splits"], "out_dtype": dtype, "stage": "merge"}
+        return fn, sig, consts, aligned, {"num_warps": 4, "num_stages": 1}, launch
+    consts = _constants(shape["H"], r, dR, full["BLOCK_H"], fp8, dtype == "fp32", False)
     consts["BLOCK_N"] = full["BLOCK_N"]
     kv_type = "u8" if fp8 else dtype
     types = dict(q=f"*{dtype}", kv=f"*{kv_type}", kv_f32="*fp32", kv_b16="*bf16", indices="*i32",
@@ -283,7 +312,7 @@ def compile_spec(shape: dict, config: dict, r: int, dR: int, dtype: str, kv_dtyp
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
     aligned = ["q", "kv", "kv_f32", "kv_b16", "o", "lse", "stride_qt", "stride_qh", "stride_kv", "stride_ot"]
     options = {"num_warps": full["num_warps"], "num_stages": full["num_stages"]}
-    return fn, sig, consts, aligned, options, {"num_splits": full["num_splits"], "out_dtype": out_dtype}
+    return fn, sig, consts, aligned, options, {"num_splits": full["num_splits"], "out_dtype": out_dtype, "stage": stage}
 
 
 def _check_config(config, source):
@@ -448,19 +477,18 @@ def mla_sparse_decode(
         r,
         dR,
         cfg["BLOCK_H"],
-        splits,
         fp8,
         q.dtype == torch.float32,
         q.dtype == torch.bfloat16 and device.type != "cuda",
     )
-    grid = (T, triton.cdiv(H, cfg["BLOCK_H"]), splits)
+    grid = (triton.cdiv(H, cfg["BLOCK_H"]) * T, splits)  # a token's head tiles side by side
     args = (q3, *kv_args, idx, o1, lse1, scale * LOG2E.value, q3.stride(0), q3.stride(1), *strides, idx.stride(0),
-            *o1_strides, *lse1_strides, flat.shape[0], topk)  # fmt: skip
+            *o1_strides, *lse1_strides, flat.shape[0], topk, splits)  # fmt: skip
     _launch(grid, args, constants, cfg, device)
     if splits > 1:
         _sparse_merge_kernel[(T, H)](
-            o1, lse1, out3, lse2, *o1.stride()[:3], *lse1.stride(), *out3.stride()[:2], *lse2.stride(),
-            H=H, R=r, NUM_SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=4,
+            o1, lse1, out3, lse2, *o1.stride()[:3], *lse1.stride(), *out3.stride()[:2], *lse2.stride(), splits,
+            H=H, R=r, num_warps=4,
         )  # fmt: skip
     if out3.data_ptr() != out.data_ptr():
         out.copy_(out3.view(B, S_q, H, r))

@@ -97,6 +97,68 @@ def test_sass_counts():
     assert stage.sass_counts(sass) == {"HGMMA": 1, "QGMMA": 0, "HMMA": 0, "LDL": 1, "STL": 1}
 
 
+# TTGIR after Triton's pipeliner, cut to the lines kv_pipeline reads (names and types as Triton 3.9
+# prints them for the 64-row decode loop); {ALLOC} = the KV buffer's slots, {PRO} = prologue copies
+TTGIR = """
+    %b_q = ttg.local_alloc %q : (tensor<64x512xbf16, #blocked>) -> !ttg.memdesc<64x512xbf16, #shared, #smem>
+    %b_kv = ttg.local_alloc : () -> !ttg.memdesc<{ALLOC}x32x512xbf16, #shared, #smem, mutable>
+    %b_kpe = ttg.local_alloc : () -> !ttg.memdesc<{ALLOC}x32x64xbf16, #shared, #smem, mutable>
+    %bar = ttg.local_alloc : () -> !ttg.memdesc<{ALLOC}x1xi64, #shared1, #smem, mutable>
+{PRO}
+    %l:4 = scf.for %n0 = %start to %end step %c32_i32 iter_args(%acc = %z, %m = %m0) -> (tensor<64x512xf32, #mma1>) {
+      ttng.wait_barrier %bar_i, %phase : !ttg.memdesc<1xi64, #shared1, #smem, mutable>
+      %s = ttng.warp_group_dot %b_q, %kt, %cst {isAsync = true} : !ttg.memdesc<64x512xbf16> -> tensor<64x32xf32, #mma>
+      %s_w:3 = ttng.warp_group_dot_wait %s, %b_q, %kt {pendings = 0 : i32} : tensor<64x32xf32, #mma>
+{EARLY}
+      %acc_n = ttng.warp_group_dot %p, %b_kv_i, %acc {isAsync = true} : !ttg.memdesc -> tensor<64x512xf32, #mma1>
+      %acc_w:3 = ttng.warp_group_dot_wait %acc_n, %p, %b_kv_i {pendings = 0 : i32} : tensor<64x512xf32, #mma1>
+{LATE}
+      scf.yield %acc_w#0 : tensor<64x512xf32, #mma1>
+    }
+"""
+COPY = """      %kv_d{I} = ttg.memdesc_index %b_kv[%c{I}] : !ttg.memdesc<3x32x512xbf16> -> !ttg.memdesc<32x512xbf16>
+      ttng.async_tma_copy_global_to_local %kv_desc[%row{I}, %c0_i32] %kv_d{I}, %bar{I}, %true
+      %kpe_d{I} = ttg.memdesc_index %b_kpe[%c{I}] : !ttg.memdesc<3x32x64xbf16> -> !ttg.memdesc<32x64xbf16>
+      ttng.async_tma_copy_global_to_local %kpe_desc[%row{I}, %c512_i32] %kpe_d{I}, %bar{I}, %true"""
+
+
+def _ttgir(buffers, prologue, where):
+    body = {"EARLY": "", "LATE": ""}
+    body[where] = COPY.replace("{I}", "9")
+    text = TTGIR.replace("{ALLOC}", str(buffers))
+    text = text.replace("{PRO}", "\n".join(COPY.replace("{I}", str(i)) for i in range(prologue)))
+    return text.replace("{EARLY}", body["EARLY"]).replace("{LATE}", body["LATE"])
+
+
+@pytest.mark.parametrize(
+    "buffers, prologue, where, want",
+    [
+        # the 64-row default before this round: 2 buffers, the copy of tile i + 1 after tile i's value dot
+        pytest.param(2, 1, "LATE", (2, 1, 1, False), id="2buf-copy-after-value-dot"),
+        # 3 stages: 3 buffers, tiles i + 1 and i + 2 fetched ahead, tile i + 2 copied after the dot
+        pytest.param(3, 2, "LATE", (3, 2, 2, False), id="3buf-two-in-flight"),
+        # 2 buffers, tile i + 1 copied before tile i's value dot waits: two in flight across it
+        pytest.param(2, 1, "EARLY", (2, 1, 2, True), id="2buf-copy-before-value-dot"),
+    ],
+)
+def test_kv_pipeline_reads_buffers_and_tiles_in_flight(buffers, prologue, where, want):
+    got = stage.kv_pipeline(_ttgir(buffers, prologue, where))
+    assert (got["kv_buffers"], got["prefetched"], got["tiles_in_flight"], got["copy_before_value_wait"]) == want
+
+
+def test_kv_pipeline_without_copies_or_dots():
+    # a loop of dots whose tiles come through registers (no async copy): nothing in flight ahead
+    plain = _ttgir(2, 0, "LATE").replace("ttng.async_tma_copy_global_to_local", "tt.store")
+    assert stage.kv_pipeline(plain) == {
+        "kv_buffers": 0,
+        "prefetched": 0,
+        "tiles_in_flight": 1,
+        "copy_before_value_wait": None,
+    }
+    # a merge: no dot in any loop
+    assert set(stage.kv_pipeline("scf.for %k = %a to %b step %c {\n  tt.load %p\n}\n").values()) == {None}
+
+
 def _result(**kw):
     base = dict(arch="sm_90", smem_bytes=100_000, spill_bytes=0, stack_bytes=0, error=None)
     return {**base, **kw}
@@ -198,6 +260,10 @@ def test_listed_defaults_do_not_spill_on_sm90():
         cfg = model.from_name(name).with_tp(tp)
         for kv in ("bf16", "fp8"):
             cases += stage.default_cases(cfg, ("mla_decode",), "sm_90", "bf16", kv)
+    for tp in (1, 8):  # the sparse decode at 128 and 16 heads
+        for kv in ("bf16", "fp8"):
+            cfg = model.from_name("deepseek-v3.2").with_tp(tp)
+            cases += stage.default_cases(cfg, ("mla_sparse_decode",), "sm_90", "bf16", kv)
     cases += stage.default_cases(model.from_name("deepseek-v3"), ("mla_prefill",), "sm_90", "bf16", "bf16")
     results = stage.compile_cases(cases)
     bad = [
@@ -207,9 +273,24 @@ def test_listed_defaults_do_not_spill_on_sm90():
     ]
     assert not bad, bad
     assert {(r["ptxas"], r["ptxas_version"]) for r in results} == {PTXAS_SM90[triton_minor()]}
-    decode = [r for r in results if r["kernel"] == "mla_decode"]
+    decode = [r for r in results if r["kernel"] == "mla_decode" and r["stage"] == "stage1"]
     for r in decode:  # what each row says it launched is what the launcher picks (see below)
         assert r["out_dtype"] == ("fp32" if r["variant"] == "uniform" and r["num_splits"] > 1 else "bf16"), r
+    # every shipped decode default, dense and sparse, keeps two KV tiles in flight across the value
+    # dot, read from the compiled loop (kv_pipeline): the copy of a later tile runs while one is
+    # multiplied. The 64-row TMA default has 3 buffers (at 2 stages: 2 buffers, 1 tile in flight)
+    loops = [r for r in results if r["kernel"] in ("mla_decode", "mla_sparse_decode") and r["stage"] == "stage1"]
+    covered = {(r["kernel"], r["shape"]["H"], r["kv_dtype"]) for r in loops}
+    dense = {("mla_decode", h, kv) for h in (128, 64, 32, 16) for kv in ("bf16", "fp8")}
+    assert covered == dense | {("mla_sparse_decode", h, kv) for h in (128, 16) for kv in ("bf16", "fp8")}
+    assert all(r["kv_buffers"] >= 2 and r["tiles_in_flight"] >= 2 for r in loops), [
+        (r["kernel"], r["shape"], r["kv_dtype"], r["config"], r["kv_buffers"], r["tiles_in_flight"]) for r in loops
+    ]
+    assert {r["kv_buffers"] for r in decode if r["config"]["BLOCK_H"] == 64} == {3}
+    # the launch's other kernels are compiled too: the merges, and an fp8 cache's scale as a float
+    stages = {(r["kernel"], r.get("stage")) for r in results}
+    assert {("mla_decode", "merge"), ("mla_sparse_decode", "merge")} <= stages
+    assert {r["kv_scale"] for r in decode if r["kv_dtype"] == "fp8"} == {"tensor", "float"}
     # DeepSeek-V3 TP1 bf16 (B 128: one split, bf16 out; B 16: fp32 partials), the 64-row default:
     # each tensor-core multiply-add issued once (the split score tile), 1.53 without it
     wide = [r for r in decode if r["shape"]["H"] == 128 and r["kv_dtype"] == "bf16"]

@@ -503,10 +503,13 @@ def test_heuristic_deepseek_shapes():
     bf16 = torch.bfloat16
     wide = heuristic_config(128, 128, 1, 512, 64, 8192, 64, bf16, bf16, 132)
     assert wide["BLOCK_H"] == 64 and wide["num_warps"] == 8 and wide["num_splits"] == 1
-    # 32 keys, 2 stages, split score: the config that compiles for sm_90 without spilling at 64 rows
-    # under Triton 3.9 and 3.6, for both outputs (NO_SPILL; tests/test_compile.py compiles it)
-    assert (wide["BLOCK_N"], wide["num_stages"], wide["SPLIT_SCORE"]) == (32, 2, 1)
-    assert decode.smem_bytes(64, 32, 2, 576, 2, 2, False, 512, True) <= decode.SMEM_BUDGET
+    # 32 keys, 3 stages (3 TMA buffers, two tiles in flight), split score: the config that compiles
+    # for sm_90 without spilling at 64 rows under Triton 3.9 and 3.6, for both outputs (NO_SPILL;
+    # tests/test_compile.py compiles it and reads its buffers from the compiled loop)
+    assert (wide["BLOCK_N"], wide["num_stages"], wide["SPLIT_SCORE"]) == (32, 3, 1)
+    # by hand: q 64 x 576 x 2 = 73,728 B + 3 KV buffers of 32 x 576 x 2 = 110,592 B + p 64 x 32 x 2
+    # = 4,096 B + 2,048 B scratch = 190,464 B, under Hopper's 232,448 B
+    assert decode.smem_bytes(64, 32, 3, 576, 2, 2, False, 512, True) == 190_464 <= decode.SMEM_BUDGET
     narrow = heuristic_config(128, 16, 1, 512, 64, 8192, 64, bf16, bf16, 132)
     assert narrow["BLOCK_H"] == 16 and narrow["num_warps"] == 8 and narrow["num_splits"] == 2
     assert narrow["SPLIT_SCORE"] == 0  # 16 rows x 64 keys issue each multiply-add once already
@@ -814,3 +817,178 @@ def test_interpreter_index_compat_patches_only_the_old_rule():
     assert compat._index_of(Scalar()) == 7
     Scalar.__index__ = compat._index_of
     assert list(range(Scalar(), 10)) == [7, 8, 9]
+
+
+# ---- odd shapes against the twin and an fp64 reference (NaN-poisoned buffers) --------------------
+
+
+def fp64_decode(q, kv, table, seqlens, scale, r, causal, kv_scale):
+    """fp64, one request and new token at a time: the request's keys gathered page by page from
+    the block table, then softmax(q k^T * scale) @ v. Written apart from the twin."""
+    B, S_q, H, _ = q.shape
+    page = kv.shape[1]
+    pool = kv.float().double() * (1.0 if kv_scale is None else kv_scale)
+    out = torch.zeros(B, S_q, H, r, dtype=torch.float64)
+    lse = torch.full((B, S_q, H), -math.inf, dtype=torch.float64)
+    for b in range(B):
+        n = int(seqlens[b])
+        rows = torch.cat([pool[int(table[b, j])] for j in range(math.ceil(n / page))] or [pool[:0, 0]])[:n]
+        for s in range(S_q):
+            seen = n - S_q + s + 1 if causal else n
+            if seen <= 0:
+                continue
+            scores = q[b, s].cpu().double() @ rows[:seen].T * scale  # [H, seen]
+            lse[b, s] = torch.logsumexp(scores, -1)
+            out[b, s] = torch.softmax(scores, -1) @ rows[:seen, :r]
+    return out, lse
+
+
+ODD_CASES = [  # (lens, H, S_q, page, dtype, kv_dtype, schedule, num_splits, config, tol)
+    pytest.param((40, 3, 77), 20, 3, 17, torch.float16, None, "uniform", 2, {}, F16, id="H20-Sq3-page17-uniform2"),
+    pytest.param(
+        (50, 130),
+        33,
+        4,
+        24,
+        torch.float32,
+        None,
+        "balanced",
+        None,
+        {"BLOCK_N": 16},
+        F32,
+        id="H33-Sq4-page24-balanced-3rowtiles",
+    ),  # fmt: skip
+    pytest.param(
+        (9, 61, 100),
+        40,
+        1,
+        17,
+        torch.float16,
+        FP8,
+        "uniform",
+        3,
+        {"SPLIT_SCORE": 1},
+        F16,
+        id="H40-page17-fp8-splitscore-uniform3",
+    ),  # fmt: skip
+    pytest.param(
+        (64, 5, 97),
+        20,
+        3,
+        24,
+        torch.float32,
+        None,
+        "balanced",
+        None,
+        {"BLOCK_N": 16, "SPLIT_SCORE": 1},
+        F32,
+        id="H20-Sq3-page24-balanced-splitscore",
+    ),  # fmt: skip
+    pytest.param(
+        (33, 80),
+        40,
+        1,
+        32,
+        torch.float32,
+        None,
+        "uniform",
+        1,
+        {"BLOCK_N": 16},
+        F32,
+        id="H40-page32-aligned-carried-page-ids",
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("lens, H, S_q, page, dtype, kv_dtype, sched, splits, config, tol", ODD_CASES)
+def test_odd_shapes_match_twin_and_fp64(poisoned, lens, H, S_q, page, dtype, kv_dtype, sched, splits, config, tol):
+    """Odd head counts (rows that leave a tile part empty), pages of 17 and 24 keys (the per-key
+    block-table path, its page ids carried a tile ahead) and S_q 3-4, on both schedules."""
+    causal = S_q != 4
+    q, kv, table, seqlens, kv_scale = paged_case(lens, H, S_q, 32, 16, page, dtype, kv_dtype, seed=H)
+    got = mla_decode(q, kv, table, seqlens, SCALE, r=32, kv_scale=kv_scale, causal=causal, num_splits=splits,
+                     config=config, schedule=sched)  # fmt: skip
+    assert_close(got, mla_decode_naive(q, kv, table, seqlens, SCALE, r=32, kv_scale=kv_scale, causal=causal), tol)
+    out64, lse64 = fp64_decode(q, kv, table, seqlens, SCALE, 32, causal, kv_scale)
+    torch.testing.assert_close(got[0].cpu().double(), out64, atol=tol["atol"], rtol=tol["rtol"])
+    torch.testing.assert_close(got[1].cpu().double(), lse64, atol=tol["lse"], rtol=tol["lse"])
+
+
+@pytest.mark.parametrize("sched", ["uniform", "balanced"])
+def test_tma_odd_shape_carried_rows_match_fp64(monkeypatch, poisoned, sched):
+    """The TMA path (page-aligned tiles, the row of tile i + 1 carried a tile ahead, the last tile
+    masked) with 20 heads x 3 new tokens: 60 rows of a 64-row tile, contexts that end mid-tile."""
+    monkeypatch.setattr(decode, "TMA_MIN_BLOCK_H", 16)
+    q, kv, table, seqlens, _ = paged_case((45, 3, 110), 20, 3, 32, 16, 32, torch.float32, seed=3)
+    assert decode._descriptors(kv, 16, 32, 16, q.device, 64)[2]
+    splits = 2 if sched == "uniform" else None
+    got = mla_decode(q, kv, table, seqlens, SCALE, r=32, num_splits=splits, config={"BLOCK_N": 16}, schedule=sched)
+    out64, lse64 = fp64_decode(q, kv, table, seqlens, SCALE, 32, True, None)
+    torch.testing.assert_close(got[0].double(), out64, atol=F32["atol"], rtol=F32["rtol"])
+    torch.testing.assert_close(got[1].double(), lse64, atol=F32["lse"], rtol=F32["lse"])
+
+
+# ---- no compile at serving time: one Triton cache key per kernel across batch shapes -------------
+
+
+def jit_cache_keys(launches):
+    """Triton's own cache key (triton/runtime/jit.py: the binder's specialisation and options,
+    `compute_cache_key`) of each recorded launch, for an sm_90 target: the key under which a GPU
+    would look up, or else compile, the kernel. Works under the interpreter (no GPU, no compile)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    keys = {}
+    for name, kernel, args, kwargs in launches:
+        fn = JITFunction(kernel.fn, **getattr(kernel, "kwargs", {})) if hasattr(kernel, "fn") else kernel
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        _, specialization, options = binder(*args, **kwargs)
+        keys.setdefault(name, set()).add(compute_cache_key({}, specialization, options))
+    return keys
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Record (name, kernel, args, kwargs) of every decode kernel launch, then launch for real."""
+    seen = []
+
+    class Record:
+        def __init__(self, name):
+            self.name, self.real = name, getattr(decode, name)
+            self.arg_names = self.real.arg_names
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((self.name, self.real, args, kwargs))
+                return self.real[grid](*args, **kwargs)
+
+            return launch
+
+    for name in ("_mla_decode_split_kernel", "_mla_decode_merge_kernel", "_mla_decode_planned_kernel",
+                 "_mla_decode_planned_merge_kernel"):  # fmt: skip
+        monkeypatch.setattr(decode, name, Record(name))
+    return seen
+
+
+def test_new_batch_shapes_reuse_the_compiled_kernels(recorded):
+    """Batches of 1-9 requests with contexts from 1 to 700 keys, block tables of 1 to 12 pages,
+    split counts 1-8 (uniform) and any plan (balanced): each kernel has one cache key, except
+    the uniform stage 1, whose one-split launch writes q's dtype (a second key, compiled once).
+    Before the split count and the plan's fixed cost were run-time arguments, every split count
+    was a compile."""
+    for B, ctx in ((1, 1), (3, 100), (2, 333), (9, 700), (4, 64)):
+        lens = [max(1, ctx - 13 * b) for b in range(B)]
+        q, kv, table, seqlens, _ = paged_case(lens, 4, 1, 32, 16, 64, torch.float16, seed=B)
+        for splits in (None, 1, 2, 5, 8):
+            mla_decode(q, kv, table, seqlens, SCALE, r=32, num_splits=splits, schedule="uniform")
+        mla_decode(q, kv, table, seqlens, SCALE, r=32, schedule="balanced")
+    keys = jit_cache_keys(recorded)
+    counts = {name: len(k) for name, k in keys.items()}
+    assert counts == {
+        "_mla_decode_split_kernel": 2,  # q's dtype out (one split) and fp32 partials
+        "_mla_decode_merge_kernel": 1,
+        "_mla_decode_planned_kernel": 1,
+        "_mla_decode_planned_merge_kernel": 1,
+    }, counts

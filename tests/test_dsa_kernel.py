@@ -122,6 +122,10 @@ KERNEL_CASES = [  # (B, S_q, H, r, dR, blocks, page, topk, dtype, fp8, num_split
     pytest.param(3, 1, 17, 32, 16, 3, 16, 20, torch.float32, False, 2, F32, id="B3-H17-rows2tiles-split2"),
     pytest.param(2, 2, 7, 128, 32, 6, 16, 37, torch.float32, True, None, F32, id="B2-Sq2-H7-fp8-layout"),
     pytest.param(1, 3, 4, 256, 64, 4, 16, 29, torch.float16, True, 2, F16, id="B1-Sq3-H4-r256-fp8-f16-split2"),
+    # odd head counts (3 head tiles side by side in the grid), pages of 17 and 24, S_q 3-4
+    pytest.param(2, 3, 33, 32, 16, 5, 17, 41, torch.float32, False, 3, F32, id="B2-Sq3-H33-page17-split3"),
+    pytest.param(1, 4, 40, 32, 16, 4, 24, 50, torch.float16, False, None, F16, id="B1-Sq4-H40-page24"),
+    pytest.param(2, 3, 20, 128, 32, 3, 17, 35, torch.float32, True, 2, F32, id="B2-Sq3-H20-page17-fp8-split2"),
 ]
 
 
@@ -188,11 +192,14 @@ def test_heuristic_for_deepseek_v32():
     cfg = heuristic_config(64, 128, 2048, "bf16", 132)
     assert (cfg["BLOCK_H"], cfg["num_splits"]) == (32, 1)
     assert (cfg["BLOCK_N"], cfg["num_stages"], cfg["num_warps"]) == (32, 3, 8)
-    # 16 requests: 64 programs -> round(264 / 64) = 4 splits
-    assert heuristic_config(16, 128, 2048, "fp8", 132)["num_splits"] == 4
-    # one request: 4 programs; splits capped by topk / 256 = 8
+    # 16 requests in bf16: 64 programs -> round(264 / 64) = 4 splits
+    assert heuristic_config(16, 128, 2048, "bf16", 132)["num_splits"] == 4
+    # an fp8 cache takes 16-row tiles (32 rows spill once pipelined): 8 head tiles, 128 programs
+    # at 16 requests -> round(264 / 128) = 2 splits
+    assert heuristic_config(16, 128, 2048, "fp8", 132)["num_splits"] == 2
+    # one request: 8 programs; splits capped by topk / 256 = 8
     fp8 = heuristic_config(1, 128, 2048, "fp8", 132)
-    assert fp8["num_splits"] == 8 and (fp8["BLOCK_N"], fp8["num_stages"]) == (32, 1)
+    assert fp8["num_splits"] == 8 and (fp8["BLOCK_H"], fp8["BLOCK_N"], fp8["num_stages"]) == (16, 32, 3)
     # 16 heads (TP 8): 16-row tiles, the narrow table
     narrow = heuristic_config(1, 16, 2048, "bf16", 132)
     assert (narrow["BLOCK_H"], narrow["BLOCK_N"], narrow["num_stages"]) == (16, 64, 3)
@@ -396,3 +403,43 @@ def test_tune_kernels_sparse_decode_under_the_interpreter(tmp_path, monkeypatch)
     assert [c["status"] for c in entry["configs"]] == ["ok"]  # matched the twin
     # FLOPs from cost.py: 2 queries x 32 rows x (2*2*(128 + 16) + 2*2*128)
     assert entry["flops"] == 2 * 32 * (2 * 2 * 144 + 2 * 2 * 128)
+
+
+# -- the grid and the compiles a serving run sees -------------------------------------------------------
+
+
+def test_head_tiles_adjacent_and_one_compile_across_batches(monkeypatch):
+    """A token's head tiles are adjacent programs (grid axis 0 = head tiles x tokens, so they run
+    together and share the token's rows in L2), and batches of 1-7 tokens with 1-5 splits reuse
+    one stage-1 and one merge compile (Triton's cache key, as tests/test_decode.py computes it)."""
+    from test_decode import jit_cache_keys
+
+    seen = []
+
+    def record(name):
+        real = getattr(sparse_decode, name)
+
+        class Record:
+            arg_names = real.arg_names
+
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    seen.append((name, real, args, kwargs, grid))
+                    return real[grid](*args, **kwargs)
+
+                return launch
+
+        monkeypatch.setattr(sparse_decode, name, Record())
+
+    record("_sparse_decode_kernel")
+    record("_sparse_merge_kernel")
+    H = 40  # 2 tiles of 32 heads (a 16/32-bit cache), the second 8 heads full
+    for B, splits in ((1, 1), (3, 2), (7, 5), (2, 3)):
+        q, cache, slots = sparse_case(B, 1, H, 32, 16, 4, 16, 40, torch.float16, seed=B, device="cpu")
+        got = mla_sparse_decode(q, cache, slots, SCALE, r=32, num_splits=splits)
+        assert_close(got, reference(q, cache, slots, SCALE, 32), F16)
+        stage1 = [s for s in seen if s[0] == "_sparse_decode_kernel"][-1]
+        assert stage1[4] == (2 * B, splits)  # (head tiles x tokens, splits)
+    keys = jit_cache_keys([s[:4] for s in seen])
+    # stage 1: q's dtype out with one split, fp32 partials with several (two keys, each compiled once)
+    assert {name: len(k) for name, k in keys.items()} == {"_sparse_decode_kernel": 2, "_sparse_merge_kernel": 1}

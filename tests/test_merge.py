@@ -38,6 +38,7 @@ SHAPES = [
     pytest.param(17, 3, 48, id="T17-H3-D48"),
     pytest.param(100, 2, 512, id="T100-H2-D512"),
     pytest.param(5, 130, 16, id="T5-H130-D16"),
+    pytest.param(3, 33, 40, id="T3-H33-D40"),
 ]
 
 

@@ -84,6 +84,21 @@ def parse_ptxas_log(log: str) -> dict:
     }
 
 
+# what one trip of the busiest PTX loop (the key loop) issues besides its tensor-core work, for the
+# cycle estimates in docs/kernels.md: CTA barriers, wgmma drains (wait_group), KV copies (TMA
+# tensor copies or 16-byte cp.async), and the global loads/stores and shared-memory accesses of
+# the loop body (p and alpha's scratch round trip under the split score, the block table)
+LOOP_OPS = {
+    "bar_sync": "bar.sync",
+    "wgmma_wait": "wgmma.wait_group",
+    "tma_copy": "cp.async.bulk.tensor",
+    "cp_async": "cp.async.cg.shared",
+    "ld_global": "ld.global",
+    "st_global": "st.global",
+    "ld_shared": "ld.shared",
+    "st_shared": "st.shared",
+    "ldmatrix": "ldmatrix",
+}
 _LABEL = re.compile(r"^\s*(\$L__\w+):")
 _BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
 
@@ -151,6 +166,126 @@ def issued_over_needed(macs: dict[str, int], num_warps: int, needed: int | None)
     return issued / needed
 
 
+_SSA_DEF = re.compile(r"^\s*(%[\w.$-]+)(?::\d+)?\s*=\s*([\w.]+)\s*(.*)$")
+_COPY = re.compile(r"\b(ttng\.async_tma_copy_global_to_local|ttg\.async_copy_global_to_local)\b(.*)$")
+_MEMDESC = re.compile(r"!ttg\.memdesc<([\dx]+)x(\w+),")
+_DOT = re.compile(r"=\s*(ttng\.warp_group_dot|tt\.dot|ttng\.warpgroup_dot)\s")
+_RESULT_SHAPE = re.compile(r"->\s*tensor<([\dx]+)x\w+")
+_ELT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i8": 1, "f8E4M3FN": 1, "i32": 4, "i64": 8}
+
+
+def _regions(lines: list[str]) -> list[tuple[int, int]]:
+    """(first, last) line of the body of every scf.for in an MLIR listing (braces matched)."""
+    out = []
+    for i, line in enumerate(lines):
+        if "scf.for" not in line or not line.rstrip().endswith("{"):
+            continue
+        depth = 0
+        for j in range(i, len(lines)):
+            depth += lines[j].count("{") - lines[j].count("}")
+            if depth == 0:
+                out.append((i, j))
+                break
+    return out
+
+
+def kv_pipeline(ttgir: str) -> dict:
+    """How the compiled key loop stages its KV tiles, read from the TTGIR after Triton's pipeliner.
+
+    The key loop is the scf.for holding the most dots of its own (not of a nested loop); its
+    "value dot" is the one with the largest result (the [rows, r] accumulator). Its KV copies are
+    the async copies (TMA or cp.async) in that loop; the buffer they fill is the largest shared
+    allocation they write, of ``kv_buffers`` slots. The copies into it issued before the loop
+    (the prologue) are the tiles prefetched ahead, ``prefetched``; ``tiles_in_flight`` counts the
+    tiles resident or being copied while the value dot of tile i runs: tile i, the prefetched
+    tiles i + 1 .. i + prefetched - 1, and tile i + prefetched too if its copy is issued in the
+    loop before the value dot's wait. 1 means nothing is copied while a tile is multiplied.
+    ``copy_before_value_wait`` says where that in-loop copy stands. Without async copies in the
+    loop (loads through registers): kv_buffers 0, tiles_in_flight 1; without a loop of dots (the
+    merges): all None."""
+    lines = ttgir.splitlines()
+    defs = {}
+    for i, line in enumerate(lines):
+        m = _SSA_DEF.match(line)
+        if m:
+            defs[m.group(1)] = (i, m.group(2), m.group(3))
+    loops = _regions(lines)
+
+    def own_dots(lo, hi):
+        inner = [(a, b) for a, b in loops if lo < a and b < hi]
+        return [k for k in range(lo, hi + 1) if _DOT.search(lines[k]) and not any(a <= k <= b for a, b in inner)]
+
+    none = {"kv_buffers": 0, "prefetched": 0, "tiles_in_flight": 1, "copy_before_value_wait": None}
+    best = max(loops, key=lambda ab: len(own_dots(*ab)), default=None)
+    if best is None or not own_dots(*best):  # no key loop (a merge): nothing to say
+        return {key: None for key in none}
+    lo, hi = best
+    dots = own_dots(lo, hi)
+
+    def size(k):
+        found = _RESULT_SHAPE.search(lines[k])
+        n = 1
+        for d in found.group(1).split("x") if found else ["0"]:
+            n *= int(d)
+        return n
+
+    value = max(dots, key=size)
+    found = _SSA_DEF.match(lines[value])
+    waits = re.compile(rf"warp_group_dot_wait {re.escape(found.group(1) if found else '%?')}[\s,]")
+    wait = next((k for k in range(value + 1, hi + 1) if waits.search(lines[k])), value)  # mma.sync: the dot
+
+    def alloc_of(ref):  # follow memdesc views back to the local_alloc that owns them
+        for _ in range(8):
+            d = defs.get(ref)
+            if d is None:
+                return None
+            if d[1] == "ttg.local_alloc":
+                return ref
+            nxt = re.match(r"(%[\w.$-]+)", d[2])
+            if not nxt:
+                return None
+            ref = nxt.group(1)
+        return None
+
+    def copy_dest(line):
+        m = _COPY.search(line)
+        if not m:
+            return None
+        rest = m.group(2)
+        if m.group(1).startswith("ttng"):  # %desc[%x, %y] %dest, %barrier, %pred
+            rest = rest[rest.index("]") + 1 :] if "]" in rest else rest
+            refs = re.findall(r"%[\w.$-]+", rest)
+            return refs[0] if refs else None
+        refs = re.findall(r"%[\w.$-]+", rest)  # %ptrs, %dest mask ...
+        return refs[1] if len(refs) > 1 else None
+
+    def alloc_bytes(ref):
+        found = _MEMDESC.search(defs[ref][2])
+        if not found:
+            return 0, 0
+        dims = [int(d) for d in found.group(1).split("x")]
+        n = _ELT_BYTES.get(found.group(2), 2)
+        for d in dims:
+            n *= d
+        return n, dims[0]
+
+    in_loop = [(k, alloc_of(copy_dest(lines[k]))) for k in range(lo, hi + 1) if _COPY.search(lines[k])]
+    in_loop = [(k, a) for k, a in in_loop if a]
+    if not in_loop:
+        return none
+    kv = max({a for _, a in in_loop}, key=lambda a: alloc_bytes(a)[0])
+    buffers = alloc_bytes(kv)[1]
+    start = defs[kv][0]
+    prologue = sum(1 for k in range(start, lo) if _COPY.search(lines[k]) and alloc_of(copy_dest(lines[k])) == kv)
+    before = any(k < wait for k, a in in_loop if a == kv)
+    return {
+        "kv_buffers": buffers,
+        "prefetched": prologue,
+        "tiles_in_flight": prologue + (1 if before else 0) if prologue else 1,
+        "copy_before_value_wait": before,
+    }
+
+
 def sass_counts(sass: str) -> dict[str, int]:
     """Tensor-core and local-memory instructions in a SASS listing (opcodes, not operands)."""
     out = {}
@@ -196,7 +331,8 @@ def _build(case: Case):
     if case.kernel == "mla_sparse_decode":
         from mlactl.kernels import sparse_decode
 
-        return sparse_decode.compile_spec(case.shape, case.config, case.r, case.dR, case.dtype, case.kv_dtype)
+        return sparse_decode.compile_spec(case.shape, case.config, case.r, case.dR, case.dtype, case.kv_dtype,
+                                          **case.extra)  # fmt: skip
     raise ValueError(f"unknown kernel {case.kernel!r}; kernels: {', '.join(KERNELS)}")
 
 
@@ -232,7 +368,7 @@ def compile_one(case: Case) -> dict:
         "dtype": case.dtype,
         "kv_dtype": case.kv_dtype,
         "label": case.label,
-        **({"variant": case.extra["variant"]} if "variant" in case.extra else {}),
+        **{k: case.extra[k] for k in ("variant", "stage", "kv_scale") if k in case.extra},
         "smem_bytes": None,
         "registers": None,
         "spill_bytes": None,
@@ -250,6 +386,7 @@ def compile_one(case: Case) -> dict:
         return out
     ptx = k.asm["ptx"]
     out["smem_bytes"] = int(k.metadata.shared)
+    out.update(kv_pipeline(k.asm["ttgir"]))
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as fh:
@@ -267,6 +404,7 @@ def compile_one(case: Case) -> dict:
         dis = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True)
         out["sass"] = sass_counts(dis.stdout) if dis.returncode == 0 else {}
     counts = loop_counts(ptx, {"wgmma": "wgmma.mma_async", "mma": "mma.sync"})
+    out["loop_ops"] = loop_counts(ptx, LOOP_OPS)
     out["wgmma_per_loop"], out["mma_per_loop"] = counts["wgmma"], counts["mma"]
     out["wgmma_total"] = ptx.count("wgmma.mma_async")
     out["wgmma_shapes"] = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
@@ -283,6 +421,8 @@ def tile_macs_needed(case: Case, consts: dict) -> int | None:
     """Multiply-adds one trip of the kernel's key loop needs: its tile's (row, key) pairs times
     one head's pair FLOPs / 2 (cost.py: absorb r + dR and r; expand dC + dR and dV); None for a
     kernel without a key loop (the merge)."""
+    if "BLOCK_N" not in consts and "BLOCK_M" not in consts:  # a merge stage: no key loop
+        return None
     if case.kernel in ("mla_decode", "mla_sparse_decode"):  # sparse: absorb's pair over a selected row
         rows, keys, path = consts["BLOCK_H"], consts["BLOCK_N"], "absorb"
     elif case.kernel == "mla_prefill":
@@ -350,6 +490,15 @@ def default_cases(cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16"
                 full = decode.default_config(shape, cfg.r, cfg.dR, KV_PAGE, dtype, kv_dtype)
                 config = {k: v for k, v in full.items() if k != "num_splits"}  # launched with no split count
                 cases.append(Case(name, shape, config, kv_dtype=kv_dtype, label="default", **dims))
+                # and the merge that launch runs after stage 1 (several splits, or the balanced plan)
+                if decode.default_variant(full, kv_dtype == "fp8") == "balanced" or full["num_splits"] > 1:
+                    cases.append(Case(name, shape, config, kv_dtype=kv_dtype, label="default", extra={"stage": "merge"},
+                                      **dims))  # fmt: skip
+            if kv_dtype == "fp8":  # the scale as a Python float: KV_SCALE_FROM_PTR off, another compile
+                full = decode.default_config(shapes[0], cfg.r, cfg.dR, KV_PAGE, dtype, kv_dtype)
+                config = {k: v for k, v in full.items() if k != "num_splits"}
+                cases.append(Case(name, shapes[0], config, kv_dtype=kv_dtype, label="default",
+                                  extra={"kv_scale": "float"}, **dims))  # fmt: skip
         elif name == "mla_prefill":
             shape = {"H": cfg.H, "L": 4096}
             config = prefill.default_config(ARCHS[arch], cfg.dC + cfg.dR, cfg.dV, dtype, shape["L"])
@@ -365,6 +514,9 @@ def default_cases(cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16"
             shape = {"B": 64, "H": cfg.H, "S_q": 1, "topk": cfg.topk or SPARSE_TOPK}
             config = sparse_decode.default_config(shape, kv_dtype)
             cases.append(Case(name, shape, config, kv_dtype=kv_dtype, label="default", **dims))
+            if config["num_splits"] > 1:  # and the merge of its splits
+                cases.append(Case(name, shape, config, kv_dtype=kv_dtype, label="default", extra={"stage": "merge"},
+                                  **dims))  # fmt: skip
         else:
             raise ValueError(f"unknown kernel {name!r}; kernels: {', '.join(KERNELS)}")
     return cases
@@ -378,6 +530,8 @@ def candidate_cases(
 
     cases = []
     for d in default_cases(cfg, kernels, arch, dtype, kv_dtype):
+        if d.extra:  # a merge stage or a second way of passing the scale: no search space of its own
+            continue
         spec = space.KERNELS[d.kernel]
         for config in spec.space(cfg, d.shape, kv_dtype, dtype, SMEM_LIMIT[ARCHS[arch]]):
             if config == {k: d.config.get(k) for k in config}:
