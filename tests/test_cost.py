@@ -264,3 +264,72 @@ def test_tp_divides_heads_not_the_latent_cache():
 def test_bad_cost_arguments(kwargs, message):
     with pytest.raises(MlactlError, match=message):
         CostModel(V3, **kwargs)
+
+
+# -- the whole forward outside attention (ForwardCost), by hand ---------------------------------------
+
+
+def test_forward_flops_deepseek_v3_batch_1_by_hand():
+    """One token, no prefix, TP 1: 2 FLOPs per activated weight, plus absorb's one pair.
+
+    Per layer, attention: qkv_a 7168 * (1536 + 512 + 64) = 15,138,816; q_b 1536 * 128 * 192 =
+    37,748,736; o 128 * 128 * 7168 = 117,440,512; W_UK + W_UV (absorb's projections)
+    512 * 128 * 256 = 16,777,216: 187,105,280 a layer, 11,413,422,080 over 61.
+    Dense MLP 3 * 7168 * 18432 = 396,361,728, 3 layers: 1,189,085,184.
+    MoE layer: router 7168 * 256 = 1,835,008; 8 routed + 1 shared experts of 3 * 7168 * 2048 =
+    44,040,192: 396,361,728; 398,196,736 a layer, 23,095,410,688 over 58.
+    LM head 129,280 * 7168 = 926,679,040.
+    Sum 36,624,596,992 weights: 73,249,193,984 FLOPs; absorb's attention, one pair:
+    2 * 128 * 576 + 2 * 128 * 512 = 278,528 a layer, 16,990,208 over 61.
+    Total 73,266,184,192: 2 x DeepSeek-V3's 37B activated parameters, within 1%."""
+    from mlactl.model.cost import ForwardCost
+    from mlactl.model.weights import from_name as weights_of
+
+    fc = ForwardCost(V3, weights_of("deepseek-v3"))
+    flops, _, comm = fc.totals(1, 1)
+    attention = sum(float(o.flops) for o in CostModel(V3).ops("absorb", 1, 1, 0)) * 61
+    assert flops == 73_249_193_984 - 16_777_216 * 2 * 61  # the paths' ops hold W_UK and W_UV
+    assert flops + attention == 73_266_184_192
+    assert (flops + attention) / 73e9 == pytest.approx(1.0, abs=0.01)
+    assert comm == 0.0  # TP 1: no collectives
+
+
+def test_forward_bytes_deepseek_v3_decode_tp8_by_hand():
+    """One decode token at TP 8 (16 heads a GPU), fp8 weights, bf16 activations, per GPU:
+    qkv_a (replicated) 7168 * 2112 + (7168 + 2112) * 2 = 15,157,376; q_b 1536 * 3072 + (1536 +
+    3072) * 2 = 4,727,808; o 2048 * 7168 + (2048 + 7168) * 2 = 14,698,496: 34,583,680 a layer.
+    Dense MLP (width 18432 / 8 = 2304): 3 * 7168 * 2304 + (2 * 7168 + 6 * 2304) * 2 = 49,601,536.
+    Router (bf16, replicated): 7168 * 256 * 2 + 7168 * 2 + 256 * 4 = 3,685,376; shared expert
+    (width 256): 5,505,024 + (14,336 + 1,536) * 2 = 5,536,768; one token hits 256 * (1 - (1 -
+    8/256)) = 8 routed experts: 8 * 5,536,768 = 44,294,144. LM head (bf16, 129,280 / 8 = 16,160
+    columns): 7168 * 16160 * 2 + 7168 * 2 + 16160 * 2 = 231,716,416.
+    Sum 61 * 34,583,680 + 3 * 49,601,536 + 58 * 53,516,288 + 231,716,416 = 5,594,070,208 bytes.
+    Each all-reduce sends 2 * 7/8 * 7168 * 2 = 25,088 bytes, 122 of them; the logits' gather
+    7/8 * 129,280 * 2 = 226,240."""
+    from mlactl.model.cost import ForwardCost
+    from mlactl.model.weights import from_name as weights_of
+
+    fc = ForwardCost(V3.with_tp(8), weights_of("deepseek-v3"))
+    flops, nbytes, comm = fc.totals(1, 1)
+    assert nbytes == 5_594_070_208
+    assert comm == 122 * 25_088 + 226_240
+    by = {o.name: o for o in fc.ops(1, 1)}
+    assert by["qkv_a_proj"].weight_bytes == 7168 * 2112  # not split: a ReplicatedLinear
+    assert by["routed_experts"].weight_bytes == pytest.approx(8 * 3 * 7168 * 256)
+    assert by["all_reduce"].count == 122 and by["all_reduce"].comm_bytes == 25_088
+
+
+def test_forward_lm_head_only_where_a_token_samples():
+    from mlactl.model.cost import ForwardCost
+    from mlactl.model.weights import from_name as weights_of
+
+    head = {o.name: o for o in ForwardCost(V3.with_tp(8), weights_of("deepseek-v3")).ops(4096, 0)}["lm_head"]
+    assert head.flops == 0 and head.bytes == 0  # a chunk that does not finish its prompt samples nothing
+
+
+def test_forward_dense_model_has_no_experts():
+    from mlactl.model.cost import ForwardCost
+    from mlactl.model.weights import from_name as weights_of
+
+    names = [o.name for o in ForwardCost(model.from_name("teaching"), weights_of("teaching")).ops(1, 1)]
+    assert "routed_experts" not in names and "router" not in names and "dense_mlp" in names

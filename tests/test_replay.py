@@ -191,12 +191,13 @@ def test_blocks_are_cached_only_once_their_prefill_ran(tmp_path):
 
 
 def decode_meets_prompt(tmp_path):
-    """A (input 6000) decodes when B and C arrive together; each shares A's first 10 blocks (5120
+    """A (input 6000, its prefill ~0.1 s on the whole-forward clock) decodes when B and C arrive
+    together at 0.3 s; each shares A's first 10 blocks (5120
     tokens) and has 1000 of its own: summed, their cached prefixes are 10240 >= 8192."""
     a = list(range(100, 112))
     return mooncake(
         tmp_path / "t.jsonl",
-        [(0, 6000, 200, a), (100, 6120, 50, a[:10] + [200, 201]), (100, 6120, 50, a[:10] + [300, 301])],
+        [(0, 6000, 200, a), (300, 6120, 50, a[:10] + [200, 201]), (300, 6120, 50, a[:10] + [300, 301])],
     )
 
 

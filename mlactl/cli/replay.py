@@ -95,9 +95,12 @@ def replay_cmd(
     for the GPU (settable under its own option names: sglang.chunked_prefill_size,
     sglang.max_running_requests, sglang.page_size, vllm.max_num_batched_tokens,
     vllm.max_num_seqs, vllm.block_size) and an LRU prefix cache that keeps each finished
-    request's prompt and output; the clock runs at the roofline time of each step (attention of every layer by the
-    engine's rule, the other weights read once, --step-overhead-ms). docs/replay.md has the
-    model and how it differs from the engines' own schedulers.
+    request's prompt and output; the clock runs at the roofline time of each step's whole
+    forward (attention of every layer by the engine's rule; the MLA projections, dense MLP,
+    router, shared and routed experts and LM head, each op at its own roofline; two
+    all-reduces a layer at TP over the profile's NVLink; --step-overhead-ms). Each loss is
+    given as a share of attention and of the GPU's time. docs/replay.md has the model and how
+    it differs from the engines' own schedulers.
 
     Rules are versioned as the engines ship (ENGINE@VERSION; a bare name is the newest; `mlactl
     engines --list`) and resolved for the GPU's architecture and the cache dtype: each prints

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -730,3 +731,150 @@ class WeightCost:
     def head_bytes(self, sampled):
         """The LM head read once (bf16) where a step samples, per GPU."""
         return (sampled > 0) * 1.0 * self.weights.vocab * self.weights.hidden * DTYPE_BYTES["bf16"] / self.tp
+
+
+# -- the whole forward: every op a step runs besides the attention paths' ops ------------------------
+
+# A ring all-reduce of S bytes over t GPUs: each GPU sends (and receives) 2 * (t - 1) / t * S
+# bytes (reduce-scatter, then all-gather; NVIDIA/nccl-tests doc/PERFORMANCE.md, "AllReduce":
+# busBW = algBW * 2 * (n - 1) / n); an all-gather of S bytes in all, (t - 1) / t * S.
+FORWARD_OPS = (
+    "qkv_a_proj",  # hidden -> q_lora + r + dR (or kv_a alone, r + dR, without q_lora): replicated
+    "q_proj",  # q_lora -> H*(dC+dR) (q_b_proj), or hidden -> H*(dC+dR) without q_lora: split
+    "o_proj",  # H*dV -> hidden: split by rows, its partial sums all-reduced
+    "dense_mlp",  # gate/up (hidden -> 2 I), SiLU*up, down (I -> hidden): split
+    "router",  # hidden -> experts logits (fp32 out): replicated
+    "shared_experts",  # as dense_mlp, width n_shared * moe_intermediate: split
+    "routed_experts",  # top_k experts per token, each split by its intermediate over the GPUs
+    "all_reduce",  # 2 a layer: after o_proj and after the MLP/MoE, hidden per token
+    "lm_head",  # hidden -> vocab for the tokens that sample: split by vocab
+    "logits_gather",  # the vocab shards of the sampled tokens' logits gathered on every GPU
+)
+
+
+@dataclass(frozen=True)
+class ForwardOp:
+    """One op of the forward outside attention, per GPU, for one run of it; a forward runs it
+    `count` times (once a layer it is in: 61 for DeepSeek-V3's projections, 2 a layer for the
+    all-reduce). `comm_bytes`: what each GPU sends over the interconnect in one run (the
+    collectives; their HBM traffic is left out)."""
+
+    name: str
+    count: int
+    flops: Any
+    bytes: Any  # includes weight_bytes
+    weight_bytes: Any
+    comm_bytes: Any
+    dtype: str  # the compute dtype of its peak: the weights' for the linear layers, bf16 else
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """FLOPs and bytes of one forward pass outside the attention paths' ops, op by op, per GPU
+    at the tensor-parallel degree `cfg.tp` (cfg.H are the heads per GPU).
+
+    With the attention paths' ops (`CostModel.ops`, every layer) this is the whole forward:
+    the MLA projections around attention (W_UK and W_UV are in the paths' ops), the dense MLP
+    of the first layers, each MoE layer's router, shared and routed experts, two all-reduces a
+    layer, the LM head and the logits' gather. The embedding (a lookup), the norms, RoPE and the
+    residual adds are left out.
+
+    How the weights are split follows SGLang's DeepSeek-V2/V3 model (sgl-project/sglang
+    python/sglang/srt/models/deepseek_v2.py @ the stored snapshot: fused_qkv_a_proj_with_mqa is
+    a ReplicatedLinear, q_b_proj a ColumnParallelLinear, o_proj a RowParallelLinear, the MoE
+    gate's weight whole on every GPU, the experts split by intermediate under TP, the LM head
+    split by vocab). Expert parallelism is not modelled.
+
+    FLOPs: 2 per weight per token through it. Bytes follow cost.py's convention: each op reads
+    its weights and inputs once and writes its outputs once; an MLP is three kernels (the gate/up
+    GEMM writes 2 I, SiLU*up reads them and writes I, the down GEMM reads I), so per token it
+    moves 2 hidden + 6 I activations. Routed experts: the weights of the experts the step's
+    tokens hit (`experts_read`, by default WeightCost's uniform-routing expectation) and top_k
+    copies of each token through them. Everything takes numbers or numpy arrays."""
+
+    cfg: MLAConfig
+    weights: ModelWeights
+    act_dtype: str = "bf16"
+
+    def __post_init__(self):
+        if self.act_dtype not in ACT_DTYPES:
+            raise MlactlError(f"unknown dtype {self.act_dtype!r}; choose one of {', '.join(ACT_DTYPES)}")
+
+    def experts_hit(self, tokens):
+        """Expected distinct routed experts `tokens` tokens hit in one MoE layer (uniform routing,
+        as WeightCost.experts_hit)."""
+        return WeightCost(self.cfg, self.weights).experts_hit(tokens)
+
+    def ops(self, tokens, sampled, experts_read=None, head_read=None) -> list[ForwardOp]:
+        """The ops of a forward of `tokens` tokens of which `sampled` sample. `experts_read`:
+        routed experts read per MoE layer (default `experts_hit(tokens)`); `head_read`: times
+        the LM head's weights are read (default 1 where anything samples, else 0)."""
+        c, w = self.cfg, self.weights
+        t = c.tp
+        a = DTYPE_BYTES[self.act_dtype]
+        wb = DTYPE_BYTES[w.dtype]
+        bf16 = DTYPE_BYTES["bf16"]
+        T, S = tokens, sampled
+        E = self.experts_hit(T) if experts_read is None else experts_read
+        head = (S > 0) * 1.0 if head_read is None else head_read
+        h, H, dC, dR, dV, r = w.hidden, c.H, c.dC, c.dR, c.dV, c.r
+        L = c.layers
+        wd = w.dtype
+
+        def linear(name, count, k, n, dtype=wd, wbytes=wb, reads=1.0, out_bytes=a):
+            # a GEMM of T tokens: k -> n, its weights read `reads` times
+            wt = reads * k * n * wbytes
+            return ForwardOp(name, count, 2.0 * T * k * n, wt + T * k * a + T * n * out_bytes, wt, 0.0 * T, dtype)
+
+        def mlp(name, count, width, rows=1):
+            # gate/up, SiLU*up, down over `rows` copies of each token; `width` per GPU
+            wt = 3 * h * width * wb
+            return ForwardOp(
+                name, count, 2.0 * rows * T * 3 * h * width, wt + rows * T * (2 * h + 6 * width) * a, wt, 0.0 * T, wd
+            )
+
+        out = []
+        if c.q_lora_rank is not None:
+            q = c.q_lora_rank
+            out.append(linear("qkv_a_proj", L, h, q + r + dR))
+            out.append(linear("q_proj", L, q, H * (dC + dR)))
+        else:
+            out.append(linear("qkv_a_proj", L, h, r + dR))
+            out.append(linear("q_proj", L, h, H * (dC + dR)))
+        out.append(linear("o_proj", L, H * dV, h))
+        if w.dense_layers:
+            out.append(mlp("dense_mlp", w.dense_layers, w.intermediate / t))
+        if w.moe_layers:
+            out.append(linear("router", w.moe_layers, h, w.experts, dtype="bf16", wbytes=bf16, out_bytes=4))
+            if w.shared_experts:
+                out.append(mlp("shared_experts", w.moe_layers, w.shared_experts * w.moe_intermediate / t))
+            width = w.moe_intermediate / t
+            wt = E * 3 * h * width * wb
+            k = w.top_k
+            out.append(
+                ForwardOp(
+                    "routed_experts",
+                    w.moe_layers,
+                    2.0 * k * T * 3 * h * width,
+                    wt + k * T * (2 * h + 6 * width) * a,
+                    wt,
+                    0.0 * T,
+                    wd,
+                )
+            )
+        zero = 0.0 * T
+        out.append(ForwardOp("all_reduce", 2 * L, zero, zero, zero, 2.0 * (t - 1) / t * T * h * a, "bf16"))
+        vocab = w.vocab / t
+        wt = head * h * vocab * bf16
+        out.append(ForwardOp("lm_head", 1, 2.0 * S * h * vocab, wt + S * h * a + S * vocab * a, wt, 0.0 * S, "bf16"))
+        out.append(ForwardOp("logits_gather", 1, 0.0 * S, 0.0 * S, 0.0 * S, (t - 1) / t * S * w.vocab * a, "bf16"))
+        return out
+
+    def totals(self, tokens, sampled) -> tuple:
+        """(FLOPs, bytes, interconnect bytes) of these ops over the whole forward."""
+        ops = self.ops(tokens, sampled)
+        return (
+            sum(o.count * o.flops for o in ops),
+            sum(o.count * o.bytes for o in ops),
+            sum(o.count * o.comm_bytes for o in ops),
+        )

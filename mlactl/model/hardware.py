@@ -9,7 +9,8 @@ datasheets' (TFLOP/s, TB/s, GB, KiB, MiB); in code everything is SI: FLOP/s and 
     match = ["H200"]             # substrings of torch.cuda.get_device_name() this profile is for
     memory_gb = 141
     bandwidth_tbs = 4.8
-    sm_count = 132               # optional, like smem_per_sm_kib and l2_mib
+    sm_count = 132               # optional, like smem_per_sm_kib, l2_mib and nvlink_gbps
+    nvlink_gbps = 900            # NVLink per GPU, both directions (replay's all-reduces)
     sources = ["..."]
     [peak_tflops]                # dense, per compute dtype
     bf16 = 989
@@ -51,6 +52,7 @@ class HardwareProfile:
     sm_count: int | None = None
     smem_per_sm_kib: float | None = None
     l2_mib: float | None = None
+    nvlink_gbps: float | None = None  # NVLink per GPU, both directions together (the datasheets' figure)
     match: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     measured: dict | None = None  # the [measured] table as read
@@ -158,6 +160,7 @@ def parse_profile(data: dict, where: str) -> HardwareProfile:
         sm_count=_positive(where, "sm_count", data.get("sm_count"), optional=True),
         smem_per_sm_kib=_positive(where, "smem_per_sm_kib", data.get("smem_per_sm_kib"), optional=True),
         l2_mib=_positive(where, "l2_mib", data.get("l2_mib"), optional=True),
+        nvlink_gbps=_positive(where, "nvlink_gbps", data.get("nvlink_gbps"), optional=True),
         match=_strings(where, "match", data.get("match", [])),
         sources=_strings(where, "sources", data.get("sources", [])),
         measured=measured,

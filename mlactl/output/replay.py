@@ -6,11 +6,14 @@ not finite (a step where no path fits) is null.
 
     requests, tokens {prefill_computed, prefill_cached, decode}   the first engine's split
     trace {path, format, requests, first_arrival_s, duration_s}
-    model, weights, hardware, kv_dtype, dtype, chunk, time, clock, settings, kv_cache_tokens
+    model, weights, hardware, kv_dtype, dtype, chunk, time, clock, forward {attention, rest,
+    collectives} (each part's basis), settings, kv_cache_tokens
     engines[]: name, engine, version, label, source, backend, decode_backend (SGLang), threshold,
                options, options_set, why (the rule as resolved, as analyze's JSON gives it),
                steps, duration_s, step_time_s, time_s,
-               best_time_s, lost_s, lost_pct, best_step_time_s, lost_vs_step_s,
+               gpu_time_s (the whole forward: attention as priced, the rest at the roofline),
+               best_time_s, lost_s, lost_pct (of attention), lost_gpu_pct (of the GPU's time),
+               best_step_time_s, lost_vs_step_s,
                best_request_time_s, lost_vs_request_s, calibrated: time_interval_s,
                best_time_interval_s, lost_interval_s, lost_vs_step_interval_s,
                lost_vs_request_interval_s (each [lo, hi], the 80% interval), best_threshold, sweep,
@@ -78,7 +81,8 @@ def header(result: Replay) -> str:
         f"kv cache {result.cost.kv_dtype}; trace {safe.markup(t.path)}: {len(t):,} requests over "
         f"{t.duration_s:,.0f} s ({t.format}); {_steps(result)}; "
         f"KV pool {result.capacity_tokens:,} tokens, prefix cache {cache}; "
-        f"{time_kind(result)} attention times, every layer"
+        f"{time_kind(result)} attention times, every layer; the rest of the forward at the roofline "
+        f"(collectives: {result.comm_basis})"
     )
 
 
@@ -96,23 +100,27 @@ def _steps(result: Replay) -> str:
 
 
 def summary_table(result: Replay) -> Table:
-    t = Table(title="What each engine's path rule costs on this trace (attention, every layer)")
-    for col in ("engine", "steps", "attention", "best", "lost", "lost %", "vs best step", "vs best request"):
+    t = Table(title="What each engine's path rule costs on this trace (attention, every layer; and the GPU's time)")
+    cols = ("engine", "steps", "GPU time", "attention", "best", "lost", "% attn", "% GPU", "vs best step")
+    for col in cols + ("vs best request",):
         t.add_column(col, justify="left" if col == "engine" else "right", no_wrap=True)
     for e in result.engines:
         t.add_row(
             e.engine.label,
             f"{e.steps:,}",
+            _time(e.gpu_time_s),
             _spanned(e, "time", e.time_s),
             _spanned(e, "best", e.best_s),
             _spanned(e, "lost", e.lost_s),
             f"{e.lost_pct:.1f}%",
+            f"{e.lost_gpu_pct:.1f}%",
             _time(e.lost_step_s),
             _time(e.lost_request_s),
         )
     t.caption = (
+        "GPU time: every step's whole forward (the attention as priced, the rest at the roofline); "
         "best: per step the faster of one path for the whole step and each request on its own best path; "
-        "losses are paired, on each engine's own steps"
+        "losses are paired, on each engine's own steps, as a share of attention and of GPU time"
     )
     if any(e.intervals is not None for e in result.engines):
         t.caption += "; calibrated: (80% interval; --format json has each loss's)"
@@ -163,7 +171,7 @@ def types_table(result: Replay) -> Table:
 
 
 def serving_table(result: Replay) -> Table:
-    t = Table(title="The simulated serving (the clock: roofline step times, all weights, overhead)")
+    t = Table(title="The simulated serving (the clock: roofline step times of the whole forward, overhead)")
     for col in ("engine", "trace time", "busy", "cache hit", "first token p50", "p99", "end to end p50", "p99"):
         t.add_column(col, justify="left" if col == "engine" else "right", no_wrap=True)
     for e in result.engines:
@@ -242,10 +250,12 @@ def engine_json(e: EngineReplay) -> dict:
         "steps": e.steps,
         "duration_s": e.end_s - e.start_s,
         "step_time_s": e.step_time_s,
+        "gpu_time_s": e.gpu_time_s,
         "time_s": e.time_s,
         "best_time_s": e.best_s,
         "lost_s": e.lost_s,
         "lost_pct": e.lost_pct,
+        "lost_gpu_pct": e.lost_gpu_pct,
         "best_step_time_s": _num(e.best_step_s),
         "lost_vs_step_s": e.lost_step_s,
         "best_request_time_s": e.best_request_s,
@@ -307,6 +317,11 @@ def to_json(result: Replay) -> dict:
         "time": time_kind(result),
         **({} if result.calibration is None else {"calibration": result.calibration.describe()}),
         "clock": "roofline",
+        "forward": {
+            "attention": time_kind(result),
+            "rest": "roofline (calibrations hold the attention paths' ops only)",
+            "collectives": result.comm_basis,
+        },
         "settings": {
             "max_batch_tokens": s.max_batch_tokens,
             "max_running": s.max_running,

@@ -1,23 +1,33 @@
 """The simulated clock: how long a step takes, priced inside the scheduler's loop.
 
-A step takes
+A step takes the whole forward pass of its tokens:
 
     attention for every layer    the engine's rule's paths, each path one launch per op at the
                                  roofline (as `batch_time` and `PathLaunches` price a mixed batch)
-  + the other weights            read once per step at the roofline (mlactl.model.cost.WeightCost):
-                                 the dense weights and the routed experts the step's tokens hit,
-                                 at the weight dtype's peak; the LM head for the tokens that sample
+  + the rest of the forward      every op of mlactl.model.cost.ForwardCost at the roofline, each on
+                                 its own (max of its FLOPs over its dtype's peak and its bytes over
+                                 the bandwidth), times the layers it runs in: the MLA projections
+                                 (qkv_a, q, o), the dense MLP, the router, shared and routed
+                                 experts (the experts the step's tokens hit, uniform routing), the
+                                 LM head for the tokens that sample
+  + the collectives              two all-reduces a layer and the logits' gather at TP, their bytes
+                                 over NVLink one way (the profile's nvlink_gbps / 2); a profile
+                                 without nvlink_gbps prices them at 0 and says so (`comm_basis`)
   + --step-overhead-ms
 
 The loop prices ~10^5 to 10^6 steps one at a time; cost.ops on numpy arrays takes ~0.5 ms a
-step, a thousand times what the loop can spend. But each op's FLOPs and bytes are linear in five
-sums over the step's rows (seven for a DSA model: its top-k's selected pairs and masks;
-mlactl.model.linear, which recovers the coefficients from cost.ops itself), so the loop adds up
-features in plain Python floats and the one source of FLOPs and bytes stays cost.py.
-tests/test_replay.py checks the clock against the exact pricing of the same steps.
+step, a thousand times what the loop can spend. But each attention op's FLOPs and bytes are
+linear in five sums over the step's rows (seven for a DSA model: its top-k's selected pairs and
+masks; mlactl.model.linear, which recovers the coefficients from cost.ops itself), and each
+other op's in the step's tokens, sampled tokens, experts read and LM-head reads (recovered here
+from ForwardCost.ops at five points, and checked at a sixth), so the loop adds up features in
+plain Python floats and the one source of FLOPs and bytes stays cost.py. tests/test_replay.py
+checks the clock against the exact pricing of the same steps, and against a forward worked out
+by hand.
 
 The clock is always the roofline: a calibrated time (--calibration) changes what replay reports,
-not when steps run (docs/replay.md).
+not when steps run (docs/replay.md). The calibrations hold the attention paths' ops only, so a
+calibrated replay's GPU time is its calibrated attention plus this roofline for the rest.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from mlactl.model.cost import CostModel, WeightCost, causal_pairs
+from mlactl.model.cost import CostModel, ForwardCost, WeightCost, causal_pairs
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.linear import features, linear_ops
 from mlactl.util.errors import MlactlError
@@ -40,8 +50,8 @@ class Clock:
         self.cost, self.layers, self.overhead = cost, cost.cfg.layers, float(overhead_s)
         self.peak, self.bandwidth = hw.peak_flops(cost.dtype), hw.bandwidth
         self.weights = weights
-        self.peak_weights = hw.peak_flops(weights.weights.dtype)
-        self.peak_head = hw.peak_flops("bf16")
+        self.forward = ForwardCost(cost.cfg, weights.weights, act_dtype=cost.dtype)
+        self._forward_terms(hw)
         self.linear = {p: linear_ops(cost, p) for p in paths}
         self.coef = {
             p: [(lin.flops[k].tolist(), lin.bytes[k].tolist(), lin.weights[k].tolist()) for k in range(len(lin.names))]
@@ -116,10 +126,66 @@ class Clock:
             t += max(f / peak, b / bw)
         return t * self.layers
 
+    def _forward_terms(self, hw: HardwareProfile) -> None:
+        """Each ForwardCost op as (count, peak, FLOP terms, byte terms, interconnect terms), each
+        term list the coefficients of (1, tokens, sampled, experts read, LM-head reads)."""
+        fc = self.forward
+        unit = (0.0, 0.0, 0.0, 0.0)
+        basis = [unit] + [tuple(1.0 if j == k else 0.0 for j in range(4)) for k in range(4)]
+        at = [fc.ops(*b) for b in basis]
+        self.forward_terms: list[tuple[str, int, float, list[float], list[float], list[float]]] = []
+        for k, op in enumerate(at[0]):
+            fl, by, cm = (
+                self._terms([float(getattr(ops[k], f)) for ops in at]) for f in ("flops", "bytes", "comm_bytes")
+            )
+            self.forward_terms.append((op.name, op.count, hw.peak_flops(op.dtype), fl, by, cm))
+        probe = (37.0, 5.0, 11.0, 1.0)  # ForwardCost must be linear in these four: checked at a sixth point
+        for (name, _, _, fl, by, cm), op in zip(self.forward_terms, fc.ops(*probe)):
+            for terms, got in ((fl, op.flops), (by, op.bytes), (cm, op.comm_bytes)):
+                want = terms[0] + sum(c * x for c, x in zip(terms[1:], probe))
+                if abs(want - float(got)) > 1e-9 * max(abs(float(got)), 1.0):
+                    raise MlactlError(f"cost.ForwardCost's {name} is not linear in tokens, sampled and experts read")
+        w = self.weights.weights
+        self.experts, self.top_k = w.experts, w.top_k
+        tp = self.cost.cfg.tp
+        if tp == 1:
+            self.link, self.comm_basis = float("inf"), "tp 1: no collectives"
+        elif hw.nvlink_gbps is None:
+            self.link = float("inf")
+            self.comm_basis = f"not priced: {hw.name} has no nvlink_gbps"
+        else:
+            self.link = hw.nvlink_gbps * 1e9 / 2  # one way: a ring sends and receives at once
+            self.comm_basis = f"roofline: NVLink {hw.nvlink_gbps:g} GB/s, {hw.nvlink_gbps / 2:g} GB/s each way"
+        self._other: dict[tuple[int, int], float] = {}
+
+    @staticmethod
+    def _terms(v: list[float]) -> list[float]:
+        """Values at the origin and at each unit point -> (constant, coefficients)."""
+        return [v[0]] + [x - v[0] for x in v[1:]]
+
+    def experts_read(self, tokens: float) -> float:
+        """Routed experts a step of `tokens` tokens reads per MoE layer (ForwardCost's default)."""
+        e = self.experts
+        return e * (1.0 - (1.0 - self.top_k / e) ** tokens) if e else 0.0
+
+    def forward_parts(self, tokens: int, sampled: int) -> dict[str, float]:
+        """Seconds of each op of the forward outside attention (every layer it runs in) for a
+        step of `tokens` tokens of which `sampled` sample; the collectives over the link."""
+        x = (float(tokens), float(sampled), self.experts_read(tokens), 1.0 if sampled > 0 else 0.0)
+        bw, link = self.bandwidth, self.link
+        out = {}
+        for name, count, peak, fl, by, cm in self.forward_terms:
+            f = fl[0] + fl[1] * x[0] + fl[2] * x[1] + fl[3] * x[2] + fl[4] * x[3]
+            b = by[0] + by[1] * x[0] + by[2] * x[1] + by[3] * x[2] + by[4] * x[3]
+            c = cm[0] + cm[1] * x[0] + cm[2] * x[1] + cm[3] * x[2] + cm[4] * x[3]
+            out[name] = count * (max(f / peak, b / bw) + c / link)
+        return out
+
     def other(self, tokens: int, sampled: int) -> float:
-        """Seconds of the weights outside attention and the fixed overhead, for a step of
+        """Seconds of the forward outside attention and the fixed overhead, for a step of
         `tokens` tokens of which `sampled` sample."""
-        w = self.weights
-        dense = max(w.dense_flops(tokens) / self.peak_weights, w.dense_bytes(tokens) / self.bandwidth)
-        head = max(w.head_flops(sampled) / self.peak_head, w.head_bytes(sampled) / self.bandwidth)
-        return dense + head + self.overhead
+        key = (tokens, sampled)
+        got = self._other.get(key)
+        if got is None:
+            got = self._other[key] = sum(self.forward_parts(tokens, sampled).values()) + self.overhead
+        return got

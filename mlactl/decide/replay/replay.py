@@ -104,6 +104,9 @@ class EngineReplay:
     # calibrated: the 80% interval of each total (time, best, lost, lost_step, lost_request), or None
     intervals: dict | None = None
     scheduler: Shipped | None = None  # the chunk, running requests and page it ran with
+    # the GPU's time, the whole forward of every step: the attention as priced (time_s) plus the
+    # clock's roofline for the rest of the forward, the collectives and the step overhead
+    gpu_time_s: float = 0.0
 
     @property
     def lost_s(self) -> float:
@@ -111,7 +114,13 @@ class EngineReplay:
 
     @property
     def lost_pct(self) -> float:
+        """The loss as a share of the attention's time."""
         return 100.0 * self.lost_s / self.time_s if self.time_s else 0.0
+
+    @property
+    def lost_gpu_pct(self) -> float:
+        """The loss as a share of the GPU's time (the whole forward): what a user pays for."""
+        return 100.0 * self.lost_s / self.gpu_time_s if self.gpu_time_s else 0.0
 
 
 @dataclass
@@ -124,6 +133,7 @@ class Replay:
     capacity_tokens: int
     engines: list[EngineReplay]
     calibration: Any = None  # mlactl.decide.calibration.Calibration the times came from
+    comm_basis: str = ""  # how the clock priced the collectives (Clock.comm_basis)
 
     @property
     def requests(self) -> int:
@@ -218,7 +228,7 @@ def replay(
             ) from None
         finally:
             _FORKED = None
-    return Replay(trace, cost, wc, hw, s, tokens, out, calibration)
+    return Replay(trace, cost, wc, hw, s, tokens, out, calibration, clocks[0].comm_basis if clocks else "")
 
 
 @dataclass(frozen=True)
@@ -388,6 +398,7 @@ def _price(
         end_s=end_s,
         step_time_s=float(sched.time.sum()),
         time_s=float(acc["time"]),
+        gpu_time_s=float(sched.time.sum() - sched.attention.sum() + acc["time"]),
         best_step_s=float(acc["step"]),
         best_request_s=float(acc["request"]),
         best_s=float(acc["best"]),
