@@ -313,10 +313,47 @@ def run_plan(steps: list[Step], out: Path, limit_s: float = LIMIT_S, env: dict |
     if sampler is not None:
         summary["clocks"] = gpu_check.clock_window(gpu_check.read_clocks(clocks), wall0, time.time())
     append_record(record_path, summary)
+    if any(s.name == "gpu_check" for s in steps):
+        print("\n".join(digest(out)), flush=True)
     print(
         f"device_check: SUMMARY {summary['summary']}: {', '.join(parts)}; {elapsed:.0f} s of {limit_s:g} s", flush=True
     )
     return 1 if bad else 0
+
+
+def digest(out: Path) -> list[str]:
+    """The figures to read first, from the newest gpu-check-*.json in `out`, a few lines long: the
+    device tool returns only the end of the output, and the steps after gpu_check print a lot."""
+    found = sorted(out.glob("gpu-check-*.json"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        return ["digest: no gpu-check-*.json"]
+    try:
+        doc = json.loads(found[-1].read_text())
+    except (OSError, ValueError) as exc:
+        return [f"digest: {found[-1].name} unreadable ({exc})"]
+    lines = [
+        f"digest of {found[-1].name}: row, whole-call ms, kernel-only ms, TFLOP/s and TB/s (at the "
+        "kernel-only time where there is one), most spills, repeat, SM MHz"
+    ]
+    for r in doc.get("rows", []):
+        if r.get("status") != "ok":
+            lines.append(f"  {r.get('id', '?'):<34} {r.get('status')}: {str(r.get('error', ''))[:70]}")
+            continue
+        whole = r["timing"]["median_s"]
+        kt = r.get("kernel_timing") or {}
+        kernel = kt.get("median_s") if kt.get("status") == "ok" else None
+        at = kernel or whole
+        spills = max((k.get("n_spills") or 0 for k in (r.get("launched") or {}).get("kernels", [])), default=None)
+        rep = r.get("repeat")
+        clk = (r.get("clocks") or {}).get("sm_mhz") or {}
+        kernel_ms = "-" if kernel is None else f"{kernel * 1e3:.3f}"
+        repeat = "-" if rep is None else ("same" if rep["bitwise_equal"] else "DIFFERS")
+        lines.append(
+            f"  {r['id']:<34} {whole * 1e3:8.3f} {kernel_ms:>8} {r['flops'] / at / 1e12:7.1f} "
+            f"{r['bytes'] / at / 1e12:6.2f} {'-' if spills is None else spills:>5} {repeat:>7} "
+            f"{clk.get('min', '-')}-{clk.get('max', '-')}"
+        )
+    return lines
 
 
 def setup() -> int:

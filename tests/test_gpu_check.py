@@ -702,3 +702,20 @@ def test_a_smoke_launch_killed_while_compiling_lets_the_run_go_on(device_check, 
     records = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert rc == 1 and records[0]["slow_in"] == "decode-H128" and records[1]["status"] == "ok"
     assert "no kernel hung, going on" in capfd.readouterr().out
+
+
+def test_digest_puts_every_row_in_a_line(device_check, smoke, tmp_path):
+    """The run's last lines (what the device tool returns) hold each row's figures; the whole-call
+    TFLOP/s is FLOPs over the median when there is no kernel-only time (a CPU run)."""
+    _, doc = smoke
+    doc = json.loads(json.dumps(doc))
+    doc["rows"][1] = {"id": "decode-absorb-H4-fp16-nosplit", "status": "skipped", "error": "time budget of 95 s"}
+    (tmp_path / "gpu-check-x.json").write_text(json.dumps(doc))
+    lines = device_check.digest(tmp_path)
+    assert lines[0].startswith("digest of gpu-check-x.json") and len(lines) == 1 + len(doc["rows"])
+    first = lines[1].split()
+    row = doc["rows"][0]
+    assert first[0] == row["id"] and float(first[1]) == pytest.approx(row["timing"]["median_s"] * 1e3, abs=1e-3)
+    assert first[2] == "-" and first[6] == "same"
+    assert lines[2].split()[:2] == ["decode-absorb-H4-fp16-nosplit", "skipped:"]
+    assert device_check.digest(tmp_path / "none") == ["digest: no gpu-check-*.json"]
