@@ -973,3 +973,45 @@ def test_best_when_no_path_fits_is_marked_so():
     assert "best_fits_memory" not in fits  # only where nothing fits
     table = cli("analyze", "--new", "1", "--prefix", "10M", "--batch", "64", "--hardware", "h800")
     assert "absorb ✗" in table.stdout.split("┃ best")[1]
+
+
+def _calibration_csv(path: Path) -> Path:
+    """Absorb attention timed as 2 µs + its latent bytes at 4.8 TB/s (a fit that converges)."""
+    rows = ["op,batch,new,prefix,time_s"]
+    for b in (1, 2, 4, 8, 16, 32):
+        for p in (0, 1024, 4096, 16384, 65536):
+            rows.append(f"absorb_attention,{b},1,{p},{2e-6 + b * (p + 1) * 1152 / 4.8e12:.6g}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_calibrate_never_replaces_a_tune_results_file(tmp_path):
+    """`calibrate --dir res --name run` used to move `res/run.json`, the results `mlactl tune`
+    wrote, aside and take its place; `-o` over it replaced it. Both are refused, byte for byte."""
+    res = tmp_path / "res"
+    res.mkdir()
+    measured_file = res / "run.json"
+    measured_file.write_text('{"schema": "mlactl.results", "schema_version": 1, "kernels": []}\n')
+    before = measured_file.read_bytes()
+    q = _calibration_csv(tmp_path / "q.csv")
+    one_error(cli("calibrate", "--from", "csv", q, "--hardware", "h200", "--dir", res, "--name", "run"),
+              "run.json", "results file", "a measurement mlactl reads back")  # fmt: skip
+    one_error(cli("analyze", "--new", "1", "--prefix", "0", "-o", measured_file), "results file")
+    assert measured_file.read_bytes() == before and sorted(os.listdir(res)) == ["run.json"]
+
+
+@pytest.mark.parametrize(
+    "content, kind",
+    [
+        ('{\n "schema": "mlactl.calibration", "name": "x"}', "calibration"),
+        ('{"configs": {}, "triton_version": "3.1"}', "tuned-config"),
+        ('name = "h200"\n\n[measured]\nbandwidth_tbs = 4.1\n', "measured ceilings"),
+    ],
+    ids=["calibration", "tuned-configs", "measured-profile"],
+)
+def test_no_output_replaces_a_measurement(tmp_path, content, kind):
+    target = tmp_path / "m.json"
+    target.write_text(content)
+    one_error(cli("analyze", "--new", "1", "--prefix", "0", "-o", target, "-f", "json"), kind)
+    assert target.read_text() == content
+    assert io.measurement(tmp_path / "missing") is None

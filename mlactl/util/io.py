@@ -28,6 +28,7 @@ import contextvars
 import errno
 import json
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -103,6 +104,52 @@ def refuse_input(path, option: str = "") -> None:
         )
 
 
+# -- what mlactl reads back as a measurement: an output may not replace it -------------------------
+
+# (what the file is, how its first bytes show it): the results of `mlactl tune`, a calibration,
+# a tuned-config file, a profile holding `mlactl tune ceilings`' [measured] table
+MEASUREMENTS = (
+    ("mlactl.results", "an `mlactl tune` results file", re.compile(rb'"schema"\s*:\s*"mlactl\.results"')),
+    ("mlactl.calibration", "an mlactl calibration", re.compile(rb'"schema"\s*:\s*"mlactl\.calibration"')),
+    ("tuned-configs", "a tuned-config file of `mlactl tune`", re.compile(rb'"triton_version"\s*:')),
+    ("measured-profile", "a hardware profile with measured ceilings", re.compile(rb"(?m)^\s*\[measured\]\s*$")),
+)
+SNIFF_BYTES = 1 << 20  # a measurement says what it is in its header; a results file may be long
+
+
+def measurement(path) -> tuple[str, str] | None:
+    """(kind, description) when `path` is an existing regular file that mlactl would read back as
+    a measurement (MEASUREMENTS), else None. Only the file's first MiB is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.read(fd, SNIFF_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    for kind, what, pattern in MEASUREMENTS:
+        if pattern.search(head):
+            return kind, what
+    return None
+
+
+def refuse_measurement(path, allowed: str | None = None) -> None:
+    """Refuse to replace (or move aside) `path` when it holds a measurement of another kind than
+    `allowed`: `calibrate --dir res --name run` must not take the place of `res/run.json` that
+    `mlactl tune` wrote, nor `-o` any file a user measured."""
+    found = measurement(path)
+    if found is not None and found[0] != allowed:
+        raise MlactlError(
+            f"cannot write {safe.text(path)}: it is {found[1]}, a measurement mlactl reads back; "
+            "write to another file or name (it is kept as it is)"
+        )
+
+
 def name_max(folder) -> int:
     """The longest file name (bytes) the file system of `folder` allows; 255 where it cannot say."""
     try:
@@ -153,6 +200,8 @@ def atomic_open(path: str | Path, mode: str = "wb", update: bool = False):
     target = Path(os.path.realpath(path))  # a symlink: replace what it points to, keep the link
     if target.is_dir():
         raise MlactlError(f"cannot write {safe.text(path)}: it is a directory; give a file name")
+    if not update:  # a store rewriting its own file says so; nothing else replaces a measurement
+        refuse_measurement(target)
     folder = target.parent
     try:
         old = os.stat(target)
@@ -321,12 +370,15 @@ def locked(path: str | Path):
         os.close(fd)  # closing drops the lock
 
 
-def keep_aside(path: str | Path) -> Path:
+def keep_aside(path: str | Path, kind: str | None = None) -> Path:
     """Rename `path` to NAME.YYYYMMDD-HHMMSS[.N]SUFFIX beside it and return the new name, a name
     reserved first with an exclusive create (a plain rename would silently overwrite a backup
     another process just made) and cut to fit the file system's longest name. Call it under
-    `locked(path)`."""
+    `locked(path)`. With `kind` (a MEASUREMENTS kind: what the caller is about to write), a file
+    holding a measurement of another kind is refused, not moved."""
     path = Path(path)
+    if kind is not None:
+        refuse_measurement(path, kind)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     limit = name_max(path.parent)
     for n in range(10_000):
