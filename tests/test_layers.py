@@ -25,9 +25,10 @@ except ImportError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 HEAVY = tuple(PYPROJECT["tool"]["ruff"]["lint"]["flake8-tidy-imports"]["banned-module-level-imports"])
-LAYERS = ("cli", "output", "tune", "kernels", "decide", "results", "model", "util")
+LAYERS = ("cli", "api", "output", "tune", "kernels", "decide", "results", "model", "util")
 # modules that may import by name at run time (importlib.import_module), and why
 BY_NAME = {
+    "mlactl": "the front door (mlactl.analyze, ...) loads its mlactl.api module on first use",
     "mlactl.cli": "LazyGroup loads a command's module when that command runs",
     "mlactl.kernels": "the launchers load torch and triton only when first used",
     "mlactl._compat": "old module paths resolve to the new modules, with a warning",

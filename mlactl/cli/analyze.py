@@ -7,14 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
+from mlactl.api import grid as api
 from mlactl.cli.common import (
-    calibration_json,
     calibration_line,
-    choice,
     cli_errors,
     emit,
     load_model,
-    one_int,
     output_format,
     resolve,
     table_width,
@@ -31,15 +29,9 @@ from mlactl.cli.options import (
     Opts,
     shared,
 )
-from mlactl.decide import analysis
-from mlactl.decide.engines import context_for, is_engine, parse_engines, parse_policy
-from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output import render
-from mlactl.output.report import to_json, write_analysis_csv
-from mlactl.util import progress, safe
-from mlactl.util.defaults import POLICIES
-from mlactl.util.errors import MlactlError
-from mlactl.util.limits import check_points
+from mlactl.output.report import write_analysis_csv
+from mlactl.util import safe
 
 analyze_app = typer.Typer(add_completion=False)
 
@@ -99,48 +91,24 @@ def analyze(
     """
 
     fmt = output_format(opts.fmt, opts.output)
-    if policy is not None and not is_engine(policy):
-        choice(policy, "--policy", POLICIES)
-    if policy == "measured" and results is None and load_model(opts.model, opts.tp).is_dsa:
-        raise MlactlError(
-            f"--policy measured: {opts.model} is a DSA model and `mlactl tune paths` measures MLA paths only; "
-            "use roofline, flops or an engine"
-        )
-    if results is not None and policy != "measured":
-        raise MlactlError("--results goes with --policy measured")
+    api.check_policy(policy, results, opts.model, lambda: load_model(opts.model, opts.tp))
     setup = resolve(opts, [results] if results is not None else (), find_results=policy == "measured")
     cfg, cal = setup.cfg, setup.calibration
-    if prefix is not None and context is not None:
-        raise MlactlError("give either --prefix or --context, not both")
-    b, n, p = grid(
-        parse_sizes(batch, "--batch"),
-        parse_sizes(new, "--new"),
-        prefix=None if context is not None else parse_sizes(prefix or "0,8K,32K", "--prefix", minimum=0),
-        context=parse_sizes(context, "--context") if context is not None else None,
+    answer = api.analyze(
+        setup=setup,
+        batch=batch,
+        new=new,
+        prefix=prefix,
+        context=context,
+        layers=layers,
+        engines=engines,
+        engine_options=engine_option or (),
+        policy=policy,
+        results=results,
+        fmt=fmt,
     )
-    n_layers = cfg.layers if layers.strip().lower() == "all" else one_int(layers, "--layers")
-    ctx = context_for(cfg, setup.hw, setup.kv_dtype)
-    engine_params = parse_engines(engines, engine_option, ctx)
-    # an engine policy takes the same --engine-options it would take among --engines
-    chosen_policy = parse_policy(policy, engines, engine_option, ctx) if policy and is_engine(policy) else policy
-    check_points(len(b), fmt)
+    result = answer.value
     results_data = setup.results[0] if setup.results else None
-    with progress.task(f"analysing {len(b):,} points"):
-        result = analysis.analyze(
-            cfg,
-            setup.hw,
-            b,
-            n,
-            p,
-            kv_dtype=setup.kv_dtype,
-            dtype=setup.dtype,
-            chunk=setup.chunk,
-            layers=n_layers,
-            engines=engine_params,
-            policy=chosen_policy,
-            results_data=results_data,
-            calibration=cal,
-        )
     width, terminal = table_width(opts.output)
     tables = [
         render.header(result),
@@ -167,10 +135,10 @@ def analyze(
             + "; --crossover for the table per prefix"
         )
 
-    def json_data():
-        return dict(to_json(result), **calibration_json(cal))
-
-    def csv_data(fh):
-        write_analysis_csv(fh, result, ops=ops)
-
-    emit(fmt, opts.output, json_data=json_data, write_csv=csv_data, tables=tables)
+    emit(
+        fmt,
+        opts.output,
+        json_data=answer.to_json,
+        write_csv=lambda fh: write_analysis_csv(fh, result, ops=ops),
+        tables=tables,
+    )

@@ -7,13 +7,10 @@ from typing import Annotated
 
 import typer
 
-from mlactl.cli.common import calibration_json, calibration_line, cli_errors, emit, output_format, resolve
+from mlactl.api import batch as api
+from mlactl.cli.common import calibration_line, cli_errors, emit, output_format, resolve
 from mlactl.cli.options import MACHINE, OUTPUT, EngineOptionOpt, EnginesOpt, Opts, shared
-from mlactl.decide import analysis
-from mlactl.decide.engines import context_for, parse_engines
-from mlactl.decide.requests import read_requests
-from mlactl.output import render, report
-from mlactl.util import progress
+from mlactl.output import render
 
 batch_app = typer.Typer(add_completion=False)
 
@@ -45,29 +42,13 @@ def batch_cmd(
 
     fmt = output_format(opts.fmt, opts.output)
     setup = resolve(opts)
-    cal = setup.calibration
-    engine_params = parse_engines(engines, engine_option, context_for(setup.cfg, setup.hw, setup.kv_dtype))
-    with progress.task(f"reading {requests}"):
-        new, prefix, count = read_requests(requests, fmt)
-    with progress.task(f"analysing {len(new):,} requests"):
-        result = analysis.analyze_batch(
-            setup.cfg,
-            setup.hw,
-            new,
-            prefix,
-            count,
-            kv_dtype=setup.kv_dtype,
-            dtype=setup.dtype,
-            chunk=setup.chunk,
-            engines=engine_params,
-            calibration=cal,
-        )
+    answer = api.batch(requests, setup=setup, engines=engines, engine_options=engine_option or (), fmt=fmt)
     emit(
         fmt,
         opts.output,
-        json_data=lambda: dict(report.batch_json(result), **calibration_json(cal)),
-        write_csv=lambda fh: report.write_batch_csv(fh, result),
-        tables=([calibration_line(cal)] if cal is not None else [])
+        json_data=answer.to_json,
+        write_csv=answer.write_csv,
+        tables=([calibration_line(setup.calibration)] if setup.calibration is not None else [])
         + setup.markup_notes()
-        + list(render.batch_tables(result)),
+        + list(render.batch_tables(answer.value)),
     )

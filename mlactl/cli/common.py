@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import io
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -16,22 +15,14 @@ import typer
 from rich.console import Console
 
 from mlactl.cli.options import Opts, given_options  # noqa: F401 - given_options: for the commands
-from mlactl.decide.calibration import store as calibrations
-from mlactl.decide.calibration.store import Calibration
-from mlactl.model import config as models
-from mlactl.model import hardware as profiles
-from mlactl.model.config import MLAConfig
-from mlactl.model.cost import CostModel
-from mlactl.model.hardware import HardwareProfile
-from mlactl.model.shapes import parse_sizes
+from mlactl.decide import setup as settings
+from mlactl.decide.setup import Setup
 from mlactl.output import progress as progress_bar
 from mlactl.output.render import calibration_line  # noqa: F401 - for the commands
 from mlactl.output.report import calibration_json, dumps  # noqa: F401 - for the commands
-from mlactl.results import measured
-from mlactl.results import store as results
 from mlactl.util import io as files
 from mlactl.util import progress, safe
-from mlactl.util.defaults import ACT_DTYPES, KV_DTYPES, OUTPUT_FORMATS
+from mlactl.util.defaults import ACT_DTYPES, OUTPUT_FORMATS
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import atomic_open
 
@@ -73,18 +64,8 @@ def cli_errors(fn):
     return wrapper
 
 
-def one_int(text: str, option: str, minimum: int = 1) -> int:
-
-    values = parse_sizes(text, option, minimum)
-    if len(values) != 1:
-        raise MlactlError(f"{option} takes one value, got {text!r}")
-    return values[0]
-
-
-def choice(text: str, option: str, choices) -> str:
-    if text not in choices:
-        raise MlactlError(f"{option} must be one of {', '.join(choices)}, got {text!r}")
-    return text
+one_int = settings.one_int
+choice = settings.choice
 
 
 def output_format(fmt: Optional[str], output: Optional[Path]) -> str:
@@ -102,89 +83,23 @@ def output_format(fmt: Optional[str], output: Optional[Path]) -> str:
 
 
 def load_model(model: str, tp: str):
-    return models.resolve(model).with_tp(one_int(tp, "--tp"))
-
-
-@dataclass
-class Setup:
-    """What a command's shared options (mlactl.cli.options.Opts) resolve to."""
-
-    cfg: MLAConfig
-    hw: HardwareProfile
-    calibration: Optional[Calibration]
-    kv_dtype: str
-    dtype: str
-    chunk: int
-    notes: list[str] = field(default_factory=list)  # where a setting came from, plain text (markup_notes)
-    results: list[dict] = field(default_factory=list)  # results files read (each with "_path")
-
-    def cost(self) -> CostModel:
-        return CostModel(self.cfg, kv_dtype=self.kv_dtype, dtype=self.dtype, chunk=self.chunk)
-
-    def markup_notes(self) -> list[str]:
-        """The notes as lines for a rich console (names in them escaped)."""
-        return [safe.markup(n, MAX_ERROR) for n in self.notes]
+    return settings.load_model(model, tp)
 
 
 def resolve(opts: Opts, results_files=(), find_results: bool = False) -> Setup:
-    """The model, hardware, calibration and dtypes of a run, the one way every command takes
-    them. A setting the user did not type comes, in this order, from the first results file
-    (`results_files`, or with `find_results` the newest `mlactl tune paths` left for this
-    model: its model, tp, dtypes and hardware, as `analyze --results` always took them), from
-    the calibration (the hardware it was fitted on), else from the option's default. A typed
-    option that contradicts a file is an error naming both."""
-    values = {k: getattr(opts, k) for k in ("model", "tp", "dtype", "kv_dtype", "hardware")}
-    given = {k: (v if opts.typed(k) else None) for k, v in values.items()}
-    notes: list[str] = []
-    loaded = [dict(results.load(p), _path=str(p)) for p in results_files]
-    if find_results and not loaded:
-        loaded = [_newest_results(opts, given)]
-        given.update(model=opts.model, tp=opts.tp)  # looked up for these: the file's own name may differ
-    if loaded:
-        picked = measured.adopt(loaded[0], loaded[0]["_path"], given)
-        values.update(model=picked.model, tp=str(picked.tp), dtype=picked.dtype, kv_dtype=picked.kv_dtype)
-        values["hardware"] = picked.hardware or values["hardware"]
-        given["hardware"] = given["hardware"] or picked.hardware
-        notes += picked.notes
-    cal = calibrations.resolve(opts.calibration) if opts.calibration is not None else None
-    if cal is not None and given["hardware"] is None:
-        values["hardware"] = cal.hardware
-        notes.append(f"hardware {cal.hardware}: the profile calibration {cal.name} was fitted on")
-    hw = profiles.resolve(values["hardware"], measured=opts.measured)
-    if cal is not None:
-        calibrations.check_hardware(cal, hw.name)
-        if hw.using_measured:
-            raise MlactlError(
-                f"calibration {cal.name!r} was fitted against {hw.name}'s nominal ceilings: drop --measured "
-                "(its efficiencies already say how far from the datasheet the kernels run)"
-            )
-        calibrations.check_ceilings(cal, hw)
-    return Setup(
-        cfg=load_model(values["model"], values["tp"]),
-        hw=hw,
-        calibration=cal,
-        kv_dtype=choice(values["kv_dtype"], "--kv-dtype", KV_DTYPES),
-        dtype=choice(values["dtype"], "--dtype", DTYPES),
-        chunk=one_int(opts.chunk, "--chunk"),
-        notes=notes,
-        results=loaded,
+    """The model, hardware, calibration and dtypes of a run, the one way every command and the
+    Python API take them (mlactl.decide.setup): an option the user did not type is not given,
+    and falls back to the command's own default."""
+    shared = ("model", "hardware", "tp", "kv_dtype", "dtype")
+    return settings.setup(
+        **{k: (getattr(opts, k) if opts.typed(k) else None) for k in shared},
+        chunk=opts.chunk,
+        calibration=opts.calibration,
+        measured_ceilings=opts.measured,
+        results_files=results_files,
+        find_results=find_results,
+        defaults={k: getattr(opts, k) for k in shared},
     )
-
-
-def _newest_results(opts: Opts, given: dict) -> dict:
-    """The newest results file `mlactl tune paths` left for the model asked (mlactl.results.measured)."""
-    cfg = load_model(opts.model, opts.tp)
-    dims = {k: getattr(cfg, k) for k in measured.DIMS}
-    hw_name = profiles.resolve(given["hardware"]).name if given["hardware"] else None
-    data, path = measured.find(dims, given["kv_dtype"], hw_name)
-    if data is None:
-        where = f" on {hw_name}" if hw_name else ""
-        kv = f", kv {given['kv_dtype']}" if given["kv_dtype"] else ""
-        raise MlactlError(
-            f"no measured crossovers for {cfg.name} (H={cfg.H}{kv}){where}: "
-            "run `mlactl tune paths` there, or pass --results FILE"
-        )
-    return dict(data, _path=str(path))
 
 
 def console(output: Optional[Path] = None):

@@ -6,12 +6,10 @@ from typing import Annotated
 
 import typer
 
-from mlactl.cli.common import cli_errors, emit, one_int, output_format, resolve
+from mlactl.api import grid as api
+from mlactl.cli.common import cli_errors, emit, output_format, resolve
 from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, Opts, shared
-from mlactl.decide import analysis
-from mlactl.model.shapes import parse_sizes
-from mlactl.output import render, report
-from mlactl.util.errors import MlactlError
+from mlactl.output import render
 
 crossover_app = typer.Typer(add_completion=False)
 
@@ -26,7 +24,12 @@ def crossover_cmd(
         str, typer.Option("--prefix", "-p", help="Prefixes to solve for: list or range.")
     ] = "0,1K,4K,8K,16K,32K,64K,128K",
     max_new: Annotated[
-        str, typer.Option("--max-new", help="Search the roofline crossover up to this many new tokens.")
+        str,
+        typer.Option(
+            "--max-new",
+            help="Search the crossover up to this many new tokens (none found: `> N` in the table, "
+            "an empty CSV field, null in JSON).",
+        ),
     ] = "128K",
 ):
     """For each prefix, the new-token count from which expand beats absorb, by FLOPs and by roofline.
@@ -44,18 +47,16 @@ def crossover_cmd(
 
     fmt = output_format(opts.fmt, opts.output)
     setup = resolve(opts)
-    hw, cal = setup.hw, setup.calibration
-    model_cost = setup.cost()
-    hw.peak_flops(model_cost.dtype)
-    pairs = [(b, p) for b in parse_sizes(batch, "--batch") for p in parse_sizes(prefix, "--prefix", minimum=0)]
-    if len(pairs) > analysis.MAX_CROSSOVER_PREFIXES:
-        raise MlactlError(f"{len(pairs)} (batch, prefix) pairs; at most {analysis.MAX_CROSSOVER_PREFIXES} at once")
-    result = analysis.crossover_table(model_cost, hw, pairs, max_new=one_int(max_new, "--max-new"), calibration=cal)
-
+    answer = api.crossover(setup=setup, batch=batch, prefix=prefix, max_new=max_new)
+    result = answer.value
     emit(
         fmt,
         opts.output,
-        json_data=lambda: report.crossover_document(model_cost, hw, result, cal),
-        write_csv=lambda fh: report.write_crossover_csv(fh, result, calibrated=cal is not None),
-        tables=[*render.crossover_lines(model_cost, hw, cal), *setup.markup_notes(), render.crossover_table(result)],
+        json_data=answer.to_json,
+        write_csv=answer.write_csv,
+        tables=[
+            *render.crossover_lines(setup.cost(), setup.hw, setup.calibration),
+            *setup.markup_notes(),
+            render.crossover_table(result),
+        ],
     )

@@ -10,14 +10,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from mlactl.api import engines as api
 from mlactl.cli.common import cli_errors, emit, output_format, resolve
 from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, EngineOptionOpt, Opts, shared
-from mlactl.decide import workload as wl_mod
-from mlactl.decide.engines import DEFAULT_ENGINES, context_for, parse_engines
 from mlactl.decide.engines.catalog import catalog
-from mlactl.model.shapes import grid, parse_sizes
-from mlactl.output.engines import list_tables, rules_json, tables, to_json, write_csv
-from mlactl.util import progress
+from mlactl.output.engines import list_tables, rules_json, tables
 from mlactl.util.errors import MlactlError
 
 engines_app = typer.Typer(add_completion=False)
@@ -98,25 +95,19 @@ def engines_cmd(
         )
         return
     setup = resolve(opts)
-    hw, cal, cost = setup.hw, setup.calibration, setup.cost()
-    # the shorthands fix a dense backend (triton, trtllm_mla): a DSA model's default is the two engines
-    default = ",".join(DEFAULT_ENGINES) if setup.cfg.is_dsa else "sglang,sglang-triton,sglang-trtllm,vllm"
-    params = parse_engines(engines or default, engine_option, context_for(setup.cfg, hw, setup.kv_dtype))
-    if workload is not None:
-        wl = wl_mod.read_workload(workload)
-    else:
-        b, n, p = grid(
-            parse_sizes(batch, "--batch"), parse_sizes(new, "--new"), prefix=parse_sizes(prefix, "--prefix", minimum=0)
-        )
-        wl = wl_mod.grid_workload(b, n, p)
-    if len(wl) > 1_000_000:
-        raise MlactlError(f"{len(wl)} shapes; at most 1,000,000 at once")
-    with progress.task(f"costing {len(wl):,} shapes on every engine's rule"):
-        result = wl_mod.report(cost, hw, wl, params, calibration=cal)
+    answer = api.engine_loss(
+        setup=setup,
+        workload=workload,
+        batch=batch,
+        new=new,
+        prefix=prefix,
+        engines=engines,
+        engine_options=engine_option or (),
+    )
     emit(
         fmt,
         opts.output,
-        json_data=lambda: to_json(result),
-        write_csv=lambda fh: write_csv(fh, result),
-        tables=tables(result, setup.markup_notes()),
+        json_data=answer.to_json,
+        write_csv=answer.write_csv,
+        tables=tables(answer.value, setup.markup_notes()),
     )

@@ -17,7 +17,7 @@ import typer
 
 from mlactl import __version__
 from mlactl.util import numbers
-from mlactl.util.defaults import DEFAULT_CHUNK
+from mlactl.util.defaults import DEFAULT_CHUNK, DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_TP
 from mlactl.util.errors import MlactlError
 
 try:  # typer >= 0.24 carries its own click
@@ -143,10 +143,10 @@ class Option:
 
 
 SHARED: dict[str, Option] = {
-    "model": Option(ModelOpt, "deepseek-v3"),
-    "hardware": Option(HardwareOpt, "h800"),
+    "model": Option(ModelOpt, DEFAULT_MODEL),
+    "hardware": Option(HardwareOpt, DEFAULT_HARDWARE),
     "measured": Option(MeasuredOpt, False),
-    "tp": Option(TpOpt, "1"),
+    "tp": Option(TpOpt, str(DEFAULT_TP)),
     "kv_dtype": Option(KvDtypeOpt, "bf16"),
     "dtype": Option(DtypeOpt, "bf16"),
     "chunk": Option(ChunkOpt, str(DEFAULT_CHUNK)),

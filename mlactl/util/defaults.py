@@ -6,6 +6,11 @@ numpy is loaded, and `mlactl.kernels` reads it without the CLI.
 
 from __future__ import annotations
 
+# What a run analyses when it is not told: the model mlactl names first, a GPU, one GPU's heads.
+DEFAULT_MODEL = "deepseek-v3"
+DEFAULT_HARDWARE = "h800"
+DEFAULT_TP = 1
+
 # Prefix tokens per chunk of expand_chunked (`--chunk`, `mla_attention(chunk=)`): at DeepSeek-V3's
 # 128 heads one chunk of expanded K/V is 8192 x 128 x (128 + 128) x 2 B = 512 MiB in bf16.
 DEFAULT_CHUNK = 8192

@@ -1,0 +1,56 @@
+"""`mlactl.batch`: one mixed batch from a CSV of requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlactl.api.common import Result, _engine_names, _setup
+from mlactl.decide import analysis as analysis_mod
+from mlactl.decide.analysis import BatchAnalysis
+from mlactl.decide.engines import context_for, parse_engines
+from mlactl.decide.requests import read_requests
+from mlactl.decide.setup import Setup
+from mlactl.output import report
+from mlactl.util import progress
+
+
+def batch(
+    requests: str | Path,
+    model: str | None = None,
+    hardware: str | None = None,
+    *,
+    tp: int | None = None,
+    kv_dtype: str | None = None,
+    dtype: str | None = None,
+    chunk: int | None = None,
+    engines=None,
+    engine_options=(),
+    calibration: str | Path | None = None,
+    fmt: str | None = None,
+    setup: Setup | None = None,
+) -> Result[BatchAnalysis]:
+    """`mlactl batch`: a mixed batch from a CSV of requests (new, prefix or context, count): each
+    request's path and the batch total per strategy and engine. `value` is a BatchAnalysis."""
+    s = setup or _setup(model, hardware, tp, kv_dtype, dtype, chunk, calibration)
+    chosen = parse_engines(_engine_names(engines), list(engine_options), context_for(s.cfg, s.hw, s.kv_dtype))
+    with progress.task(f"reading {requests}"):
+        new, prefix, count = read_requests(requests, fmt or "csv")
+    with progress.task(f"analysing {len(new):,} requests"):
+        result = analysis_mod.analyze_batch(
+            s.cfg,
+            s.hw,
+            new,
+            prefix,
+            count,
+            kv_dtype=s.kv_dtype,
+            dtype=s.dtype,
+            chunk=s.chunk,
+            engines=chosen,
+            calibration=s.calibration,
+        )
+    return Result(
+        result,
+        s,
+        lambda: dict(report.batch_json(result), **report.calibration_json(s.calibration)),
+        lambda fh: report.write_batch_csv(fh, result),
+    )

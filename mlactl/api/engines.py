@@ -1,0 +1,54 @@
+"""`mlactl.engine_loss`: what each engine's rule loses on a workload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlactl.api.common import Result, Sizes, _engine_names, _setup, sizes
+from mlactl.decide import workload as workload_mod
+from mlactl.decide.engines import DEFAULT_ENGINES, context_for, parse_engines
+from mlactl.decide.setup import Setup
+from mlactl.decide.workload import WorkloadReport
+from mlactl.model.shapes import grid
+from mlactl.output import engines as engines_out
+from mlactl.util import progress
+from mlactl.util.errors import MlactlError
+
+
+def engine_loss(
+    model: str | None = None,
+    hardware: str | None = None,
+    *,
+    workload: str | Path | None = None,
+    batch: Sizes = 1,
+    new: Sizes = "1,16,64,256,1024,4096",
+    prefix: Sizes = "0,1K,4K,8K,16K,32K",
+    tp: int | None = None,
+    kv_dtype: str | None = None,
+    dtype: str | None = None,
+    chunk: int | None = None,
+    engines=None,
+    engine_options=(),
+    calibration: str | Path | None = None,
+    fmt: str | None = None,
+    setup: Setup | None = None,
+) -> Result[WorkloadReport]:
+    """`mlactl engines`: what each engine's own rule loses against the best path on a workload
+    (a CSV of batch, new, prefix, weight; or the grid of `batch`, `new`, `prefix`), where it
+    loses most, and the threshold that would lose least. `value` is a workload report whose
+    `engines` hold each rule's time, loss and their intervals."""
+    s = setup or _setup(model, hardware, tp, kv_dtype, dtype, chunk, calibration)
+    names = _engine_names(engines)
+    if names is None:  # the shorthands fix a dense backend: a DSA model's default is the two engines
+        names = ",".join(DEFAULT_ENGINES) if s.cfg.is_dsa else "sglang,sglang-triton,sglang-trtllm,vllm"
+    chosen = parse_engines(names, list(engine_options), context_for(s.cfg, s.hw, s.kv_dtype))
+    if workload is not None:
+        wl = workload_mod.read_workload(Path(workload))
+    else:
+        b, n, p = grid(sizes(batch, "--batch"), sizes(new, "--new"), prefix=sizes(prefix, "--prefix", 0))
+        wl = workload_mod.grid_workload(b, n, p)
+    if len(wl) > 1_000_000:
+        raise MlactlError(f"{len(wl)} shapes; at most 1,000,000 at once")
+    with progress.task(f"costing {len(wl):,} shapes on every engine's rule"):
+        result = workload_mod.report(s.cost(), s.hw, wl, chosen, calibration=s.calibration)
+    return Result(result, s, lambda: engines_out.to_json(result), lambda fh: engines_out.write_csv(fh, result))

@@ -1,0 +1,141 @@
+"""`mlactl.analyze` and `mlactl.crossover`: a grid of shapes, and the crossover per prefix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from mlactl.api.common import Result, Sizes, _engine_names, _setup, sizes
+from mlactl.decide import analysis as analysis_mod
+from mlactl.decide import setup as settings
+from mlactl.decide.analysis import Analysis, Crossover
+from mlactl.decide.engines import context_for, is_engine, parse_engines, parse_policy
+from mlactl.decide.setup import Setup
+from mlactl.model.shapes import grid
+from mlactl.output import report
+from mlactl.util import limits, progress
+from mlactl.util.defaults import DEFAULT_MODEL, POLICIES
+from mlactl.util.errors import MlactlError
+
+
+def check_policy(policy: str | None, results, model: str, load_model: Callable) -> None:
+    """Refuse a --policy analyze cannot take, before any file is looked for: an unknown name,
+    --results without measured, measured for a DSA model (tune measures MLA paths only)."""
+    if policy is not None and not is_engine(policy):
+        settings.choice(policy, "--policy", POLICIES)
+    if results is not None and policy != "measured":
+        raise MlactlError("--results goes with --policy measured")
+    if policy == "measured" and results is None and load_model().is_dsa:
+        raise MlactlError(
+            f"--policy measured: {model} is a DSA model and `mlactl tune paths` measures MLA paths only; "
+            "use roofline, flops or an engine"
+        )
+
+
+def analyze(
+    model: str | None = None,
+    hardware: str | None = None,
+    *,
+    batch: Sizes = 1,
+    new: Sizes = (1, 64, 128, 256, 1024, 4096),
+    prefix: Sizes | None = None,
+    context: Sizes | None = None,
+    tp: int | None = None,
+    kv_dtype: str | None = None,
+    dtype: str | None = None,
+    chunk: int | None = None,
+    layers: int | str = 1,
+    engines=None,
+    engine_options=(),
+    policy: str | None = None,
+    results: str | Path | None = None,
+    calibration: str | Path | None = None,
+    fmt: str | None = None,
+    setup: Setup | None = None,
+) -> Result[Analysis]:
+    """`mlactl analyze`: every path's FLOPs, bytes and time at each (batch, new, prefix), the
+    best path, each engine's path and what it loses, and the crossover. `policy` adds one more
+    choice and its loss: roofline, flops, an engine (with the `engine_options` it would take
+    among `engines`) or measured (the crossovers of `results`, a `mlactl tune paths` file, or
+    the newest one for this model). `fmt` is the format the answer will be written in (the
+    memory guard counts it); `setup` gives settings already resolved. `value` is an
+    mlactl.decide.analysis.Analysis."""
+    if setup is None:
+        check_policy(policy, results, model or DEFAULT_MODEL, lambda: settings.load_model(model or DEFAULT_MODEL, 1))
+        found = [results] if results is not None else ()
+        setup = _setup(
+            model, hardware, tp, kv_dtype, dtype, chunk, calibration, results_files=found,
+            find_results=policy == "measured",
+        )  # fmt: skip
+    s = setup
+    if prefix is not None and context is not None:
+        raise MlactlError("give either --prefix or --context, not both")
+    b, n, p = grid(
+        sizes(batch, "--batch"),
+        sizes(new, "--new"),
+        prefix=None if context is not None else sizes(prefix if prefix is not None else "0,8K,32K", "--prefix", 0),
+        context=sizes(context, "--context") if context is not None else None,
+    )
+    n_layers = s.cfg.layers if str(layers).strip().lower() == "all" else settings.one_int(layers, "--layers")
+    ctx = context_for(s.cfg, s.hw, s.kv_dtype)
+    names = _engine_names(engines)
+    options = list(engine_options or ())
+    chosen = parse_engines(names, options, ctx)
+    # an engine policy takes the same engine options it would take among the engines
+    rule = parse_policy(policy, names, options, ctx) if policy is not None and is_engine(policy) else policy
+    limits.check_points(len(b), fmt)
+    with progress.task(f"analysing {len(b):,} points"):
+        result = analysis_mod.analyze(
+            s.cfg,
+            s.hw,
+            b,
+            n,
+            p,
+            kv_dtype=s.kv_dtype,
+            dtype=s.dtype,
+            chunk=s.chunk,
+            layers=n_layers,
+            engines=chosen,
+            policy=rule,
+            results_data=s.results[0] if s.results else None,
+            calibration=s.calibration,
+        )
+    return Result(
+        result,
+        s,
+        lambda: dict(report.to_json(result), **report.calibration_json(s.calibration)),
+        lambda fh: report.write_analysis_csv(fh, result),
+    )
+
+
+def crossover(
+    model: str | None = None,
+    hardware: str | None = None,
+    *,
+    batch: Sizes = 1,
+    prefix: Sizes = "0,1K,4K,8K,16K,32K,64K,128K",
+    max_new: int | str = analysis_mod.DEFAULT_MAX_NEW,
+    tp: int | None = None,
+    kv_dtype: str | None = None,
+    dtype: str | None = None,
+    chunk: int | None = None,
+    calibration: str | Path | None = None,
+    setup: Setup | None = None,
+) -> Result[Crossover]:
+    """`mlactl crossover`: per (batch, prefix), the new-token count from which expand beats
+    absorb, by FLOPs and by time (a DSA model: its windows). `value` is a Crossover."""
+    s = setup or _setup(model, hardware, tp, kv_dtype, dtype, chunk, calibration)
+    cost = s.cost()
+    s.hw.peak_flops(cost.dtype)
+    pairs = [(b, p) for b in sizes(batch, "--batch") for p in sizes(prefix, "--prefix", 0)]
+    if len(pairs) > analysis_mod.MAX_CROSSOVER_PREFIXES:
+        raise MlactlError(f"{len(pairs)} (batch, prefix) pairs; at most {analysis_mod.MAX_CROSSOVER_PREFIXES} at once")
+    limit = settings.one_int(max_new, "--max-new")
+    result = analysis_mod.crossover_table(cost, s.hw, pairs, max_new=limit, calibration=s.calibration)
+    calibrated = s.calibration is not None
+    return Result(
+        result,
+        s,
+        lambda: report.crossover_document(cost, s.hw, result, s.calibration),
+        lambda fh: report.write_crossover_csv(fh, result, calibrated=calibrated),
+    )
