@@ -38,7 +38,7 @@ import numpy as np
 from mlactl.decide.calibration import run, store
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.score import fit_of, predicted
-from mlactl.decide.calibration.transfer import error_key, error_keys, transfer
+from mlactl.decide.calibration.transfer import error_key, error_keys, kernel_of, transfer
 from mlactl.model import hardware
 from mlactl.model.roofline import roofline_time
 
@@ -95,7 +95,8 @@ def scored(cal, target: str, framework: str) -> list[dict]:
     for key, pts in sorted(groups(target, framework).items()):
         op, src, dtype = key
         p = predicted(cal, key, pts)
-        fit = fit_of(cal, op, dtype, src.rsplit(":", 1)[-1] if src.endswith(("decode", "prefill")) else "decode")
+        phase = src.rsplit(":", 1)[-1] if src.endswith(("decode", "prefill")) else "decode"
+        fit = fit_of(cal, op, dtype, phase, kernel_of({"source": src}))
         kernel = ((fit or {}).get("transfer") or {}).get("kernel") or {}
         y = np.asarray(pts.time_s, dtype=np.float64)
         roof = roofline_time(pts.flops, pts.bytes, hw.peak_flops("bf16"), hw.bandwidth)
@@ -109,6 +110,7 @@ def scored(cal, target: str, framework: str) -> list[dict]:
                 row,
                 covered=True,
                 other=kernel.get("target") != kernel.get("measured"),
+                kernel=kernel.get("target"),
                 fit=" + ".join(p.used),
                 error=summary(np.abs(p.time / y - 1)),
                 bias=float(np.median(p.time / y - 1)),
@@ -130,7 +132,7 @@ def error_model(records: list[dict]) -> dict:
         res = r["log_residual"]
         if len(res) > PER_GROUP:
             res = rng.choice(res, PER_GROUP, replace=False)
-        for key in error_keys(r["op"], r["crossing"], r["dtype"], r["other"]):
+        for key in error_keys(r["op"], r["crossing"], r["dtype"], r["other"], r["kernel"]):
             entry = pooled.setdefault(key, {"res": [], "pairs": set()})
             entry["res"].append(res)
             entry["pairs"].add(r["pair"])
@@ -160,7 +162,7 @@ def residual_records(cals: dict, frameworks, near: bool) -> tuple[list[dict], li
                                      target_gpu=t, framework=fw, crossing=crossing))  # fmt: skip
                     if g.get("covered"):
                         records.append({"op": g["op"], "crossing": crossing, "pair": f"{s}>{t}:{fw}",
-                                        "dtype": g["dtype"], "other": g["other"],
+                                        "dtype": g["dtype"], "other": g["other"], "kernel": g["kernel"],
                                         "log_residual": g["log_residual"], "gpus": (s, t)})  # fmt: skip
     return records, rows
 

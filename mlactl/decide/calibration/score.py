@@ -11,7 +11,9 @@ calibrate` fits), the calibration's fit of that op class predicts every point, a
     measured   the share of points inside the fit's measured range (basis `measured`)
 
 A group whose op class the calibration has no fit for, or no fit of the group's dtype, is
-listed with n and nothing else: not covered (an fp8 fit says nothing of an nvfp4 kernel). Where
+listed with n and nothing else: not covered (an fp8 fit says nothing of an nvfp4 kernel). Of
+several fits of a class and dtype, a group takes its own kernel's (measured, or run on the
+target by transfer), else the first. Where
 the calibration has a decode and a prefill fit of a class, a point takes the one the time
 function would (mlactl.decide.calibration.time.op_seconds); an aiconfigurator table says which
 it is (its source ends in :decode or :prefill).
@@ -34,6 +36,7 @@ from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.estimate import spread_of
 from mlactl.decide.calibration.model import DECODE_MAX_NEW, Points
 from mlactl.decide.calibration.store import transfer_source
+from mlactl.decide.calibration.transfer import kernel_of
 from mlactl.util import safe
 from mlactl.util.errors import MlactlError
 
@@ -88,11 +91,17 @@ def check_measured_on(calibration, hardware: str | None, where: str) -> None:
     )
 
 
-def fit_of(calibration, op: str, dtype: str, phase: str) -> dict | None:
-    """The fit of op class `op` of exactly this dtype, of the phase if there is one; never
-    another dtype's."""
+def fit_of(calibration, op: str, dtype: str, phase: str, kernel: str | None = None) -> dict | None:
+    """The fit of op class `op` of exactly this dtype (never another dtype's): of this kernel
+    (measured, or run there by transfer) if there is one, then of the phase if there is one."""
     found = [f for f in calibration.fits if f["op"] == op and f.get("dtype") == dtype]
+    if kernel is not None:
+        found = [f for f in found if kernel in (kernel_of(f), _target_kernel(f))] or found
     return next((f for f in found if str(f.get("source", "")).endswith(":" + phase)), found[0] if found else None)
+
+
+def _target_kernel(fit: dict) -> str | None:
+    return ((fit.get("transfer") or {}).get("kernel") or {}).get("target")
 
 
 @dataclass(frozen=True)
@@ -119,8 +128,9 @@ def predicted(calibration, key: tuple[str, str, str], pts: Points) -> Predicted 
     op, source, dtype = key
     peak, bandwidth, sms = machine_of(calibration)
     phase = _phase(source)
-    decode = fit_of(calibration, op, dtype, phase or "decode")
-    prefill = fit_of(calibration, op, dtype, phase or "prefill")
+    kernel = kernel_of({"source": source})
+    decode = fit_of(calibration, op, dtype, phase or "decode", kernel)
+    prefill = fit_of(calibration, op, dtype, phase or "prefill", kernel)
     if decode is None or prefill is None:  # both or neither: a fit of this dtype is both's fallback
         return None
     decode_like = (

@@ -150,26 +150,37 @@ def error_key(op: str, source: HardwareProfile, target: HardwareProfile) -> tupl
     return op, f"{family(source) or '?'}>{family(target) or '?'}"
 
 
-def error_keys(op: str, crossing: str, dtype: str | None = None, other: bool | None = None) -> list[str]:
-    """The transfer error model's keys for a fit, most specific first: its op class, dtype and
-    whether the target runs another kernel (`:other`, else `:same`) at this crossing; its op
-    class at this crossing; every class at it; then its class and every class within one
-    architecture (`same`) or across two (`cross`)."""
+def error_keys(
+    op: str, crossing: str, dtype: str | None = None, other: bool | None = None, kernel: str | None = None
+) -> list[str]:
+    """The transfer error model's keys for a fit, most specific first: its op class, dtype,
+    kernel on the target and whether that is another kernel than the measured one (`:other`,
+    else `:same`) at this crossing; the same without the kernel; its op class at this crossing;
+    every class at it; then its class and every class within one architecture (`same`) or
+    across two (`cross`)."""
     a, b = crossing.split(">")
     kind = "same" if a == b and a != "?" else "cross"
     keys = [f"{op}/{crossing}", f"*/{crossing}", f"{op}/{kind}", f"*/{kind}"]
     if dtype is not None and other is not None:
-        keys.insert(0, f"{op}:{dtype}:{'other' if other else 'same'}/{crossing}")
+        change = "other" if other else "same"
+        keys.insert(0, f"{op}:{dtype}:{change}/{crossing}")
+        if kernel is not None:
+            keys.insert(0, f"{op}:{dtype}:{kernel}:{change}/{crossing}")
     return keys
 
 
 def transfer_error(
-    op: str, crossing: str, errors: dict | None = None, dtype: str | None = None, other: bool | None = None
+    op: str,
+    crossing: str,
+    errors: dict | None = None,
+    dtype: str | None = None,
+    other: bool | None = None,
+    kernel: str | None = None,
 ) -> tuple[str, dict] | None:
     """(key, entry {"n", "pairs", "quantiles", "shift"}) of the most specific key the model has
     from at least MIN_PAIRS pairs (`error_keys`), or None."""
     table = ERRORS if errors is None else errors
-    keys = error_keys(op, crossing, dtype, other)
+    keys = error_keys(op, crossing, dtype, other, kernel)
     return next(((k, table[k]) for k in keys if k in table and len(table[k].get("pairs", ())) >= MIN_PAIRS), None)
 
 
@@ -255,7 +266,7 @@ def transfer_fit(
         members = [dict(m, terms=[t for t in m["terms"] if t not in drop]) for m in members]
     out["members"] = members
     crossing = error_key(fit["op"], source, target)[1]
-    found = transfer_error(fit["op"], crossing, errors, fit.get("dtype"), kernel != src_kernel)
+    found = transfer_error(fit["op"], crossing, errors, fit.get("dtype"), kernel != src_kernel, kernel)
     key, error = found if found is not None else (None, None)
     factor = 1.0
     if error is not None and error.get("shift") and correct:
