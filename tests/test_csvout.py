@@ -69,3 +69,23 @@ def test_mixed_columns_and_text():
 def test_text_needing_quotes_is_refused():
     with pytest.raises(ValueError, match="needs quoting"):
         write([np.array(["a,b"])])
+
+
+def test_crossover_csv_leaves_none_found_empty_not_nan():
+    """`crossover --max-new 64`: after a 1K prefix expand first wins at 135 new tokens on an H200
+    (tests/golden/crossover.csv), past 64, so the table says `> 64`; the CSV said `nan`."""
+    from typer.testing import CliRunner
+
+    from mlactl.cli import app
+
+    out = CliRunner().invoke(app, ["crossover", "--hardware", "h200", "--tp", "1", "--max-new", "64",
+                                   "--prefix", "0,1K", "-f", "csv"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines()[1:] == ["1,0,1,1,1", "1,1024,159,,"]
+    assert "nan" not in out.stdout
+
+
+def test_missing_values_written_as_asked():
+    buf = io.BytesIO()
+    write_csv(buf, ["a", "b"], [np.array([1.0, np.nan]), np.array([np.inf, 2.5])], missing="")
+    assert buf.getvalue().decode().splitlines() == ["a,b", "1,inf", ",2.5e+00"]

@@ -6,8 +6,8 @@ are the CSV text. No per-value Python.
 
 Numbers: integral values below 1e15 are written as integers (exact); every other number with
 10 significant digits in scientific notation (1.234567891e-05); nan and inf as Python spells
-them. A missing value (a crossover not found, say) is passed as nan and written `nan`; no field
-is ever left empty. Text columns
+them. A missing value is passed as nan and written `nan`, or, with `missing=""`, left empty (a
+crossover not found up to --max-new: the table's `> 64`, JSON's null). Text columns
 hold a few distinct values (path names, bounds) and must not contain commas or quotes.
 """
 
@@ -142,7 +142,8 @@ def _label_table(labels: list[str]):
 class _Column:
     """How one column of one block is formatted: its width, then filling a slice of the block."""
 
-    def __init__(self, values):
+    def __init__(self, values, missing: str = "nan"):
+        self.missing = missing
         if not isinstance(values, Labels):
             values = np.asarray(values)
             if values.dtype.kind not in "biuf":
@@ -193,16 +194,16 @@ class _Column:
                 mat[rows, :width], keep[rows, :width] = m, k
         if self.special.any():
             rows = self.special
-            words = ["nan", "inf", "-inf"]
+            words = [self.missing, "inf", "-inf"]
             codes = np.where(np.isnan(x[rows]), 0, np.where(x[rows] > 0, 1, 2))
             table, table_keep = _label_table(words)
             mat[rows, : table.shape[1]] = table[codes]
             keep[rows, : table.shape[1]] = table_keep[codes]
 
 
-def write_csv(fh, header: list[str], columns: list, chunk: int = CHUNK) -> None:
+def write_csv(fh, header: list[str], columns: list, chunk: int = CHUNK, missing: str = "nan") -> None:
     """Write a header and equal-length columns (numeric arrays, text arrays or Labels) to a
-    binary file object."""
+    binary file object; a NaN is written as `missing` ("nan", or "" for an empty field)."""
     if len(header) != len(columns):
         raise ValueError("one header name per column")
     fh.write((",".join(header) + "\n").encode())
@@ -213,7 +214,7 @@ def write_csv(fh, header: list[str], columns: list, chunk: int = CHUNK) -> None:
     n = len(columns[0]) if columns else 0
     for start in range(0, n, chunk):
         stop = min(start + chunk, n)
-        cols = [_Column(c[start:stop]) for c in columns]
+        cols = [_Column(c[start:stop], missing) for c in columns]
         total = sum(c.width + 1 for c in cols)
         mat = np.empty((stop - start, total), np.uint8)
         keep = np.empty((stop - start, total), bool)

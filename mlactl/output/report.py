@@ -450,7 +450,7 @@ def crossover_document(cost, hw, result, cal) -> dict:
 
 def write_crossover_csv(fh, result, calibrated: bool) -> None:
     """`mlactl crossover --format csv`: one row per (batch, prefix); calibrated, each crossover's
-    80% interval ends too (empty: past --max-new)."""
+    80% interval ends too. An empty field: none up to --max-new (the table's `> N`)."""
     if result.windows:
         write_csv(fh, *window_columns(result.windows))
         return
@@ -464,7 +464,7 @@ def write_crossover_csv(fh, result, calibrated: bool) -> None:
             spans = [getattr(r, f"{k}_interval") or (None, None) for r in rows]
             header += [f"{k}_lo", f"{k}_hi"]
             cols += [[np.nan if s[i] is None else s[i] for s in spans] for i in (0, 1)]
-    write_csv(fh, header, [np.asarray(c, dtype=np.float64) for c in cols])
+    write_csv(fh, header, [np.asarray(c, dtype=np.float64) for c in cols], missing="")  # none up to --max-new
 
 
 def window_columns(windows) -> tuple[list[str], list[np.ndarray]]:
