@@ -502,3 +502,27 @@ def test_plot_does_not_load_torch_or_triton(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+TRACE_LINE = '{"timestamp": 0, "input_length": 3000, "output_length": 4, "hash_ids": [1, 2]}\n'
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("t.jsonl", TRACE_LINE * 2),
+        ("one.jsonl", TRACE_LINE),
+        ("t.csv", "arrival_s,input_tokens,output_tokens\n0,9,2\n"),
+    ],
+    ids=["jsonl", "one-line", "csv"],
+)
+def test_plot_replay_of_a_trace_says_what_to_run(tmp_path, name, text):
+    """It said 'not valid JSON' (two lines) or 'not a replay report' (one)."""
+    trace = tmp_path / name
+    trace.write_text(text)
+    out = runner.invoke(app, ["plot", "replay", str(trace), "-o", str(tmp_path / "r.png")])
+    assert out.exit_code == 2
+    lines = [line for line in out.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "is a request trace, not a replay report" in lines[0], out.output
+    assert f"mlactl replay {trace} -f json -o report.json" in lines[0]
+    assert not (tmp_path / "r.png").exists()

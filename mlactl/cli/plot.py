@@ -30,7 +30,7 @@ from mlactl.output.plot import image_format
 from mlactl.results import store as results_store
 from mlactl.util import progress, safe
 from mlactl.util.errors import MlactlError
-from mlactl.util.io import read_json, refuse_input
+from mlactl.util.io import open_input, read_json, refuse_input
 from mlactl.util.limits import check_plot
 
 # Made before importing mlactl.cli, as mlactl/cli/tune.py does its tune_app: the root group
@@ -370,8 +370,33 @@ def replay_chart(
     """
 
     check_output(output, data)
-    found = read_json(report, "replay report")  # the one reader: an -o or --data of it is refused next
+    try:
+        found = read_json(report, "replay report")  # the one reader: an -o or --data of it is refused next
+    except MlactlError:
+        _refuse_trace(report)
+        raise
     check_not_inputs(output, data)
+    if isinstance(found, dict) and "schema" not in found:
+        _refuse_trace(report)
     plot.check_report(found, str(report))
     fig, drawn = plot.replay(found)
     write(fig, output, dpi, "replay", drawn, data)
+
+
+# the first fields of a request trace, as `mlactl replay` reads one (Mooncake's JSON lines, a CSV)
+TRACE_FIELDS = ("timestamp", "input_length", "hash_ids", "arrival_s", "input_tokens")
+
+
+def _refuse_trace(path: Path) -> None:
+    """A request trace given where a replay report belongs: say what to run instead."""
+    try:
+        with open_input(path, "replay report") as fh:
+            head = fh.read(4096).decode("utf-8", "replace").lstrip("\ufeff")
+    except (MlactlError, OSError):
+        return
+    first = head.splitlines()[0] if head.strip() else ""
+    if any(f'"{k}"' in first or first.split(",").count(k) for k in TRACE_FIELDS):
+        raise MlactlError(
+            f"{safe.text(path)} is a request trace, not a replay report: run `mlactl replay "
+            f"{safe.text(path)} -f json -o report.json`, then `mlactl plot replay report.json`"
+        )
