@@ -1,7 +1,11 @@
 import json
+import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from mlactl.model import config
 from mlactl.model import config as model
 from mlactl.util.errors import MlactlError
 
@@ -105,3 +109,92 @@ def test_hf_config_bad_value(tmp_path):
 def test_missing_file():
     with pytest.raises(MlactlError, match="cannot read model config"):
         model.resolve("/nonexistent/config.json")
+
+
+# -- bounds on every dimension (round three) --------------------------------------------------------
+
+V32 = {
+    "hidden_size": 7168,
+    "num_attention_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "num_hidden_layers": 61,
+    "index_topk": 2048,
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+    "max_position_embeddings": 163840,
+}  # fmt: skip  (deepseek-ai/DeepSeek-V3.2-Exp config.json)
+FIELD_OF = {**config.HF_FIELDS, **config.DSA_HF_FIELDS}
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("index_topk", 0, "index_topk must be a positive integer, got 0"),
+        ("index_topk", -1, "index_topk must be a positive integer, got -1"),
+        ("index_topk", 200_000, "index_topk 200000 is above 163,840, the model's context"),
+        ("index_topk", None, "but not index_topk"),
+        ("index_n_heads", 10**9, "index_n_heads 1000000000 is above 4,096"),
+        ("index_head_dim", True, "index_head_dim must be a positive integer, got True"),
+        ("v_head_dim", 1 << 20, "v_head_dim 1048576 is above 4,096, more than any real model has"),
+        ("num_hidden_layers", 10**30, "is above 4,096"),
+        ("max_position_embeddings", 0, "max_position_embeddings must be a positive integer"),
+    ],
+)
+def test_config_dimensions_are_bounded(tmp_path, field, value, message):
+    data = dict(V32, **{field: value})
+    if value is None:
+        del data[field]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(MlactlError, match=re.escape(message)):
+        config.from_hf_config(path)
+
+
+DIM_VALUE = st.one_of(
+    st.integers(-(2**70), 2**70), st.sampled_from([0, 1, 4096, 4097, 1 << 17, 163840, True, None, "64", 1.5])
+)
+
+
+@settings(deadline=None)
+@given(changes=st.dictionaries(st.sampled_from(sorted(V32)), DIM_VALUE, max_size=4))
+def test_guard_every_dimension_is_held_to_its_bound(tmp_path_factory, changes):
+    """Whatever a config holds, it loads with every dimension from 1 to its bound (index_topk to
+    the model's context), or is one line naming the field."""
+    path = tmp_path_factory.mktemp("cfg") / "config.json"
+    path.write_text(json.dumps({k: v for k, v in dict(V32, **changes).items() if v is not None}))
+    try:
+        cfg = config.from_hf_config(path)
+    except MlactlError as exc:
+        assert "\n" not in str(exc) and any(f in str(exc) for f in [*V32, "MLA model config"]), str(exc)
+        return
+    for key, most in config.DIM_MAX.items():
+        value = getattr(cfg, key)
+        assert value is None or 1 <= value <= most, (key, value)
+    if cfg.is_dsa:
+        assert 1 <= cfg.topk <= (cfg.max_context or config.MAX_CONTEXT)
+
+
+def test_a_prompt_beyond_the_context_is_warned_about_once(tmp_path):
+    """DeepSeek-V3 serves 163,840 tokens (max_position_embeddings); a 200K prompt is costed and
+    told; one within it says nothing."""
+    from typer.testing import CliRunner
+
+    from mlactl.cli import app
+
+    runner = CliRunner()
+    long = runner.invoke(app, ["analyze", "--new", "1", "--prefix", "0,200K", "-f", "json"])
+    assert long.exit_code == 0
+    warnings_ = [line for line in long.stderr.splitlines() if line.startswith("Warning:")]
+    assert warnings_ == [
+        "Warning: 1 shape(s) have a context of up to 204,801 tokens, beyond the 163,840 that deepseek-v3 "
+        "serves (max_position_embeddings): they are costed as asked"
+    ]
+    short = runner.invoke(app, ["analyze", "--new", "1", "--prefix", "163839", "-f", "json"])
+    assert short.exit_code == 0 and "Warning" not in short.stderr
+    requests = tmp_path / "r.csv"
+    requests.write_text("new,prefix\n1,200000\n")
+    assert "beyond the 163,840" in runner.invoke(app, ["batch", str(requests), "-f", "json"]).stderr

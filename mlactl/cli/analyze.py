@@ -29,6 +29,7 @@ from mlactl.cli.options import (
     Opts,
     shared,
 )
+from mlactl.model.shapes import check_context
 from mlactl.output import render
 from mlactl.output.report import write_analysis_csv
 from mlactl.util import safe
@@ -108,6 +109,7 @@ def analyze(
         fmt=fmt,
     )
     result = answer.value
+    check_context(cfg, result.context)
     results_data = setup.results[0] if setup.results else None
     width, terminal = table_width(opts.output)
     tables = [

@@ -10,6 +10,7 @@ import typer
 from mlactl.api import batch as api
 from mlactl.cli.common import calibration_line, cli_errors, emit, output_format, resolve
 from mlactl.cli.options import MACHINE, OUTPUT, EngineOptionOpt, EnginesOpt, Opts, shared
+from mlactl.model.shapes import check_context
 from mlactl.output import render
 
 batch_app = typer.Typer(add_completion=False)
@@ -43,6 +44,7 @@ def batch_cmd(
     fmt = output_format(opts.fmt, opts.output)
     setup = resolve(opts)
     answer = api.batch(requests, setup=setup, engines=engines, engine_options=engine_option or (), fmt=fmt)
+    check_context(setup.cfg, answer.value.new + answer.value.prefix)
     emit(
         fmt,
         opts.output,

@@ -11,14 +11,13 @@ is refused, naming what is missing.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from mlactl.util import safe
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import MAX_CONFIG_BYTES, read_json
-from mlactl.util.numbers import MAX_SIZE
 
 
 class Index(NamedTuple):
@@ -46,6 +45,9 @@ class MLAConfig:
     topk: int | None = None  # index_topk: tokens each query's sparse attention reads
     index_heads: int | None = None  # index_n_heads (Hi): replicated on every GPU, never split by --tp
     index_dim: int | None = None  # index_head_dim (di)
+    # max_position_embeddings: the longest context the model serves (None: not known); a longer
+    # one is warned about (model.shapes.check_context), not refused. Not part of the shape.
+    max_context: int | None = field(default=None, compare=False)
 
     @property
     def is_dsa(self) -> bool:
@@ -75,20 +77,37 @@ class MLAConfig:
         return replace(self, H=self.H // tp, tp=self.tp * tp)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The shape fields (what the JSON outputs record as `model`)."""
+        out = asdict(self)
+        out.pop("max_context")
+        return out
 
 
 PRESETS: dict[str, MLAConfig] = {
     # Public config.json facts of each model.
-    "deepseek-v3": MLAConfig("deepseek-v3", 7168, 128, 1536, 512, 128, 64, 128, 61),
-    "deepseek-v2": MLAConfig("deepseek-v2", 5120, 128, 1536, 512, 128, 64, 128, 60),
-    "deepseek-v2-lite": MLAConfig("deepseek-v2-lite", 2048, 16, None, 512, 128, 64, 128, 27),
-    "kimi-k2": MLAConfig("kimi-k2", 7168, 64, 1536, 512, 128, 64, 128, 61),
+    # (max_position_embeddings: 163840 in deepseek-ai/DeepSeek-V3, -V2 and -V2-Lite config.json;
+    # 131072 in moonshotai/Kimi-K2-Instruct config.json)
+    "deepseek-v3": MLAConfig("deepseek-v3", 7168, 128, 1536, 512, 128, 64, 128, 61, max_context=163840),
+    "deepseek-v2": MLAConfig("deepseek-v2", 5120, 128, 1536, 512, 128, 64, 128, 60, max_context=163840),
+    "deepseek-v2-lite": MLAConfig("deepseek-v2-lite", 2048, 16, None, 512, 128, 64, 128, 27, max_context=163840),
+    "kimi-k2": MLAConfig("kimi-k2", 7168, 64, 1536, 512, 128, 64, 128, 61, max_context=131072),
     # DeepSeek-V3.2(-Exp): V3's MLA dims and 61 layers plus the indexer (index_n_heads 64,
     # index_head_dim 128, index_topk 2048), from deepseek-ai/DeepSeek-V3.2-Exp
     # inference/config_671B_v3.2.json (docs/design.md, "DSA: DeepSeek-V3.2's sparse MLA", cites it).
     "deepseek-v3.2": MLAConfig(
-        "deepseek-v3.2", 7168, 128, 1536, 512, 128, 64, 128, 61, topk=2048, index_heads=64, index_dim=128
+        "deepseek-v3.2",
+        7168,
+        128,
+        1536,
+        512,
+        128,
+        64,
+        128,
+        61,
+        topk=2048,
+        index_heads=64,
+        index_dim=128,
+        max_context=163840,
     ),
     # Round numbers for teaching and tests.
     "teaching": MLAConfig("teaching", 4096, 32, 1024, 512, 128, 64, 128, 1),
@@ -105,6 +124,26 @@ HF_FIELDS = {
     "dV": "v_head_dim",
     "layers": "num_hidden_layers",
 }
+# The most any real model has of each dimension, with room (DeepSeek-V3: hidden 7168, 128 heads,
+# q_lora_rank 1536, kv_lora_rank 512, head dims 128/64/128, 61 layers; the widest dense models
+# reach hidden 16384 and 126 layers): a config past these is a typo or an attack, and its
+# products would leave int64. Every dimension is held to its bound, the index fields too.
+DIM_MAX = {
+    "hidden": 1 << 17,
+    "H": 4096,
+    "q_lora_rank": 1 << 17,
+    "r": 1 << 16,
+    "dC": 4096,
+    "dR": 4096,
+    "dV": 4096,
+    "layers": 4096,
+    "index_heads": 4096,
+    "index_dim": 4096,
+}
+# The longest context mlactl takes a model to serve (index_topk at most this, or the model's own
+# max_position_embeddings when given): 16M tokens, 100x any MLA model today.
+MAX_CONTEXT = 1 << 24
+
 # A config with all three is a DSA model (DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM).
 DSA_HF_FIELDS = {"topk": "index_topk", "index_heads": "index_n_heads", "index_dim": "index_head_dim"}
 
@@ -150,15 +189,29 @@ def from_hf_config(path: str | Path) -> MLAConfig:
         if key == "q_lora_rank" and value is None:
             values[key] = None
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise MlactlError(f"{path}: {hf} must be a positive integer, got {value!r}")
-        if value > MAX_SIZE:  # 2^31 heads or ranks: no model has them, and int64 products would overflow
-            raise MlactlError(f"{path}: {hf} {safe.text(value, 24)} is above the limit of {MAX_SIZE:,}")
-        values[key] = value
+        values[key] = _dimension(value, hf, path, DIM_MAX[key])
+    values["max_context"] = _max_context(data, path)
     values.update(_dsa_values(data, path, values))
     name = data.get("_name_or_path") or data.get("model_type") or path.parent.name or "custom"
     # a name from a file: printable from here on (markup and mathtext are escaped where drawn)
     return MLAConfig(name=safe.text(name), **values)
+
+
+def _dimension(value, hf: str, path: Path, most: int, why: str = "") -> int:
+    """One dimension of a config: a whole number from 1 to `most` (DIM_MAX), or one line."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        shown = safe.text(repr(value), 40)
+        raise MlactlError(f"{safe.text(path)}: {hf} must be a positive integer, got {shown}")
+    if value > most:
+        shown = safe.text(value, 24)
+        raise MlactlError(f"{safe.text(path)}: {hf} {shown} is above {most:,}, {why or 'more than any real model has'}")
+    return value
+
+
+def _max_context(data: dict, path: Path) -> int | None:
+    """max_position_embeddings, when the config gives it (None otherwise)."""
+    value = data.get("max_position_embeddings")
+    return None if value is None else _dimension(value, "max_position_embeddings", path, MAX_CONTEXT)
 
 
 def _dsa_values(data: dict, path: Path, values: dict) -> dict:
@@ -175,10 +228,8 @@ def _dsa_values(data: dict, path: Path, values: dict) -> dict:
         )
     out = {}
     for key, hf in DSA_HF_FIELDS.items():
-        value = data[hf]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise MlactlError(f"{path}: {hf} must be a positive integer, got {value!r}")
-        out[key] = value
+        most = DIM_MAX.get(key) or values.get("max_context") or MAX_CONTEXT  # topk: at most the context
+        out[key] = _dimension(data[hf], hf, path, most, "the model's context" if key == "topk" else "")
     if values.get("q_lora_rank") is None:
         raise MlactlError(f"{path}: a DSA config needs q_lora_rank (the indexer's wq_b projects the query latent)")
     return out

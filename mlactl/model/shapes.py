@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlactl.util import numbers
-from mlactl.util.errors import MlactlError
+from mlactl.util.errors import MlactlError, warn
 from mlactl.util.limits import check_points, max_values
 from mlactl.util.numbers import must_be
 
@@ -113,3 +113,19 @@ def grid(
         i = int(np.flatnonzero(short)[0])
         raise MlactlError(f"--context {o[i]} is shorter than --new {n[i]}: the context includes the new tokens")
     return b, n, o - n
+
+
+def check_context(cfg, context) -> None:
+    """One warning when a context (prefix + new) is longer than the model serves
+    (`cfg.max_context`, its max_position_embeddings): a 200K-token prompt to DeepSeek-V3
+    (163,840) is costed, as asked, but said to be beyond what the model was trained for."""
+    limit = getattr(cfg, "max_context", None)
+    if limit is None or len(np.atleast_1d(context)) == 0:
+        return
+    context = np.asarray(context)
+    over = int(np.count_nonzero(context > limit))
+    if over:
+        warn(
+            f"{over:,} shape(s) have a context of up to {int(context.max()):,} tokens, beyond the "
+            f"{limit:,} that {cfg.name} serves (max_position_embeddings): they are costed as asked"
+        )
