@@ -93,9 +93,11 @@ NO_SPILL = {
     # under 3.9, 249 / 232 under 3.6, one split / several); without the split score 1.53
     (64, False): (32, 3, "uniform", 1),
     (32, False): (32, 3, "balanced", 0),  # 1.53; balanced at BLOCK_N 64: 192 B (split score too)
-    # 1.53 (mma.sync), 3 buffers; 0 B with the scale as a tensor or a float, under 3.9 and 3.6;
-    # without the split score, 3 stages spill 24 B (one split) and 4 stages 8 B (a float scale)
-    (32, True): (32, 4, "uniform", 1),
+    # 1.53 (mma.sync), 3 buffers, 176-188 registers, 0 B with the scale as a tensor or a float,
+    # under 3.9 and 3.6: the value is copied a second time (see _attend_keys), so both fp8 tiles
+    # are staged in shared memory; one tile widened for both dots was an unpipelined register
+    # load at 254-255 registers
+    (32, True): (32, 4, "uniform", 0),
     (16, False): (64, 3, "balanced", 0),  # 1.00 already: 64 keys give each of the 8 warps its own
     (16, True): (32, 3, "balanced", 0),  # 1.53; balanced at BLOCK_N 64: 96 B (split score: 356 B)
 }
@@ -155,7 +157,7 @@ def _cta_barrier(n0, INTERPRETED: tl.constexpr):
 
 @triton.jit
 def _score_and_accumulate(
-    acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, n0, limit, qk_scale, x_p, x_a,
+    acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, b_v, n0, limit, qk_scale, x_p, x_a,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr, SPLIT_SCORE: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
@@ -175,9 +177,11 @@ def _score_and_accumulate(
     if KV_FP8:  # the launcher passes an fp8 cache as uint8; reinterpret, widen exactly
         b_kv = b_kv.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
         b_kpe = b_kpe.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
+        b_v = b_v.to(tl.float8e4nv, bitcast=True).to(b_q.dtype)
     if DOT_FP32:
         b_kv = b_kv.to(tl.float32)
         b_kpe = b_kpe.to(tl.float32)
+        b_v = b_v.to(tl.float32)
     if SPLIT_SCORE:  # scaled before the sum, so the compiler cannot fold it into one chained dot
         b_s = (
             tl.dot(b_q, tl.trans(b_kv), input_precision=DOT_PRECISION) * qk_scale
@@ -203,7 +207,7 @@ def _score_and_accumulate(
         b_p = tl.load((x_p + zero) + o_xp)  # [BLOCK_H, BLOCK_N]
         alpha = tl.load((x_a + zero) + i_x * BLOCK_H + o_x)  # [BLOCK_H]
     acc = acc * alpha[:, None]
-    acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
+    acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
     return acc, m_new, l_i
 
 
@@ -269,7 +273,7 @@ def _attend_keys(
             b_kv = kv_desc.load([row0, 0])  # [BLOCK_N, R]
             b_kpe = kpe_desc.load([row0, R])  # [BLOCK_N, DR]
             acc, m_i, l_i = _score_and_accumulate(
-                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, n0, limit, qk_scale, x_p, x_a,
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, b_kv, n0, limit, qk_scale, x_p, x_a,
                 BLOCK_H, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, SPLIT_SCORE, INTERPRETED,
             )  # fmt: skip
         if full_end < end:  # the last tile: the rest of its page may hold anything, NaN too
@@ -278,7 +282,7 @@ def _attend_keys(
             b_kv = tl.where(m_n[:, None], kv_desc.load([row0, 0]), 0)  # [BLOCK_N, R]
             b_kpe = tl.where(m_n[:, None], kpe_desc.load([row0, R]), 0)  # [BLOCK_N, DR]
             acc, m_i, l_i = _score_and_accumulate(
-                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, full_end, limit, qk_scale, x_p, x_a,
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, b_kv, full_end, limit, qk_scale, x_p, x_a,
                 BLOCK_H, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, SPLIT_SCORE, INTERPRETED,
             )  # fmt: skip
     else:
@@ -303,8 +307,15 @@ def _attend_keys(
                 p_kv = kv + tl.where(m_n, b_page, 0).to(tl.int64) * stride_kv_blk + (o_n % PAGE) * stride_kv_tok
             b_kv = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, R]
             b_kpe = tl.load(p_kv[:, None] + R + o_dr[None, :], mask=m_n[:, None], other=0)  # [BLOCK_N, DR]
+            if KV_FP8:  # the value part copied a second time (the copies run together: HBM once, L2
+                # twice; .cg keeps the two loads apart): each load then feeds one dot and Triton
+                # stages it in shared memory a tile ahead. One load widened for both dots stayed
+                # an unpipelined register load (sm_90 compile: 1 tile in flight, 254-255 registers)
+                b_v = tl.load(p_kv[:, None] + o_r[None, :], mask=m_n[:, None], other=0, cache_modifier=".cg")
+            else:
+                b_v = b_kv
             acc, m_i, l_i = _score_and_accumulate(
-                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, n0, limit, qk_scale, x_p, x_a,
+                acc, m_i, l_i, b_q, b_qpe, b_kv, b_kpe, b_v, n0, limit, qk_scale, x_p, x_a,
                 BLOCK_H, BLOCK_N, KV_FP8, DOT_PRECISION, DOT_FP32, SPLIT_SCORE, INTERPRETED,
             )  # fmt: skip
     if SPLIT_SCORE:
@@ -680,13 +691,13 @@ def smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8, r=None, sp
     """Shared memory of one program as Triton lays it out for sm_90 (checked against the compiler
     for the DeepSeek shapes, tests/test_decode.py): the query tile, the KV buffers (num_stages of
     them for TMA tiles, num_stages - 1 for cp.async ones: the page ids are carried one tile
-    ahead), one more cache-dtype tile for an fp8 cache's widening, and 2 KiB of scratch; with
+    ahead; an fp8 tile's value part twice, see _attend_keys), and 2 KiB of scratch; with
     `r`, at least the [BLOCK_H, r] fp32 accumulator, which the epilogue converts through shared
     memory (128 KiB at 64 rows: more than the loop's buffers once BLOCK_N is 16); with
     split_score, the [BLOCK_H, BLOCK_N] p tile the value dot reads from shared memory."""
     buffers = stages if block_h >= TMA_MIN_BLOCK_H else max(1, stages - 1)
-    in_flight = buffers + (1 if fp8 else 0)
-    loop = block_h * row * q_bytes + in_flight * block_n * row * kv_bytes + 2048
+    per_key = row + ((r or row) if fp8 else 0)  # an fp8 tile's value part is copied a second time
+    loop = block_h * row * q_bytes + buffers * block_n * per_key * kv_bytes + 2048
     loop += block_h * block_n * q_bytes if split_score else 0
     return max(loop, block_h * r * 4) if r else loop
 

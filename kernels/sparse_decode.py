@@ -43,19 +43,17 @@ from .sparse_decode_naive import FP8_TILE, sparse_fp8_row_bytes
 # sweep of 78 configs per cache, benchmarks/results/compile-sm90-sparse-decode.json) ----
 # (cache kind) -> heads a tile. Every 64-row config spills (276-11,428 B bf16, 880-10,376 B fp8:
 # the [64, 512] fp32 accumulator beside a gathered tile's addresses), so 128 heads are 4 tiles of
-# 32 (mma.sync) with a bf16 cache. With fp8, 32-row tiles spill 1,132-1,184 B once a second tile
-# is in flight (2-3 stages, 16 or 32 rows a gather) and compile without spilling only
-# unpipelined (1 stage); 16-row tiles pipeline with 0 B, so fp8 takes 8 tiles of 16 at 128 heads.
-# A token's head tiles run side by side in the grid, so all but the first read its rows from L2.
-BLOCK_H_WIDE = {"bf16": 32, "fp8": 16}
+# 32 (mma.sync). A token's head tiles run side by side in the grid, so all but the first read
+# its rows from L2.
+BLOCK_H_WIDE = {"bf16": 32, "fp8": 32}
 BLOCK_H_MIN = 16  # tl.dot needs 16 rows; fewer heads are masked padding
 # (cache kind) -> (BLOCK_N, num_stages, num_warps) at the tile above: the largest gather of rows
 # that compiles with 0 spills for sm_90 with two tiles in flight (the indices carried one tile
 # ahead; sm_90 compile, Triton 3.9 / 3.6): bf16 32 rows a gather, 3 stages, 162 registers,
-# 110 KiB; fp8 at 16-row tiles 32 rows, 3 stages, 234 registers, 83 KiB
+# 110 KiB; fp8 32 rows, 3 stages, 254 registers (both), 105 KiB, the value read twice (kernel)
 NO_SPILL = {"bf16": (32, 3, 8), "fp8": (32, 3, 8)}
-# at 16-row tiles (16 heads or fewer, e.g. DeepSeek-V3.2 at TP 8): bf16 64 rows, 3 stages, 139
-# registers, 164 KiB; fp8 as above
+# at 16-row tiles (16 heads or fewer, e.g. DeepSeek-V3.2 at TP 8): bf16 64 rows, 3 stages, 141
+# registers, 164 KiB; fp8 32 rows, 3 stages, 219 / 234 registers (3.9 / 3.6), 87 KiB
 NO_SPILL_NARROW = {"bf16": (64, 3, 8), "fp8": (32, 3, 8)}
 WAVES = 2  # splits aim at ~2 waves of programs over the SMs
 MIN_SPLIT_ROWS = 256  # a split below 256 rows writes as much partial as it reads cache
@@ -67,6 +65,15 @@ LN2 = tl.constexpr(0.6931471805599453)
 CONFIG_KEYS = ("BLOCK_H", "BLOCK_N", "num_splits", "num_warps", "num_stages")
 _FP8_BYTES = (torch.uint8, torch.float8_e4m3fn) if hasattr(torch, "float8_e4m3fn") else (torch.uint8,)
 _FITTED: dict = {}
+
+
+@triton.jit
+def _dequant(b_raw, b_sc, BLOCK_N: tl.constexpr, R: tl.constexpr, DTYPE: tl.constexpr):
+    """FlashMLA's fp8 values [BLOCK_N, R] (bytes) times their per-128 scales b_sc [BLOCK_N, R // 128]:
+    widened exactly, scaled in fp32, rounded once to the query's dtype."""
+    b_val = b_raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)  # [BLOCK_N, R], exact
+    b_val = tl.reshape(tl.reshape(b_val, [BLOCK_N, R // 128, 128]) * b_sc[:, :, None], [BLOCK_N, R])
+    return b_val.to(DTYPE)
 
 
 # ints that change with the batch or the split count (the lse strides follow the split count):
@@ -154,14 +161,17 @@ def _sparse_decode_kernel(
         m_n = (b_idx >= 0) & (b_idx < num_slots)  # -1, past the split or out of the cache: never read
         i_row = tl.where(m_n, b_idx, 0).to(tl.int64)  # [BLOCK_N]
         if FP8:  # FlashMLA's row: r e4m3 bytes | r/128 fp32 scales | dR bf16
-            b_raw = tl.load(kv + i_row[:, None] * stride_kv + o_r[None, :], mask=m_n[:, None], other=0)
-            b_val = b_raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)  # [BLOCK_N, R], exact
+            p_raw = kv + i_row[:, None] * stride_kv + o_r[None, :]  # [BLOCK_N, R]
             o_t = tl.arange(0, R // 128)
             b_sc = tl.load(
                 kv_f32 + i_row[:, None] * stride_kv_f32 + R // 4 + o_t[None, :], mask=m_n[:, None], other=0.0
             )
-            b_val = tl.reshape(tl.reshape(b_val, [BLOCK_N, R // 128, 128]) * b_sc[:, :, None], [BLOCK_N, R])
-            b_kv = b_val.to(b_q.dtype)  # [BLOCK_N, R]
+            b_kv = _dequant(tl.load(p_raw, mask=m_n[:, None], other=0), b_sc, BLOCK_N, R, b_q.dtype)  # [BLOCK_N, R]
+            # the value read a second time (from L2): each load then feeds one dot and Triton stages
+            # it in shared memory a tile ahead; one load widened for both dots stays a register
+            # load, unpipelined (sm_90 compile)
+            b_raw = tl.load(p_raw, mask=m_n[:, None], other=0, cache_modifier=".cg")  # [BLOCK_N, R]
+            b_v = _dequant(b_raw, b_sc, BLOCK_N, R, b_q.dtype)
             p_pe = kv_b16 + i_row * stride_kv_b16 + (R + 4 * (R // 128)) // 2  # [BLOCK_N]
             b_kpe = tl.load(p_pe[:, None] + o_dr[None, :], mask=m_n[:, None], other=0.0).to(b_q.dtype)
         else:
@@ -171,6 +181,7 @@ def _sparse_decode_kernel(
             if DOT_FP32:
                 b_kv = b_kv.to(tl.float32)
                 b_kpe = b_kpe.to(tl.float32)
+            b_v = b_kv
         b_s = tl.dot(b_qpe, tl.trans(b_kpe), input_precision=DOT_PRECISION)  # [BLOCK_H, BLOCK_N]
         b_s = tl.dot(b_q, tl.trans(b_kv), b_s, input_precision=DOT_PRECISION)
         b_s = tl.where(m_n[None, :], b_s * qk_scale, -float("inf"))
@@ -180,7 +191,7 @@ def _sparse_decode_kernel(
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(b_p, 1)
         acc = acc * alpha[:, None]
-        acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
+        acc = tl.dot(b_p.to(b_v.dtype), b_v, acc, input_precision=DOT_PRECISION)  # [BLOCK_H, R]
         m_i = m_new
 
     has_keys = l_i > 0

@@ -90,6 +90,28 @@ def test_loop_mma_macs_and_ratio():
     assert round(got, 3) == 1.529
 
 
+def test_loop_shared_bytes_and_ops():
+    ptx = """
+$L__BB0_1:
+\tcp.async.cg.shared.global [ %r1 + 0 ], [ %rd2 + 0 ], 0x10, %r3;
+\tldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r4, %r5, %r6, %r7}, [%r8];
+\tldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%r4, %r5}, [%r8];
+\tld.shared.v4.b32 {%r1, %r2, %r3, %r4}, [%r9];
+\tld.shared.b8 %rs1, [%r9+1];
+\tst.shared.v2.b32 [%r9], {%r1, %r2};
+\tbar.sync \t0;
+\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {...};
+\t@%p1 bra $L__BB0_1;
+\tld.shared.v4.b32 {%r1, %r2, %r3, %r4}, [%r9];
+"""
+    # per thread: cp.async 16; ldmatrix 4 x 4 + 2 x 4 = 24; ld.shared 16 + 1 (the one after the loop
+    # is not counted); st.shared 8
+    assert stage.loop_shared_bytes(ptx) == {"ld_shared": 17, "st_shared": 8, "ldmatrix": 24, "cp_async": 16}
+    ops = stage.loop_counts(ptx, stage.LOOP_OPS)
+    assert (ops["bar_sync"], ops["cp_async"], ops["ldmatrix"], ops["ld_shared"]) == (1, 1, 2, 2)
+    assert stage.loop_mma_shapes(ptx) == {"mma m16n8k16": 1}
+
+
 def test_sass_counts():
     sass = (
         "        /*0100*/ HGMMA.64x32x16.F32.BF16 R24, gdesc[UR4], RZ ;\n  STL [R1+0x4], R2 ;\n  LDL R2, [R1+0x4] ;\n"
@@ -155,6 +177,15 @@ def test_kv_pipeline_without_copies_or_dots():
         "tiles_in_flight": 1,
         "copy_before_value_wait": None,
     }
+    # the KV tile loaded into registers in the loop (an fp8 tile widened for both dots, as the
+    # fp8 default was): only a small side operand is copied ahead, so nothing of the tile is in flight
+    unstaged = _ttgir(3, 2, "LATE").replace(
+        "      ttng.wait_barrier",
+        "      %raw = tt.load %p_kv, %m : tensor<32x512x!tt.ptr<i8>, #blocked>\n      ttng.wait_barrier",
+    )
+    unstaged = unstaged.replace("x32x512xbf16", "x16x64xbf16")  # the copies fill 2 KiB slots only
+    assert stage.kv_pipeline(unstaged)["tiles_in_flight"] == 1
+    assert stage.kv_pipeline(unstaged)["kv_buffers"] == 0
     # a merge: no dot in any loop
     assert set(stage.kv_pipeline("scf.for %k = %a to %b step %c {\n  tt.load %p\n}\n").values()) == {None}
 

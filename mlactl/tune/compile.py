@@ -154,6 +154,65 @@ def loop_mma_macs(ptx: str) -> dict[str, int]:
     return best
 
 
+def loop_mma_shapes(ptx: str) -> dict[str, int]:
+    """Tensor-core instructions of the busiest PTX loop (the one loop_mma_macs picks) by kind and
+    shape, as one warpgroup (wgmma) or one warp (mma.sync) issues them: {"wgmma m64n16k16": 36}."""
+    lines = ptx.splitlines()
+    best: dict[str, int] = {}
+    most = 0
+    for lo, hi in _loops(lines):
+        got: dict[str, int] = {}
+        macs = 0
+        for line in lines[lo : hi + 1]:
+            m = _MMA_SHAPE.search(line)
+            if m:
+                kind = "wgmma" if m.group(1).startswith("wgmma") else "mma"
+                key = f"{kind} m{m.group(2)}n{m.group(3)}k{m.group(4)}"
+                got[key] = got.get(key, 0) + 1
+                macs += int(m.group(2)) * int(m.group(3)) * int(m.group(4))
+        if macs > most:
+            best, most = got, macs
+    return best
+
+
+_SHARED_ACCESS = re.compile(r"\b(ld|st)\.shared(?:::cta)?(?:\.v([248]))?\.[busf](8|16|32|64|128)\b")
+_LDMATRIX = re.compile(r"\bldmatrix\.sync\.aligned\.m8n8\.x([124])\b")
+_CP_ASYNC = re.compile(r"\bcp\.async\.c[ag]\.shared\.global\s*\[[^]]*\],\s*\[[^]]*\],\s*(0x[0-9a-fA-F]+|\d+)")
+
+
+def loop_shared_bytes(ptx: str) -> dict[str, int]:
+    """Shared-memory bytes one thread moves per trip of the busiest PTX loop (the one
+    loop_mma_macs picks), by instruction: ld.shared / st.shared (vector width x element size),
+    ldmatrix (4 B a thread per 8x8 b16 matrix) and cp.async (the bytes it writes). The tensor
+    cores' own operand reads (wgmma from shared memory) are not in it: see loop_mma_shapes."""
+    lines = ptx.splitlines()
+    out = {"ld_shared": 0, "st_shared": 0, "ldmatrix": 0, "cp_async": 0}
+    best, most = None, -1
+    for lo, hi in _loops(lines):
+        macs = 0
+        for line in lines[lo : hi + 1]:
+            m = _MMA_SHAPE.search(line)
+            if m:
+                macs += int(m.group(2)) * int(m.group(3)) * int(m.group(4))
+        if macs > most:
+            best, most = (lo, hi), macs
+    if best is None:
+        return out
+    for line in lines[best[0] : best[1] + 1]:
+        m = _SHARED_ACCESS.search(line)
+        if m:
+            out[f"{m.group(1)}_shared"] += int(m.group(2) or 1) * int(m.group(3)) // 8
+            continue
+        m = _LDMATRIX.search(line)
+        if m:
+            out["ldmatrix"] += 4 * int(m.group(1))
+            continue
+        m = _CP_ASYNC.search(line)
+        if m:
+            out["cp_async"] += int(m.group(1), 0)
+    return out
+
+
 def issued_over_needed(macs: dict[str, int], num_warps: int, needed: int | None) -> float | None:
     """Tensor-core multiply-adds one CTA issues per loop trip over those its tile needs.
 
@@ -171,7 +230,21 @@ _COPY = re.compile(r"\b(ttng\.async_tma_copy_global_to_local|ttg\.async_copy_glo
 _MEMDESC = re.compile(r"!ttg\.memdesc<([\dx]+)x(\w+),")
 _DOT = re.compile(r"=\s*(ttng\.warp_group_dot|tt\.dot|ttng\.warpgroup_dot)\s")
 _RESULT_SHAPE = re.compile(r"->\s*tensor<([\dx]+)x\w+")
-_ELT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i8": 1, "f8E4M3FN": 1, "i32": 4, "i64": 8}
+_ELT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i8": 1, "u8": 1, "f8E4M3FN": 1, "i32": 4, "i64": 8}
+
+
+_LOAD_TYPE = re.compile(r":\s*tensor<([\dx]+)x!tt\.ptr<(\w+)>")
+
+
+def _tensor_bytes(line: str) -> int:
+    """Bytes of the tensor a tt.load line reads (its pointer tensor's shape and element type)."""
+    found = _LOAD_TYPE.search(line)
+    if not found:
+        return 0
+    n = _ELT_BYTES.get(found.group(2), 2)
+    for d in found.group(1).split("x"):
+        n *= int(d)
+    return n
 
 
 def _regions(lines: list[str]) -> list[tuple[int, int]]:
@@ -275,6 +348,12 @@ def kv_pipeline(ttgir: str) -> dict:
         return none
     kv = max({a for _, a in in_loop}, key=lambda a: alloc_bytes(a)[0])
     buffers = alloc_bytes(kv)[1]
+    # a tile loaded straight into registers in the loop (tt.load), larger than any slot the copies
+    # fill, is the KV tile itself read unpipelined (an fp8 tile widened in registers, say): the
+    # copies then stage only a side operand, and nothing of the KV tile is in flight
+    slot = alloc_bytes(kv)[0] // max(buffers, 1)
+    if any(_tensor_bytes(lines[k]) > slot for k in range(lo, hi + 1) if re.search(r"=\s*tt\.load\s", lines[k])):
+        return none
     start = defs[kv][0]
     prologue = sum(1 for k in range(start, lo) if _COPY.search(lines[k]) and alloc_of(copy_dest(lines[k])) == kv)
     before = any(k < wait for k, a in in_loop if a == kv)
@@ -405,6 +484,8 @@ def compile_one(case: Case) -> dict:
         out["sass"] = sass_counts(dis.stdout) if dis.returncode == 0 else {}
     counts = loop_counts(ptx, {"wgmma": "wgmma.mma_async", "mma": "mma.sync"})
     out["loop_ops"] = loop_counts(ptx, LOOP_OPS)
+    out["loop_mma_shapes"] = loop_mma_shapes(ptx)
+    out["loop_shared_bytes_per_thread"] = loop_shared_bytes(ptx)
     out["wgmma_per_loop"], out["mma_per_loop"] = counts["wgmma"], counts["mma"]
     out["wgmma_total"] = ptx.count("wgmma.mma_async")
     out["wgmma_shapes"] = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
