@@ -1015,3 +1015,110 @@ def test_no_output_replaces_a_measurement(tmp_path, content, kind):
     one_error(cli("analyze", "--new", "1", "--prefix", "0", "-o", target, "-f", "json"), kind)
     assert target.read_text() == content
     assert io.measurement(tmp_path / "missing") is None
+
+
+# -- round three: the environment --------------------------------------------------------------------
+
+C_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}
+
+
+def _mlactl(*args, env=None, **kw):
+    full = dict(os.environ, **(env or {}))
+    full = {k: v for k, v in full.items() if v != ""}
+    return subprocess.run([sys.executable, "-m", "mlactl", *map(str, args)], capture_output=True, env=full, **kw)
+
+
+def test_mlactl_home_that_is_a_file_is_one_line(tmp_path):
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    one_error(cli("calibrate", "--from", "csv", _calibration_csv(tmp_path / "q.csv"), "--hardware", "h200",
+                  MLACTL_HOME=str(home)), "is not a folder")  # fmt: skip
+    assert home.read_text() == "not a folder"
+
+
+def test_home_that_cannot_be_resolved_is_one_line(monkeypatch):
+    """No $MLACTL_HOME, no $XDG_DATA_HOME, and `~` that expands to itself (no $HOME and no
+    passwd entry): the store would have been a folder named `~` in the working directory."""
+    monkeypatch.delenv("MLACTL_HOME")
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setattr(dirs.os.path, "expanduser", lambda p: p)
+    with pytest.raises(MlactlError, match="cannot find your home directory.*set \\$MLACTL_HOME"):
+        dirs.home()
+
+
+def test_a_read_only_home_is_one_line(tmp_path, monkeypatch):
+    """(As root a mode of 555 does not stop a write: the refusal is made by the system call.)"""
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(io.tempfile, "mkstemp", refused)
+    one_error(cli("calibrate", "--from", "csv", _calibration_csv(tmp_path / "q.csv"), "--hardware", "h200"),
+              "cannot write", "h200-csv-q.json: Permission denied")  # fmt: skip
+
+
+def test_c_locale_terminal_and_files_work(tmp_path):
+    """LC_ALL=C with Python's UTF-8 mode off: stdout is ASCII. The table is written with `us` for
+    `µs` and `x` for `✗`; a file mlactl writes is UTF-8 whatever the locale."""
+    out = _mlactl("analyze", "--new", "1", "--prefix", "0,10M", "--batch", "64", env=C_LOCALE, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    text = out.stdout.decode("ascii")
+    assert "absorb x" in text and "us M" in text
+    target = tmp_path / "o.txt"
+    assert _mlactl("analyze", "--new", "1", "--prefix", "0", "-o", target, env=C_LOCALE, timeout=120).returncode == 0
+    assert "µs" in target.read_text(encoding="utf-8")
+
+
+SIGTERM_WRITER = """
+import os, signal, sys
+from mlactl.cli.errors import exit_on_sigterm
+from mlactl.util import io
+exit_on_sigterm()
+with io.locked(sys.argv[1]), io.atomic_open(sys.argv[1], "w") as fh:
+    fh.write("half of a new calibration")
+    fh.flush()
+    os.kill(os.getpid(), signal.SIGTERM)
+    fh.write(" and the rest")
+"""
+
+
+def test_sigterm_while_a_file_is_written_leaves_the_old_one_and_nothing_else(tmp_path):
+    target = tmp_path / "cal.json"
+    target.write_text('{"schema": "old"}\n')
+    out = subprocess.run([sys.executable, "-c", SIGTERM_WRITER, str(target)], capture_output=True, timeout=120)
+    assert out.returncode == 143
+    assert out.stderr.decode().strip() == "Error: terminated (SIGTERM); any file being written keeps its old content"
+    assert target.read_text() == '{"schema": "old"}\n'
+    assert sorted(os.listdir(tmp_path)) == ["cal.json"]  # no temporary file, no lock file
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        found |= {int(c) for c in task.read_text().split()}
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_sigterm_ends_replay_and_its_workers(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    line = '{{"timestamp": {t}, "input_length": 3000, "output_length": 40, "hash_ids": [{t}]}}\n'
+    trace.write_text("".join(line.format(t=100 * i) for i in range(60_000)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlactl", "replay", str(trace), "--jobs", "2", "-o", str(tmp_path / "r.json")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    workers: set[int] = set()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
+        workers = _children(proc.pid)
+        time.sleep(0.05)
+    if len(workers) < 2:
+        proc.kill()
+        pytest.skip("the replay ended before its workers were seen")
+    proc.terminate()
+    assert proc.wait(timeout=60) == 143
+    time.sleep(0.5)
+    alive = [w for w in workers if Path(f"/proc/{w}").exists() and "Z" not in Path(f"/proc/{w}/stat").read_text()]
+    assert alive == []
+    assert not (tmp_path / "r.json").exists()

@@ -17,7 +17,7 @@ import typer
 import typer.core
 import typer.main
 
-from mlactl.cli.errors import run_root
+from mlactl.cli.errors import exit_on_sigterm, plain_streams, run_root
 from mlactl.cli.helptext import polish
 from mlactl.cli.options import VersionOpt
 from mlactl.util import safe
@@ -92,6 +92,8 @@ def main() -> None:
         # Outside tune, mlactl's arithmetic is elementwise numpy: starting OpenBLAS's thread pool
         # would only add ~60 ms to every start. A value the user set wins.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    exit_on_sigterm()
+    plain_streams()
     app()
 
 

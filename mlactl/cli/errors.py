@@ -3,7 +3,10 @@ pipe is a quiet exit, and warnings (a bad file skipped) are one `Warning:` line 
 
 from __future__ import annotations
 
+import codecs
+import multiprocessing
 import os
+import signal
 import sys
 import warnings
 
@@ -69,3 +72,57 @@ def _run(main, args, prog_name, complete_var, **extra) -> int:
         _quiet_pipe()
         code = EXIT_PIPE
     return code
+
+
+# 128 + SIGTERM: what the shell reports for a process that SIGTERM ended.
+EXIT_TERM = 143
+_MAIN_PID: list[int] = []
+
+
+def _terminated(signum, frame):
+    """SIGTERM in the command's process: end its worker processes, then unwind as an exception, so
+    a file being written keeps its old content (atomic_open removes its temporary file), a lock
+    is released, and no worker outlives the command. In a forked worker: end at once."""
+    if not _MAIN_PID or os.getpid() != _MAIN_PID[0]:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    for child in multiprocessing.active_children():
+        child.terminate()
+    sys.stderr.write("Error: terminated (SIGTERM); any file being written keeps its old content\n")
+    raise SystemExit(EXIT_TERM)
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM end the command the way an error does (`_terminated`); the CLI's entry point
+    calls it once, a library caller keeps its own handler."""
+    _MAIN_PID[:] = [os.getpid()]
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+# What mlactl's tables print beyond ASCII, as a terminal or file that is not UTF-8 (LC_ALL=C)
+# gets it: readable, never a UnicodeEncodeError; anything else becomes its \u escape.
+ASCII_FOR = {
+    "µ": "u", "✗": "x", "–": "-", "—": "-", "†": "+", "‡": "++", "≥": ">=", "≤": "<=", "…": "...",
+    "→": "->", "×": "x", "·": ".", "’": "'", "“": '"', "”": '"', "²": "^2", "±": "+-", "≈": "~",
+}  # fmt: skip
+
+
+def _ascii(exc: UnicodeError):
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    bad = exc.object[exc.start : exc.end]
+    return "".join(ASCII_FOR.get(ch, ch.encode("ascii", "backslashreplace").decode()) for ch in bad), exc.end
+
+
+codecs.register_error("mlactl-ascii", _ascii)
+
+
+def plain_streams() -> None:
+    """On a stream whose encoding is not UTF-8 (`LC_ALL=C` with Python's UTF-8 mode off), write
+    what it cannot encode as ASCII_FOR says instead of failing."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding and encoding != "utf8" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="mlactl-ascii")

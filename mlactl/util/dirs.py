@@ -8,15 +8,31 @@ import re
 from pathlib import Path
 
 from mlactl.util import safe
+from mlactl.util.errors import MlactlError
 
 ENV_HOME = "MLACTL_HOME"
 
 
 def home() -> Path:
-    if os.environ.get(ENV_HOME):
-        return Path(os.environ[ENV_HOME]).expanduser()
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(base) / "mlactl"
+    """$MLACTL_HOME, else $XDG_DATA_HOME/mlactl, else ~/.local/share/mlactl: an absolute folder, or
+    one line saying why there is none (a file in its place, a home directory that cannot be
+    resolved: `~` left as it is would put the store in a folder named `~` wherever mlactl ran)."""
+    given = os.environ.get(ENV_HOME)
+    if given:
+        path = Path(given).expanduser()
+        where = f"${ENV_HOME} ({safe.text(given)})"
+    else:
+        base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+        path = Path(base) / "mlactl"
+        where = f"mlactl's folder {safe.text(path)}"
+        if not path.is_absolute():
+            raise MlactlError(
+                f"cannot find your home directory (HOME is not set and the user has none): "
+                f"set ${ENV_HOME} to the folder mlactl keeps its measurements in"
+            )
+    if path.exists() and not path.is_dir():
+        raise MlactlError(f"{where} is not a folder: point ${ENV_HOME} at a folder (or move the file away)")
+    return path
 
 
 def user_hardware_dir() -> Path:

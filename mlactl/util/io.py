@@ -172,6 +172,12 @@ def _direct(path: Path) -> bool:
     return not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode)
 
 
+def _utf8(mode: str) -> dict:
+    """A text file mlactl writes is UTF-8 whatever the locale (`LC_ALL=C` would make it ASCII, and
+    the first `µs` would fail the write)."""
+    return {} if "b" in mode else {"encoding": "utf-8"}
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "wb", update: bool = False):
     """Open `path` for writing. A regular file (or a new one) is written to a temporary file
@@ -186,7 +192,7 @@ def atomic_open(path: str | Path, mode: str = "wb", update: bool = False):
     if _direct(path):
         try:
             # append: for a device or FIFO it is the same, and `-o /dev/stdout >> log` keeps the log
-            fh = open(path, mode.replace("w", "a"))
+            fh = open(path, mode.replace("w", "a"), **_utf8(mode))
         except OSError as exc:
             raise _fail(path, exc) from None
         try:
@@ -215,7 +221,7 @@ def atomic_open(path: str | Path, mode: str = "wb", update: bool = False):
     except OSError as exc:
         raise _fail(path, exc) from None
     try:
-        with os.fdopen(fd, mode) as fh:
+        with os.fdopen(fd, mode, **_utf8(mode)) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
