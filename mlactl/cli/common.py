@@ -20,6 +20,7 @@ from mlactl.decide.setup import Setup
 from mlactl.output import progress as progress_bar
 from mlactl.output.render import calibration_line  # noqa: F401 - for the commands
 from mlactl.output.report import calibration_json, dumps  # noqa: F401 - for the commands
+from mlactl.output.tables import fit_any
 from mlactl.util import io as files
 from mlactl.util import progress, safe
 from mlactl.util.defaults import ACT_DTYPES, OUTPUT_FORMATS
@@ -148,8 +149,9 @@ def _emit(fmt: str, output: Optional[Path], json_data, write_csv, tables) -> Non
                 write_csv(fh)
     else:
         con = console(output)
+        width = con.width if output is None and con.is_terminal else None
         for item in tables:
-            con.print(item)
+            con.print(fit_any(item, width))  # a terminal's width: stacked, never a number cut
         if output is not None:
             with atomic_open(output, "w") as fh:
                 fh.write(con.export_text())

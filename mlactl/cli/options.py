@@ -83,23 +83,24 @@ _ENGINES_HELP = (
     "engines --list` shows every rule set; docs/engines.md cites each rule."
 )
 EnginesOpt = Annotated[
-    Optional[str], typer.Option("--engines", help=_ENGINES_HELP.format(verb="show", default="sglang,vllm"))
+    Optional[str], typer.Option("--engines", help=_ENGINES_HELP.format(verb="show", default="sglang, vllm"))
 ]
 # the same, for a command that judges all four by default (replay)
 AllEnginesOpt = Annotated[
     Optional[str],
     typer.Option(
-        "--engines", help=_ENGINES_HELP.format(verb="judge", default="sglang,sglang-triton,sglang-trtllm,vllm")
+        "--engines", help=_ENGINES_HELP.format(verb="judge", default="sglang, sglang-triton, sglang-trtllm, vllm")
     ),
 ]
 EngineOptionOpt = Annotated[
     Optional[list[str]],
     typer.Option(
         "--engine-option",
+        # (examples short enough to stay whole in the help's column at 80: `mlactl engines --list`
+        # has every key, e.g. sglang.disable_chunked_prefix_cache and vllm.num_speculative_tokens)
         help="[ENGINE.]KEY=VALUE, repeatable, under the engine's own option names, e.g. "
-        "sglang.enable_mixed_chunk=true, sglang.disable_chunked_prefix_cache=true, "
-        "sglang.attention_backend=flashinfer, vllm.backend=flashinfer_mla, vllm.num_speculative_tokens=3. "
-        "`mlactl engines --list` lists each version's keys and defaults.",
+        "vllm.backend=flashmla, or sglang.enable_mixed_chunk (a flag: =true). `mlactl engines --list` lists "
+        "each version's keys and defaults.",
     ),
 ]
 FormatOpt = Annotated[

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rich.console import JustifyMethod
+from rich.console import Group, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -163,3 +163,59 @@ def fit(columns: list[Column], width: int | None, *, drop: bool, title: str = ""
     if notes:
         tables[-1].caption = "; ".join(notes)
     return Fitted(tables, dropped)
+
+
+# -- any table, fitted where it is printed ---------------------------------------------------------
+
+
+def natural_width(table: Table) -> int:
+    """A rich Table's width with every cell whole on one line (its widest line per cell)."""
+    widths = [
+        max([cell_width(c.header)] + [cell_width(x) for x in c._cells]) for c in table.columns
+    ]  # rich keeps a column's cells in `_cells`
+    return table_width(widths)
+
+
+def _keys(table: Table, width: int) -> int:
+    """How many leading columns identify a row (repeated in each stacked table): the first, and
+    the left-justified text columns right after it (an engine and its step type), while they take
+    at most half the width."""
+    widths = [max([cell_width(c.header)] + [cell_width(x) for x in c._cells]) for c in table.columns]
+    count = 1
+    while (
+        count < len(table.columns) - 1
+        and table.columns[count].justify == "left"
+        and table_width(widths[: count + 1]) <= width // 2
+    ):
+        count += 1
+    return count
+
+
+def fit_any(item, width: int | None):
+    """`item` as printed within `width` terminal columns: a rich Table wider than that is stacked
+    (`fit`) into tables that repeat the columns naming a row, so no number is cut ('10,…') and no
+    name shortened ('sglang-t…'); anything else, or a table that fits, as it is. The one place
+    every command's tables pass on their way to a terminal (mlactl.cli.common.emit)."""
+    if width is None or not isinstance(item, Table) or not item.columns or natural_width(item) <= width:
+        return item
+    keys = _keys(item, width)
+    columns = [
+        Column(
+            cell_width(c.header) and c.header,
+            list(c._cells),
+            justify=c.justify,
+            priority=KEY if i < keys else KEEP,
+        )
+        for i, c in enumerate(item.columns)
+    ]
+    title = item.title if isinstance(item.title, str) else ""
+    caption = item.caption if isinstance(item.caption, str) else ""
+    tables = _stack_fitted(columns, width, title, caption)
+    return tables[0] if len(tables) == 1 else Group(*tables)
+
+
+def _stack_fitted(columns: list[Column], width: int, title: str, caption: str) -> list[Table]:
+    tables = fit(columns, width, drop=False, title=title, caption=caption).tables
+    for out in tables:
+        out.caption_justify = "left"
+    return tables
