@@ -56,7 +56,7 @@ def strict_json(text):
 
 
 def analyze_json(*args):
-    return strict_json(run("analyze", "--format", "json", *args).output)
+    return strict_json(run("analyze", "--format", "json", *args).stdout)
 
 
 def test_json_schema():

@@ -460,7 +460,7 @@ def test_latent_cache_counts_toward_memory():
     80 GB, 100M tokens need 115.2 GB (absorb does not fit), 50M need 57.6 GB (it fits)."""
     out = runner.invoke(app, ["analyze", "--new", "50000000,100000000", "--prefix", "0", "-f", "json"])
     assert out.exit_code == 0, out.output
-    rows = {r["new"]: r for r in json.loads(out.output)["rows"]}
+    rows = {r["new"]: r for r in json.loads(out.stdout)["rows"]}
     assert rows[50_000_000]["paths"]["absorb"]["fits_memory"] is True
     assert rows[100_000_000]["paths"]["absorb"]["fits_memory"] is False
     assert all(e["time_lost_s"] is None for e in rows[100_000_000]["engines"].values())  # nothing fits

@@ -50,7 +50,8 @@ def batch_cmd(
         opts.output,
         json_data=answer.to_json,
         write_csv=answer.write_csv,
-        tables=([calibration_line(setup.calibration)] if setup.calibration is not None else [])
+        tables=[render.settings_line(setup.cfg, setup.hw, setup.kv_dtype, setup.dtype, "one layer")]
+        + ([calibration_line(setup.calibration)] if setup.calibration is not None else [])
         + setup.markup_notes()
         + list(render.batch_tables(answer.value)),
     )

@@ -10,7 +10,7 @@ from mlactl import __version__
 from mlactl.decide.engines import known_names
 from mlactl.decide.engines.catalog import ARCHS, CACHES, shorthands
 from mlactl.output.csvout import write_csv as write
-from mlactl.output.render import SHORT, calibration_line, engine_lines, seconds, seconds_span
+from mlactl.output.render import SHORT, calibration_line, engine_lines, seconds, seconds_span, settings_line
 from mlactl.output.report import SCHEMA_VERSION, calibration_json, engine_json, number_or_none
 from mlactl.util import safe
 
@@ -115,10 +115,10 @@ def sentence(result, e, s) -> str:
 def tables(result, notes=()) -> list:
 
     wl = result.workload
+    cost = result.cost
     head = (
-        f"[bold]{safe.markup(result.cost.cfg.name)}[/] on [bold]{safe.markup(result.hw.display)}[/] "
-        f"({'measured' if result.hw.using_measured else 'nominal'} ceilings), kv cache {result.cost.kv_dtype}; "
-        f"{len(wl)} shapes ({safe.markup(wl.source)}); "
+        settings_line(cost.cfg, result.hw, cost.kv_dtype, cost.dtype, "one layer")
+        + f"; {len(wl)} shapes ({safe.markup(wl.source)}); "
         f"{'roofline' if result.calibration is None else 'calibrated'} times of the "
         "paths that fit, weighted by each shape's weight"
     )

@@ -44,14 +44,13 @@ def seconds(t: float) -> str:
 
 
 def header(analysis: Analysis) -> str:
+    """The settings (settings_line), then the model's dimensions and the GPU's ceilings."""
     cfg, hw, cost = analysis.cfg, analysis.hw, analysis.cost
-    tp = f", tp {cfg.tp}" if cfg.tp > 1 else ""
-    ceilings = "measured" if hw.using_measured else "nominal"
     dsa = f" topk={cfg.topk} Hi={cfg.index_heads} di={cfg.index_dim}" if cfg.is_dsa else ""
     return (
-        f"[bold]{safe.markup(cfg.name)}[/]: H={cfg.H}{tp} r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}{dsa}, "
-        f"kv cache {cost.kv_dtype}, {cost.dtype} compute, {analysis.layers} layer(s)\n"
-        f"[bold]{safe.markup(hw.display)}[/] ({ceilings}): {hw.peak_tflops[cost.dtype]:g} TFLOP/s {cost.dtype}, "
+        settings_line(cfg, hw, cost.kv_dtype, cost.dtype, analysis.layers) + "\n"
+        f"H={cfg.H} a GPU r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}{dsa}; "
+        f"{hw.peak_tflops[cost.dtype]:g} TFLOP/s {cost.dtype}, "
         f"{hw.bandwidth_tbs:g} TB/s, ridge {hw.ridge(cost.dtype):.1f} FLOP/byte"
     )
 
@@ -395,12 +394,24 @@ def hardware_table(profiles, width: int | None = None) -> Table:
     return table("Hardware (profiles; or --hardware path/to/profile.toml)", cols, rows, width)
 
 
-def crossover_lines(cost, hw, cal) -> list[str]:
-    """The lines above `mlactl crossover`'s table: model, GPU and cache; the calibration used."""
-    head = (
-        f"[bold]{safe.markup(cost.cfg.name)}[/] on [bold]{safe.markup(hw.display)}[/] "
-        f"({'measured' if hw.using_measured else 'nominal'}), kv cache {cost.kv_dtype}"
+def settings_line(cfg, hw, kv_dtype: str, dtype: str, layers: int | str | None = None) -> str:
+    """The first line of a command's tables: the settings they were made under, defaults
+    included (analyze, crossover, batch and engines default to h800, TP 1 and one layer; replay to
+    h200, TP 8 and every layer: a table says which it is)."""
+    if isinstance(layers, str):  # "one layer's figures", "every layer"
+        layer = f", {layers}"
+    else:
+        layer = "" if layers is None else f", {layers} layer{'' if layers == 1 else 's'}"
+    return (
+        f"[bold]{safe.markup(cfg.name)}[/] at TP {cfg.tp}{layer}, on [bold]{safe.markup(hw.display)}[/] "
+        f"({safe.markup(hw.name)}, {'measured' if hw.using_measured else 'nominal'} ceilings); "
+        f"kv cache {kv_dtype}, {dtype} compute"
     )
+
+
+def crossover_lines(cost, hw, cal) -> list[str]:
+    """The lines above `mlactl crossover`'s table: the settings; the calibration used."""
+    head = settings_line(cost.cfg, hw, cost.kv_dtype, cost.dtype, "per layer")
     return [head] if cal is None else [head, calibration_line(cal)]
 
 
