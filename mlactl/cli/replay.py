@@ -94,8 +94,11 @@ def replay_cmd(
     --engine-option sglang.enable_mixed_chunk=true), with its own chunk, request cap and page
     for the GPU (settable under its own option names: sglang.chunked_prefill_size,
     sglang.max_running_requests, sglang.page_size, vllm.max_num_batched_tokens,
-    vllm.max_num_seqs, vllm.block_size) and an LRU prefix cache that keeps each finished
-    request's prompt and output; the clock runs at the roofline time of each step's whole
+    vllm.max_num_seqs, vllm.block_size), its own admission (vLLM: a first chunk's slots, and the
+    newest running request preempted when slots run out; SGLang: prompt and output beside
+    new_token_ratio of the running outputs, and decoders retracted when the next decode does
+    not fit) and an LRU prefix cache that keeps each finished request's prompt and output; the
+    clock runs at the roofline time of each step's whole
     forward (attention of every layer by the engine's rule; the MLA projections, dense MLP,
     router, shared and routed experts and LM head, each op at its own roofline; two
     all-reduces a layer at TP over the profile's NVLink; --step-overhead-ms). Each loss is

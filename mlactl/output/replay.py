@@ -101,26 +101,24 @@ def _steps(result: Replay) -> str:
 
 def summary_table(result: Replay) -> Table:
     t = Table(title="What each engine's path rule costs on this trace (attention, every layer; and the GPU's time)")
-    cols = ("engine", "steps", "GPU time", "attention", "best", "lost", "% attn", "% GPU", "vs best step")
-    for col in cols + ("vs best request",):
+    cols = ("engine", "steps", "attention", "best", "lost", "lost % attn / GPU", "vs best step", "vs best request")
+    for col in cols:
         t.add_column(col, justify="left" if col == "engine" else "right", no_wrap=True)
     for e in result.engines:
         t.add_row(
             e.engine.label,
             f"{e.steps:,}",
-            _time(e.gpu_time_s),
             _spanned(e, "time", e.time_s),
             _spanned(e, "best", e.best_s),
             _spanned(e, "lost", e.lost_s),
-            f"{e.lost_pct:.1f}%",
-            f"{e.lost_gpu_pct:.1f}%",
+            f"{e.lost_pct:.1f}% / {e.lost_gpu_pct:.1f}%",
             _time(e.lost_step_s),
             _time(e.lost_request_s),
         )
     t.caption = (
-        "GPU time: every step's whole forward (the attention as priced, the rest at the roofline); "
         "best: per step the faster of one path for the whole step and each request on its own best path; "
-        "losses are paired, on each engine's own steps, as a share of attention and of GPU time"
+        "losses are paired, on each engine's own steps; lost %: of the attention's time and of the GPU's "
+        "(every step's whole forward, the serving table's GPU time)"
     )
     if any(e.intervals is not None for e in result.engines):
         t.caption += "; calibrated: (80% interval; --format json has each loss's)"
@@ -171,16 +169,22 @@ def types_table(result: Replay) -> Table:
 
 
 def serving_table(result: Replay) -> Table:
-    t = Table(title="The simulated serving (the clock: roofline step times of the whole forward, overhead)")
-    for col in ("engine", "trace time", "busy", "cache hit", "first token p50", "p99", "end to end p50", "p99"):
+    t = Table(
+        title="The simulated serving (the clock: roofline step times of the whole forward, overhead; GPU time: "
+        "the attention as priced and the rest of the forward; preempted: vLLM's preemptions, SGLang's retractions)"
+    )
+    cols = ("engine", "trace time", "GPU time", "busy", "cache hit", "preempted", "first token p50", "p99")
+    for col in cols + ("end to end p50", "p99"):
         t.add_column(col, justify="left" if col == "engine" else "right", no_wrap=True)
     for e in result.engines:
         ft, ee = e.latency["first_token"], e.latency["end_to_end"]
         t.add_row(
             e.engine.label,
             _time(e.end_s - e.start_s),
+            _time(e.gpu_time_s),
             _pct(e.step_time_s, e.end_s - e.start_s),
             f"{100 * e.cache['hit_rate']:.1f}%",
+            f"{e.cache.get('preempted', 0):,}",
             *(_time(v) if v is not None else "—" for v in (ft["p50"], ft["p99"], ee["p50"], ee["p99"])),
         )
     return t

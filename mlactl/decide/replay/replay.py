@@ -535,4 +535,9 @@ def _latency(trace: Trace, sched: Schedule) -> dict:
 
 def _cache(trace: Trace, sched: Schedule) -> dict:
     total = float(trace.input.sum())
-    return {"hit_rate": float(sched.cached.sum() / total) if total else 0.0, "blocks_evicted": int(sched.evicted)}
+    return {
+        "hit_rate": float(sched.cached.sum() / total) if total else 0.0,
+        "blocks_evicted": int(sched.evicted),
+        "preempted": int(sched.preempted),  # vLLM's preemptions, SGLang's retractions
+        "recomputed_tokens": int(sched.recomputed),  # computed again after them
+    }

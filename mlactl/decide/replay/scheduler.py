@@ -1,11 +1,13 @@
 """Continuous batching with chunked prefill, each engine's way: the steps a trace makes.
 
 Both schedulers share the model of a request: it arrives, waits, is admitted first come first
-served (at most `max_running` run at once, and only when the KV pool can hold its whole context:
-cache.BlockPool), takes its cached prefix, computes the rest of its prompt in chunks (each chunk
-a row `new` tokens after `prefix` = the cached tokens and the earlier chunks), samples its first
-output token with its last chunk, then decodes output_length - 1 tokens, one a step (a row of one
-new token after all its earlier ones). They differ in how a step is formed:
+served (at most `max_running` run at once, and only when the engine's admission lets it: each
+engine's class below), takes its cached prefix and the KV slots of what it computes step by step
+(a preempted or retracted request comes back with its output so far as prompt), computes the
+rest of its prompt in chunks (each chunk a row `new` tokens after `prefix` = the cached tokens
+and the earlier chunks), samples its first output token with its last chunk, then decodes
+output_length - 1 tokens, one a step (a row of one new token after all its earlier ones). They
+differ in how a step is formed:
 
 vLLM (vllm/v1/core/sched/scheduler.py, `Scheduler.schedule`, vllm-project/vllm@00024d31): one
 token budget (`max_batch_tokens`, max_num_batched_tokens) per step, spent first on the running
@@ -105,6 +107,8 @@ class Schedule:
         for name in self.STEP_INT + self.CHUNK + self.SPAN:
             setattr(self, name, array("q"))
         self.cached = np.zeros(requests, dtype=np.int64)
+        self.preempted = 0  # vLLM's preemptions, SGLang's retractions
+        self.recomputed = 0  # prompt (and output) tokens computed again after one
         self.admitted = np.full(requests, np.nan)
         self.first_token = np.full(requests, np.nan)
         self.finished = np.full(requests, np.nan)
@@ -141,6 +145,8 @@ class Scheduler:
         self.streams: list[tuple | None] = [None] * n  # Trace.stream(i), while it runs
         self.held: list[dict[int, None]] = [{} for _ in range(n)]
         self.private = [0] * n
+        self.alloc = [0] * n  # tokens it holds slots for (whole pages): its hit and what it reserved
+        self.inp_orig = list(self.inp)  # self.inp / self.out move on when a request is preempted
         # decodes: prefix c0 when it joined at decode count d0, and the decode count it ends at
         self.c0 = [0] * n
         self.d0 = [0] * n
@@ -149,6 +155,7 @@ class Scheduler:
         self.heap: list[tuple[int, int]] = []
         self.decoders: dict[int, None] = {}  # in the order they were admitted
         self.sum_c0_d0 = 0  # sum of c0 - d0 over the decoders: their prefixes sum to this + B * D
+        self.sum_end = 0  # sum of the decoders' end: the decode steps they have left sum to this - B * D
         self.D = 0  # decode steps done
         self.waiting: deque[int] = deque()
         self.running: list[int] = []  # admitted and not finished, in admission order
@@ -192,32 +199,45 @@ class Scheduler:
             i += 1
         self.next_arrival = i
 
+    def _blocked_key(self, head: int) -> tuple:
+        """What the head's admission depends on besides itself: the pool (vLLM); SGLang's also
+        moves with its estimate of the running requests' outputs, which decays every decode step."""
+        return (head, self.pool.version)
+
     def _can_admit(self) -> bool:
         """Whether the head of the queue could be admitted now (no change made)."""
         if not self.waiting or len(self.running) >= self.settings.max_running:
             return False
         head = self.waiting[0]
-        if self.blocked_at == (head, self.pool.version):
+        key = self._blocked_key(head)
+        if self.blocked_at == key:
             return False
-        ok = self._plan(head, commit=False) is not None
+        ok = self._plan(head, self.settings.max_batch_tokens, commit=False) is not None
         if not ok:
-            self.blocked_at = (head, self.pool.version)
+            self.blocked_at = key
         return ok
 
-    def _plan(self, i: int, commit: bool = True):
-        """(matched segments, cached tokens, tokens to reserve) for admitting request i (taking
-        them from the pool with `commit`), or None when the pool cannot hold it now.
+    def _pages(self, tokens: int) -> int:
+        page = self.settings.page
+        return -(-tokens // page) * page
+
+    def _plan(self, i: int, budget: int, commit: bool = True, offset: float = 0.0):
+        """(matched segments, cached tokens, tokens to reserve) for admitting request i with
+        `budget` new tokens left in the step (taking them from the pool with `commit`), or None
+        when it cannot be admitted now.
 
         The hit is the stream's cached lead, capped at input - 1 (one token is always computed:
         vLLM's `max_cache_hit_length = request.num_tokens - 1` in KVCacheManager.get_computed_blocks,
         SGLang's `max_prefix_len = input_len - 1` in Req._compute_max_prefix_len, schedule_batch.py) and floored to
         whole pages (vLLM hits full blocks; SGLang's paged radix cache matches page-aligned keys).
-        The reservation is the whole context, prompt and output less the last token, in pages."""
+        The reservation is the pages of its first chunk: both engines allocate a request's slots
+        step by step as it computes (vLLM's allocate_slots for the tokens scheduled; SGLang's
+        alloc for the extend, then a slot a decode); the engine's own admission test comes on
+        top (`_admissible`)."""
         stream = self.streams[i]
         if stream is None:
             stream = self.streams[i] = self.trace.stream(i)
         inp, page = self.inp[i], self.settings.page
-        total = -(-(inp + self.out[i] - 1) // page) * page
         given = self.given_cached[i]
         matched: list[int] = []
         if given >= 0:
@@ -225,21 +245,29 @@ class Scheduler:
         else:
             matched, tokens = self.pool.match(*stream)
             cached = min(tokens, inp - 1) // page * page
-        need = total - cached
+        chunk = min(inp - cached, budget)
+        need = self._pages(cached + chunk) - cached
+        if not self._admissible(i, matched, cached, need, offset):
+            return None
         if not (self.pool.admit(matched, need) if commit else self.pool.fits(matched, need)):
             return None
         return matched, cached, need
 
-    def _admit(self, now: float) -> tuple[int, int] | None:
+    def _admissible(self, i: int, matched: list[int], cached: int, need: int, offset: float) -> bool:
+        """The engine's own test before it reserves a new request's first chunk (vLLM: none)."""
+        return True
+
+    def _admit(self, now: float, budget: int, offset: float = 0.0) -> tuple[int, int] | None:
         """Admit the head of the queue: (request, cached tokens), or None when it must wait."""
         if not self.waiting or len(self.running) >= self.settings.max_running:
             return None
         i = self.waiting[0]
-        if self.blocked_at == (i, self.pool.version):
+        key = self._blocked_key(i)
+        if self.blocked_at == key:
             return None
-        plan = self._plan(i)
+        plan = self._plan(i, budget, offset=offset)
         if plan is None:
-            self.blocked_at = (i, self.pool.version)
+            self.blocked_at = key
             return None
         matched, cached, need = plan
         self.waiting.popleft()
@@ -248,10 +276,108 @@ class Scheduler:
         self.computed[i] = cached
         self.held[i] = dict.fromkeys(matched)
         self.private[i] = need
+        self.alloc[i] = cached + need
         self.stored[i] = cached
-        self.s.cached[i] = cached
-        self.s.admitted[i] = now
+        if np.isnan(self.s.admitted[i]):
+            self.s.cached[i] = cached
+            self.s.admitted[i] = now
+        else:  # back after a preemption: all it computes now it had computed before
+            self.s.recomputed += self.inp[i] - cached
         return i, cached
+
+    def _grow(self, i: int, upto: int) -> bool:
+        """Request i needs slots for its first `upto` tokens: the pages it lacks, from the pool
+        (evicting what nobody holds); False, and nothing changed, when they do not fit."""
+        extra = self._pages(upto) - self.alloc[i]
+        if extra <= 0:
+            return True
+        if not self.pool.admit([], extra):
+            return False
+        self.alloc[i] += extra
+        self.private[i] += extra
+        return True
+
+    def _evict_request(self, i: int) -> None:
+        """Request i leaves the running ones and goes back to the head of the queue (vLLM's
+        preemption, SGLang's retraction): its slots are freed, what it cached stays cached
+        (evictable); it comes back with its prompt and the output it has so far as its prompt
+        (vLLM's request.num_tokens, SGLang's origin_input_ids + output_ids), recomputed less
+        what it finds cached."""
+        if self.phase[i] == DECODE:
+            generated = self._prefix(i) - self.inp[i] + 1  # its KV covers all but the newest token
+            del self.decoders[i]
+            self.sum_c0_d0 -= self.c0[i] - self.d0[i]
+            self.sum_end -= self.end[i]
+            self._close_span(i, self.D)
+            self.inp[i] += generated
+            self.out[i] -= generated
+        self.running.remove(i)
+        if self.chunked_req() == i:
+            self._clear_chunked()
+        self.pool.release(self.held[i], self.private[i])
+        self.phase[i] = WAITING
+        self.held[i], self.private[i], self.alloc[i], self.streams[i] = {}, 0, 0, None
+        self.computed[i] = self.stored[i] = 0
+        self.waiting.appendleft(i)
+        self.s.preempted += 1
+        self.blocked_at = None
+
+    def chunked_req(self) -> int | None:
+        return None
+
+    def _clear_chunked(self) -> None:
+        pass
+
+    def _decode_room(self, k: int, ids=None) -> int:
+        """Tokens of the pool the decoders (or `ids`) lack to decode `k` more steps."""
+        D, page = self.D, self.settings.page
+        need = 0
+        for i in self.decoders if ids is None else ids:
+            upto = self.c0[i] + D - self.d0[i] + k
+            extra = -(-upto // page) * page - self.alloc[i]
+            if extra > 0:
+                need += extra
+        return need
+
+    def _room(self) -> int:
+        pool = self.pool
+        return pool.capacity - pool.used + pool.evictable
+
+    def _steps_that_fit(self, steps: int) -> int:
+        """The most decode steps (up to `steps`) whose slots the pool holds for every decoder."""
+        room = self._room()
+        B = len(self.decoders)
+        # every decoder holds the slots of what it has computed, so k steps need at most
+        # k + page - 1 more each
+        if room >= B * (steps + self.settings.page - 1) or self._decode_room(steps) <= room:
+            return steps
+        lo, hi = 0, steps  # need(lo) fits, need(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._decode_room(mid) <= room:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _reserve_decodes(self, k: int) -> None:
+        """Every decoder takes the slots of its next `k` decodes (they fit: _steps_that_fit)."""
+        D, alloc, c0, d0, private, page = self.D, self.alloc, self.c0, self.d0, self.private, self.settings.page
+        grown = []
+        total = 0
+        for i in self.decoders:
+            upto = c0[i] + D - d0[i] + k
+            if upto > alloc[i]:
+                extra = -(-upto // page) * page - alloc[i]
+                grown.append((i, extra))
+                total += extra
+        if not total:
+            return
+        ok = self.pool.admit([], total)  # one reservation for all: the same evictions, in the same order
+        assert ok, "internal error: decode slots that were counted do not fit"
+        for i, extra in grown:
+            alloc[i] += extra
+            private[i] += extra
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -360,7 +486,10 @@ class Scheduler:
         """Decode steps, every decoder in each, until one finishes or an arrival may change the
         next step."""
         B = len(self.decoders)
-        steps = self._next_end() - self.D
+        steps = self._steps_that_fit(self._next_end() - self.D)
+        if steps == 0:  # the pool cannot hold the next decode of every decoder
+            return self._short_of_decode_slots(now)
+        admits = self._admits_after(steps)
         watch = not self.waiting  # a head that waits for room waits whatever arrives
         arrival = self.arrival[self.next_arrival] if self.next_arrival < len(self.arrival) else float("inf")
         clock, path = self.clock, self.decode_path
@@ -371,6 +500,8 @@ class Scheduler:
         k = 0
         while k < steps:
             if k and watch and arrival <= now:
+                break
+            if k and k == admits:  # the head is admitted now (SGLang: its estimate has decayed)
                 break
             chosen = selected(self.D + k) if selected is not None else 0.0
             attention = clock.launch(path, clock.decode_features(B, sum_prefix, chosen), 1.0)
@@ -385,8 +516,29 @@ class Scheduler:
             sum_prefix += B
             k += 1
         self.D += k
+        self._decayed(k)
+        self._take_decode_slots()
         self._finish_decodes(now)
         return now
+
+    def _take_decode_slots(self) -> None:
+        """After a stretch every decoder holds the slots of what it has computed: the stretch's
+        steps fit the pool (_steps_that_fit), nothing else took slots meanwhile, so taking them
+        at its end leaves the pool as taking each in its step would have."""
+        self._reserve_decodes(0)
+
+    def _short_of_decode_slots(self, now: float) -> float:
+        """A decode-only step the pool cannot hold: each engine's own way out (a step formed
+        as usual: vLLM preempts in it; SGLang retracts first)."""
+        return self._step(now)
+
+    def _admits_after(self, steps: int) -> int:
+        """The decode step of a stretch after which the head of the queue would be admitted
+        (none: -1). vLLM's admission changes only with the pool, which a stretch leaves alone."""
+        return -1
+
+    def _decayed(self, steps: int) -> None:
+        """`steps` decode steps ran (SGLang's estimate decays by them)."""
 
     def _selected(self, B: int):
         """A DSA model's decodes' selected pairs at decode count D: decoder i's prefix is
@@ -425,6 +577,7 @@ class Scheduler:
         self.d0[i] += wait
         self.sum_c0_d0 -= wait
         self.end[i] += wait
+        self.sum_end += wait
         heapq.heappush(self.heap, (self.end[i], i))
 
     def _close_span(self, i: int, end: int) -> None:
@@ -465,7 +618,8 @@ class Scheduler:
 
     def _prefilled(self, i: int, now: float) -> None:
         """Request i's prompt is done: it sampled its first token; it decodes the rest."""
-        self.s.first_token[i] = now
+        if np.isnan(self.s.first_token[i]):
+            self.s.first_token[i] = now
         left = self.out[i] - 1
         if left == 0:
             self._finish(i, now)
@@ -474,6 +628,7 @@ class Scheduler:
         self.c0[i], self.d0[i], self.end[i] = self.inp[i], self.D, self.D + left
         self.begin[i] = self.D
         self.sum_c0_d0 += self.inp[i] - self.D
+        self.sum_end += self.end[i]
         self.decoders[i] = None
         heapq.heappush(self.heap, (self.end[i], i))
 
@@ -485,6 +640,7 @@ class Scheduler:
                 continue  # moved on since (it sat out a step)
             del self.decoders[i]
             self.sum_c0_d0 -= self.c0[i] - self.d0[i]
+            self.sum_end -= e
             self._close_span(i, e)
             self._finish(i, now)
 
@@ -497,11 +653,21 @@ class Scheduler:
         self.s.finished[i] = now
         self._store(i, self.inp[i] + self.out[i] - 1)
         self.pool.release(self.held[i], self.private[i])
-        self.held[i], self.private[i], self.streams[i] = {}, 0, None
+        self.held[i], self.private[i], self.alloc[i], self.streams[i] = {}, 0, 0, None
         self.finishes += 1
 
 
 class VllmScheduler(Scheduler):
+    """vLLM v1 (vllm-project/vllm@00024d31 vllm/v1/core/sched/scheduler.py, Scheduler.schedule).
+
+    Each step allocates the slots of the tokens it schedules (`kv_cache_manager.allocate_slots`
+    for the running requests in order, a decode's one token, a chunk's tokens); a request
+    whose slots do not fit preempts the newest running request (`self.running.pop()` under the
+    default FCFS policy: its blocks freed, `num_computed_tokens = 0`, back at the head of the
+    waiting queue) and tries again, until it fits or it is itself the one preempted, which ends
+    the step's running requests. New requests are admitted only in a step that preempted none
+    (`if not preempted_reqs`), each taking the slots of its first chunk."""
+
     def _decode_only(self) -> bool:
         if len(self.running) != len(self.decoders) or not self.decoders:
             return False
@@ -513,20 +679,36 @@ class VllmScheduler(Scheduler):
         budget = self.settings.max_batch_tokens
         chunks, skipped = [], []
         decoded = 0
-        for i in self.running:
+        preempted = False
+        k = 0
+        while k < len(self.running):
+            i = self.running[k]
             if budget <= 0:
                 if self.phase[i] == DECODE:
                     skipped.append(i)
+                k += 1
                 continue
-            if self.phase[i] == PREFILL:
-                c = min(self.inp[i] - self.computed[i], budget)
+            prefill = self.phase[i] == PREFILL
+            c = min(self.inp[i] - self.computed[i], budget) if prefill else 1
+            upto = self.computed[i] + c if prefill else self.c0[i] + self.D - self.d0[i] + 1
+            fits = upto <= self.alloc[i] or self._grow(i, upto)
+            while not fits:
+                victim = self.running[-1]
+                self._evict_request(victim)
+                preempted = True
+                if victim == i:
+                    break
+                fits = self._grow(i, upto)
+            if not fits:
+                break
+            if prefill:
                 chunks.append((i, c, self.computed[i]))
-                budget -= c
             else:
                 decoded += 1
-                budget -= 1
-        while budget > 0:
-            got = self._admit(now)
+            budget -= c
+            k += 1
+        while budget > 0 and not preempted:
+            got = self._admit(now, budget)
             if got is None:
                 break
             i, cached = got
@@ -536,10 +718,117 @@ class VllmScheduler(Scheduler):
         return chunks, decoded > 0, skipped
 
 
+# SGLang's estimate of the output its running requests will still need (sgl-project/sglang@0003215c
+# python/sglang/srt/environ.py): new_token_ratio starts at SGLANG_INIT_NEW_TOKEN_RATIO (0.7, times
+# schedule_conservativeness 1.0), decays by (0.7 - 0.7 * 0.14) / 600 a decode step down to 0.7 * 0.14
+# (SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS), and after a retraction is
+# reset from the survivors with SGLANG_RETRACT_DECODE_STEPS (20) steps of headroom each; a request's
+# own output counts at most SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION (4096).
+SGLANG_INIT_RATIO = 0.7
+SGLANG_MIN_RATIO = SGLANG_INIT_RATIO * 0.14
+SGLANG_RATIO_DECAY = (SGLANG_INIT_RATIO - SGLANG_MIN_RATIO) / 600
+SGLANG_RETRACT_STEPS = 20
+SGLANG_CLIP_NEW = 4096
+
+
 class SglangScheduler(Scheduler):
+    """SGLang (sgl-project/sglang@0003215c python/sglang/srt/managers/scheduler.py; PrefillAdder in
+    schedule_policy.py @00550cd1; retract_decode in schedule_batch.py @000eaffa).
+
+    A new request is admitted when its rest of prompt, its output (max_new_tokens, here the
+    trace's output length, clipped at 4096) and a page fit in what is free or evictable, less
+    `new_token_ratio` of every running request's output still to come and what the requests
+    admitted earlier in the pass took (PrefillAdder.add_one_req against rem_total_tokens,
+    _get_running_request_total_token_offset); it then allocates its chunk. Before a decode
+    step, if the pool cannot hold every decoder's next token (check_decode_mem), decoders are
+    retracted, the one with the fewest output tokens first (the longest prompt among equals),
+    until the rest fit, and new_token_ratio is reset from the survivors; else it decays."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.chunked: int | None = None
+        self.ratio = SGLANG_INIT_RATIO
+
+    def chunked_req(self) -> int | None:
+        return self.chunked
+
+    def _clear_chunked(self) -> None:
+        self.chunked = None
+
+    def _blocked_key(self, head: int) -> tuple:
+        return (head, self.pool.version, self.D, self.ratio)
+
+    def _reserved_outputs(self) -> float:
+        """new_token_ratio of the running decoders' outputs still to come (their decode steps
+        left, the clip at 4096 applied when each was admitted)."""
+        return self.ratio * (self.sum_end - len(self.decoders) * self.D)
+
+    def _head_need(self, i: int, cached: int) -> int:
+        return self.inp[i] - cached + min(self.out[i], SGLANG_CLIP_NEW) + self.settings.page
+
+    def _admissible(self, i: int, matched: list[int], cached: int, need: int, offset: float) -> bool:
+        if not self.running:  # alone it always fits (replay checks every request fits the pool)
+            return True
+        room = self._room() - self.pool._pinned(matched)
+        return self._head_need(i, cached) < room - self._reserved_outputs() - offset
+
+    def _admits_after(self, steps: int) -> int:
+        """The first step of the stretch after which the head's test passes as the estimate
+        decays and the decoders' outputs to come shrink (the pool as at the stretch's start,
+        less one slot a decoder a step)."""
+        if not self.waiting or len(self.running) >= self.settings.max_running:
+            return -1
+        head = self.waiting[0]
+        plan = self._peek(head)
+        if plan is None:
+            return -1
+        matched, cached = plan
+        B = len(self.decoders)
+        room = self._room() - self.pool._pinned(matched)  # before the stretch takes its slots
+        ahead = 0
+        left = self.sum_end - B * self.D
+        need = self._head_need(head, cached)
+        chunk = self._pages(cached + min(self.inp[head] - cached, self.settings.max_batch_tokens)) - cached
+        for k in range(1, steps):
+            ratio = max(self.ratio - k * SGLANG_RATIO_DECAY, SGLANG_MIN_RATIO)
+            free = room + ahead - B * k
+            if need < free - ratio * (left - B * k) and chunk <= free:
+                return k
+        return -1
+
+    def _peek(self, i: int):
+        """(matched segments, cached tokens) of request i's hit now."""
+        stream = self.streams[i]
+        if stream is None:
+            stream = self.streams[i] = self.trace.stream(i)
+        given = self.given_cached[i]
+        if given >= 0:
+            return [], given
+        matched, tokens = self.pool.match(*stream)
+        return matched, min(tokens, self.inp[i] - 1) // self.settings.page * self.settings.page
+
+    def _decayed(self, steps: int) -> None:
+        self.ratio = max(self.ratio - steps * SGLANG_RATIO_DECAY, SGLANG_MIN_RATIO)
+
+    def _retract(self) -> None:
+        """check_decode_mem failed: retract decoders (fewest output tokens first, the longest
+        prompt among equals) until the others' next decode fits, at least one, never the last;
+        new_token_ratio from the survivors: (their output so far + 20 steps each) / their outputs."""
+        order = sorted(
+            self.decoders, key=lambda i: (self._prefix(i) - self.inp_orig[i], -self.inp_orig[i]), reverse=True
+        )
+        first = True
+        while len(order) > 1 and (first or self._decode_room(1, order) > self._room()):
+            first = False
+            self._evict_request(order.pop())
+        if order:
+            done = sum(self._prefix(i) - self.inp_orig[i] + 1 for i in order)
+            total = sum(self.out[i] + self.inp[i] - self.inp_orig[i] for i in order)
+            self.ratio = min(1.0, (done + SGLANG_RETRACT_STEPS * len(order)) / total)
+
+    def _short_of_decode_slots(self, now: float) -> float:
+        self._retract()
+        return now
 
     def _decode_only(self) -> bool:
         if self.chunked is not None or not self.decoders:
@@ -550,16 +839,21 @@ class SglangScheduler(Scheduler):
         mixed = self.engine.mixed_chunk
         budget = self.settings.max_batch_tokens - (len(self.decoders) if mixed else 0)
         chunks = []
+        offset = 0.0  # what the requests admitted in this pass reserve (PrefillAdder's budget)
         if budget > 0 and self.chunked is not None:
             i = self.chunked
             rest = self.inp[i] - self.computed[i]
             c = min(rest, budget)
-            chunks.append((i, c, self.computed[i]))
-            budget -= c
-            if c == rest:
-                self.chunked = None
+            if self._grow(i, self.computed[i] + c):
+                chunks.append((i, c, self.computed[i]))
+                budget -= c
+                if c == rest:
+                    self.chunked = None
+                    offset += min(self.out[i], SGLANG_CLIP_NEW)
+            else:
+                budget = 0
         while budget > 0 and self.chunked is None:
-            got = self._admit(now)
+            got = self._admit(now, budget, offset)
             if got is None:
                 break
             i, cached = got
@@ -567,11 +861,22 @@ class SglangScheduler(Scheduler):
             c = min(rest, budget)
             chunks.append((i, c, cached))
             budget -= c
+            offset += self._pages(c)
             if c < rest:
                 self.chunked = i
+            else:
+                offset += min(self.out[i], SGLANG_CLIP_NEW)
+        decoding = bool(self.decoders) and (mixed or not chunks)
+        if decoding:  # check_decode_mem, then a slot for every decoder's next token
+            room = self._room()
+            if room < len(self.decoders) * self.settings.page and self._decode_room(1) > room:
+                self._retract()
+            self._reserve_decodes(1)
+            if not chunks:
+                self._decayed(1)
         if not chunks:
-            return [], bool(self.decoders), []
-        return chunks, bool(mixed and self.decoders), []
+            return [], decoding, []
+        return chunks, decoding, []
 
 
 def scheduler_for(engine: rules.Engine):
