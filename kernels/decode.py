@@ -23,6 +23,11 @@ Design (flash-decoding with grouped heads):
   on Hopper (TMA_MIN_BLOCK_H) a tile is one TMA tensor-descriptor copy of the contiguous
   [BLOCK_N, r + dR] rows: whole tiles unmasked, the last one masked; narrower tiles use
   contiguous row pointers.
+* Two KV tiles in flight: the block-table entries of tile i + 1 are read in trip i and carried,
+  so Triton's pipeliner copies a later tile while one is multiplied (`mlactl tune compile`
+  reads kv_buffers and tiles_in_flight from the compiled loop). The split count and the
+  balanced plan's fixed cost are run-time arguments, and the ints that follow the batch are not
+  specialised on: a new batch shape reuses the compiled kernels.
 
 Split score (SPLIT_SCORE, the 64-row default): the [64, r] fp32 accumulator needs 8 warps (two
 warpgroups), and Triton gives every warp of a dot that feeds another dot to M, so both warpgroups
