@@ -996,3 +996,48 @@ REPLAY_ENGINE_OPTIONS = st.one_of(
 def test_fuzz_replay_options(opts, engine_opts, output):
     trace = '{"timestamp": 0, "input_length": 3000, "output_length": 4, "hash_ids": [1, 2]}\n'
     run("replay", ["replay", "t.jsonl", *opts, *engine_opts, *output], files={"t.jsonl": trace})
+
+
+# -- the trace reader's guard (round three) --------------------------------------------------------------
+
+TIMESTAMP = st.one_of(
+    st.integers(0, 10**18),
+    st.sampled_from([1733000000000000, 1733000000000001, 10**18, 10**18 + 1, -1, 1e308, 0.5, 2**53 + 1]),
+    st.floats(0, 1e18, allow_nan=False),
+)
+
+
+@given(stamps=st.lists(TIMESTAMP, min_size=1, max_size=6), crlf=st.booleans(), bom=st.booleans())
+def test_guard_trace_clock_is_exact_bounded_and_ordered(tmp_path_factory, stamps, crlf, bom):
+    """Any timestamps: the trace is read with arrivals from 0, each exactly (its timestamp minus the
+    first, in ms, / 1000) however far from zero the clock is, in order; or each bad line is one
+    `Error:` line (negative, past 1e18, out of order, a span past 31 years). A BOM and CRLF
+    line ends change nothing."""
+    from decimal import Decimal
+
+    from mlactl.decide.replay.traces import read_trace
+
+    end = "\r\n" if crlf else "\n"
+    lines = [json.dumps({"timestamp": t, "input_length": 600, "output_length": 4, "hash_ids": [i]}) for i, t in
+             enumerate(stamps)]  # fmt: skip
+    path = tmp_path_factory.mktemp("trace") / "t.jsonl"
+    path.write_bytes(("\ufeff" if bom else "").encode() + end.join(lines).encode() + end.encode())
+    try:
+        trace = read_trace(path)
+    except MlactlError as exc:
+        errors = str(exc).split("\nError: ")
+        assert all(e.startswith(f"{path}: line ") for e in errors) and len(errors) <= 21
+        return
+    exact = [Decimal(json.dumps(t)) for t in stamps]
+    assert all(0 <= exact[i] <= 10**18 for i in range(len(exact)))
+    assert exact == sorted(exact) and (exact[-1] - exact[0]) / 1000 <= 1e9
+    assert trace.arrival.tolist() == [float((t - exact[0]) / 1000) for t in exact]
+    assert trace.origin_s == float(exact[0] / 1000)
+
+
+@pytest.mark.parametrize("magic, kind", [(b"\x1f\x8b\x08\x00", "gzip"), (b"BZh91AY", "bzip2"),
+                                         (b"\xfd7zXZ\x00\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd")])  # fmt: skip
+def test_a_compressed_trace_is_named_as_such(magic, kind):
+    out = run("trace", ["replay", "t.jsonl"], files={"t.jsonl": magic + bytes(range(256))}, error_lines=1)
+    assert out.exit_code == 2
+    assert f"is a {kind}-compressed file" in out.stderr and "decompress it first" in out.stderr

@@ -304,7 +304,7 @@ def to_json(result: Replay) -> dict:
             "path": t.path,
             "format": t.format,
             "requests": len(t),
-            "first_arrival_s": float(t.arrival[0]),
+            "first_arrival_s": float(t.arrival[0] + t.origin_s),  # arrivals count from the first
             "duration_s": t.duration_s,
             "continued": t.continued,
         },

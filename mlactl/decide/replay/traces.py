@@ -33,13 +33,14 @@ import json
 import math
 from array import array
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import numpy as np
 
 from mlactl.util import numbers
 from mlactl.util.defaults import REPLAY_BLOCK
-from mlactl.util.errors import MlactlError
+from mlactl.util.errors import MlactlError, warn
 from mlactl.util.io import open_input
 from mlactl.util.limits import check_memory
 
@@ -52,6 +53,20 @@ ID_BYTES = 8
 MAX_ID = 2**62  # Mooncake ids are kept apart from the ids made for sessions and lone prompts
 SESSION_FLAG = 1 << 62
 BLOCK_BITS = 24  # blocks per session stream: 2^24 blocks of 512 tokens, 8.6 billion tokens
+# Arrivals are kept exact: each is read as an exact number (a JSON float as a Decimal) and made
+# relative to the first arrival before it becomes a float, so epoch microseconds keep their last
+# digit (1733000000000001 ms after ...000 is 1 ms later, not 0.98 ms). A timestamp is at most
+# 1e18 (ms: 30 million years; 1e308 is refused) and a trace spans at most 1e9 s (31 years).
+MAX_TIMESTAMP = Decimal(10) ** 18
+MAX_SPAN_S = 1e9
+# The first bytes of a compressed file, and how to open it (a trace must be given uncompressed)
+COMPRESSED = (
+    (b"\x1f\x8b", "gzip", "gunzip -k {path}"),
+    (b"BZh", "bzip2", "bunzip2 -k {path}"),
+    (b"\xfd7zXZ\x00", "xz", "unxz -k {path}"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd {path}"),
+    (b"PK\x03\x04", "zip", "unzip {path}"),
+)
 REQUIRED = ("arrival_s", "input_tokens", "output_tokens")
 OPTIONAL = ("cached_tokens", "session")
 
@@ -60,7 +75,8 @@ OPTIONAL = ("cached_tokens", "session")
 class Trace:
     """A trace as flat arrays, one entry per request in arrival order.
 
-    arrival: [N] float seconds from the trace's start (the first arrival is not moved to 0);
+    arrival: [N] float seconds after the trace's first arrival (which is `origin_s` in the
+    file's clock: made relative while exact, so no digit of a far-from-zero clock is lost);
     input, output: [N] int tokens; cached: [N] int, a reported cache hit or -1 (simulate);
     line: [N] int, the file line of each request; session: [N] int, the conversation of a CSV
     turn or -1; ids, id_start: Mooncake's hash_ids, flat, and where each request's begin ([N+1]);
@@ -79,6 +95,7 @@ class Trace:
     id_start: np.ndarray
     block: int = REPLAY_BLOCK
     parent: np.ndarray | None = None  # Mooncake: the request each continues, or -1 (infer_parents)
+    origin_s: float = 0.0  # the first arrival in the file's own clock: arrival holds seconds after it
 
     def __len__(self) -> int:
         return len(self.input)
@@ -218,15 +235,28 @@ class _Builder:
         self.arrival, self.line = array("d"), array("q")
         self.input, self.output, self.cached, self.session = array("q"), array("q"), array("q"), array("q")
         self.ids, self.id_start = array("q"), array("q", [0])
-        self.last = -math.inf
+        self.last: Decimal | int | None = None
+        self.origin: Decimal | int | None = None
+        self.scale = 1000 if fmt == "mooncake" else 1  # Mooncake's timestamps are milliseconds
 
-    def arrives(self, arrival: float) -> float:
-        """Check that arrivals do not go backwards (against the last line whose arrival was
-        readable, bad or not); returns the arrival."""
-        last, self.last = self.last, max(self.last, arrival)
-        if arrival < last:
-            raise ValueError(f"arrival {arrival:g} s is before the previous request's {last:g} s; sort the trace")
-        return arrival
+    def arrives(self, value) -> float:
+        """An arrival in the file's unit (an exact int or Decimal, checked by _clock) as float
+        seconds after the first one; arrivals must not go backwards (against the last line whose
+        arrival was readable, bad or not)."""
+        last = self.last
+        self.last = value if last is None else max(last, value)
+        if self.origin is None:
+            self.origin = value
+        if last is not None and value < last:
+            now, before = (float(Decimal(v) / self.scale) for v in (value, last))
+            raise ValueError(f"arrival {now:g} s is before the previous request's {before:g} s; sort the trace")
+        seconds = float(Decimal(value - self.origin) / self.scale)
+        if seconds > MAX_SPAN_S:
+            raise ValueError(
+                f"this arrival is {seconds:.3g} s after the first one (more than {MAX_SPAN_S:.0e} s, 31 years): "
+                "are the timestamps in " + ("milliseconds?" if self.scale == 1000 else "seconds?")
+            )
+        return seconds
 
     def add(self, line: int, arrival: float, inp: int, out: int, cached: int, session: int, ids=()) -> None:
         self.arrival.append(arrival)
@@ -258,6 +288,7 @@ class _Builder:
             arr(self.session, np.int64),
             arr(self.ids, np.int64),
             arr(self.id_start, np.int64),
+            origin_s=0.0 if self.origin is None else float(Decimal(self.origin) / self.scale),
         )
 
 
@@ -271,6 +302,8 @@ def check_requests_memory(requests: int, ids: int, path) -> None:
 
 def _whole(value, what: str, minimum: int) -> int:
     """A JSON number that is a whole count (4096 or 4096.0), at least `minimum`."""
+    if isinstance(value, Decimal):  # JSON floats are read exactly (json.loads parse_float)
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a number, got {json.dumps(value)[:40]}")
     if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
@@ -280,20 +313,31 @@ def _whole(value, what: str, minimum: int) -> int:
     return int(value)
 
 
-def _seconds(value, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{what} must be a number of at least 0, got {json.dumps(value)[:40]}")
-    return float(value)
+def _clock(value, what: str):
+    """A timestamp as an exact number (int, or a Decimal from the JSON or CSV text), finite, from 0
+    to MAX_TIMESTAMP."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, Decimal))
+    ok = ok and (isinstance(value, int) or value.is_finite()) and 0 <= value <= MAX_TIMESTAMP
+    if not ok:
+        shown = json.dumps(value if not isinstance(value, Decimal) else str(value), default=str)[:40]
+        raise ValueError(f"{what} must be a number from 0 to 1e18, got {shown}")
+    return value
 
 
 def _read_mooncake(lines, first: tuple[int, str], path: Path, errors: _Errors) -> Trace:
     out = _Builder(path, "mooncake")
     block = REPLAY_BLOCK
+    repeated = [0]  # requests whose hash_ids repeat one: read as given (each id its own block)
 
     def one(number: int, text: str) -> None:
+        if not text.lstrip().startswith("{"):
+            errors.add(
+                number, "not a JSON object: the trace's first line is JSON, so every line must be (mixed formats?)"
+            )
+            return
         try:
-            row = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
+            row = json.loads(text, parse_float=Decimal)
+        except (json.JSONDecodeError, RecursionError, InvalidOperation) as exc:
             msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
             errors.add(number, f"not a JSON object ({msg})")
             return
@@ -305,7 +349,7 @@ def _read_mooncake(lines, first: tuple[int, str], path: Path, errors: _Errors) -
             errors.add(number, f"missing {', '.join(missing)}")
             return
         try:
-            arrival = out.arrives(_seconds(row["timestamp"], "timestamp") / 1000.0)
+            arrival = out.arrives(_clock(row["timestamp"], "timestamp"))
             inp = _whole(row["input_length"], "input_length", 1)
             output = _whole(row["output_length"], "output_length", 1)
             ids = row["hash_ids"]
@@ -316,7 +360,10 @@ def _read_mooncake(lines, first: tuple[int, str], path: Path, errors: _Errors) -
                 raise ValueError(f"{len(ids)} hash_ids for {blocks} blocks of {block} tokens (input_length {inp})")
             for h in ids:
                 if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < MAX_ID:
-                    raise ValueError(f"hash_ids must be whole numbers from 0 to 2^62, got {json.dumps(h)[:40]}")
+                    shown = json.dumps(h, default=str)[:40]
+                    raise ValueError(f"hash_ids must be whole numbers from 0 to 2^62, got {shown}")
+            if len(set(ids)) != len(ids):
+                repeated[0] += 1
         except ValueError as exc:
             errors.add(number, str(exc))
             return
@@ -329,6 +376,11 @@ def _read_mooncake(lines, first: tuple[int, str], path: Path, errors: _Errors) -
     errors.raise_all()
     trace = out.build()
     trace.parent = infer_parents(trace)
+    if repeated[0]:
+        warn(
+            f"{path}: {repeated[0]:,} request(s) repeat a hash id within their prompt (a block cached twice); "
+            "read as given"
+        )
     return trace
 
 
@@ -348,6 +400,9 @@ def _read_csv(lines, first: tuple[int, str], path: Path, errors: _Errors) -> Tra
     for number, text in lines:
         if not text.strip():
             continue
+        if text.lstrip().startswith("{"):
+            errors.add(number, "a JSON object in a CSV trace (mixed formats?): give one format a file")
+            continue
         try:
             row = next(csv.reader([text]))
         except csv.Error as exc:
@@ -357,7 +412,7 @@ def _read_csv(lines, first: tuple[int, str], path: Path, errors: _Errors) -> Tra
             errors.add(number, f"{len(row)} fields, the header has {len(header)}")
             continue
         try:
-            arrival = out.arrives(_seconds(_number(row[col["arrival_s"]], "arrival_s"), "arrival_s"))
+            arrival = out.arrives(_clock(_exact(row[col["arrival_s"]], "arrival_s"), "arrival_s"))
             inp = _whole(_integer(row[col["input_tokens"]], "input_tokens"), "input_tokens", 1)
             output = _whole(_integer(row[col["output_tokens"]], "output_tokens"), "output_tokens", 1)
             cached = -1
@@ -394,6 +449,12 @@ def _number(cell: str, what: str) -> float:
     return float(cell.strip())
 
 
+def _exact(cell: str, what: str) -> Decimal:
+    """A CSV number read exactly (ASCII decimal only, as _number)."""
+    _number(cell, what)
+    return Decimal(cell.strip())
+
+
 def _integer(cell: str, what: str) -> int:
     text = cell.strip()
     if not (text.isascii() and text.isdigit()):  # str.isdigit alone takes '²' and '٣'
@@ -405,7 +466,16 @@ def read_trace(path: str | Path) -> Trace:
     """Read a Mooncake JSONL or CSV trace (told apart by its first non-blank line)."""
     path = Path(path)
     # the one reader: regular files only, never a read that blocks (mlactl.util.io)
-    fh = io.TextIOWrapper(open_input(path, "trace"), encoding="utf-8-sig", newline="")
+    raw = open_input(path, "trace")
+    head = raw.peek(8)[:8] if hasattr(raw, "peek") else b""
+    for magic, kind, command in COMPRESSED:
+        if head.startswith(magic):
+            raw.close()
+            raise MlactlError(
+                f"{path} is a {kind}-compressed file, not JSON lines or CSV: decompress it first "
+                f"({command.format(path=path)}) and give the result"
+            )
+    fh = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
     errors = _Errors(path)
     with fh:
         lines = iter(_Lines(fh, path))
