@@ -188,6 +188,7 @@ def select(
         for base in _leading(tried, EXTRA_BASES):
             for extra in PROJECTION_EXTRAS:
                 consider(base + extra)
+    assert best is not None  # `tries` is never empty
     chosen = best[1]
     members = members_of(scored, chosen)
     return replace(chosen, extra=evidence(chosen, members, pts, machine)), tried

@@ -210,7 +210,10 @@ def op_estimate(cost, hw, calibration, cls: str, batch, new, prefix, path=None, 
         # beyond its own fit's shapes, the other table's fit joins the members
         extra = np.where(own.basis != basis_mod.MEASURED, alt.time, np.nan)
         parts.append((mask, _with_member(own, extra)))
-    pick = lambda a, b: np.where(decode_like, a, b)  # noqa: E731
+
+    def pick(a, b) -> np.ndarray:
+        return np.where(decode_like, a, b)
+
     return OpEstimate(
         cls, pick(other.time, main.time), parts, pick(other.basis, main.basis), pick(other.octaves, main.octaves),
         pick(other.axis, main.axis),
@@ -394,7 +397,7 @@ def batch_interval(
             total += launch * factor
             point += launch
     lo, hi = u.percentiles(total)
-    return float(min(lo, point)), float(max(hi, point))
+    return float(min(float(lo), float(point))), float(max(float(hi), float(point)))
 
 
 BLOCK_ELEMENTS = 1 << 21  # draws x prefixes x new counts evaluated at once by crossover_intervals

@@ -69,8 +69,8 @@ def held_out_coverage(best, members: list, pts: Points, machine) -> tuple[float 
         smooth = predict(params, best.terms, sub, machine.peak, machine.bandwidth, machine.sm_count, smooth=True)
         code, octaves, axis = basis.basis(basis.measured_range(train), sub)
         spread = u.OpSpread(
-            t, alts, smooth, _smooth_spread(t, smooth, sub, basis.measured_shapes(train)), code, octaves, axis,
-            q, q_blocked, b_oct,
+            t, alts, smooth, _smooth_spread(t, smooth, sub, basis.measured_shapes(train)), code, octaves,
+            np.asarray(axis, dtype=object), q, q_blocked, b_oct,
         )  # fmt: skip
         base[:, test], resid[:, test] = spread.parts(d)
     inside = []

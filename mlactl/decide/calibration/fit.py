@@ -223,6 +223,7 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
         theta[mask] = sol.x
         if best is None or sol.cost < best[0]:
             best = (sol.cost, theta)
+    assert best is not None, "least_squares ran at least once"
     params = with_l2(unpack(best[1], terms), terms, machine)
     if "fixed" not in terms:
         params["t_fixed_s"] = 0.0
@@ -258,6 +259,7 @@ def held_out_predictions(pts: Points, machine: Machine, terms, k: int = K_FOLDS)
 
 def held_out_errors(pts: Points, machine: Machine, terms, k: int = K_FOLDS) -> np.ndarray:
     """Each point's relative error when predicted by a fit on the other folds."""
+    assert pts.time_s is not None, "fitted points are measured"
     return rel_errors(held_out_predictions(pts, machine, terms, k)[0], pts.time_s)
 
 
@@ -312,6 +314,8 @@ def fit(
 ) -> FitResult:
     """Fit `terms` to all the points; held-out error over k random folds and, with `blocked`,
     over the blocked split (fit the lower part of the size axis, predict the upper)."""
+    measured = pts.time_s
+    assert measured is not None, "fitted points are measured"
     machine = replace(machine, eta_max=eta_limit(dtype))
     params = fit_params(pts, machine, terms)
     pred = _predict(params, terms, pts, machine)
@@ -323,7 +327,7 @@ def fit(
     block = None
     if split is not None:
         bpred, bparams = blocked_predictions(pts, machine, terms, split)
-        block = dict(split.describe(), **summary(rel_errors(bpred, pts.time_s[split.test])))
+        block = dict(split.describe(), **summary(rel_errors(bpred, measured[split.test])))
     return FitResult(
         op=pts.op,
         source=source,
@@ -331,8 +335,8 @@ def fit(
         terms=tuple(terms),
         params=params,
         n=len(pts),
-        in_sample=summary(rel_errors(pred, pts.time_s)),
-        held_out=summary(rel_errors(held, pts.time_s)[np.isfinite(held)]),
+        in_sample=summary(rel_errors(pred, measured)),
+        held_out=summary(rel_errors(held, measured)[np.isfinite(held)]),
         blocked=block,
         evidence=Evidence(held, fitted, split, bpred if split is not None else None, bparams if split else None),
     )

@@ -81,7 +81,7 @@ fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_spl
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -203,20 +203,7 @@ class Points:
         def pick(a):
             return None if a is None else np.asarray(a)[idx]
 
-        return Points(
-            self.op,
-            *(
-                pick(getattr(self, k))
-                for k in ("flops", "bytes", "batch", "new", "context", "heads", "out_dim", "cache_bytes")
-            ),
-            time_s=pick(self.time_s),
-            group=pick(self.group),
-            attn_flops=pick(self.attn_flops),
-            attn_bytes=pick(self.attn_bytes),
-            slots=pick(self.slots),
-            pool=pick(self.pool),
-            index_heads=pick(self.index_heads),
-        )
+        return replace(self, **{f.name: pick(getattr(self, f.name)) for f in fields(self) if f.name != "op"})
 
 
 def _tile(op: str, terms) -> int:

@@ -107,12 +107,17 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None,
     sparse = op == "sparse_attention"  # the top-k slots each query walks, the keys it selects from
     slots = np.full(shape, float(cfg.index().topk)) if sparse else None
     pool = np.broadcast_to(n + p, shape).astype(np.float64) if sparse else None
+    flops_a, bytes_a, batch_a, new_a, context_a = full
     return Points(
         op,
-        *full,
-        np.full(shape, H),
-        np.full(shape, float(out_dim)),
-        np.broadcast_to(cache, shape).astype(np.float64),
+        flops=flops_a,
+        bytes=bytes_a,
+        batch=batch_a,
+        new=new_a,
+        context=context_a,
+        heads=np.full(shape, H),
+        out_dim=np.full(shape, float(out_dim)),
+        cache_bytes=np.broadcast_to(cache, shape).astype(np.float64),
         time_s=None if time_s is None else np.asarray(time_s, dtype=np.float64),
         group=group,
         slots=slots,

@@ -216,11 +216,12 @@ class PathLaunches:
                 if near is not None and whole is not None:
                     launch = launch * np.asarray(near_factor(near, whole), dtype=np.float64).reshape(-1)
                 out[phase] = launch
-            if out["decode"] is None:  # no fit: the roofline of the summed op, weights once
+            decode, prefill = out["decode"], out["prefill"]
+            if decode is None or prefill is None:  # no fit: the roofline of the summed op, weights once
                 f = add[self.roof_at + k]
                 b = add[self.roof_at + k_ops + k] + most[self.roof_most + k]
                 launch = roofline_time(f, b, self.cal_peak, self.bandwidth)
             else:
-                launch = np.where(all_decode, out["decode"], out["prefill"])
+                launch = np.where(all_decode, decode, prefill)
             total[k] = np.where(any_row, launch, 0.0)
         return total

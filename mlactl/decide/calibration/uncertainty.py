@@ -118,7 +118,7 @@ class OpSpread:
     unsampled: np.ndarray
     basis: np.ndarray
     octaves: np.ndarray
-    axis: list
+    axis: np.ndarray  # object array of axis names
     q_random: list | None
     q_blocked: list | None = None
     blocked_octaves: float | None = None
@@ -130,8 +130,8 @@ class OpSpread:
         t = np.asarray(time, dtype=np.float64)
         n = t.size
         return cls(
-            t, t[None], t, np.zeros(t.shape, bool), np.full(n, basis_mod.ROOFLINE, dtype=object), np.zeros(n), [""] * n,
-            None, roofline=True,
+            t, t[None], t, np.zeros(t.shape, bool), np.full(n, basis_mod.ROOFLINE, dtype=object), np.zeros(n),
+            np.full(n, "", dtype=object), None, roofline=True,
         )  # fmt: skip
 
     @property
