@@ -1122,3 +1122,35 @@ def test_sigterm_ends_replay_and_its_workers(tmp_path):
     alive = [w for w in workers if Path(f"/proc/{w}").exists() and "Z" not in Path(f"/proc/{w}/stat").read_text()]
     assert alive == []
     assert not (tmp_path / "r.json").exists()
+
+
+REPLAY_TRACE = (
+    '{"timestamp": 0, "input_length": 3000, "output_length": 4, "hash_ids": [1, 2]}\n'
+    '{"timestamp": 5, "input_length": 3000, "output_length": 4, "hash_ids": [1, 2]}\n'
+)
+
+
+@pytest.mark.parametrize("option", ["--tp", "--max-batch-tokens", "--cache-tokens", "--max-running"])
+@pytest.mark.parametrize("value", ["0", "1", str(2**63), "1e30", "٣"])
+def test_replay_options_at_their_extremes(tmp_path, option, value):
+    """0 and past int64 are one line naming the option; 1 runs (or, --tp 1 and --cache-tokens 1,
+    says in one line why it cannot: the weights or a request do not fit)."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(REPLAY_TRACE)
+    result = cli("replay", trace, "--engines", "vllm", option, value, "-f", "json", "-o", tmp_path / "r.json")
+    if value == "1" and option in ("--max-batch-tokens", "--max-running"):
+        assert result.exit_code == 0, result.output
+        return
+    line = one_error(result)
+    assert option in line or "fit" in line
+
+
+def test_a_cache_no_gpu_holds_is_warned_about(tmp_path):
+    """2^31 - 1 tokens x 70,272 bytes (DeepSeek-V3's 1,152 a layer x 61 layers) = 150,908 GB,
+    past an H200's 141 GB."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(REPLAY_TRACE)
+    result = cli("replay", trace, "--engines", "vllm", "--cache-tokens", str(2**31 - 1), "-f", "json")
+    assert result.exit_code == 0
+    assert "Warning: --cache-tokens 2,147,483,647: a KV cache of 150,908 GB" in result.stderr
+    assert "Warning" not in cli("replay", trace, "--engines", "vllm", "--cache-tokens", "100000").stderr
