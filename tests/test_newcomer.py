@@ -955,3 +955,26 @@ def test_every_table_and_help_is_whole_at_80_columns(tmp_path, home, args):
     assert max(len(line) for line in text.splitlines()) <= 80, text
     if args == ["batch", "req.csv"]:
         assert "512" in text and "3000" in text
+
+
+def test_measured_policy_outside_what_was_measured_falls_back_and_says_so(tmp_path, home):
+    """A quick CPU tune measured prefix 0 only (crossover 16: expand from 16 new tokens). At 64 new
+    tokens after a 512-token prefix its crossover was applied anyway (expand, losing what absorb
+    would not); it covers prefixes 0 and 1 only now, and elsewhere the roofline chooses, as the
+    roofline policy does, with one note saying so."""
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_results_file()))
+    args = ["analyze", "--policy", "measured", "--results", str(path), "--new", "64", "--prefix", "0,1,512,32K"]
+    out = runner.invoke(app, [*args, "-f", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    measured = {row["prefix"]: row["policy"]["path"] for row in data["rows"]}
+    roofline = runner.invoke(app, [*args[:1], "--policy", "roofline", *args[5:], "--model", "teaching", "--tp", "8",
+                                   "--dtype", "fp32", "--kv-dtype", "fp32", "-f", "json"])  # fmt: skip
+    assert roofline.exit_code == 0, roofline.output
+    rl = {row["prefix"]: row["policy"]["path"] for row in json.loads(roofline.stdout)["rows"]}
+    assert measured[0] == measured[1] == "expand"  # measured: 64 >= 16
+    assert measured[512] == rl[512] == "absorb" and measured[32768] == rl[32768]  # was expand
+    assert any(
+        "2 point(s) lie outside the prefixes measured (0): the roofline chooses there" in n for n in data["notes"]
+    )

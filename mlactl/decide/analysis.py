@@ -33,7 +33,7 @@ from mlactl.decide.engines import (
     step_counts,
     time_lost,
 )
-from mlactl.decide.policy import argmin_path, fitting_times, runnable_flops, select_paths
+from mlactl.decide.policy import argmin_path, fitting_times, measured_covers, runnable_flops, select_paths
 from mlactl.decide.workload import engine_cost, engine_times
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel
@@ -441,7 +441,9 @@ def analyze(
         engine_paths=engine_paths,
         engine_time_lost=engine_time_lost,
         crossover=crossover_table(cost, hw, batch_prefix, max_new, calibration, crossover_spans),
-        notes=notes_for(cost, layers) + _cache_note(cost, hw, batch, new, prefix),
+        notes=notes_for(cost, layers)
+        + _cache_note(cost, hw, batch, new, prefix)
+        + (_measured_note(batch, prefix, results_data) if policy == "measured" and results_data else []),
         policy=policy,
         policy_path=policy_path,
         policy_time_lost=policy_lost,
@@ -475,6 +477,24 @@ def _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data):
             crossovers=results.measured_crossovers(results_data, int(b)),
         )
     return out.astype(str)
+
+
+def _measured_note(batch, prefix, results_data) -> list[str]:
+    """One line when --policy measured met prefixes outside what was measured (roofline there)."""
+    outside, measured = 0, set()
+    for b in unique(batch):
+        crossovers = results.measured_crossovers(results_data, int(b))
+        if crossovers:
+            rows = batch == b
+            outside += int((~measured_covers(crossovers, prefix[rows])).sum())
+            measured.update(crossovers)
+    if not outside:
+        return []
+    shown = ", ".join(str(p) for p in sorted(measured))
+    return [
+        f"measured policy: {outside:,} point(s) lie outside the prefixes measured ({shown}): the roofline "
+        "chooses there (run `mlactl tune paths` over those prefixes to measure them)"
+    ]
 
 
 # -- mixed batches --------------------------------------------------------------------------------

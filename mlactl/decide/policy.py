@@ -53,11 +53,21 @@ def runnable_flops(cost: CostModel, batch, new, prefix) -> dict:
     return out
 
 
-def measured_paths(crossovers: dict[int, int | None], prefix, new) -> np.ndarray:
+def measured_covers(crossovers: dict[int, int | None], prefix) -> np.ndarray:
+    """Where a prefix lies within what was measured: from the smallest measured prefix to the
+    largest, an octave of log2(1 + prefix) either side. A quick tune that measured prefix 0 only
+    covers prefixes 0 and 1, not 512 (its crossover there lost 58% at 64 new tokens)."""
+    known = np.log2(1 + np.array(sorted(crossovers), dtype=np.float64))
+    p = np.log2(1 + np.asarray(prefix, dtype=np.float64))
+    return (p >= known.min() - 1) & (p <= known.max() + 1)
+
+
+def measured_paths(crossovers: dict[int, int | None], prefix, new, fallback=None) -> np.ndarray:
     """Path names from measured crossovers {prefix: first new count where expand won}.
 
     A prefix between measured ones takes the nearest measured prefix (in log2(1 + prefix)); where
-    expand never won within what was measured, absorb is kept.
+    expand never won within what was measured, absorb is kept. Outside the measured prefixes
+    (measured_covers) the paths are `fallback`'s (the roofline's, from select_paths), when given.
     """
     if not crossovers:
         raise MlactlError("no measured crossovers: run `mlactl tune paths` first")
@@ -65,7 +75,10 @@ def measured_paths(crossovers: dict[int, int | None], prefix, new) -> np.ndarray
     limits = np.array([np.inf if crossovers[int(p)] is None else crossovers[int(p)] for p in known])
     p = np.asarray(prefix, dtype=np.float64)
     nearest = np.abs(np.log2(1 + p[..., None]) - np.log2(1 + known)).argmin(axis=-1)
-    return np.where(np.asarray(new) >= limits[nearest], "expand", "absorb")
+    paths = np.where(np.asarray(new) >= limits[nearest], "expand", "absorb")
+    if fallback is None:
+        return paths
+    return np.where(measured_covers(crossovers, prefix), paths, fallback)
 
 
 def select_paths(
@@ -98,7 +111,10 @@ def select_paths(
         params = engine if engine is not None and engine.engine == policy else default_params(policy, ctx)
         return grid_paths(params, np.broadcast_to(batch, np.broadcast(new, prefix).shape), new, prefix)
     if policy == "measured":
-        return measured_paths(crossovers or {}, prefix, new)
+        fallback = None  # outside the prefixes measured: the roofline's choice (analysis says so)
+        if hw is not None and crossovers and not measured_covers(crossovers, prefix).all():
+            fallback = select_paths(cost, hw, new, prefix, batch=batch, policy="roofline")
+        return measured_paths(crossovers or {}, prefix, new, fallback)
     if policy == "flops":
         return argmin_path(runnable_flops(cost, batch, new, prefix), cost.choices)
     if policy == "roofline":
