@@ -28,7 +28,7 @@ import numpy as np
 
 from mlactl.decide.calibration import basis as basis_mod
 from mlactl.decide.calibration import uncertainty as u
-from mlactl.decide.calibration.model import DECODE_MAX_NEW, OP_CLASSES, PATH_CLASSES, op_class
+from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, decode_like, op_class
 from mlactl.decide.calibration.sources import points_for
 from mlactl.decide.calibration.time import (
     fit_dtype,
@@ -194,25 +194,23 @@ def spread_of(fit: dict, cls: str, pts, peak: float, bandwidth: float, sm_count,
 def op_estimate(cost, hw, calibration, cls: str, batch, new, prefix, path=None, layers: int = 1) -> OpEstimate | None:
     """An op class's estimate, or None where the calibration has no fit for it (see the module
     docstring for decode and prefill fits)."""
-    dtype = fit_dtype(cost, cls)
-    decode = calibration.fit_for(cls, dtype, "decode")
-    prefill = calibration.fit_for(cls, dtype, "prefill")
-    if decode is None:
+    decode, prefill = calibration.phase_fits(cls, fit_dtype(cost, cls))
+    if decode is None or prefill is None:
         return None
     main = _fit_spread(cost, hw, calibration, prefill, cls, batch, new, prefix, path, layers)
     shape = np.shape(main.time)
     if decode is prefill:
         return OpEstimate(cls, main.time, [(np.ones(shape, bool), main)], main.basis, main.octaves, main.axis)
     other = _fit_spread(cost, hw, calibration, decode, cls, batch, new, prefix, path, layers)
-    decode_like = np.broadcast_to((np.asarray(prefix) > 0) & (np.asarray(new) <= DECODE_MAX_NEW), shape)
+    on_decode = np.broadcast_to(decode_like(new, prefix), shape)
     parts = []
-    for mask, own, alt in ((decode_like, other, main), (~decode_like, main, other)):
+    for mask, own, alt in ((on_decode, other, main), (~on_decode, main, other)):
         # beyond its own fit's shapes, the other table's fit joins the members
         extra = np.where(own.basis != basis_mod.MEASURED, alt.time, np.nan)
         parts.append((mask, _with_member(own, extra)))
 
     def pick(a, b) -> np.ndarray:
-        return np.where(decode_like, a, b)
+        return np.where(on_decode, a, b)
 
     return OpEstimate(
         cls, pick(other.time, main.time), parts, pick(other.basis, main.basis), pick(other.octaves, main.octaves),

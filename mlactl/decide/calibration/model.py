@@ -206,6 +206,14 @@ class Points:
         return replace(self, **{f.name: pick(getattr(self, f.name)) for f in fields(self) if f.name != "op"})
 
 
+def decode_like(new, prefix) -> np.ndarray:
+    """Where a decode fit applies (aiconfigurator's generation table): a cached prefix and at
+    most DECODE_MAX_NEW new tokens a request; everywhere else the prefill (context) fit does. The
+    one place this choice is written: a decode table is memory-bound and says little about
+    compute."""
+    return (np.asarray(prefix) > 0) & (np.asarray(new) <= DECODE_MAX_NEW)
+
+
 def _tile(op: str, terms) -> int:
     """Query rows (and keys) of one attention tile under these terms."""
     if op == "indexer":

@@ -29,11 +29,11 @@ from dataclasses import replace
 import numpy as np
 
 from mlactl.decide.calibration.model import (
-    DECODE_MAX_NEW,
     PROJECTIONS,
     added_seconds,
     busy_seconds,
     components,
+    decode_like,
     memory_eta,
     near_factor,
     op_class,
@@ -149,10 +149,10 @@ class PathLaunches:
             groups = [(replace(cost, chunk=int(c)), np.flatnonzero(chunk == c)) for c in np.unique(chunk)]
         whole = whole_path_fit(cost, cal, path)
         names = [f"path:{path}"] if whole else [op_class(path, op) for op in self.op_names]
-        decode_like = (self.prefix > 0) & (self.new <= DECODE_MAX_NEW)
+        on_decode = decode_like(self.new, self.prefix)
         lin, x = self.lin, self.x
         weights = lin.weights[:, :1] + lin.weights[:, 1:] * x[-1]  # [ops, rows]
-        add = [np.ones(len(self.new)), decode_like * 1.0, self.new, self.prefix]
+        add = [np.ones(len(self.new)), on_decode * 1.0, self.new, self.prefix]
         most: list = []
         self.classes = []
         for k, cls in enumerate(names):

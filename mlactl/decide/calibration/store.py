@@ -78,6 +78,12 @@ class Calibration:
             found = [f for f in found if str(f.get("source", "")).endswith(":" + phase)] or found
         return found[0]
 
+    def phase_fits(self, op: str, dtype: str | None = None) -> tuple[dict | None, dict | None]:
+        """(decode fit, prefill fit) of an op class: both None without a fit, the same fit twice
+        where it has one for both (mlactl.decide.calibration.model.decode_like says which
+        applies where)."""
+        return self.fit_for(op, dtype, "decode"), self.fit_for(op, dtype, "prefill")
+
     @property
     def transferred(self) -> dict | None:
         """{"from": {"hardware", "calibration", "ceilings"}, "to", "error_model"} of a calibration

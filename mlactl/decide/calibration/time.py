@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from mlactl.decide.calibration.model import (
-    DECODE_MAX_NEW,
     PROJECTIONS,
     added_seconds,
     busy_seconds,
     components,
+    decode_like,
     memory_eta,
     near_factor,
     op_class,
@@ -82,17 +82,14 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     has a decode and a prefill fit (aiconfigurator's two tables), a point with a cached prefix and
     at most DECODE_MAX_NEW new tokens takes decode's (the range the decode table measured), every
     other point prefill's: a decode table is memory-bound and says little about compute."""
-    dtype = fit_dtype(cost, cls)
-    decode = calibration.fit_for(cls, dtype, "decode")
-    prefill = calibration.fit_for(cls, dtype, "prefill")
-    if decode is None:
+    decode, prefill = calibration.phase_fits(cls, fit_dtype(cost, cls))
+    if decode is None or prefill is None:
         return None
     t_prefill = calibrated_seconds(cost, hw, calibration.peak(hw), prefill, cls, batch, new, prefix, path)
     if decode is prefill:
         return t_prefill
     t_decode = calibrated_seconds(cost, hw, calibration.peak(hw), decode, cls, batch, new, prefix, path)
-    decode_like = (np.asarray(prefix) > 0) & (np.asarray(new) <= DECODE_MAX_NEW)
-    return np.where(decode_like, t_decode, t_prefill)
+    return np.where(decode_like(new, prefix), t_decode, t_prefill)
 
 
 def whole_path_fit(cost: CostModel, calibration, path: str) -> dict | None:
@@ -214,8 +211,8 @@ def launch_parts(cost: CostModel, hw: HardwareProfile, calibration, path: str, c
     ops = cost.ops(path, count, new, prefix)
     parts = []
     for k, cls in enumerate(classes):
-        decode = bool(np.all((prefix > 0) & (new <= DECODE_MAX_NEW)))
-        fit = whole or calibration.fit_for(cls, fit_dtype(cost, cls), "decode" if decode else "prefill")
+        decode, prefill = calibration.phase_fits(cls, fit_dtype(cost, cls))
+        fit = whole or (decode if np.all(decode_like(new, prefix)) else prefill)
         if fit is None:  # no fit: the roofline of the summed op, weights once
             op = ops[k]
             nbytes = (op.bytes - op.weight_bytes).sum() + op.weight_bytes.max()
