@@ -978,3 +978,22 @@ def test_measured_policy_outside_what_was_measured_falls_back_and_says_so(tmp_pa
     assert any(
         "2 point(s) lie outside the prefixes measured (0): the roofline chooses there" in n for n in data["notes"]
     )
+
+
+def test_paths_legend_explains_the_values_in_its_table():
+    """The legend said `158 (140–175): ...` under every table, though no row held it."""
+    rows = [
+        {
+            "batch": 1,
+            "prefix": 0,
+            "measured": 64,
+            "measured_low": 32,
+            "measured_high": 128,
+            "measured_new": [16, 32, 64],
+        },
+        {"batch": 1, "prefix": 512, "measured": None, "measured_status": noise.BUDGET, "measured_new": [16]},
+    ]
+    caption = tune_tables.paths_caption(rows)
+    assert caption.startswith("64 (32–128): expand wins from 64 new tokens at every count measured")
+    assert "cut (budget)" in caption and "158" not in caption and "never" not in caption
+    assert tune_tables.paths_caption([]) is None

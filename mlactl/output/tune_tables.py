@@ -98,13 +98,34 @@ def kernels_table(entries: list[dict], meaningful: bool, width: int | None = Non
     )
 
 
-PATHS_CAPTION = (
-    "158 (140–175): the root of a local fit of log(expand/absorb), and its 80% bootstrap interval. "
-    "64 (32–128) where there is no sign change to fit: expand wins from 64 new tokens at every count "
-    "measured; noise leaves it anywhere above 32 and up to 128. "
-    "↓: below the crossover of a shorter prefix (noise, or too few counts). never ≤256: expand won "
-    "at none of the counts measured. cut (budget): the time budget stopped the sweep first."
-)
+def paths_caption(rows: list[dict]) -> str | None:
+    """What the measured column's forms mean, each explained once it is in the table, on the
+    table's own values (a legend of `158 (140–175)` under a table without it explained nothing)."""
+    notes = []
+    fitted = next((r for r in rows if r.get("measured") is not None and r.get("estimator") == "local_root"), None)
+    if fitted is not None:
+        notes.append(
+            f"{crossover_text(fitted)}: the root of a local fit of log(expand/absorb)"
+            + (", and its 80% bootstrap interval" if fitted.get("measured_interval") else " (one timing a count)")
+        )
+    bracket = next(
+        (r for r in rows if r.get("measured") is not None and r.get("estimator") != "local_root"), None
+    )  # fmt: skip
+    if bracket is not None:
+        low, high = bracket.get("measured_low"), bracket.get("measured_high")
+        noise_part = f"; noise leaves it anywhere above {low} and up to {high}" if low is not None and high else ""
+        notes.append(
+            f"{crossover_text(bracket)}: expand wins from {bracket['measured']} new tokens at every count measured"
+            + noise_part
+        )
+    texts = [crossover_text(r) for r in rows]
+    if any(t.endswith("↓") for t in texts):
+        notes.append("↓: below the crossover of a shorter prefix (noise, or too few counts)")
+    if any(t.startswith("never") for t in texts):
+        notes.append("never ≤N: expand won at none of the counts measured, up to N")
+    if "cut (budget)" in texts:
+        notes.append("cut (budget): the time budget stopped the sweep first; the measured policy does not use it")
+    return ". ".join(notes) + "." if notes else None
 
 
 def paths_table(rows: list[dict], meaningful: bool, width: int | None = None) -> Table:
@@ -134,7 +155,9 @@ def paths_table(rows: list[dict], meaningful: bool, width: int | None = None) ->
     title = "Paths: measured crossover (new tokens from which expand beats absorb)" + (
         "" if meaningful else " (interpreter: not meaningful)"
     )
-    return table(title, cols, body, width, caption=PATHS_CAPTION, elsewhere="a wider terminal or the results file")
+    return table(
+        title, cols, body, width, caption=paths_caption(rows), elsewhere="a wider terminal or the results file"
+    )
 
 
 def ceilings_table(ceilings: dict, hw, width: int | None = None) -> Table:
