@@ -87,14 +87,14 @@ def summary(err: np.ndarray) -> dict:
     return {"median": float(np.median(err)), "p90": float(np.percentile(err, 90))}
 
 
-def scored(cal, target: str, framework: str) -> list[dict]:
+def scored(cal, target: str, framework: str, intervals: bool = True) -> list[dict]:
     """Each of the target's groups: n, the transferred prediction's error, its interval's coverage,
     the roofline's error at the target's ceilings, and the log residuals."""
     hw = profile(target)
     out = []
     for key, pts in sorted(groups(target, framework).items()):
         op, src, dtype = key
-        p = predicted(cal, key, pts)
+        p = predicted(cal, key, pts, intervals)
         phase = src.rsplit(":", 1)[-1] if src.endswith(("decode", "prefill")) else "decode"
         fit = fit_of(cal, op, dtype, phase, kernel_of({"source": src}))
         kernel = ((fit or {}).get("transfer") or {}).get("kernel") or {}
@@ -110,6 +110,9 @@ def scored(cal, target: str, framework: str) -> list[dict]:
                 row,
                 covered=True,
                 other=kernel.get("target") != kernel.get("measured"),
+                # the table's kernel is neither the one measured nor the one the transfer says the
+                # target runs (vLLM's FlashInfer fp8_block GEMM on Hopper, scored with DeepGEMM's fit)
+                unmatched=kernel_of({"source": src}) not in (kernel.get("target"), kernel.get("measured")),
                 kernel=kernel.get("target"),
                 fit=" + ".join(p.used),
                 error=summary(np.abs(p.time / y - 1)),
@@ -156,11 +159,11 @@ def residual_records(cals: dict, frameworks, near: bool) -> tuple[list[dict], li
                     continue
                 src_hw, tgt_hw = profile(s), profile(t)
                 moved = store.validate(transfer(cals[(s, fw)], src_hw, tgt_hw, errors={}, near=near), "pair")
-                for g in scored(moved, t, fw):
+                for g in scored(moved, t, fw, intervals=False):
                     crossing = error_key(g["op"], src_hw, tgt_hw)[1]
                     rows.append(dict({k: v for k, v in g.items() if k != "log_residual"}, source_gpu=s,
                                      target_gpu=t, framework=fw, crossing=crossing))  # fmt: skip
-                    if g.get("covered"):
+                    if g.get("covered") and not g.get("unmatched"):
                         records.append({"op": g["op"], "crossing": crossing, "pair": f"{s}>{t}:{fw}",
                                         "dtype": g["dtype"], "other": g["other"], "kernel": g["kernel"],
                                         "log_residual": g["log_residual"], "gpus": (s, t)})  # fmt: skip
@@ -172,7 +175,7 @@ def by_class(rows: list[dict]) -> dict:
     pooled coverage, and the roofline's median of medians."""
     out: dict = {}
     for r in rows:
-        if not r.get("covered"):
+        if not r.get("covered") or r.get("unmatched"):  # listed in the rows, not summarised
             continue
         e = out.setdefault(r["op"], {"groups": 0, "n": 0, "med": [], "p90": [], "in": 0, "checked": 0, "roof": []})
         e["groups"] += 1
@@ -246,13 +249,16 @@ def write_model(model: dict) -> None:
     meta["per_group"] = PER_GROUP
     text = (
         '"""The transfer error model: written by benchmarks/bench_transfer.py, not by hand.\n\n'
-        'ERRORS["<op class>/<same|cross>"] = {"n": points, "pairs": [...], "quantiles": [log(measured /\n'
-        "predicted) at uncertainty.LEVELS]}: fits carried between the GPUs aiconfigurator has tables for\n"
-        '(MODEL["gpus"]), by op class ("*": every class) and crossing ("sm90>sm100", or "same" / "cross"\n'
-        "architecture: transfer.error_keys). A transferred fit's interval is widened to these (transfer.widen).\n"
+        'ERRORS[key] = {"n": points, "pairs": [...], "quantiles": [log(measured / predicted) at\n'
+        'uncertainty.LEVELS], "shift": their median}: fits carried between the GPUs aiconfigurator has\n'
+        'tables for (MODEL["gpus"]), every framework. A key (transfer.error_keys) is an op class (or "*",\n'
+        "every class), optionally with its dtype, the kernel the target runs and whether that is another\n"
+        'kernel than the measured one, at a crossing ("sm90>sm100"), or "same" / "cross" architecture.\n'
+        "A transferred fit's times are multiplied by exp(shift) and its interval widened to the\n"
+        "quantiles (transfer.transfer_fit).\n"
         '"""\n\n'
         "# fmt: off\n"
-        f"MODEL: dict = {json.dumps(meta)}\n"
+        f"MODEL: dict = {json.dumps(meta, indent=1)}\n"
         f"ERRORS: dict = {json.dumps(model, indent=1)}\n"
         "# fmt: on\n"
     )

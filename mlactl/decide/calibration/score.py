@@ -122,9 +122,10 @@ def uncovered(calibration, op: str, dtype: str) -> str:
     return f"no {op} fit" if not have else f"no {dtype} fit of {op} (the calibration's are {', '.join(have)})"
 
 
-def predicted(calibration, key: tuple[str, str, str], pts: Points) -> Predicted | None:
+def predicted(calibration, key: tuple[str, str, str], pts: Points, intervals: bool = True) -> Predicted | None:
     """The calibration's prediction of every point of a group, or None where it has no fit of
-    the group's op class and dtype (see the module docstring)."""
+    the group's op class and dtype (see the module docstring); without `intervals`, lo and hi
+    are NaN (not drawn)."""
     op, source, dtype = key
     peak, bandwidth, sms = machine_of(calibration)
     phase = _phase(source)
@@ -150,7 +151,7 @@ def predicted(calibration, key: tuple[str, str, str], pts: Points) -> Predicted 
         spread = spread_of(fit, op, pts.take(rows), peak, bandwidth, sms)
         t[rows] = spread.time
         inside[rows] = spread.basis == basis_mod.MEASURED
-        if spread.has_interval:  # widened to hold the point value, as printed intervals are
+        if spread.has_interval and intervals:  # widened to hold the point value, as printed intervals are
             a, b = u.percentiles(spread.scenarios(u.draws(0, len(spread.alternatives))))
             lo[rows], hi[rows] = np.minimum(a, spread.time), np.maximum(b, spread.time)
         else:
