@@ -526,3 +526,21 @@ def test_plot_replay_of_a_trace_says_what_to_run(tmp_path, name, text):
     assert len(lines) == 1 and "is a request trace, not a replay report" in lines[0], out.output
     assert f"mlactl replay {trace} -f json -o report.json" in lines[0]
     assert not (tmp_path / "r.png").exists()
+
+
+def test_tune_chart_of_a_torch_run_without_configs_says_why():
+    data = torch_cpu_results()
+    for sweep in data["kernels"]:
+        sweep["configs"] = []
+    with pytest.raises(MlactlError, match="tried no configs: the results were measured with --backend torch"):
+        plot.tune(data)
+
+
+def test_tune_chart_of_interpreter_times_warns_that_they_mean_nothing():
+    data = torch_cpu_results()
+    data["backend"] = "interpret"
+    fig, drawn = plot.tune(data)
+    assert drawn["warning"].startswith("interpreter times")
+    assert drawn["warning"] in fig.axes[0].get_title()
+    _, plain = plot.tune(torch_cpu_results())
+    assert plain["warning"] is None

@@ -60,7 +60,15 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
         )
     ok = [c for c in configs if c["status"] == "ok"]
     if not configs:
-        raise MlactlError(f"the sweep of {sweep.get('kernel')} at {sweep.get('bucket')} tried no configs")
+        backend = data.get("backend")
+        why = (
+            "the results were measured with --backend torch, whose plain-torch twins have no launch configs "
+            "to tune: run `mlactl tune kernels` with --backend triton on a GPU (or interpret) for a sweep"
+            if backend == "torch"
+            else "the sweep was stopped before its first config (its time budget?): run `mlactl tune kernels` "
+            "again with a larger --budget"
+        )
+        raise MlactlError(f"the sweep of {sweep.get('kernel')} at {sweep.get('bucket')} tried no configs: {why}")
     best = None
     if ok:
         chosen = [c for c in ok if c["config"] == sweep.get("best")]
@@ -142,5 +150,13 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
     ax.set_ylim(-0.7, len(configs) - 0.3)
     ax.set_xlabel("median time (s)")
     ax.grid(True, axis="x", which="major", alpha=0.3)
+    out["warning"] = None
+    if data.get("backend") == "interpret":  # Triton's CPU interpreter: its times rank nothing a GPU runs
+        out["warning"] = (
+            "interpreter times (Triton on the CPU): they say nothing of a GPU's speed or which config wins there"
+        )
+        ax.text(0.5, 0.5, "interpreter times:\nnot a GPU's", transform=ax.transAxes, ha="center", va="center",
+                fontsize=20, color="tab:red", alpha=0.25, rotation=20)  # fmt: skip
+        ax.set_title(out["warning"], fontsize=8, color="tab:red")
     fig.suptitle(out["title"], fontsize=9)
     return fig, out
