@@ -544,3 +544,11 @@ def test_tune_chart_of_interpreter_times_warns_that_they_mean_nothing():
     assert drawn["warning"] in fig.axes[0].get_title()
     _, plain = plot.tune(torch_cpu_results())
     assert plain["warning"] is None
+
+
+def test_roofline_ridge_marker_is_in_the_legend():
+    """The black diamond at the ridge was drawn and never explained."""
+    fig, _ = plot.roofline(decode_analysis())
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    labels = [t.get_text() for legend in legends for t in legend.get_texts()]
+    assert "ridge (bf16): memory and compute bound meet" in labels

@@ -245,6 +245,8 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
     legend += [
         Line2D([], [], ls="", marker="o", color="gray", mfc="gray", label="whole path"),
         Line2D([], [], ls="", marker="o", color="gray", mfc="none", label="attention op"),
+        # the black diamond: where the memory roof meets the compute roof of the compute dtype
+        Line2D([], [], ls="", marker="D", ms=6, color="black", label=f"ridge ({dtype}): memory and compute bound meet"),
     ]
     legend += [
         Line2D([], [], ls="", marker=shape_markers[k % len(shape_markers)], color="black", mfc="none", label=s)
