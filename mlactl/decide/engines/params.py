@@ -522,18 +522,7 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
     arch = ctx.arch
     if values["backend"] is not None:
         backend = values["backend"].upper()
-        b: VLLMBackend = rs.backends[backend]
-        if b.sparse:
-            raise MlactlError(
-                f"{rs.name}: {backend} is a sparse MLA backend, for DSA models (DeepSeek-V3.2); "
-                f"{ctx.model} is a dense MLA model"
-            )
-        if arch is not None and arch not in b.arch:
-            raise MlactlError(
-                f"{rs.name}: {backend} does not run on {ctx.hardware} ({arch}); it runs on {', '.join(b.arch)}"
-            )
-        if kv not in b.kv_dtypes:
-            raise MlactlError(f"{rs.name}: {backend} takes no {kv} cache (it takes {', '.join(b.kv_dtypes)})")
+        b: VLLMBackend = _set_backend(rs, ctx, backend)
         head = f"{backend} (set)"
     else:
         if arch not in rs.priorities and arch != "sm100":
@@ -569,17 +558,8 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
             reason = f"first {arch} priority that takes a {kv} cache" + (f"; {', '.join(skipped)}" if skipped else "")
         b = rs.backends[backend]
         head = f"{backend}"
-    t = values["reorder_batch_threshold"] or b.threshold
-    notes = []
-    k = values["num_speculative_tokens"]
-    if k and b.query_len != "single":
-        spec = 1 + (2 if values["parallel_drafting"] else 1) * k
-        if spec > t:
-            notes.append(f"speculation: threshold max({t}, {spec}) = {spec}")
-        t = max(t, spec)
-    if dcp > 1 and not b.dcp_varlen and t != 1:
-        notes.append(f"DCP {dcp} on a backend without DCP varlen: threshold 1")
-        t = 1
+    notes: list[str] = []
+    t = _decode_threshold(values, b, values["reorder_batch_threshold"] or b.threshold, notes)
     block = values["block_size"] or b.block
     workspace = _workspace(rs, values, ctx, block)
     pcp = values.get("prefill_context_parallel_size", 1) > 1
@@ -621,6 +601,48 @@ def _resolve_vllm(name, rs: RuleSet, values, set_keys, ctx: Context) -> EnginePa
         block=block,
         short_extends_as_decodes=not pcp,
     )
+
+
+def _set_backend(rs: RuleSet, ctx: Context, backend: str) -> VLLMBackend:
+    """The backend `--engine-option vllm.backend=...` names, refused (one line) where vLLM would
+    not run it: a dense backend for a DSA model or a sparse one for a dense model, another
+    architecture, a cache dtype it does not take."""
+    b: VLLMBackend = rs.backends[backend]
+    if b.sparse and ctx.model_kind != "dsa":
+        raise MlactlError(
+            f"{rs.name}: {backend} is a sparse MLA backend, for DSA models (DeepSeek-V3.2); "
+            f"{ctx.model} is a dense MLA model"
+        )
+    if not b.sparse and ctx.model_kind == "dsa":
+        sparse = ", ".join(c.name.lower() for c in rs.backends.values() if c.sparse)
+        raise MlactlError(
+            f"{rs.name}: {ctx.model} is a DSA model, which runs on a sparse MLA backend ({sparse}); "
+            f"{backend.lower()} is not one"
+        )
+    if ctx.arch is not None and ctx.arch not in b.arch:
+        raise MlactlError(
+            f"{rs.name}: {backend} does not run on {ctx.hardware} ({ctx.arch}); it runs on {', '.join(b.arch)}"
+        )
+    if ctx.kv_dtype not in b.kv_dtypes:
+        raise MlactlError(f"{rs.name}: {backend} takes no {ctx.kv_dtype} cache (it takes {', '.join(b.kv_dtypes)})")
+    return b
+
+
+def _decode_threshold(values: dict, b: VLLMBackend, t: int, notes: list[str]) -> int:
+    """The decode threshold in force from `t` (the backend's or the one set): raised to hold a
+    speculative step (1 + k, or 1 + 2k with parallel drafting) where the backend takes more than
+    one-token queries, and 1 under DCP on a backend without DCP varlen; each change noted."""
+    k = values["num_speculative_tokens"]
+    if k and b.query_len != "single":
+        spec = 1 + (2 if values["parallel_drafting"] else 1) * k
+        if spec > t:
+            notes.append(f"speculation: threshold max({t}, {spec}) = {spec}")
+        t = max(t, spec)
+    dcp = values["decode_context_parallel_size"]
+    if dcp > 1 and not b.dcp_varlen and t != 1:
+        notes.append(f"DCP {dcp} on a backend without DCP varlen: threshold 1")
+        t = 1
+    return t
 
 
 def _workspace(rs: RuleSet, values: dict, ctx: Context, block: int, sparse: bool = False) -> int:
@@ -761,18 +783,7 @@ def _resolve_vllm_dsa(name, rs: RuleSet, values, set_keys, ctx: Context) -> Engi
     sparse = [c for c in rs.backends.values() if c.sparse]
     if values["backend"] is not None:
         backend = values["backend"].upper()
-        b: VLLMBackend = rs.backends[backend]
-        if not b.sparse:
-            raise MlactlError(
-                f"{rs.name}: {ctx.model} is a DSA model, which runs on a sparse MLA backend "
-                f"({', '.join(c.name.lower() for c in sparse)}); {backend.lower()} is not one"
-            )
-        if arch is not None and arch not in b.arch:
-            raise MlactlError(
-                f"{rs.name}: {backend} does not run on {ctx.hardware} ({arch}); it runs on {', '.join(b.arch)}"
-            )
-        if kv not in b.kv_dtypes:
-            raise MlactlError(f"{rs.name}: {backend} takes no {kv} cache (it takes {', '.join(b.kv_dtypes)})")
+        b: VLLMBackend = _set_backend(rs, ctx, backend)
         reason = "set"
     else:
         if arch not in rs.priorities:
@@ -787,18 +798,9 @@ def _resolve_vllm_dsa(name, rs: RuleSet, values, set_keys, ctx: Context) -> Engi
             b = cands[0] if cands else sparse[0]
             reason = f"no vLLM sparse MLA backend runs on {arch} with a {kv} cache (vLLM would not start); shown"
         backend = b.name
-    t = values["reorder_batch_threshold"] or sparse_threshold(b, arch, ctx.heads)
-    notes = []
-    k = values["num_speculative_tokens"]
-    if k and b.query_len != "single":
-        spec = 1 + (2 if values["parallel_drafting"] else 1) * k
-        if spec > t:
-            notes.append(f"speculation: threshold max({t}, {spec}) = {spec}")
-        t = max(t, spec)
+    notes: list[str] = []
+    t = _decode_threshold(values, b, values["reorder_batch_threshold"] or sparse_threshold(b, arch, ctx.heads), notes)
     dcp = values["decode_context_parallel_size"]
-    if dcp > 1 and not b.dcp_varlen and t != 1:
-        notes.append(f"DCP {dcp} on a backend without DCP varlen: threshold 1")
-        t = 1
     block = values["block_size"] or b.block
     workspace = _workspace(rs, values, ctx, block, sparse=True)
     pcp = values.get("prefill_context_parallel_size", 1) > 1
