@@ -552,3 +552,17 @@ def test_roofline_ridge_marker_is_in_the_legend():
     legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
     labels = [t.get_text() for legend in legends for t in legend.get_texts()]
     assert "ridge (bf16): memory and compute bound meet" in labels
+
+
+def test_pathmap_measured_never_stays_inside_the_grid():
+    """torch_cpu_results measured expand never winning at prefix 32768: that point was drawn half an
+    octave right of the grid, joined by a diagonal, and the axis widened to hold it (a blank strip)."""
+    result = v3_analysis(NEW, PREFIX)
+    fig, data = plot.pathmap(result, results=[torch_cpu_results()])
+    ax = fig.axes[0]
+    right = ax.get_xlim()[1]
+    assert right == pytest.approx(np.log2(NEW[-1]) + np.log2(NEW[-1] / NEW[-2]))  # the last cell edge: no strip
+    for line in ax.get_lines():
+        xs = np.asarray(line.get_xdata(), dtype=float)
+        assert (xs <= right + 1e-9).all()
+    assert any(m["new"] is None for m in data["measured_boundary"])

@@ -175,15 +175,28 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
                 if r + 1 < engine_path.shape[0] and engine_path[r, c] != engine_path[r + 1, c]:
                     ax.plot([x_edges[c], x_edges[c + 1]], [y_hi[r]] * 2, color="black", lw=1.6)
     right = x_edges[-1]
+    bottom = zero_row[0] if zero_row else y_edges[0]
     for source in sorted({m["source"] for m in measured}):
         mine = sorted((m for m in measured if m["source"] == source), key=lambda m: m["prefix"])
-        # where expand never won, the boundary lies past the right edge
-        mx = [x_edges[-1] + 0.5 if m["new"] is None else math.log2(m["new"]) for m in mine]
         my = ypos([m["prefix"] for m in mine])
-        ax.plot(mx, my, "-", color="yellow", lw=2.2, path_effects=_outline())
-        for px, py, m in zip(mx, my, mine):
-            ax.plot(px, py, "o" if m["new"] is not None else ">", color="yellow", mec="black", ms=6)
-        right = max(right, max(mx) + 0.3)
+        inside = [bottom <= y <= y_edges[-1] for y in my]  # a prefix measured beyond the grid is not drawn
+        # a line joins only crossovers found in a row of prefixes; where expand never won, a `>`
+        # at the grid's right edge says the boundary lies past it (it was drawn half an octave
+        # outside, joined by a diagonal, and widened the chart by a blank strip)
+        run: list[tuple[float, float]] = []
+        for m, y, shown_here in zip(mine, my, inside):
+            if not shown_here or m["new"] is None:
+                if len(run) > 1:
+                    ax.plot(*zip(*run), "-", color="yellow", lw=2.2, path_effects=_outline())
+                run = []
+                if shown_here:
+                    ax.plot(x_edges[-1] - 0.12, y, ">", color="yellow", mec="black", ms=7, clip_on=False)
+                continue
+            x = min(max(math.log2(m["new"]), x_edges[0]), x_edges[-1])
+            run.append((x, y))
+            ax.plot(x, y, "o", color="yellow", mec="black", ms=6)
+        if len(run) > 1:
+            ax.plot(*zip(*run), "-", color="yellow", lw=2.2, path_effects=_outline())
 
     from matplotlib.lines import Line2D
 
@@ -208,6 +221,10 @@ def pathmap(analysis: Analysis, results: list[dict] = (), policy: str | None = N
         legend.append(Line2D([], [], ls="", marker="+", color="black", label=f"{marked} best"))
     if measured:
         legend.append(Line2D([], [], color="yellow", marker="o", mec="black", lw=2.2, label="measured crossover"))
+        if any(m["new"] is None for m in measured):
+            legend.append(
+                Line2D([], [], ls="", marker=">", color="yellow", mec="black", label="expand never won (measured)")
+            )
     if legend:
         fig.legend(
             handles=legend,
