@@ -22,10 +22,13 @@ falls back to its best member without the kernel's terms (a term set that fitted
 with its own parameters), else to its own parameters less those terms, and says which
 (`transfer.rests_on` of each fit).
 
-Intervals: each op class's residual quantiles are widened, level by level, to the transfer
-error that leave-one-GPU-out measured (mlactl.decide.calibration.transfer_errors, written by
-benchmarks/bench_transfer.py): log(measured / predicted) of fits carried between the GPUs that
-aiconfigurator has tables for, by op class and by whether the pair crosses an architecture.
+Intervals: the transfer error that leave-one-GPU-out measured (mlactl.decide.calibration.
+transfer_errors, written by benchmarks/bench_transfer.py) is log(measured / predicted) of fits
+carried between the GPUs aiconfigurator has tables for, keyed by op class, dtype, the kernel the
+target runs and whether it is another kernel, and the crossing (sm90>sm100; `error_keys`), each
+key used from MIN_PAIRS pairs. Its median is taken out of the fit's times (every time in seconds
+times exp(median), every efficiency over it: `scaled`, held within the physical limits), and the
+fit's residual quantiles are widened, level by level, to the re-centred transfer quantiles.
 """
 
 from __future__ import annotations
