@@ -566,3 +566,24 @@ def test_pathmap_measured_never_stays_inside_the_grid():
         xs = np.asarray(line.get_xdata(), dtype=float)
         assert (xs <= right + 1e-9).all()
     assert any(m["new"] is None for m in data["measured_boundary"])
+
+
+def test_a_replay_report_edited_by_hand_is_refused_in_one_line_or_drawn_safely(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE_LINE + TRACE_LINE.replace('"timestamp": 0', '"timestamp": 5'))
+    report = tmp_path / "r.json"
+    assert (
+        runner.invoke(app, ["replay", str(trace), "--engines", "vllm", "-f", "json", "-o", str(report)]).exit_code == 0
+    )
+    data = json.loads(report.read_text())
+    data["engines"][0]["lost_s"] = "fast"  # a string where a number belongs
+    report.write_text(json.dumps(data))
+    out = runner.invoke(app, ["plot", "replay", str(report), "-o", str(tmp_path / "c.png")])
+    assert out.exit_code == 2 and out.output.strip().splitlines() == [
+        f"Error: {report}: engines[0].lost_s must be a finite number >= 0, got 'fast'"
+    ]
+    data["engines"][0]["lost_s"] = 1.5
+    data["engines"][0]["label"] = "[bold]x[/] $a^2$ \x1b[31m"  # markup, mathtext and an escape
+    report.write_text(json.dumps(data))
+    out = runner.invoke(app, ["plot", "replay", str(report), "-o", str(tmp_path / "c.png")])
+    assert out.exit_code == 0 and "Warning" not in out.output and "glyph" not in out.output, out.output

@@ -25,6 +25,7 @@ REPORT = S.Obj(
             S.Obj(
                 required={
                     "label": S.string,
+                    # a report edited by hand or by another tool: what the chart reads is checked too
                     "timeline": S.Obj(
                         required={"edges_s": S.ListOf(S.number(-1e300)), "lost_s": S.ListOf(S.number(-1e300))}
                     ),
@@ -33,7 +34,12 @@ REPORT = S.Obj(
                             required={"type": S.string, "steps": S.integer(0), "paths": S.MapOf(S.number(0))},
                         )
                     ),
-                }
+                },
+                optional={
+                    "lost_s": S.number(0),
+                    "time_s": S.number(0),
+                    "lost_interval_s": S.nullable(S.ListOf(S.number(0))),
+                },
             )
         ),
     },
@@ -117,7 +123,7 @@ def replay(data: dict):
                         lw=0.3,
                     )
                 bottom_at += share
-            bottom.text(x, 1.01, e["label"], rotation=90, fontsize=6, ha="center", va="bottom")
+            bottom.text(x, 1.01, safe.mathtext(e["label"]), rotation=90, fontsize=6, ha="center", va="bottom")
     bottom.set_xticks(range(len(types)), labels=types, fontsize=8)
     bottom.set_ylim(0, 1.35)
     bottom.set_yticks([0, 0.25, 0.5, 0.75, 1.0], labels=["0", "25%", "50%", "75%", "100%"])
