@@ -1154,3 +1154,12 @@ def test_a_cache_no_gpu_holds_is_warned_about(tmp_path):
     assert result.exit_code == 0
     assert "Warning: --cache-tokens 2,147,483,647: a KV cache of 150,908 GB" in result.stderr
     assert "Warning" not in cli("replay", trace, "--engines", "vllm", "--cache-tokens", "100000").stderr
+
+
+def test_a_csv_where_json_is_read_is_named_as_such(tmp_path):
+    """`calibrate score m.csv` (without --from csv) said 'line 1: not valid JSON ... the file is
+    corrupt or was cut short'."""
+    measurements = tmp_path / "m.csv"
+    measurements.write_text("op,batch,new,prefix,time_s\nq_absorb,1,1,0,1e-5\n")
+    one_error(cli("analyze", "--policy", "measured", "--results", measurements),
+              "m.csv is a CSV (op,batch,new,prefix,time_s), but JSON (results", "--from csv")  # fmt: skip

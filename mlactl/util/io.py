@@ -330,8 +330,16 @@ def loads_json(text: str, where: str, hint: str = ""):
 
 
 def read_json(path: str | Path, what: str, hint: str = "", limit: int = MAX_READ_BYTES):
-    """Parsed JSON of a file (see loads_json)."""
-    return loads_json(read_text(path, what, limit), str(path), hint)
+    """Parsed JSON of a file (see loads_json). A file that is plainly something else where JSON
+    is read (a CSV: a first line of comma-separated names) says so instead of 'not valid JSON'."""
+    text = read_text(path, what, limit)
+    first = text.lstrip().split("\n", 1)[0]
+    if first and first[0] not in "{[" and "," in first and all(c.strip() for c in first.split(",")):
+        raise MlactlError(
+            f"{safe.text(path)} is a CSV ({safe.text(first, 60)}), but JSON ({what}) is read here; "
+            "a command that reads CSV takes it with --from csv or as its argument"
+        )
+    return loads_json(text, str(path), hint)
 
 
 def atomic_write(path: str | Path, data: str | bytes, update: bool = False) -> None:
