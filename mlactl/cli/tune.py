@@ -20,6 +20,7 @@ from mlactl.model.shapes import parse_sizes
 from mlactl.output import tune_tables
 from mlactl.output import tune_tables as report
 from mlactl.output.progress import columns_for
+from mlactl.results import store as results_store
 from mlactl.tune import compile as stage
 from mlactl.tune import ray_runner, store
 from mlactl.tune.ray_runner import import_ray
@@ -286,21 +287,9 @@ class Run:
             self.kv_dtype,
             self.backend,
         )
-        header = {
-            "schema": "mlactl.results",
-            "schema_version": 1,
-            "run_id": Path(path).stem,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "mlactl_version": versions["mlactl"],
-            "device": info,
-            "versions": versions,
-            "backend": self.backend,
-            "timing": timing,
-            "model": self.cfg.to_dict(),
-            "kv_dtype": self.kv_dtype,
-            "dtype": self.dtype,
-            "chunk": self.chunk,
-        }
+        header = results_store.new_header(
+            path, info, versions, self.backend, timing, self.cfg.to_dict(), self.kv_dtype, self.dtype, self.chunk
+        )
         opened = store.ResultsStore(path, header, force=self.force)
         self.stores.append(opened)
         return opened, hw

@@ -51,6 +51,7 @@ them on every load. Fields not named there are allowed and kept (a newer mlactl'
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 from mlactl.util import schema as S
@@ -61,6 +62,29 @@ from mlactl.util.limits import MAX_SIZE
 SCHEMA = "mlactl.results"
 SCHEMA_VERSION = 1
 SECTIONS = ("kernels", "paths", "crossovers", "ceilings")
+
+
+def new_header(
+    path, device: dict, versions: dict, backend: str, timing: dict, model: dict, kv_dtype: str, dtype: str, chunk: int
+) -> dict:
+    """The header of a new results file (`mlactl tune` writes it before the first timing): the
+    schema written here and read back by `load`, the run's id (the file's stem) and creation
+    time, the device and software versions, how it times, and the model and dtypes measured."""
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "run_id": Path(path).stem,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "mlactl_version": versions["mlactl"],
+        "device": device,
+        "versions": versions,
+        "backend": backend,
+        "timing": timing,
+        "model": model,
+        "kv_dtype": kv_dtype,
+        "dtype": dtype,
+        "chunk": chunk,
+    }
 
 
 # -- the schema, written once: every reader validates with it (load, find_results, the store) ------
