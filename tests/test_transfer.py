@@ -389,3 +389,34 @@ def test_an_fp8_cache_fit_on_a_kernel_the_target_does_not_run_takes_the_bf16_fit
     on_h100 = transfer(cal, hardware.from_name("h200"), hardware.from_name("h100-sxm"), errors={})
     fp8 = next(f for f in on_h100["fits"] if f["dtype"] == "fp8")
     assert fp8["terms"] == FA3["terms"] and fp8["transfer"]["fallback"] is None
+
+
+@pytest.mark.slow
+def test_plot_transfer_draws_a_transferred_calibration_on_its_gpus_tables(home, tmp_path):
+    name = fixture_calibration()
+    data = tmp_path / "ac"
+    shutil.copytree(FIXTURE / "h200_sxm", data / "b200_sxm")  # the fixture's tables, read as a B200's
+    args = ("--system", "b200_sxm", "--framework", "sglang", "--data-dir", data)
+    line = error_line(run("plot", "transfer", "--calibration", name, *args, "-o", tmp_path / "x.png", ok=False))
+    assert "calibrate transfer fx --hardware b200" in line and not (tmp_path / "x.png").exists()
+    run("calibrate", "transfer", name, "--hardware", "b200")
+    out = run("plot", "transfer", "--calibration", "b200-from-fx", *args, "-o", tmp_path / "t.png")
+    assert "Wrote" in out.output and (tmp_path / "t.png").stat().st_size > 10_000
+
+
+def test_score_panels_pool_each_op_class_with_the_roofline_beside_it(target):
+    # one decode point measured at 1.1 x the carried fit's time; the roofline at the target's ceilings
+    from mlactl.decide.calibration.model import Points
+    from mlactl.decide.calibration.score import panels
+
+    moved = carried([DECODE], target)
+    t = 5e-6 + 9_126_805_504 / (0.5 * T_PEAK)
+    pts = Points("absorb_attention", np.array([9_126_805_504.0]), np.array([38_862_848.0]), np.array([4.0]),
+                 np.array([1.0]), np.array([8192.0]), np.array([128.0]), np.array([512.0]),
+                 np.array([4 * 8192 * 576 * 2.0]), time_s=np.array([1.1 * t]))  # fmt: skip
+    (p,) = panels(moved, {("absorb_attention", "sglang-0.5.14:flash_attention:decode", "bf16"): pts})
+    assert p["op"] == "absorb_attention" and p["n"] == 1 and p["median"] == pytest.approx(1 - 1 / 1.1)
+    # roofline: max(9.1268e9 / 2e15 = 4.5634 us, 38,862,848 / 8e12 = 4.8579 us), the bytes', against
+    # 1.1 x 14.1268 us measured
+    assert p["roofline_s"][0] == pytest.approx(38_862_848 / T_BW)
+    assert p["roofline_median"] == pytest.approx(1 - (38_862_848 / T_BW) / (1.1 * t))

@@ -23,6 +23,8 @@ from mlactl.cli.options import (
     shared,
 )
 from mlactl.decide import analysis
+from mlactl.decide.calibration import run, store
+from mlactl.decide.calibration.score import check_measured_on, panels
 from mlactl.decide.engines import context_for, parse_engines
 from mlactl.model.shapes import grid, parse_sizes
 from mlactl.output import chartdata, plot
@@ -381,6 +383,49 @@ def replay_chart(
     plot.check_report(found, str(report))
     fig, drawn = plot.replay(found)
     write(fig, output, dpi, "replay", drawn, data)
+
+
+@plot_app.command(name="transfer")
+@cli_errors
+def transfer_chart(
+    calibration: Annotated[str, typer.Option("--calibration", help="The calibration to draw: a name or a file.")],
+    system: Annotated[str, typer.Option("--system", help="aiconfigurator system measured, e.g. b300_sxm.")],
+    framework: Annotated[str, typer.Option("--framework", help="aiconfigurator framework: sglang, trtllm or vllm.")],
+    framework_version: Annotated[
+        Optional[str], typer.Option("--framework-version", help="Its version (default: the newest of each table).")
+    ] = None,
+    data_dir: Annotated[
+        Optional[Path], typer.Option("--data-dir", help="A folder laid out as aiconfigurator's (default: installed).")
+    ] = None,
+    output: Annotated[Path, output_opt("transfer")] = Path("transfer.png"),
+    dpi: DpiOpt = "100",
+):
+    """A calibration's predicted time against the time measured on its GPU, per op class, with each 80% interval and
+    the roofline beside it: a transferred calibration on the tables of the GPU it was carried to.
+
+    Example: mlactl calibrate transfer h200-aiconfigurator-sglang-0.5.14 --hardware b200 && mlactl plot transfer
+    --calibration b200-from-h200-aiconfigurator-sglang-0.5.14 --system b200_sxm --framework sglang
+    """
+
+    check_output(output)
+    fig = transfer_figure(calibration, system, framework, framework_version, data_dir)
+    check_not_inputs(output)
+    write(fig, output, dpi, "transfer")
+
+
+def transfer_figure(calibration: str, system: str, framework: str, version: Optional[str], data_dir):
+    cal = store.resolve(calibration)
+    where = f"{system}/{framework}"
+    if system not in run.SYSTEM_PROFILES:
+        raise MlactlError(f"no hardware profile for system {safe.text(system, 40)!r}")
+    check_measured_on(cal, run.SYSTEM_PROFILES[system], where)
+    groups = run.aiconfigurator_groups(system, framework, version, data_dir)
+    moved = cal.transferred
+    title = f"calibration {cal.name}, predicted against {where}'s measurements" + (
+        f"\ntransferred from {moved['from']['hardware']} to {cal.hardware}'s ceilings" if moved else ""
+    )
+    fig, _ = plot.transfer(panels(cal, groups), title)
+    return fig
 
 
 # the first fields of a request trace, as `mlactl replay` reads one (Mooncake's JSON lines, a CSV)

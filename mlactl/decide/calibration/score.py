@@ -189,3 +189,43 @@ def score(calibration, groups: dict, hardware: str | None = None, where: str = "
     if not groups:
         raise MlactlError("no measured points to score")
     return [score_group(calibration, key, pts) for key, pts in sorted(groups.items())]
+
+
+def panels(calibration, groups: dict) -> list[dict]:
+    """Per op class, what `mlactl plot transfer` draws: every covered point's measured and
+    predicted seconds, its 80% interval (NaN: none) and its roofline at the calibration's
+    ceilings; with the class's median and p90 of |predicted / measured - 1| and the roofline's.
+    Classes in sorted order; a group no fit covers is left out."""
+    peak, bandwidth, _ = machine_of(calibration)
+    by_op: dict[str, list] = {}
+    for key, pts in sorted(groups.items()):
+        p = predicted(calibration, key, pts)
+        if p is None:
+            continue
+        roof = np.maximum(np.asarray(pts.flops) / peak, np.asarray(pts.bytes) / bandwidth)
+        by_op.setdefault(key[0], []).append((np.asarray(pts.time_s, dtype=np.float64), p, roof))
+    out = []
+    for op, parts in by_op.items():
+        y = np.concatenate([a for a, _, _ in parts])
+        t = np.concatenate([p.time for _, p, _ in parts])
+        roof = np.concatenate([r for _, _, r in parts])
+        lo = np.concatenate([p.lo for _, p, _ in parts])
+        hi = np.concatenate([p.hi for _, p, _ in parts])
+        err, roof_err = np.abs(t / y - 1), np.abs(roof / y - 1)
+        inside = (lo <= y) & (y <= hi)
+        out.append(
+            {
+                "op": op,
+                "n": int(len(y)),
+                "measured_s": y.tolist(),
+                "predicted_s": t.tolist(),
+                "lo_s": lo.tolist(),
+                "hi_s": hi.tolist(),
+                "roofline_s": roof.tolist(),
+                "median": float(np.median(err)),
+                "p90": float(np.percentile(err, 90)),
+                "roofline_median": float(np.median(roof_err)),
+                "coverage": float(np.mean(inside)) if np.isfinite(lo).all() else None,
+            }
+        )
+    return out

@@ -37,6 +37,7 @@ from mlactl.output.plot.crossover import MAX_CROSSOVER_PANELS, crossover
 from mlactl.output.plot.pathmap import WRONG_ABOVE, pathmap
 from mlactl.output.plot.replay import check_report, replay
 from mlactl.output.plot.roofline import MAX_LABELS, MAX_ROOFLINE_SHAPES, roofline
+from mlactl.output.plot.transfer import transfer
 from mlactl.output.plot.tune import config_label, tune
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "check_results",
     "config_label",
     "crossover",
+    "transfer",
     "image_format",
     "measured_crossover_rows",
     "measured_label",
