@@ -997,3 +997,15 @@ def test_paths_legend_explains_the_values_in_its_table():
     assert caption.startswith("64 (32–128): expand wins from 64 new tokens at every count measured")
     assert "cut (budget)" in caption and "158" not in caption and "never" not in caption
     assert tune_tables.paths_caption([]) is None
+
+
+def test_compile_report_prefill_row_says_what_was_launched():
+    """The prefill row said neither its output dtype nor its split count (decode's did)."""
+    pytest.importorskip("triton")
+    from mlactl.tune.compile import Case, _build
+
+    config = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    launch = _build(Case("mla_prefill", {"B": 1, "H": 128, "S_q": 256, "ctx": 4352}, config))[-1]
+    assert launch == {"out_dtype": "bf16", "num_splits": 1}
+    row = {"kernel": "mla_prefill", "shape": {"B": 1}, "config": config, "arch": "sm_90", "error": "x", **launch}
+    assert "bf16 x1" in render(tune_tables.compile_table([row], 132), 132)

@@ -402,7 +402,9 @@ def _build(case: Case):
     if case.kernel == "mla_prefill":
         from mlactl.kernels import prefill
 
-        return (*prefill.compile_spec(case.config, case.dC, case.dR, case.dV, case.dtype), {"out_dtype": case.dtype})
+        # the prefill writes its output once, unsplit: one split, in the activation dtype
+        spec = prefill.compile_spec(case.config, case.dC, case.dR, case.dV, case.dtype)
+        return (*spec, {"out_dtype": case.dtype, "num_splits": 1})
     if case.kernel == "merge_attn_states":
         from mlactl.kernels import merge
 
