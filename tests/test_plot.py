@@ -587,3 +587,21 @@ def test_a_replay_report_edited_by_hand_is_refused_in_one_line_or_drawn_safely(t
     report.write_text(json.dumps(data))
     out = runner.invoke(app, ["plot", "replay", str(report), "-o", str(tmp_path / "c.png")])
     assert out.exit_code == 0 and "Warning" not in out.output and "glyph" not in out.output, out.output
+
+
+def test_replay_chart_reads_a_short_trace_in_seconds_and_keeps_lines_apart(tmp_path):
+    """A 25 s trace was drawn in minutes (0 to 0.4), coinciding lines hid each other, labels were
+    6 pt and the legend sat over a line."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(TRACE_LINE.replace('"timestamp": 0', f'"timestamp": {500 * i}') for i in range(50)))
+    report = tmp_path / "r.json"
+    assert runner.invoke(app, ["replay", str(trace), "-f", "json", "-o", str(report)]).exit_code == 0
+    fig, drawn = plot.replay(json.loads(report.read_text()))
+    assert drawn["time_unit"] == "seconds"
+    top = fig.axes[0]
+    assert "seconds" in top.get_xlabel()
+    styles = [(line.get_linestyle(), line.get_linewidth()) for line in top.get_lines()]
+    assert len(set(styles)) == len(styles) == 4  # four rules, four looks
+    legend = top.get_legend()
+    assert legend.get_bbox_to_anchor().y0 >= top.bbox.y1 - 1  # above the panel
+    assert min(t.get_fontsize() for t in fig.axes[1].texts) >= 7

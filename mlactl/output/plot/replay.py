@@ -16,6 +16,9 @@ from mlactl.util.errors import MlactlError
 
 # not the paths' colours (PATH_COLOURS), which the bottom panel uses
 ENGINE_COLOURS = ("black", "tab:purple", "tab:brown", "tab:red", "tab:pink", "tab:olive", "tab:cyan")
+LINE_STYLES = ("-", "--", "-.", ":")
+# the time axis's unit by the trace's length: (name, seconds, longest trace read in it)
+UNITS = (("seconds", 1.0, 180.0), ("minutes", 60.0, 3 * 3600.0), ("hours", 3600.0, float("inf")))
 
 REPORT = S.Obj(
     required={
@@ -82,20 +85,27 @@ def replay(data: dict):
     fig, axes = new_figure(10.0, 7.5, nrows=2)
     top, bottom = axes[0, 0], axes[1, 0]
     origin = min(e["timeline"]["edges_s"][0] for e in engines if e["timeline"]["edges_s"])
+    end = max((e["timeline"]["edges_s"][-1] for e in engines if e["timeline"]["edges_s"]), default=origin)
+    # the unit the trace's length reads in: a 25 s trace in seconds, not 0.4 minutes
+    unit, scale = next(((u, f) for u, f, most in UNITS if end - origin <= most), UNITS[-1][:2])
     for k, e in enumerate(engines):
         edges, lost = e["timeline"]["edges_s"], e["timeline"]["lost_s"]
         xs, ys = [], []
         for lo, hi, v in zip(edges[:-1], edges[1:], lost):
             rate = v / (hi - lo) if hi > lo else 0.0
             timeline.append({"engine": e["label"], "start_s": lo, "end_s": hi, "lost_per_s": rate})
-            xs += [(lo - origin) / 60.0, (hi - origin) / 60.0]
+            xs += [(lo - origin) / scale, (hi - origin) / scale]
             ys += [rate * 1e3, rate * 1e3]
         label = _legend(e)
         legend.append(label)
-        top.plot(xs, ys, lw=1.2, label=safe.mathtext(label), color=ENGINE_COLOURS[k % len(ENGINE_COLOURS)])
-    top.set_xlabel("trace time (minutes, each engine's own clock)")
-    top.set_ylabel("attention lost against the best\n(ms per second of trace)")
-    top.legend(fontsize=7, loc="upper right")
+        # lines that coincide (two rules that never lose) stay visible: each its own dash and width,
+        # the first drawn widest, underneath
+        top.plot(xs, ys, lw=2.6 - 0.5 * min(k, 3), ls=LINE_STYLES[k % len(LINE_STYLES)], label=safe.mathtext(label),
+                 color=ENGINE_COLOURS[k % len(ENGINE_COLOURS)], zorder=2 + k)  # fmt: skip
+    top.set_xlabel(f"trace time ({unit}, each engine's own clock)", fontsize=9)
+    top.set_ylabel("attention lost against the best\n(ms per second of trace)", fontsize=9)
+    # the legend above the panel, not over a line
+    top.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.02), ncols=2, frameon=False)
     top.grid(alpha=0.3)
 
     types = list(dict.fromkeys(r["type"] for e in engines for r in e["by_step_type"]))
@@ -123,7 +133,7 @@ def replay(data: dict):
                         lw=0.3,
                     )
                 bottom_at += share
-            bottom.text(x, 1.01, safe.mathtext(e["label"]), rotation=90, fontsize=6, ha="center", va="bottom")
+            bottom.text(x, 1.01, safe.mathtext(e["label"]), rotation=90, fontsize=7, ha="center", va="bottom")
     bottom.set_xticks(range(len(types)), labels=types, fontsize=8)
     bottom.set_ylim(0, 1.35)
     bottom.set_yticks([0, 0.25, 0.5, 0.75, 1.0], labels=["0", "25%", "50%", "75%", "100%"])
@@ -136,8 +146,8 @@ def replay(data: dict):
         loc="upper right",
         ncols=len(paths),
     )
-    fig.suptitle(title, fontsize=9)
-    return fig, {"title": title, "legend": legend, "timeline": timeline, "mix": mix}
+    fig.suptitle(title, fontsize=10)
+    return fig, {"title": title, "legend": legend, "timeline": timeline, "mix": mix, "time_unit": unit}
 
 
 def _legend(e: dict) -> str:
