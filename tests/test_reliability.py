@@ -866,7 +866,7 @@ def test_names_with_markup_and_escapes_print_as_text(tmp_path):
     out = cli("analyze", "--model", path, "--new", "1", "--prefix", "0", "-o", tmp_path / "report.txt")
     assert out.exit_code == 0, out.output
     report = (tmp_path / "report.txt").read_text()
-    assert "[/] [link=http://x]y[/link] $a^2$ :fire: \\x1b[31mred:" in report and "\x1b" not in report
+    assert "[/] [link=http://x]y[/link] $a^2$ :fire: \\x1b[31mred at TP 1, 1 layer" in report and "\x1b" not in report
     chart = cli("plot", "crossover", "--model", path, "--new", "1:64:*4", "-o", tmp_path / "x.svg")
     assert chart.exit_code == 0, chart.output
     assert "$a^2$" in (tmp_path / "x.svg").read_text()  # drawn as written, not as mathtext
