@@ -291,6 +291,37 @@ def _check_settings(s: ReplaySettings) -> None:
         raise MlactlError("--step-overhead-ms must be a number of at least 0")
 
 
+@dataclass
+class _Totals:
+    """What pricing an engine's schedule adds up, block by block: attention seconds under the
+    rule, the best path per step and per request, and the best of all; the losses against each;
+    steps and new tokens per path; seconds, steps and tokens per step type; the timeline's bins;
+    and the sweep's constant part (steps whose path no threshold changes)."""
+
+    time: float
+    step: float
+    request: float
+    best: float
+    lost_step: float
+    lost_request: float
+    path_steps: np.ndarray  # [paths]
+    path_tokens: np.ndarray  # [paths]
+    type_steps: np.ndarray  # [types]
+    type_time: np.ndarray  # [types]
+    type_best: np.ndarray  # [types]
+    type_tokens: np.ndarray  # [types, paths]
+    bin_time: np.ndarray  # [bins]
+    bin_best: np.ndarray  # [bins]
+    sweep_base: float
+
+    @classmethod
+    def zero(cls, paths: int, types: int, bins: int) -> _Totals:
+        return cls(
+            0.0, 0.0, 0.0, 0.0, 0.0, 0.0, np.zeros(paths), np.zeros(paths), np.zeros(types), np.zeros(types),
+            np.zeros(types), np.zeros((types, paths)), np.zeros(bins), np.zeros(bins), 0.0,
+        )  # fmt: skip
+
+
 def _price(
     trace: Trace, cost, hw, calibration, e: rules.Engine, sched: Schedule, s: ReplaySettings, keep_steps: bool = False
 ) -> EngineReplay:
@@ -302,23 +333,7 @@ def _price(
     start_s = float(sched.start[0]) if n else 0.0
     end_s = float(sched.start[-1] + sched.time[-1]) if n else 0.0
     edges = np.linspace(start_s, end_s if end_s > start_s else start_s + 1.0, s.bins + 1)
-    acc: dict[str, Any] = {
-        "time": 0.0,
-        "step": 0.0,
-        "request": 0.0,
-        "best": 0.0,
-        "lost_step": 0.0,
-        "lost_request": 0.0,
-        "path_steps": np.zeros(len(paths)),
-        "path_tokens": np.zeros(len(paths)),
-        "type_steps": np.zeros(types),
-        "type_time": np.zeros(types),
-        "type_best": np.zeros(types),
-        "type_tokens": np.zeros((types, len(paths))),
-        "bin_time": np.zeros(s.bins),
-        "bin_best": np.zeros(s.bins),
-        "sweep_base": 0.0,
-    }
+    acc = _Totals.zero(len(paths), types, s.bins)
     sweep_parts, kept = [], []
     step_engine, step_lost = np.zeros(n), np.zeros(n)  # the intervals' sample is drawn on them
     for first, last in blocks(sched):
@@ -335,27 +350,27 @@ def _price(
                 for k in range(len(paths))
             ]
         )  # [paths, steps]
-        acc["time"] += engine_t.sum()
-        acc["step"] += step_best.sum()
-        acc["request"] += request_best.sum()
-        acc["best"] += best.sum()
-        acc["lost_step"] += np.maximum(engine_t - step_best, 0.0).sum()
-        acc["lost_request"] += np.maximum(engine_t - request_best, 0.0).sum()
-        acc["path_steps"] += (tokens > 0).sum(axis=1)
-        acc["path_tokens"] += tokens.sum(axis=1)
-        acc["type_steps"] += np.bincount(kind, minlength=types)
-        acc["type_time"] += np.bincount(kind, weights=engine_t, minlength=types)
-        acc["type_best"] += np.bincount(kind, weights=best, minlength=types)
+        acc.time += engine_t.sum()
+        acc.step += step_best.sum()
+        acc.request += request_best.sum()
+        acc.best += best.sum()
+        acc.lost_step += np.maximum(engine_t - step_best, 0.0).sum()
+        acc.lost_request += np.maximum(engine_t - request_best, 0.0).sum()
+        acc.path_steps += (tokens > 0).sum(axis=1)
+        acc.path_tokens += tokens.sum(axis=1)
+        acc.type_steps += np.bincount(kind, minlength=types)
+        acc.type_time += np.bincount(kind, weights=engine_t, minlength=types)
+        acc.type_best += np.bincount(kind, weights=best, minlength=types)
         for k in range(len(paths)):
-            acc["type_tokens"][:, k] += np.bincount(kind, weights=tokens[k], minlength=types)
+            acc.type_tokens[:, k] += np.bincount(kind, weights=tokens[k], minlength=types)
         where = np.clip(np.searchsorted(edges, sched.start[first:last], side="right") - 1, 0, s.bins - 1)
-        acc["bin_time"] += np.bincount(where, weights=engine_t, minlength=s.bins)
-        acc["bin_best"] += np.bincount(where, weights=best, minlength=s.bins)
+        acc.bin_time += np.bincount(where, weights=engine_t, minlength=s.bins)
+        acc.bin_best += np.bincount(where, weights=best, minlength=s.bins)
         if e.threshold is not None:
             st, val, sec = pricer.sweep(figs, rows)
             varying = np.zeros(rows.steps, dtype=bool)
             varying[st] = True
-            acc["sweep_base"] += engine_t[~varying].sum()
+            acc.sweep_base += engine_t[~varying].sum()
             sweep_parts.append((st + first, val, sec))
         if keep_steps:
             rows_in = np.diff(rows.starts, append=len(rows.step))
@@ -366,13 +381,13 @@ def _price(
         drawer = Drawer(pricer, step_weights(sample_size(step_engine, step_lost)))
         for first, last in blocks(sched):
             drawer.add(rows_of(sched, first, last))
-    total_tokens = float(acc["path_tokens"].sum())
+    total_tokens = float(acc.path_tokens.sum())
     points = {
-        "time": acc["time"],
-        "best": acc["best"],
-        "lost": acc["time"] - acc["best"],
-        "lost_step": acc["lost_step"],
-        "lost_request": acc["lost_request"],
+        "time": acc.time,
+        "best": acc.best,
+        "lost": acc.time - acc.best,
+        "lost_step": acc.lost_step,
+        "lost_request": acc.lost_request,
     }
     per_step = None
     if keep_steps:
@@ -397,28 +412,28 @@ def _price(
         start_s=start_s,
         end_s=end_s,
         step_time_s=float(sched.time.sum()),
-        time_s=float(acc["time"]),
-        gpu_time_s=float(sched.time.sum() - sched.attention.sum() + acc["time"]),
-        best_step_s=float(acc["step"]),
-        best_request_s=float(acc["request"]),
-        best_s=float(acc["best"]),
-        lost_step_s=float(acc["lost_step"]),
-        lost_request_s=float(acc["lost_request"]),
+        time_s=float(acc.time),
+        gpu_time_s=float(sched.time.sum() - sched.attention.sum() + acc.time),
+        best_step_s=float(acc.step),
+        best_request_s=float(acc.request),
+        best_s=float(acc.best),
+        lost_step_s=float(acc.lost_step),
+        lost_request_s=float(acc.lost_request),
         tokens=_tokens(trace, sched),
         paths={
             p: {
-                "steps": float(acc["path_steps"][k] / n) if n else 0.0,
-                "tokens": float(acc["path_tokens"][k] / total_tokens) if total_tokens else 0.0,
+                "steps": float(acc.path_steps[k] / n) if n else 0.0,
+                "tokens": float(acc.path_tokens[k] / total_tokens) if total_tokens else 0.0,
             }
             for k, p in enumerate(paths)
         },
         by_type=_by_type(acc, paths),
-        sweep=_sweep(e, acc["sweep_base"], sweep_parts) if e.threshold is not None else None,
+        sweep=_sweep(e, acc.sweep_base, sweep_parts) if e.threshold is not None else None,
         timeline={
             "edges_s": edges.tolist() if n else [],
-            "time_s": acc["bin_time"].tolist() if n else [],
-            "best_s": acc["bin_best"].tolist() if n else [],
-            "lost_s": (acc["bin_time"] - acc["bin_best"]).tolist() if n else [],
+            "time_s": acc.bin_time.tolist() if n else [],
+            "best_s": acc.bin_best.tolist() if n else [],
+            "lost_s": (acc.bin_time - acc.bin_best).tolist() if n else [],
         },
         latency=_latency(trace, sched),
         cache=_cache(trace, sched),
@@ -436,22 +451,22 @@ def _tokens(trace: Trace, sched: Schedule) -> dict[str, int]:
     }
 
 
-def _by_type(acc: dict, paths) -> list[dict]:
+def _by_type(acc: _Totals, paths) -> list[dict]:
     out = []
     for k, name in enumerate(STEP_TYPES):
-        steps = int(acc["type_steps"][k])
+        steps = int(acc.type_steps[k])
         if not steps:
             continue
-        toks = float(acc["type_tokens"][k].sum())
+        toks = float(acc.type_tokens[k].sum())
         out.append(
             {
                 "type": name,
                 "steps": steps,
                 "tokens": int(toks),
-                "time_s": float(acc["type_time"][k]),
-                "best_s": float(acc["type_best"][k]),
-                "lost_s": float(acc["type_time"][k] - acc["type_best"][k]),
-                "paths": {p: float(acc["type_tokens"][k, j] / toks) if toks else 0.0 for j, p in enumerate(paths)},
+                "time_s": float(acc.type_time[k]),
+                "best_s": float(acc.type_best[k]),
+                "lost_s": float(acc.type_time[k] - acc.type_best[k]),
+                "paths": {p: float(acc.type_tokens[k, j] / toks) if toks else 0.0 for j, p in enumerate(paths)},
             }
         )
     return out
