@@ -481,7 +481,7 @@ def _policy_paths(cost, hw, batch, new, prefix, policy, engines, results_data):
 
 def _measured_note(batch, prefix, results_data) -> list[str]:
     """One line when --policy measured met prefixes outside what was measured (roofline there)."""
-    outside, measured = 0, set()
+    outside, measured = 0, set[int]()
     for b in unique(batch):
         crossovers = results.measured_crossovers(results_data, int(b))
         if crossovers:

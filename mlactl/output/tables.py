@@ -201,7 +201,7 @@ def fit_any(item, width: int | None):
     keys = _keys(item, width)
     columns = [
         Column(
-            cell_width(c.header) and c.header,
+            c.header if isinstance(c.header, str) else Text.from_markup(str(c.header)).plain,
             list(c._cells),
             justify=c.justify,
             priority=KEY if i < keys else KEEP,
