@@ -1041,3 +1041,67 @@ def test_a_compressed_trace_is_named_as_such(magic, kind):
     out = run("trace", ["replay", "t.jsonl"], files={"t.jsonl": magic + bytes(range(256))}, error_lines=1)
     assert out.exit_code == 2
     assert f"is a {kind}-compressed file" in out.stderr and "decompress it first" in out.stderr
+
+
+# -- tables on a terminal and measurements on disk (round three) ------------------------------------------
+
+NUMBER_CELL = st.one_of(
+    st.integers(0, 10**12).map(lambda n: f"{n:,}"),
+    st.floats(1e-9, 1e6, allow_nan=False).map(lambda x: f"{x:.4g}s"),
+    st.sampled_from(["sglang-triton", "sglang-trtllm", "expand 93%, absorb 7%", "—", "n/a"]),
+)
+
+
+@given(
+    headers=st.lists(st.sampled_from(["engine", "steps", "attention", "best", "lost", "lost %", "vs best step"]),
+                     min_size=2, max_size=9),
+    rows=st.integers(1, 5), width=st.integers(60, 140), data=st.data(),
+)  # fmt: skip
+def test_guard_fit_any_never_cuts_a_cell(headers, rows, width, data):
+    """Any table printed through fit_any at any terminal width from 60: every cell appears whole,
+    no '…', no line wider than the terminal (each cell here fits beside the key column)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from mlactl.output.tables import fit_any
+
+    table = Table(title="t")
+    for i, h in enumerate(headers):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    cells = [[data.draw(NUMBER_CELL) for _ in headers] for _ in range(rows)]
+    for row in cells:
+        table.add_row(*row)
+    console = Console(width=width, record=True, file=__import__("io").StringIO(), emoji=False)
+    console.print(fit_any(table, width))
+    text = console.export_text()
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= width
+    for row in cells:
+        for cell in row:
+            assert all(part in text for part in cell.split()), cell
+
+
+MEASUREMENT_HEAD = st.sampled_from(
+    ['{"schema": "mlactl.results", ', '{\n "schema":"mlactl.calibration",', '{"triton_version": "3", ', "[measured]\n"]
+)
+
+
+@given(head=MEASUREMENT_HEAD, before=st.binary(max_size=200), after=st.binary(max_size=200),
+       other=st.one_of(st.binary(max_size=300), JSON_VALUE.map(json.dumps).map(str.encode)))  # fmt: skip
+def test_guard_a_measurement_is_never_replaced(tmp_path_factory, head, before, after, other):
+    """A file holding a measurement header anywhere in its first MiB is refused by the writer,
+    byte for byte kept; a file without one (any bytes, any JSON that is not ours) is written."""
+    from mlactl.util import io as files
+
+    folder = tmp_path_factory.mktemp("m")
+    kept = folder / "run.json"
+    body = before.replace(b"[measured]", b"") + b"\n" + head.encode() + after
+    kept.write_bytes(body)
+    with pytest.raises(MlactlError, match="a measurement mlactl reads back"):
+        files.atomic_write(kept, "new")
+    assert kept.read_bytes() == body
+    plain = folder / "plain.json"
+    plain.write_bytes(other)
+    if files.measurement(plain) is None:
+        files.atomic_write(plain, "new")
+        assert plain.read_text() == "new"
