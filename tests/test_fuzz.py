@@ -1105,3 +1105,12 @@ def test_guard_a_measurement_is_never_replaced(tmp_path_factory, head, before, a
     if files.measurement(plain) is None:
         files.atomic_write(plain, "new")
         assert plain.read_text() == "new"
+
+
+@given(words=st.lists(st.one_of(st.text(min_size=1, max_size=12).filter(lambda w: not any(c.isspace() for c in w)),
+                                st.integers(301, 5000).map(lambda n: "x" * n)), max_size=8))  # fmt: skip
+def test_guard_excerpts_keep_the_sentence_and_cut_the_value(words):
+    """Every word up to 300 characters is kept as it is (a message's reason, a path), every longer
+    one is its first 120 and its length; so an error line stays short and still says why."""
+    out = safe.excerpts(" ".join(words))
+    assert out == " ".join(w if len(w) <= 300 else w[:120] + f"…({len(w):,} characters)" for w in words)

@@ -1163,3 +1163,16 @@ def test_a_csv_where_json_is_read_is_named_as_such(tmp_path):
     measurements.write_text("op,batch,new,prefix,time_s\nq_absorb,1,1,0,1e-5\n")
     one_error(cli("analyze", "--policy", "measured", "--results", measurements),
               "m.csv is a CSV (op,batch,new,prefix,time_s), but JSON (results", "--from csv")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "option, why",
+    [("--hardware", "known: a100-sxm"), ("--engines", "choose from sglang"), ("--kv-dtype", "must be one of bf16"),
+     ("--new", "is not a whole number"), ("--engine-option", "takes [ENGINE.]KEY=VALUE")],
+)  # fmt: skip
+def test_an_error_quotes_a_short_escaped_excerpt_and_says_why(option, why):
+    """A 100 KB value with escapes in it: the error line quoted all of it up to 2,000 characters,
+    and the reason (after the value) was cut off."""
+    value = ("\x1b[31m" + "a" * 1000) * 100
+    line = one_error(cli("analyze", option, value), why)
+    assert len(line) < 600 and "\x1b" not in line

@@ -39,7 +39,7 @@ def error_line(message) -> str:
     that holds several errors on purpose (a trace's bad lines, each `\nError: ...`) keeps them
     as lines, each printable."""
     parts = str(message).split("\nError: ")
-    return "\n".join(f"Error: {safe.text(part, MAX_ERROR)}" for part in parts)
+    return "\n".join(f"Error: {safe.text(safe.excerpts(part), MAX_ERROR)}" for part in parts)
 
 
 def cli_errors(fn):

@@ -27,7 +27,7 @@ EXIT_PIPE = 141
 def _show(message, category, filename, lineno, file=None, line=None):
     """A warning as one printable `Warning: ...` line on stderr, without the source line Python
     adds (a name in it with an escape or a newline cannot colour the terminal or break the line)."""
-    sys.stderr.write(f"Warning: {safe.text(message, 2000)}\n")
+    sys.stderr.write(f"Warning: {safe.text(safe.excerpts(str(message)), 2000)}\n")
 
 
 def _quiet_pipe() -> None:
@@ -60,10 +60,12 @@ def _run(main, args, prog_name, complete_var, **extra) -> int:
         code = 2
     except click_errors.UsageError as exc:
         hint = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
-        typer.echo(f"Error: {safe.text(exc.format_message().replace(chr(10), ' '), 2000)}{hint}", err=True)
+        typer.echo(
+            f"Error: {safe.text(safe.excerpts(exc.format_message().replace(chr(10), ' ')), 2000)}{hint}", err=True
+        )
         code = 2
     except click_errors.ClickException as exc:
-        typer.echo(f"Error: {safe.text(exc.format_message().replace(chr(10), ' '), 2000)}", err=True)
+        typer.echo(f"Error: {safe.text(safe.excerpts(exc.format_message().replace(chr(10), ' ')), 2000)}", err=True)
         code = 2
     except typer.Abort:
         typer.echo("Aborted.", err=True)

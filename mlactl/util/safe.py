@@ -94,3 +94,15 @@ def fit_name(name: str, tail: str = "", head: str = "", limit: int = NAME_MAX) -
     if len(raw) > room:
         name = raw[: max(room, 0)].decode("utf-8", "ignore")
     return f"{head}{name}{tail}"
+
+
+def excerpts(message: str, longest: int = 300, shown: int = 120) -> str:
+    """A message with every run of more than `longest` non-space characters (a rejected value
+    quoted whole: a 100 KB name) cut to its first `shown` and its length, so that the sentence
+    around it, which says why, stays on the line: `'aaaa…(100,000 characters)' is not ...`. (A
+    path or a name, at most 255 bytes a component, is shown whole.)"""
+
+    def cut(match: re.Match) -> str:
+        return f"{match.group(0)[:shown]}…({len(match.group(0)):,} characters)"
+
+    return re.sub(rf"\S{{{longest + 1},}}", cut, str(message))
