@@ -54,3 +54,42 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- what the CLI tests share (imported as `from conftest import run, error_line, mooncake`) -------
+
+from typer.testing import CliRunner  # noqa: E402
+
+from mlactl.cli import app  # noqa: E402
+
+runner = CliRunner()
+
+
+def run(*args, ok=True):
+    """`mlactl ARGS` in this process (each argument as text); with `ok`, it must exit 0."""
+    result = runner.invoke(app, [str(a) for a in args])
+    if ok:
+        assert result.exit_code == 0, result.output
+    return result
+
+
+def error_line(result, warnings: bool = False) -> str:
+    """The one `Error: ...` line a refused command prints (exit status 2); with `warnings`,
+    `Warning: ...` lines may stand beside it."""
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip() and not (warnings and ln.startswith("Warning: "))]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    return lines[0]
+
+
+def mooncake(path, rows) -> str:
+    """A Mooncake trace at `path`; rows: (timestamp ms, input, output, hash_ids)."""
+    import json
+
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": i, "output_length": o, "hash_ids": list(h)}) + "\n"
+            for t, i, o, h in rows
+        )
+    )
+    return str(path)

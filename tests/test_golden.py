@@ -50,6 +50,7 @@ def trace_rows() -> list[dict]:
 
 MACHINE = ["--hardware", "h200", "--tp", "1"]
 LAYERS = ["--layers", "1"]
+ENGINES = "sglang@0.5.14,sglang-triton,vllm@0014ca6b"
 GRID = ["--new", "1,64,256,4096", "--prefix", "0,8K,32K", "--batch", "1,16"]
 
 # (case name, args, output format); a case's args may name {batch_csv}, {trace}
@@ -60,7 +61,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("analyze-fp8-tp8", ["analyze", "--hardware", "h200", "--tp", "8", "--kv-dtype", "fp8", *GRID], "json"),
     ("analyze-dsa", ["analyze", "--model", "deepseek-v3.2", *MACHINE, *LAYERS, *GRID], "json"),
     ("analyze-dsa", ["analyze", "--model", "deepseek-v3.2", *MACHINE, *LAYERS, *GRID], "csv"),
-    ("analyze-engines", ["analyze", *MACHINE, *LAYERS, *GRID, "--engines", "sglang@0.5.14,sglang-triton,vllm@0014ca6b"], "json"),
+    ("analyze-engines", ["analyze", *MACHINE, *LAYERS, *GRID, "--engines", ENGINES], "json"),
     ("crossover", ["crossover", *MACHINE], "json"),
     ("crossover", ["crossover", *MACHINE], "csv"),
     ("crossover-dsa", ["crossover", "--model", "deepseek-v3.2", *MACHINE], "json"),
@@ -76,8 +77,15 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "calibrate",
         [
-            "calibrate", "--from", "aiconfigurator", "--system", "h200_sxm", "--framework", "sglang",
-            "--data-dir", str(FIXTURE),
+            "calibrate",
+            "--from",
+            "aiconfigurator",
+            "--system",
+            "h200_sxm",
+            "--framework",
+            "sglang",
+            "--data-dir",
+            str(FIXTURE),
         ],
         "json",
     ),  # fmt: skip

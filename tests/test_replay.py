@@ -23,9 +23,8 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from conftest import mooncake, run
 
-from mlactl.cli import app
 from mlactl.decide.replay import rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
@@ -38,7 +37,6 @@ from mlactl.model.config import from_name
 from mlactl.model.cost import CostModel, WeightCost
 from mlactl.model.weights import from_name as weights_of
 
-runner = CliRunner()
 V3 = from_name("deepseek-v3").with_tp(8)
 H200 = hardware.resolve("h200")
 ALL = ("sglang", "sglang-triton", "sglang-trtllm", "vllm")
@@ -46,24 +44,6 @@ ALL = ("sglang", "sglang-triton", "sglang-trtllm", "vllm")
 # (docs/replay.md): SGLang's page_size 1, 64 for trtllm_mla; vLLM's block_size 16 (FLASH_ATTN_MLA),
 # 64 for FlashMLA
 PAGE = {"fa3": 1, "triton": 1, "trtllm_mla": 64, "FLASH_ATTN_MLA": 16, "FLASHMLA": 64}
-
-
-def run(*args, ok=True):
-    result = runner.invoke(app, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def mooncake(path, rows) -> str:
-    """rows: (timestamp ms, input, output, hash_ids)."""
-    path.write_text(
-        "".join(
-            json.dumps({"timestamp": t, "input_length": i, "output_length": o, "hash_ids": list(h)}) + "\n"
-            for t, i, o, h in rows
-        )
-    )
-    return str(path)
 
 
 def schedule(

@@ -21,9 +21,8 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from conftest import run
 
-from mlactl.cli import app
 from mlactl.decide.calibration.steps import PathLaunches
 from mlactl.decide.calibration.time import batch_time
 from mlactl.decide.replay import rules
@@ -38,18 +37,10 @@ from mlactl.model.cost import CostModel, WeightCost, sparse_pairs
 from mlactl.model.linear import features, linear_ops, row_features
 from mlactl.model.weights import from_name as weights_of
 
-runner = CliRunner()
 V32 = from_name("deepseek-v3.2").with_tp(8)
 B200 = hardware.resolve("b200")
 H200 = hardware.resolve("h200")
 NO_GRAPH = "sglang.disable_piecewise_cuda_graph=true"  # sglang@0.5.23's prefill graph off: dense can run
-
-
-def run(*args, ok=True):
-    result = runner.invoke(app, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
 
 
 def mooncake(path, rows) -> str:

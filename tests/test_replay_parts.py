@@ -9,9 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from conftest import run
 
-from mlactl.cli import app
 from mlactl.decide.calibration import store
 from mlactl.decide.calibration.steps import PathLaunches
 from mlactl.decide.calibration.time import batch_time, path_times
@@ -24,15 +23,7 @@ from mlactl.model.cost import CostModel, WeightCost
 from mlactl.model.linear import LinearOps
 from mlactl.util.errors import MlactlError
 
-runner = CliRunner()
 H200 = hardware.resolve("h200")
-
-
-def run(*args, ok=True):
-    result = runner.invoke(app, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
 
 
 def error_lines(result) -> list[str]:

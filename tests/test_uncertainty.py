@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from conftest import error_line, run
 
-from mlactl.cli import app
 from mlactl.decide.calibration import basis, select, store
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.fit import ETA_PASS_MIN, FitResult, Machine, blocked_split, fit_params
@@ -28,7 +27,6 @@ from mlactl.model.config import from_name
 from mlactl.model.cost import CostModel
 from mlactl.tune import noise
 
-runner = CliRunner()
 H, R, DR = 128, 512, 64
 PEAK, BW, SMS = 989e12, 4.8e12, 132
 DSV3 = CostModel(from_name("deepseek-v3"))
@@ -39,20 +37,6 @@ FIXTURE = Path(__file__).parent / "data" / "aiconfigurator"
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("MLACTL_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
-
-
-def run(*args, ok=True):
-    result = runner.invoke(app, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    return lines[0]
 
 
 def decode_points(batch, ctx, t=None):

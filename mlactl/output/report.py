@@ -70,8 +70,9 @@ def window_json(w: Window | None, interval=None, kind: str = "roofline") -> dict
 
 def crossover_json(crossover: Crossover) -> dict:
     """Per (batch, prefix): the crossovers; calibrated, also their 80% intervals ([lo, hi], hi null
-    past max_new, both null where nine draws of ten find none up to max_new), each deciding op's basis and a note when one was not measured there. A DSA
-    model: the windows where an expand path beats sparse_absorb."""
+    past max_new, both null where nine draws of ten find none up to max_new), each deciding op's
+    basis and a note when one was not measured there. A DSA model: the windows where an expand
+    path beats sparse_absorb."""
     if crossover.windows:
         return {
             "asymptotic_new": None,
