@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from mlactl.api.common import Result, Sizes, _engine_names, _setup, sizes
 from mlactl.decide import analysis as analysis_mod
+from mlactl.decide import forward as forward_mod
 from mlactl.decide import setup as settings
 from mlactl.decide.analysis import Analysis, Crossover
 from mlactl.decide.engines import context_for, is_engine, parse_engines, parse_policy
 from mlactl.decide.setup import Setup
+from mlactl.model import weights as model_weights
 from mlactl.model.shapes import grid
 from mlactl.output import report
 from mlactl.util import limits, progress
 from mlactl.util.defaults import DEFAULT_MODEL, POLICIES
 from mlactl.util.errors import MlactlError
+
+SCOPES = ("attention", "model")  # analyze --scope: the attention paths, or the whole forward too
 
 
 def check_policy(policy: str | None, results, model: str, load_model: Callable) -> None:
@@ -50,6 +57,8 @@ def analyze(
     policy: str | None = None,
     results: str | Path | None = None,
     calibration: str | Path | None = None,
+    scope: str = "attention",
+    weight_dtype: str | None = None,
     fmt: str | None = None,
     setup: Setup | None = None,
 ) -> Result[Analysis]:
@@ -57,9 +66,14 @@ def analyze(
     best path, each engine's path and what it loses, and the crossover. `policy` adds one more
     choice and its loss: roofline, flops, an engine (with the `engine_options` it would take
     among `engines`) or measured (the crossovers of `results`, a `mlactl tune paths` file, or
-    the newest one for this model). `fmt` is the format the answer will be written in (the
-    memory guard counts it); `setup` gives settings already resolved. `value` is an
-    mlactl.decide.analysis.Analysis."""
+    the newest one for this model). `scope="model"` adds each row's whole forward pass
+    (`value.forward`: attention by the best path on every layer plus the projections, MLP, MoE,
+    LM head and all-reduces, at the weights' dtype, `weight_dtype` or the model's). `fmt` is the
+    format the answer will be written in (the memory guard counts it); `setup` gives settings
+    already resolved. `value` is an mlactl.decide.analysis.Analysis."""
+    settings.choice(scope, "--scope", SCOPES)
+    if weight_dtype is not None and scope != "model":
+        raise MlactlError("--weight-dtype goes with --scope model")
     if setup is None:
         check_policy(policy, results, model or DEFAULT_MODEL, lambda: settings.load_model(model or DEFAULT_MODEL, 1))
         found = [results] if results is not None else ()
@@ -100,12 +114,33 @@ def analyze(
             results_data=s.results[0] if s.results else None,
             calibration=s.calibration,
         )
+    if scope == "model":
+        result = with_forward(result, model_weights.resolve(model or s.cfg.name, weight_dtype), n_layers)
     return Result(
         result,
         s,
         lambda: dict(report.to_json(result), **report.calibration_json(s.calibration)),
         lambda fh: report.write_analysis_csv(fh, result),
     )
+
+
+def with_forward(result: Analysis, weights, layers: int) -> Analysis:
+    """The analysis with each row's whole forward (`Analysis.forward`): attention by the best
+    path, scaled from the `layers` analysed to every layer of the model, plus the rest."""
+    idx = np.arange(len(result.best))
+    pick = {p: result.best == p for p in result.cost.choices}
+
+    def best_of(field: str) -> np.ndarray:
+        out = np.zeros(len(idx))
+        for p, at in pick.items():
+            out[at] = getattr(result.paths[p], field)[at]
+        return out * (result.cfg.layers / layers)
+
+    f = forward_mod.forward(
+        result.cfg, weights, result.hw, result.cost.dtype, result.batch, result.new,
+        best_of("time_s"), best_of("flops"), best_of("bytes"),
+    )  # fmt: skip
+    return replace(result, forward=f)
 
 
 def crossover(

@@ -60,6 +60,22 @@ def analyze(
     crossover: Annotated[
         bool, typer.Option("--crossover", help="Also print the crossover table (always in JSON).")
     ] = False,
+    scope: Annotated[
+        str,
+        typer.Option(
+            "--scope",
+            help="attention (the paths), or model: also each row's whole forward pass at this TP "
+            "(attention by the best path on every layer, the MLA projections, dense MLP, MoE router and "
+            "experts, LM head and all-reduces, each at its roofline).",
+        ),
+    ] = "attention",
+    weight_dtype: Annotated[
+        Optional[str],
+        typer.Option(
+            "--weight-dtype",
+            help="With --scope model: the weights outside attention, bf16, fp16 or fp8 (default: the model's).",
+        ),
+    ] = None,
     policy: Annotated[
         Optional[str],
         typer.Option(
@@ -106,6 +122,9 @@ def analyze(
         engine_options=engine_option or (),
         policy=policy,
         results=results,
+        scope=scope,
+        weight_dtype=weight_dtype,
+        model=opts.model,
         fmt=fmt,
     )
     result = answer.value

@@ -33,6 +33,7 @@ from mlactl.decide.engines import (
     step_counts,
     time_lost,
 )
+from mlactl.decide.forward import Forward
 from mlactl.decide.policy import argmin_path, fitting_times, measured_covers, runnable_flops, select_paths
 from mlactl.decide.workload import engine_cost, engine_times
 from mlactl.model.config import MLAConfig
@@ -131,6 +132,7 @@ class Analysis:
     # calibrated: per engine, the 80% interval of the time it loses at each point (lo, hi)
     engine_lost_spans: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     best_fits: np.ndarray | None = None  # whether `best` fits the GPU's memory (None: everywhere)
+    forward: Forward | None = None  # analyze --scope model: each row's whole forward pass
 
     @property
     def cfg(self) -> MLAConfig:

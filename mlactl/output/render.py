@@ -149,6 +149,10 @@ def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = 
     if analysis.policy is not None and analysis.policy not in analysis.engine_paths:
         cells = [_engine_cell(analysis.policy_path[i], analysis.policy_time_lost[i]) for i in shown]
         columns.append(Column(analysis.policy, cells, justify="left"))
+    if analysis.forward is not None:  # --scope model: the whole forward, and attention's share of it
+        f = analysis.forward
+        cells = [f"{seconds(f.time_s[i])} ({f.attention_s[i] / f.time_s[i]:.0%} attn)" for i in shown]
+        columns.append(Column("forward", cells))
     caption = ""
     if len(analysis) > max_rows:
         caption = f"first {max_rows} of {len(analysis)} rows; use --format csv or json for all"

@@ -242,10 +242,42 @@ def to_json(analysis: Analysis) -> dict:
                 "path": policy_paths[i],
                 "time_lost_s": number_or_none(policy_lost[i]),
             }
+        if analysis.forward is not None:
+            rows[-1]["forward"] = forward_json(analysis.forward, i)
     out = header_json(analysis)
+    if analysis.forward is not None:
+        out["forward"] = {
+            "scope": "model",
+            "weight_dtype": analysis.forward.weight_dtype,
+            "collectives": analysis.forward.comm_basis,
+            "attention": "the best path, every layer",
+        }
     out["rows"] = rows
     out["crossover"] = crossover_json(analysis.crossover)
     return out
+
+
+def forward_json(f, i: int) -> dict:
+    """One row's whole forward (analyze --scope model): FLOPs, bytes and roofline seconds, its
+    attention's seconds (the best path, every layer), and each op outside attention over every
+    layer it runs in (its interconnect bytes for the collectives)."""
+    return {
+        "flops": number(f.flops[i]),
+        "bytes": number(f.bytes[i]),
+        "time_s": float(f.time_s[i]),
+        "attention_s": float(f.attention_s[i]),
+        "ops": [
+            {
+                "name": o.name,
+                "count": o.count,
+                "flops": number(o.flops[i]),
+                "bytes": number(o.bytes[i]),
+                "comm_bytes": number(o.comm_bytes[i]),
+                "time_s": float(o.time_s[i]),
+            }
+            for o in f.ops
+        ],
+    }
 
 
 def _interval(span, i: int):
@@ -299,6 +331,12 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
     if analysis.policy is not None:
         cols["policy.path"] = path_labels(analysis.policy_path)
         cols["policy.time_lost_s"] = analysis.policy_time_lost
+    if analysis.forward is not None:  # --scope model
+        f = analysis.forward
+        cols["forward.flops"], cols["forward.bytes"] = f.flops, f.bytes
+        cols["forward.time_s"], cols["forward.attention_s"] = f.time_s, f.attention_s
+        for o in f.ops:
+            cols[f"forward.{o.name}.time_s"] = o.time_s
     bounds = ["memory", "compute"]
     for name in paths:
         pt = analysis.paths[name]
