@@ -62,6 +62,7 @@ METAVARS = {
     "cache_tokens": "INT",
     "step_overhead_ms": "MS",
     "jobs": "INT",
+    "scope": "SCOPE",
 }
 COMPLETION = ("install_completion", "show_completion")
 
