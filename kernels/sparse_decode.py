@@ -77,7 +77,7 @@ def _dequant(b_raw, b_sc, BLOCK_N: tl.constexpr, R: tl.constexpr, DTYPE: tl.cons
 
 
 # ints that change with the batch or the split count (the lse strides follow the split count):
-# not specialised on, so a new batch shape reuses the compiled kernels (tests/test_dsa_kernel.py)
+# not specialised on, so a new batch shape reuses the compiled kernels (tests/test_sparse_decode.py)
 _BATCH_INTS = ["num_slots", "topk", "num_splits", "stride_lt", "stride_lh", "stride_l_split"]
 
 

@@ -435,7 +435,7 @@ def test_sparse_compile_spec_builds_what_the_launcher_launches(monkeypatch, H, d
     """mla_sparse_decode's compile stage builds the constexprs, output dtype and options the
     launcher launches (a BLOCK_H wider than the heads is clamped the same way in both)."""
     import torch
-    from test_dsa_kernel import sparse_case
+    from test_sparse_decode import sparse_case
 
     from mlactl.kernels import sparse_decode
 
