@@ -59,6 +59,7 @@ BLOCK_BITS = 24  # blocks per session stream: 2^24 blocks of 512 tokens, 8.6 bil
 # 1e18 (ms: 30 million years; 1e308 is refused) and a trace spans at most 1e9 s (31 years).
 MAX_TIMESTAMP = Decimal(10) ** 18
 MAX_SPAN_S = 1e9
+_DECODER = json.JSONDecoder(parse_float=Decimal)  # one decoder: json.loads with options builds one a call
 # The first bytes of a compressed file, and how to open it (a trace must be given uncompressed)
 COMPRESSED = (
     (b"\x1f\x8b", "gzip", "gunzip -k {path}"),
@@ -250,7 +251,10 @@ class _Builder:
         if last is not None and value < last:
             now, before = (float(Decimal(v) / self.scale) for v in (value, last))
             raise ValueError(f"arrival {now:g} s is before the previous request's {before:g} s; sort the trace")
-        seconds = float(Decimal(value - self.origin) / self.scale)
+        if isinstance(value, int) and isinstance(self.origin, int):
+            seconds = (value - self.origin) / self.scale  # int / int: exact, correctly rounded
+        else:
+            seconds = float(Decimal(value - self.origin) / self.scale)
         if seconds > MAX_SPAN_S:
             raise ValueError(
                 f"this arrival is {seconds:.3g} s after the first one (more than {MAX_SPAN_S:.0e} s, 31 years): "
@@ -336,7 +340,7 @@ def _read_mooncake(lines, first: tuple[int, str], path: Path, errors: _Errors) -
             )
             return
         try:
-            row = json.loads(text, parse_float=Decimal)
+            row = _DECODER.decode(text)
         except (json.JSONDecodeError, RecursionError, InvalidOperation) as exc:
             msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
             errors.add(number, f"not a JSON object ({msg})")
