@@ -1009,3 +1009,14 @@ def test_compile_report_prefill_row_says_what_was_launched():
     assert launch == {"out_dtype": "bf16", "num_splits": 1}
     row = {"kernel": "mla_prefill", "shape": {"B": 1}, "config": config, "arch": "sm_90", "error": "x", **launch}
     assert "bf16 x1" in render(tune_tables.compile_table([row], 132), 132)
+
+
+def test_kernels_table_tells_none_tried_from_none_passed():
+    """`mla_prefill ... none passed 0/0/0`: the budget ran out before its first config."""
+    entries = [
+        {"kernel": "mla_prefill", "bucket": "B=1", "configs": []},
+        {"kernel": "mla_decode", "bucket": "B=1", "configs": [{"status": "failed"}]},
+    ]
+    text = render(tune_tables.kernels_table(entries, meaningful=False), 132)
+    assert "none tried (budget)" in text and "0/0/0" in text
+    assert "none passed" in text and "0/1/0" in text

@@ -64,13 +64,15 @@ def kernels_table(entries: list[dict], meaningful: bool, width: int | None = Non
         t = e.get("best_median_s")
         statuses = [c["status"] for c in e.get("configs", [])]
         counts = f"{statuses.count('ok')}/{statuses.count('failed')}/{statuses.count('wrong')}"
+        # no config tried at all (the budget ran out first) is not "none passed" (all failed)
+        missing = "none passed" if statuses else "none tried (budget)"
         if backend == "torch":
             row = [e["kernel"], e["bucket"]]
         elif not meaningful:
-            rows.append([e["kernel"], e["bucket"], _config_text(e.get("best")) if t else "none passed", counts])
+            rows.append([e["kernel"], e["bucket"], _config_text(e.get("best")) if t else missing, counts])
             continue
         else:
-            row = [e["kernel"], e["bucket"], _config_text(e.get("best")) if t else "none passed"]
+            row = [e["kernel"], e["bucket"], _config_text(e.get("best")) if t else missing]
         if t:
             share = _roofline_share(e, t)
             above = above or share.endswith("!")
