@@ -24,7 +24,7 @@ import importlib
 
 from mlactl import _compat
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _compat.install()
 

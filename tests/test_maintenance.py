@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mlactl
 from mlactl.kernels import _checks, configs
 from mlactl.kernels.reference import build_paged_cache
 from mlactl.util import defaults
@@ -228,7 +229,7 @@ def test_versions(tmp_path):
 
     v = versions()
     assert v["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert v["torch"] == torch.__version__ and v["mlactl"] == "0.1.0" and "git_commit" not in v
+    assert v["torch"] == torch.__version__ and v["mlactl"] == mlactl.__version__ == "0.2.0" and "git_commit" not in v
     assert "triton" in v and "cuda" in v
     assert versions(git_dir=tmp_path)["git_commit"] is None  # not a checkout
     if (REPO / ".git").exists():
