@@ -444,9 +444,15 @@ def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Option
             run.ctx.progress = progress
             rows = sweep.tune_paths(run.ctx, batches, news, prefixes, run.chunk, refine=not run.quick)
         run.out.print(report.paths_table(rows, run.backend != "interpret", run.width))
-    if run.backend != "interpret" and any(r.get("measured_status") in ("found", "never") for r in rows):
+    used = sorted({r["prefix"] for r in rows if r.get("measured_status") in ("found", "never")})
+    if run.backend != "interpret" and used:
+        cut = sorted({r["prefix"] for r in rows if r["prefix"] not in used})
+        where = f" for prefixes {', '.join(map(str, used))}" + (
+            f" (not {', '.join(map(str, cut))}: cut or unmeasured; the roofline chooses there)" if cut else ""
+        )
         run.say(
-            "the measured policy is in place: mla_attention(path='auto') and mlactl analyze --policy measured read it"
+            f"the measured policy is in place{where}: mla_attention(path='auto') and mlactl analyze --policy "
+            "measured read it, and take the roofline's path more than an octave outside the prefixes measured"
         )
 
 
