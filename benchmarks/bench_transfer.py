@@ -17,7 +17,7 @@ anything: with --held-out the shipped model (fitted on every pair of FIT_GPUS) i
 HELD_PAIRS and scored there, once, for the record.
 
     python benchmarks/bench_transfer.py                       # fit (cached), pairs, LOGO
-    python benchmarks/bench_transfer.py --write-model         # and write transfer_errors.py
+    python benchmarks/bench_transfer.py --write-model         # and write profiles/transfer/errors.json
     python benchmarks/bench_transfer.py --held-out            # and score HELD_PAIRS
     python benchmarks/bench_transfer.py --no-near             # the same with `near` left behind
 
@@ -41,13 +41,14 @@ from mlactl.decide.calibration.score import fit_of, predicted
 from mlactl.decide.calibration.transfer import error_key, error_keys, kernel_of, transfer
 from mlactl.model import hardware
 from mlactl.model.roofline import roofline_time
+from mlactl.util.io import atomic_write
 
 FIT_GPUS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200", "gb200": "gb200"}
 HELD_OUT = ("b300_sxm", "gb300", "l40s", "rtx_pro_6000_server")
 HELD_PAIRS = (("h200_sxm", "b300_sxm", "sglang"), ("h200_sxm", "gb300", "sglang"), ("b200_sxm", "b300_sxm", "sglang"))
 FRAMEWORKS = ("sglang", "trtllm", "vllm")
 OUT = Path(__file__).parent / "results" / "transfer.json"
-MODEL_FILE = Path(__file__).parent.parent / "mlactl" / "decide" / "calibration" / "transfer_errors.py"
+MODEL_FILE = Path(__file__).parent.parent / "profiles" / "transfer" / "errors.json"
 PER_GROUP = 400  # points of one (pair, group) in the error model at most: a big table does not drown the rest
 CORRECT = [True]  # --no-correct
 MIN_ROWS = 20  # op classes with fewer rows on a target are not summarised
@@ -247,22 +248,8 @@ def logo(cals: dict, records: list[dict], frameworks, near: bool) -> dict:
 def write_model(model: dict) -> None:
     meta = {"gpus": list(FIT_GPUS), "levels": list(u.LEVELS), "written_by": "benchmarks/bench_transfer.py"}
     meta["per_group"] = PER_GROUP
-    text = (
-        '"""The transfer error model: written by benchmarks/bench_transfer.py, not by hand.\n\n'
-        'ERRORS[key] = {"n": points, "pairs": [...], "quantiles": [log(measured / predicted) at\n'
-        'uncertainty.LEVELS], "shift": their median}: fits carried between the GPUs aiconfigurator has\n'
-        'tables for (MODEL["gpus"]), every framework. A key (transfer.error_keys) is an op class (or "*",\n'
-        "every class), optionally with its dtype, the kernel the target runs and whether that is another\n"
-        'kernel than the measured one, at a crossing ("sm90>sm100"), or "same" / "cross" architecture.\n'
-        "A transferred fit's times are multiplied by exp(shift) and its interval widened to the\n"
-        "quantiles (transfer.transfer_fit).\n"
-        '"""\n\n'
-        "# fmt: off\n"
-        f"MODEL: dict = {json.dumps(meta, indent=1)}\n"
-        f"ERRORS: dict = {json.dumps(model, indent=1)}\n"
-        "# fmt: on\n"
-    )
-    MODEL_FILE.write_text(text)
+    doc = {"about": json.loads(MODEL_FILE.read_text())["about"], "model": meta, "errors": model}
+    atomic_write(MODEL_FILE, json.dumps(doc, indent=1) + "\n")
     print(f"wrote {MODEL_FILE}")
 
 

@@ -78,3 +78,19 @@ def test_wheel_installs_and_runs_from_another_folder(tmp_path):
         [str(venv / "bin" / "mlactl"), "list"], capture_output=True, text=True, check=True, cwd=elsewhere, env=env
     ).stdout
     assert "mi300x" in listed
+    # the front door and the transfer error model ship too
+    shipped = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import mlactl; from mlactl.decide.calibration import transfer; "
+            "print(mlactl.crossover(hardware='h200', prefix=[0]).to_json()['crossover']['asymptotic_new'] > 170, "
+            "len(transfer.error_model()['errors']) > 0)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=elsewhere,
+        env=env,
+    ).stdout.split()
+    assert shipped == ["True", "True"]

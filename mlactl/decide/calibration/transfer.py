@@ -22,8 +22,8 @@ falls back to its best member without the kernel's terms (a term set that fitted
 with its own parameters), else to its own parameters less those terms, and says which
 (`transfer.rests_on` of each fit).
 
-Intervals: the transfer error that leave-one-GPU-out measured (mlactl.decide.calibration.
-transfer_errors, written by benchmarks/bench_transfer.py) is log(measured / predicted) of fits
+Intervals: the transfer error that leave-one-GPU-out measured (profiles/transfer/errors.json,
+written by benchmarks/bench_transfer.py, read on first use) is log(measured / predicted) of fits
 carried between the GPUs aiconfigurator has tables for, keyed by op class, dtype, the kernel the
 target runs and whether it is another kernel, and the crossing (sm90>sm100; `error_keys`), each
 key used from MIN_PAIRS pairs. Its median is taken out of the fit's times (every time in seconds
@@ -35,17 +35,29 @@ from __future__ import annotations
 
 import copy
 import datetime as _dt
+import functools
+import json
 import math
+from pathlib import Path
 
 from mlactl import __version__
+from mlactl import profiles as shipped_profiles
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.model import ATTENTION_CLASSES
 from mlactl.decide.calibration.store import Calibration, eta_limit, safe_name, validate
-from mlactl.decide.calibration.transfer_errors import ERRORS, MODEL
 from mlactl.decide.engines import arch_of, context_for, default_params
 from mlactl.model.config import from_name
 from mlactl.model.hardware import HardwareProfile
 from mlactl.util.errors import MlactlError
+
+ERROR_MODEL = Path(shipped_profiles.__file__).parent / "transfer" / "errors.json"
+
+
+@functools.cache
+def error_model() -> dict:
+    """The shipped transfer error model: {"model": {"gpus", "levels", ...}, "errors": {key: entry}}."""
+    return json.loads(ERROR_MODEL.read_text())
+
 
 # terms that describe one kernel: (the kernel source they describe, or None for the fit's own
 # kernel; the architecture they describe, or None for any)
@@ -182,7 +194,7 @@ def transfer_error(
 ) -> tuple[str, dict] | None:
     """(key, entry {"n", "pairs", "quantiles", "shift"}) of the most specific key the model has
     from at least MIN_PAIRS pairs (`error_keys`), or None."""
-    table = ERRORS if errors is None else errors
+    table = error_model()["errors"] if errors is None else errors
     keys = error_keys(op, crossing, dtype, other, kernel)
     return next(((k, table[k]) for k in keys if k in table and len(table[k].get("pairs", ())) >= MIN_PAIRS), None)
 
@@ -355,7 +367,7 @@ def transfer(
     data["transfer"] = {
         "from": {"hardware": cal.hardware, "calibration": cal.name, "ceilings": ceilings},
         "to": target.name,
-        "error_model": MODEL,
+        "error_model": error_model()["model"],
     }
     validate(data, "the transferred calibration")
     return data
