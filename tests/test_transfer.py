@@ -255,6 +255,7 @@ def test_calibrate_transfer_and_every_consumer_take_it_for_the_target(home, tmp_
     ):
         result = run(*args, "--calibration", moved)
         assert "are transferred: fitted on h200 (fx), carried to b300's ceilings" in result.output, args
+        assert "hardware b300: calibration b300-from-fx was transferred to it from h200" in result.output, args
         data = json.loads(run(*args, "--calibration", moved, "-f", "json").stdout)
         assert "'transferred': {'from': 'h200', 'calibration': 'fx', 'to': 'b300'}" in str(data), args
     trace = tmp_path / "trace.csv"

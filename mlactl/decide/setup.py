@@ -123,7 +123,14 @@ def setup(
     cal = calibrations.resolve(calibration) if calibration is not None else None
     if cal is not None and given["hardware"] is None:
         values["hardware"] = cal.hardware
-        notes.append(f"hardware {cal.hardware}: the profile calibration {cal.name} was fitted on")
+        moved = cal.transferred
+        if moved is not None:
+            source = moved.get("from", {}).get("hardware", "another GPU")
+            notes.append(
+                f"hardware {cal.hardware}: the profile calibration {cal.name} was transferred to from {source}"
+            )
+        else:
+            notes.append(f"hardware {cal.hardware}: the profile calibration {cal.name} was fitted on")
     hw = profiles.resolve(values["hardware"], measured=measured_ceilings)
     if cal is not None:
         calibrations.check_hardware(cal, hw.name)
