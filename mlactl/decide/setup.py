@@ -126,9 +126,7 @@ def setup(
         moved = cal.transferred
         if moved is not None:
             source = moved.get("from", {}).get("hardware", "another GPU")
-            notes.append(
-                f"hardware {cal.hardware}: the profile calibration {cal.name} was transferred to from {source}"
-            )
+            notes.append(f"hardware {cal.hardware}: calibration {cal.name} was transferred to it from {source}")
         else:
             notes.append(f"hardware {cal.hardware}: the profile calibration {cal.name} was fitted on")
     hw = profiles.resolve(values["hardware"], measured=measured_ceilings)
