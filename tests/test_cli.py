@@ -360,3 +360,23 @@ def test_shared_decorator_hands_one_opts_with_what_was_typed():
     assert (opts.model, opts.tp, opts.kv_dtype, got["extra"]) == ("kimi-k2", "8", "fp8", 1)
     assert opts.given == frozenset()  # outside a click context nothing counts as typed
     assert list(inspect.signature(command).parameters)[:3] == ["model", "hardware", "measured"]
+
+
+def test_batch_counts_the_layers_it_is_told_as_analyze_does(tmp_path):
+    """A batch of one request is that request's shape: `batch --layers all` times it as `analyze
+    --layers all` does, which scales each op's FLOPs and bytes by the layers before the roofline
+    (a second route to the same seconds); one layer by default, and the JSON says which."""
+    import json
+
+    requests = tmp_path / "one.csv"
+    requests.write_text("new,prefix\n512,0\n")
+    shape = ["--hardware", "h200", "--new", "512", "--prefix", "0", "--layers", "all", "-f", "json"]
+    row = json.loads(run("analyze", *shape).stdout)["rows"][0]
+    want = row["paths"][row["best"]]["time_s"]
+    every = json.loads(run("batch", str(requests), "--hardware", "h200", "--layers", "all", "-f", "json").stdout)
+    one = json.loads(run("batch", str(requests), "--hardware", "h200", "-f", "json").stdout)
+    assert every["layers"] == 61 and one["layers"] == 1
+    assert every["totals"]["per_request"]["time_s"] == pytest.approx(want, rel=1e-12)
+    assert every["totals"]["per_request"]["time_s"] == pytest.approx(
+        61 * one["totals"]["per_request"]["time_s"], rel=1e-12
+    )

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from mlactl.api.common import Result, _engine_names, _setup
 from mlactl.decide import analysis as analysis_mod
+from mlactl.decide import setup as settings
 from mlactl.decide.analysis import BatchAnalysis
 from mlactl.decide.engines import context_for, parse_engines
 from mlactl.decide.requests import read_requests
@@ -26,6 +27,7 @@ def batch(
     engines=None,
     engine_options=(),
     calibration: str | Path | None = None,
+    layers: int | str = 1,
     fmt: str | None = None,
     setup: Setup | None = None,
 ) -> Result[BatchAnalysis]:
@@ -47,6 +49,7 @@ def batch(
             chunk=s.chunk,
             engines=chosen,
             calibration=s.calibration,
+            layers=s.cfg.layers if str(layers).strip().lower() == "all" else settings.one_int(layers, "--layers"),
         )
     return Result(
         result,

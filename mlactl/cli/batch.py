@@ -9,7 +9,7 @@ import typer
 
 from mlactl.api import batch as api
 from mlactl.cli.common import calibration_line, cli_errors, emit, output_format, resolve
-from mlactl.cli.options import MACHINE, OUTPUT, EngineOptionOpt, EnginesOpt, Opts, shared
+from mlactl.cli.options import MACHINE, OUTPUT, EngineOptionOpt, EnginesOpt, LayersOpt, Opts, shared
 from mlactl.model.shapes import check_context
 from mlactl.output import render
 
@@ -30,6 +30,7 @@ def batch_cmd(
     opts: Opts,
     engines: EnginesOpt = None,
     engine_option: EngineOptionOpt = None,
+    layers: LayersOpt = "1",
 ):
     """A mixed batch from a CSV of requests: the path of each, and the batch total per strategy.
 
@@ -43,14 +44,16 @@ def batch_cmd(
 
     fmt = output_format(opts.fmt, opts.output)
     setup = resolve(opts)
-    answer = api.batch(requests, setup=setup, engines=engines, engine_options=engine_option or (), fmt=fmt)
+    answer = api.batch(
+        requests, setup=setup, engines=engines, engine_options=engine_option or (), layers=layers, fmt=fmt
+    )
     check_context(setup.cfg, answer.value.new + answer.value.prefix)
     emit(
         fmt,
         opts.output,
         json_data=answer.to_json,
         write_csv=answer.write_csv,
-        tables=[render.settings_line(setup.cfg, setup.hw, setup.kv_dtype, setup.dtype, "one layer")]
+        tables=[render.settings_line(setup.cfg, setup.hw, setup.kv_dtype, setup.dtype, answer.value.layers)]
         + ([calibration_line(setup.calibration)] if setup.calibration is not None else [])
         + setup.markup_notes()
         + list(render.batch_tables(answer.value)),

@@ -537,6 +537,7 @@ class BatchAnalysis:
     engine_counts: dict[str, np.ndarray] = field(default_factory=dict)
     # calibrated: each strategy's and engine's total's 80% interval (None: an op without evidence)
     intervals: dict[str, tuple[float, float] | None] | None = None
+    layers: int = 1  # the layers every time counts
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -566,7 +567,13 @@ def analyze_batch(
     chunk: int = DEFAULT_CHUNK,
     engines: list[EngineParams] | None = None,
     calibration=None,
+    layers: int = 1,
 ) -> BatchAnalysis:
+    """Each request's path and the batch's time under each strategy and engine rule, for
+    `layers` layers (every time is one layer's times that many: each layer reads its own
+    weights and cache)."""
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise MlactlError(f"--layers must be a positive integer or 'all', got {layers!r}")
     cost = CostModel(cfg, kv_dtype=kv_dtype, dtype=dtype, chunk=chunk)
     new = np.asarray(new, dtype=np.int64)
     prefix = np.asarray(prefix, dtype=np.int64)
@@ -609,7 +616,11 @@ def analyze_batch(
         totals[e.engine] = batch_time(own_cost, hw, new[idx], prefix[idx], n_req, paths, calibration)
         if calibration is not None:
             intervals[e.engine] = batch_interval(own_cost, hw, calibration, new[idx], prefix[idx], n_req, paths)
+    if layers != 1:
+        own = {p: t * layers for p, t in own.items()}
+        totals = {k: t * layers for k, t in totals.items()}
+        intervals = {k: None if v is None else (v[0] * layers, v[1] * layers) for k, v in intervals.items()}
     return BatchAnalysis(
         cost, hw, new, prefix, count, own, assignments, totals, engines, calibration, counts,
-        intervals if calibration is not None else None,
+        intervals if calibration is not None else None, layers,
     )  # fmt: skip

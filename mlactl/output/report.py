@@ -392,6 +392,7 @@ def batch_json(ba) -> dict:
         "kv_dtype": ba.cost.kv_dtype,
         "dtype": ba.cost.dtype,
         "chunk": ba.cost.chunk,
+        "layers": ba.layers,
         "engines": [
             dict(
                 engine_json(e),
