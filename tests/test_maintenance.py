@@ -61,13 +61,14 @@ def test_chunk_defaults_to_8192_everywhere():
 def test_choice_lists_are_the_same_objects_everywhere():
     from mlactl.cli import common as cli
     from mlactl.decide import policy
+    from mlactl.decide import setup as settings
     from mlactl.kernels import attention
     from mlactl.model import cost
 
     assert defaults.KV_DTYPES == ("bf16", "fp16", "fp8", "fp32")
     assert defaults.ACT_DTYPES == ("bf16", "fp16", "fp32")
-    assert cli.KV_DTYPES is cost.KV_DTYPES is defaults.KV_DTYPES
-    assert cli.DTYPES is cost.ACT_DTYPES is defaults.ACT_DTYPES
+    assert settings.KV_DTYPES is cost.KV_DTYPES is defaults.KV_DTYPES
+    assert settings.ACT_DTYPES is cli.DTYPES is cost.ACT_DTYPES is defaults.ACT_DTYPES
     assert cost.MLA_PATHS is attention.PATHS is defaults.MLA_PATHS
     assert policy.POLICIES is defaults.POLICIES
     assert attention.BACKENDS is defaults.KERNEL_BACKENDS == ("triton", "torch")

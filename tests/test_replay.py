@@ -834,7 +834,7 @@ def test_default_max_running_as_the_engines_derive_it(tmp_path):
     trace = mooncake(tmp_path / "t.jsonl", [(0, 1000, 1, [])])
 
     def running(*args):
-        data = json.loads(run("replay", trace, "--engines", "sglang,vllm", "-f", "json", *args).output)
+        data = json.loads(run("replay", trace, "--engines", "sglang,vllm", "-f", "json", *args).stdout)
         return [e["scheduler"]["max_running"] for e in data["engines"]]
 
     # SGLang: min(clamp(int(pool / 163840 * 512), 2048, 4096), pool // 2); vLLM on an H200: 1024
