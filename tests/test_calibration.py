@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from conftest import error_line, run
 
-from mlactl.cli import app
 from mlactl.decide.calibration import aiconfigurator as ac
 from mlactl.decide.calibration.fit import Machine, fit, fit_params, folds
 from mlactl.decide.calibration.sources import points_for
@@ -22,7 +21,6 @@ from mlactl.model.cost import CostModel
 from mlactl.util.errors import MlactlError
 
 FIXTURE = Path(__file__).parent / "data" / "aiconfigurator"
-runner = CliRunner()
 
 # DeepSeek-V3: H=128, r=512, dR=64; H200 nominal ceilings
 H, R, DR = 128, 512, 64
@@ -33,20 +31,6 @@ PEAK, BW, SMS = 989e12, 4.8e12, 132
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("MLACTL_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
-
-
-def run(*args, ok=True):
-    result = runner.invoke(app, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    return lines[0]
 
 
 def decode_by_hand(batch, ctx):

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from conftest import error_line, run
 
-from mlactl.cli import app
 from mlactl.decide.calibration import store
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.time import op_seconds
@@ -22,7 +21,11 @@ from mlactl.model import hardware
 from mlactl.model.config import from_name
 from mlactl.model.cost import CostModel
 
-runner = CliRunner()
+
+def error_line_w(result) -> str:
+    return error_line(result, warnings=True)  # a transferred calibration warns beside its error
+
+
 H, R, DR, DC, DV = 128, 512, 64, 128, 128  # DeepSeek-V3
 FIXTURE = Path(__file__).parent / "data" / "aiconfigurator"
 # a hand-made target: 2,000 TFLOP/s bf16, 8 TB/s, 100 SMs, 100 MiB of L2
@@ -51,20 +54,6 @@ def target(tmp_path):
     path = tmp_path / "handmade.toml"
     path.write_text(TARGET_TOML)
     return hardware.load_profile(path)
-
-
-def run(*args, ok=True):
-    result = runner.invoke(app, [str(a) for a in args])
-    if ok:
-        assert result.exit_code == 0, result.output
-    return result
-
-
-def error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip() and not ln.startswith("Warning: ")]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    return lines[0]
 
 
 def calibration(fits, hardware_name="h200", framework="sglang") -> dict:
@@ -267,17 +256,17 @@ def test_calibrate_transfer_and_every_consumer_take_it_for_the_target(home, tmp_
     result = run("plot", "crossover", "--calibration", moved, "--prefix", "0", "--output", tmp_path / "c.png")
     assert "are transferred" in result.output and (tmp_path / "c.png").stat().st_size > 0
     # on another GPU: one line that names the transfer command from the calibration fitted
-    line = error_line(run("analyze", "--calibration", moved, "--hardware", "b200", ok=False))
+    line = error_line_w(run("analyze", "--calibration", moved, "--hardware", "b200", ok=False))
     assert "carried by transfer to hardware 'b300', not 'b200'" in line
     assert "`mlactl calibrate transfer fx --hardware b200`" in line
 
 
 def test_calibrate_transfer_bad_input_is_one_error_line(home):
-    assert "needs --hardware" in error_line(run("calibrate", "transfer", "nope", ok=False))
-    assert "no calibration named 'nope'" in error_line(run("calibrate", "transfer", "nope", "-g", "b200", ok=False))
+    assert "needs --hardware" in error_line_w(run("calibrate", "transfer", "nope", ok=False))
+    assert "no calibration named 'nope'" in error_line_w(run("calibrate", "transfer", "nope", "-g", "b200", ok=False))
     store.write(calibration([DECODE]))
-    assert "fitted on h200 already" in error_line(run("calibrate", "transfer", "hand", "-g", "h200", ok=False))
-    assert "unknown hardware" in error_line(run("calibrate", "transfer", "hand", "-g", "tpu", ok=False))
+    assert "fitted on h200 already" in error_line_w(run("calibrate", "transfer", "hand", "-g", "h200", ok=False))
+    assert "unknown hardware" in error_line_w(run("calibrate", "transfer", "hand", "-g", "tpu", ok=False))
 
 
 def write_csv(path: Path, rows, header="op,batch,new,prefix,time_s") -> Path:
@@ -292,13 +281,15 @@ def test_score_refuses_the_wrong_ceilings_and_scores_a_transferred_calibration_a
     shutil.copytree(FIXTURE / "h200_sxm", data / "b200_sxm")
     args = ("calibrate", "score", "--calibration", "hand", "--from", "aiconfigurator", "--system", "b200_sxm",
             "--framework", "sglang", "--data-dir", data)  # fmt: skip
-    line = error_line(run(*args, ok=False))
+    line = error_line_w(run(*args, ok=False))
     assert "was fitted on h200, and b200_sxm/sglang was measured on b200" in line
     assert "`mlactl calibrate transfer hand --hardware b200`" in line
     # a CSV measured on a B200: --hardware says so, and is refused the same way
     rows = [("absorb_attention", 4, 1, 8191, 1.0)]
     csv = write_csv(tmp_path / "m.csv", rows)
-    line = error_line(run("calibrate", "score", "--calibration", "hand", "--from", "csv", csv, "-g", "b200", ok=False))
+    line = error_line_w(
+        run("calibrate", "score", "--calibration", "hand", "--from", "csv", csv, "-g", "b200", ok=False)
+    )
     assert "calibrate transfer hand --hardware b200" in line
     # transferred to the B200, it scores there at the B200's ceilings: measured = 1.1 x the fit's time
     # at 2.25 PFLOP/s and 8 TB/s (5 us + 9.1268e9 / (0.5 * 2.25e15) = 13.112 us): error 1 - 1/1.1
@@ -398,7 +389,7 @@ def test_plot_transfer_draws_a_transferred_calibration_on_its_gpus_tables(home, 
     data = tmp_path / "ac"
     shutil.copytree(FIXTURE / "h200_sxm", data / "b200_sxm")  # the fixture's tables, read as a B200's
     args = ("--system", "b200_sxm", "--framework", "sglang", "--data-dir", data)
-    line = error_line(run("plot", "transfer", "--calibration", name, *args, "-o", tmp_path / "x.png", ok=False))
+    line = error_line_w(run("plot", "transfer", "--calibration", name, *args, "-o", tmp_path / "x.png", ok=False))
     assert "calibrate transfer fx --hardware b200" in line and not (tmp_path / "x.png").exists()
     run("calibrate", "transfer", name, "--hardware", "b200")
     out = run("plot", "transfer", "--calibration", "b200-from-fx", *args, "-o", tmp_path / "t.png")
