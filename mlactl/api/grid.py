@@ -32,9 +32,9 @@ def check_policy(policy: str | None, results, model: str, load_model: Callable) 
         settings.choice(policy, "--policy", POLICIES)
     if results is not None and policy != "measured":
         raise MlactlError("--results goes with --policy measured")
-    if policy == "measured" and results is None and load_model().is_dsa:
+    if policy == "measured" and results is None and not (cfg := load_model()).measurable:
         raise MlactlError(
-            f"--policy measured: {model} is a DSA model and `mlactl tune paths` measures MLA paths only; "
+            f"--policy measured: {model} is a {cfg.attention} model and `mlactl tune paths` measures MLA paths only; "
             "use roofline, flops or an engine"
         )
 

@@ -146,8 +146,8 @@ def analyze(
         tables.append(render.ops_table(result))
     if crossover:
         tables.append(render.crossover_table(result.crossover))
-    elif cfg.is_dsa:
-        tables.append("DSA model: --crossover for the windows where masked or dense MHA beats sparse absorb")
+    elif result.cost.windows:
+        tables.append(f"{cfg.attention} model: --crossover for the windows where masked or dense MHA beats sparse absorb")
     else:
         asym = result.crossover.asymptotic_new
         tables.append(

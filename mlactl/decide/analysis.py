@@ -169,11 +169,8 @@ def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> lis
 def notes_for(cost: CostModel, layers: int) -> list[str]:
     cfg = cost.cfg
     notes = []
-    if cfg.is_dsa:
-        notes.append(
-            f"DSA model: top-{cfg.topk} sparse attention with a {cfg.index_heads}-head indexer (replicated on "
-            f"every GPU); dense_expand runs only where the context is at most {cfg.topk} tokens"
-        )
+    if cfg.attention_note():
+        notes.append(cfg.attention_note())
     if cfg.tp > 1:
         notes.append(
             f"tensor parallel {cfg.tp}: {cfg.H} heads per GPU; the latent cache "
@@ -204,7 +201,7 @@ def crossover_table(
         )
         pairs = []
     kind = "roofline" if calibration is None else "calibrated"
-    if cost.cfg.is_dsa:
+    if cost.windows:
         windows = _windows(cost, hw, pairs, max_new, calibration, spans and calibration is not None)
         return Crossover(None, [], max_new, note, kind, windows)
     rows = []
@@ -501,13 +498,9 @@ def _measured_note(batch, prefix, results_data) -> list[str]:
 
 # -- mixed batches --------------------------------------------------------------------------------
 
-STRATEGIES = ("per_request", "all_expand", "all_expand_chunked", "all_absorb")
-DSA_STRATEGIES = ("per_request", "all_sparse_absorb", "all_masked_expand", "all_dense_expand")
-
-
 def strategies_for(cost: CostModel) -> tuple[str, ...]:
     """The batch strategies of a model: every request on one path, or each on its own best."""
-    return DSA_STRATEGIES if cost.cfg.is_dsa else STRATEGIES
+    return cost.strategies
 
 
 @dataclass

@@ -101,9 +101,9 @@ def select_paths(
     """
     new = np.asarray(new)
     prefix = np.asarray(prefix)
-    if cost.cfg.is_dsa and policy == "measured":
+    if not cost.cfg.measurable and policy == "measured":
         raise MlactlError(
-            f"--policy measured: {cost.cfg.name} is a DSA model and `mlactl tune paths` measures MLA paths "
+            f"--policy measured: {cost.cfg.name} is a {cost.cfg.attention} model and `mlactl tune paths` measures MLA paths "
             "only; use roofline, flops or an engine (docs/engines.md: DeepSeek-V3.2)"
         )
     if is_engine(policy):

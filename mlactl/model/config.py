@@ -54,6 +54,30 @@ class MLAConfig:
         """DeepSeek Sparse Attention: a lightning indexer picks `topk` tokens per query."""
         return self.topk is not None
 
+    @property
+    def attention(self) -> str:
+        """The kind of attention, as users read it: "DSA" or "MLA"."""
+        return "DSA" if self.is_dsa else "MLA"
+
+    @property
+    def measurable(self) -> bool:
+        """Whether `mlactl tune paths` measures this model's paths: it runs the MLA kernels, not
+        DSA's sparse ones."""
+        return not self.is_dsa
+
+    def attention_note(self) -> str | None:
+        """What a reader of this model's figures must know about its attention (None: nothing)."""
+        if not self.is_dsa:
+            return None
+        return (
+            f"DSA model: top-{self.topk} sparse attention with a {self.index_heads}-head indexer (replicated on "
+            f"every GPU); dense_expand runs only where the context is at most {self.topk} tokens"
+        )
+
+    def index_dims(self) -> str | None:
+        """The indexer's top-k, heads and width as `topk/Hi/di` (None: the model has no indexer)."""
+        return f"{self.topk}/{self.index_heads}/{self.index_dim}" if self.is_dsa else None
+
     def index(self) -> Index:
         """The DSA fields; an error on a dense MLA model (or a DSA one missing any of them)."""
         if self.topk is None or self.index_heads is None or self.index_dim is None or self.q_lora_rank is None:

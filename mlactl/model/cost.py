@@ -139,11 +139,26 @@ class CostModel:
         """The paths a policy chooses between (an MLA model's `mha` is a baseline, not a choice)."""
         return DSA_PATHS if self.cfg.is_dsa else MLA_PATHS
 
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        """A mixed batch's strategies: each request on its own best path, or all on one choice."""
+        return ("per_request",) + tuple(f"all_{p}" for p in self.choices)
+
+    @property
+    def restricted(self) -> tuple[str, ...]:
+        """The paths that run only at some shapes (`applicable`): DSA's dense_expand."""
+        return ("dense_expand",) if self.cfg.is_dsa else ()
+
+    @property
+    def windows(self) -> bool:
+        """Whether an expand path beats absorb only within windows of new-token counts (DSA's
+        sparse absorb reads at most top-k tokens), not from one crossover count on."""
+        return self.cfg.is_dsa
+
     def _check_path(self, path: str) -> None:
         if path not in self.paths:
-            kind = "DSA" if self.cfg.is_dsa else "MLA"
             raise MlactlError(
-                f"unknown path {path!r} for the {kind} model {self.cfg.name}; paths: {', '.join(self.paths)}"
+                f"unknown path {path!r} for the {self.cfg.attention} model {self.cfg.name}; paths: {', '.join(self.paths)}"
             )
 
     def applicable(self, path: str, batch, new, prefix) -> np.ndarray:

@@ -48,22 +48,22 @@ def list_tables(data) -> list:
         cells = {(d["arch"], d["kv_dtype"]): _cell(d) for d in r["defaults"]}
         name = r["name"] + (" (newest)" if r["newest"] else "")
         top.add_row(name, *(cells[(a, k)] for a in ARCHS for k in CACHES))
-    dsa = Table(
+    sparse = Table(
         title="Default backend for DeepSeek-V3.2 (DSA), per GPU architecture and cache dtype "
         "(SGLang: dense MHA threshold; vLLM: decode threshold at 128 heads)",
         caption="* vLLM would not start there (no sparse backend runs on it); that backend's rule is shown",
     )
-    dsa.add_column("rule set", no_wrap=True)
+    sparse.add_column("rule set", no_wrap=True)
     for a in ARCHS:
         for k in CACHES:
-            dsa.add_column(f"{a} {k}")
+            sparse.add_column(f"{a} {k}")
     for r in data:
         if r["dsa_defaults"] is None:
-            dsa.add_row(r["name"], *(["no DSA rule"] * len(ARCHS) * len(CACHES)))
+            sparse.add_row(r["name"], *(["no DSA rule"] * len(ARCHS) * len(CACHES)))
             continue
         cells = {(d["arch"], d["kv_dtype"]): _cell(d) for d in r["dsa_defaults"]}
-        dsa.add_row(r["name"], *(cells[(a, k)] for a in ARCHS for k in CACHES))
-    out: list = [top, dsa]
+        sparse.add_row(r["name"], *(cells[(a, k)] for a in ARCHS for k in CACHES))
+    out: list = [top, sparse]
     for r in data:
         src = r["source"]
         t = Table(title=f"{r['name']} options (--engine-option {r['engine']}.KEY=VALUE)")

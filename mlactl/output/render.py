@@ -46,10 +46,10 @@ def seconds(t: float) -> str:
 def header(analysis: Analysis) -> str:
     """The settings (settings_line), then the model's dimensions and the GPU's ceilings."""
     cfg, hw, cost = analysis.cfg, analysis.hw, analysis.cost
-    dsa = f" topk={cfg.topk} Hi={cfg.index_heads} di={cfg.index_dim}" if cfg.is_dsa else ""
+    index = f" topk={cfg.topk} Hi={cfg.index_heads} di={cfg.index_dim}" if cfg.index_dims() else ""
     return (
         settings_line(cfg, hw, cost.kv_dtype, cost.dtype, analysis.layers) + "\n"
-        f"H={cfg.H} a GPU r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}{dsa}; "
+        f"H={cfg.H} a GPU r={cfg.r} dC={cfg.dC} dR={cfg.dR} dV={cfg.dV}{index}; "
         f"{hw.peak_tflops[cost.dtype]:g} TFLOP/s {cost.dtype}, "
         f"{hw.bandwidth_tbs:g} TB/s, ridge {hw.ridge(cost.dtype):.1f} FLOP/byte"
     )
@@ -166,7 +166,7 @@ def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = 
         "GPU's memory; best in green; "
         + (
             "n/a: dense MHA runs only where the context is at most top-k)"
-            if analysis.cfg.is_dsa
+            if analysis.cost.restricted
             else "mha* is the reference with an expanded cache). Engines: their path, + the time it loses "
             "against the best path that fits"
         ),
@@ -361,7 +361,7 @@ def models_table(models, width: int | None = None) -> Table:
         [
             name,
             *(str(v) for v in (cfg.hidden, cfg.H, cfg.q_lora_rank or "—", cfg.r, cfg.dC, cfg.dR, cfg.dV, cfg.layers)),
-            f"{cfg.topk}/{cfg.index_heads}/{cfg.index_dim}" if cfg.is_dsa else "—",
+            cfg.index_dims() or "—",
         ]
         for name, cfg in models
     ]

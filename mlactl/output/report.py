@@ -352,7 +352,7 @@ def csv_columns(analysis: Analysis, ops: bool = False) -> tuple[list[str], list[
             if spans.paths[name] is not None:
                 cols[f"{name}.time_lo_s"], cols[f"{name}.time_hi_s"] = spans.paths[name]
             cols[f"{name}.basis"] = Labels.of(spans.path_basis[name])
-        if analysis.cfg.is_dsa:
+        if analysis.cost.restricted:
             cols[f"{name}.runs"] = Labels(analysis.runs[name], ["false", "true"])
         if ops:
             for op in pt.ops:
