@@ -147,7 +147,9 @@ def analyze(
     if crossover:
         tables.append(render.crossover_table(result.crossover))
     elif result.cost.windows:
-        tables.append(f"{cfg.attention} model: --crossover for the windows where masked or dense MHA beats sparse absorb")
+        tables.append(
+            f"{cfg.attention} model: --crossover for the windows where masked or dense MHA beats sparse absorb"
+        )
     else:
         asym = result.crossover.asymptotic_new
         tables.append(

@@ -498,6 +498,7 @@ def _measured_note(batch, prefix, results_data) -> list[str]:
 
 # -- mixed batches --------------------------------------------------------------------------------
 
+
 def strategies_for(cost: CostModel) -> tuple[str, ...]:
     """The batch strategies of a model: every request on one path, or each on its own best."""
     return cost.strategies

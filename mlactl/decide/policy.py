@@ -103,8 +103,8 @@ def select_paths(
     prefix = np.asarray(prefix)
     if not cost.cfg.measurable and policy == "measured":
         raise MlactlError(
-            f"--policy measured: {cost.cfg.name} is a {cost.cfg.attention} model and `mlactl tune paths` measures MLA paths "
-            "only; use roofline, flops or an engine (docs/engines.md: DeepSeek-V3.2)"
+            f"--policy measured: {cost.cfg.name} is a {cost.cfg.attention} model and `mlactl tune paths` "
+            "measures MLA paths only; use roofline, flops or an engine (docs/engines.md: DeepSeek-V3.2)"
         )
     if is_engine(policy):
         ctx = context_for(cost.cfg, hw, cost.kv_dtype)

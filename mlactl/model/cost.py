@@ -158,7 +158,8 @@ class CostModel:
     def _check_path(self, path: str) -> None:
         if path not in self.paths:
             raise MlactlError(
-                f"unknown path {path!r} for the {self.cfg.attention} model {self.cfg.name}; paths: {', '.join(self.paths)}"
+                f"unknown path {path!r} for the {self.cfg.attention} model {self.cfg.name}; "
+                f"paths: {', '.join(self.paths)}"
             )
 
     def applicable(self, path: str, batch, new, prefix) -> np.ndarray:
