@@ -168,9 +168,8 @@ def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> lis
 
 def notes_for(cost: CostModel, layers: int) -> list[str]:
     cfg = cost.cfg
-    notes = []
-    if cfg.attention_note():
-        notes.append(cfg.attention_note())
+    attention = cfg.attention_note()
+    notes = [attention] if attention else []
     if cfg.tp > 1:
         notes.append(
             f"tensor parallel {cfg.tp}: {cfg.H} heads per GPU; the latent cache "
