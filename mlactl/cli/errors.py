@@ -4,7 +4,6 @@ pipe is a quiet exit, and warnings (a bad file skipped) are one `Warning:` line 
 from __future__ import annotations
 
 import codecs
-import multiprocessing
 import os
 import signal
 import sys
@@ -89,7 +88,8 @@ def _terminated(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    for child in multiprocessing.active_children():
+    processes = sys.modules.get("multiprocessing")  # never imported: no worker to end
+    for child in processes.active_children() if processes is not None else ():
         child.terminate()
     sys.stderr.write("Error: terminated (SIGTERM); any file being written keeps its old content\n")
     raise SystemExit(EXIT_TERM)

@@ -16,9 +16,9 @@ from mlactl.decide.replay.shipped import SCHEDULER_OPTIONS
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model import weights as model_weights
 from mlactl.output import replay as report
-from mlactl.util import numbers, progress, safe
+from mlactl.util import numbers, progress
 from mlactl.util.defaults import REPLAY_HARDWARE, REPLAY_MEM_FRACTION, REPLAY_TP, WEIGHT_DTYPES
-from mlactl.util.errors import MlactlError, warn
+from mlactl.util.errors import MlactlError
 from mlactl.util.io import refuse_input
 
 replay_app = typer.Typer(add_completion=False)
@@ -140,8 +140,6 @@ def replay_cmd(
         prefix_cache=not no_prefix_cache,
         step_overhead_s=numbers.real(step_overhead_ms, "--step-overhead-ms", 0.0, 1e6) / 1e3,
     )
-    if settings.cache_tokens is not None:  # a pool the simulator never allocates: only the GPU could not
-        _check_cache(settings.cache_tokens, setup.cost().cache_row_bytes() * cfg.layers, hw)
     with progress.task(f"reading {trace}"):
         requests = read_trace(trace)
     # the trace is read (and remembered): an -o naming it is refused now, before the replay runs
@@ -200,13 +198,3 @@ def _check_targets(settings: dict, chosen) -> None:
             raise MlactlError(
                 f"--engine-option {target}.*: {target} is not among --engines ({', '.join(sorted(names))})"
             )
-
-
-def _check_cache(tokens: int, row_bytes: int, hw) -> None:
-    """A --cache-tokens that no GPU of this kind could hold is replayed as asked, with one warning."""
-    need = tokens * row_bytes
-    if need > hw.memory_gb * 1e9:
-        warn(
-            f"--cache-tokens {tokens:,}: a KV cache of {need / 1e9:,.0f} GB ({row_bytes:,} bytes a token, every "
-            f"layer), more than {safe.text(hw.name)}'s {hw.memory_gb:g} GB: no such GPU holds it; replayed as asked"
-        )

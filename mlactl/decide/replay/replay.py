@@ -34,13 +34,14 @@ from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel, WeightCost
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.weights import ModelWeights
+from mlactl.util import safe
 from mlactl.util.defaults import (
     DEFAULT_CHUNK,
     REPLAY_BLOCK,
     REPLAY_MEM_FRACTION,
     REPLAY_TIMELINE_BINS,
 )
-from mlactl.util.errors import MlactlError
+from mlactl.util.errors import MlactlError, warn
 from mlactl.util.limits import check_replay
 
 CURVE_POINTS = 200  # thresholds of the sweep's curve kept for JSON and the chart
@@ -143,10 +144,19 @@ class Replay:
 def capacity(weights: WeightCost, cost: CostModel, hw: HardwareProfile, s: ReplaySettings) -> int:
     """KV tokens the pool holds: --cache-tokens, or what fits in mem_fraction of the GPU's memory
     after its share of the weights (model weights / TP; a DSA model's indexer whole), at a cache
-    row's bytes for every layer (the latent; a DSA model's index row too)."""
-    if s.cache_tokens is not None:
-        return int(s.cache_tokens)
+    row's bytes for every layer (the latent; a DSA model's index row too). A --cache-tokens that
+    no GPU of this kind could hold is replayed as asked (the pool is never allocated), with one
+    warning."""
     per_token = cost.cache_row_bytes() * cost.cfg.layers
+    if s.cache_tokens is not None:
+        need = s.cache_tokens * per_token
+        if need > hw.memory_gb * 1e9:
+            warn(
+                f"--cache-tokens {s.cache_tokens:,}: a KV cache of {need / 1e9:,.0f} GB ({per_token:,} bytes a "
+                f"token, every layer), more than {safe.text(hw.name)}'s {hw.memory_gb:g} GB: no such GPU holds it; "
+                "replayed as asked"
+            )
+        return int(s.cache_tokens)
     free = hw.memory_gb * 1e9 * s.mem_fraction - weights.model_bytes
     tokens = int(free // per_token)
     if tokens < s.block:
