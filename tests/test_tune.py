@@ -19,6 +19,7 @@ from mlactl.model.config import from_hf_config
 from mlactl.results import store as results
 from mlactl.tune import store as store_mod
 from mlactl.tune import sweep
+from mlactl.tune import timing
 from mlactl.util.errors import MlactlError
 
 runner = CliRunner()
@@ -242,7 +243,7 @@ def test_resume_after_interruption(tmp_path, home, monkeypatch):
             measured.append(1)
             if len(measured) == kill_at[0]:
                 raise Killed  # killed in the middle of the sweep (the third point)
-            out[name] = sweep.time_call(lambda: None, budget_s=0.001, warmup=0, min_repeats=1, max_repeats=1)
+            out[name] = timing.time_call(lambda: None, budget_s=0.001, warmup=0, min_repeats=1, max_repeats=1)
         return out
 
     monkeypatch.setattr(sweep.Context, "time_all", fake_time_all)
@@ -533,3 +534,79 @@ def types_op():
     import types
 
     return types.SimpleNamespace(flops=1.0, bytes=1.0)
+
+
+# ---- the budget bounds the whole command: launches, checks and timings, under the interpreter ------
+
+
+class _LaunchClock:
+    """A clock that only kernel launches move: each call of a kernel or its twin takes 1 s. The
+    sweep, the timing harness and the command read it (their `time` module), so what the budget
+    cuts depends on how many launches there were, never on how fast this machine is."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+    perf_counter = monotonic
+
+    def launches(self, fn):
+        def call(*args):
+            self.now += 1.0
+            return fn(*args)
+
+        return call
+
+
+@pytest.mark.parametrize(
+    "budget, default_rounds",
+    [
+        # inputs and twin: 1 + 5 launches; the default: its check, 3 warm-ups, 1 to size, 5
+        # repetitions = 10 s, to 16 s; the first candidate would take as long: 26 > 20
+        pytest.param(20, 5, id="default-whole"),
+        # the default's check and warm-ups end at 10 s, the sizing call at 11 s: 1 repetition fits
+        pytest.param(12, 1, id="default-cut"),
+    ],
+)
+def test_a_tiny_budget_stops_the_command_and_keeps_what_it_measured(tmp_path, home, monkeypatch, budget,
+                                                                    default_rounds):  # fmt: skip
+    """`tune kernels --interpret --quick` under a budget too small for its launch space stops
+    within it: no trial, repetition or re-measurement is started that the launches before it say
+    would end past it; the command lists every candidate and bucket it skipped, and the results
+    file (rewritten atomically after each measurement) holds what was measured."""
+    from dataclasses import replace
+
+    import mlactl.cli.tune as cli_tune
+    from mlactl.tune import space
+
+    clock = _LaunchClock()
+    for module in (cli_tune, sweep, timing):
+        monkeypatch.setattr(module, "time", clock)
+    for name, spec in list(space.KERNELS.items()):
+        monkeypatch.setitem(space.KERNELS, name, replace(spec, run=clock.launches(spec.run),
+                                                         twin=clock.launches(spec.twin)))  # fmt: skip
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # set by the command; put back after the test
+    out = tmp_path / "run" / "budget.json"
+    model = model_file(tmp_path, TINY)
+    result = invoke("kernels", "--interpret", "--quick", "--model", model, "--dtype", "fp16",
+                    "--budget", str(budget), "--results-file", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert clock.now <= 1000 + budget  # it stopped within its budget (by the launches' clock)
+    skipped = result.output[result.output.index("skipped (") :]
+    quick = space.QUICK_CANDIDATES
+    assert f"skipped (3):" in skipped
+    assert f"mla_decode B=2,H=2,S_q=1,ctx=100: {quick} configs (time budget)" in skipped
+    assert "mla_prefill H=2,L=64: time budget spent" in skipped
+    assert "merge_attn_states H=2,T=64: time budget spent" in skipped
+
+    data = results.load(out)  # what it measured, in a file that loads
+    assert sorted(p.name for p in out.parent.iterdir() if not p.name.startswith(".")) == ["budget.json"]
+    (entry,) = data["kernels"]
+    assert entry["kernel"] == "mla_decode" and entry["configs"] == []
+    assert entry["twin_median_s"] == 1.0
+    default = entry["default_timing"]
+    assert default["status"] == "ok" and default["median_s"] == entry["default_median_s"] == 1.0
+    assert default["repeats"] == default_rounds
+    assert default.get("budget_cut", False) is (default_rounds < 5)

@@ -165,6 +165,7 @@ class Run:
     workers: Optional[int] = None  # with ray: this many CPU actors instead of one per GPU
 
     def __post_init__(self) -> None:
+        self.start = time.monotonic()  # the budget counts from here: torch's import and set-up too
         backend = "interpret" if self.interpret else choice(self.backend, "--backend", TUNE_BACKENDS)
         if self.workers is not None and self.ray is None:
             raise MlactlError("--workers counts Ray workers: add --ray (or --ray auto for an existing cluster)")
@@ -192,7 +193,6 @@ class Run:
         self.backend, self.dtype, self.kv_dtype = backend, dtype, kv_dtype
         self.cfg = load_model(self.model, self.tp)
         self.budget_s = one_int(self.budget, "--budget") if self.budget else (60 if self.quick else 300)
-        self.start = time.monotonic()
         self.stores: list = []
 
         # progress bars (and Ray's messages) on stderr, only where it is a terminal; tables and

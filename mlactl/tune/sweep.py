@@ -31,7 +31,7 @@ from mlactl.tune import compile as stage
 from mlactl.tune import space as spaces
 from mlactl.tune import store as store_mod
 from mlactl.tune.common import relative_error
-from mlactl.tune.timing import is_unstable, time_call, time_interleaved, time_stable, time_stable_all
+from mlactl.tune.timing import is_unstable, time_interleaved, time_stable_all
 
 # Relative error a candidate may have against the twin, by (dtype, fp8 cache).
 TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 3e-2, "fp8": 6e-2}
@@ -76,23 +76,24 @@ class Context:
     # seconds the compile stage may take per bucket: None = QUICK_COMPILE_BUDGET_S with --quick,
     # no limit without (the deadline still holds)
     compile_budget_s: float | None = None
+    # seconds the last kernel trial that passed took (its launch, check and timing): what the
+    # first trial of the next bucket is predicted to take, before the bucket has a time of its own
+    trial_s: float = 0.0
 
     def out_of_time(self, predicted_s: float = 0.0) -> bool:
         """Past the deadline, or too close to it to start a unit predicted to take this long."""
         return time.monotonic() + predicted_s > self.deadline
 
     def time(self, fn, quick: bool = False):
-        if quick:
-            return time_call(fn, device=self.device, warm=self.warm, budget_s=0, warmup=1, min_repeats=3)
-        timing = time_stable(fn, self.repeats, device=self.device, warm=self.warm, budget_s=self.timing_budget_s)
-        self.unstable += is_unstable(timing)
-        return timing
+        """Time one call; no repetition or re-measurement starts that would end past the deadline."""
+        return self.time_all({"fn": fn}, quick)["fn"]
 
     def time_all(self, fns: dict, quick: bool = False) -> dict:
         """`time` for calls compared with each other (the paths at one shape): timed in turns."""
+        kw = dict(device=self.device, warm=self.warm, deadline=self.deadline)
         if quick:
-            return time_interleaved(fns, device=self.device, warm=self.warm, budget_s=0, warmup=1, min_repeats=3)
-        timings = time_stable_all(fns, self.repeats, device=self.device, warm=self.warm, budget_s=self.timing_budget_s)
+            return time_interleaved(fns, budget_s=0, warmup=1, min_repeats=3, **kw)
+        timings = time_stable_all(fns, self.repeats, budget_s=self.timing_budget_s, **kw)
         self.unstable += sum(is_unstable(t) for t in timings.values())
         return timings
 
@@ -188,6 +189,7 @@ def _try_config(ctx: Context, spec, kwargs, config, reference, tol) -> dict:
             entry.update(ctx.time(lambda: spec.run(kwargs, config)).to_dict())
     except Exception as exc:  # compile errors, OutOfResources, invalid configs: recorded, not fatal
         return dict(entry, status="failed", reason=_failure(exc))
+    entry["trial_s"] = time.monotonic() - start  # launch, check and timing: the next trial's guess
     return entry
 
 
@@ -203,7 +205,7 @@ def tune_kernels(ctx: Context, names=None, configs_override=None, write_configs:
         file_dtype = spec.dtype_name(ctx.kv_dtype, ctx.dtype)
         for shape in spec.buckets(ctx.cfg, ctx.quick, ctx.device.type):
             bucket = tuned_configs.bucket_key(**shape)
-            if ctx.out_of_time():
+            if ctx.out_of_time(ctx.trial_s):  # its first trial would end past the deadline
                 ctx.skipped.append(f"{name} {bucket}: time budget spent")
                 continue
             entry = _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override)
@@ -263,8 +265,22 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
         entry.update(best=None, best_median_s=entry["twin_median_s"])
         ctx.store.add("kernels", entry)
         return entry
+    # what the next trial is predicted to take: the last one of this bucket that passed (a failed
+    # or wrong config stops before its timing), else the run's last (ctx.trial_s)
+    last_trial_s = _last_trial_s(entry, ctx.trial_s)
+
+    def passed(result: dict) -> None:
+        nonlocal last_trial_s
+        if result["status"] == "ok" and "trial_s" in result:
+            last_trial_s = ctx.trial_s = result["trial_s"]
+
     if "default_median_s" not in entry:
+        if ctx.out_of_time(last_trial_s):  # no time for the launcher's own config: none for the rest
+            ctx.skipped.append(f"{spec.name} {bucket}: the launcher default and every candidate (time budget)")
+            ctx.store.add("kernels", entry)  # the twin's timing, measured
+            return entry
         default = _try_config(ctx, spec, kwargs, None, reference, tol)
+        passed(default)
         entry["default_median_s"] = default.get("median_s", math.inf) if default["status"] == "ok" else None
         entry["default_status"] = (
             default["status"] if default["status"] == "ok" else f"{default['status']}: {default['reason']}"
@@ -278,14 +294,12 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
         candidates = spaces.candidates(spec, ctx.cfg, shape, ctx.kv_dtype, ctx.dtype, smem, ctx.quick)
         candidates = compile_stage(ctx, spec, shape, bucket, candidates, entry)  # spills, smem: no GPU time
     tried = {_key(c["config"]) for c in entry["configs"]}
-    last_trial_s = 0.0
 
     def trial(config: dict) -> None:
         """Time one config, keep it in the entry and the store (a kill loses only this one)."""
-        nonlocal last_trial_s
-        started = time.monotonic()
-        entry["configs"].append(_try_config(ctx, spec, kwargs, config, reference, tol))
-        last_trial_s = time.monotonic() - started
+        result = _try_config(ctx, spec, kwargs, config, reference, tol)
+        passed(result)
+        entry["configs"].append(result)
         tried.add(_key(config))
         _update_best(entry)
         ctx.store.add("kernels", entry)
@@ -319,6 +333,13 @@ def _tune_bucket(ctx, spec, shape, bucket, cost, smem, configs_override):
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
     return entry
+
+
+def _last_trial_s(entry: dict, otherwise: float) -> float:
+    """Seconds the bucket's last trial that passed took (a resumed entry's too), else `otherwise`."""
+    trials = [entry.get("default_timing") or {}, *entry.get("configs", [])]
+    took = [t["trial_s"] for t in trials if t.get("status") == "ok" and "trial_s" in t]
+    return took[-1] if took else otherwise
 
 
 def compile_budget(ctx: Context) -> float:

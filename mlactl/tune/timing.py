@@ -6,13 +6,20 @@ its operands from HBM as it would inside a model ("cold"); `warm=True` skips the
 wall-clock time around each call ("wall-clock"). The number of repetitions adapts to the call's
 length so that a measurement takes about `budget_s`. Figures are the median and the 10th/90th
 percentiles of the repetitions.
+
+A `deadline` (time.monotonic()) bounds a measurement: no warm-up call, repetition or
+re-measurement is started that the last call's time says would end past it, and a timing cut
+short says so (`budget_cut`). At least one repetition is always timed, so a call that ran (and
+was checked) has a time; the most a deadline is overrun by is that repetition and the call to
+size the repetitions (on a CPU the one call serves as both).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass
@@ -26,11 +33,14 @@ class Timing:
     times_s: list[float] = field(default_factory=list)
     cv: float = 0.0  # coefficient of variation of the repetitions: sample stdev / mean
     remeasured: int = 0  # how many times it was measured again for being unstable
+    budget_cut: bool = False  # the deadline cut its warm-up, repetitions or re-measurements short
 
     def to_dict(self, keep_times: bool = False) -> dict:
         out = asdict(self)
         if not keep_times:
             out.pop("times_s")
+        if not self.budget_cut:
+            out.pop("budget_cut")
         if is_unstable(self):
             out["unstable"] = True
         return out
@@ -83,18 +93,25 @@ def time_stable(fn, repeats: int = 2, **kwargs) -> Timing:
     return time_stable_all({"fn": fn}, repeats, **kwargs)["fn"]
 
 
-def time_stable_all(fns: dict, repeats: int = 2, **kwargs) -> dict[str, Timing]:
+def time_stable_all(fns: dict, repeats: int = 2, *, deadline: float = math.inf, **kwargs) -> dict[str, Timing]:
     """`time_interleaved`, measured again up to `repeats` times while any timing is unstable;
-    the steadiest set (lowest worst CV) is kept whole, so its timings stay side by side."""
-    best = time_interleaved(fns, **kwargs)
-    extra = 0
+    the steadiest set (lowest worst CV) is kept whole, so its timings stay side by side. A
+    re-measurement that would end past `deadline` (it takes as long as the first) is not started."""
+    started = time.monotonic()
+    best = time_interleaved(fns, deadline=deadline, **kwargs)
+    took = time.monotonic() - started
+    extra, cut = 0, False
     while any(is_unstable(t) for t in best.values()) and extra < repeats:
+        if time.monotonic() + took > deadline:
+            cut = True
+            break
         extra += 1
-        again = time_interleaved(fns, **kwargs)
+        again = time_interleaved(fns, deadline=deadline, **kwargs)
         if max(t.cv for t in again.values()) < max(t.cv for t in best.values()):
             best = again
     for t in best.values():
         t.remeasured = extra
+        t.budget_cut = t.budget_cut or cut
     return best
 
 
@@ -114,26 +131,10 @@ class _Flusher:
 _flushers: dict = {}
 
 
-def time_call(
-    fn,
-    *,
-    device=None,
-    warm: bool = False,
-    warmup: int = 3,
-    budget_s: float = 0.1,
-    min_repeats: int = 5,
-    max_repeats: int = 200,
-) -> Timing:
-    """Time `fn()` (no arguments; it must do the whole measured work each call)."""
-    return time_interleaved(
-        {"fn": fn},
-        device=device,
-        warm=warm,
-        warmup=warmup,
-        budget_s=budget_s,
-        min_repeats=min_repeats,
-        max_repeats=max_repeats,
-    )["fn"]
+def time_call(fn, **kwargs) -> Timing:
+    """Time `fn()` (no arguments; it must do the whole measured work each call); the keywords
+    are `time_interleaved`'s."""
+    return time_interleaved({"fn": fn}, **kwargs)["fn"]
 
 
 def time_interleaved(
@@ -145,6 +146,7 @@ def time_interleaved(
     budget_s: float = 0.1,
     min_repeats: int = 5,
     max_repeats: int = 200,
+    deadline: float = math.inf,
 ) -> dict[str, Timing]:
     """Time several calls in turns: round r runs each once, starting from a different one each
     round, so a machine that slows down for a while slows every call alike. A comparison (which
@@ -174,14 +176,32 @@ def time_interleaved(
         torch.cuda.synchronize(device)
         return max(start.elapsed_time(end) / 1e3, 1e-7)
 
+    def fits(seconds: float) -> bool:
+        return time.monotonic() + seconds <= deadline
+
+    cut = False
     for name in names:
+        last = 0.0
         for _ in range(warmup):
+            if not fits(last):
+                cut = True
+                break
+            t0 = time.perf_counter()
             fns[name]()
+            last = time.perf_counter() - t0
     if cuda:
         torch.cuda.synchronize(device)
-    once = max(timed_once(fns[name]) for name in names)
+    first = {name: timed_once(fns[name]) for name in names}
+    once = max(first.values())
     repeats = int(min(max_repeats, max(min_repeats, budget_s / once)))
+    if math.isfinite(deadline):  # no round that would end past the deadline; one round at least
+        fit = max(0, int((deadline - time.monotonic()) // (once * len(names))))
+        if fit < repeats:
+            repeats, cut = fit, True
     times: dict[str, list] = {name: [] for name in names}
+    if repeats == 0 and not cuda:  # on a CPU the sizing call was timed as a repetition is: it stands
+        return {name: replace(summarize([first[name]], "wall-clock", "warm"), budget_cut=True) for name in names}
+    repeats = max(1, repeats)
     for r in range(repeats):
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
@@ -201,7 +221,7 @@ def time_interleaved(
         torch.cuda.synchronize(device)
         times = {name: [s.elapsed_time(e) / 1e3 for s, e in pairs] for name, pairs in times.items()}
     method, l2 = ("cuda-events", "warm" if warm else "cold") if cuda else ("wall-clock", "warm")
-    return {name: summarize(times[name], method, l2) for name in names}
+    return {name: replace(summarize(times[name], method, l2), budget_cut=cut) for name in names}
 
 
 # -- kernel-only time ------------------------------------------------------------------------------
