@@ -260,15 +260,7 @@ def calibrate(
                 f"together: each shape's common drift (median {pct(drift['median_abs'])}, largest "
                 f"{pct(drift['max_abs'])}) was taken out first; the errors are against the drift-free times"
             )
-        if kept is not None:
-            out.append(
-                f"replaced: {safe.markup(path)} (the earlier calibration of this name is kept as {safe.markup(kept)})"
-            )
-        else:
-            out.append(f"written: {safe.markup(path)}")
-        out.append(
-            f"use: --calibration {safe.markup(data['name'])}  (its hardware, {safe.markup(hw.name)}, comes with it)"
-        )
+        out += written_lines(path, kept, data["name"], hw.name)
         if tested is not None:
             title = f"Scored on {safe.markup(test)} (measurements the fit never saw)"
             out.append(score_table(title, tested, table_width(None)[0]))
@@ -350,6 +342,17 @@ def score_cmd(
     emit(fmt, None, json_data=json_data, tables=tables)
 
 
+def written_lines(path, kept, name: str, hardware: str, more: str = "") -> list[str]:
+    """Where a new calibration went (and where the one it replaced is kept), and how to use it."""
+    where = (
+        f"replaced: {safe.markup(path)} (the earlier calibration of this name is kept as {safe.markup(kept)})"
+        if kept is not None
+        else f"written: {safe.markup(path)}"
+    )
+    use = f"use: --calibration {safe.markup(name)}  (its hardware, {safe.markup(hardware)}, comes with it{more})"
+    return [where, use]
+
+
 @calibrate_app.command(name="transfer")
 @cli_errors
 @shared("hardware", end=("fmt",), hardware=TRANSFER_HARDWARE, fmt=FORMAT)
@@ -411,16 +414,7 @@ def transfer_cmd(
 
     def tables():
         out: list = [transfer_table(data["name"], cal.hardware, target.name, data["fits"], table_width(None)[0])]
-        if kept is not None:
-            out.append(
-                f"replaced: {safe.markup(path)} (the earlier calibration of this name is kept as {safe.markup(kept)})"
-            )
-        else:
-            out.append(f"written: {safe.markup(path)}")
-        out.append(
-            f"use: --calibration {safe.markup(data['name'])}  (its hardware, {safe.markup(target.name)}, comes with it;"
-            " its times are transferred)"
-        )
+        out += written_lines(path, kept, data["name"], target.name, "; its times are transferred")
         return out
 
     emit(fmt, None, json_data=json_data, tables=tables() if fmt == "table" else ())
