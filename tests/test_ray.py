@@ -233,3 +233,38 @@ def test_help_says_how_to_install_ray(command):
     result = runner.invoke(app, ["tune", command, "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     assert "pip install -e '.[ray]'" in result.output and "--workers" in result.output
+
+
+@pytest.mark.parametrize("quick", [True, False], ids=["quick", "full"])
+def test_ray_parts_split_the_candidates_the_serial_run_tries(monkeypatch, quick):
+    """A bucket cut into parts for Ray workers tries, over its parts, exactly the candidates the
+    serial run tries (space.candidates: the shipped config first, then the space spread out;
+    --quick keeps QUICK_CANDIDATES), each once. The Ray path used to take every 4th config of
+    the space instead, which with --quick had none with SPLIT_SCORE 1 and left the shipped
+    config of the 64-row decode untried."""
+    import types
+
+    from mlactl.model.config import from_name
+    from mlactl.tune import space, sweep, units
+
+    cfg = from_name("deepseek-v3")
+    tried = {}
+
+    def fake_bucket(ctx, spec, shape, bucket, cost, smem, configs):
+        tried[ctx.part] = configs
+
+    monkeypatch.setattr(sweep, "_tune_bucket", fake_bucket)
+    monkeypatch.setattr(sweep, "_smem_limit", lambda device, hw: space.HOPPER_SMEM)
+    parts = 3
+    (first, *_), spec = units.kernel_units(cfg, ["mla_decode"], quick, "cuda", parts), space.KERNELS["mla_decode"]
+    for part in range(parts):
+        ctx = types.SimpleNamespace(cfg=cfg, kv_dtype="bf16", dtype="bf16", device=None, hw=None, backend="triton",
+                                    quick=quick, skipped=[], store=units.UnitStore({}), part=part)  # fmt: skip
+        units.measure_unit(ctx, units.Unit("kernels", first.kernel, first.bucket, first.shape_json, part, parts))
+    serial = space.candidates(spec, cfg, first.shape, "bf16", "bf16", space.HOPPER_SMEM, quick)
+    keys = [json.dumps(c, sort_keys=True) for p in range(parts) for c in tried[p]]
+    assert sorted(keys) == sorted(json.dumps(c, sort_keys=True) for c in serial) and len(set(keys)) == len(keys)
+    assert tried[0][0] == serial[0] == space.shipped_configs(spec, cfg, first.shape, "bf16", "bf16", set(serial[1]))[0]
+    if quick:
+        assert len(keys) == space.QUICK_CANDIDATES
+        assert {c["SPLIT_SCORE"] for c in serial} == {0, 1}  # [::4] of the space kept only 0s

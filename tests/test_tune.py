@@ -18,8 +18,7 @@ from mlactl.kernels import configs
 from mlactl.model.config import from_hf_config
 from mlactl.results import store as results
 from mlactl.tune import store as store_mod
-from mlactl.tune import sweep
-from mlactl.tune import timing
+from mlactl.tune import sweep, timing
 from mlactl.util.errors import MlactlError
 
 runner = CliRunner()
@@ -596,7 +595,7 @@ def test_a_tiny_budget_stops_the_command_and_keeps_what_it_measured(tmp_path, ho
     assert clock.now <= 1000 + budget  # it stopped within its budget (by the launches' clock)
     skipped = result.output[result.output.index("skipped (") :]
     quick = space.QUICK_CANDIDATES
-    assert f"skipped (3):" in skipped
+    assert "skipped (3):" in skipped
     assert f"mla_decode B=2,H=2,S_q=1,ctx=100: {quick} configs (time budget)" in skipped
     assert "mla_prefill H=2,L=64: time budget spent" in skipped
     assert "merge_attn_states H=2,T=64: time budget spent" in skipped

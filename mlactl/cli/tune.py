@@ -22,7 +22,8 @@ from mlactl.output import tune_tables as report
 from mlactl.output.progress import columns_for
 from mlactl.results import store as results_store
 from mlactl.tune import compile as stage
-from mlactl.tune import ray_runner, store
+from mlactl.tune import ray_runner, store, sweep
+from mlactl.tune import space as spaces
 from mlactl.tune.ray_runner import import_ray
 from mlactl.util import safe
 from mlactl.util.defaults import ACT_DTYPES, DEFAULT_CHUNK, KV_DTYPES, TUNE_BACKENDS
@@ -202,8 +203,6 @@ class Run:
         self.width = fit_width()  # None: piped or to a file, full values
         self.cluster = None
         if self.ray is None:
-            from mlactl.tune import sweep
-
             self.store, self.hw = self.open_store(*sweep.environment(self.torch_device, backend))
             self.ctx = self.context(self.store, self.hw, self.torch_device)
             return
@@ -295,8 +294,6 @@ class Run:
         return opened, hw
 
     def context(self, store, hw, device):
-        from mlactl.tune import sweep
-
         return sweep.Context(
             self.cfg,
             device,
@@ -372,8 +369,6 @@ class Run:
 
 
 def run_ceilings(run: Run) -> None:
-    from mlactl.tune import sweep
-
     if run.cluster is not None:
         for name, result in run.on_ray(ray_runner.tune_ceilings).items():
             run.say(f"[bold]{safe.markup(name)}[/]")
@@ -395,9 +390,6 @@ def run_ceilings(run: Run) -> None:
 
 
 def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None:
-    from mlactl.tune import space as spaces
-    from mlactl.tune import sweep
-
     names = None
     if kernels:
         names = [k.strip() for k in kernels.split(",")]
@@ -424,8 +416,6 @@ def run_kernels(run: Run, kernels: Optional[str], space: Optional[Path]) -> None
 
 
 def run_paths(run: Run, batch: Optional[str], new: Optional[str], prefix: Optional[str]) -> None:
-    from mlactl.tune import sweep
-
     kind = run.device_type
     news = parse_sizes(new or (sweep.QUICK_NEW if run.quick else sweep.DEFAULT_NEW)[kind], "--new")
     prefixes = parse_sizes(

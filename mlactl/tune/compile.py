@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel
+from mlactl.tune import space
 from mlactl.util.defaults import KV_PAGE
 
 ARCHS = {"sm_80": 80, "sm_90": 90, "sm_100": 100}
@@ -609,8 +610,6 @@ def candidate_cases(
     cfg, kernels=KERNELS, arch: str = "sm_90", dtype: str = "bf16", kv_dtype: str = "bf16"
 ) -> list[Case]:
     """Every config of `tune`'s search space for the same buckets as `default_cases`."""
-    from mlactl.tune import space
-
     cases = []
     for d in default_cases(cfg, kernels, arch, dtype, kv_dtype):
         if d.extra:  # a merge stage or a second way of passing the scale: no search space of its own

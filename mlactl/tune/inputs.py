@@ -3,24 +3,38 @@
 Values are normal random numbers (never zeros: zeros hide unwritten outputs and run faster than
 real data on some GPUs), scaled so that softmax and the projections stay in a realistic range.
 Paged caches get their blocks in a shuffled order, as an engine's allocator leaves them.
+
+torch (and the kernel modules, which import it) load when inputs are first made, not with this
+module: `mlactl.tune.space` and `sweep` import it, and a Ray worker imports those before it sets
+TRITON_INTERPRET, while `mlactl tune` without torch must still end in its one-line hint.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from mlactl.kernels._checks import TORCH_DTYPES
-from mlactl.kernels.reference import build_paged_cache
 from mlactl.util.defaults import KV_PAGE
+
+if TYPE_CHECKING:
+    import torch
 
 PAGE = KV_PAGE
 FP8_SCALE = 0.05  # per-tensor scale of an fp8 cache: N(0,1) values / 0.05 stay inside e4m3's range
 
 
 def torch_dtype(name: str) -> torch.dtype:
+    from mlactl.kernels._checks import TORCH_DTYPES
+
     return TORCH_DTYPES[name]
+
+
+def _start(device, seed: int, dtype: str):
+    """(torch device, a generator seeded on it, the torch dtype): what every input maker starts from."""
+    import torch
+
+    device = torch.device(device)
+    return device, torch.Generator(device=device).manual_seed(seed), torch_dtype(dtype)
 
 
 @dataclass
@@ -65,6 +79,10 @@ def paged_cache(
 ):
     """(kv_cache [num_blocks, page, width], block_table [B, n] int32, kv_scale or None): `B`
     requests of `context` random rows each, laid out by reference.build_paged_cache."""
+    import torch
+
+    from mlactl.kernels.reference import build_paged_cache
+
     rows = torch.randn(B, context, width, device=device, generator=generator, dtype=torch.float32)
     kv_scale = None
     if kv_dtype == "fp8":
@@ -79,9 +97,9 @@ def paged_cache(
 def paged_batch(
     cfg, B: int, new: int, prefix: int, kv_dtype: str, dtype: str, device, seed: int = 0, page: int = PAGE
 ) -> PagedBatch:
-    device = torch.device(device)
-    g = torch.Generator(device=device).manual_seed(seed)
-    dt = torch_dtype(dtype)
+    import torch
+
+    device, g, dt = _start(device, seed, dtype)
     context = prefix + new
     kv_cache, table, kv_scale = paged_cache(B, context, cfg.r + cfg.dR, kv_dtype, dt, device, g, page)
     T = B * new
@@ -107,9 +125,9 @@ def decode_inputs(
     cfg, B: int, S_q: int, context: int, kv_dtype: str, dtype: str, device, seed: int = 0, page: int = PAGE
 ) -> dict:
     """Arguments of mla_decode: q [B, S_q, H, r + dR] and a paged cache of `context` tokens."""
-    device = torch.device(device)
-    g = torch.Generator(device=device).manual_seed(seed)
-    dt = torch_dtype(dtype)
+    import torch
+
+    device, g, dt = _start(device, seed, dtype)
     kv_cache, table, kv_scale = paged_cache(B, context, cfg.r + cfg.dR, kv_dtype, dt, device, g, page)
     q = (torch.randn(B, S_q, cfg.H, cfg.r + cfg.dR, device=device, generator=g) * 0.5).to(dt)
     return dict(
@@ -126,9 +144,9 @@ def decode_inputs(
 
 def prefill_inputs(cfg, L: int, dtype: str, device, seed: int = 0) -> dict:
     """Arguments of mla_prefill: one causal sequence of L tokens, expanded K/V."""
-    device = torch.device(device)
-    g = torch.Generator(device=device).manual_seed(seed)
-    dt = torch_dtype(dtype)
+    import torch
+
+    device, g, dt = _start(device, seed, dtype)
 
     def randn(*shape):
         return torch.randn(*shape, device=device, generator=g).to(dt)
@@ -149,9 +167,9 @@ def prefill_inputs(cfg, L: int, dtype: str, device, seed: int = 0) -> dict:
 
 
 def merge_inputs(T: int, H: int, D: int, dtype: str, device, seed: int = 0) -> dict:
-    device = torch.device(device)
-    g = torch.Generator(device=device).manual_seed(seed)
-    dt = torch_dtype(dtype)
+    import torch
+
+    device, g, dt = _start(device, seed, dtype)
     return dict(
         o_a=torch.randn(T, H, D, device=device, generator=g).to(dt),
         lse_a=torch.randn(T, H, device=device, generator=g),
@@ -166,11 +184,12 @@ def sparse_decode_inputs(
     """Arguments of mla_sparse_decode: q [B, S_q, H, r + dR], a paged cache of `context` tokens a
     request (fp8: FlashMLA's sparse layout, whose scales are in the rows) and each query's
     `topk` slots, drawn without repeats from its own request's pages."""
+    import torch
+
+    from mlactl.kernels.reference import build_paged_cache
     from mlactl.kernels.sparse_decode_naive import quantize_sparse_fp8
 
-    device = torch.device(device)
-    g = torch.Generator(device=device).manual_seed(seed)
-    dt = torch_dtype(dtype)
+    device, g, dt = _start(device, seed, dtype)
     rows = torch.randn(B, context, cfg.r + cfg.dR, device=device, generator=g) * 0.5
     cache, table, _ = build_paged_cache(rows.to(dt) if kv_dtype != "fp8" else rows, page, generator=g)
     if kv_dtype == "fp8":

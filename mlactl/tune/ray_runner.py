@@ -25,8 +25,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlactl.model.cost import CostModel
-from mlactl.tune import ceilings
+from mlactl.tune import ceilings, sweep
+from mlactl.tune import space as spaces
 from mlactl.tune import store as store_mod
+from mlactl.tune.sweep import (
+    REFINE_STEPS,
+    _paths_at,
+    _update_best,
+    crossover_row,
+    next_refine_point,
+    store_crossovers,
+    write_best_config,
+)
 from mlactl.tune.units import Unit, UnitStore, is_done, kernel_units, measure_unit, seed_for
 from mlactl.util.errors import MlactlError
 
@@ -70,9 +80,7 @@ class Worker:
 
     def __init__(self, setup: WorkerSetup):
         os.environ.update(setup.env)  # before torch or triton is imported in this process
-        import torch
-
-        from mlactl.tune import sweep
+        import torch  # (nothing this module imports at its top loads either: mlactl.tune.inputs)
 
         if setup.device_type == "cpu":
             torch.set_num_threads(1)  # one core per actor (num_cpus=1); more would fight its neighbours
@@ -90,8 +98,6 @@ class Worker:
         }
 
     def measure(self, unit: Unit, seed: list, hw, header: dict, left_s: float, override=None) -> dict:
-        from mlactl.tune import sweep
-
         s = self.setup
         ctx = sweep.Context(
             s.cfg,
@@ -398,8 +404,6 @@ class Cluster:
                 stats.failed += 1
 
     def _merge(self, device: str, out: dict) -> None:
-        from mlactl.tune.sweep import _update_best
-
         store = self.devices[device].store
         for section, entry in out["entries"]:
             if section == "kernels":  # the bucket's best over every part, not just this one
@@ -410,8 +414,6 @@ class Cluster:
 
     def _record_failure(self, device: str, unit: Unit, reason: str) -> None:
         """A unit lost with every worker it ran on: kept in the store as failed, with why."""
-        from mlactl.tune.sweep import _paths_at
-
         store = self.devices[device].store
         if unit.section == "paths":
             for path in _paths_at(unit.prefix, self.setup.chunk):
@@ -493,9 +495,6 @@ MAX_PARTS = 8  # a bucket's launch space is cut into at most this many units (on
 def tune_kernels(cluster: Cluster, names, override=None, deadline: float = math.inf, **run_kw):
     """Every bucket of every kernel on every device type; best configs into each type's
     tuned-config file. Returns ({device: [kernel entries]}, Stats)."""
-    from mlactl.tune import space as spaces
-    from mlactl.tune.sweep import write_best_config
-
     s = cluster.setup
     parts = 1 if s.backend == "torch" else max(1, min(MAX_PARTS, len(cluster.slots)))
     if override is not None:
@@ -541,8 +540,6 @@ def tune_kernels(cluster: Cluster, names, override=None, deadline: float = math.
 
 
 def _times(store, b: int, n: int, p: int, chunk: int) -> dict[str, float]:
-    from mlactl.tune.sweep import _paths_at
-
     rows = [store.find("paths", batch=b, new=n, prefix=p, path=path) for path in _paths_at(p, chunk)]
     return {r["path"]: r["median_s"] for r in rows if r is not None and r.get("status") == "ok"}
 
@@ -560,8 +557,6 @@ class _Group:
 def tune_paths(cluster: Cluster, batches, news, prefixes, refine: bool = True, deadline: float = math.inf, **run_kw):
     """Both paths at every point on every device type, the crossover bisected as in the serial
     run once a (batch, prefix) has all its points. Returns ({device: [crossover rows]}, Stats)."""
-    from mlactl.tune.sweep import REFINE_STEPS, crossover_row, next_refine_point, store_crossovers
-
     s = cluster.setup
     cost = CostModel(s.cfg, kv_dtype=s.kv_dtype, dtype=s.dtype, chunk=s.chunk)
     units = [Unit("paths", batch=b, new=n, prefix=p) for b in batches for p in prefixes for n in news]

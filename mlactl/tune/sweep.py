@@ -31,6 +31,7 @@ from mlactl.tune import compile as stage
 from mlactl.tune import space as spaces
 from mlactl.tune import store as store_mod
 from mlactl.tune.common import relative_error
+from mlactl.tune.inputs import paged_batch
 from mlactl.tune.timing import is_unstable, time_interleaved, time_stable_all
 
 # Relative error a candidate may have against the twin, by (dtype, fp8 cache).
@@ -487,7 +488,6 @@ def _measure_point(ctx: Context, cost, b: int, n: int, p: int, chunk: int) -> di
     import torch
 
     from mlactl.kernels.attention import mla_attention
-    from mlactl.tune.inputs import paged_batch
 
     wanted = _paths_at(p, chunk)
     rows = {path: ctx.store.find("paths", batch=b, new=n, prefix=p, path=path) for path in wanted}

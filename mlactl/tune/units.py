@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from mlactl.kernels import configs as tuned_configs
 from mlactl.model.cost import CostModel
+from mlactl.tune import space as spaces
 from mlactl.tune import store as store_mod
+from mlactl.tune import sweep
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,9 @@ class Unit:
     """One unit of work. section: "kernels", "paths" or "ceilings".
 
     kernels: `kernel` and `bucket`; `shape_json` the bucket's shape; `part` of `parts` slices
-    the launch space (candidates[part::parts]); part == -1 is the bucket's last stage (the
-    configs no part tried, then mla_decode's split-KV factors), run once the parts are in.
+    the bucket's candidates (space.candidates, as the serial run takes them: [part::parts]);
+    part == -1 is the bucket's last stage (the configs no part tried, then mla_decode's split-KV
+    factors), run once the parts are in.
     paths: `batch`, `new`, `prefix`.
     """
 
@@ -58,8 +61,6 @@ class Unit:
 
 def kernel_units(cfg, names, quick: bool, device_type: str, parts: int) -> list[Unit]:
     """Every bucket of every kernel, each cut into `parts` slices of its launch space."""
-    from mlactl.tune import space as spaces
-
     units = []
     for name in names:
         for shape in spaces.KERNELS[name].buckets(cfg, quick, device_type):
@@ -103,15 +104,13 @@ class UnitStore:
 
 def seed_for(store, unit: Unit, chunk: int) -> list[tuple[str, dict]]:
     """What the store already holds for a unit: a resumed unit measures only what is missing."""
-    from mlactl.tune.sweep import _paths_at
-
     if unit.section == "kernels":
         found = store.find("kernels", kernel=unit.kernel, bucket=unit.bucket)
         return [("kernels", found)] if found else []
     if unit.section == "paths":
         rows = [
             store.find("paths", batch=unit.batch, new=unit.new, prefix=unit.prefix, path=path)
-            for path in _paths_at(unit.prefix, chunk)
+            for path in sweep._paths_at(unit.prefix, chunk)
         ]
         return [("paths", r) for r in rows if r is not None]
     return []
@@ -121,9 +120,7 @@ def is_done(store, unit: Unit, backend: str, chunk: int) -> bool:
     """Whether a rerun can skip the unit without asking a worker (resume)."""
     found = seed_for(store, unit, chunk)
     if unit.section == "paths":
-        from mlactl.tune.sweep import _paths_at
-
-        return len(found) == len(_paths_at(unit.prefix, chunk))
+        return len(found) == len(sweep._paths_at(unit.prefix, chunk))
     if unit.section == "kernels":  # the twins: one timing per bucket; Triton: the worker knows the space
         return backend == "torch" and bool(found) and "twin_median_s" in found[0][1]
     return bool((store.data.get("ceilings") or {}).get("peak_tflops"))
@@ -135,9 +132,6 @@ def measure_unit(ctx, unit: Unit, chunk: int = 8192, override: list | None = Non
 
     Returns {"entries": [(section, entry)], "skipped": [line], "ceilings": dict | None}.
     """
-    from mlactl.tune import space as spaces
-    from mlactl.tune import sweep
-
     skipped_before = len(ctx.skipped)
     ceilings = None
     if unit.section == "kernels":
@@ -147,10 +141,8 @@ def measure_unit(ctx, unit: Unit, chunk: int = 8192, override: list | None = Non
         configs = None  # the last stage: whatever no part tried, then the split-KV factors
         if unit.part >= 0 and ctx.backend != "torch":
             candidates = override
-            if candidates is None:
-                candidates = spec.space(ctx.cfg, unit.shape, ctx.kv_dtype, ctx.dtype, smem)
-                if ctx.quick:  # the same thinning as the serial run
-                    candidates = candidates[::4]
+            if candidates is None:  # what the serial run tries, in its order: the shipped config first
+                candidates = spaces.candidates(spec, ctx.cfg, unit.shape, ctx.kv_dtype, ctx.dtype, smem, ctx.quick)
             configs = candidates[unit.part :: unit.parts]
         sweep._tune_bucket(ctx, spec, unit.shape, unit.bucket, cost, smem, configs)
     elif unit.section == "paths":
