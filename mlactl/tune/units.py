@@ -23,22 +23,21 @@ from mlactl.tune import sweep
 
 @dataclass(frozen=True)
 class Unit:
-    """One unit of work. section: "kernels", "paths" or "ceilings".
+    """One unit of work: a kernel bucket's slice of candidates, a path point, or the ceilings.
 
-    kernels: `kernel` and `bucket`; `shape_json` the bucket's shape; `part` of `parts` slices
-    the bucket's candidates (space.candidates, as the serial run takes them: [part::parts]);
-    part == -1 is the bucket's last stage (the configs no part tried, then mla_decode's split-KV
-    factors), run once the parts are in.
-    paths: `batch`, `new`, `prefix`.
+    A bucket's part == -1 is its last stage (the configs no part tried, then mla_decode's
+    split-KV factors), run once the parts are in.
     """
 
-    section: str
-    kernel: str = ""
+    section: str  # "kernels", "paths" or "ceilings"
+    kernel: str = ""  # kernels: the kernel, its bucket and the bucket's shape (JSON: a unit hashes)
     bucket: str = ""
     shape_json: str = ""
+    # this slice of the bucket's candidates (space.candidates, as the serial run takes them):
+    # candidates[part::parts]
     part: int = 0
     parts: int = 1
-    batch: int = 0
+    batch: int = 0  # paths: the point measured
     new: int = 0
     prefix: int = 0
 
