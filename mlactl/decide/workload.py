@@ -21,6 +21,7 @@ from mlactl.decide.engines import EngineParams, chunk_sizes, grid_paths, time_lo
 from mlactl.decide.engines.vllm import dsa_chunk, mask_fits
 from mlactl.decide.policy import fitting_times
 from mlactl.decide.requests import read_rows
+from mlactl.decide.sweep import Sweep, pick
 from mlactl.model.cost import CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.util import progress
@@ -117,28 +118,6 @@ def read_workload(path: str | Path) -> Workload:
     return Workload(batch, rows.new, rows.prefix, weight, rows.source)
 
 
-@dataclass(frozen=True)
-class Sweep:
-    """A threshold swept over every value that changes a path. `best_range` is the span of
-    thresholds that all reach the least loss (high None: unbounded)."""
-
-    engine: str
-    option: str
-    current: int | None  # None: off (vLLM's masked-MHA table: never in this bucket)
-    current_time_s: float  # the workload's weighted time under the current threshold
-    best: int | None
-    best_range: tuple[int, int | None]
-    best_time_s: float
-    values: list[tuple[int | None, float]]  # (threshold, weighted time) for every distinct choice
-
-    @property
-    def saves(self) -> float:
-        """Fraction of the current time the best threshold saves."""
-        if not np.isfinite(self.current_time_s):
-            return 1.0
-        return (self.current_time_s - self.best_time_s) / self.current_time_s if self.current_time_s else 0.0
-
-
 @dataclass
 class EngineLoss:
     params: EngineParams
@@ -178,18 +157,6 @@ class WorkloadReport:
         return [int(i) for i in order[:most] if weighted[i] > 0]
 
 
-def _pick(thresholds: np.ndarray, totals: np.ndarray, current: int, lows: np.ndarray, highs: list) -> int:
-    """Index of the least total; among ties, the choice whose range holds `current`, else the
-    one nearest to it in log2."""
-    least = totals.min()
-    tied = np.flatnonzero(totals <= least + 1e-12 * max(abs(least), 1e-30))
-    for i in tied:
-        if lows[i] <= current and (highs[i] is None or current <= highs[i]):
-            return int(i)
-    near = np.abs(np.log2(np.maximum(thresholds[tied], 1)) - np.log2(max(current, 1)))
-    return int(tied[np.argmin(near)])
-
-
 def _split_sums(keys: np.ndarray, below: np.ndarray, above: np.ndarray, at: np.ndarray) -> np.ndarray:
     """For each threshold in `at`: the sum of `below` over keys < it plus the sum of `above` over
     keys >= it. One sort and two cumulative sums, so every threshold costs O(log n); no
@@ -203,9 +170,9 @@ def _split_sums(keys: np.ndarray, below: np.ndarray, above: np.ndarray, at: np.n
 
 
 def _swept(p: EngineParams, option: str, current: int, now: float, candidates, totals, lows, highs) -> Sweep:
-    """The Sweep of `option` whose thresholds `candidates` give `totals`: the best (`_pick`), its
+    """The Sweep of `option` whose thresholds `candidates` give `totals`: the best (`sweep.pick`), its
     range [lows[i], highs[i]], every candidate's total."""
-    i = _pick(candidates.astype(np.float64), totals, current, lows, highs)
+    i = pick(candidates, totals, current, lows, highs)
     table: list[tuple[int | None, float]] = [(int(t), float(v)) for t, v in zip(candidates, totals)]
     return Sweep(p.engine, option, current, now, int(candidates[i]), (int(lows[i]), highs[i]), float(totals[i]), table)
 
@@ -314,7 +281,7 @@ def sweep_vllm_masked(p: EngineParams, wl: Workload, times: dict[str, np.ndarray
         now = float(fixed + _split_sums(q, sparse_t[in_bucket], masked_t[in_bucket], np.array([cur]))[0])
         lows = np.append(np.concatenate([[1], values[:-1] + 1]), off)
         highs: list = [int(v) for v in values] + [None]
-        i = _pick(candidates.astype(np.float64), totals, cur, lows, highs)
+        i = pick(candidates, totals, cur, lows, highs)
         best = None if i == len(values) else int(candidates[i])
         out.append(
             Sweep(

@@ -238,10 +238,10 @@ def sweep_json(s) -> dict:
         "best_range": list(s.best_range),
         "best_time_s": number_or_none(s.best_time_s),
         "saves": s.saves,
-        "values_count": len(s.values),
+        "values_count": len(s.curve),
     }
-    if len(s.values) <= MAX_SWEEP_VALUES:  # a million distinct sums would be a 100 MB table
-        out["values"] = [{"threshold": t, "time_s": number_or_none(v)} for t, v in s.values]
+    if len(s.curve) <= MAX_SWEEP_VALUES:  # a million distinct sums would be a 100 MB table
+        out["values"] = [{"threshold": t, "time_s": number_or_none(v)} for t, v in s.curve]
     return out
 
 

@@ -29,6 +29,7 @@ from mlactl.decide.replay.pricing import STEP_TYPES, Pricer, blocks, rows_of, st
 from mlactl.decide.replay.scheduler import Schedule, Settings, scheduler_for
 from mlactl.decide.replay.shipped import Shipped, shipped
 from mlactl.decide.replay.traces import Trace
+from mlactl.decide.sweep import Sweep, pick, tied
 from mlactl.decide.workload import engine_cost
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel, WeightCost
@@ -60,25 +61,6 @@ class ReplaySettings:
     # the engines' own scheduler options, per engine name or family (`--engine-option`):
     # {"sglang": {"chunked_prefill_size": 16384}, "vllm@0.33.0": {...}}
     engine_settings: dict = field(default_factory=dict)
-
-
-@dataclass
-class Sweep:
-    """The engine's threshold tried at every value that changes a path. `best_range`: the
-    thresholds that all reach the least time (high None: no bound)."""
-
-    option: str
-    compares: str
-    current: int
-    current_time_s: float
-    best: int
-    best_range: tuple[int, int | None]
-    best_time_s: float
-    curve: list[tuple[int, float]]  # (threshold, attention seconds), at most CURVE_POINTS
-
-    @property
-    def saves(self) -> float:
-        return (self.current_time_s - self.best_time_s) / self.current_time_s if self.current_time_s else 0.0
 
 
 @dataclass
@@ -507,37 +489,31 @@ def _sweep(e: rules.Engine, constant: float, parts) -> Sweep:
     totals = base + np.concatenate([[0.0], np.cumsum(jumps)])
     current = int(e.threshold or 1)
     now = float(totals[np.searchsorted(candidates, current, side="right") - 1])
-    least = totals.min()
-    tied = np.flatnonzero(totals <= least + 1e-12 * max(abs(least), 1e-30))
     # the last range ends where the option does (SGLang's dense threshold: index_topk), else has no bound
     highs: list[int | None] = [int(c) - 1 for c in candidates[1:]]
     highs.append(e.threshold_max)
 
-    def holds(i: int) -> bool:
-        high = highs[i]
-        return bool(candidates[i] <= current) and (high is None or current <= high)
-
-    found = [int(i) for i in tied if holds(int(i))]
-    pick = found[0] if found else int(tied[np.argmin(np.abs(np.log2(candidates[tied]) - np.log2(current)))])
+    best = pick(candidates, totals, current, candidates, highs)
     # the range: every neighbouring candidate as good (a value where nothing changed splits none)
     is_tied = np.zeros(len(candidates), dtype=bool)
-    is_tied[tied] = True
-    low, high = pick, pick
+    is_tied[tied(totals)] = True
+    low, high = best, best
     while low > 0 and is_tied[low - 1]:
         low -= 1
     while high + 1 < len(candidates) and is_tied[high + 1]:
         high += 1
     keep = np.unique(
-        np.concatenate([np.linspace(0, len(candidates) - 1, min(len(candidates), CURVE_POINTS)).astype(int), [pick]])
+        np.concatenate([np.linspace(0, len(candidates) - 1, min(len(candidates), CURVE_POINTS)).astype(int), [best]])
     )
     return Sweep(
+        engine=e.params.engine,
         option=e.sweep_option,
         compares=e.compares,
         current=current,
         current_time_s=now,
-        best=int(candidates[pick]),
+        best=int(candidates[best]),
         best_range=(int(candidates[low]), highs[high]),
-        best_time_s=float(totals[pick]),
+        best_time_s=float(totals[best]),
         curve=[(int(candidates[i]), float(totals[i])) for i in keep],
     )
 
