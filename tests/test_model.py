@@ -198,3 +198,20 @@ def test_a_prompt_beyond_the_context_is_warned_about_once(tmp_path):
     requests = tmp_path / "r.csv"
     requests.write_text("new,prefix\n1,200000\n")
     assert "beyond the 163,840" in runner.invoke(app, ["batch", str(requests), "-f", "json"]).stderr
+
+
+def test_the_attention_kind_is_asked_of_the_model():
+    """What the layers above ask instead of testing for DSA, pinned by hand for each kind."""
+    from mlactl.model.cost import CostModel
+
+    v3, v32 = model.from_name("deepseek-v3"), model.from_name("deepseek-v3.2")
+    assert (v3.attention, v32.attention) == ("MLA", "DSA")
+    assert v3.attention_note() is None and v3.index_dims() is None
+    assert v32.index_dims() == "2048/64/128"  # index_topk, index_n_heads, index_head_dim of DeepSeek-V3.2
+    assert "top-2048 sparse attention with a 64-head indexer" in v32.attention_note()
+    assert v3.measurable and not v32.measurable  # tune paths runs the MLA kernels only
+    mla, dsa = CostModel(v3), CostModel(v32)
+    assert mla.strategies == ("per_request", "all_expand", "all_expand_chunked", "all_absorb")
+    assert dsa.strategies == ("per_request", "all_sparse_absorb", "all_masked_expand", "all_dense_expand")
+    assert (mla.restricted, dsa.restricted) == ((), ("dense_expand",))
+    assert (mla.windows, dsa.windows) == (False, True)
