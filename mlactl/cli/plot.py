@@ -1,7 +1,8 @@
-"""`mlactl plot`: the charts of mlactl.output.plot from the command line. Parse, call, save; no math here.
+"""`mlactl plot`: the charts of mlactl.output.plot from the command line. Parse, work out the chart's
+data (plot.X_data), draw it (plot.draw_X), save; no math here.
 
-matplotlib is imported only when a chart is drawn (inside mlactl.output.plot), so `mlactl --help` and
-`mlactl analyze` never load it.
+matplotlib is imported only when a chart is drawn (inside mlactl.output.plot's drawing functions), so
+`mlactl --help` and `mlactl analyze` never load it.
 """
 
 from __future__ import annotations
@@ -103,12 +104,13 @@ def chart_analyses(setup: Setup, batch, new, prefix, engines=None, calibrated_on
 
 
 def draw(chart: str, setup: Setup, shapes, output: Path, dpi: str, data: Optional[Path]) -> None:
-    """Analyse the shapes (by roofline, and calibrated with a calibration), draw `chart` of
-    mlactl.output.plot with the measurements, and write it (and its --data)."""
+    """Analyse the shapes (by roofline, and calibrated with a calibration), work out `chart` of
+    mlactl.output.plot with the measurements, draw it and write it (and its --data)."""
     b, n, p = shapes
     result, calibrated = chart_analyses(setup, b, n, p, spans=chart == "crossover")
-    fig, drawn = getattr(plot, chart)(result, checked_results(setup, result), calibrated=calibrated)
-    write(fig, output, dpi, chart, drawn, data, setup.notes)
+    chart_data = plot.CHARTS[chart][0]
+    drawn = chart_data(result, checked_results(setup, result), calibrated=calibrated)
+    write(chart, drawn, output, dpi, data, setup.notes)
 
 
 def checked_results(setup: Setup, result) -> list[dict]:
@@ -126,23 +128,21 @@ def measured_shapes(setup: Setup) -> tuple[list[int], list[int]]:
 
 
 def write(
-    fig,
+    chart: str,
+    drawn,
     output: Path,
     dpi: str,
-    chart: str = "",
-    drawn: Optional[dict] = None,
     data: Optional[Path] = None,
     notes: list[str] = (),  # type: ignore[assignment]
 ) -> None:
-
+    """Draw `drawn`, what plot.X_data worked out for `chart`, write the image, and its --data."""
+    fig = plot.CHARTS[chart][1](drawn)
     for note in notes:  # where the settings came from (a results file, a calibration)
         typer.echo(safe.text(note, 2000))
     plot.save(fig, output, dpi=one_int(dpi, "--dpi"))
     typer.echo(f"Wrote {safe.text(output)}")
     if data is not None:
-        if drawn is None:
-            raise MlactlError(f"the {chart} chart has no data to write to {data}")
-        chartdata.write(data, chart, drawn)
+        chartdata.write(data, chart, drawn.as_dict())
         typer.echo(f"Wrote {safe.text(data)}")
 
 
@@ -323,8 +323,8 @@ def pathmap(
     if engines is not None and len(engines) != 1:
         raise MlactlError(f"--policy takes one engine, got {policy!r}")
     result, _ = chart_analyses(setup, b, n, p, engines, calibrated_only=setup.calibration is not None)
-    fig, drawn = plot.pathmap(result, checked_results(setup, result), policy=policy)
-    write(fig, output, dpi, "pathmap", drawn, data, setup.notes)
+    drawn = plot.pathmap_data(result, checked_results(setup, result), policy=policy)
+    write("pathmap", drawn, output, dpi, data, setup.notes)
 
 
 @plot_app.command()
@@ -350,8 +350,7 @@ def tune(
     check_output(output, data)
     loaded = results_store.load(results)
     check_not_inputs(output, data)
-    fig, drawn = plot.tune(loaded, kernel=kernel, bucket=bucket)
-    write(fig, output, dpi, "tune", drawn, data)
+    write("tune", plot.tune_data(loaded, kernel=kernel, bucket=bucket), output, dpi, data)
 
 
 @plot_app.command(name="replay")
@@ -381,8 +380,7 @@ def replay_chart(
     if isinstance(found, dict) and "schema" not in found:
         _refuse_trace(report)
     plot.check_report(found, str(report))
-    fig, drawn = plot.replay(found)
-    write(fig, output, dpi, "replay", drawn, data)
+    write("replay", plot.replay_data(found), output, dpi, data)
 
 
 @plot_app.command(name="transfer")
@@ -408,12 +406,12 @@ def transfer_chart(
     """
 
     check_output(output)
-    fig = transfer_figure(calibration, system, framework, framework_version, data_dir)
+    drawn = transfer_chart_data(calibration, system, framework, framework_version, data_dir)
     check_not_inputs(output)
-    write(fig, output, dpi, "transfer")
+    write("transfer", drawn, output, dpi)
 
 
-def transfer_figure(calibration: str, system: str, framework: str, version: Optional[str], data_dir):
+def transfer_chart_data(calibration: str, system: str, framework: str, version: Optional[str], data_dir):
     cal = store.resolve(calibration)
     where = f"{system}/{framework}"
     if system not in run.SYSTEM_PROFILES:
@@ -424,8 +422,7 @@ def transfer_figure(calibration: str, system: str, framework: str, version: Opti
     title = f"calibration {cal.name}, predicted against {where}'s measurements" + (
         f"\ntransferred from {moved['from']['hardware']} to {cal.hardware}'s ceilings" if moved else ""
     )
-    fig, _ = plot.transfer(panels(cal, groups), title)
-    return fig
+    return plot.transfer_data(panels(cal, groups), title)
 
 
 # the first fields of a request trace, as `mlactl replay` reads one (Mooncake's JSON lines, a CSV)

@@ -1,14 +1,16 @@
-"""What the charts share: saving an image, checking and placing measured points, titles, labels
-and the measured ceilings. matplotlib is imported inside the functions that draw."""
+"""What the charts share: saving an image, checking and placing measured points, titles, labels,
+the measured ceilings, and what each path is drawn as. matplotlib is imported inside the functions
+that draw."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 from mlactl.decide.analysis import Analysis
-from mlactl.model.cost import CostModel
+from mlactl.model.cost import OPS, CostModel
 from mlactl.model.hardware import HardwareProfile, load_profile
 from mlactl.model.roofline import path_time
 from mlactl.results import store as results_store
@@ -30,6 +32,111 @@ PATH_COLOURS = {
     "masked_expand": "tab:orange",
     "dense_expand": "tab:green",
 }
+
+
+class ChartData:
+    """What a chart's data function returns (a frozen dataclass) shares: `as_dict`, the plain dict
+    `--data` writes and the chart functions return: the attributes named in DATA, in that order
+    (OPTIONAL ones left out where None), a nested ChartData or a sequence of them as its dict."""
+
+    DATA: ClassVar[tuple[str, ...]] = ()
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset()
+
+    def as_dict(self) -> dict:
+        out = {}
+        for key in self.DATA:
+            value = getattr(self, key)
+            if value is None and key in self.OPTIONAL:
+                continue
+            if isinstance(value, ChartData):
+                value = value.as_dict()
+            elif isinstance(value, (list, tuple)) and value and all(isinstance(v, ChartData) for v in value):
+                value = [v.as_dict() for v in value]
+            out[key] = value
+        return out
+
+
+# The words the charts use for each kind of path (the cost model names the paths, not their kinds):
+# the path map's colour bar reads "<absorb's> faster | <the others'> faster".
+KIND_WORDS = {
+    "absorb": "absorb",
+    "expand": "expand",
+    "expand_chunked": "expand",
+    "sparse_absorb": "sparse absorb",
+    "masked_expand": "masked or dense MHA",
+    "dense_expand": "masked or dense MHA",
+}
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The paths a model chooses between (cost.choices), by what they do: the one that absorbs
+    W_UK into the query (its ops hold q_absorb, mlactl.model.cost.OPS), and the ones that expand
+    the cache, in the cost model's order. The last expand path is drawn apart: dashed on the
+    crossover chart, a + on the path map (expand_chunked; a DSA model's dense_expand)."""
+
+    absorb: str
+    expand: tuple[str, ...]
+
+    @property
+    def marked(self) -> str:
+        return self.expand[-1]
+
+    def kind_words(self) -> tuple[str, str]:
+        """(absorb's word, the expand paths' words joined by "or")."""
+        others = " or ".join(dict.fromkeys(KIND_WORDS.get(p, p) for p in self.expand))
+        return KIND_WORDS.get(self.absorb, self.absorb), others
+
+
+def roles(cost: CostModel) -> Roles:
+    absorbing = [p for p in cost.choices if "q_absorb" in OPS[p]]
+    if len(absorbing) != 1:
+        raise MlactlError(f"the charts need one absorbing path among {', '.join(cost.choices)}")
+    return Roles(absorbing[0], tuple(p for p in cost.choices if p != absorbing[0]))
+
+
+# Where the crossover table (mlactl.decide.analysis) keeps each expand path's figure by time, and
+# its 80% interval where it has one: a number (the path wins from there on) or a Window (it wins
+# from its first count to its last).
+SOLVED_FIELDS = {
+    "expand": ("by_time", "by_time_interval"),
+    "expand_chunked": ("by_time_chunked", "by_time_chunked_interval"),
+    "masked_expand": ("masked_by_time", None),
+    "dense_expand": ("dense_by_time", None),
+}
+
+
+@dataclass(frozen=True)
+class Win:
+    """Where an expand path beats the absorbing one, by time: from `first` new tokens on, up to
+    `last` (None: no end, a crossover)."""
+
+    first: int
+    last: int | None = None
+
+
+def solved_win(row, path: str) -> Win | None:
+    """`path`'s win in a row of the crossover table (a CrossoverRow or a WindowRow); None where
+    it never wins, or where the row is None (not solved)."""
+    if row is None:
+        return None
+    value = getattr(row, SOLVED_FIELDS[path][0])
+    if value is None:
+        return None
+    return Win(value.first, value.last) if hasattr(value, "first") else Win(value)
+
+
+def solved_interval(row, path: str):
+    """The 80% interval of `path`'s crossover in a calibrated row, where the table has one."""
+    field = SOLVED_FIELDS[path][1]
+    return None if row is None or field is None else getattr(row, field)
+
+
+def solved_rows(analysis: Analysis) -> dict:
+    """The crossover table's rows by (batch, prefix): an MLA model's crossovers or a DSA model's
+    windows, whichever the analysis holds."""
+    found = analysis.crossover
+    return {(r.batch, r.prefix): r for r in (*found.rows, *found.windows)}
 
 
 # Dates left out of the files, so that a regenerated image is byte-for-byte the same.
@@ -230,10 +337,13 @@ def title(
     return "\n".join(lines)
 
 
-def new_figure(width: float, height: float, nrows: int = 1, ncols: int = 1):
-    from matplotlib.figure import Figure
+def new_figure(width: float, height: float, nrows: int = 1, ncols: int = 1, fig=None):
+    """A Figure of `width` x `height` inches with an nrows x ncols grid of axes; with `fig`, that
+    grid on the Figure given (its size and layout are the caller's)."""
+    if fig is None:
+        from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), layout="constrained")
+        fig = Figure(figsize=(width, height), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     return fig, axes
 

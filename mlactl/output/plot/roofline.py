@@ -1,14 +1,19 @@
 """The roofline chart: each path of each shape at its arithmetic intensity and attainable FLOP/s,
 under the ceilings of the profile (and those `mlactl tune ceilings` measured), measured points
-beside the predicted ones."""
+beside the predicted ones.
+
+`roofline_data` works out what the chart shows (roofs, ridge, points, labels, axis range) without
+matplotlib; `draw_roofline` draws it; `roofline` does both."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from mlactl.decide.analysis import Analysis
 from mlactl.output.plot.common import (
     PATH_COLOURS,
+    ChartData,
     ceilings,
     measured_points,
     new_figure,
@@ -22,6 +27,7 @@ MAX_LABELS = 12  # beyond this many measured points, label only each path's best
 
 
 MAX_ROOFLINE_SHAPES = 24  # more would bury the chart in labels
+PEAKS_APART = 1.6  # peaks' labels closer than this factor are stacked, 9 points apart
 
 
 def _labelled(measured: list[dict]) -> set[int]:
@@ -69,15 +75,87 @@ def _calibrated_points(calibrated: Analysis | None, paths) -> list[dict]:
     return out
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    """The roofs of one source of ceilings (the datasheet's, or a measurement's): one line per
+    distinct peak (dtypes that share it, bf16 and fp16, share the line), each min(peak,
+    bandwidth * intensity) across the axis, and the memory roof's label."""
+
+    label: str
+    rank: int  # 0: the first source (drawn black), then the others (red), each its own dash
+    lines: tuple  # (xs, ys) per distinct peak: the axis's left end, the ridge when inside, its right end
+    bandwidth_text: str  # "4.8 TB/s (nominal)"
+    bandwidth_at: tuple  # (x, y) on the memory roof, the right end of the label
+
+
+@dataclass(frozen=True)
+class PeakLabel:
+    """A compute roof's label at the right edge, `offset` points above its line."""
+
+    text: str  # "bf16/fp16 989 TFLOP/s, nominal"
+    peak: float
+    offset: float
+    rank: int  # the Ceiling's
+
+
+@dataclass(frozen=True)
+class RooflineChart(ChartData):
+    DATA = (
+        "title",
+        "dtype",
+        "ridge",
+        "ceilings",
+        "points",
+        "measured",
+        "analytic_only",
+        "calibrated",
+        "labelled",
+        "note",
+    )
+    OPTIONAL = frozenset({"note"})
+
+    title: str
+    dtype: str  # the compute dtype
+    ridge: dict  # {"intensity", "flops_per_s"}: where its memory and compute roofs meet
+    ceilings: list  # [{label, dtype, peak_flops, bandwidth, ridge}], as common.ceilings reads them
+    points: list  # [{path, op, batch, new, prefix, label, flops, bytes, intensity, flops_per_s}]
+    measured: list  # measured_points(...)
+    analytic_only: bool
+    calibrated: list  # [{path, intensity, flops_per_s, time_s, basis}]
+    paths: tuple  # the paths drawn, in the legend's order
+    roofs: tuple  # Ceiling, in the order drawn
+    peak_labels: tuple  # PeakLabel, lowest peak first
+    shapes: tuple  # the shapes' labels, one marker each, in order
+    numbers: dict  # measured point's index -> the number beside it ("1")
+    keys: tuple  # (text, path): what each number is, in the legend
+    note: str | None  # measured points above the roofline
+    xlim: tuple
+    ylim: tuple
+
+    @property
+    def labelled(self) -> list:
+        """The numbered measured points: "b=1 n=1 p=4K absorb"."""
+        return [self.measured[i]["label"] + " " + self.measured[i]["path"] for i in self.numbers]
+
+
 def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrated: Analysis | None = None):
-    """Log-log FLOP/s against FLOP/byte: the ceilings, the ridge of the compute dtype, each
-    path's analytic point (filled) and its attention op's (hollow) at every shape of the
-    analysis, and each measured path joined to its predicted point with its fraction of it.
+    """(fig, data): `roofline_data`, drawn, and what it holds as a dict.
 
     data: {"title", "dtype", "ridge": {"intensity", "flops_per_s"}, "ceilings": [{label, dtype,
     peak_flops, bandwidth, ridge}], "points": [{path, op, batch, new, prefix, label, flops,
-    bytes, intensity, flops_per_s}], "measured": measured_points(...), "analytic_only"}
+    bytes, intensity, flops_per_s}], "measured": measured_points(...), "analytic_only",
+    "calibrated", "labelled"} (and "note" when a measured point is above the roofline)
     """
+    chart = roofline_data(analysis, results, paths, calibrated)
+    return draw_roofline(chart), chart.as_dict()
+
+
+def roofline_data(
+    analysis: Analysis, results: list[dict] = (), paths=None, calibrated: Analysis | None = None
+) -> RooflineChart:
+    """Log-log FLOP/s against FLOP/byte: the ceilings, the ridge of the compute dtype, each
+    path's analytic point (filled) and its attention op's (hollow) at every shape of the
+    analysis, and each measured path joined to its predicted point with its fraction of it."""
     results = list(results)
     if len(analysis) == 0:
         raise MlactlError("no shapes to plot")
@@ -114,72 +192,121 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
                     }
                 )
     measured = measured_points(analysis, results)
-    data = {
-        "title": title("Roofline", analysis, results, calibrated, how="x marks"),
-        "dtype": dtype,
-        "ridge": {"intensity": hw.ridge(dtype), "flops_per_s": hw.peak_flops(dtype)},
-        "ceilings": lines,
-        "points": points,
-        "measured": measured,
-        "analytic_only": not results,
-        "calibrated": _calibrated_points(calibrated, paths),
-    }
-
-    fig, axes = new_figure(10, 7.5)
-    ax = axes[0, 0]
     xs = [pt["intensity"] for pt in points + measured] + [c["ridge"] for c in lines]
     lo, hi = min(xs) / 4, max(xs) * 12  # room on the right for the peaks' labels, clear of the points
-    styles = ["-", "--", "-.", ":"]
-    peak_labels = []  # (peak, text, colour), placed after the lines so that none overlaps another
+    roofs, peak_labels = [], []  # (peak, text, rank) of each compute roof, placed after the lines
     for k, label in enumerate(dict.fromkeys(c["label"] for c in lines)):
-        # one line per distinct peak; dtypes that share it (bf16 and fp16) share the line
         by_peak: dict[float, list[dict]] = {}
         for c in lines:
             if c["label"] == label:
                 by_peak.setdefault(c["peak_flops"], []).append(c)
-        colour = "black" if k == 0 else "tab:red"
+        drawn = []
         for peak, same in by_peak.items():
             bw, ridge = same[0]["bandwidth"], same[0]["ridge"]
             x = [lo, ridge, hi] if lo < ridge < hi else [lo, hi]
-            ax.plot(x, [min(peak, bw * v) for v in x], styles[k % len(styles)], color=colour, lw=1.2, alpha=0.8)
+            drawn.append((x, [min(peak, bw * v) for v in x]))
             names = "/".join(c["dtype"] for c in same)
-            peak_labels.append((peak, f"{names} {peak / 1e12:.4g} TFLOP/s, {label}", colour))
+            peak_labels.append((peak, f"{names} {peak / 1e12:.4g} TFLOP/s, {label}", k))
         text = f"{bw / 1e12:.3g} TB/s ({label})"
-        on_slope = _free_spot(lo, hi, hw.ridge(dtype), [pt["intensity"] for pt in points + measured], len(text))
         # above and left of a point of the slope, in a gap between the points: nothing is drawn above
         # the memory roof (no time beats it), and the roof falls to the left, so the label never
         # crosses it; measured roofs' labels stack above the nominal's
-        ax.annotate(
-            text,
-            (on_slope, bw * on_slope),
-            xytext=(-6, 4 + 10 * k),
-            textcoords="offset points",
-            ha="right",
-            va="bottom",
-            fontsize=7,
-            color=colour,
+        on_slope = _free_spot(lo, hi, hw.ridge(dtype), [pt["intensity"] for pt in points + measured], len(text))
+        roofs.append(Ceiling(label, k, tuple(drawn), text, (on_slope, bw * on_slope)))
+    labelled = sorted(set(_labelled(measured)) | {i for i, m in enumerate(measured) if m["above_ceiling"]})
+    numbers = {i: str(number) for number, i in enumerate(labelled, 1)}
+    keys = tuple(
+        (
+            f"{numbers[i]}: {measured[i]['label']} {measured[i]['path']}, {percent(measured[i]['fraction'])} of the "
+            "roofline" + (" (above the roofline!)" if measured[i]["above_ceiling"] else ""),
+            measured[i]["path"],
         )
-    # labels of peaks within a factor 1.6 of each other would overlap: stack them 9 points apart
+        for i in labelled
+    )
+    ys = [pt["flops_per_s"] for pt in points + measured] + [c["peak_flops"] for c in lines]
+    note = None
+    if any(m["above_ceiling"] for m in measured):
+        note = (
+            "measured points above the roofline: the ceilings they are placed against are too low "
+            "(measure them again: mlactl tune ceilings, without --quick)"
+        )
+    return RooflineChart(
+        title=title("Roofline", analysis, results, calibrated, how="x marks"),
+        dtype=dtype,
+        ridge={"intensity": hw.ridge(dtype), "flops_per_s": hw.peak_flops(dtype)},
+        ceilings=lines,
+        points=points,
+        measured=measured,
+        analytic_only=not results,
+        calibrated=_calibrated_points(calibrated, paths),
+        paths=tuple(paths),
+        roofs=tuple(roofs),
+        peak_labels=_stacked(peak_labels),
+        shapes=tuple(dict.fromkeys(pt["label"] for pt in points)),
+        numbers=numbers,
+        keys=keys,
+        note=note,
+        xlim=(lo, hi),
+        ylim=(min(ys) / 3, max(ys) * 2),
+    )
+
+
+def _stacked(peak_labels: list[tuple]) -> tuple:
+    """Each distinct text once (a profile's measurement and a results file's, alike to 4 digits),
+    lowest peak first, upwards from 6 points above its roof (clear of the markers on it); labels
+    of peaks within PEAKS_APART of each other would overlap: stacked 9 points apart."""
+    unique = {text: (peak, rank) for peak, text, rank in peak_labels}
     placed: list[tuple[float, float]] = []
-    # the same text (a profile's measurement and a results file's, alike to 4 digits) once
-    unique = {text: (peak, colour) for peak, text, colour in peak_labels}
-    for text, (peak, colour) in sorted(unique.items(), key=lambda x: x[1][0]):
-        # upwards from 6 points above the roof: clear of the markers that sit on it
-        near = [y for p, y in placed if peak / p < 1.6]
+    out = []
+    for text, (peak, rank) in sorted(unique.items(), key=lambda x: x[1][0]):
+        near = [y for p, y in placed if peak / p < PEAKS_APART]
         offset = max(near) + 9 if near else 6
         placed.append((peak, offset))
+        out.append(PeakLabel(text, peak, offset, rank))
+    return tuple(out)
+
+
+SHAPE_MARKERS = "osv^<>pPXh*8dH+x1234"
+ROOF_STYLES = ("-", "--", "-.", ":")
+
+
+def _rank_colour(rank: int) -> str:
+    return "black" if rank == 0 else "tab:red"
+
+
+def draw_roofline(chart: RooflineChart, fig=None):
+    """Draw `chart` (roofline_data) on `fig`, a new 10 x 7.5 inch Figure by default."""
+    from matplotlib.lines import Line2D
+
+    fig, axes = new_figure(10, 7.5, fig=fig)
+    ax = axes[0, 0]
+    for roof in chart.roofs:
+        colour = _rank_colour(roof.rank)
+        for x, y in roof.lines:
+            ax.plot(x, y, ROOF_STYLES[roof.rank % len(ROOF_STYLES)], color=colour, lw=1.2, alpha=0.8)
         ax.annotate(
-            text,
-            (hi, peak),
-            xytext=(-4, offset),
+            roof.bandwidth_text,
+            roof.bandwidth_at,
+            xytext=(-6, 4 + 10 * roof.rank),
             textcoords="offset points",
             ha="right",
             va="bottom",
             fontsize=7,
             color=colour,
+        )
+    for label in chart.peak_labels:
+        ax.annotate(
+            label.text,
+            (chart.xlim[1], label.peak),
+            xytext=(-4, label.offset),
+            textcoords="offset points",
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color=_rank_colour(label.rank),
             bbox={"boxstyle": "square,pad=0.05", "fc": "white", "ec": "none", "alpha": 0.75},
         )
-    ridge = data["ridge"]
+    ridge, dtype = chart.ridge, chart.dtype
     ax.plot([ridge["intensity"]], [ridge["flops_per_s"]], "D", color="black", ms=7)
     ax.axvline(ridge["intensity"], color="gray", lw=0.6, ls=":")
     ax.annotate(
@@ -192,11 +319,8 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
         va="top",
         fontsize=8,
     )
-
-    shape_markers = "osv^<>pPXh*8dH+x1234"
-    shapes = list(dict.fromkeys(pt["label"] for pt in points))
-    for pt in points:
-        marker = shape_markers[shapes.index(pt["label"]) % len(shape_markers)]
+    for pt in chart.points:
+        marker = SHAPE_MARKERS[chart.shapes.index(pt["label"]) % len(SHAPE_MARKERS)]
         colour = PATH_COLOURS[pt["path"]]
         small = pt["path"] == "expand_chunked"  # drawn inside expand's marker, which it nearly equals
         ax.plot(
@@ -208,17 +332,14 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
             mfc=colour if pt["op"] is None else "none",
             mew=1.2 if small else 1.6,
         )
-    labelled = sorted(set(_labelled(measured)) | {i for i, m in enumerate(measured) if m["above_ceiling"]})
-    keys: list[tuple[str, str]] = []  # the labelled points' numbers, next to the point; what they are, in the legend
-    for i, m in enumerate(measured):
+    for i, m in enumerate(chart.measured):
         colour = PATH_COLOURS.get(m["path"], "black")
         ax.plot([m["intensity"]] * 2, [m["predicted_flops_per_s"], m["flops_per_s"]], color=colour, lw=0.8)
         above = m["above_ceiling"]
         ax.plot(m["intensity"], m["flops_per_s"], "*", ms=11, color=colour, mec="red" if above else "black", mew=0.6)
-        if i in labelled:
-            number = str(len(keys) + 1)
+        if i in chart.numbers:
             ax.annotate(
-                number,
+                chart.numbers[i],
                 (m["intensity"], m["flops_per_s"]),
                 xytext=(5, 4),
                 textcoords="offset points",
@@ -226,22 +347,11 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
                 color=colour,
                 fontweight="bold",
             )
-            keys.append(
-                (
-                    f"{number}: {m['label']} {m['path']}, {percent(m['fraction'])} of the roofline"
-                    + (" (above the roofline!)" if above else ""),
-                    colour,
-                )
-            )
-    data["labelled"] = [measured[i]["label"] + " " + measured[i]["path"] for i in labelled]
-
-    for pt in data["calibrated"]:
+    for pt in chart.calibrated:
         marker = "x" if pt["basis"] == "measured" else "1"  # an op extrapolated or at roofline: a tripod
         ax.plot(pt["intensity"], pt["flops_per_s"], marker, ms=8, mew=1.6, color=PATH_COLOURS.get(pt["path"], "black"))
 
-    from matplotlib.lines import Line2D
-
-    legend = [Line2D([], [], ls="", marker="s", color=PATH_COLOURS[p], label=p) for p in paths]
+    legend = [Line2D([], [], ls="", marker="s", color=PATH_COLOURS[p], label=p) for p in chart.paths]
     legend += [
         Line2D([], [], ls="", marker="o", color="gray", mfc="gray", label="whole path"),
         Line2D([], [], ls="", marker="o", color="gray", mfc="none", label="attention op"),
@@ -249,37 +359,32 @@ def roofline(analysis: Analysis, results: list[dict] = (), paths=None, calibrate
         Line2D([], [], ls="", marker="D", ms=6, color="black", label=f"ridge ({dtype}): memory and compute bound meet"),
     ]
     legend += [
-        Line2D([], [], ls="", marker=shape_markers[k % len(shape_markers)], color="black", mfc="none", label=s)
-        for k, s in enumerate(shapes)
+        Line2D([], [], ls="", marker=SHAPE_MARKERS[k % len(SHAPE_MARKERS)], color="black", mfc="none", label=s)
+        for k, s in enumerate(chart.shapes)
     ]
-    if measured:
+    if chart.measured:
         legend.append(
             Line2D([], [], marker="*", ms=10, color="gray", mec="black", lw=0.8, label="measured, joined to predicted")
         )
-    if any(m["above_ceiling"] for m in measured):
+    if chart.note is not None:
         legend.append(
             Line2D(
                 [], [], ls="", marker="*", ms=10, color="gray", mec="red", label="above the roofline: ceilings too low"
             )
         )
-        data["note"] = (
-            "measured points above the roofline: the ceilings they are placed against are too low "
-            "(measure them again: mlactl tune ceilings, without --quick)"
-        )
-    if data["calibrated"]:
+    if chart.calibrated:
         legend.append(Line2D([], [], ls="", marker="x", color="gray", label="calibrated (whole path)"))
-        if any(pt["basis"] != "measured" for pt in data["calibrated"]):
+        if any(pt["basis"] != "measured" for pt in chart.calibrated):
             legend.append(Line2D([], [], ls="", marker="1", color="gray", label="calibrated, an op not measured"))
-    legend += [Line2D([], [], ls="", color=colour, label=text) for text, colour in keys]
+    legend += [Line2D([], [], ls="", color=PATH_COLOURS.get(path, "black"), label=text) for text, path in chart.keys]
     # below the axes, where no point or curve is: inside, it would sit on the measured points
     fig.legend(handles=legend, loc="outside lower center", fontsize=7, ncols=3 if len(legend) > 8 else 2)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ys = [pt["flops_per_s"] for pt in points + measured] + [c["peak_flops"] for c in lines]
-    ax.set_ylim(min(ys) / 3, max(ys) * 2)
+    ax.set_xlim(*chart.xlim)
+    ax.set_ylim(*chart.ylim)
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("FLOP/s")
     ax.grid(True, which="major", alpha=0.3)
-    fig.suptitle(data["title"], fontsize=9)
-    return fig, data
+    fig.suptitle(chart.title, fontsize=9)
+    return fig

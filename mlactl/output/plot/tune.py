@@ -1,11 +1,17 @@
 """The tune chart: every launch config a kernel sweep timed for one shape bucket, against the
-heuristic's choice and the twin."""
+heuristic's choice and the twin.
+
+`tune_data` reads what the chart shows (each config's time or failure, the best, the reference
+lines, the axis range) without matplotlib; `draw_tune` draws it; `tune` does both."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from mlactl.output.plot.common import (
+    ChartData,
     measured_label,
     median_of,
     new_figure,
@@ -20,15 +26,53 @@ def config_label(config: dict) -> str:
     return safe.mathtext(", ".join(f"{k}={v}" for k, v in config.items()), 400) or "(default)"
 
 
+@dataclass(frozen=True)
+class TuneChart(ChartData):
+    DATA = ("title", "kernel", "bucket", "configs", "best", "best_median_s", "default_median_s", "twin_median_s")
+    DATA += ("default_faster", "warning")
+
+    title: str
+    kernel: str | None
+    bucket: str | None
+    configs: list  # [{label, config, status, reason, median_s}], top to bottom
+    best_index: int | None  # in configs, of the best config (None: none ran)
+    default_median_s: float | None
+    twin_median_s: float | None
+    default_faster: bool  # the launcher's default beat every config tried
+    warning: str | None  # interpreter times
+    left: float  # the bars' left end (seconds): half the fastest time
+    xlim: tuple
+
+    @property
+    def best(self) -> str | None:
+        """The best config's label."""
+        return None if self.best_index is None else self.configs[self.best_index]["label"]
+
+    @property
+    def best_median_s(self) -> float | None:
+        return None if self.best_index is None else self.configs[self.best_index]["median_s"]
+
+    @property
+    def best_word(self) -> str:
+        return "  best tried: default faster" if self.default_faster else "  best"
+
+
 def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
+    """(fig, data): `tune_data`, drawn, and what it holds as a dict.
+
+    data: {"title", "kernel", "bucket", "configs": [{"label", "config", "status", "reason",
+    "median_s"}], "best": label, "best_median_s", "default_median_s", "twin_median_s",
+    "default_faster", "warning"}
+    """
+    chart = tune_data(data, kernel, bucket)
+    return draw_tune(chart), chart.as_dict()
+
+
+def tune_data(data: dict, kernel: str | None = None, bucket: str | None = None) -> TuneChart:
     """One tuned shape of a results file: the median time of every launch config tried, failed
     and wrong ones shown as such, the best one marked; the default config and the torch twin as
     reference lines when measured. The sweep is the first of `kernel` (any kernel if None) and
-    `bucket` (the first if None).
-
-    data: {"title", "kernel", "bucket", "configs": [{"label", "config", "status", "reason",
-    "median_s"}], "best": label, "best_median_s", "default_median_s", "twin_median_s"}
-    """
+    `bucket` (the first if None)."""
 
     sweeps = data.get("kernels", [])
     device = data["device"]["name"]
@@ -58,7 +102,7 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
                 "median_s": median,
             }
         )
-    ok = [c for c in configs if c["status"] == "ok"]
+    ok = [i for i, c in enumerate(configs) if c["status"] == "ok"]
     if not configs:
         backend = data.get("backend")
         why = (
@@ -71,36 +115,46 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
         raise MlactlError(f"the sweep of {sweep.get('kernel')} at {sweep.get('bucket')} tried no configs: {why}")
     best = None
     if ok:
-        chosen = [c for c in ok if c["config"] == sweep.get("best")]
-        best = (chosen or [min(ok, key=lambda c: c["median_s"])])[0]
-    out = {
-        "title": (
-            f"Tune: {safe.mathtext(sweep.get('kernel'))} at {safe.mathtext(sweep.get('bucket'))}\n"
-            f"measured: {measured_label(data)}, model {safe.mathtext(data['model'].get('name'))}, "
-            f"kv cache {safe.mathtext(data.get('kv_dtype', '?'))}"
-        ),
-        "kernel": sweep.get("kernel"),
-        "bucket": sweep.get("bucket"),
-        "configs": configs,
-        "best": None if best is None else best["label"],
-        "best_median_s": None if best is None else best["median_s"],
-        "default_median_s": sweep.get("default_median_s"),
-        "twin_median_s": sweep.get("twin_median_s"),
-    }
+        chosen = [i for i in ok if configs[i]["config"] == sweep.get("best")]
+        best = (chosen or [min(ok, key=lambda i: configs[i]["median_s"])])[0]
+    default, twin = sweep.get("default_median_s"), sweep.get("twin_median_s")
     # The launcher's default config is timed apart from the space searched; when it beats every
     # config tried, the sweep's "best" is only the best of those, and the chart must say so (the
     # docs' interpreter sweep: 6 configs of BLOCK_N 16 at ~60 ms before the budget cut it, the
     # default with wider tiles at 30.7 ms, with p10-p90 spreads of 5%: not noise).
-    default = out["default_median_s"]
-    out["default_faster"] = bool(best is not None and default and default < best["median_s"])
-    best_word = "  best tried: default faster" if out["default_faster"] else "  best"
+    default_faster = bool(best is not None and default and default < configs[best]["median_s"])
+    times = [configs[i]["median_s"] for i in ok] + [t for t in (default, twin) if t]
+    left = min(times) / 2 if times else 1e-6
+    warning = None
+    if data.get("backend") == "interpret":  # Triton's CPU interpreter: its times rank nothing a GPU runs
+        warning = "interpreter times (Triton on the CPU): they say nothing of a GPU's speed or which config wins there"
+    return TuneChart(
+        title=(
+            f"Tune: {safe.mathtext(sweep.get('kernel'))} at {safe.mathtext(sweep.get('bucket'))}\n"
+            f"measured: {measured_label(data)}, model {safe.mathtext(data['model'].get('name'))}, "
+            f"kv cache {safe.mathtext(data.get('kv_dtype', '?'))}"
+        ),
+        kernel=sweep.get("kernel"),
+        bucket=sweep.get("bucket"),
+        configs=configs,
+        best_index=best,
+        default_median_s=default,
+        twin_median_s=twin,
+        default_faster=default_faster,
+        warning=warning,
+        left=left,
+        # room right of the longest bar for its label ("59.7ms  best tried: default faster")
+        xlim=(left / 1.2, max(times or [left]) * (40 if default_faster else 4)),
+    )
 
-    fig, axes = new_figure(9, 1.6 + 0.28 * len(configs))
+
+def draw_tune(chart: TuneChart, fig=None):
+    """Draw `chart` (tune_data) on `fig`, a new Figure a row per config by default."""
+    configs, left = chart.configs, chart.left
+    fig, axes = new_figure(9, 1.6 + 0.28 * len(configs), fig=fig)
     ax = axes[0, 0]
     ys = np.arange(len(configs))[::-1]
-    times = [c["median_s"] for c in ok] + [t for t in (out["default_median_s"], out["twin_median_s"]) if t]
-    left = min(times) / 2 if times else 1e-6
-    for yy, c in zip(ys, configs):
+    for k, (yy, c) in enumerate(zip(ys, configs)):
         if c["status"] != "ok":
             ax.plot(left, yy, "x", color="tab:red", ms=8, mew=2)
             ax.annotate(
@@ -113,7 +167,7 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
                 color="tab:red",
             )
             continue
-        is_best = c is best
+        is_best = k == chart.best_index
         ax.hlines(yy, left, c["median_s"], color="tab:green" if is_best else "tab:blue", lw=5 if is_best else 3)
         ax.plot(
             c["median_s"],
@@ -124,19 +178,22 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
             mec="black" if is_best else None,
         )
         ax.annotate(
-            seconds(c["median_s"]) + (best_word if is_best else ""),
+            seconds(c["median_s"]) + (chart.best_word if is_best else ""),
             (c["median_s"], yy),
             xytext=(8, 0),
             textcoords="offset points",
             va="center",
             fontsize=7,
         )
-    for key, label, style in (("default_median_s", "default config", "--"), ("twin_median_s", "torch twin", ":")):
-        if out[key]:
-            ax.axvline(out[key], color="gray", ls=style, lw=1.2)
+    for value, label, style in (
+        (chart.default_median_s, "default config", "--"),
+        (chart.twin_median_s, "torch twin", ":"),
+    ):
+        if value:
+            ax.axvline(value, color="gray", ls=style, lw=1.2)
             ax.annotate(
-                f"{label} {seconds(out[key])}",
-                (out[key], 1.0),
+                f"{label} {seconds(value)}",
+                (value, 1.0),
                 xycoords=("data", "axes fraction"),
                 xytext=(3, -10),
                 textcoords="offset points",
@@ -145,18 +202,13 @@ def tune(data: dict, kernel: str | None = None, bucket: str | None = None):
             )
     ax.set_yticks(ys, labels=[c["label"] for c in configs], fontsize=7)
     ax.set_xscale("log")
-    # room right of the longest bar for its label ("59.7ms  best tried: default faster")
-    ax.set_xlim(left / 1.2, max(times or [left]) * (40 if out["default_faster"] else 4))
+    ax.set_xlim(*chart.xlim)
     ax.set_ylim(-0.7, len(configs) - 0.3)
     ax.set_xlabel("median time (s)")
     ax.grid(True, axis="x", which="major", alpha=0.3)
-    out["warning"] = None
-    if data.get("backend") == "interpret":  # Triton's CPU interpreter: its times rank nothing a GPU runs
-        out["warning"] = (
-            "interpreter times (Triton on the CPU): they say nothing of a GPU's speed or which config wins there"
-        )
+    if chart.warning is not None:
         ax.text(0.5, 0.5, "interpreter times:\nnot a GPU's", transform=ax.transAxes, ha="center", va="center",
                 fontsize=20, color="tab:red", alpha=0.25, rotation=20)  # fmt: skip
-        ax.set_title(out["warning"], fontsize=8, color="tab:red")
-    fig.suptitle(out["title"], fontsize=9)
-    return fig, out
+        ax.set_title(chart.warning, fontsize=8, color="tab:red")
+    fig.suptitle(chart.title, fontsize=9)
+    return fig
