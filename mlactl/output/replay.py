@@ -24,6 +24,7 @@ not finite (a step where no path fits) is null.
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import numpy as np
 from rich.table import Table
@@ -144,7 +145,7 @@ def paths_table(result: Replay) -> Table:
     for e in result.engines:
         cells = []
         for p in paths:
-            cells += [f"{100 * e.paths[p]['steps']:.1f}%", f"{100 * e.paths[p]['tokens']:.1f}%"]
+            cells += [f"{100 * e.paths[p].steps:.1f}%", f"{100 * e.paths[p].tokens:.1f}%"]
         t.add_row(e.engine.label, *cells)
     return t
 
@@ -154,15 +155,15 @@ def types_table(result: Replay) -> Table:
     for col in ("engine", "step type", "steps", "attention", "lost", "of its loss", "tokens by path"):
         t.add_column(col, justify="left" if col in ("engine", "step type", "tokens by path") else "right")
     for e in result.engines:
-        for row in sorted(e.by_type, key=lambda r: -r["lost_s"]):
-            mix = ", ".join(f"{SHORT.get(p, p)} {100 * v:.0f}%" for p, v in row["paths"].items() if v >= 0.005)
+        for row in sorted(e.by_type, key=lambda r: -r.lost_s):
+            mix = ", ".join(f"{SHORT.get(p, p)} {100 * v:.0f}%" for p, v in row.paths.items() if v >= 0.005)
             t.add_row(
                 e.engine.label,
-                row["type"],
-                f"{row['steps']:,}",
-                _time(row["time_s"]),
-                _time(row["lost_s"]),
-                _pct(row["lost_s"], e.lost_s),
+                row.type,
+                f"{row.steps:,}",
+                _time(row.time_s),
+                _time(row.lost_s),
+                _pct(row.lost_s, e.lost_s),
                 mix,
             )
     return t
@@ -177,15 +178,15 @@ def serving_table(result: Replay) -> Table:
     for col in cols + ("end to end p50", "p99"):
         t.add_column(col, justify="left" if col == "engine" else "right", no_wrap=True)
     for e in result.engines:
-        ft, ee = e.latency["first_token"], e.latency["end_to_end"]
+        ft, ee = e.latency.first_token, e.latency.end_to_end
         t.add_row(
             e.engine.label,
             _time(e.end_s - e.start_s),
             _time(e.gpu_time_s),
             _pct(e.step_time_s, e.end_s - e.start_s),
-            f"{100 * e.cache['hit_rate']:.1f}%",
-            f"{e.cache.get('preempted', 0):,}",
-            *(_time(v) if v is not None else "—" for v in (ft["p50"], ft["p99"], ee["p50"], ee["p99"])),
+            f"{100 * e.cache.hit_rate:.1f}%",
+            f"{e.cache.preempted:,}",
+            *(_time(v) if v is not None else "—" for v in (ft.p50, ft.p99, ee.p50, ee.p99)),
         )
     return t
 
@@ -213,8 +214,8 @@ def tables(result: Replay) -> list:
     if first is not None:
         tk = first.tokens
         out.append(
-            f"tokens ({first.engine.label}): {tk['prefill_computed']:,} prompt tokens computed, "
-            f"{tk['prefill_cached']:,} found cached, {tk['decode']:,} decoded"
+            f"tokens ({first.engine.label}): {tk.prefill_computed:,} prompt tokens computed, "
+            f"{tk.prefill_cached:,} found cached, {tk.decode:,} decoded"
         )
     out.append(serving_table(result))
     out += engine_lines([e.engine for e in result.engines])
@@ -279,12 +280,12 @@ def engine_json(e: EngineReplay) -> dict:
             "saves": s.saves,
             "curve": [{"threshold": t, "time_s": v} for t, v in s.curve],
         },
-        "tokens": e.tokens,
-        "paths": e.paths,
-        "by_step_type": e.by_type,
-        "timeline": e.timeline,
-        "latency_s": e.latency,
-        "cache": e.cache,
+        "tokens": asdict(e.tokens),
+        "paths": {p: asdict(share) for p, share in e.paths.items()},
+        "by_step_type": [asdict(row) for row in e.by_type],
+        "timeline": asdict(e.timeline),
+        "latency_s": asdict(e.latency),
+        "cache": asdict(e.cache),
         "scheduler": None if e.scheduler is None else e.scheduler.to_json(),
     }
 
@@ -298,7 +299,7 @@ def to_json(result: Replay) -> dict:
         "schema_version": SCHEMA_VERSION,
         "mlactl_version": __version__,
         "requests": len(t),
-        "tokens": None if first is None else first.tokens,
+        "tokens": None if first is None else asdict(first.tokens),
         "tokens_engine": None if first is None else first.engine.label,
         "trace": {
             "path": t.path,

@@ -63,6 +63,70 @@ class ReplaySettings:
     engine_settings: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Tokens:
+    """The trace's tokens as one engine ran it: prompt tokens computed, found cached, decoded."""
+
+    prefill_computed: int
+    prefill_cached: int
+    decode: int
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float | None  # None: no request has the figure
+    p90: float | None
+    p99: float | None
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Seconds from each request's arrival: until admitted, to its first token, to its end."""
+
+    queue: Percentiles
+    first_token: Percentiles
+    end_to_end: Percentiles
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    hit_rate: float  # share of prompt tokens found cached
+    blocks_evicted: int
+    preempted: int  # vLLM's preemptions, SGLang's retractions
+    recomputed_tokens: int  # computed again after them
+    page: int  # the engine's page (block) in tokens
+
+
+@dataclass(frozen=True)
+class PathShare:
+    steps: float  # share of the steps that run the path
+    tokens: float  # share of the new tokens on it
+
+
+@dataclass(frozen=True)
+class StepType:
+    """One type of step (decode, prefill, mixed, ...): its steps, tokens, attention under the rule
+    and the best, and each path's share of its new tokens."""
+
+    type: str
+    steps: int
+    tokens: int
+    time_s: float
+    best_s: float
+    lost_s: float
+    paths: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Bins of trace time (`edges_s`, one more than bins): attention, best and lost per bin."""
+
+    edges_s: list[float]
+    time_s: list[float]
+    best_s: list[float]
+    lost_s: list[float]
+
+
 @dataclass
 class EngineReplay:
     engine: rules.Engine
@@ -76,13 +140,13 @@ class EngineReplay:
     best_s: float  # per step the least of those two and of the rule's
     lost_step_s: float  # what the rule loses against the best path per step, step by step (>= 0)
     lost_request_s: float  # ... against each request on its own best path
-    tokens: dict[str, int]
-    paths: dict[str, dict[str, float]]  # path -> share of steps using it, share of new tokens on it
-    by_type: list[dict]
+    tokens: Tokens
+    paths: dict[str, PathShare]
+    by_type: list[StepType]
     sweep: Sweep | None
-    timeline: dict  # bins of trace time: edges, attention, best, lost
-    latency: dict  # seconds: time to first token, end to end; p50, p90, p99
-    cache: dict  # hit rate, segments evicted, the page
+    timeline: Timeline
+    latency: Latency
+    cache: CacheUse
     per_step: dict | None = field(repr=False)  # [steps] arrays, for the CSV (replay(keep_steps=True))
     # calibrated: the 80% interval of each total (time, best, lost, lost_step, lost_request), or None
     intervals: dict | None = None
@@ -242,9 +306,8 @@ class _Job:
         e, s, sh = self.engines[k], self.settings, self.schedulers[k]
         pool, settings = pool_and_settings(sh, self.pool_tokens, s.prefix_cache)
         sched = scheduler_for(e)(self.trace, e, pool, self.clocks[k], settings).run()
-        out = _price(self.trace, self.cost, self.hw, self.calibration, e, sched, s, self.keep_steps)
+        out = _price(self.trace, self.cost, self.hw, self.calibration, e, sched, s, self.keep_steps, sh.page)
         out.scheduler = sh
-        out.cache["page"] = sh.page
         return out
 
 
@@ -315,7 +378,15 @@ class _Totals:
 
 
 def _price(
-    trace: Trace, cost, hw, calibration, e: rules.Engine, sched: Schedule, s: ReplaySettings, keep_steps: bool = False
+    trace: Trace,
+    cost,
+    hw,
+    calibration,
+    e: rules.Engine,
+    sched: Schedule,
+    s: ReplaySettings,
+    keep_steps: bool = False,
+    page: int = REPLAY_BLOCK,
 ) -> EngineReplay:
     """Price an engine's schedule a block of steps at a time, adding up as it goes: what every
     step took is kept only with `keep_steps` (for the per-step CSV)."""
@@ -413,37 +484,33 @@ def _price(
         lost_request_s=float(acc.lost_request),
         tokens=_tokens(trace, sched),
         paths={
-            p: {
-                "steps": float(acc.path_steps[k] / n) if n else 0.0,
-                "tokens": float(acc.path_tokens[k] / total_tokens) if total_tokens else 0.0,
-            }
+            p: PathShare(
+                float(acc.path_steps[k] / n) if n else 0.0,
+                float(acc.path_tokens[k] / total_tokens) if total_tokens else 0.0,
+            )
             for k, p in enumerate(paths)
         },
         by_type=_by_type(acc, paths),
         sweep=_sweep(e, acc.sweep_base, sweep_parts) if e.threshold is not None else None,
-        timeline={
-            "edges_s": edges.tolist() if n else [],
-            "time_s": acc.bin_time.tolist() if n else [],
-            "best_s": acc.bin_best.tolist() if n else [],
-            "lost_s": (acc.bin_time - acc.bin_best).tolist() if n else [],
-        },
+        timeline=Timeline(
+            edges.tolist() if n else [],
+            acc.bin_time.tolist() if n else [],
+            acc.bin_best.tolist() if n else [],
+            (acc.bin_time - acc.bin_best).tolist() if n else [],
+        ),
         latency=_latency(trace, sched),
-        cache=_cache(trace, sched),
+        cache=_cache(trace, sched, page),
         per_step=per_step,
         intervals=None if drawer is None else drawer.totals.intervals(points),
     )
 
 
-def _tokens(trace: Trace, sched: Schedule) -> dict[str, int]:
+def _tokens(trace: Trace, sched: Schedule) -> Tokens:
     cached = int(sched.cached.sum())
-    return {
-        "prefill_computed": int(trace.input.sum()) - cached,
-        "prefill_cached": cached,
-        "decode": int((trace.output - 1).sum()),
-    }
+    return Tokens(int(trace.input.sum()) - cached, cached, int((trace.output - 1).sum()))
 
 
-def _by_type(acc: _Totals, paths) -> list[dict]:
+def _by_type(acc: _Totals, paths) -> list[StepType]:
     out = []
     for k, name in enumerate(STEP_TYPES):
         steps = int(acc.type_steps[k])
@@ -451,15 +518,15 @@ def _by_type(acc: _Totals, paths) -> list[dict]:
             continue
         toks = float(acc.type_tokens[k].sum())
         out.append(
-            {
-                "type": name,
-                "steps": steps,
-                "tokens": int(toks),
-                "time_s": float(acc.type_time[k]),
-                "best_s": float(acc.type_best[k]),
-                "lost_s": float(acc.type_time[k] - acc.type_best[k]),
-                "paths": {p: float(acc.type_tokens[k, j] / toks) if toks else 0.0 for j, p in enumerate(paths)},
-            }
+            StepType(
+                name,
+                steps,
+                int(toks),
+                float(acc.type_time[k]),
+                float(acc.type_best[k]),
+                float(acc.type_time[k] - acc.type_best[k]),
+                {p: float(acc.type_tokens[k, j] / toks) if toks else 0.0 for j, p in enumerate(paths)},
+            )
         )
     return out
 
@@ -518,27 +585,23 @@ def _sweep(e: rules.Engine, constant: float, parts) -> Sweep:
     )
 
 
-def _percentiles(x: np.ndarray) -> dict:
+def _percentiles(x: np.ndarray) -> Percentiles:
     x = x[np.isfinite(x)]
     if not len(x):
-        return {"p50": None, "p90": None, "p99": None}
+        return Percentiles(None, None, None)
     p = np.percentile(x, [50, 90, 99])
-    return {"p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2])}
+    return Percentiles(float(p[0]), float(p[1]), float(p[2]))
 
 
-def _latency(trace: Trace, sched: Schedule) -> dict:
-    return {
-        "queue": _percentiles(sched.admitted - trace.arrival),
-        "first_token": _percentiles(sched.first_token - trace.arrival),
-        "end_to_end": _percentiles(sched.finished - trace.arrival),
-    }
+def _latency(trace: Trace, sched: Schedule) -> Latency:
+    return Latency(
+        _percentiles(sched.admitted - trace.arrival),
+        _percentiles(sched.first_token - trace.arrival),
+        _percentiles(sched.finished - trace.arrival),
+    )
 
 
-def _cache(trace: Trace, sched: Schedule) -> dict:
+def _cache(trace: Trace, sched: Schedule, page: int) -> CacheUse:
     total = float(trace.input.sum())
-    return {
-        "hit_rate": float(sched.cached.sum() / total) if total else 0.0,
-        "blocks_evicted": int(sched.evicted),
-        "preempted": int(sched.preempted),  # vLLM's preemptions, SGLang's retractions
-        "recomputed_tokens": int(sched.recomputed),  # computed again after them
-    }
+    hit_rate = float(sched.cached.sum() / total) if total else 0.0
+    return CacheUse(hit_rate, int(sched.evicted), int(sched.preempted), int(sched.recomputed), page)
