@@ -27,6 +27,11 @@ from mlactl.output import plot
 from mlactl.output.plot.common import roles
 from mlactl.output.plot.crossover import Marker
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 H, R, DR, DC, DV = 128, 512, 64, 128, 128
 A = 2  # bytes of a bf16 value
 EXPAND_PAIR = 2 * H * (DC + DR) + 2 * H * DV  # 81,920 FLOPs per (query, key) pair
