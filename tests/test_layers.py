@@ -122,8 +122,9 @@ def test_the_layer_list_is_the_contract():
 def test_imports_inside_functions_are_of_heavy_modules_only():
     files = module_files()
     heavy = heavy_modules(files)
-    assert {"mlactl.kernels.decode", "mlactl.tune.inputs"} <= heavy  # torch and triton at their top
-    assert not heavy & {"mlactl.decide.analysis", "mlactl.cli.analyze", "mlactl.output.plot"}
+    assert "mlactl.kernels.decode" in heavy  # torch and triton at its top
+    # tune's inputs load torch where inputs are made, so the tuner's other modules import them at their top
+    assert not heavy & {"mlactl.decide.analysis", "mlactl.cli.analyze", "mlactl.output.plot", "mlactl.tune.inputs"}
     broken = {}
     for name, path in files.items():
         found = deferred_imports(path.read_text(), name, path.name == "__init__.py", files, heavy)
