@@ -4,6 +4,7 @@ line, raised before anything is launched (a wrong shape must never become an ill
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import torch
 
@@ -43,6 +44,26 @@ def check_tensor(name: str, t, ndim: int, dtypes=None, contiguous: bool = True) 
         raise ValueError(f"{name} has dtype {torch_name(t.dtype)}; expected one of {allowed}")
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+
+
+def latent_cache(kv_cache):
+    """A paged latent cache given as [blocks, page, 1, row] (one MQA head) as [blocks, page, row];
+    any other head count is an error. Anything else is returned as given, for check_tensor."""
+    if isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 4:
+        if kv_cache.shape[2] != 1:
+            raise ValueError(
+                f"kv_cache has {kv_cache.shape[2]} heads (shape {tuple(kv_cache.shape)}); the latent cache is "
+                "shared by all H query heads, so it must have 1 (MQA)"
+            )
+        kv_cache = kv_cache.squeeze(2)
+    return kv_cache
+
+
+def check_unit_stride(**tensors) -> None:
+    """Each tensor contiguous in its last dimension (the kernels' row loads assume it)."""
+    for name, t in tensors.items():
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (stride {t.stride(-1)})")
 
 
 def check_dim(name: str, t, dim: int, expected: int, what: str) -> None:
@@ -130,3 +151,16 @@ def out_and_lse(q, out, r: int, empty):
                 f"got {tuple(out.shape)} on {out.device}"
             )
     return out, empty((B, S_q, H), torch.float32, device)
+
+
+INTERPRETER_SMS = 8  # stand-in SM count under TRITON_INTERPRET=1 (only shapes the heuristic)
+
+
+@lru_cache(maxsize=16)
+def device_info(device: torch.device) -> tuple[str, int]:
+    """(name, SM count) of the device a launch runs on: what tuned-config lookups and the
+    split heuristics key on; on the CPU interpreter ("cpu", INTERPRETER_SMS)."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return torch.cuda.get_device_name(device), props.multi_processor_count
+    return "cpu", INTERPRETER_SMS

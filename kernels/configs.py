@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -157,3 +158,30 @@ def check_config(
         if key in flags and (not isinstance(value, int) or value not in (0, 1)):
             raise ValueError(f"{source}[{key!r}] must be 0 or 1, got {value!r}")
     return config
+
+
+def choose(kernel: str, cfg: dict, config, check, device_name: str, dtype_name: str, num_splits, **bucket) -> dict:
+    """Overlay on `cfg` (the launcher's heuristic config, updated in place) the caller's `config`,
+    or without one the tuned config of the bucket, then `num_splits` when given; return the
+    overlay taken (config, tuned, or {}). `check(config, what)` raises ValueError on a bad one:
+    the caller's config or split count is an error, a tuned config that fails is warned about and
+    ignored, like a malformed file (a launch never fails over a tuned file)."""
+    tuned = None
+    if config is None:
+        tuned = lookup(kernel, device_name, dtype_name, **bucket)
+        if tuned is not None:
+            try:
+                check(tuned, "tuned config")
+            except ValueError as exc:
+                warnings.warn(f"{kernel}: ignoring {exc}", stacklevel=3)  # at the launcher's caller
+                tuned = None
+    else:
+        if not isinstance(config, dict):
+            raise ValueError(f"config must be a dict, got {type(config).__name__}")
+        check(config, "config")
+    chosen = config or tuned or {}
+    cfg.update(chosen)
+    if num_splits is not None:
+        check({"num_splits": num_splits}, "num_splits")
+        cfg["num_splits"] = num_splits
+    return chosen

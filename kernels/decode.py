@@ -40,7 +40,6 @@ warpgroup computes its half of the keys once (docs/kernels.md, "Split score").
 from __future__ import annotations
 
 import warnings
-from functools import lru_cache
 
 import torch
 import triton
@@ -55,7 +54,10 @@ from ._checks import (
     check_dim,
     check_scale,
     check_tensor,
+    check_unit_stride,
+    device_info,
     interpreting,
+    latent_cache,
     latent_rank,
     out_and_lse,
 )
@@ -114,7 +116,6 @@ USE_TMA = True  # TMA descriptor loads for page-aligned tiles of TMA_MIN_BLOCK_H
 TMA_MIN_BLOCK_H = 64  # sm_90 compile: at 64 rows (wgmma) TMA frees the cp.async address registers,
 # 32 keys per tile then spill 0 B (252 registers) where pointer loads spill 40 B; at 16 and 32
 # rows (mma.sync) TMA spills 500-3200 B where pointer loads spill none
-INTERPRETER_SMS = 8  # stand-in SM count under TRITON_INTERPRET=1 (only shapes the heuristic)
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2: exp2 is one MUFU op
 LN2 = tl.constexpr(0.6931471805599453)  # lse is returned in natural log
@@ -395,6 +396,25 @@ def _merge_rows(acc, w_sum, m_use):
     return b_o, b_lse
 
 
+@triton.jit
+def merge_splits(p_lse, p_o, num_splits, stride_q_split, stride_p_split, R: tl.constexpr):
+    """The LSE-weighted merge of one row's `num_splits` partial outputs (mla_decode's and
+    mla_sparse_decode's second stage): p_lse points at its first split's natural-log LSE, p_o at
+    its first [R] output; returns (output [R] fp32, LSE)."""
+    o_r = tl.arange(0, R)
+    m = tl.full([], -float("inf"), dtype=tl.float32)
+    for k in range(num_splits):
+        m = tl.maximum(m, tl.load(p_lse + k * stride_q_split))
+    m_use = tl.where(m == -float("inf"), 0.0, m)  # every split empty: all weights 0, no NaN
+    w_sum = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([R], dtype=tl.float32)
+    for k in range(num_splits):
+        w_k = tl.exp2((tl.load(p_lse + k * stride_q_split) - m_use) * LOG2E)
+        w_sum += w_k
+        acc += w_k * tl.load(p_o + k * stride_p_split + o_r)  # [R]; an empty split wrote zeros
+    return _merge_rows(acc, w_sum, m_use)
+
+
 # ints that change with the batch (block-table width, split count and the strides that follow
 # it) are not specialised on: a new batch shape reuses the compiled kernel (tests/test_decode.py
 # counts Triton's cache keys across batches)
@@ -656,20 +676,8 @@ def _mla_decode_merge_kernel(
     o_r = tl.arange(0, R)
 
     p_lse = lse_part + pid_b * stride_qb + i_s * stride_qs + i_h * stride_qh
-    m = tl.full([], -float("inf"), dtype=tl.float32)
-    for k in range(num_splits):
-        m = tl.maximum(m, tl.load(p_lse + k * stride_q_split))
-    m_use = tl.where(m == -float("inf"), 0.0, m)  # every split empty: all weights 0, no NaN
-
     p_o = o_part + pid_b * stride_pb + i_s * stride_ps + i_h * stride_ph
-    w_sum = tl.zeros([], dtype=tl.float32)
-    acc = tl.zeros([R], dtype=tl.float32)
-    for k in range(num_splits):
-        w_k = tl.exp2((tl.load(p_lse + k * stride_q_split) - m_use) * LOG2E)
-        w_sum += w_k
-        acc += w_k * tl.load(p_o + k * stride_p_split + o_r)  # [R]; an empty split wrote zeros
-
-    b_o, b_lse_out = _merge_rows(acc, w_sum, m_use)
+    b_o, b_lse_out = merge_splits(p_lse, p_o, num_splits, stride_q_split, stride_p_split, R)
     p_out = o + pid_b * stride_ob + i_s * stride_os + i_h * stride_oh
     tl.store(p_out + o_r, b_o.to(o.dtype.element_ty))
     tl.store(lse + pid_b * stride_lb + i_s * stride_ls + i_h * stride_lh, b_lse_out)
@@ -682,14 +690,6 @@ def _empty(shape, dtype, device):
 
 def _is_pow2_at_least(x, low):
     return isinstance(x, int) and not isinstance(x, bool) and x >= low and x & (x - 1) == 0
-
-
-@lru_cache(maxsize=16)
-def _device_info(device: torch.device) -> tuple[str, int]:
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return torch.cuda.get_device_name(device), props.multi_processor_count
-    return "cpu", INTERPRETER_SMS
 
 
 def smem_bytes(block_h, block_n, stages, row, q_bytes, kv_bytes, fp8, r=None, split_score=False):
@@ -887,19 +887,11 @@ def _check_config(config, source):
 def _check_inputs(q, kv_cache, block_table, cache_seqlens, r, causal, kv_scale, validate):
     """Shape, dtype and device checks; returns (kv_cache as 3-D, r, dR, max context)."""
     check_tensor("q", q, 4, tuple(_DTYPE_NAMES), contiguous=False)
-    if isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 4:
-        if kv_cache.shape[2] != 1:
-            raise ValueError(
-                f"kv_cache has {kv_cache.shape[2]} heads (shape {tuple(kv_cache.shape)}); the latent "
-                "cache is shared by all H query heads, so it must have 1 (MQA)"
-            )
-        kv_cache = kv_cache.squeeze(2)
+    kv_cache = latent_cache(kv_cache)
     check_tensor("kv_cache", kv_cache, 3, tuple(_DTYPE_NAMES) + _FP8, contiguous=False)
     check_tensor("block_table", block_table, 2, (torch.int32,), contiguous=False)
     check_tensor("cache_seqlens", cache_seqlens, 1, (torch.int32,))
-    for name, t in (("q", q), ("kv_cache", kv_cache), ("block_table", block_table)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension (stride {t.stride(-1)})")
+    check_unit_stride(q=q, kv_cache=kv_cache, block_table=block_table)
     check_device(q=q, kv_cache=kv_cache, block_table=block_table, cache_seqlens=cache_seqlens)
     B, S_q, H, row = q.shape
     r = latent_rank(row, r)
@@ -1024,27 +1016,23 @@ def mla_decode(
     if B == 0 or H == 0 or S_q == 0:
         return out, lse
 
-    device_name, num_sms = _device_info(device)
+    device_name, num_sms = device_info(device)
     cfg = heuristic_config(B, H, S_q, r, dR, max(ctx, 1), kv_cache.shape[1], q.dtype, kv_cache.dtype, num_sms)
-    tuned = None
-    if config is None:
-        dtype_name = "fp8" if kv_cache.dtype in _FP8 else _DTYPE_NAMES[kv_cache.dtype]
-        tuned = configs.lookup("mla_decode", device_name, dtype_name, B=B, H=H, S_q=S_q, ctx=max(ctx, 1))
-        if tuned is not None:
-            try:
-                _check_config(tuned, "tuned config")
-            except ValueError as exc:  # like a malformed file: never fail a launch over it
-                warnings.warn(f"mla_decode: ignoring {exc}", stacklevel=2)
-                tuned = None
-    else:
-        if not isinstance(config, dict):
-            raise ValueError(f"config must be a dict, got {type(config).__name__}")
-        _check_config(config, "config")
-    cfg.update(config or tuned or {})
-    explicit_splits = num_splits is not None or "num_splits" in (config or tuned or {})
-    if num_splits is not None:
-        _check_config({"num_splits": num_splits}, "num_splits")
-        cfg["num_splits"] = num_splits
+    dtype_name = ("fp8" if kv_cache.dtype in _FP8 else _DTYPE_NAMES[kv_cache.dtype]) if config is None else ""
+    chosen = configs.choose(
+        "mla_decode",
+        cfg,
+        config,
+        _check_config,
+        device_name,
+        dtype_name,
+        num_splits,
+        B=B,
+        H=H,
+        S_q=S_q,
+        ctx=max(ctx, 1),
+    )
+    explicit_splits = num_splits is not None or "num_splits" in chosen
     # a tile taller than the (new token, head) rows of one request only multiplies padding
     cfg["BLOCK_H"] = min(cfg["BLOCK_H"], max(BLOCK_H_MIN, triton.next_power_of_2(S_q * H)))
 

@@ -30,6 +30,11 @@ from dataclasses import dataclass
 import torch
 
 
+def _dim(weight: str, axis: int) -> property:
+    """A read-only attribute: `weight`'s size along `axis`."""
+    return property(lambda self: int(getattr(self, weight).shape[axis]))
+
+
 @dataclass
 class MLAWeights:
     """Weights of one MLA layer; every projection is stored [out, in] like nn.Linear.weight."""
@@ -47,29 +52,13 @@ class MLAWeights:
     rope_base: float = 10000.0
     eps: float = 1e-6
 
-    @property
-    def H(self) -> int:
-        return self.w_uk.shape[0]
-
-    @property
-    def r(self) -> int:
-        return self.w_uk.shape[2]
-
-    @property
-    def dR(self) -> int:
-        return self.w_kr.shape[0]
-
-    @property
-    def dC(self) -> int:
-        return self.w_uk.shape[1]
-
-    @property
-    def dV(self) -> int:
-        return self.w_uv.shape[1]
-
-    @property
-    def hidden(self) -> int:
-        return self.w_dkv.shape[1]
+    # the MLA dims, read off the weights' shapes
+    H = _dim("w_uk", 0)
+    r = _dim("w_uk", 2)
+    dR = _dim("w_kr", 0)
+    dC = _dim("w_uk", 1)
+    dV = _dim("w_uv", 1)
+    hidden = _dim("w_dkv", 1)
 
     @property
     def scale(self) -> float:

@@ -28,7 +28,6 @@ Design:
 from __future__ import annotations
 
 import warnings
-from functools import lru_cache
 
 import torch
 import triton
@@ -36,7 +35,18 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from . import configs
-from ._checks import DTYPE_NAMES, check_device, check_scale, check_tensor, latent_rank, out_and_lse
+from ._checks import (
+    DTYPE_NAMES,
+    check_device,
+    check_scale,
+    check_tensor,
+    check_unit_stride,
+    device_info,
+    latent_cache,
+    latent_rank,
+    out_and_lse,
+)
+from .decode import merge_splits
 from .sparse_decode_naive import FP8_TILE, sparse_fp8_row_bytes
 
 # ---- tuning defaults (sm_90 compile: Triton 3.9 for sm_90, ptxas 13.4; docs/kernels.md has the
@@ -58,7 +68,6 @@ NO_SPILL_NARROW = {"bf16": (64, 3, 8), "fp8": (32, 3, 8)}
 WAVES = 2  # splits aim at ~2 waves of programs over the SMs
 MIN_SPLIT_ROWS = 256  # a split below 256 rows writes as much partial as it reads cache
 MAX_SPLITS = 16
-INTERPRETER_SMS = 8  # stand-in SM count under TRITON_INTERPRET=1 (only shapes the heuristic)
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -228,20 +237,8 @@ def _sparse_merge_kernel(
     pid_h = tl.program_id(1)
     o_r = tl.arange(0, R)
     p_lse = lse_part + pid_t * stride_qt + pid_h * stride_qh
-    m = tl.full([], -float("inf"), dtype=tl.float32)
-    for k in range(num_splits):
-        m = tl.maximum(m, tl.load(p_lse + k * stride_q_split))
-    m_use = tl.where(m == -float("inf"), 0.0, m)  # every split empty: weights 0, no NaN
     p_o = o_part + pid_t * stride_pt + pid_h * stride_ph
-    w_sum = tl.zeros([], dtype=tl.float32)
-    acc = tl.zeros([R], dtype=tl.float32)
-    for k in range(num_splits):
-        w_k = tl.exp2((tl.load(p_lse + k * stride_q_split) - m_use) * LOG2E)
-        w_sum += w_k
-        acc += w_k * tl.load(p_o + k * stride_p_split + o_r)  # [R]; an empty split wrote zeros
-    has_keys = w_sum > 0
-    b_o = acc / tl.where(has_keys, w_sum, 1.0)
-    b_lse = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
+    b_o, b_lse = merge_splits(p_lse, p_o, num_splits, stride_q_split, stride_p_split, R)
     tl.store(o + pid_t * stride_ot + pid_h * stride_oh + o_r, b_o.to(o.dtype.element_ty))
     tl.store(lse + pid_t * stride_lt + pid_h * stride_lh, b_lse)
 
@@ -249,14 +246,6 @@ def _sparse_merge_kernel(
 def _empty(shape, dtype, device):
     """Every buffer the launcher allocates comes from here (tests poison it with NaN)."""
     return torch.empty(shape, dtype=dtype, device=device)
-
-
-@lru_cache(maxsize=16)
-def _device_info(device: torch.device) -> tuple[str, int]:
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return torch.cuda.get_device_name(device), props.multi_processor_count
-    return "cpu", INTERPRETER_SMS
 
 
 def cache_kind(kv_dtype: str) -> str:
@@ -336,18 +325,10 @@ def _check_inputs(q, kv_cache, indices, r, validate):
     """Shape, dtype and device checks; returns (cache as [slots, row] in its storage type, r,
     dR, fp8)."""
     check_tensor("q", q, 4, tuple(DTYPE_NAMES), contiguous=False)
-    if isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 4:
-        if kv_cache.shape[2] != 1:
-            raise ValueError(
-                f"kv_cache has {kv_cache.shape[2]} heads (shape {tuple(kv_cache.shape)}); the latent cache is "
-                "shared by all H query heads, so it must have 1 (MQA)"
-            )
-        kv_cache = kv_cache.squeeze(2)
+    kv_cache = latent_cache(kv_cache)
     check_tensor("kv_cache", kv_cache, 3, tuple(DTYPE_NAMES) + _FP8_BYTES, contiguous=False)
     check_tensor("indices", indices, 3, (torch.int32,), contiguous=False)
-    for name, t in (("q", q), ("kv_cache", kv_cache), ("indices", indices)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension (stride {t.stride(-1)})")
+    check_unit_stride(q=q, kv_cache=kv_cache, indices=indices)
     check_device(q=q, kv_cache=kv_cache, indices=indices)
     B, S_q, H, row = q.shape
     r = latent_rank(row, r)
@@ -440,25 +421,11 @@ def mla_sparse_decode(
 
     T = B * S_q
     kv_name = "fp8" if fp8 else DTYPE_NAMES[kv_cache.dtype]
-    device_name, num_sms = _device_info(device)
+    device_name, num_sms = device_info(device)
     cfg = heuristic_config(T, H, topk, kv_name, num_sms)
-    tuned = None
-    if config is None:
-        tuned = configs.lookup("mla_sparse_decode", device_name, kv_name, B=B, H=H, S_q=S_q, topk=topk)
-        if tuned is not None:
-            try:
-                _check_config(tuned, "tuned config")
-            except ValueError as exc:  # like a malformed file: never fail a launch over it
-                warnings.warn(f"mla_sparse_decode: ignoring {exc}", stacklevel=2)
-                tuned = None
-    else:
-        if not isinstance(config, dict):
-            raise ValueError(f"config must be a dict, got {type(config).__name__}")
-        _check_config(config, "config")
-    cfg.update(config or tuned or {})
-    if num_splits is not None:
-        _check_config({"num_splits": num_splits}, "num_splits")
-        cfg["num_splits"] = num_splits
+    configs.choose(
+        "mla_sparse_decode", cfg, config, _check_config, device_name, kv_name, num_splits, B=B, H=H, S_q=S_q, topk=topk
+    )
     cfg["BLOCK_H"] = min(cfg["BLOCK_H"], max(BLOCK_H_MIN, triton.next_power_of_2(H)))
     splits = cfg["num_splits"]
 
