@@ -146,3 +146,94 @@ def test_a_shorthand_with_a_version_is_accepted_by_every_command():
     assert cli_engine_paths("sglang-triton@0.5.14") == cli_engine_paths(
         "sglang@0.5.14", "--engine-option", "attention_backend=triton"
     )
+
+
+def spellings(name):
+    """Every name of rule set `name`, with the options each fixes: its own; its family's, where
+    it is the newest; each forced-backend shorthand's, with `@VERSION` and (the newest) bare."""
+    rs = RULESETS[name]
+    out = {name: {}}
+    if NEWEST[rs.engine] == name:
+        out[rs.engine] = {}
+    for short, (family, fixed) in SHORTHANDS.items():
+        if family == rs.engine:
+            out[f"{short}@{rs.version}"] = fixed
+            if NEWEST[family] == name:
+                out[short] = fixed
+    return out
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rule_and_options(), MODELS, GPUS, st.data())
+def test_every_spelling_takes_the_same_options(drawn, model, gpu, data):
+    """A rule set under any of its names (`sglang`, `sglang-triton@0.5.23`, ...), among --engines
+    or as --policy, takes an option qualified by that name, by its family or by the rule set's
+    own name (`sglang@0.5.23.key` reaches `sglang` and `sglang-triton`), or bare, and gives what
+    the rule set gives with the forced backend set as an option."""
+    name, opts = drawn
+    rs = RULESETS[name]
+    spelling, fixed = data.draw(st.sampled_from(sorted(spellings(name).items())))
+    opts = {k: v for k, v in opts.items() if k not in fixed}
+    c = ctx(model, gpu)
+    explicit = [f"{k}={v}" for k, v in {**fixed, **opts}.items()]
+
+    def same(fn):  # the outcome, an error's naming of the forced option as the user would give it
+        got = outcome(fn)
+        return (got[0], got[1].replace(f"{spelling} fixes ", "")) if got[0] == "error" else got
+
+    reference = same(lambda: parse_engines(name, explicit, c)[0])
+    other = "vllm" if rs.engine == "sglang" else "sglang"
+    ways = {"bare key": lambda: parse_engines(spelling, [f"{k}={v}" for k, v in opts.items()], c)[0]}
+    for target in sorted({spelling, rs.engine, name}):
+        keyed = [f"{target}.{k}={v}" for k, v in opts.items()]
+        ways[f"--engines {spelling}, {target}.key"] = lambda keyed=keyed: parse_engines(spelling, keyed, c)[0]
+        ways[f"--policy {spelling}, {target}.key"] = lambda keyed=keyed: parse_policy(spelling, spelling, keyed, c)
+        ways[f"--policy {spelling} beside {other}"] = lambda keyed=keyed: parse_policy(spelling, other, keyed, c)
+    got = {way: same(fn) for way, fn in ways.items()}
+    assert set(got.values()) == {reference}, (spelling, got)
+
+
+def test_an_option_named_for_the_rule_set_reaches_its_other_names():
+    c = ctx()
+    for selected in ("sglang", "sglang-triton", "sglang-trtllm@0.5.23"):
+        p = parse_engines(selected, ["sglang@0.5.23.threshold=3"], c)[0]
+        assert p.threshold == 3 and p.given == ("chunked_prefix_cache_threshold",)
+    assert parse_engines("sglang-triton@0.5.23", ["sglang-triton.threshold=3"], c)[0].threshold == 3
+    with pytest.raises(MlactlError, match=r"sglang-triton is not among --engines \(sglang\)"):
+        parse_engines("sglang", ["sglang-triton.threshold=3"], c)  # it forces a backend sglang does not
+    with pytest.raises(MlactlError, match=r"sglang@0\.5\.14 is not among --engines \(sglang\)"):
+        parse_engines("sglang", ["sglang@0.5.14.threshold=3"], c)
+
+
+def test_each_engine_has_its_own_params_type():
+    from mlactl.decide.engines import SGLangParams, VLLMParams
+
+    c = ctx()
+    sgl, vll = parse_engines("sglang-triton,vllm", [], c)
+    assert type(sgl) is SGLangParams and type(vll) is VLLMParams
+    assert not hasattr(vll, "decode_backend") and not hasattr(sgl, "workspace")
+    assert "decode_backend" in sgl.to_json() and "decode_backend" not in vll.to_json()
+
+
+@pytest.mark.parametrize("model", ["deepseek-v3", "deepseek-v3.2"])
+@pytest.mark.parametrize("name", ["sglang", "sglang@0.5.14", "sglang-triton", "sglang-trtllm", "vllm", "vllm@0014ca6b"])
+@pytest.mark.parametrize("gpu", ["h200", "b200"])
+def test_what_a_rule_says_of_itself_is_what_replay_asks(model, name, gpu):
+    """The resolved rule's own answers (its swept threshold, decode and chunked paths, whether its
+    threshold matters) are those replay's adapter works out from its family and kind, so callers
+    can ask the rule instead of testing for DSA."""
+    from mlactl.decide.replay import rules
+
+    try:
+        e = rules.parse(name, [], from_name(model), hardware.resolve(gpu))[0]
+    except MlactlError:
+        return
+    p = e.params
+    assert p.describe == p.why[0]
+    assert p.chunked_path == rules.chunked_path(e) and p.decode_path == rules.decode_path(e)
+    assert p.reads_threshold == e.sweeps
+    assert p.sweep.option == e.sweep_option and p.sweep.compares == e.compares
+    assert p.sweep.maximum == e.threshold_max
+    if e.sweeps:
+        assert p.sweep.value == e.threshold
+    assert p.with_threshold(7) == e.with_threshold(7).params

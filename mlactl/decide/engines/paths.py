@@ -1,19 +1,18 @@
-"""One interface over both engines' rules: paths of grid points, of a mixed batch, and of many
+"""One interface over every engine's rule: paths of grid points, of a mixed batch, and of many
 scheduler steps at once; the chunk size an engine expands context at; what a choice loses.
 
-Replay calls `step_paths` with arrays of rows and a step index: SGLang sums each
-step's extends, vLLM reorders and splits each step's requests; both in one array pass.
+Each resolved rule answers by its own engine's rule (`SGLangParams`, sglang.py: a step's extend
+batch judged on its sums; `VLLMParams`, vllm.py: each step's requests reordered and split), in
+one array pass; replay calls `step_counts` with arrays of rows and a step index.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from mlactl.decide.engines import sglang, vllm
-from mlactl.decide.engines.params import EngineParams
+from mlactl.decide.engines.params import EngineParams, is_decode
 
-PATH_NAMES = ("absorb", "expand", "expand_chunked")
-DSA_PATH_NAMES = ("sparse_absorb", "dense_expand", "masked_expand")  # a DSA model's, in the same roles
+__all__ = ["is_decode"]  # mlactl's convention for a decode, beside the path functions
 
 
 def path_names(p: EngineParams) -> tuple[str, str, str]:
@@ -21,14 +20,9 @@ def path_names(p: EngineParams) -> tuple[str, str, str]:
     return p.paths
 
 
-def is_decode(new, prefix) -> np.ndarray:
-    """One new token after a cached prefix."""
-    return sglang.is_decode(new, prefix)
-
-
 def grid_paths(p: EngineParams, batch, new, prefix) -> np.ndarray:
     """The engine's path at each grid point, each a step of `batch` alike requests."""
-    return (vllm if p.family == "vllm" else sglang).grid_paths(p, batch, new, prefix)
+    return p.grid_paths(batch, new, prefix)
 
 
 def step_counts(p: EngineParams, new, prefix, count=None, step=None, decode=None) -> np.ndarray:
@@ -38,10 +32,7 @@ def step_counts(p: EngineParams, new, prefix, count=None, step=None, decode=None
     prefilling; default one new token after a prefix)."""
     new = np.asarray(new, dtype=np.int64)
     count = np.ones(len(new), dtype=np.int64) if count is None else np.asarray(count, dtype=np.int64)
-    if p.family == "vllm":  # `decode` marks the requests done prefilling
-        return vllm.step_paths(p, new, prefix, count, step, decode)
-    paths = sglang.step_paths(p, new, prefix, count, step, decode)
-    return np.stack([np.where(paths == name, count, 0) for name in p.paths], axis=1)
+    return p.step_counts(new, prefix, count, step, decode)
 
 
 def step_paths(p: EngineParams, new, prefix, count=None, step=None, decode=None) -> np.ndarray:
@@ -61,9 +52,7 @@ def chunk_sizes(p: EngineParams, prefills_with_context) -> np.ndarray | None:
     """Context tokens per chunk of the engine's own `expand_chunked` (a DSA model's
     `masked_expand`), given how many prefills with context share the step, or None where
     mlactl's `--chunk` stands in (SGLang)."""
-    if p.family != "vllm":
-        return None
-    return vllm.context_chunk(p, np.maximum(np.asarray(prefills_with_context, dtype=np.int64), 1))
+    return p.chunk_sizes(prefills_with_context)
 
 
 def time_of(chosen: np.ndarray, times: dict[str, np.ndarray]) -> np.ndarray:

@@ -166,104 +166,51 @@ SGL_REPO = "sgl-project/sglang"
 HANDLER = "python/sglang/srt/models/deepseek_common/attention_backend_handler.py"
 SERVER_ARGS = "python/sglang/srt/server_args.py"
 ENVIRON = "python/sglang/srt/environ.py"
+DSA_BACKEND = "python/sglang/srt/layers/attention/dsa_backend.py"
+NSA_BACKEND = "python/sglang/srt/layers/attention/nsa_backend.py"
+MODEL_CONFIG = "python/sglang/srt/configs/model_config.py"
 
 
-def _sgl_backends(*, cutlass: bool, aiter_graph_mha: bool, prefill_cp: bool) -> dict[str, SGLangBackend]:
+def _sgl_backends(*, cutlass: bool, aiter_graph_mha: bool) -> dict[str, SGLangBackend]:
+    one_shot = dict(one_shot=True, prefill_cp=True, chunked_prefix_cache=True)
     cpc = dict(chunked_prefix_cache=True)
-    out = {
-        "fa3": SGLangBackend("fa3", "fa3", one_shot=True, prefill_cp=prefill_cp, **cpc),
-        "flashinfer": SGLangBackend(
-            "flashinfer", "generic", one_shot=True, ragged_switch=True, prefill_cp=prefill_cp, **cpc
-        ),
-        "flashmla": SGLangBackend(
-            "flashmla", "generic", one_shot=True, ragged_switch=True, prefill_cp=prefill_cp, **cpc
-        ),
-        "fa4": SGLangBackend("fa4", "fa4", graph_mla=False, **cpc),
-        "trtllm_mla": SGLangBackend("trtllm_mla", "trtllm", **cpc),
-        "tokenspeed_mla": SGLangBackend("tokenspeed_mla", "trtllm", **cpc),
-        "aiter": SGLangBackend("aiter", "aiter", graph_mla=False, graph_mha=aiter_graph_mha),
-        "triton": SGLangBackend("triton", "triton"),
-    }
+    out = [
+        SGLangBackend("fa3", "fa3", **one_shot),
+        SGLangBackend("flashinfer", "generic", ragged_switch=True, **one_shot),
+        SGLangBackend("flashmla", "generic", ragged_switch=True, **one_shot),
+        SGLangBackend("fa4", "fa4", graph_mla=False, **cpc),
+        SGLangBackend("trtllm_mla", "trtllm", **cpc),
+        SGLangBackend("tokenspeed_mla", "trtllm", **cpc),
+        SGLangBackend("aiter", "aiter", graph_mla=False, graph_mha=aiter_graph_mha),
+        SGLangBackend("triton", "triton"),
+        # DeepSeek-V3.2's sparse backend: registered as "dsa" with "nsa" its deprecated alias (the
+        # handler at 0a8dcfa9 L207-L210); handle_attention_dsa reads the backend's use_mha
+        SGLangBackend("dsa", "dsa", graph_mla=False),
+        SGLangBackend("nsa", "dsa", graph_mla=False),
+    ]
     if cutlass:
-        out["cutlass_mla"] = SGLangBackend("cutlass_mla", "generic", prefill_cp=prefill_cp, **cpc)
-    # DeepSeek-V3.2's sparse backend: registered as "dsa" with "nsa" its deprecated alias (the
-    # handler at 0a8dcfa9 L207-L210); handle_attention_dsa reads the backend's use_mha
-    out["dsa"] = SGLangBackend("dsa", "dsa", graph_mla=False)
-    out["nsa"] = SGLangBackend("nsa", "dsa", graph_mla=False)
-    return dict(sorted(out.items()))
+        out.append(SGLangBackend("cutlass_mla", "generic", prefill_cp=True, **cpc))
+    return {b.name: b for b in sorted(out, key=lambda b: b.name)}
 
 
-def _sgl_options(backends, *, graph_flag: str, dsa: SGLangDSA) -> dict[str, Option]:
+def _sgl_options(backends, graph_flag: str, dsa: SGLangDSA) -> dict[str, Option]:
     names = tuple(backends)
-    opts = [
-        Option(
-            "attention_backend",
-            str,
-            None,
-            "the attention backend (default: per GPU architecture and model, see --list)",
-            f"{SERVER_ARGS} --attention-backend",
-            choices=names,
+    graph = "on" if graph_flag.startswith("enable") else "off"
+    backend_options = {
+        "attention_backend": "the attention backend (default: per GPU architecture and model, see --list)",
+        "prefill_attention_backend": "backend of extend batches (default: attention_backend)",
+        "decode_attention_backend": "backend of decode batches (default: attention_backend)",
+    }
+    opts = [_server(key, help, str, None, choices=names) for key, help in backend_options.items()]
+    opts += [
+        _env("chunked_prefix_cache_threshold", 8192, "summed prefix from which an extend batch expands"),
+        _env("max_kv_chunk_capacity", 128 * 1024, "most summed tokens a one-shot expand takes", minimum=1),
+        _server(
+            "disable_chunked_prefix_cache", "only prefix-0 extends expand (also forced off for backends without it)"
         ),
-        Option(
-            "prefill_attention_backend",
-            str,
-            None,
-            "backend of extend batches (default: attention_backend)",
-            f"{SERVER_ARGS} --prefill-attention-backend",
-            choices=names,
-        ),
-        Option(
-            "decode_attention_backend",
-            str,
-            None,
-            "backend of decode batches (default: attention_backend)",
-            f"{SERVER_ARGS} --decode-attention-backend",
-            choices=names,
-        ),
-        Option(
-            "chunked_prefix_cache_threshold",
-            int,
-            8192,
-            "summed prefix from which an extend batch expands",
-            f"{ENVIRON} SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD",
-            minimum=0,
-        ),
-        Option(
-            "max_kv_chunk_capacity",
-            int,
-            128 * 1024,
-            "most summed tokens a one-shot expand takes",
-            f"{ENVIRON} SGLANG_MAX_KV_CHUNK_CAPACITY",
-            minimum=1,
-        ),
-        Option(
-            "disable_chunked_prefix_cache",
-            bool,
-            False,
-            "only prefix-0 extends expand (also forced off for backends without it)",
-            f"{SERVER_ARGS} --disable-chunked-prefix-cache",
-        ),
-        Option(
-            "flashinfer_mla_disable_ragged",
-            bool,
-            False,
-            "flashinfer and flashmla run every extend as MLA",
-            f"{SERVER_ARGS} --flashinfer-mla-disable-ragged",
-        ),
-        Option(
-            "enable_deterministic_inference",
-            bool,
-            False,
-            "fa3 and triton run every batch as MLA",
-            f"{SERVER_ARGS} --enable-deterministic-inference",
-        ),
-        Option(
-            "enable_mixed_chunk",
-            bool,
-            False,
-            "decodes join the step's extend batch (their prefixes count in its sum)",
-            f"{SERVER_ARGS} --enable-mixed-chunk",
-        ),
+        _server("flashinfer_mla_disable_ragged", "flashinfer and flashmla run every extend as MLA"),
+        _server("enable_deterministic_inference", "fa3 and triton run every batch as MLA"),
+        _server("enable_mixed_chunk", "decodes join the step's extend batch (their prefixes count in its sum)"),
         Option(
             "enable_prefill_context_parallel",
             bool,
@@ -271,39 +218,45 @@ def _sgl_options(backends, *, graph_flag: str, dsa: SGLangDSA) -> dict[str, Opti
             "prefill context parallelism: extends on fa3/flashinfer/flashmla run MLA",
             "python/sglang/srt/layers/utils/cp_utils.py mla_use_prefill_cp",
         ),
-        Option(
-            graph_flag,
-            bool,
-            False,
-            "the piecewise (prefill) CUDA graph " + ("on" if graph_flag.startswith("enable") else "off"),
-            f"{SERVER_ARGS} --{graph_flag.replace('_', '-')}",
-        ),
-        Option(
+        _server(graph_flag, f"the piecewise (prefill) CUDA graph {graph}"),
+        _server(
             "piecewise_cuda_graph_max_tokens",
+            "extend batches of at most this many new tokens run inside the graph (MLA)",
             int,
             2048,
-            "extend batches of at most this many new tokens run inside the graph (MLA)",
-            f"{SERVER_ARGS} --piecewise-cuda-graph-max-tokens (2048 for MLA models)",
+            note=" (2048 for MLA models)",
             minimum=1,
         ),
-        Option(
+        _env(
             dsa.threshold_option,
-            int,
             None,
             "DSA: an extend batch whose longest sequence is at most this runs dense MHA "
             "(default: the model's index_topk)",
-            f"{ENVIRON} SGLANG_{dsa.threshold_option.upper()}; {SERVER_ARGS} sets it to index_topk unless set",
-            minimum=0,
+            note=f"; {SERVER_ARGS} sets it to index_topk unless set",
         ),
-        Option(
+        _server(
             dsa.cp_option,
-            bool,
-            False,
             "DSA prefill context parallelism: every extend runs the sparse MQA",
-            f"{SERVER_ARGS} --{dsa.cp_option.replace('_', '-')} (is_dsa_enable_prefill_cp)",
+            note=" (is_dsa_enable_prefill_cp)",
         ),
     ]
     return {o.name: o for o in opts}
+
+
+def _server(name: str, help: str, kind: type = bool, default=False, note: str = "", **kw) -> Option:
+    """A server_args.py flag, `--name-with-dashes` (by default a switch, off)."""
+    return Option(name, kind, default, help, f"{SERVER_ARGS} --{name.replace('_', '-')}{note}", **kw)
+
+
+def _env(name: str, default, help: str, note: str = "", **kw) -> Option:
+    """An integer of environ.py, `SGLANG_NAME`."""
+    return Option(name, int, default, help, f"{ENVIRON} SGLANG_{name.upper()}{note}", **kw)
+
+
+def _sgl_dsa(gen: str, **kw) -> SGLangDSA:
+    """The DSA rule of a release whose sparse backend, threshold and CP flag are named `gen`
+    (nsa, then dsa)."""
+    return SGLangDSA(gen, f"{gen}_prefill_dense_attn_kv_len_threshold", f"enable_{gen}_prefill_context_parallel", **kw)
 
 
 SGLANG_ALIASES = {
@@ -319,63 +272,36 @@ _TO_NSA = {  # a DSA-era name given to a release that reads the NSA one
     "enable_dsa_prefill_context_parallel": "enable_nsa_prefill_context_parallel",
 }
 _TO_DSA = {v: k for k, v in _TO_NSA.items()}
-DSA_BACKEND = "python/sglang/srt/layers/attention/dsa_backend.py"
-NSA_BACKEND = "python/sglang/srt/layers/attention/nsa_backend.py"
-MODEL_CONFIG = "python/sglang/srt/configs/model_config.py"
-
-SGLANG_DSA_0_5_14 = SGLangDSA(
-    backend="nsa",
-    threshold_option="nsa_prefill_dense_attn_kv_len_threshold",
-    cp_option="enable_nsa_prefill_context_parallel",
-    graph_guard=False,
-    graph_captures_dsa=False,
-    source=(
-        f"{HANDLER} L163-L174 (handle_attention_dsa), L207-L210 (dsa, nsa registered) at 0a8dcfa9; "
-        f"use_mha as in {NSA_BACKEND} set_nsa_prefill_impl (005e8bf8) and {DSA_BACKEND} "
-        f"set_dsa_prefill_impl (0034a380); {MODEL_CONFIG} is_piecewise_cuda_graph_disabled_model "
-        "(or is_deepseek_nsa)"
-    ),
-)
-SGLANG_DSA_0_5_23 = SGLangDSA(
-    backend="dsa",
-    threshold_option="dsa_prefill_dense_attn_kv_len_threshold",
-    cp_option="enable_dsa_prefill_context_parallel",
-    graph_guard=True,
-    graph_captures_dsa=True,
-    source=(
-        f"{HANDLER} handle_attention_dsa (newest read); {DSA_BACKEND} set_dsa_prefill_impl (0034a380: "
-        f"MHA off inside a piecewise or breakable graph); {MODEL_CONFIG} (001adf56: DSA models no longer "
-        f"among piecewise_cuda_graph_disabled_model_archs); {ENVIRON} SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD"
-    ),
-)
 
 _SGL_DEFAULTS_SRC = (
     f"{SERVER_ARGS} _handle_attention_backend_compatibility (MLA: fa3 on Hopper, flashinfer on "
     "sm100, aiter on HIP, else triton) and _handle_model_specific_adjustments (trtllm_mla on sm100 "
     "for DeepseekV3ForCausalLM)"
 )
-
-
-def _sgl_defaults() -> tuple[Default, ...]:
-    return (
-        Default("sm90", "fa3", "MLA models on Hopper (CUDA >= 12.3)", _SGL_DEFAULTS_SRC),
-        Default(
-            "sm100",
-            "trtllm_mla",
-            "DeepseekV3ForCausalLM on sm100",
-            _SGL_DEFAULTS_SRC,
-            model_arch="DeepseekV3ForCausalLM",
-        ),
-        Default("sm100", "flashinfer", "MLA models on sm100", _SGL_DEFAULTS_SRC),
-        Default("rocm", "aiter", "MLA models on HIP", _SGL_DEFAULTS_SRC),
-        Default("sm80", "triton", "MLA models elsewhere", _SGL_DEFAULTS_SRC),
+_SGL_DEFAULTS = tuple(
+    Default(arch, backend, reason, _SGL_DEFAULTS_SRC, model_arch=model_arch)
+    for arch, backend, reason, model_arch in (
+        ("sm90", "fa3", "MLA models on Hopper (CUDA >= 12.3)", None),
+        ("sm100", "trtllm_mla", "DeepseekV3ForCausalLM on sm100", "DeepseekV3ForCausalLM"),
+        ("sm100", "flashinfer", "MLA models on sm100", None),
+        ("rocm", "aiter", "MLA models on HIP", None),
+        ("sm80", "triton", "MLA models elsewhere", None),
     )
+)
 
 
-SGLANG_0_5_14 = RuleSet(
-    engine="sglang",
-    version="0.5.14",
-    source=Source(
+def _sglang(version: str, source: Source, *, cutlass: bool, aiter_graph_mha: bool, graph_flag: str, **kw) -> RuleSet:
+    """An SGLang release: its backends (with cutlass_mla or not; aiter's handler returning MHA
+    inside a piecewise graph or not), its piecewise-graph flag (`enable_...`: off by default;
+    `disable_...`: on), its DSA rule, and the defaults and options every release has."""
+    backends = _sgl_backends(cutlass=cutlass, aiter_graph_mha=aiter_graph_mha)
+    options = _sgl_options(backends, graph_flag, kw["dsa"])
+    return RuleSet("sglang", version, source, options, backends, _SGL_DEFAULTS, model_kinds=("mla", "dsa"), **kw)
+
+
+SGLANG_0_5_14 = _sglang(
+    "0.5.14",
+    Source(
         SGL_REPO,
         "0a8dcfa94b4bdbf1d41231a013714329ceb72e25",
         (
@@ -394,13 +320,20 @@ SGLANG_0_5_14 = RuleSet(
         ),
         note="release not confirmed: rules read at commit 0a8dcfa9, taken as 0.5.14",
     ),
-    options=_sgl_options(
-        _sgl_backends(cutlass=True, aiter_graph_mha=False, prefill_cp=True),
-        graph_flag="enable_piecewise_cuda_graph",
-        dsa=SGLANG_DSA_0_5_14,
+    cutlass=True,
+    aiter_graph_mha=False,
+    graph_flag="enable_piecewise_cuda_graph",
+    dsa=_sgl_dsa(
+        "nsa",
+        graph_guard=False,
+        graph_captures_dsa=False,
+        source=(
+            f"{HANDLER} L163-L174 (handle_attention_dsa), L207-L210 (dsa, nsa registered) at 0a8dcfa9; "
+            f"use_mha as in {NSA_BACKEND} set_nsa_prefill_impl (005e8bf8) and {DSA_BACKEND} "
+            f"set_dsa_prefill_impl (0034a380); {MODEL_CONFIG} is_piecewise_cuda_graph_disabled_model "
+            "(or is_deepseek_nsa)"
+        ),
     ),
-    backends=_sgl_backends(cutlass=True, aiter_graph_mha=False, prefill_cp=True),
-    defaults=_sgl_defaults(),
     notes=(
         "DSA: SGLANG_NSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD is taken as this release's name (environ.py "
         "not read at 0a8dcfa9); that commit's handler already registers dsa with nsa as the deprecated "
@@ -409,14 +342,11 @@ SGLANG_0_5_14 = RuleSet(
         "versions read (nsa_backend.py at 005e8bf8, dsa_backend.py at 0034a380), without their graph guard",
     ),
     aliases={**SGLANG_ALIASES, **_TO_NSA},
-    model_kinds=("mla", "dsa"),
-    dsa=SGLANG_DSA_0_5_14,
 )
 
-SGLANG_0_5_23 = RuleSet(
-    engine="sglang",
-    version="0.5.23",
-    source=Source(
+SGLANG_0_5_23 = _sglang(
+    "0.5.23",
+    Source(
         SGL_REPO,
         "0.5.23",
         (
@@ -429,27 +359,33 @@ SGLANG_0_5_23 = RuleSet(
             "whose commit is not known, taken as 0.5.23"
         ),
     ),
-    options=_sgl_options(
-        _sgl_backends(cutlass=False, aiter_graph_mha=True, prefill_cp=True),
-        graph_flag="disable_piecewise_cuda_graph",
-        dsa=SGLANG_DSA_0_5_23,
+    cutlass=False,
+    aiter_graph_mha=True,
+    graph_flag="disable_piecewise_cuda_graph",
+    dsa=_sgl_dsa(
+        "dsa",
+        graph_guard=True,
+        graph_captures_dsa=True,
+        source=(
+            f"{HANDLER} handle_attention_dsa (newest read); {DSA_BACKEND} set_dsa_prefill_impl (0034a380: "
+            f"MHA off inside a piecewise or breakable graph); {MODEL_CONFIG} (001adf56: DSA models no longer "
+            f"among piecewise_cuda_graph_disabled_model_archs); {ENVIRON} "
+            "SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD"
+        ),
     ),
-    backends=_sgl_backends(cutlass=False, aiter_graph_mha=True, prefill_cp=True),
-    defaults=_sgl_defaults(),
     notes=(
         "piecewise graph off for DeepSeek-V3 on trtllm_mla: assumed, not found in server_args.py",
         "DSA: the newest set_dsa_prefill_impl, model_config.py and environ.py read are taken as 0.5.23's "
         "(release not confirmed); that the prefill graph captures DSA models in 0.5.23 rests on them",
     ),
     aliases={**SGLANG_ALIASES, **_TO_DSA},
-    model_kinds=("mla", "dsa"),
-    dsa=SGLANG_DSA_0_5_23,
 )
 
 # -- vLLM ------------------------------------------------------------------------------------------
 
 VLLM_REPO = "vllm-project/vllm"
 MLA_ATTN = "vllm/model_executor/layers/attention/mla_attention.py"
+SPARSE_ATTN = "vllm/model_executor/layers/attention/sparse_mla_attention.py"
 BACKEND = "vllm/v1/attention/backend.py"
 UTILS = "vllm/v1/attention/backends/utils.py"
 CUDA = "vllm/platforms/cuda.py"
@@ -457,7 +393,6 @@ MLA_DIR = "vllm/v1/attention/backends/mla"
 
 _16 = ("bf16", "fp16")
 _FP8 = ("bf16", "fp16", "fp8")
-
 
 # The sparse builders' decode threshold by query heads per GPU (0.33: flashmla_sparse.py
 # FlashMLASparseMetadataBuilder.__init__; flashinfer_mla_sparse.py, the version whose builder
@@ -468,6 +403,10 @@ _FLASHINFER_SPARSE_HEADS = (("sm100", _SPARSE_SM100, 1024),)
 
 
 def _vllm_backends(*, flashinfer_dcp_varlen: bool, sparse_builders: bool) -> dict[str, VLLMBackend]:
+    """A release's backends; `sparse_builders`: its sparse builders set their own threshold by
+    heads and take DCP varlen (FlashInfer's sparse one VARLEN), as in 0.33."""
+    new = sparse_builders
+    sparse = dict(dcp_varlen=new, sparse=True)
     out = [
         VLLMBackend("FLASH_ATTN_MLA", 512, "varlen", _16, ("sm90",), 16, dcp_varlen=True),
         VLLMBackend("FLASHMLA", 128, "uniform", _FP8, ("sm90", "sm100"), 64),
@@ -484,26 +423,25 @@ def _vllm_backends(*, flashinfer_dcp_varlen: bool, sparse_builders: bool) -> dic
             ("bf16", "fp8"),
             ("sm90", "sm100"),
             64,
-            dcp_varlen=sparse_builders,
-            sparse=True,
-            heads_thresholds=_FLASHMLA_SPARSE_HEADS if sparse_builders else (),
+            heads_thresholds=_FLASHMLA_SPARSE_HEADS if new else (),
+            **sparse,
         ),
         VLLMBackend(
             "FLASHINFER_MLA_SPARSE",
             1,
-            "varlen" if sparse_builders else "uniform",
+            "varlen" if new else "uniform",
             _FP8,
             ("sm100",),
             64,
-            dcp_varlen=sparse_builders,
-            sparse=True,
-            heads_thresholds=_FLASHINFER_SPARSE_HEADS if sparse_builders else (),
+            heads_thresholds=_FLASHINFER_SPARSE_HEADS if new else (),
+            **sparse,
         ),
     ]
     return {b.name: b for b in out}
 
 
-def _vllm_options(backends, *, pcp: bool = False, force_mqa: bool = False) -> dict[str, Option]:
+def _vllm_options(backends, *, pcp: bool, force_mqa: bool) -> dict[str, Option]:
+    workspace = f"{MLA_ATTN} determine_chunked_prefill_workspace_size"
     opts = [
         Option(
             "backend",
@@ -528,46 +466,24 @@ def _vllm_options(backends, *, pcp: bool = False, force_mqa: bool = False) -> di
             "parallel drafting doubles k in the threshold: max(t, 1 + 2k)",
             f"{BACKEND} _init_reorder_batch_threshold",
         ),
-        Option(
+        _size(
             "decode_context_parallel_size",
-            int,
-            1,
             "DCP > 1 drops the threshold to 1 on backends without DCP varlen support",
             f"{BACKEND} _init_reorder_batch_threshold (parallel_config)",
-            minimum=1,
-            maximum=1024,
         ),
-        Option(
+        _count(
             "reorder_batch_threshold",
-            int,
             None,
             "override the builder's decode threshold (a what-if: a class attribute, not a vLLM flag)",
             f"{MLA_DIR}/<backend>.py reorder_batch_threshold",
-            minimum=1,
         ),
-        Option(
-            "max_model_len",
-            int,
-            None,
-            "sizes the context workspace (default: the model's context length)",
-            f"{MLA_ATTN} determine_chunked_prefill_workspace_size",
-            minimum=1,
-        ),
-        Option(
-            "max_num_seqs",
-            int,
-            256,
-            "sizes the context workspace (at least max_num_seqs x block_size)",
-            f"{MLA_ATTN} determine_chunked_prefill_workspace_size",
-            minimum=1,
-        ),
-        Option(
+        _count("max_model_len", None, "sizes the context workspace (default: the model's context length)", workspace),
+        _count("max_num_seqs", 256, "sizes the context workspace (at least max_num_seqs x block_size)", workspace),
+        _count(
             "block_size",
-            int,
             None,
             "KV block (page) size; the context chunk rounds down to it (default: the backend's)",
             f"{CUDA} check_and_update_config",
-            minimum=1,
             maximum=4096,
         ),
     ]
@@ -583,17 +499,23 @@ def _vllm_options(backends, *, pcp: bool = False, force_mqa: bool = False) -> di
         )
     if pcp:
         opts.append(
-            Option(
+            _size(
                 "prefill_context_parallel_size",
-                int,
-                1,
                 "PCP > 1: short extends still prefilling count as prefills (treat_short_extends_as_decodes=False)",
                 f"{MLA_ATTN} MLACommonMetadataBuilder.build, {UTILS} split_decodes_and_prefills",
-                minimum=1,
-                maximum=1024,
             )
         )
     return {o.name: o for o in opts}
+
+
+def _count(name: str, default, help: str, source: str, maximum: int = INT_MAX) -> Option:
+    """A whole number of at least 1 (None: the backend's, the model's)."""
+    return Option(name, int, default, help, source, minimum=1, maximum=maximum)
+
+
+def _size(name: str, help: str, source: str) -> Option:
+    """A parallel size: 1 (off) by default, at most 1024."""
+    return _count(name, 1, help, source, maximum=1024)
 
 
 VLLM_ALIASES = {"threshold": "reorder_batch_threshold"}
@@ -607,32 +529,6 @@ _VLLM_PRIORITY = {
     "sm100": ("FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA", "FLASHMLA_SPARSE"),
     "sm80": _NOT_SM100,
 }
-SPARSE_ATTN = "vllm/model_executor/layers/attention/sparse_mla_attention.py"
-VLLM_DSA_0014CA6B = VLLMDSA(
-    mha=False,
-    source=f"{MLA_ATTN} MLAAttention.forward_impl at 0014ca6b (sparse MLA impls only support forward_mqa)",
-)
-VLLM_DSA_0_33_0 = VLLMDSA(
-    mha=True,
-    masked={  # _DSV32_MASKED_MHA_THRESHOLDS: per TP size, the least query length per bucket (None: never)
-        "FLASHMLA_SPARSE": {
-            1: (1536, 4096, None, None, None),
-            2: (512, 1024, 4096, None, None),
-            4: (512, 1024, 1536, 8192, None),
-            8: (512, 512, 1024, 2048, 16384),
-        },
-        "FLASHINFER_MLA_SPARSE": {8: (512, 1024, 1024, 2048, 32768)},
-    },
-    buckets=(2048, 4096, 8192, 16384, 32768),
-    masked_archs=("sm100",),
-    masked_kv_dtypes=("bf16", "fp16"),
-    mask_words=128 * 1024 * 1024 // 4,
-    source=(
-        f"{MLA_ATTN} (newest read) _DSV32_MASKED_MHA_THRESHOLDS, _use_masked_mha, MLAAttention.forward_impl; "
-        f"{SPARSE_ATTN} SparseMLACommonMetadataBuilder.build (use_dense_mha), _is_masked_mha_available, "
-        "_masked_mha_workspace_fits, _topk_mask_shape"
-    ),
-)
 _VLLM_DEFAULTS_SRC = (
     f"{CUDA} _get_backend_priorities (the first backend that accepts the architecture and cache "
     "dtype) and check_and_update_config (sm100: FLASHINFER_MLA when qk_nope_head_dim is 128 and "
@@ -649,10 +545,39 @@ def _vllm_defaults(confirmed: bool) -> tuple[Default, ...]:
     )
 
 
-VLLM_0014CA6B = RuleSet(
-    engine="vllm",
-    version="0014ca6b",
-    source=Source(
+def _vllm(
+    version: str,
+    source: Source,
+    *,
+    flashinfer_dcp_varlen: bool,
+    sparse_builders: bool,
+    pcp: bool,
+    force_mqa: bool,
+    **kw,
+) -> RuleSet:
+    """A vLLM release: its backends, the options it has (prefill context parallelism,
+    sparse_mla_force_mqa), its defaults (`defaults_confirmed`: its own cuda.py read), and the
+    priorities every release has."""
+    backends = _vllm_backends(flashinfer_dcp_varlen=flashinfer_dcp_varlen, sparse_builders=sparse_builders)
+    options = _vllm_options(backends, pcp=pcp, force_mqa=force_mqa)
+    defaults = _vllm_defaults(kw.pop("defaults_confirmed"))
+    return RuleSet(
+        "vllm",
+        version,
+        source,
+        options,
+        backends,
+        defaults,
+        aliases=VLLM_ALIASES,
+        priorities=_VLLM_PRIORITY,
+        model_kinds=("mla", "dsa"),
+        **kw,
+    )
+
+
+VLLM_0014CA6B = _vllm(
+    "0014ca6b",
+    Source(
         VLLM_REPO,
         "0014ca6b9929614f1b72c4bb11e5238de49cba89",
         (
@@ -666,23 +591,24 @@ VLLM_0014CA6B = RuleSet(
             "read at 00bd1493 and 002db495"
         ),
     ),
-    options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=False, sparse_builders=False)),
-    backends=_vllm_backends(flashinfer_dcp_varlen=False, sparse_builders=False),
-    defaults=_vllm_defaults(confirmed=False),
+    flashinfer_dcp_varlen=False,
+    sparse_builders=False,
+    pcp=False,
+    force_mqa=False,
+    defaults_confirmed=False,
+    dsa=VLLMDSA(
+        mha=False,
+        source=f"{MLA_ATTN} MLAAttention.forward_impl at 0014ca6b (sparse MLA impls only support forward_mqa)",
+    ),
     notes=(
         "DSA: every token of a sparse backend runs the sparse MQA at 0014ca6b (MLAAttention.forward_impl), "
         "so the sparse builders' thresholds, not read at this commit, change no path",
     ),
-    aliases=VLLM_ALIASES,
-    priorities=_VLLM_PRIORITY,
-    model_kinds=("mla", "dsa"),
-    dsa=VLLM_DSA_0014CA6B,
 )
 
-VLLM_0_33_0 = RuleSet(
-    engine="vllm",
-    version="0.33.0",
-    source=Source(
+VLLM_0_33_0 = _vllm(
+    "0.33.0",
+    Source(
         VLLM_REPO,
         "0.33.0",
         (
@@ -702,23 +628,42 @@ VLLM_0_33_0 = RuleSet(
                 "PCP, the packed context, the workspace rounded up to the block",
             ),
         ),
-        note=("release not confirmed: the newest files found (several without a known commit), taken as v0.33.0's"),
+        note="release not confirmed: the newest files found (several without a known commit), taken as v0.33.0's",
     ),
-    options=_vllm_options(_vllm_backends(flashinfer_dcp_varlen=True, sparse_builders=True), pcp=True, force_mqa=True),
-    backends=_vllm_backends(flashinfer_dcp_varlen=True, sparse_builders=True),
-    defaults=_vllm_defaults(confirmed=True),
+    flashinfer_dcp_varlen=True,
+    sparse_builders=True,
+    pcp=True,
+    force_mqa=True,
+    defaults_confirmed=True,
+    reorder_regions=4,
+    workspace_round_up=True,
+    dsa=VLLMDSA(
+        mha=True,
+        masked={  # _DSV32_MASKED_MHA_THRESHOLDS: per TP size, the least query length per bucket (None: never)
+            "FLASHMLA_SPARSE": {
+                1: (1536, 4096, None, None, None),
+                2: (512, 1024, 4096, None, None),
+                4: (512, 1024, 1536, 8192, None),
+                8: (512, 512, 1024, 2048, 16384),
+            },
+            "FLASHINFER_MLA_SPARSE": {8: (512, 1024, 1024, 2048, 32768)},
+        },
+        buckets=(2048, 4096, 8192, 16384, 32768),
+        masked_archs=("sm100",),
+        masked_kv_dtypes=("bf16", "fp16"),
+        mask_words=128 * 1024 * 1024 // 4,
+        source=(
+            f"{MLA_ATTN} (newest read) _DSV32_MASKED_MHA_THRESHOLDS, _use_masked_mha, MLAAttention.forward_impl; "
+            f"{SPARSE_ATTN} SparseMLACommonMetadataBuilder.build (use_dense_mha), _is_masked_mha_available, "
+            "_masked_mha_workspace_fits, _topk_mask_shape"
+        ),
+    ),
     notes=(
         "DSA: the sparse files used (mla_attention.py with the masked-MHA table, sparse_mla_attention.py with "
         "masked_mha_workspace_fits, flashmla_sparse.py at 008a0c31, a flashinfer_mla_sparse.py on the common "
         "sparse builder) are the newest found, not confirmed to be v0.33.0's",
         "DSA: masked MHA needs FlashAttention 4 (get_flash_attn_version); mlactl takes it as there on sm100",
     ),
-    aliases=VLLM_ALIASES,
-    priorities=_VLLM_PRIORITY,
-    reorder_regions=4,
-    workspace_round_up=True,
-    model_kinds=("mla", "dsa"),
-    dsa=VLLM_DSA_0_33_0,
 )
 
 # -- the registry ----------------------------------------------------------------------------------
@@ -732,18 +677,10 @@ SHORTHANDS = {
     "sglang-trtllm": ("sglang", {"attention_backend": "trtllm_mla"}),
 }
 # Architectures of the GPUs mlactl has profiles for, by a name or display substring.
-ARCH_BY_NAME = (
-    ("B200", "sm100"),
-    ("B100", "sm100"),
-    ("GB200", "sm100"),
-    ("B300", "sm100"),
-    ("H100", "sm90"),
-    ("H200", "sm90"),
-    ("H800", "sm90"),
-    ("H20", "sm90"),
-    ("A100", "sm80"),
-    ("A800", "sm80"),
-    ("MI300", "rocm"),
-    ("MI325", "rocm"),
-    ("MI355", "rocm"),
-)
+_GPUS = {
+    "sm100": ("B200", "B100", "GB200", "B300"),
+    "sm90": ("H100", "H200", "H800", "H20"),
+    "sm80": ("A100", "A800"),
+    "rocm": ("MI300", "MI325", "MI355"),
+}
+ARCH_BY_NAME = tuple((key, arch) for arch, keys in _GPUS.items() for key in keys)
