@@ -232,8 +232,8 @@ def test_what_a_rule_says_of_itself_is_what_replay_asks(model, name, gpu):
     assert p.describe == p.why[0]
     assert p.chunked_path == rules.chunked_path(e) and p.decode_path == rules.decode_path(e)
     assert p.reads_threshold == e.sweeps
-    assert p.sweep.option == e.sweep_option and p.sweep.compares == e.compares
-    assert p.sweep.maximum == e.threshold_max
+    assert p.swept.option == e.sweep_option and p.swept.compares == e.compares
+    assert p.swept.maximum == e.threshold_max
     if e.sweeps:
-        assert p.sweep.value == e.threshold
+        assert p.swept.value == e.threshold
     assert p.with_threshold(7) == e.with_threshold(7).params

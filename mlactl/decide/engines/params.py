@@ -95,7 +95,7 @@ def context_for(cfg=None, hw=None, kv_dtype: str = "bf16") -> Context:
     )
 
 
-class Sweep(NamedTuple):
+class Swept(NamedTuple):
     """The threshold a rule reads, as a sweep moves it."""
 
     option: str  # under the engine's own name
@@ -233,7 +233,7 @@ class EngineParams:
         return self.paths[2]
 
     @property
-    def sweep(self) -> Sweep:
+    def swept(self) -> Swept:
         """The threshold a sweep of this rule moves: its option, value in force, bound, and what it
         is compared with."""
         raise NotImplementedError

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mlactl.decide.engines.params import DSA_PATH_NAMES, Context, EngineParams, Sweep, is_decode
+from mlactl.decide.engines.params import DSA_PATH_NAMES, Context, EngineParams, Swept, is_decode
 from mlactl.decide.engines.rulesets import Default, RuleSet, SGLangBackend, SGLangDSA
 from mlactl.util.errors import MlactlError
 
@@ -139,16 +139,16 @@ class SGLangParams(EngineParams, family="sglang"):
         return {"dense_threshold": self.dense_threshold, "dense_possible": self.dense_ok}
 
     @property
-    def sweep(self) -> Sweep:
+    def swept(self) -> Swept:
         if self.is_dsa:
-            return Sweep(
+            return Swept(
                 self.sglang_dsa.threshold_option,
                 self.dense_threshold,
                 self.topk,
                 "longest_sequence",
                 "the longest sequence of an extend batch",
             )
-        return Sweep(
+        return Swept(
             "chunked_prefix_cache_threshold",
             self.threshold,
             None,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlactl.decide.engines.params import DSA_PATH_NAMES, Context, EngineParams, Sweep
+from mlactl.decide.engines.params import DSA_PATH_NAMES, Context, EngineParams, Swept
 from mlactl.decide.engines.rulesets import VLLMDSA, RuleSet, VLLMBackend
 from mlactl.util.errors import MlactlError
 
@@ -136,8 +136,8 @@ class VLLMParams(EngineParams, family="vllm"):
         }
 
     @property
-    def sweep(self) -> Sweep:
-        return Sweep("reorder_batch_threshold", self.threshold, None, "query_len", "a request's new tokens")
+    def swept(self) -> Swept:
+        return Swept("reorder_batch_threshold", self.threshold, None, "query_len", "a request's new tokens")
 
     def step_counts(self, new, prefix, count, step, decode) -> np.ndarray:
         """Per row of many steps: a [R, 3] count of the row's requests on each of self.paths (a row
