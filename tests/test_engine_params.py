@@ -222,7 +222,7 @@ def test_what_a_rule_says_of_itself_is_what_replay_asks(model, name, gpu):
     """The resolved rule's own answers (its swept threshold, decode and chunked paths, whether its
     threshold matters) are those replay's adapter works out from its family and kind, so callers
     can ask the rule instead of testing for DSA."""
-    from mlactl.decide.replay import rules
+    from mlactl.decide.engines import steps as rules
 
     try:
         e = rules.parse(name, [], from_name(model), hardware.resolve(gpu))[0]

@@ -11,7 +11,7 @@ import json
 import pytest
 from conftest import error_line, run
 
-from mlactl.decide.replay import rules
+from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.clock import Clock
 from mlactl.model import hardware
 from mlactl.model.config import from_name

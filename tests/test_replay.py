@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from conftest import mooncake, run
 
-from mlactl.decide.replay import rules
+from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.pricing import rows_of

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from test_replay import H200, PAGE, V3, mooncake, parse
 
-from mlactl.decide.replay import rules
+from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.scheduler import SGLANG_MIN_RATIO, SGLANG_RATIO_DECAY, Settings, scheduler_for

@@ -25,7 +25,7 @@ from conftest import run
 
 from mlactl.decide.calibration.steps import PathLaunches
 from mlactl.decide.calibration.time import batch_time
-from mlactl.decide.replay import rules
+from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.replay import ReplaySettings, capacity, replay

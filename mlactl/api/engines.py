@@ -6,7 +6,7 @@ from pathlib import Path
 
 from mlactl.api.common import Result, Sizes, _engine_names, _setup, sizes
 from mlactl.decide import workload as workload_mod
-from mlactl.decide.engines import DEFAULT_ENGINES, context_for, parse_engines
+from mlactl.decide.engines import context_for, default_selection, parse_engines
 from mlactl.decide.setup import Setup
 from mlactl.decide.workload import WorkloadReport
 from mlactl.model.shapes import grid
@@ -40,7 +40,7 @@ def engine_loss(
     s = setup or _setup(model, hardware, tp, kv_dtype, dtype, chunk, calibration)
     names = _engine_names(engines)
     if names is None:  # the shorthands fix a dense backend: a DSA model's default is the two engines
-        names = ",".join(DEFAULT_ENGINES) if s.cfg.is_dsa else "sglang,sglang-triton,sglang-trtllm,vllm"
+        names = ",".join(default_selection(s.cfg))
     chosen = parse_engines(names, list(engine_options), context_for(s.cfg, s.hw, s.kv_dtype))
     if workload is not None:
         wl = workload_mod.read_workload(Path(workload))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from mlactl.api.common import Result, _engine_names, _setup
 from mlactl.decide import setup as settings
-from mlactl.decide.replay import rules as replay_rules
+from mlactl.decide.engines import steps as replay_rules
 from mlactl.decide.replay.replay import Replay, ReplaySettings
 from mlactl.decide.replay.replay import replay as run_replay
 from mlactl.decide.replay.traces import read_trace

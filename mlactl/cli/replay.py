@@ -10,7 +10,7 @@ import typer
 
 from mlactl.cli.common import choice, cli_errors, emit, one_int, output_format, resolve
 from mlactl.cli.options import MACHINE, OUTPUT, AllEnginesOpt, EngineOptionOpt, Opts, shared
-from mlactl.decide.replay import rules
+from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.replay import ReplaySettings, replay
 from mlactl.decide.replay.shipped import SCHEDULER_OPTIONS
 from mlactl.decide.replay.traces import read_trace

@@ -23,6 +23,7 @@ from mlactl.decide.engines.rulesets import ARCH_BY_NAME, NEWEST, RULESETS, SHORT
 
 if TYPE_CHECKING:
     from mlactl.decide.engines.rulesets import VLLMDSA, SGLangBackend, SGLangDSA
+from mlactl.util.defaults import ENGINES
 from mlactl.util.errors import MlactlError
 
 DEFAULT_ENGINES = ("sglang", "vllm")
@@ -355,6 +356,12 @@ def ruleset_for(name: str) -> tuple[RuleSet, dict]:
         have = ", ".join(r.version for r in RULESETS.values() if r.engine == base)
         raise MlactlError(f"no rule set for {name}; {base} versions: {have} (see `mlactl engines --list`)")
     raise MlactlError(f"unknown engine {name!r}; choose from {', '.join(known_names())}")
+
+
+def default_selection(cfg=None) -> tuple[str, ...]:
+    """The engines judged where none are named: SGLang with each of its dense backends forced,
+    and vLLM; on a DSA model (whose backends those shorthands do not run) the two as they ship."""
+    return DEFAULT_ENGINES if cfg is not None and cfg.is_dsa else ENGINES
 
 
 def _names(engines) -> list[str]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from mlactl.decide.calibration.steps import PathLaunches, group_max, group_sums
 from mlactl.decide.calibration.time import path_times
-from mlactl.decide.replay import rules
+from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.scheduler import Schedule
 from mlactl.decide.workload import engine_cost
 from mlactl.model.cost import CostModel

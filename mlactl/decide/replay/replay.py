@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from mlactl.decide.replay import rules
+from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.intervals import Drawer, sample_size, step_weights

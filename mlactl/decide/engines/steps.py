@@ -17,7 +17,6 @@ reorder: the running decodes first, then the prompt chunks in the scheduler's or
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import cast
 
 import numpy as np
 
@@ -31,11 +30,6 @@ from mlactl.util.errors import MlactlError
 
 VLLM, SGLANG = "vllm", "sglang"
 DEFAULT_ENGINES = ENGINES  # replay judges all four by default: sglang, sglang-triton, sglang-trtllm, vllm
-# The option each family's swept threshold is, under the engine's own name, and what it is compared with
-# (a DSA model: SGLang's dense threshold, named per release, against an extend batch's longest sequence).
-SWEPT_OPTION = {SGLANG: "chunked_prefix_cache_threshold", VLLM: "reorder_batch_threshold"}
-COMPARES = {SGLANG: "the summed prefix of an extend batch", VLLM: "a request's new tokens"}
-DSA_COMPARES = "the longest sequence of an extend batch"
 # Rows of one call to vLLM's rule at most: its reorder follows each request (engines.vllm.MAX_REQUESTS).
 MAX_ROWS_PER_CALL = 1 << 22
 MEMO_STEPS = 1 << 16  # vLLM steps' answers kept by OneStep (a few MB)
@@ -84,32 +78,26 @@ class Engine:
         return self.family == SGLANG and bool(self.params.values.get("enable_mixed_chunk", False))
 
     @property
-    def dsa_dense(self) -> bool:
-        """SGLang's rule on a DSA model: the swept threshold is the dense one."""
-        return self.family == SGLANG and self.params.is_dsa
-
-    @property
     def threshold(self) -> int | None:
         """The threshold in force that the sweep tries, or None for a rule that does not read one."""
-        if not self.sweeps:
-            return None
-        return int(self.params.dense_threshold if self.dsa_dense else self.params.threshold)
+        return int(self.params.swept.value) if self.sweeps else None
 
     @property
     def threshold_max(self) -> int | None:
-        """The largest threshold the rule takes (SGLang's dense one: index_topk), or None."""
-        return int(self.params.topk) if self.dsa_dense else None
+        """The largest threshold the rule takes (SGLang's dense one on a DSA model: index_topk), or None."""
+        most = self.params.swept.maximum
+        return None if most is None else int(most)
 
     @property
     def sweep_option(self) -> str:
-        return self.params.sglang_dsa.threshold_option if self.dsa_dense else SWEPT_OPTION[self.family]
+        return self.params.swept.option
 
     @property
     def compares(self) -> str:
-        return DSA_COMPARES if self.dsa_dense else COMPARES[self.family]
+        return self.params.swept.compares
 
     def with_threshold(self, t: int) -> Engine:
-        return replace(self, params=_with_threshold(self, t))
+        return replace(self, params=self.params.with_threshold(t))
 
     def to_json(self) -> dict:
         """The rule as resolved: name, engine, version, label, source, backend (and SGLang's decode
@@ -124,34 +112,10 @@ def parse(
     four engines by default), each rule resolved for the model `cfg`, the hardware profile `hw`
     and the cache dtype (either may be None: the rule sets' default context). Raises MlactlError
     (one line) on anything the rule sets cannot take."""
-    if engines is None:  # the shorthands fix dense backends: a DSA model's default is the two engines
-        engines = ",".join(rules.DEFAULT_ENGINES if cfg is not None and cfg.is_dsa else DEFAULT_ENGINES)
-    names = engines
-    params = rules.parse_engines(names, options, rules.context_for(cfg, hw, kv_dtype))
-    return [Engine(p, sweeps=_reads_threshold(p)) for p in params]
-
-
-def _with_threshold(e: Engine, t):
-    """The engine's params with its swept threshold at `t` (a number, or an array per step)."""
-    if e.dsa_dense:
-        return replace(e.params, dense_threshold=cast(int, t))
-    return replace(e.params, threshold=cast(int, t))
-
-
-def _reads_threshold(p: EngineParams) -> bool:
-    """Whether the rule's threshold can change a path. vLLM's always can. SGLang's only where the
-    handler compares the summed prefix with it (not triton, trtllm_mla, fa4 or aiter, and not with
-    the chunked prefix cache off or a switch that makes every extend absorb): asked of the rule
-    itself, on an extend batch of summed prefix 1 above the prefill graph, at thresholds 1 and 2.
-    On a DSA model SGLang's dense threshold can wherever dense MHA can run at all (dense_ok)."""
-    if p.family == VLLM:
-        return True
-    if p.is_dsa:
-        return p.dense_ok
-    new = np.array([max(p.graph_max_tokens, 0) + 1])
-    prefix, step, decode = np.array([1]), np.array([0]), np.array([False])
-    at = [rules.step_paths(replace(p, threshold=t), new, prefix, None, step, decode)[0] for t in (1, 2)]
-    return bool(at[0] != at[1])
+    if engines is None:
+        engines = ",".join(rules.default_selection(cfg))
+    params = rules.parse_engines(engines, options, rules.context_for(cfg, hw, kv_dtype))
+    return [Engine(p, sweeps=p.reads_threshold) for p in params]
 
 
 def decode_path(e: Engine) -> str:
@@ -177,7 +141,7 @@ def _rule_codes(e: Engine, new, prefix, step, decode, threshold=None) -> np.ndar
             _, first = np.unique(step, return_index=True)
             t = t[first]
         # an array stands in for the number: both rules compare it element by element
-        p = _with_threshold(e, t)
+        p = e.params.with_threshold(t)
     counts = rules.step_counts(p, new, prefix, None, step, decode)
     return _to_code(e)[np.argmax(counts, axis=1)] if len(counts) else np.zeros(0, dtype=np.int8)
 
@@ -353,7 +317,7 @@ def breakpoints(e: Engine, new, prefix, step, decode, nsteps: int) -> tuple[np.n
     and checks it against these."""
     new, prefix, step = (np.asarray(a, dtype=np.int64) for a in (new, prefix, step))
     decode = np.asarray(decode, dtype=bool)
-    if e.dsa_dense:
+    if e.params.swept.against == "longest_sequence":  # SGLang's dense threshold on a DSA model
         return _dense_breakpoints(e, new, prefix, step, decode, nsteps)
     if e.family == VLLM:
         at = new > 1
@@ -409,7 +373,7 @@ def paths(e: Engine | None = None) -> tuple[str, ...]:
 
 def chunked_path(e: Engine | None = None) -> str:
     """The path an engine may run at its own chunk: expand_chunked; a DSA model's masked_expand."""
-    return "masked_expand" if e is not None and e.params.is_dsa else "expand_chunked"
+    return "expand_chunked" if e is None else e.params.chunked_path
 
 
 def path_code(e: Engine | None, name: str) -> int:
