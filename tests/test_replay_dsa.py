@@ -24,7 +24,6 @@ import pytest
 from conftest import run
 
 from mlactl.decide.calibration.steps import PathLaunches
-from mlactl.decide.calibration.time import batch_time
 from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
@@ -166,26 +165,6 @@ def test_clock_features_are_the_linear_forms_features():
     assert clock.partial_paths == {"masked_expand"}  # ... and the clock prices it row by row
     for path in clock.linear:
         assert linear_ops(cost, path).names  # every DSA path has a linear form
-
-
-def test_path_launches_are_batch_time_step_by_step_on_dsa_paths():
-    cost = CostModel(V32, chunk=1000)
-    rng = np.random.default_rng(2)
-    sizes = [1, 3, 7, 2, 5, 1]
-    rows = sum(sizes)
-    new = np.where(rng.random(rows) < 0.5, 1, rng.integers(1, 3000, rows))
-    prefix = np.where(rng.random(rows) < 0.2, 0, rng.integers(1, 70000, rows))
-    paths = rng.choice(["sparse_absorb", "masked_expand", "dense_expand"], rows)
-    starts = np.cumsum([0] + sizes[:-1])
-    got = sum(
-        PathLaunches(cost, H200, None, p, new, prefix).seconds(starts, mask=paths == p)
-        for p in ("sparse_absorb", "masked_expand", "dense_expand")
-    )
-    want = [
-        batch_time(cost, H200, None, new[s : s + n], prefix[s : s + n], np.ones(n, dtype=int), paths[s : s + n])
-        for s, n in zip(starts, sizes)
-    ]
-    np.testing.assert_allclose(got, want, rtol=1e-10)  # sums of seven features: a few ulps more than MLA's
 
 
 # -- the rule one step at a time, and the sweep ---------------------------------------------------------

@@ -1,6 +1,6 @@
 """The parts of `mlactl replay`: the trace readers and their errors, the block pool, the linear
-forms of cost.py's ops, PathLaunches against batch_time step by step, the model's weights, and
-`mlactl plot replay`."""
+forms of cost.py's ops, the model's weights, and `mlactl plot replay`. (A step's launches are
+worked out by hand in tests/test_calibration_launches.py.)"""
 
 from __future__ import annotations
 
@@ -11,19 +11,13 @@ import numpy as np
 import pytest
 from conftest import run
 
-from mlactl.decide.calibration import store
-from mlactl.decide.calibration.steps import PathLaunches
-from mlactl.decide.calibration.time import batch_time, path_times
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.traces import MAX_ERRORS, read_trace
-from mlactl.model import hardware
 from mlactl.model import weights as weights_mod
 from mlactl.model.config import from_name
 from mlactl.model.cost import CostModel, WeightCost
 from mlactl.model.linear import LinearOps
 from mlactl.util.errors import MlactlError
-
-H200 = hardware.resolve("h200")
 
 
 def error_lines(result) -> list[str]:
@@ -207,7 +201,7 @@ def test_pool_without_caching_matches_nothing():
     assert pool.used == 0
 
 
-# -- linear forms and step pricing ------------------------------------------------------------------
+# -- linear forms ------------------------------------------------------------------
 
 
 def test_linear_forms_refuse_a_path_that_is_not_linear(monkeypatch):
@@ -222,70 +216,6 @@ def test_linear_forms_refuse_a_path_that_is_not_linear(monkeypatch):
     monkeypatch.setattr(CostModel, "ops", squared)
     with pytest.raises(MlactlError, match="is not linear"):
         LinearOps(cost, "absorb")
-
-
-@pytest.mark.parametrize("tp", [pytest.param(1, id="tp1"), pytest.param(8, id="tp8")])
-@pytest.mark.parametrize("chunk", [pytest.param(8192, id="chunk8K"), pytest.param(1000, id="chunk1000")])
-def test_path_launches_are_batch_time_step_by_step(tp, chunk):
-    cost = CostModel(from_name("deepseek-v3").with_tp(tp), chunk=chunk)
-    rng = np.random.default_rng(tp * chunk)
-    sizes = [1, 3, 7, 2, 5, 1]
-    rows = sum(sizes)
-    new = np.where(rng.random(rows) < 0.5, 1, rng.integers(1, 5000, rows))
-    prefix = np.where(rng.random(rows) < 0.2, 0, rng.integers(1, 70000, rows))
-    paths = rng.choice(["absorb", "expand", "expand_chunked"], rows)
-    starts = np.cumsum([0] + sizes[:-1])
-    for cal in (None, calibration()):
-        got = sum(
-            PathLaunches(cost, H200, cal, p, new, prefix).seconds(starts, mask=paths == p)
-            for p in ("absorb", "expand", "expand_chunked")
-        )
-        want = [
-            batch_time(cost, H200, cal, new[s : s + n], prefix[s : s + n], np.ones(n, dtype=int), paths[s : s + n])
-            for s, n in zip(starts, sizes)
-        ]
-        np.testing.assert_allclose(got, want, rtol=1e-12)
-
-
-def test_a_launch_of_one_row_is_its_ops_predicted_times():
-    """batch_time of one request is path_times's time of that shape (time.predict, op by op):
-    a second implementation of how a fit's compute and memory combine (`sum`, `pipe`, `l2`)."""
-    cost = CostModel(from_name("deepseek-v3").with_tp(8))
-    cal = calibration()
-    for new, prefix in ((1, 4096), (7, 0), (512, 30000), (3000, 100)):
-        for p in ("absorb", "expand", "expand_chunked"):
-            one = np.array([new]), np.array([prefix])
-            want = float(np.reshape(path_times(cost, H200, cal, 1, *one, (p,))[p].time_s, -1)[0])
-            got = batch_time(cost, H200, cal, *one, np.ones(1, dtype=int), np.array([p]))
-            assert got == pytest.approx(want, rel=1e-12), (new, prefix, p)
-
-
-def calibration():
-    """Fits with most terms, a decode and a prefill fit for absorb's attention, a projection
-    with `near`, one with `sum` and `l2`, one with `dgtile` and `pipe`: each per-step part of
-    PathLaunches is exercised."""
-    attn = ["fixed", "split", "kvpad", "serial", "combine", "request", "fa3split", "kvcast", "qrow", "pad", "waves"]
-    dg = ["fixed", "pad", "waves", "dgtile", "pipe"]
-    near = {"features": [[3.0, 4.0, 0.0], [5.0, 4.0, 1.0], [7.0, 4.0, 0.0]], "log_residual": [0.1, -0.2, 0.3]}
-    p = {"t_fixed_s": 1e-5, "eta_c": 0.5, "eta_m": 0.7, "t_iter_s": 1e-7, "t_combine_s": 1e-6}
-    p |= {"t_request_s": 1e-8, "eta_x": 0.3, "t_row_s": 1e-9}
-    fits = [
-        {"op": "absorb_attention", "source": "x:decode", "dtype": "bf16", "terms": attn, "params": p},
-        {"op": "absorb_attention", "source": "x:prefill", "dtype": "bf16", "terms": ["fixed", "pad", "waves"],
-         "params": {"t_fixed_s": 2e-5, "eta_c": 0.6, "eta_m": 0.6}},
-        {"op": "q_absorb", "source": "x:prefill", "dtype": "bf16", "terms": ["fixed", "quant", "align", "near"],
-         "params": {"t_fixed_s": 3e-6, "eta_c": 0.7, "eta_m": 0.8, "eta_q": 0.5, "t_align_s": 1e-6, "near": near}},
-        {"op": "expand_attention", "source": "x:prefill", "dtype": "bf16", "terms": ["fixed", "pad", "tile128"],
-         "params": {"t_fixed_s": 5e-6, "eta_c": 0.5, "eta_m": 0.8}},
-        # compute and memory added, and L2 decided by the launch's bytes (8 MB: some launches fit)
-        {"op": "out_absorb", "source": "x:prefill", "dtype": "bf16", "terms": ["fixed", "sum", "l2"],
-         "params": {"t_fixed_s": 2e-6, "eta_c": 0.6, "eta_m": 0.7, "l2_gain": 2.5, "l2_bytes": 8e6}},
-        # DeepGEMM's tiles, of one tile the lesser side exposed
-        {"op": "kv_expand", "source": "x:prefill", "dtype": "bf16", "terms": dg,
-         "params": {"t_fixed_s": 4e-6, "eta_c": 0.8, "eta_m": 0.9}},
-    ]  # fmt: skip
-    data = {"schema": "mlactl.calibration", "schema_version": 1, "name": "t", "hardware": "h200", "fits": fits}
-    return store.validate(data, "test")
 
 
 # -- the model's weights ----------------------------------------------------------------------------

@@ -117,7 +117,7 @@ def test_an_l2_fit_takes_the_target_l2(target):
     fit = dict(GEMM, terms=["fixed", "l2"], params={"t_fixed_s": 3e-6, "eta_c": 0.5, "eta_m": 0.8,
                                                      "l2_gain": 2.0, "l2_bytes": 60 * 2**20})  # fmt: skip
     moved = carried([fit], target)
-    assert moved.fits[0]["params"]["l2_bytes"] == 100 * 2**20 and moved.fits[0]["params"]["l2_gain"] == 2.0
+    assert moved.fits[0].params["l2_bytes"] == 100 * 2**20 and moved.fits[0].params["l2_gain"] == 2.0
 
 
 FA3 = {
@@ -295,7 +295,7 @@ def test_score_refuses_the_wrong_ceilings_and_scores_a_transferred_calibration_a
     # at 2.25 PFLOP/s and 8 TB/s (5 us + 9.1268e9 / (0.5 * 2.25e15) = 13.112 us): error 1 - 1/1.1
     run("calibrate", "transfer", "hand", "--hardware", "b200")
     # times the factor the shipped transfer error model took its median out with (recorded in the fit)
-    factor = store.resolve("b200-from-hand").fits[0]["transfer"]["factor"]
+    factor = store.resolve("b200-from-hand").fits[0].transfer["factor"]
     t = factor * (5e-6 + 9_126_805_504 / (0.5 * 2250e12))
     write_csv(csv, [("absorb_attention", 4, 1, 8191, 1.1 * t)])
     out = run("calibrate", "score", "--calibration", "b200-from-hand", "--from", "csv", csv, "-g", "b200", "-f", "json")

@@ -141,7 +141,7 @@ def test_the_80_percent_interval_holds_75_to_85_percent_of_fresh_measurements():
     fitdict = json.loads(json.dumps(best.to_json()))
     from mlactl.decide.calibration.estimate import spread_of
 
-    spread = spread_of(fitdict, "absorb_attention", fresh, PEAK, BW, SMS)
+    spread = spread_of(store.Fit.of(fitdict), "absorb_attention", fresh, PEAK, BW, SMS)
     lo, hi = u.interval(spread)
     inside = np.mean((lo <= fresh.time_s) & (fresh.time_s <= hi))
     assert 0.75 <= inside <= 0.85

@@ -18,9 +18,10 @@ from dataclasses import replace
 
 from mlactl.decide.calibration.evidence import evidence
 from mlactl.decide.calibration.fit import K_FOLDS, fit
-from mlactl.decide.calibration.model import BASE_TERMS, GEMM_OPS, PROJECTIONS, SPARSE_TERMS, TERMS, relevant_terms
+from mlactl.decide.calibration.model import GEMM_OPS
 from mlactl.decide.calibration.paired import fit_paired, paired_groups
 from mlactl.decide.calibration.store import Calibration, check_hardware, load, resolve
+from mlactl.decide.calibration.terms import BASE_TERMS, PROJECTIONS, SPARSE_TERMS, TERMS, Terms, relevant_terms
 from mlactl.decide.calibration.uncertainty import members_of
 from mlactl.util import progress
 
@@ -128,13 +129,14 @@ def op_tries(op: str, terms, machine=None, source: str | None = None) -> bool:
     the machine's L2 size is known (without it the term does nothing); one with `dgtile` only on
     a DeepGEMM kernel's single GEMM (model.GEMM_OPS) on an SM90 machine, the one its tile
     heuristic describes."""
-    if "l2" in terms and machine is not None and not getattr(machine, "l2_bytes", None):
+    on = Terms.of(terms)
+    if on.l2 and machine is not None and not getattr(machine, "l2_bytes", None):
         return False
-    if "dgtile" in terms and machine is not None:
+    if on.dgtile and machine is not None:
         deepgemm = source is not None and "deepgemm" in source.lower()
         if not (deepgemm and op in GEMM_OPS and getattr(machine, "sm90", False)):
             return False
-    return op == "sparse_attention" or not set(SPARSE_TERMS) & set(terms)
+    return op == "sparse_attention" or not on & set(SPARSE_TERMS)
 
 
 def better(a, b) -> bool:

@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from mlactl.decide.calibration.model import Points
-from mlactl.decide.calibration.sources import points_for
+from mlactl.decide.calibration.sources import _concat, points_for
 from mlactl.model.config import MLAConfig
 from mlactl.model.cost import CostModel
 from mlactl.util.errors import MlactlError
@@ -75,7 +75,7 @@ DSA_TABLES = {
     "sparse_attention/glm5_dsa_attn_module_perf": "sparse_attention (GLM-5 dims)",
 }
 DSA_OPS = {"glm5_mqa_logits_module_perf": "indexer", "glm5_topk_module_perf": "topk"}
-DSA_ROWS = 500  # rows of a DSA table fitted (_dsa_points)
+DSA_ROWS = 500  # rows of a DSA table fitted (_sparse_points)
 # GLM-5's dims (aiconfigurator_core sdk/operations/dsa.py DSA_MODEL_DIMS["GlmMoeDsaForCausalLM"]);
 # H comes from each row
 GLM5 = dict(
@@ -186,33 +186,14 @@ def _cost(heads: int, kv_dtype: str = "bf16") -> CostModel:
     return CostModel(cfg, kv_dtype=kv_dtype, dtype="bf16")
 
 
-def _op_points(op_name: str, path: str, op_index: int, frame, batch, new, prefix, out_dim, kv_dtype) -> Points:
-    """cost.py's op at each row; heads differ per row, so cost is evaluated per head count."""
+def _op_points(op_name: str, frame, batch, new, prefix, kv_dtype) -> Points:
+    """cost.py's op at each row (sources.points_for, on the op's own path); heads differ per row,
+    so cost is evaluated per head count."""
     heads = frame["num_heads"].to_numpy(np.float64)
-    flops = np.empty(len(frame))
-    nbytes = np.empty(len(frame))
-    cache = np.zeros(len(frame))
-    for h in np.unique(heads):
-        rows = heads == h
-        cost = _cost(int(h), kv_dtype)
-        op = cost.ops(path, batch[rows], new[rows], prefix[rows])[op_index]
-        flops[rows], nbytes[rows] = op.flops, op.bytes
-        if op_name == "absorb_attention":
-            cache[rows] = cost.kv_cache_bytes(batch[rows], new[rows], prefix[rows])
-        elif op_name == "expand_attention":  # per-head K and V, as an MHA cache holds them
-            cache[rows] = cost.mha_cache_bytes(batch[rows], new[rows], prefix[rows])
-    return Points(
-        op_name,
-        flops,
-        nbytes,
-        batch.astype(np.float64),
-        new.astype(np.float64),
-        (new + prefix).astype(np.float64),
-        heads,
-        np.full(len(frame), float(out_dim)),
-        cache,
-        time_s=frame["latency"].to_numpy(np.float64) * MS,
-    )
+    t = frame["latency"].to_numpy(np.float64) * MS
+    groups = [np.flatnonzero(heads == h) for h in np.unique(heads)]
+    parts = [points_for(_cost(int(heads[g[0]]), kv_dtype), op_name, batch[g], new[g], prefix[g], t[g]) for g in groups]
+    return _concat(parts).take(np.argsort(np.concatenate(groups), kind="stable"))
 
 
 def table_points(table: Table) -> dict[tuple[str, str, str], Points]:
@@ -233,35 +214,32 @@ def table_points(table: Table) -> dict[tuple[str, str, str], Points]:
             else:  # one new token after `step` cached ones
                 n, p = np.ones(len(sub)), sub["step"].to_numpy(np.float64)
             expand = context and (table.framework == "trtllm" or str(src) in EXPAND_KERNELS)
-            if expand:
-                pts = _op_points("expand_attention", "expand", 1, sub, b, n, p, DSV3["dV"], kv)
-            else:
-                pts = _op_points("absorb_attention", "absorb", 1, sub, b, n, p, DSV3["r"], kv)
+            pts = _op_points("expand_attention" if expand else "absorb_attention", sub, b, n, p, kv)
             out[(pts.op, str(src), kv)] = pts
     elif folder == "mla_bmm":
-        names = {"mla_gen_pre": ("q_absorb", 0, DSV3["r"]), "mla_gen_post": ("out_absorb", 2, DSV3["dV"])}
+        names = {"mla_gen_pre": "q_absorb", "mla_gen_post": "out_absorb"}
         for (name, src, dt), sub in frame.groupby(["op_name", "kernel_source", "bmm_dtype"]):
             if name not in names:
                 continue
-            op, idx, out_dim = names[name]
+            op = names[name]
             # the weights are bf16 in cost.py's count; fp8 tables get their own parameters
             tokens = sub["num_tokens"].to_numpy(np.float64)
-            pts = _op_points(op, "absorb", idx, sub, tokens, np.ones(len(sub)), np.zeros(len(sub)), out_dim, "bf16")
+            pts = _op_points(op, sub, tokens, np.ones(len(sub)), np.zeros(len(sub)), "bf16")
             out[(op, str(src), KV_DTYPES.get(str(dt), str(dt)))] = pts
     elif folder == "sparse_attention":
-        out.update(_dsa_points(table, frame))
+        out.update(_sparse_points(table, frame))
     elif folder == "gemm":
         per_head = DSV3["dC"] + DSV3["dV"]
         frame = frame[(frame["k"] == DSV3["r"]) & (frame["n"] % per_head == 0)]
         frame = frame.assign(num_heads=frame["n"] // per_head)
         for (src, dt), sub in frame.groupby(["kernel_source", "gemm_dtype"]):
             m = sub["m"].to_numpy(np.float64)
-            pts = _op_points("kv_expand", "expand", 0, sub, np.ones(len(sub)), m, np.zeros(len(sub)), per_head, "bf16")
+            pts = _op_points("kv_expand", sub, np.ones(len(sub)), m, np.zeros(len(sub)), "bf16")
             out[("kv_expand", str(src), KV_DTYPES.get(str(dt), str(dt)))] = pts
     return out
 
 
-def _dsa_points(table: Table, frame) -> dict[tuple[str, str, str], Points]:
+def _sparse_points(table: Table, frame) -> dict[tuple[str, str, str], Points]:
     """A DSA kernel-level table (GLM-5 dims) as the points of its op class: at most DSA_ROWS rows
     of it, a fixed random sample. The tables hold 1,800-3,600 rows of a dozen batch sizes and
     context lengths each; selecting the sparse attention's terms over all 3,025 rows of H100's

@@ -30,14 +30,8 @@ from mlactl.decide.calibration import basis as basis_mod
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, decode_like, op_class
 from mlactl.decide.calibration.sources import points_for
-from mlactl.decide.calibration.time import (
-    fit_dtype,
-    launch_parts,
-    path_times,
-    predict_fit,
-    scaled_ops,
-    whole_path_fit,
-)
+from mlactl.decide.calibration.store import Fit
+from mlactl.decide.calibration.time import launch_parts, path_times, predict_fit, scaled_ops
 from mlactl.model.cost import MLA_PATHS, CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import path_time
@@ -56,6 +50,12 @@ class OpEstimate:
     basis: np.ndarray  # per point: measured, extrapolated or roofline
     octaves: np.ndarray  # per point: octaves beyond the measured range (0 inside)
     axis: np.ndarray  # per point: the axis farthest out ("" inside)
+
+    @classmethod
+    def alone(cls, name: str, spread: u.OpSpread) -> OpEstimate:
+        """An op timed by one spread at every point."""
+        return cls(name, spread.time, [(np.ones(np.shape(spread.time), bool), spread)], spread.basis, spread.octaves,
+                   spread.axis)  # fmt: skip
 
     @property
     def has_interval(self) -> bool:
@@ -167,23 +167,23 @@ def _joined(ops: list[OpEstimate]) -> OpEstimate:
     )
 
 
-def _fit_spread(cost, hw, calibration, fit: dict, cls: str, batch, new, prefix, path, layers) -> u.OpSpread:
+def _fit_spread(cost, hw, calibration, fit: Fit, cls: str, batch, new, prefix, path, layers) -> u.OpSpread:
     """One fit's OpSpread at the points (`spread_of` on cost.py's figures there)."""
     pts = points_for(cost, cls, batch, new, prefix, None, path=path)
     return spread_of(fit, cls, pts, calibration.peak(hw), hw.bandwidth, hw.sm_count, layers)
 
 
-def spread_of(fit: dict, cls: str, pts, peak: float, bandwidth: float, sm_count, layers: int = 1) -> u.OpSpread:
+def spread_of(fit: Fit, cls: str, pts, peak: float, bandwidth: float, sm_count, layers: int = 1) -> u.OpSpread:
     """One fit's OpSpread at Points `pts`: its members, its step-free twin, its basis."""
     t = predict_fit(fit, cls, pts, peak, bandwidth, sm_count) * layers
-    alts = [t] + [predict_fit(m, cls, pts, peak, bandwidth, sm_count) * layers for m in fit.get("members", [])]
+    alts = [t] + [predict_fit(m, cls, pts, peak, bandwidth, sm_count) * layers for m in fit.members]
     smooth = predict_fit(fit, cls, pts, peak, bandwidth, sm_count, smooth=True) * layers
-    code, octaves, axis = basis_mod.basis(fit.get("range"), pts)
+    code, octaves, axis = basis_mod.basis(fit.range, pts)
     shape = np.shape(t)
     with np.errstate(divide="ignore", invalid="ignore"):
         step = np.where(smooth > 0, t / smooth - 1.0, 0.0)
-    sampled = basis_mod.steps_sampled(fit.get("shapes"), pts).reshape(shape)
-    iv = fit.get("interval") or {}
+    sampled = basis_mod.steps_sampled(fit.shapes, pts).reshape(shape)
+    iv = fit.interval
     return u.OpSpread(
         t, np.stack(alts), smooth, (step > u.STEP_MIN) & ~sampled, code.reshape(shape), octaves.reshape(shape),
         np.asarray(axis, dtype=object).reshape(shape), iv.get("random"), iv.get("blocked"), iv.get("blocked_octaves"),
@@ -194,13 +194,14 @@ def spread_of(fit: dict, cls: str, pts, peak: float, bandwidth: float, sm_count,
 def op_estimate(cost, hw, calibration, cls: str, batch, new, prefix, path=None, layers: int = 1) -> OpEstimate | None:
     """An op class's estimate, or None where the calibration has no fit for it (see the module
     docstring for decode and prefill fits)."""
-    decode, prefill = calibration.phase_fits(cls, fit_dtype(cost, cls))
-    if decode is None or prefill is None:
+    fits = calibration.class_fits(cost, cls)
+    if fits is None:
         return None
+    decode, prefill = fits
     main = _fit_spread(cost, hw, calibration, prefill, cls, batch, new, prefix, path, layers)
     shape = np.shape(main.time)
     if decode is prefill:
-        return OpEstimate(cls, main.time, [(np.ones(shape, bool), main)], main.basis, main.octaves, main.axis)
+        return OpEstimate.alone(cls, main)
     other = _fit_spread(cost, hw, calibration, decode, cls, batch, new, prefix, path, layers)
     on_decode = np.broadcast_to(decode_like(new, prefix), shape)
     parts = []
@@ -232,26 +233,19 @@ def estimates(
     out = {}
     for p in paths:
         roof = path_time(scaled_ops(cost.ops(p, batch, new, prefix), layers), hw, cost.dtype, p)
-        whole = whole_path_fit(cost, calibration, p)
+        whole = calibration.whole_path(cost, p)
         ops: dict[str, OpEstimate] = {}
         if whole:
             cls = f"path:{p}"
             spread = _fit_spread(cost, hw, calibration, whole, cls, batch, new, prefix, None, layers)
             spread = _broadcast(spread, np.shape(roof.flops))
             # the draws are the fit's: expand_chunked timed by expand's fit draws as expand does
-            ops[p] = OpEstimate(whole["op"], spread.time, [(np.ones(np.shape(spread.time), bool), spread)],
-                                spread.basis, spread.octaves, spread.axis)  # fmt: skip
+            ops[p] = OpEstimate.alone(whole.op, spread)
         else:
             for op in roof.ops:
                 cls = op_class(p, op.name)
                 est = op_estimate(cost, hw, calibration, cls, batch, new, prefix, p, layers)
-                if est is None:
-                    shape = np.shape(op.time_s)
-                    spread = u.OpSpread.of_roofline(op.time_s)
-                    est = OpEstimate(cls, spread.time, [(np.ones(shape, bool), spread)],
-                                     np.full(shape, basis_mod.ROOFLINE, dtype=object), np.zeros(shape),
-                                     np.full(shape, "", dtype=object))  # fmt: skip
-                ops[op.name] = est
+                ops[op.name] = est or OpEstimate.alone(cls, u.OpSpread.of_roofline(op.time_s))
         total = sum(o.time for o in ops.values())
         out[p] = PathEstimate(p, np.broadcast_to(total, np.shape(roof.flops)), ops)
     return out

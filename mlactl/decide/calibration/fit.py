@@ -13,25 +13,25 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from mlactl.decide.calibration.model import (
-    PROJECTIONS,
-    Points,
+from mlactl.decide.calibration.model import PROJECTIONS, Points, near_table, predict, rows_of
+from mlactl.decide.calibration.terms import (  # noqa: F401  (bounds, ETA_PASS_MIN: re-exported)
+    ETA_PASS_MIN,
+    STARTS,
+    Terms,
+    bounds,
+    eta_limit,
     n_params,
-    near_table,
     pack,
     param_names,
-    predict,
-    rows_of,
     unpack,
 )
-from mlactl.decide.calibration.store import ETA_LOWEST, ITER_SECONDS_MAX, L2_GAIN_MAX, SECONDS_MAX, eta_limit
 from mlactl.util.errors import MlactlError
 
 K_FOLDS = 5
 SEED = 0  # folds are random but fixed: the same data gives the same figures
-# Parameters are bounded where the physics bounds them, the same bounds the file's reader holds
-# them to (store.py). Efficiencies by store.eta_limit: 1.2 of the ceiling divided by, twice that
-# for fp8 since fits divide by the bf16 peak and count bf16 operands; without the bound a
+# Parameters are bounded where the physics bounds them (terms.py: each parameter's range), the
+# same bounds the file's reader holds them to (store.py). Efficiencies by eta_limit: 1.2 of the
+# ceiling divided by, twice that for fp8 since fits divide by the bf16 peak and count bf16 operands; without the bound a
 # memory-bound table (decode) leaves eta_c free and it runs off to 50x, which a prediction at
 # prefill sizes would use. A pass over the activations (`quant`) cannot beat the bandwidth:
 # eta_q <= 1. Its floor, ETA_PASS_MIN, only keeps the fit finite: vLLM 0.24's Cutlass fp8 GEMM
@@ -42,56 +42,7 @@ SEED = 0  # folds are random but fixed: the same data gives the same figures
 # 1-head shapes 3-9x too slow above 1024 rows), the blocked split in term selection
 # drops the term instead. Times: at most a second, a serial iteration at most 1 ms.
 ETA_MAX = eta_limit("bf16")
-ETA_PASS_MIN = 0.01
-
-
-def bounds(name: str, eta_max: float) -> tuple[float, float]:
-    """(lowest, highest) a parameter may take in a fit whose efficiencies reach eta_max."""
-    if name == "eta_q":
-        return ETA_PASS_MIN, 1.0
-    if name == "l2_gain":
-        return 1.0, L2_GAIN_MAX
-    if name.startswith("eta_"):
-        return ETA_LOWEST, eta_max
-    return 0.0, ITER_SECONDS_MAX if name == "t_iter_s" else SECONDS_MAX
-
-
-# (the max makes the loss non-convex: one start lands in a worse minimum on 1 table in 10)
-STARTS = [
-    {
-        "t_fixed_s": 1e-5,
-        "eta_c": 0.5,
-        "eta_m": 0.7,
-        "t_iter_s": 3e-7,
-        "eta_q": 0.3,
-        "eta_x": 0.3,
-        "t_row_s": 1e-9,
-        "t_combine_s": 3e-6,
-        "t_request_s": 3e-8,
-    },
-    {
-        "t_fixed_s": 2e-6,
-        "eta_c": 0.3,
-        "eta_m": 0.4,
-        "t_iter_s": 2e-6,
-        "eta_q": 0.1,
-        "eta_x": 0.1,
-        "t_row_s": 3e-10,
-        "t_combine_s": 1e-6,
-        "t_request_s": 1e-8,
-    },
-    {
-        "t_fixed_s": 3e-5,
-        "eta_c": 0.9,
-        "eta_m": 0.9,
-        "t_iter_s": 5e-8,
-        "eta_q": 0.8,
-        "eta_x": 0.8,
-        "t_row_s": 3e-9,
-        "t_combine_s": 5e-6,
-        "t_request_s": 5e-8,
-    },
-]
+# (the max makes the loss non-convex: each of terms.STARTS is fitted, the best kept)
 
 
 @dataclass(frozen=True)
@@ -165,7 +116,7 @@ def summary(errors: np.ndarray) -> dict:
 
 def with_l2(params: dict, terms, machine: Machine) -> dict:
     """`l2`: the L2 size the fit divides the shapes by, kept in the params (not fitted)."""
-    if "l2" in terms:
+    if Terms.of(terms).l2:
         params["l2_bytes"] = machine.l2_bytes
     return params
 
@@ -173,7 +124,7 @@ def with_l2(params: dict, terms, machine: Machine) -> dict:
 def fit_params(pts: Points, machine: Machine, terms) -> dict:
     """Least-squares fit of one op class; returns named parameters. With `near`, the parametric
     part is fitted first and its residuals at these points become params["near"]."""
-    if "near" in terms:
+    if Terms.of(terms).near:
         plain = tuple(t for t in terms if t != "near")
         params = fit_params(pts, machine, plain)
         params["near"] = near_table(params, plain, pts, machine.peak, machine.bandwidth, machine.sm_count)
@@ -197,13 +148,12 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
         return np.log(predict(params, terms, pts, machine.peak, machine.bandwidth, machine.sm_count) / measured)
 
     best = None
+    fixed = Terms.of(terms).fixed
     for start in STARTS:
         theta0 = pack(start, terms)
-        if "fixed" not in terms:
-            theta0[0] = np.log(1e-12)
         mask = np.ones_like(theta0, dtype=bool)
-        if "fixed" not in terms:
-            mask[0] = False
+        if not fixed:  # t_fixed (first) held at 0
+            theta0[0], mask[0] = np.log(1e-12), False
 
         def free_res(x, theta0=theta0, mask=mask):
             theta = theta0.copy()
@@ -224,10 +174,7 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
         if best is None or sol.cost < best[0]:
             best = (sol.cost, theta)
     assert best is not None, "least_squares ran at least once"
-    params = with_l2(unpack(best[1], terms), terms, machine)
-    if "fixed" not in terms:
-        params["t_fixed_s"] = 0.0
-    return params
+    return with_l2(unpack(best[1], terms), terms, machine)  # t_fixed 0 without `fixed`
 
 
 def folds(pts: Points, k: int = K_FOLDS) -> list[np.ndarray]:
@@ -255,12 +202,6 @@ def held_out_predictions(pts: Points, machine: Machine, terms, k: int = K_FOLDS)
         pred[test] = _predict(params, terms, pts.take(test), machine)
         fitted.append((test, params))
     return pred, fitted
-
-
-def held_out_errors(pts: Points, machine: Machine, terms, k: int = K_FOLDS) -> np.ndarray:
-    """Each point's relative error when predicted by a fit on the other folds."""
-    assert pts.time_s is not None, "fitted points are measured"
-    return rel_errors(held_out_predictions(pts, machine, terms, k)[0], pts.time_s)
 
 
 # Blocked split: fit the lower part of a size axis, predict the upper part. Attention and whole

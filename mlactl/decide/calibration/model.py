@@ -85,62 +85,26 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from mlactl.decide.calibration.terms import (  # noqa: F401  (re-exported: the classes and terms' names)
+    ATTENTION_CLASSES,
+    BASE_TERMS,
+    MQA_CLASSES,
+    OP_CLASSES,
+    PATH_CLASSES,
+    PROJECTIONS,
+    SPARSE_TERMS,
+    TERMS,
+    WALKERS,
+    Terms,
+    relevant_terms,
+)
 from mlactl.model.roofline import roofline_time
 
 TILE_ROWS = 64  # rows of a CTA's query tile in FA3/FlashMLA-style kernels (and our Triton ones)
 PROJ_TILE_N = 128  # output columns of a GEMM CTA tile (projections)
-# op classes of cost.py's ops, keyed by path: each path's attention is its own class
-OP_CLASSES = (
-    "kv_expand",
-    "q_absorb",
-    "out_absorb",
-    "absorb_attention",
-    "expand_attention",
-    "lse_merge",
-    # a DSA model's (DeepSeek-V3.2): the sparse MQA, the masked MHA, the lightning indexer, its
-    # top-k, its projections and the key-only projection of the dense path
-    "sparse_attention",
-    "masked_attention",
-    "indexer",
-    "topk",
-    "indexer_proj",
-    "indexer_key",
-)
-# the attention op classes, and of them those whose heads share one latent cache (MQA)
-ATTENTION_CLASSES = ("absorb_attention", "expand_attention", "sparse_attention", "masked_attention")
-MQA_CLASSES = ("absorb_attention", "sparse_attention")
-# whole paths, for measurements that time a path end to end (`mlactl tune paths`)
-PATH_CLASSES = ("path:expand", "path:expand_chunked", "path:absorb")
-TERMS = (
-    "fixed",
-    "pad",
-    "waves",
-    "split",
-    "serial",
-    "kvpad",
-    "sum",
-    "quant",
-    "combine",
-    "request",
-    "tile128",
-    "fa3split",
-    "kvcast",
-    "qrow",
-    "align",
-    "near",
-    "ops",
-    "scores",
-    "slots",
-    "reuse",
-    "l2",
-    "pipe",
-    "dgtile",
-)
 BIG_TILE = 128  # rows and keys of a tile under `tile128`
-PROJECTIONS = ("kv_expand", "q_absorb", "out_absorb", "indexer_proj", "indexer_key")
 DECODE_MAX_NEW = 8  # query tokens per request that decode kernels (and decode fits) serve
 KV_BLOCK = 64  # keys per KV block: the page size of SGLang/TRT-LLM MLA caches and FA3's n-block
-BASE_TERMS = ("fixed",)
 ALIGN_ROWS = 4  # `align`: rows (tokens) a GEMM's fp32 row scales need for 16-byte TMA alignment
 # `near`: the k nearest measured shapes within a radius (octaves of rows and heads) correct a
 # projection's prediction; away from every measured shape the parametric model stands alone
@@ -218,7 +182,7 @@ def _tile(op: str, terms) -> int:
     """Query rows (and keys) of one attention tile under these terms."""
     if op == "indexer":
         return INDEXER_TILE_ROWS
-    return BIG_TILE if "tile128" in terms and op in ATTENTION_CLASSES else TILE_ROWS
+    return BIG_TILE if Terms.of(terms).tile128 and op in ATTENTION_CLASSES else TILE_ROWS
 
 
 def _rows_and_ctas(pts: Points, tile: int = TILE_ROWS) -> tuple[np.ndarray, np.ndarray]:
@@ -268,85 +232,6 @@ def step_counts(pts: Points, sm_count: int | None, tile: int = TILE_ROWS) -> np.
     pad = np.ceil(rows / tile) * tile / rows
     waves = np.ceil(np.where(np.isfinite(ctas), ctas, 0.0) / sm_count) if sm_count else np.zeros_like(pad)
     return np.stack([np.ravel(pad), np.ravel(waves)], axis=-1)
-
-
-# terms that only act on a sparse attention (DSA's): the top-k slots it walks, the rows it reuses
-SPARSE_TERMS = ("slots", "reuse")
-# terms that only act on attention ops
-ATTENTION_TERMS = (
-    "split", "serial", "kvpad", "combine", "request", "tile128", "fa3split", "kvcast", "qrow",
-) + SPARSE_TERMS  # fmt: skip
-# terms that only act on projections (GEMMs and BMMs)
-PROJECTION_TERMS = ("quant", "align", "near", "l2", "pipe", "dgtile")
-# terms that only act on whole paths
-PATH_TERMS = ("ops", "scores")
-
-
-def relevant_terms(op: str, terms) -> tuple[str, ...]:
-    """The terms that change this op class's time: the others are dropped, not fitted."""
-    if op.startswith("path:"):  # a whole path has no one tile shape; its ops may or may not overlap
-        return tuple(t for t in terms if t in ("fixed", "sum") + PATH_TERMS)
-    if op in PROJECTIONS:
-        return tuple(t for t in terms if t not in ATTENTION_TERMS + PATH_TERMS)
-    if op in ("indexer", "topk"):  # their CTAs walk their keys serially; no other attention term
-        return tuple(t for t in terms if t == "serial" or t not in ATTENTION_TERMS + PROJECTION_TERMS + PATH_TERMS)
-    if op not in ATTENTION_CLASSES:  # top-k, merges: no tile model, no attention terms
-        return tuple(t for t in terms if t not in ATTENTION_TERMS + PROJECTION_TERMS + PATH_TERMS)
-    if op not in MQA_CLASSES or "split" not in terms:  # only the MQA attentions are split
-        terms = tuple(t for t in terms if t != "fa3split")
-    if op != "sparse_attention":  # only a sparse attention walks index slots and reuses rows
-        terms = tuple(t for t in terms if t not in ("slots", "reuse"))
-    return tuple(t for t in terms if t not in PROJECTION_TERMS + PATH_TERMS)
-
-
-def param_names(terms) -> list[str]:
-    """The log-space parameter vector's layout for these terms (t_fixed always first; it is held
-    at 0 when `fixed` is off)."""
-    return (
-        ["t_fixed_s", "eta_c", "eta_m"]
-        + ["t_iter_s"] * ("serial" in terms)
-        + ["eta_q"] * ("quant" in terms)
-        + ["t_combine_s"] * ("combine" in terms)
-        + ["t_request_s"] * ("request" in terms)
-        + ["eta_x"] * ("kvcast" in terms)
-        + ["t_row_s"] * ("qrow" in terms)
-        + ["t_align_s"] * ("align" in terms)
-        + ["eta_p"] * ("ops" in terms)
-        + ["eta_s"] * ("scores" in terms)
-        + ["l2_gain"] * ("l2" in terms)
-    )
-
-
-def n_params(terms) -> int:
-    """Free parameters of a fit with these terms."""
-    return len(param_names(terms)) - ("fixed" not in terms)
-
-
-def unpack(theta: np.ndarray, terms) -> dict:
-    """Log-space parameter vector -> named parameters."""
-    e = np.exp(np.asarray(theta, dtype=np.float64))
-    out = {k: float(v) for k, v in zip(param_names(terms), e)}
-    if "fixed" not in terms:
-        out["t_fixed_s"] = 0.0
-    return out
-
-
-def pack(params: dict, terms) -> np.ndarray:
-    start = {
-        "t_fixed_s": 1e-12,
-        "t_iter_s": 1e-7,
-        "eta_q": 0.5,
-        "t_combine_s": 2e-6,
-        "t_request_s": 2e-8,
-        "eta_x": 0.3,
-        "t_row_s": 1e-9,
-        "t_align_s": 1e-6,
-        "eta_p": 0.5,
-        "eta_s": 0.3,
-        "l2_gain": 1.5,
-    }
-    v = [max(params.get(k, start.get(k, 1.0)), 1e-12) for k in param_names(terms)]
-    return np.log(np.asarray(v, dtype=np.float64))
 
 
 _FA3_CACHE: dict = {}  # split counts depend on the shapes only; a fit asks for them ~1000 times
@@ -399,27 +284,37 @@ def predict(
     """Calibrated seconds of each point (see the module docstring for the terms). `smooth`: the same
     fit with its counts (tiles, waves, KV blocks, splits) continuous instead of whole: the time
     without the steps those counts make (`steps are claims`, docs/calibration.md)."""
-    t_fixed, t_compute, t_memory, serial = components(params, terms, pts, peak, bandwidth, sm_count, smooth)
-    t_fixed = t_fixed + added_seconds(params, terms, pts, bandwidth, sm_count)
-    waves = tile_waves(pts, terms, sm_count, smooth) if "pipe" in terms and pts.op in PROJECTIONS and sm_count else None
-    t = t_fixed + np.maximum(busy_seconds(t_compute, t_memory, terms, waves), serial)
-    if "scores" in terms and pts.op.startswith("path:"):
-        t = t + score_seconds(params, pts, bandwidth)
-    if "near" in terms and pts.op in PROJECTIONS and params.get("near"):
-        t = t * near_factor(params["near"], pts)
-    return t
+    t = Terms.of(terms)
+    t_fixed, t_compute, t_memory, serial = components(params, t, pts, peak, bandwidth, sm_count, smooth)
+    added = added_seconds(params, t, pts, bandwidth, sm_count)
+    waves = tile_waves(pts, t, sm_count, smooth) if t.pipe and pts.op in PROJECTIONS and sm_count else None
+    scores = score_seconds(params, pts, bandwidth) if t.scores and pts.op.startswith("path:") else None
+    near = pts if near_applies(params, t, pts.op) else None
+    return combined(params, t, t_fixed, added, t_compute, t_memory, serial, waves, scores, near)
 
 
-def busy_seconds(t_compute, t_memory, terms, waves=None):
-    """Compute and memory as a fit combines them: overlapped (the larger), added (`sum`), or with
-    `pipe` (`waves`: the tiles each SM runs in turn, given where it applies) of one tile the lesser
-    side exposed. `predict` takes it per point; a launch of several rows (time.launch_parts,
-    steps.PathLaunches) on the rows' summed seconds."""
+def near_applies(params: dict, terms: Terms, op: str) -> bool:
+    """Whether a fit's `near` correction acts on op class `op` (a projection, with a table)."""
+    return terms.near and op in PROJECTIONS and bool(params.get("near"))
+
+
+def combined(params: dict, terms: Terms, fixed, added, compute, memory, serial, waves=None, scores=None, near=None):
+    """The one way a fit's parts make a time: the fixed and added seconds, then compute and memory
+    as the fit combines them (overlapped, the larger; added, with `sum`; with `pipe` and `waves`,
+    the tiles each SM runs in turn, of one tile the lesser side exposed), at least the serial
+    seconds; then a whole path's unfused `scores`, and the `near` factor at Points `near`.
+    `predict` gives it each point's parts; a launch of several rows (steps.PathLaunches) their
+    sums, its waves and near factor at the launch's summed shape."""
     if waves is not None:
-        return np.maximum(t_compute, t_memory) + np.minimum(t_compute, t_memory) / waves
-    if "sum" in terms:
-        return t_compute + t_memory
-    return np.maximum(t_compute, t_memory)
+        busy = np.maximum(compute, memory) + np.minimum(compute, memory) / waves
+    else:
+        busy = compute + memory if terms.sum else np.maximum(compute, memory)
+    t = fixed + added + np.maximum(busy, serial)
+    if scores is not None:
+        t = t + scores
+    if near is not None:
+        t = t * near_factor(params["near"], near)
+    return t
 
 
 # `dgtile`: the tile DeepGEMM's SM90 heuristic gives an fp8 GEMM with 1D2D (per-128 block)
@@ -491,7 +386,7 @@ def tile_model(pts: Points, terms, sm_count: int | None, tile: int = TILE_ROWS) 
     """(padded work over work, CTAs) of one launch: the query rows padded to whole tiles and the
     CTAs of `_rows_and_ctas`, or with `dgtile` for a single GEMM DeepGEMM's blocks: both sides
     padded to whole block_m x block_n tiles, one CTA a tile."""
-    if "dgtile" in terms and pts.op in GEMM_OPS and sm_count:
+    if Terms.of(terms).dgtile and pts.op in GEMM_OPS and sm_count:
         m, n, bm, bn = deepgemm_tiles(pts, sm_count)
         mb, nb = np.ceil(m / bm), np.ceil(n / bn)
         return mb * bm * nb * bn / np.maximum(m * n, 1.0), mb * nb
@@ -534,18 +429,19 @@ def walked(pts: Points, terms) -> Points:
     take 63-65 us whether they select 128 keys or 2,048.
 
     Applying it twice changes nothing."""
-    if pts.op != "sparse_attention" or not {"slots", "reuse"} & set(terms):
+    terms = Terms.of(terms)
+    if pts.op != "sparse_attention" or not (terms.slots or terms.reuse):
         return pts
     ctx = np.asarray(pts.context, dtype=np.float64)
     flops, nbytes = np.asarray(pts.flops, dtype=np.float64), np.asarray(pts.bytes, dtype=np.float64)
-    if "reuse" in terms and pts.pool is not None:
+    if terms.reuse and pts.pool is not None:
         cache = np.asarray(pts.cache_bytes, dtype=np.float64)
         selected = pts.batch * pts.new * ctx  # rows read, one per selection
         with np.errstate(divide="ignore", invalid="ignore"):
             row = np.where(selected > 0, cache / selected, 0.0)
         distinct = pts.batch * np.minimum(np.asarray(pts.pool, dtype=np.float64), pts.new * ctx) * row
         nbytes = nbytes - cache + np.minimum(distinct, cache)
-    if "slots" in terms and pts.slots is not None:
+    if terms.slots and pts.slots is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
             f = np.where(ctx > 0, np.maximum(np.asarray(pts.slots, dtype=np.float64) / ctx, 1.0), 1.0)
         flops, ctx = flops * f, ctx * f
@@ -555,21 +451,22 @@ def walked(pts: Points, terms) -> Points:
 def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: int | None) -> np.ndarray:
     """Seconds each point adds outside the overlapped roofline: per-request setup, the combine
     launch after a split, a pass over the activations (quant) or over the cache keys (kvcast)."""
+    terms = Terms.of(terms)
     pts = walked(pts, terms)
     out = np.zeros(np.shape(pts.flops))
-    if "request" in terms:  # per-request setup (page table, scheduling), not overlapped
+    if terms.request:  # per-request setup (page table, scheduling), not overlapped
         out = out + params["t_request_s"] * pts.batch
-    if "combine" in terms and "split" in terms and sm_count and pts.op in MQA_CLASSES:
+    if terms.combine and terms.split and sm_count and pts.op in MQA_CLASSES:
         tile = _tile(pts.op, terms)
         _, ctas = _rows_and_ctas(pts, tile)  # a split launch is followed by a combine kernel
-        out = out + params["t_combine_s"] * (_splits(pts, ctas, sm_count, tile, "fa3split" in terms) > 1)
-    if "kvcast" in terms and pts.op in ATTENTION_CLASSES:
+        out = out + params["t_combine_s"] * (_splits(pts, ctas, sm_count, tile, terms.fa3split) > 1)
+    if terms.kvcast and pts.op in ATTENTION_CLASSES:
         out = out + pts.cache_bytes / (params["eta_x"] * bandwidth)
-    if "qrow" in terms and pts.op in ATTENTION_CLASSES:
+    if terms.qrow and pts.op in ATTENTION_CLASSES:
         out = out + params["t_row_s"] * pts.batch * pts.new * pts.heads
-    if "quant" in terms and pts.op in PROJECTIONS:
+    if terms.quant and pts.op in PROJECTIONS:
         out = out + quant_seconds(params, pts, bandwidth)
-    if "align" in terms and pts.op in PROJECTIONS:  # rows not a multiple of ALIGN_ROWS: a padded copy
+    if terms.align and pts.op in PROJECTIONS:  # rows not a multiple of ALIGN_ROWS: a padded copy
         out = out + params["t_align_s"] * (np.mod(_rows_and_ctas(pts)[0], ALIGN_ROWS) != 0)
     return out
 
@@ -580,7 +477,7 @@ def memory_eta(params: dict, terms, op: str, launch_bytes) -> np.ndarray:
     (params["l2_bytes"], kept by the fit, not fitted) and a timing that repeats the call finds them
     there. Projections only."""
     nbytes = np.asarray(launch_bytes, dtype=np.float64)
-    if "l2" not in terms or op not in PROJECTIONS or not params.get("l2_bytes"):
+    if not Terms.of(terms).l2 or op not in PROJECTIONS or not params.get("l2_bytes"):
         return np.full(nbytes.shape, params["eta_m"])
     gain = np.where(nbytes <= params["l2_bytes"], params["l2_gain"], 1.0)
     return params["eta_m"] * gain
@@ -607,7 +504,7 @@ def near_features(pts: Points) -> np.ndarray:
 def near_table(params: dict, terms, pts: Points, peak: float, bandwidth: float, sm_count: int | None) -> dict:
     """The residuals `near` corrects with: each measured point's features and log(predicted /
     measured) under the parametric part of the fit (the terms less `near`)."""
-    plain = tuple(t for t in terms if t != "near")
+    plain = Terms.of(terms).without("near")
     pred = predict(params, plain, pts, peak, bandwidth, sm_count)
     return {
         "features": np.round(near_features(pts), 6).tolist(),
@@ -685,38 +582,39 @@ def components(
     """(t_fixed, compute seconds, memory seconds, serial seconds) of each point: the parts
     `predict` combines, kept apart so a batch of requests in one launch can add them up.
     `smooth`: counts continuous (see `predict`)."""
+    terms = Terms.of(terms)
     pts = walked(pts, terms)
     flops = np.asarray(pts.flops, dtype=np.float64)
     nbytes = np.asarray(pts.bytes, dtype=np.float64)
     serial = np.zeros_like(flops)
     attention = pts.op in ATTENTION_CLASSES
     tile = _tile(pts.op, terms)
-    if attention and "kvpad" in terms:  # the cache is read in whole KV blocks (pages) per request
+    if attention and terms.kvpad:  # the cache is read in whole KV blocks (pages) per request
         padded = pts.context if smooth else np.ceil(pts.context / tile) * tile
         with np.errstate(divide="ignore", invalid="ignore"):
             nbytes = nbytes + np.where(pts.context > 0, pts.cache_bytes * (padded / pts.context - 1), 0.0)
-    if {"pad", "waves", "split", "serial"} & set(terms):
+    if terms.pad or terms.waves or terms.split or terms.serial:
         pad, ctas = tile_model(pts, terms, sm_count, tile)
-        if "pad" in terms and not smooth:
+        if terms.pad and not smooth:
             flops = flops * pad
         finite = np.isfinite(ctas) & (ctas > 0)
         s = np.ones_like(flops)
-        if sm_count and "split" in terms:
-            s = _splits(pts, ctas, sm_count, tile, "fa3split" in terms, smooth)
+        if sm_count and terms.split:
+            s = _splits(pts, ctas, sm_count, tile, terms.fa3split, smooth)
             # each piece writes an fp32 partial output and lse per (token, head); the merge reads them
             nbytes = nbytes + np.where(s > 1, 2 * s * pts.batch * pts.new * pts.heads * (pts.out_dim * 4 + 4), 0.0)
-        if sm_count and "waves" in terms:  # the split pieces are CTAs too
+        if sm_count and terms.waves:  # the split pieces are CTAs too
             c = np.where(finite, ctas * s, 1.0)
             util = np.where(finite, c / (_whole(c / sm_count, smooth) * sm_count), 1.0)
             flops = flops / util
-        if sm_count and "serial" in terms and (attention or pts.op in ("indexer", "topk")):
+        if sm_count and terms.serial and (attention or pts.op in WALKERS):
             waves = _whole(np.where(finite, ctas, 1.0) * s / sm_count, smooth)
             iters = _whole(walked_keys(pts) / (s * tile), smooth)
             serial = params["t_iter_s"] * waves * iters
-    if "ops" in terms and pts.op.startswith("path:") and pts.attn_flops is not None:
+    if terms.ops and pts.op.startswith("path:") and pts.attn_flops is not None:
         # the path's ops run one after another: attention at eta_c, the rest (projections,
         # merge) at eta_p, each its own roofline (or sum, with `sum`), added; returned as compute
-        combine = np.add if "sum" in terms else np.maximum
+        combine = np.add if terms.sum else np.maximum
         fa, ba = np.asarray(pts.attn_flops, dtype=np.float64), np.asarray(pts.attn_bytes, dtype=np.float64)
         em = params["eta_m"] * bandwidth
         t_ops = combine(fa / (params["eta_c"] * peak), ba / em) + combine(
@@ -726,6 +624,6 @@ def components(
     # roofline_time with only one side non-zero gives each side alone
     t_compute = roofline_time(flops, 0.0, params["eta_c"] * peak, 1.0)
     t_memory = roofline_time(0.0, nbytes, 1.0, params["eta_m"] * bandwidth)
-    if "l2" in terms and pts.op in PROJECTIONS:
+    if terms.l2 and pts.op in PROJECTIONS:
         t_memory = nbytes / (memory_eta(params, terms, pts.op, pts.bytes) * bandwidth)
     return params.get("t_fixed_s", 0.0), t_compute, t_memory, serial

@@ -88,23 +88,14 @@ def from_aiconfigurator(system: str, framework: str, version: str | None, data_d
 
 def from_results(files, hw: HardwareProfile | None):
 
-    groups: dict = {}
+    groups = results_groups(files)
     hw_names, dtypes, runs = set(), {}, []
     for f in files:
         data = results.load(f)
-        hw_names.add((data.get("device") or {}).get("hardware"))
+        device = data.get("device") or {}
+        hw_names.add(device.get("hardware"))
         dtypes[str(f)] = data.get("dtype", "bf16")
-        runs.append(
-            (
-                tuple((data.get("model") or {}).get(k) for k in DIMS),
-                data.get("kv_dtype"),
-                (data.get("device") or {}).get("name"),
-            )
-        )
-        for key, pts in results_points(data, str(f)).items():
-            if key in groups:
-                pts = _concat([groups[key], pts])
-            groups[key] = pts
+        runs.append((tuple((data.get("model") or {}).get(k) for k in DIMS), data.get("kv_dtype"), device.get("name")))
     if hw is None:
         known = {h for h in hw_names if h}
         if len(known) != 1 or None in hw_names:

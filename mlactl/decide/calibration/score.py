@@ -34,9 +34,8 @@ import numpy as np
 from mlactl.decide.calibration import basis as basis_mod
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.estimate import spread_of
-from mlactl.decide.calibration.model import DECODE_MAX_NEW, Points
-from mlactl.decide.calibration.store import transfer_source
-from mlactl.decide.calibration.transfer import kernel_of
+from mlactl.decide.calibration.model import Points, decode_like
+from mlactl.decide.calibration.store import kernel_of, phase_of, transfer_source
 from mlactl.util import safe
 from mlactl.util.errors import MlactlError
 
@@ -71,13 +70,6 @@ def machine_of(calibration) -> tuple[float, float, int | None]:
         ) from None
 
 
-def _phase(source: str) -> str | None:
-    for phase in ("decode", "prefill"):
-        if source.endswith(":" + phase):
-            return phase
-    return None
-
-
 def check_measured_on(calibration, hardware: str | None, where: str) -> None:
     """Refuse to score `calibration` on measurements taken on other hardware than the one it is
     for (its ceilings would be the wrong GPU's): one line naming the transfer command."""
@@ -92,16 +84,11 @@ def check_measured_on(calibration, hardware: str | None, where: str) -> None:
 
 
 def fit_of(calibration, op: str, dtype: str, phase: str, kernel: str | None = None) -> dict | None:
-    """The fit of op class `op` of exactly this dtype (never another dtype's): of this kernel
-    (measured, or run there by transfer) if there is one, then of the phase if there is one."""
-    found = [f for f in calibration.fits if f["op"] == op and f.get("dtype") == dtype]
-    if kernel is not None:
-        found = [f for f in found if kernel in (kernel_of(f), _target_kernel(f))] or found
-    return next((f for f in found if str(f.get("source", "")).endswith(":" + phase)), found[0] if found else None)
-
-
-def _target_kernel(fit: dict) -> str | None:
-    return ((fit.get("transfer") or {}).get("kernel") or {}).get("target")
+    """The file's entry of the fit of op class `op` of exactly this dtype (never another dtype's):
+    of this kernel (measured, or run there by transfer) if there is one, then of the phase if
+    there is one (Calibration.fit_for)."""
+    fit = calibration.fit_for(op, dtype, phase, kernel, exact_dtype=True)
+    return None if fit is None else fit.entry
 
 
 @dataclass(frozen=True)
@@ -118,7 +105,7 @@ class Predicted:
 
 def uncovered(calibration, op: str, dtype: str) -> str:
     """Why a group of this op class and dtype is not covered."""
-    have = sorted({str(f.get("dtype")) for f in calibration.fits if f["op"] == op})
+    have = sorted({str(f.dtype) for f in calibration.fits if f.op == op})
     return f"no {op} fit" if not have else f"no {dtype} fit of {op} (the calibration's are {', '.join(have)})"
 
 
@@ -128,26 +115,21 @@ def predicted(calibration, key: tuple[str, str, str], pts: Points, intervals: bo
     are NaN (not drawn)."""
     op, source, dtype = key
     peak, bandwidth, sms = machine_of(calibration)
-    phase = _phase(source)
-    kernel = kernel_of({"source": source})
-    decode = fit_of(calibration, op, dtype, phase or "decode", kernel)
-    prefill = fit_of(calibration, op, dtype, phase or "prefill", kernel)
+    phase = phase_of(source)
+    kernel = kernel_of(source)
+    decode = calibration.fit_for(op, dtype, phase or "decode", kernel, exact_dtype=True)
+    prefill = calibration.fit_for(op, dtype, phase or "prefill", kernel, exact_dtype=True)
     if decode is None or prefill is None:  # both or neither: a fit of this dtype is both's fallback
         return None
-    decode_like = (
-        np.ones(len(pts), bool)
-        if phase == "decode"
-        else np.zeros(len(pts), bool)
-        if phase == "prefill"
-        else (pts.context > pts.new) & (pts.new <= DECODE_MAX_NEW)
-    )
+    # a table says its phase; other points take the fit the time function would
+    on_decode = np.full(len(pts), phase == "decode") if phase else decode_like(pts.new, pts.context - pts.new)
     t, lo, hi = np.empty(len(pts)), np.empty(len(pts)), np.empty(len(pts))
     inside = np.zeros(len(pts), bool)
     used = []
-    for fit, rows in ((decode, np.flatnonzero(decode_like)), (prefill, np.flatnonzero(~decode_like))):
+    for fit, rows in ((decode, np.flatnonzero(on_decode)), (prefill, np.flatnonzero(~on_decode))):
         if len(rows) == 0:
             continue
-        used.append(f"{fit.get('source')} ({fit.get('dtype')})")
+        used.append(f"{fit.source} ({fit.dtype})")
         spread = spread_of(fit, op, pts.take(rows), peak, bandwidth, sms)
         t[rows] = spread.time
         inside[rows] = spread.basis == basis_mod.MEASURED

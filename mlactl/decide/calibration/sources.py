@@ -22,39 +22,29 @@ from pathlib import Path
 
 import numpy as np
 
-from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, Points
+from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, Points, op_class
 from mlactl.model.config import MLAConfig
-from mlactl.model.cost import CostModel, sparse_pairs
+from mlactl.model.cost import OPS, CostModel, sparse_pairs
 from mlactl.util import numbers
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import read_text
 
 CSV_REQUIRED = ("op", "batch", "new", "prefix", "time_s")
-# the path and op name each op class is read from, on an MLA model and on a DSA one
-MLA_DEFAULTS = {
-    "kv_expand": ("expand", "kv_expand"),
-    "expand_attention": ("expand", "attention"),
-    "lse_merge": ("expand_chunked", "lse_merge"),
-    "q_absorb": ("absorb", "q_absorb"),
-    "absorb_attention": ("absorb", "attention"),
-    "out_absorb": ("absorb", "out_absorb"),
-}
-DSA_DEFAULTS = {
-    "kv_expand": ("dense_expand", "kv_expand"),
-    "expand_attention": ("dense_expand", "attention"),
-    "masked_attention": ("masked_expand", "attention"),
-    "lse_merge": ("masked_expand", "lse_merge"),
-    "q_absorb": ("sparse_absorb", "q_absorb"),
-    "sparse_attention": ("sparse_absorb", "attention"),
-    "out_absorb": ("sparse_absorb", "out_absorb"),
-    "indexer_proj": ("sparse_absorb", "indexer_proj"),
-    "indexer": ("sparse_absorb", "indexer"),
-    "topk": ("sparse_absorb", "topk"),
-    "indexer_key": ("dense_expand", "indexer_key"),
-}
 MAX_TIME_S = 3600.0  # one op measured for an hour is not a kernel time
 MAX_HEADS = 1 << 16
 KERNEL_OPS = {"mla_decode": "absorb_attention", "mla_prefill": "expand_attention"}
+
+
+def home_path(cost: CostModel, op: str) -> tuple[str, str]:
+    """(path, op name) op class `op` is read from by default on `cost`'s model: the first of its
+    paths that runs it, those that chunk the prefix (an lse merge) last (expand's kv_expand, not
+    expand_chunked's, which reads the weights once per chunk)."""
+    for path in sorted(cost.paths, key=lambda q: "lse_merge" in OPS[q]):
+        for name in OPS[path]:
+            if op_class(path, name) == op:
+                return path, name
+    have = sorted({op_class(q, o) for q in cost.paths for o in OPS[q]})
+    raise MlactlError(f"op {op!r} is not one of {cost.cfg.name}'s op classes: {', '.join(have)}")
 
 
 def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None, path: str | None = None) -> Points:
@@ -69,11 +59,7 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None,
         out_dim, cache = cfg.dV, cost.kv_cache_bytes(b, n, p)
         attn = [(o.flops, o.bytes) for o in ops if o.name == "attention"][0]
     else:
-        defaults = DSA_DEFAULTS if cfg.is_dsa else MLA_DEFAULTS
-        if op not in defaults:
-            kind = "an MLA" if cfg.is_dsa else "a DSA"
-            raise MlactlError(f"op {op!r} belongs to {kind} model, not to {cfg.name}")
-        default, name = defaults[op]
+        default, name = home_path(cost, op)
         found = [o for o in cost.ops(path or default, b, n, p) if o.name == name][0]
         flops, nbytes = found.flops, found.bytes
         out_dim = {"kv_expand": cfg.dC + cfg.dV, "q_absorb": cfg.r, "absorb_attention": cfg.r}.get(op, cfg.dV)

@@ -24,11 +24,26 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from mlactl.decide.calibration.evidence import check_evidence
-from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, TERMS, param_names
+from mlactl.decide.calibration.terms import (  # noqa: F401  (the ranges and eta_limit: re-exported)
+    ATTENTION_CLASSES,
+    ETA_LOWEST,
+    ITER_SECONDS_MAX,
+    L2_BYTES_MAX,
+    L2_GAIN_MAX,
+    OP_CLASSES,
+    PARAMS,
+    PATH_CLASSES,
+    SECONDS_MAX,
+    TERMS,
+    Terms,
+    eta_limit,
+    param_names,
+)
 from mlactl.util import dirs, safe
 from mlactl.util import schema as S
 from mlactl.util.errors import MlactlError, warn
@@ -40,6 +55,7 @@ SCHEMA = "mlactl.calibration"
 # from an earlier mlactl, or written by hand) predicts as before, without an interval, and every
 # op it times has basis `extrapolated` by an unknown distance: nothing says where it was measured.
 SCHEMA_VERSION = 1
+PHASES = ("decode", "prefill")  # a fit's phase: the end of its source (aiconfigurator's two tables)
 
 
 def calibrations_dir() -> Path:
@@ -51,6 +67,91 @@ def safe_name(text: str) -> str:
     return safe.filename(text) if str(text).strip() else "calibration"
 
 
+def phase_of(source) -> str | None:
+    """The phase a source names at its end (`sglang-0.5.14:flash_attention:decode`), or None."""
+    return next((p for p in PHASES if str(source or "").endswith(":" + p)), None)
+
+
+def kernel_of(source) -> str:
+    """The kernel source a fit was measured on: an aiconfigurator source without its framework
+    and phase (`sglang-0.5.14:flash_attention:decode` -> `flash_attention`), else the source."""
+    parts = str(source or "").split(":")
+    if len(parts) > 1 and parts[-1] in PHASES:
+        parts.pop()
+    return ":".join(parts[1:]) if len(parts) > 1 else parts[0]
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """A term set and its fitted parameters: a fit, or one of its members."""
+
+    terms: tuple[str, ...]
+    params: dict
+
+    @property
+    def on(self) -> Terms:
+        """The terms as typed flags (`fit.on.near`)."""
+        return Terms.of(self.terms)
+
+    def terms_for(self, cls: str) -> tuple[str, ...]:
+        """The terms it predicts op class `cls` with: its own, and `split` for an absorb attention
+        fit with waves but no split: a fit on prefill tables (prefix 0) never saw few CTAs over a
+        long cache; there the kernel splits the KV (the split term has no parameter to fit)."""
+        if cls == "absorb_attention" and self.on.waves and not self.on.split:
+            return (*self.terms, "split")
+        return self.terms
+
+    @classmethod
+    def of(cls, entry: dict) -> Model:
+        return cls(tuple(entry["terms"]), entry["params"])
+
+
+@dataclass(frozen=True, eq=False)
+class Fit(Model):
+    """One fit of a calibration file, typed; `entry` is the file's object as read (and written).
+    Its evidence (evidence.py): the measured `range` and `shapes`, the `interval` and the
+    `members` (term sets that fit about as well); `transfer`: a transferred fit's record."""
+
+    op: str = ""
+    source: str | None = None
+    dtype: str | None = None
+    entry: dict = field(default_factory=dict)
+    members: tuple[Model, ...] = ()
+    range: dict | None = None
+    shapes: list | None = None
+    interval: dict = field(default_factory=dict)
+    transfer: dict | None = None
+
+    @classmethod
+    def of(cls, entry: dict) -> Fit:
+        return cls(
+            tuple(entry["terms"]), entry["params"], entry["op"], entry.get("source"), entry.get("dtype"), entry,
+            tuple(Model.of(m) for m in entry.get("members") or ()), entry.get("range"), entry.get("shapes"),
+            entry.get("interval") or {}, entry.get("transfer"),
+        )  # fmt: skip
+
+    @property
+    def phase(self) -> str | None:
+        """`decode`, `prefill` (the aiconfigurator table it was fitted on), or None: both."""
+        return phase_of(self.source)
+
+    @property
+    def kernel(self) -> str:
+        """The kernel it was measured on (`kernel_of` its source)."""
+        return kernel_of(self.source)
+
+    @property
+    def target_kernel(self) -> str | None:
+        """The kernel the GPU a transferred fit was carried to runs (None: not transferred)."""
+        return ((self.transfer or {}).get("kernel") or {}).get("target")
+
+
+def fit_dtype(cost, cls: str) -> str:
+    """The dtype a fit of op class `cls` is looked up by: the cache's for attention and whole
+    paths, the compute dtype's for the rest."""
+    return cost.kv_dtype if cls in ATTENTION_CLASSES or cls.startswith("path:") else cost.dtype
+
+
 @dataclass(frozen=True)
 class Calibration:
     name: str
@@ -58,31 +159,51 @@ class Calibration:
     data: dict
     path: str | None = None
 
-    @property
-    def fits(self) -> list[dict]:
-        return self.data["fits"]
+    @cached_property
+    def fits(self) -> list[Fit]:
+        return [Fit.of(f) for f in self.data["fits"]]
+
+    @cached_property
+    def classes(self) -> frozenset[str]:
+        """The op classes (and whole paths) it has a fit for."""
+        return frozenset(f.op for f in self.fits)
 
     def peak(self, hw) -> float:
         """The peak the fits divided by (the dtype the measured runs computed in; bf16 for files
         that do not say): predictions must divide by the same one, whatever dtype is analysed."""
         return hw.peak_flops((self.data.get("ceilings") or {}).get("dtype", "bf16"))
 
-    def fit_for(self, op: str, dtype: str | None = None, phase: str | None = None) -> dict | None:
-        """The fit of an op class: of the wanted dtype if there is one, then of the phase
-        (`prefill` or `decode`, the end of its source) if there is one, else the first listed."""
-        found = [f for f in self.fits if f["op"] == op]
-        if not found:
-            return None
-        found = [f for f in found if f.get("dtype") == dtype] or found
+    def fit_for(
+        self, op: str, dtype: str | None = None, phase: str | None = None, kernel: str | None = None,
+        exact_dtype: bool = False,
+    ) -> Fit | None:  # fmt: skip
+        """THE choice of a fit: of op class `op`, of the wanted dtype if there is one (with
+        `exact_dtype`, none of another), then of `kernel` (measured, or run there by transfer) if
+        there is one, then of the phase (`prefill` or `decode`, the end of its source) if there is
+        one, else the first listed."""
+        found = [f for f in self.fits if f.op == op]
+        found = [f for f in found if f.dtype == dtype] or ([] if exact_dtype else found)
+        if kernel is not None:
+            found = [f for f in found if kernel in (f.kernel, f.target_kernel)] or found
         if phase is not None:
-            found = [f for f in found if str(f.get("source", "")).endswith(":" + phase)] or found
-        return found[0]
+            found = [f for f in found if f.phase == phase] or found
+        return found[0] if found else None
 
-    def phase_fits(self, op: str, dtype: str | None = None) -> tuple[dict | None, dict | None]:
-        """(decode fit, prefill fit) of an op class: both None without a fit, the same fit twice
-        where it has one for both (mlactl.decide.calibration.model.decode_like says which
-        applies where)."""
-        return self.fit_for(op, dtype, "decode"), self.fit_for(op, dtype, "prefill")
+    def class_fits(self, cost, cls: str) -> tuple[Fit, Fit] | None:
+        """(decode fit, prefill fit) of op class `cls` as `cost`'s dtypes pick it (`fit_for`), the
+        same fit twice where it has one for both, or None without a fit
+        (mlactl.decide.calibration.model.decode_like says which applies where)."""
+        dtype = fit_dtype(cost, cls)
+        decode, prefill = self.fit_for(cls, dtype, "decode"), self.fit_for(cls, dtype, "prefill")
+        return None if decode is None or prefill is None else (decode, prefill)
+
+    def whole_path(self, cost, path: str) -> Fit | None:
+        """A whole-path fit for `path`; expand_chunked without its own takes expand's, applied to
+        expand_chunked's own FLOPs and bytes (the same ops, chunk by chunk, plus the lse merges)."""
+        fit = self.fit_for(f"path:{path}", fit_dtype(cost, f"path:{path}"))
+        if fit is None and path == "expand_chunked":
+            fit = self.fit_for("path:expand", fit_dtype(cost, "path:expand"))
+        return fit
 
     @property
     def transferred(self) -> dict | None:
@@ -96,7 +217,7 @@ class Calibration:
         t = self.transferred
         if t is None:
             return None
-        rests = [f.get("transfer", {}).get("rests_on") for f in self.fits]
+        rests = [(f.transfer or {}).get("rests_on") for f in self.fits]
         other = sum(1 for r in rests if r is not None and not r.startswith("same kernel"))
         src = safe.text(t["from"]["hardware"], 40)
         return (
@@ -120,38 +241,13 @@ class Calibration:
 
 
 # -- the schema: every field a prediction or a message reads, with its physical range ------------
+# (each fitted parameter's range is held in terms.py, with the parameter)
 
-# An efficiency is achieved / datasheet ceiling: above 0 (1e-4, a kernel at 0.01% of the
-# datasheet, is already far below anything measured: aiconfigurator's lowest is 0.02) and at
-# most ETA_PHYSICAL of the ceiling the fit divided by. Fits divide by the peak of the runs'
-# compute dtype (bf16 for aiconfigurator) and count bf16 operands, so an fp8 kernel may reach
-# twice that and an fp4 one four times (ETA_DTYPE).
-ETA_LOWEST = 1e-4
-ETA_PHYSICAL = 1.2
-ETA_DTYPE = (("fp4", 4.0), ("fp8", 2.0), ("int8", 2.0))
-# A fitted time (a launch's fixed cost, a request's or a row's cost): no term of one kernel
-# launch takes a second; the largest fitted is 0.2 ms (t_fixed, aiconfigurator). A serial
-# iteration (t_iter_s, one tile of a kernel's loop) is multiplied by waves x iterations, tens of
-# thousands at long contexts, so it has its own bound: 1 ms, 500x the largest fitted (2 us).
-SECONDS_MAX = 1.0
-ITER_SECONDS_MAX = 1e-3
 # `near`: features are log2 rows and heads and an unaligned flag; a residual is log(predicted /
 # measured) of the parametric fit, and beyond e^9.2 = 10,000x it is not a correction but a
 # different kernel.
 NEAR_FEATURE_MAX = 64.0
 NEAR_RESIDUAL_MAX = 9.2
-
-
-# `l2`: L2 reads are no slower than HBM's and at most 4x faster (Hopper's and Blackwell's L2s
-# read at roughly 2.5-3.5x their HBM); an L2 is at most 1 GiB
-L2_GAIN_MAX = 4.0
-L2_BYTES_MAX = float(1 << 30)
-
-
-def eta_limit(dtype) -> float:
-    """The largest efficiency a fit of this dtype may have (ETA_PHYSICAL, times 2 for fp8)."""
-    name = str(dtype or "").lower()
-    return ETA_PHYSICAL * next((factor for key, factor in ETA_DTYPE if key in name), 1.0)
 
 
 def _non_empty(value):
@@ -187,30 +283,25 @@ def _near(value):
 
 
 def _params_rule(fit: dict, where: str) -> None:
-    """Every parameter the fit's terms use, within its physical range."""
-    terms, params = fit["terms"], fit["params"]
+    """Every parameter the fit's terms use, within its physical range (terms.PARAMS)."""
+    terms, params = Terms.of(fit["terms"]), fit["params"]
     at = f"{where}.params".lstrip(".")
-    names = set(param_names(terms)) - ({"t_fixed_s"} if "fixed" not in terms else set())
+    names = set(param_names(terms)) - ({"t_fixed_s"} if not terms.fixed else set())
     top = eta_limit(fit.get("dtype"))
     for key in sorted(names):
         value = params.get(key)
-        if key == "l2_gain":  # L2 reads over HBM reads
-            check = S.number(1.0, maximum=L2_GAIN_MAX)
-        elif key.startswith("eta_"):
-            check = S.number(ETA_LOWEST, maximum=top)
-        else:
-            check = S.number(0.0, maximum=ITER_SECONDS_MAX if key == "t_iter_s" else SECONDS_MAX)
+        lo, hi = PARAMS[key].physical_range(top)
         if key not in params:
             raise S.Invalid(f"{at}.{key}", "present", "nothing")
-        expected = check(value)
+        expected = S.number(lo, maximum=hi)(value)
         if expected is not None:
             raise S.Invalid(f"{at}.{key}", expected, value)
-    if "l2" in terms:  # the GPU's L2 in bytes, or null (no L2 size: the term does nothing)
+    if terms.l2:  # the GPU's L2 in bytes, or null (no L2 size: the term does nothing)
         l2 = params.get("l2_bytes")
         expected = None if l2 is None else S.number(1.0, maximum=L2_BYTES_MAX)(l2)
         if expected is not None:
             raise S.Invalid(f"{at}.l2_bytes", expected, params.get("l2_bytes"))
-    if "near" in terms:
+    if terms.near:
         expected = _near(params.get("near"))
         if expected is not None:
             raise S.Invalid(f"{at}.near", expected, params.get("near"))
@@ -360,13 +451,12 @@ def find_own(hw_name: str, dims: dict, kv_dtype: str) -> Calibration | None:
             warn(f"skipped {exc}")
             continue
         source = cal.data.get("source") or {}
-        ops = {f["op"] for f in cal.fits}
         if (
             source.get("kind") == "results"
             and cal.hardware == hw_name
             and source.get("model") == dims
             and source.get("kv_dtype") == kv_dtype
-            and {"path:expand", "path:absorb"} <= ops
+            and {"path:expand", "path:absorb"} <= cal.classes
         ):
             # one fitted on this GPU before one transferred to it
             found.append((cal.transferred is None, str(cal.data.get("created", "")), str(path), cal))

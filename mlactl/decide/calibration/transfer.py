@@ -42,9 +42,11 @@ from pathlib import Path
 
 from mlactl import __version__
 from mlactl import profiles as shipped_profiles
+from mlactl.decide.calibration import store
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.model import ATTENTION_CLASSES
 from mlactl.decide.calibration.store import Calibration, eta_limit, safe_name, validate
+from mlactl.decide.calibration.terms import PARAMS
 from mlactl.decide.engines import arch_of, context_for, default_params
 from mlactl.model.config import from_name
 from mlactl.model.hardware import HardwareProfile
@@ -95,17 +97,12 @@ MEMBER, DROPPED = "its best member without the dropped terms", "the dropped term
 
 
 def kernel_of(fit: dict) -> str:
-    """The kernel source a fit was measured on: an aiconfigurator source without its framework
-    and phase (`sglang-0.5.14:flash_attention:decode` -> `flash_attention`), else the source."""
-    parts = str(fit.get("source", "")).split(":")
-    if len(parts) > 1 and parts[-1] in ("decode", "prefill"):
-        parts.pop()
-    return ":".join(parts[1:]) if len(parts) > 1 else parts[0]
+    """The kernel source a fit (a file's entry) was measured on (store.kernel_of its source)."""
+    return store.kernel_of(fit.get("source"))
 
 
 def phase_of(fit: dict) -> str | None:
-    src = str(fit.get("source", ""))
-    return next((p for p in ("decode", "prefill") if src.endswith(":" + p)), None)
+    return store.phase_of(fit.get("source"))
 
 
 def _sglang_backend(fit: dict, hw: HardwareProfile) -> tuple[str, str]:
@@ -199,8 +196,9 @@ def transfer_error(
     return next(((k, table[k]) for k in keys if k in table and len(table[k].get("pairs", ())) >= MIN_PAIRS), None)
 
 
-SECONDS = ("t_fixed_s", "t_iter_s", "t_combine_s", "t_request_s", "t_row_s", "t_align_s")
-ETAS = ("eta_c", "eta_m", "eta_q", "eta_x", "eta_p", "eta_s")
+# the kernel's parameters a time scales (terms.PARAMS): seconds, and fractions of the ceilings
+SECONDS = tuple(k for k in PARAMS if k.startswith("t_"))
+ETAS = tuple(k for k in PARAMS if k.startswith("eta_"))
 
 
 def scaled(model: dict, factor: float) -> dict:
@@ -349,7 +347,8 @@ def transfer(
     if dtype not in target.peak_tflops:
         raise MlactlError(f"{target.name} has no {dtype} peak, the dtype calibration {cal.name!r} divides by")
     framework = (cal.data.get("source") or {}).get("framework")
-    fits = [_carry(f, cal.fits, framework, source, target, errors, near, correct) for f in cal.fits]
+    entries = cal.data["fits"]  # the file's entries, carried one by one
+    fits = [_carry(f, entries, framework, source, target, errors, near, correct) for f in entries]
     data = copy.deepcopy({k: v for k, v in cal.data.items() if k != "fits"})
     data.update(
         name=safe_name(name or f"{target.name}-from-{cal.name}"),

@@ -128,10 +128,9 @@ class OpSpread:
     @classmethod
     def of_roofline(cls, time) -> OpSpread:
         t = np.asarray(time, dtype=np.float64)
-        n = t.size
         return cls(
-            t, t[None], t, np.zeros(t.shape, bool), np.full(n, basis_mod.ROOFLINE, dtype=object), np.zeros(n),
-            np.full(n, "", dtype=object), None, roofline=True,
+            t, t[None], t, np.zeros(t.shape, bool), np.full(t.shape, basis_mod.ROOFLINE, dtype=object),
+            np.zeros(t.shape), np.full(t.shape, "", dtype=object), None, roofline=True,
         )  # fmt: skip
 
     @property
