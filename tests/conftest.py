@@ -19,24 +19,26 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _pin_blas_kernels() -> None:
+def _pin_blas_kernels() -> bool:
     """Fits are least squares through LAPACK, and their last bits depend on which kernels
     OpenBLAS picks for the CPU; where two term sets score within those bits of each other, the
     choice between them does too. The figures the tests pin were worked out with OpenBLAS's
     SkylakeX (AVX-512) kernels, so a CPU that has AVX-512 runs those, whatever the environment
     asks (some machines here set OPENBLAS_CORETYPE=Haswell); one without keeps its own (no other
     BLAS reads the variable). It must be set before numpy loads OpenBLAS, and subprocesses the
-    tests start inherit it."""
+    tests start inherit it. Returns whether it was set."""
     try:
         with open("/proc/cpuinfo") as fh:
             flags = next((line.split() for line in fh if line.startswith("flags")), [])
     except OSError:
-        return
-    if {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"} <= set(flags):
-        os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+        return False
+    if not {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"} <= set(flags):
+        return False
+    os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+    return True
 
 
-_pin_blas_kernels()
+BLAS_PINNED = _pin_blas_kernels()  # tests/test_golden.py pins a fit only where this holds
 HAS_CUDA = _has_cuda()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -18,10 +18,11 @@ import io
 import json
 import math
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+# first: it pins OpenBLAS's kernels before numpy loads (also when this file runs as a script)
+from conftest import BLAS_PINNED
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden"
@@ -37,22 +38,15 @@ CAL = "h200-aiconfigurator-sglang-0.5.14"
 # files were written: what they pin is the arithmetic on a calibration, not the fit again.
 CAL_FILE = GOLDEN / f"{CAL}.calibration.json"
 # A fit is least squares through LAPACK, whose last bits differ from one BLAS kernel to another,
-# and a near-tie between two term sets can then go either way. calibrate.json was written with
-# OpenBLAS's SkylakeX kernels, so the `calibrate` case runs with those, in a process of its own,
-# and is compared only on a CPU that can run them (`fit_reproducible`).
-FIT_KERNEL = {"OPENBLAS_CORETYPE": "SkylakeX"}
-FIT_CPU_FLAGS = {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
+# and a near-tie between two term sets can then go either way: calibrate.json was written with
+# OpenBLAS's SkylakeX kernels (conftest.py runs them where the CPU can) and is compared only there.
 
 
 def fit_reproducible() -> bool:
-    try:
-        import numpy
+    import numpy
 
-        blas = str(numpy.show_config(mode="dicts")["Build Dependencies"]["blas"].get("name", ""))
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration, KeyError, TypeError):
-        return False
-    return "openblas" in blas.lower() and FIT_CPU_FLAGS <= set(flags)
+    blas = str(numpy.show_config(mode="dicts")["Build Dependencies"]["blas"].get("name", ""))
+    return BLAS_PINNED and "openblas" in blas.lower()
 
 
 # the batch CSV and the trace the cases read (written into the case's folder)
@@ -147,19 +141,15 @@ def run_cases(folder: Path, only: set[str] | None = None) -> dict[str, str]:
         if name == "calibrate":
             if not fit_reproducible():
                 continue
-            env = {**os.environ, **FIT_KERNEL, "MLACTL_HOME": str(home)}
-            done = subprocess.run([sys.executable, "-m", "mlactl", *argv], env=env, capture_output=True, text=True)
-            code, text, output = done.returncode, done.stdout, done.stdout + done.stderr
-            if code == 0:  # what `--update calibrate.json` keeps as CAL_FILE
-                fitted = (home / "calibrations" / f"{CAL}.json").read_text().replace(str(HERE), "<TESTS>")
-                (folder / "fitted.calibration.json").write_text(fitted)
-        else:
-            if CAL in args:
-                (home / "calibrations").mkdir(exist_ok=True)
-                text = CAL_FILE.read_text().replace("<TESTS>", str(HERE))
-                (home / "calibrations" / f"{CAL}.json").write_text(text)
-            result = runner.invoke(app, argv)
-            code, text, output = result.exit_code, result.stdout, result.output
+        elif CAL in args:
+            (home / "calibrations").mkdir(exist_ok=True)
+            text = CAL_FILE.read_text().replace("<TESTS>", str(HERE))
+            (home / "calibrations" / f"{CAL}.json").write_text(text)
+        result = runner.invoke(app, argv)
+        code, text, output = result.exit_code, result.stdout, result.output
+        if code == 0 and name == "calibrate":  # what `--update calibrate.json` keeps as CAL_FILE
+            fitted = (home / "calibrations" / f"{CAL}.json").read_text().replace(str(HERE), "<TESTS>")
+            (folder / "fitted.calibration.json").write_text(fitted)
         if code != 0:
             raise AssertionError(f"{key}: mlactl {' '.join(argv)} exited {code}: {output[-2000:]}")
         for path, mark in ((str(home), "<HOME>"), (str(folder), "<DIR>"), (str(HERE), "<TESTS>")):
@@ -225,7 +215,7 @@ def _update(only: set[str] | None) -> None:
                 (GOLDEN / key).write_text(text)
                 print("wrote", GOLDEN / key)
         if (Path(tmp) / "fitted.calibration.json").exists():
-            shutil.copyfile(Path(tmp) / "fitted.calibration.json", CAL_FILE)
+            CAL_FILE.write_text((Path(tmp) / "fitted.calibration.json").read_text())
             print("wrote", CAL_FILE)
 
 

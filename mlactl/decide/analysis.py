@@ -498,11 +498,6 @@ def _measured_note(batch, prefix, results_data) -> list[str]:
 # -- mixed batches --------------------------------------------------------------------------------
 
 
-def strategies_for(cost: CostModel) -> tuple[str, ...]:
-    """The batch strategies of a model: every request on one path, or each on its own best."""
-    return cost.strategies
-
-
 @dataclass
 class BatchAnalysis:
     """A mixed batch of requests: the path of each, and the batch's time under each strategy.
@@ -534,7 +529,8 @@ class BatchAnalysis:
 
     @property
     def strategies(self) -> tuple[str, ...]:
-        return strategies_for(self.cost)
+        """Every request on one path, or each on its own best (the model's: CostModel.strategies)."""
+        return self.cost.strategies
 
     @property
     def best_strategy(self) -> str:

@@ -25,11 +25,9 @@ from mlactl.decide.engines import EngineParams
 from mlactl.decide.engines import sglang as sglang_rule
 from mlactl.decide.engines import vllm as vllm_rule
 from mlactl.model.cost import DSA_PATHS, MLA_PATHS
-from mlactl.util.defaults import ENGINES
 from mlactl.util.errors import MlactlError
 
 VLLM, SGLANG = "vllm", "sglang"
-DEFAULT_ENGINES = ENGINES  # replay judges all four by default: sglang, sglang-triton, sglang-trtllm, vllm
 # Rows of one call to vLLM's rule at most: its reorder follows each request (engines.vllm.MAX_REQUESTS).
 MAX_ROWS_PER_CALL = 1 << 22
 MEMO_STEPS = 1 << 16  # vLLM steps' answers kept by OneStep (a few MB)

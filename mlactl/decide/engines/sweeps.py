@@ -87,7 +87,7 @@ def sweep_sglang(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray]) -> 
     now = float(fixed + _split_sums(sm, mla[movable], mha[movable], np.array([p.threshold]))[0])
     lows = np.append([1], values + 1)[: len(candidates)]
     highs: list = [int(v) for v in values] + [None]
-    return _swept(p, "chunked_prefix_cache_threshold", p.threshold, now, candidates, totals, lows, highs)
+    return _swept(p, p.swept.option, p.threshold, now, candidates, totals, lows, highs)
 
 
 def sweep_vllm(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray]) -> Sweep | None:
@@ -106,7 +106,7 @@ def sweep_vllm(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray]) -> Sw
     now = float(_split_sums(wl.new, absorb, prefill, np.array([p.threshold + 1]))[0])
     lows = candidates
     highs: list = [int(x) - 1 for x in candidates[1:]] + [None]
-    return _swept(p, "reorder_batch_threshold", p.threshold, now, candidates, totals, lows, highs)
+    return _swept(p, p.swept.option, p.threshold, now, candidates, totals, lows, highs)
 
 
 def sweep_sglang_dsa(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray]) -> Sweep | None:
@@ -130,7 +130,7 @@ def sweep_sglang_dsa(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray])
     now = float(fixed + _split_sums(sm, dense, sparse, np.array([p.dense_threshold + 1]))[0])
     lows = candidates
     highs: list = [int(v) - 1 for v in values] + [p.topk]
-    return _swept(p, p.sglang_dsa.threshold_option, p.dense_threshold, now, candidates, totals, lows, highs)
+    return _swept(p, p.swept.option, p.dense_threshold, now, candidates, totals, lows, highs)
 
 
 def sweep_vllm_masked(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray]) -> list[Sweep]:

@@ -385,8 +385,8 @@ def _price(
     e: rules.Engine,
     sched: Schedule,
     s: ReplaySettings,
-    keep_steps: bool = False,
-    page: int = REPLAY_BLOCK,
+    keep_steps: bool,
+    page: int,
 ) -> EngineReplay:
     """Price an engine's schedule a block of steps at a time, adding up as it goes: what every
     step took is kept only with `keep_steps` (for the per-step CSV)."""
