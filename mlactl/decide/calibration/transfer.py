@@ -48,6 +48,7 @@ from mlactl.decide.calibration.model import ATTENTION_CLASSES
 from mlactl.decide.calibration.store import Calibration, eta_limit, safe_name, validate
 from mlactl.decide.calibration.terms import PARAMS
 from mlactl.decide.engines import arch_of, context_for, default_params
+from mlactl.decide.engines.sglang import SGLangParams
 from mlactl.model.config import from_name
 from mlactl.model.hardware import HardwareProfile
 from mlactl.util.errors import MlactlError
@@ -111,6 +112,7 @@ def _sglang_backend(fit: dict, hw: HardwareProfile) -> tuple[str, str]:
     cfg = from_name("deepseek-v3.2") if fit["op"] in ("sparse_attention", "masked_attention") else None
     kv = "fp8" if "fp8" in str(fit.get("dtype", "")) else "bf16"
     p = default_params("sglang", context_for(cfg, hw, kv))
+    assert isinstance(p, SGLangParams)
     return (p.decode_backend if phase_of(fit) == "decode" else p.backend), p.name
 
 

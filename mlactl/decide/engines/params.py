@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
 from mlactl.decide.engines.rulesets import ARCH_BY_NAME, NEWEST, RULESETS, SHORTHANDS, Option, RuleSet
-
-if TYPE_CHECKING:
-    from mlactl.decide.engines.rulesets import VLLMDSA, SGLangBackend, SGLangDSA
 from mlactl.util.defaults import ENGINES
 from mlactl.util.errors import MlactlError
 
@@ -130,32 +127,6 @@ class EngineParams:
     topk: int = 0  # a DSA model's index_topk
     dense_indexer: str = "key"  # what the engine's dense MHA runs of the indexer (cost.py)
     json_backends: ClassVar[tuple[str, ...]] = ("backend",)  # the backend fields to_json reports
-
-    if TYPE_CHECKING:  # compatibility, for type checkers only: code written against one type for
-        # both engines (`p: EngineParams`, then `p.dense_threshold`) still checks. At run time each
-        # family's type has only its own (sglang.py, vllm.py); annotate with it, then drop these.
-        decode_backend: str = ""
-        capacity: int = 0
-        chunked_prefix_cache: bool = True
-        graph_max_tokens: int = 0
-        dense_threshold: int = 0
-        dense_ok: bool = False
-        query_len: str = ""
-        workspace: int = 0
-        block: int = 0
-        short_extends_as_decodes: bool = True
-        mha: bool = False
-        masked_row: tuple | None = None
-        masked_ok: bool = False
-
-        @property
-        def sglang_dsa(self) -> SGLangDSA: ...
-
-        @property
-        def vllm_dsa(self) -> VLLMDSA: ...
-
-        @property
-        def decode_info(self) -> SGLangBackend: ...
 
     def __init_subclass__(cls, family: str = "", **kw):
         super().__init_subclass__(**kw)

@@ -339,7 +339,7 @@ def _dsa_rule(rs: RuleSet, values, given, ctx: Context, arch, prefill, decode, f
     )
 
 
-def dsa_extend_paths(p: EngineParams, max_seq, sum_seq, tokens) -> np.ndarray:
+def dsa_extend_paths(p: SGLangParams, max_seq, sum_seq, tokens) -> np.ndarray:
     """The path of a DSA model's extend batches: dense_expand where use_mha holds, else
     sparse_absorb (arrays, one entry per batch: longest sequence, summed sequences, new tokens)."""
     max_seq, sum_seq, tokens = (np.asarray(a, dtype=np.int64) for a in (max_seq, sum_seq, tokens))
@@ -348,7 +348,7 @@ def dsa_extend_paths(p: EngineParams, max_seq, sum_seq, tokens) -> np.ndarray:
     return np.where(dense, DENSE, SPARSE)
 
 
-def extend_paths(p: EngineParams, sum_prefix, sum_seq, tokens) -> np.ndarray:
+def extend_paths(p: SGLangParams, sum_prefix, sum_seq, tokens) -> np.ndarray:
     """The path of extend batches (arrays, one entry per batch) on p's prefill backend."""
     sum_prefix, sum_seq, tokens = (np.asarray(a, dtype=np.int64) for a in (sum_prefix, sum_seq, tokens))
     shape = np.broadcast(sum_prefix, sum_seq, tokens).shape

@@ -185,15 +185,15 @@ class OneStep:
         self.dsa = p.is_dsa
         # vLLM's split of a DSA step is the dense rule's (the DSA rule then maps it)
         self.split = replace(p, ctx=replace(p.ctx, model_kind="mla"), paths=rules.PATH_NAMES) if self.dsa else p
-        self.chunk = vllm_rule.dsa_chunk(p) if self.dsa and engine.family == VLLM else 0
+        self.chunk = vllm_rule.dsa_chunk(p) if self.dsa and isinstance(p, vllm_rule.VLLMParams) else 0
 
     def paths(
         self, B: int, decode_prefix_sum: int, new: list[int], prefix: list[int], decode_prefix_max: int = 0
     ) -> tuple[str, list[str]]:
-        e = self.engine
+        e, p = self.engine, self.engine.params
         if not new:
             return self.decode, []
-        if e.family == SGLANG:
+        if isinstance(p, sglang_rule.SGLangParams):
             mixed = e.mixed_chunk and B > 0
             tokens = sum(new) + (B if mixed else 0)
             sum_prefix = sum(prefix) + (decode_prefix_sum if mixed else 0)
@@ -201,11 +201,12 @@ class OneStep:
                 longest = max(q + c for q, c in zip(new, prefix))
                 if mixed:
                     longest = max(longest, decode_prefix_max + 1)
-                method = str(sglang_rule.dsa_extend_paths(e.params, [longest], [sum_prefix + tokens], [tokens])[0])
+                method = str(sglang_rule.dsa_extend_paths(p, [longest], [sum_prefix + tokens], [tokens])[0])
             else:
-                method = str(sglang_rule.extend_paths(e.params, [sum_prefix], [sum_prefix + tokens], [tokens])[0])
+                method = str(sglang_rule.extend_paths(p, [sum_prefix], [sum_prefix + tokens], [tokens])[0])
             return (method if mixed else self.decode), [method] * len(new)
-        over = self.engine.params.threshold + 1
+        assert isinstance(p, vllm_rule.VLLMParams)  # the two families (engines.FAMILIES)
+        over = p.threshold + 1
         short = [min(q, over) for q in new]
         key = (B > 0, *short, *(c > 0 for c in prefix))
         got = self.memo.get(key)
@@ -231,7 +232,7 @@ class OneStep:
         q = max(new[j] for j in prefill)
         seq = max(new[j] + prefix[j] for j in prefill)
         ctx = max(min(prefix[j], self.chunk) for j in prefill)
-        path = str(vllm_rule.dsa_step_paths(e.params, [len(prefill)], [q], [seq], [ctx])[0])
+        path = str(vllm_rule.dsa_step_paths(p, [len(prefill)], [q], [seq], [ctx])[0])
         rest = [path if j in prefill else self.decode for j in range(len(new))]
         return self.decode, rest
 

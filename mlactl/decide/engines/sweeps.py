@@ -17,7 +17,8 @@ import numpy as np
 
 from mlactl.decide.engines.params import EngineParams
 from mlactl.decide.engines.paths import grid_paths, time_of
-from mlactl.decide.engines.vllm import dsa_chunk, mask_fits
+from mlactl.decide.engines.sglang import SGLangParams
+from mlactl.decide.engines.vllm import VLLMParams, dsa_chunk, mask_fits
 from mlactl.decide.sweep import Sweep, pick
 
 
@@ -25,9 +26,10 @@ def sweeps(p: EngineParams, batch, new, prefix, weight, times: dict[str, np.ndar
     """Every threshold of the rule that moves a shape of the workload (batch, new, prefix; each
     shape's weight), with `times` of each path at each shape as the engine runs them."""
     wl = _Shapes(np.asarray(batch), np.asarray(new), np.asarray(prefix), np.asarray(weight, dtype=np.float64))
-    if p.family == "sglang":
+    found: list[Sweep | None] = []
+    if isinstance(p, SGLangParams):
         found = [sweep_sglang_dsa(p, wl, times) if p.is_dsa else sweep_sglang(p, wl, times)]
-    else:
+    elif isinstance(p, VLLMParams):
         found = [sweep_vllm(p, wl, times)]
         if p.is_dsa:
             found += sweep_vllm_masked(p, wl, times)
@@ -64,7 +66,7 @@ def _swept(p: EngineParams, option: str, current: int, now: float, candidates, t
     return Sweep(p.engine, option, current, now, int(candidates[i]), (int(lows[i]), highs[i]), float(totals[i]), table)
 
 
-def sweep_sglang(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray]) -> Sweep | None:
+def sweep_sglang(p: SGLangParams, wl: _Shapes, times: dict[str, np.ndarray]) -> Sweep | None:
     """SGLang's summed-prefix threshold t: an extend batch with summed prefix s > 0 runs MHA when
     s >= t, else MLA. Every t in (s_(k-1), s_k] gives the same paths, so t = s_k for each distinct
     s_k, and one past the largest (MHA only without a prefix), are all the choices there are.
@@ -90,7 +92,7 @@ def sweep_sglang(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray]) -> 
     return _swept(p, p.swept.option, p.threshold, now, candidates, totals, lows, highs)
 
 
-def sweep_vllm(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray]) -> Sweep | None:
+def sweep_vllm(p: VLLMParams, wl: _Shapes, times: dict[str, np.ndarray]) -> Sweep | None:
     """vLLM's decode threshold t: a request of at most t new tokens runs the decode pathway. Every
     t in [n_k, n_(k+1)) gives the same paths, so t = 1 and each distinct query length are all the
     choices there are. None for a DSA rule where decodes and prefills run the same path."""
@@ -109,7 +111,7 @@ def sweep_vllm(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray]) -> Sw
     return _swept(p, p.swept.option, p.threshold, now, candidates, totals, lows, highs)
 
 
-def sweep_sglang_dsa(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray]) -> Sweep | None:
+def sweep_sglang_dsa(p: SGLangParams, wl: _Shapes, times: dict[str, np.ndarray]) -> Sweep | None:
     """SGLang's DSA dense threshold t: an extend batch whose longest sequence S is at most t runs
     dense MHA (where its other conditions hold), else the sparse MQA. Every t in [S_k, S_(k+1))
     gives the same paths, so t = 0 and each distinct S are all the choices there are, up to the
@@ -133,7 +135,7 @@ def sweep_sglang_dsa(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray])
     return _swept(p, p.swept.option, p.dense_threshold, now, candidates, totals, lows, highs)
 
 
-def sweep_vllm_masked(p: EngineParams, wl: _Shapes, times: dict[str, np.ndarray]) -> list[Sweep]:
+def sweep_vllm_masked(p: VLLMParams, wl: _Shapes, times: dict[str, np.ndarray]) -> list[Sweep]:
     """vLLM's masked-MHA table, one sweep per sequence-length bucket of the resolved row: a step of
     prefills whose longest sequence S falls in the bucket (and above index_topk, where dense MHA
     runs instead) runs masked MHA when its longest query Q is at least the bucket's entry m (and

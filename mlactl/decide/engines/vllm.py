@@ -329,7 +329,7 @@ def _masked_off(d: VLLMDSA, arch, kv, dims, dcp, row, backend, ctx: Context) -> 
     return f"_DSV32_MASKED_MHA_THRESHOLDS has no row for {backend} at TP {ctx.tp}"
 
 
-def request_paths(p: EngineParams, new, prefix, step=None, done=None) -> np.ndarray:
+def request_paths(p: VLLMParams, new, prefix, step=None, done=None) -> np.ndarray:
     """The path of each request of many steps (arrays of one entry per request, in the order
     the scheduler lists them; `step`: [N] int, the step of each, default all one; `done`: [N]
     bool, requests done prefilling, default one new token after a prefix)."""
@@ -388,7 +388,7 @@ def request_paths(p: EngineParams, new, prefix, step=None, done=None) -> np.ndar
     return out
 
 
-def masked_min_query(p: EngineParams, seq) -> np.ndarray:
+def masked_min_query(p: VLLMParams, seq) -> np.ndarray:
     """_use_masked_mha's least query length for a longest prefill sequence (its bucket's entry of
     the table row); -1 where masked MHA never runs (no row, no entry, or past the last bucket)."""
     seq = np.asarray(seq, dtype=np.int64)
@@ -399,7 +399,7 @@ def masked_min_query(p: EngineParams, seq) -> np.ndarray:
     return row[np.searchsorted(buckets, seq, side="left")]  # the first bucket >= seq
 
 
-def mask_fits(p: EngineParams, prefills, max_query, max_chunk) -> np.ndarray:
+def mask_fits(p: VLLMParams, prefills, max_query, max_chunk) -> np.ndarray:
     """_masked_mha_workspace_fits: the bit-packed top-k masks of a step's prefills (prefills x
     the longest query rounded up to its tile x words of the longest key run) fit the workspace."""
     prefills, q, c = (np.asarray(a, dtype=np.int64) for a in (prefills, max_query, max_chunk))
@@ -408,7 +408,7 @@ def mask_fits(p: EngineParams, prefills, max_query, max_chunk) -> np.ndarray:
     return prefills * (-(-q // tile) * tile) * words <= p.vllm_dsa.mask_words
 
 
-def dsa_step_paths(p: EngineParams, prefills, max_query, max_seq, max_chunk) -> np.ndarray:
+def dsa_step_paths(p: VLLMParams, prefills, max_query, max_seq, max_chunk) -> np.ndarray:
     """The path of each step's prefills (arrays, one entry per step): dense_expand where the
     longest sequence is at most topk, masked_expand where masked MHA fires, else sparse_absorb."""
     if not p.mha:
@@ -420,13 +420,13 @@ def dsa_step_paths(p: EngineParams, prefills, max_query, max_seq, max_chunk) -> 
     return np.where(np.asarray(max_seq) <= p.topk, DENSE, np.where(masked, MASKED, SPARSE))
 
 
-def dsa_chunk(p: EngineParams) -> int:
+def dsa_chunk(p: VLLMParams) -> int:
     """The longest run of context keys one chunk of a prefill holds: the workspace rounded down
     to the block (build_mla_chunked_context_metadata's max_context_chunk)."""
     return max(p.workspace // p.block * p.block, p.block)
 
 
-def dsa_prefill_paths(p: EngineParams, q, ctx, decode, sid, heads) -> np.ndarray:
+def dsa_prefill_paths(p: VLLMParams, q, ctx, decode, sid, heads) -> np.ndarray:
     """Requests in step order after the reorder: decodes sparse, each step's prefills as one."""
     prefill = ~decode
     chunk = dsa_chunk(p)  # a context chunk's longest run of keys
@@ -454,7 +454,7 @@ def _expand_rows(count: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(len(count)), count)
 
 
-def context_chunk(p: EngineParams, prefills_with_context) -> np.ndarray:
+def context_chunk(p: VLLMParams, prefills_with_context) -> np.ndarray:
     """Context tokens per chunk and prefill: the workspace split evenly over the prefills with
     context, rounded down to the block (MLACommonMetadataBuilder.build); 0 where there are none."""
     m = np.asarray(prefills_with_context, dtype=np.int64)
