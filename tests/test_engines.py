@@ -133,7 +133,7 @@ def test_weights_scale_the_loss(tmp_path):
     report = v3_report(wl, "sglang")
     e = report.engines[0]
     assert list(e.paths) == ["absorb", "absorb"]  # 1024 < 8192; decode
-    assert e.lost_s == pytest.approx(10 * e.lost[0]) and e.lost[1] == 0
+    assert e.loss.lost_s == pytest.approx(10 * e.lost[0]) and e.lost[1] == 0
     assert report.worst(e) == [0]
 
 
@@ -501,7 +501,7 @@ def test_sglang_dsa_sweep_is_the_brute_force_minimum():
     for t in (s.best, lo, hi):
         p = parse_engines("sglang@0.5.14", [f"nsa_prefill_dense_attn_kv_len_threshold={t}"], ctx)[0]
         assert dsa_brute(wl, p, "h200") == pytest.approx(s.best_time_s, rel=1e-9)
-    assert e.time_s == pytest.approx(brute[2048], rel=1e-9)  # the rule's own time, path by path
+    assert e.loss.time_s == pytest.approx(brute[2048], rel=1e-9)  # the rule's own time, path by path
 
 
 def test_vllm_masked_table_sweep_is_the_brute_force_minimum():
@@ -515,7 +515,7 @@ def test_vllm_masked_table_sweep_is_the_brute_force_minimum():
     assert p.masked_row == (512, 512, 1024, 2048, 16384)
     masked = [s for s in e.sweeps if s.option.startswith("masked")]
     assert masked, e.sweeps
-    assert e.time_s == pytest.approx(dsa_brute(wl, p, "b200"), rel=1e-9)
+    assert e.loss.time_s == pytest.approx(dsa_brute(wl, p, "b200"), rel=1e-9)
     for s in masked:
         bucket = [i for i, b in enumerate(p.ruleset.dsa.buckets) if f"-{b:,})" in s.option][0]
 
@@ -570,8 +570,8 @@ def test_dsa_dense_mha_costs_vllm_its_whole_indexer():
         return max(float(o.flops) / peak, float(o.bytes) / bw)
 
     extra = roof(ops["indexer_proj"]) + roof(ops["indexer"]) + roof(ops["topk"]) - roof(key)
-    assert vl.time_s - sg.time_s == pytest.approx(extra, rel=1e-9)
-    assert sg.lost_s == 0 and vl.lost_s == pytest.approx(extra, rel=1e-9)
+    assert vl.loss.time_s - sg.loss.time_s == pytest.approx(extra, rel=1e-9)
+    assert sg.loss.lost_s == 0 and vl.loss.lost_s == pytest.approx(extra, rel=1e-9)
 
 
 def test_sweep_sentences():

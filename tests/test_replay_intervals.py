@@ -20,6 +20,7 @@ from mlactl.decide.calibration import load, store
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.estimate import estimates
 from mlactl.decide.calibration.model import OP_CLASSES, PROJECTIONS
+from mlactl.decide.loss import RuleLoss
 from mlactl.decide.replay import intervals as I
 from mlactl.decide.replay.pricing import Pricer, rows_of
 from mlactl.model.cost import CostModel
@@ -220,8 +221,8 @@ def test_a_sampled_loss_never_goes_below_zero():
     t = I.Totals.zeros(4)
     t.lost[:] = [-0.3, 0.0, 0.1, 0.2]
     t.time[:] = [-0.3, 0.0, 0.1, 0.2]
-    points = {name: 0.1 for name in I.TOTALS}
-    spans = t.intervals(points)
+    spans = t.spans(RuleLoss(0.1, 0.1, 0.1, 0.1, 0.1))
     # draws 0, 0.1, 0.2, 0.3 (the first held at 0): the 10th percentile 0.03; the time's draws
     # -0.2, 0.1, 0.2, 0.3 are not held: -0.2 + 0.3 x 0.3 = -0.11
-    assert spans["lost"][0] == pytest.approx(0.03) and spans["time"][0] == pytest.approx(-0.11)
+    assert spans.lost_span is not None and spans.time_span is not None
+    assert spans.lost_span[0] == pytest.approx(0.03) and spans.time_span[0] == pytest.approx(-0.11)

@@ -647,8 +647,8 @@ def test_engine_loss_intervals_on_a_sample_of_a_large_workload(fixture_calibrati
     assert 200 < len(keep) < 400
     sampled = W.report(DSV3, hw, wl, engines, sweep=False, calibration=cal)
     for a, b in zip(full.engines, sampled.engines):
-        assert (a.time_s, a.lost_s) == (b.time_s, b.lost_s)
-        for x, y in ((a.time_interval_s, b.time_interval_s), (a.lost_interval_s, b.lost_interval_s)):
+        assert (a.loss.time_s, a.loss.lost_s) == (b.loss.time_s, b.loss.lost_s)
+        for x, y in ((a.loss.time_span, b.loss.time_span), (a.loss.lost_span, b.loss.lost_span)):
             assert x is not None and y is not None
             assert y == pytest.approx(x, rel=0.10)
 

@@ -19,6 +19,7 @@ from mlactl.decide.calibration.estimate import has_evidence, rule_draws
 from mlactl.decide.calibration.time import path_times
 from mlactl.decide.engines import EngineParams, chunk_sizes, grid_paths, time_lost, time_of
 from mlactl.decide.engines.sweeps import sweeps as engine_sweeps
+from mlactl.decide.loss import RuleLoss
 from mlactl.decide.policy import fitting_times
 from mlactl.decide.requests import read_rows
 from mlactl.decide.sweep import Sweep
@@ -123,13 +124,8 @@ class EngineLoss:
     params: EngineParams
     paths: np.ndarray
     lost: np.ndarray  # per shape, per run (+inf: does not fit)
-    time_s: float  # weighted time under the rule
-    lost_s: float  # weighted loss
+    loss: RuleLoss  # the weighted totals over the workload, calibrated with their 80% intervals
     sweeps: list[Sweep] = field(default_factory=list)  # every threshold of the rule that moves a shape
-    # calibrated: the 80% intervals of time_s and lost_s (None: roofline, a fit without
-    # evidence, or a path that does not fit)
-    time_interval_s: tuple[float, float] | None = None
-    lost_interval_s: tuple[float, float] | None = None
 
     @property
     def sweep(self) -> Sweep | None:
@@ -173,6 +169,7 @@ def report(
     choices = cost.choices
     best_time = np.min(np.stack([times[p] for p in choices]), axis=0)  # (sparse) absorb always fits
     best = np.asarray(choices)[np.stack([times[p] for p in choices]).argmin(axis=0)]
+    total_best = float(np.sum(best_time * wl.weight))
     notes: list[str] = []
     out = []
     own_times = []
@@ -183,15 +180,13 @@ def report(
         lost = time_lost(paths, own, best_time)
         found = engine_sweeps(e, wl.batch, wl.new, wl.prefix, wl.weight, own) if sweep else []
         total = float(np.sum(time_of(paths, own) * wl.weight))
-        out.append(EngineLoss(e, paths, lost, total, float(np.sum(lost * wl.weight)), found))
+        loss = RuleLoss(total, total_best, float(np.sum(lost * wl.weight)))
+        out.append(EngineLoss(e, paths, lost, loss, found))
     if calibration is not None:
         rules = [(el.paths, own) for el, own in zip(out, own_times)]
         spans = engine_intervals(cost, hw, calibration, wl, times, rules)
-        out = [
-            replace(el, time_interval_s=_widened(t, el.time_s), lost_interval_s=_widened(lo, el.lost_s))
-            for el, (t, lo) in zip(out, spans)
-        ]
-    return WorkloadReport(cost, hw, wl, best, best_time, float(np.sum(best_time * wl.weight)), out, calibration, notes)
+        out = [replace(el, loss=el.loss.with_spans(time=t, lost=lo)) for el, (t, lo) in zip(out, spans)]
+    return WorkloadReport(cost, hw, wl, best, best_time, total_best, out, calibration, notes)
 
 
 def engine_intervals(
@@ -262,10 +257,3 @@ def _holding(draws: np.ndarray) -> tuple[float, float] | None:
         return None
     lo, hi = uncertainty.percentiles(draws)
     return float(lo), float(hi)
-
-
-def _widened(span: tuple[float, float] | None, point: float) -> tuple[float, float] | None:
-    """An interval widened to hold its point value (None stays None, as does an infinite point)."""
-    if span is None or not np.isfinite(point):
-        return None
-    return min(span[0], point), max(span[1], point)

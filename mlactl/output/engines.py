@@ -133,15 +133,15 @@ def tables(result, notes=()) -> list:
         return seconds(value) + ("" if span is None else f" ({seconds_span(*span)})")
 
     for e in result.engines:
-        pct = e.lost_s / e.time_s if e.time_s and e.lost_s != float("inf") else float("nan")
+        pct = e.loss.lost_s / e.loss.time_s if e.loss.time_s and e.loss.lost_s != float("inf") else float("nan")
         total.add_row(
             e.params.label,
-            cell(e.time_s, e.time_interval_s),
-            cell(e.lost_s, e.lost_interval_s),
+            cell(e.loss.time_s, e.loss.time_span),
+            cell(e.loss.lost_s, e.loss.lost_span),
             "—" if pct != pct else f"{pct:.1%}",
         )
     total.caption = f"best path everywhere: {seconds(result.total_best_s)}"
-    if any(e.lost_interval_s is not None for e in result.engines):
+    if any(e.loss.lost_span is not None for e in result.engines):
         total.caption += "; calibrated: (80% interval, the best path and the rule's compared draw by draw)"
     paths, counts = np.unique(result.best, return_counts=True)
     split = ", ".join(f"{SHORT[str(p)]} at {c}" for p, c in zip(paths, counts))
@@ -155,7 +155,7 @@ def tables(result, notes=()) -> list:
         for col in ("batch", "new", "prefix", "weight", "runs", "best", "lost/run", "share"):
             t.add_column(col, justify="left" if col in ("runs", "best") else "right", no_wrap=True)
         for i in worst:
-            share = e.lost[i] * wl.weight[i] / e.lost_s if e.lost_s not in (0, float("inf")) else float("nan")
+            share = e.lost[i] * wl.weight[i] / e.loss.lost_s if e.loss.lost_s not in (0, float("inf")) else float("nan")
             t.add_row(
                 str(wl.batch[i]),
                 str(wl.new[i]),
@@ -184,12 +184,12 @@ def to_json(result) -> dict:
     for e in result.engines:
         item = dict(
             engine_json(e.params),
-            time_s=number_or_none(e.time_s),
-            lost_s=number_or_none(e.lost_s),
+            time_s=number_or_none(e.loss.time_s),
+            lost_s=number_or_none(e.loss.lost_s),
             **(
                 {
-                    "time_interval_s": None if e.time_interval_s is None else list(e.time_interval_s),
-                    "lost_interval_s": None if e.lost_interval_s is None else list(e.lost_interval_s),
+                    "time_interval_s": None if e.loss.time_span is None else list(e.loss.time_span),
+                    "lost_interval_s": None if e.loss.lost_span is None else list(e.loss.lost_span),
                 }
                 if result.calibration is not None
                 else {}

@@ -30,6 +30,7 @@ import numpy as np
 from rich.table import Table
 
 from mlactl import __version__
+from mlactl.decide.loss import Span
 from mlactl.decide.replay.pricing import STEP_TYPES
 from mlactl.decide.replay.replay import EngineReplay, Replay
 from mlactl.output.csvout import Labels
@@ -50,9 +51,9 @@ def _pct(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole and math.isfinite(part) else "—"
 
 
-def _time(t: float) -> str:
+def _time(t: float | None) -> str:
     """Seconds for a table: a trace's totals run to thousands of seconds, printed in full."""
-    if not math.isfinite(t):
+    if t is None or not math.isfinite(t):
         return "no fit"
     if t == 0:
         return "—"
@@ -109,26 +110,25 @@ def summary_table(result: Replay) -> Table:
         t.add_row(
             e.engine.label,
             f"{e.steps:,}",
-            _spanned(e, "time", e.time_s),
-            _spanned(e, "best", e.best_s),
-            _spanned(e, "lost", e.lost_s),
-            f"{e.lost_pct:.1f}% / {e.lost_gpu_pct:.1f}%",
-            _time(e.lost_step_s),
-            _time(e.lost_request_s),
+            _spanned(e.loss.time_s, e.loss.time_span),
+            _spanned(e.loss.best_s, e.loss.best_span),
+            _spanned(e.loss.lost_s, e.loss.lost_span),
+            f"{e.loss.lost_pct:.1f}% / {e.lost_gpu_pct:.1f}%",
+            _time(e.loss.lost_step_s),
+            _time(e.loss.lost_request_s),
         )
     t.caption = (
         "best: per step the faster of one path for the whole step and each request on its own best path; "
         "losses are paired, on each engine's own steps; lost %: of the attention's time and of the GPU's "
         "(every step's whole forward, the serving table's GPU time)"
     )
-    if any(e.intervals is not None for e in result.engines):
+    if any(e.drawn for e in result.engines):
         t.caption += "; calibrated: (80% interval; --format json has each loss's)"
     return t
 
 
-def _spanned(e: EngineReplay, name: str, point: float) -> str:
+def _spanned(point: float, span: Span | None) -> str:
     """A total's cell, with its 80% interval where calibrated: `468s (412–530s)`."""
-    span = None if e.intervals is None else e.intervals.get(name)
     if span is None or not math.isfinite(point) or point == 0:
         return _time(point)
     lo, hi = span
@@ -163,7 +163,7 @@ def types_table(result: Replay) -> Table:
                 f"{row.steps:,}",
                 _time(row.time_s),
                 _time(row.lost_s),
-                _pct(row.lost_s, e.lost_s),
+                _pct(row.lost_s, e.loss.lost_s),
                 mix,
             )
     return t
@@ -233,19 +233,20 @@ def tables(result: Replay) -> list:
 
 # each total's interval key beside its point value's
 INTERVAL_KEYS = {
-    "time": "time_interval_s",
-    "best": "best_time_interval_s",
-    "lost": "lost_interval_s",
-    "lost_step": "lost_vs_step_interval_s",
-    "lost_request": "lost_vs_request_interval_s",
+    "time_span": "time_interval_s",
+    "best_span": "best_time_interval_s",
+    "lost_span": "lost_interval_s",
+    "lost_step_span": "lost_vs_step_interval_s",
+    "lost_request_span": "lost_vs_request_interval_s",
 }
 
 
 def _intervals(e: EngineReplay) -> dict:
     """Calibrated: each total's 80% interval ([lo, hi], null where not finite); roofline: none."""
-    if e.intervals is None:
+    if not e.drawn:
         return {}
-    return {key: None if e.intervals[name] is None else list(e.intervals[name]) for name, key in INTERVAL_KEYS.items()}
+    spans = {name: getattr(e.loss, name) for name in INTERVAL_KEYS}
+    return {key: None if spans[name] is None else list(spans[name]) for name, key in INTERVAL_KEYS.items()}
 
 
 def engine_json(e: EngineReplay) -> dict:
@@ -256,15 +257,15 @@ def engine_json(e: EngineReplay) -> dict:
         "duration_s": e.end_s - e.start_s,
         "step_time_s": e.step_time_s,
         "gpu_time_s": e.gpu_time_s,
-        "time_s": e.time_s,
-        "best_time_s": e.best_s,
-        "lost_s": e.lost_s,
-        "lost_pct": e.lost_pct,
+        "time_s": e.loss.time_s,
+        "best_time_s": e.loss.best_s,
+        "lost_s": e.loss.lost_s,
+        "lost_pct": e.loss.lost_pct,
         "lost_gpu_pct": e.lost_gpu_pct,
         "best_step_time_s": _num(e.best_step_s),
-        "lost_vs_step_s": e.lost_step_s,
+        "lost_vs_step_s": e.loss.lost_step_s,
         "best_request_time_s": e.best_request_s,
-        "lost_vs_request_s": e.lost_request_s,
+        "lost_vs_request_s": e.loss.lost_request_s,
         **_intervals(e),
         "best_threshold": None if s is None else s.best,
         "sweep": None

@@ -44,6 +44,7 @@ from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.estimate import estimates, has_evidence
 from mlactl.decide.calibration.model import PROJECTIONS
 from mlactl.decide.calibration.steps import group_sums
+from mlactl.decide.loss import RuleLoss, Span
 from mlactl.decide.replay.pricing import Pricer, Rows
 
 CELLS_PER_OCTAVE = 8
@@ -133,21 +134,20 @@ class Totals:
     def zeros(cls, scenarios: int) -> Totals:
         return cls(*(np.zeros(scenarios) for _ in TOTALS))
 
-    def intervals(self, points: dict[str, float]) -> dict[str, tuple[float, float] | None]:
-        """{total: (lo, hi)}: each 80% interval, widened to hold its point value; None where a
-        draw's total is not finite."""
-        out: dict[str, tuple[float, float] | None] = {}
-        for name in TOTALS:
-            point = points[name]
-            d = point + getattr(self, name)
+    def spans(self, loss: RuleLoss) -> RuleLoss:
+        """The point totals `loss` with each one's 80% interval (RuleLoss.with_spans widens each
+        to hold its point value); None where a draw's total is not finite."""
+
+        def span(name: str) -> Span | None:
+            d = getattr(loss, f"{name}_s") + getattr(self, name)
             if name != "time" and name != "best":  # a loss is never below 0 (a sampled departure can be)
                 d = np.maximum(d, 0.0)
-            if not np.all(np.isfinite(d)) or not np.isfinite(point):
-                out[name] = None
-                continue
+            if not np.all(np.isfinite(d)):
+                return None
             lo, hi = u.percentiles(d)
-            out[name] = (min(float(lo), point), max(float(hi), point))
-        return out
+            return float(lo), float(hi)
+
+        return loss.with_spans(*(span(name) for name in TOTALS))
 
 
 def sample_size(engine: np.ndarray, lost: np.ndarray) -> np.ndarray:
@@ -195,7 +195,7 @@ class Drawer:
 
     drawer = Drawer(pricer, weights)        # weights: step_weights over the schedule
     for each block: drawer.add(rows)       # after the block is priced
-    drawer.totals.intervals(points)
+    drawer.totals.spans(loss)               # loss: the point totals (a RuleLoss)
     """
 
     def __init__(self, pricer: Pricer, weights: np.ndarray, scenarios: int = u.SCENARIOS):

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from mlactl.decide.engines import steps as rules
+from mlactl.decide.loss import RuleLoss
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.intervals import Drawer, sample_size, step_weights
@@ -134,12 +135,13 @@ class EngineReplay:
     start_s: float
     end_s: float
     step_time_s: float  # every step's clock time, attention, weights and overhead
-    time_s: float  # attention under the rule
+    # attention under the rule and the best (per step the least of the best one path, each
+    # request on its own best path, and the rule's); the loss against each, >= 0 step by step;
+    # calibrated, each with its 80% interval
+    loss: RuleLoss
+    drawn: bool  # whether the totals' intervals were drawn (calibrated, every op with evidence)
     best_step_s: float  # attention, the best one path per step (inf where nothing fits a step)
     best_request_s: float  # attention, each request on its own best path
-    best_s: float  # per step the least of those two and of the rule's
-    lost_step_s: float  # what the rule loses against the best path per step, step by step (>= 0)
-    lost_request_s: float  # ... against each request on its own best path
     tokens: Tokens
     paths: dict[str, PathShare]
     by_type: list[StepType]
@@ -148,26 +150,15 @@ class EngineReplay:
     latency: Latency
     cache: CacheUse
     per_step: dict | None = field(repr=False)  # [steps] arrays, for the CSV (replay(keep_steps=True))
-    # calibrated: the 80% interval of each total (time, best, lost, lost_step, lost_request), or None
-    intervals: dict | None = None
     scheduler: Shipped | None = None  # the chunk, running requests and page it ran with
-    # the GPU's time, the whole forward of every step: the attention as priced (time_s) plus the
-    # clock's roofline for the rest of the forward, the collectives and the step overhead
+    # the GPU's time, the whole forward of every step: the attention as priced (loss.time_s) plus
+    # the clock's roofline for the rest of the forward, the collectives and the step overhead
     gpu_time_s: float = 0.0
-
-    @property
-    def lost_s(self) -> float:
-        return self.time_s - self.best_s
-
-    @property
-    def lost_pct(self) -> float:
-        """The loss as a share of the attention's time."""
-        return 100.0 * self.lost_s / self.time_s if self.time_s else 0.0
 
     @property
     def lost_gpu_pct(self) -> float:
         """The loss as a share of the GPU's time (the whole forward): what a user pays for."""
-        return 100.0 * self.lost_s / self.gpu_time_s if self.gpu_time_s else 0.0
+        return 100.0 * self.loss.lost_s / self.gpu_time_s if self.gpu_time_s else 0.0
 
 
 @dataclass
@@ -445,13 +436,13 @@ def _price(
         for first, last in blocks(sched):
             drawer.add(rows_of(sched, first, last))
     total_tokens = float(acc.path_tokens.sum())
-    points = {
-        "time": acc.time,
-        "best": acc.best,
-        "lost": acc.time - acc.best,
-        "lost_step": acc.lost_step,
-        "lost_request": acc.lost_request,
-    }
+    loss = RuleLoss(
+        float(acc.time),
+        float(acc.best),
+        float(acc.time - acc.best),
+        float(acc.lost_step),
+        float(acc.lost_request),
+    )
     per_step = None
     if keep_steps:
         cat = [np.concatenate([k[j] for k in kept]) if kept else np.zeros(0) for j in range(6)]
@@ -475,13 +466,11 @@ def _price(
         start_s=start_s,
         end_s=end_s,
         step_time_s=float(sched.time.sum()),
-        time_s=float(acc.time),
+        loss=loss if drawer is None else drawer.totals.spans(loss),
+        drawn=drawer is not None,
         gpu_time_s=float(sched.time.sum() - sched.attention.sum() + acc.time),
         best_step_s=float(acc.step),
         best_request_s=float(acc.request),
-        best_s=float(acc.best),
-        lost_step_s=float(acc.lost_step),
-        lost_request_s=float(acc.lost_request),
         tokens=_tokens(trace, sched),
         paths={
             p: PathShare(
@@ -501,7 +490,6 @@ def _price(
         latency=_latency(trace, sched),
         cache=_cache(trace, sched, page),
         per_step=per_step,
-        intervals=None if drawer is None else drawer.totals.intervals(points),
     )
 
 
