@@ -106,6 +106,13 @@ def sparse_pairs(new, prefix, topk):
     return m * p + m * (m + 1) / 2 + (n - m) * topk
 
 
+def lse_merge(rows, d_v: int, act_bytes, zero) -> Op:
+    """Merging the partial outputs of `rows` (query, head) rows pairwise by their softmax
+    statistics: scale both by their weights and add (3 FLOPs an element); read two partials
+    (output + lse), write one."""
+    return Op("lse_merge", flops=rows * 3 * d_v, bytes=rows * 3 * (d_v * act_bytes + LSE_BYTES), weight_bytes=zero)
+
+
 @dataclass(frozen=True)
 class CostModel:
     cfg: MLAConfig
@@ -293,14 +300,7 @@ class CostModel:
                     bytes=m * nq * H * (dC + dR) * a + nk * H * (dC + dV) * a + nk * dR * kv + partial_out,
                     weight_bytes=zero,
                 ),
-                Op(
-                    "lse_merge",
-                    # scale both partial outputs by their weights and add: 3 FLOPs per element
-                    flops=merge_rows * 3 * dV,
-                    # read two partials (output + lse), write one
-                    bytes=merge_rows * 3 * (dV * a + LSE_BYTES),
-                    weight_bytes=zero,
-                ),
+                lse_merge(merge_rows, dV, a, zero),
             ]
         if path == "absorb":
             w_uk = zero + H * dC * r * a
@@ -442,12 +442,7 @@ class CostModel:
                     + 2 * np.ceil(pairs / 8),
                     weight_bytes=zero,
                 ),
-                Op(
-                    "lse_merge",
-                    flops=merge_rows * 3 * dV,
-                    bytes=merge_rows * 3 * (dV * a + LSE_BYTES),
-                    weight_bytes=zero,
-                ),
+                lse_merge(merge_rows, dV, a, zero),
             ]
         # dense_expand: one shot; the indexer only computes and caches each new token's key, or
         # (dense_indexer "full", as vLLM runs it) all of it, its selection unused
