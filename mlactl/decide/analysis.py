@@ -34,6 +34,7 @@ from mlactl.decide.engines import (
     time_lost,
 )
 from mlactl.decide.forward import Forward
+from mlactl.decide.loss import RuleLoss
 from mlactl.decide.policy import argmin_path, fitting_times, measured_covers, runnable_flops, select_paths
 from mlactl.decide.workload import engine_cost, engine_times
 from mlactl.model.config import MLAConfig
@@ -526,6 +527,9 @@ class BatchAnalysis:
     # calibrated: each strategy's and engine's total's 80% interval (None: an op without evidence)
     intervals: dict[str, tuple[float, float] | None] | None = None
     layers: int = 1  # the layers every time counts
+    # per engine, its rule's total against the best strategy's (never below 0: vLLM's own chunk
+    # size can beat the best assignment at --chunk), calibrated with the total's 80% interval
+    losses: dict[str, RuleLoss] = field(default_factory=dict)
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -535,7 +539,7 @@ class BatchAnalysis:
     @property
     def best_strategy(self) -> str:
         names = self.strategies
-        return min(names, key=lambda s: (self.totals[s], names.index(s)))
+        return min(names, key=lambda s: (self.totals[s], names.index(s)))  # as analyze_batch's losses
 
 
 def batch_time(cost: CostModel, hw: HardwareProfile, new, prefix, count, paths, calibration=None) -> float:
@@ -609,7 +613,17 @@ def analyze_batch(
         own = {p: t * layers for p, t in own.items()}
         totals = {k: t * layers for k, t in totals.items()}
         intervals = {k: None if v is None else (v[0] * layers, v[1] * layers) for k, v in intervals.items()}
+    best = min(cost.strategies, key=lambda s: (totals[s], cost.strategies.index(s)))
+    losses = {
+        e.engine: RuleLoss(
+            totals[e.engine],
+            totals[best],
+            max(0.0, totals[e.engine] - totals[best]),
+            time_span=intervals.get(e.engine),
+        )
+        for e in engines
+    }
     return BatchAnalysis(
         cost, hw, new, prefix, count, own, assignments, totals, engines, calibration, counts,
-        intervals if calibration is not None else None, layers,
+        intervals if calibration is not None else None, layers, losses,
     )  # fmt: skip

@@ -396,10 +396,9 @@ def batch_json(ba) -> dict:
         "engines": [
             dict(
                 engine_json(e),
-                time_s=ba.totals[e.engine],
-                **({"time_interval_s": _pair(ba.intervals[e.engine])} if ba.intervals else {}),
-                # never negative: vLLM's own chunk size can beat the best assignment at --chunk
-                lost_s=max(0.0, ba.totals[e.engine] - ba.totals[ba.best_strategy]),
+                time_s=ba.losses[e.engine].time_s,
+                **({"time_interval_s": _pair(ba.losses[e.engine].time_span)} if ba.intervals else {}),
+                lost_s=ba.losses[e.engine].lost_s,
             )
             for e in ba.engines
         ],
