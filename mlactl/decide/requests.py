@@ -85,14 +85,6 @@ def weight_cell(cell: str, name: str) -> float:
     return value
 
 
-def set_prefix(values: dict, path, line: int) -> None:
-    """A row that gives `context` (new tokens included) instead of `prefix`: its prefix."""
-    if "context" in values:
-        if values["context"] < values["new"]:
-            raise MlactlError(f"{path}: line {line}: context {values['context']} is shorter than new {values['new']}")
-        values["prefix"] = values["context"] - values["new"]
-
-
 def _lines(fh, path: Path):
     """The file's lines, each read with a bounded readline: never a read that runs forever."""
     while True:

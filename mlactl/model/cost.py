@@ -212,11 +212,6 @@ class CostModel:
         c = self.cfg
         return 2 * c.r * c.H * (c.dC + c.dV)
 
-    def absorb_token_flops(self) -> int:
-        """FLOPs of q_absorb plus out_absorb for one new token."""
-        c = self.cfg
-        return 2 * c.H * c.dC * c.r + 2 * c.H * c.r * c.dV
-
     def latent_row_bytes(self) -> int:
         """Cache bytes per token and layer: latent plus RoPE key. A DSA model's fp8 cache is
         FlashMLA's sparse layout: r fp8 values, an fp32 scale per 128 of them, the RoPE key in
@@ -734,14 +729,6 @@ class WeightCost:
         bf16 = DTYPE_BYTES["bf16"]
         routed = w.moe_layers * self.experts_hit(tokens) * self.expert_params
         return ((self.dense_params + routed) * w.weight_bytes + self.router_params * bf16) / self.tp
-
-    def head_flops(self, sampled):
-        """The LM head for the tokens that sample, per GPU."""
-        return 2.0 * sampled * self.weights.vocab * self.weights.hidden / self.tp
-
-    def head_bytes(self, sampled):
-        """The LM head read once (bf16) where a step samples, per GPU."""
-        return (sampled > 0) * 1.0 * self.weights.vocab * self.weights.hidden * DTYPE_BYTES["bf16"] / self.tp
 
 
 # -- the whole forward: every op a step runs besides the attention paths' ops ------------------------

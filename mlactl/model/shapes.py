@@ -26,14 +26,6 @@ def _int(text: str, option: str, item: str, minimum: int = 1) -> int:
     return numbers.integer(text, option, 0, item=item, negative=must_be(max(minimum, 0)))
 
 
-def parse_int(text: str, option: str, minimum: int = 0) -> int:
-    """One size, K and M suffixes allowed, minimum <= value <= MAX_SIZE: how a CSV cell is read."""
-    value = numbers.integer(text, option, 0)
-    if value < minimum:
-        raise MlactlError(f"{option} {value} must be {must_be(minimum)}")
-    return value
-
-
 def parse_sizes(spec: str | int | list, option: str, minimum: int = 1) -> list[int]:
     """'1,64,512' / '0:32K:4K' / '1:4096:*2' -> sorted unique ints, each >= minimum."""
     if isinstance(spec, int) and not isinstance(spec, bool):

@@ -98,12 +98,6 @@ def _with_span(cell: Text, spans, path: str, i: int) -> Text:
     return cell
 
 
-def _lost(t: float) -> Text:
-    if t == float("inf"):
-        return Text("does not fit", style="red")
-    return Text(seconds(t), style="red") if t > 0 else Text("—", style="dim")
-
-
 def _engine_cell(path: str, lost: float) -> Text:
     """An engine's path and what it loses: `absorb`, `chunked +1.73ms`, `expand ✗` (does not fit)."""
     if lost == float("inf"):

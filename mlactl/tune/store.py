@@ -146,13 +146,6 @@ class ResultsStore:
                 return entry
         return None
 
-    def kernel_config(self, kernel: str, bucket: str, config: dict) -> dict | None:
-        entry = self.find("kernels", kernel=kernel, bucket=bucket)
-        if entry is None:
-            return None
-        want = config_key(config)
-        return next((c for c in entry.get("configs", []) if config_key(c["config"]) == want), None)
-
     # -- writing ---------------------------------------------------------------------------------
 
     def add(self, section: str, entry: dict) -> None:
