@@ -11,7 +11,7 @@ from mlactl.decide.engines import known_names
 from mlactl.decide.engines.catalog import ARCHS, CACHES, shorthands
 from mlactl.output.csvout import write_csv as write
 from mlactl.output.render import SHORT, calibration_line, engine_lines, seconds, seconds_span, settings_line
-from mlactl.output.report import SCHEMA_VERSION, calibration_json, engine_json, number_or_none
+from mlactl.output.report import SCHEMA_VERSION, calibration_json, document_head, engine_json, number_or_none
 from mlactl.util import safe
 
 # The sweep's table of every distinct threshold goes into the JSON up to this many entries.
@@ -211,14 +211,7 @@ def to_json(result) -> dict:
         item["sweep"] = item["sweeps"][0] if e.sweeps else None  # the first, as before several were swept
         engines.append(item)
     return {
-        "schema": "mlactl.engines",
-        "schema_version": SCHEMA_VERSION,
-        "mlactl_version": __version__,
-        "model": dict(result.cost.cfg.to_dict(), softmax_scale=result.cost.cfg.softmax_scale),
-        "hardware": result.hw.to_dict(),
-        "kv_dtype": result.cost.kv_dtype,
-        "dtype": result.cost.dtype,
-        "chunk": result.cost.chunk,
+        **document_head("mlactl.engines", result.cost, result.hw),
         "time_model": "roofline" if result.calibration is None else "calibrated",
         **calibration_json(result.calibration),
         "workload": {"source": wl.source, "shapes": len(wl), "total_weight": float(wl.weight.sum())},

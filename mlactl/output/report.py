@@ -45,6 +45,21 @@ def bound_name(compute_bound) -> str:
     return "compute" if compute_bound else "memory"
 
 
+def document_head(schema: str, cost, hw) -> dict:
+    """What a document of a cost model on a GPU opens with: its schema and versions, the model,
+    the hardware profile, the dtypes and the chunk (batch's and engines' documents)."""
+    return {
+        "schema": schema,
+        "schema_version": SCHEMA_VERSION,
+        "mlactl_version": __version__,
+        "model": dict(cost.cfg.to_dict(), softmax_scale=cost.cfg.softmax_scale),
+        "hardware": hw.to_dict(),
+        "kv_dtype": cost.kv_dtype,
+        "dtype": cost.dtype,
+        "chunk": cost.chunk,
+    }
+
+
 def model_json(analysis: Analysis) -> dict:
     return dict(analysis.cfg.to_dict(), softmax_scale=analysis.cfg.softmax_scale)
 
@@ -384,14 +399,7 @@ def batch_json(ba) -> dict:
     """A mixed batch (analysis.BatchAnalysis) as JSON: requests, then totals per strategy."""
 
     return {
-        "schema": "mlactl.batch",
-        "schema_version": SCHEMA_VERSION,
-        "mlactl_version": __version__,
-        "model": dict(ba.cost.cfg.to_dict(), softmax_scale=ba.cost.cfg.softmax_scale),
-        "hardware": ba.hw.to_dict(),
-        "kv_dtype": ba.cost.kv_dtype,
-        "dtype": ba.cost.dtype,
-        "chunk": ba.cost.chunk,
+        **document_head("mlactl.batch", ba.cost, ba.hw),
         "layers": ba.layers,
         "engines": [
             dict(
