@@ -113,3 +113,72 @@ def mooncake(path, rows) -> str:
         )
     )
     return str(path)
+
+
+# == what the command, chart and table tests share (`from conftest import plain, render, ...`) ==========
+# Also the `home` fixture: $MLACTL_HOME in the test's own folder (a file's own `home` overrides it).
+
+import io  # noqa: E402
+import re  # noqa: E402
+
+from rich.console import Console  # noqa: E402
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """$MLACTL_HOME in the test's folder, and no folder of tuned configs from the environment."""
+    monkeypatch.setenv("MLACTL_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLACTL_TUNED_DIR", raising=False)
+    return tmp_path / "home"
+
+
+def plain(text: str) -> str:
+    """`text` without its ANSI escape codes."""
+    return ANSI.sub("", text)
+
+
+def render(table, width: int) -> str:
+    """A rich table as the text a console `width` columns wide prints, without colour."""
+    con = Console(file=io.StringIO(), width=width, no_color=True, record=True)
+    con.print(table)
+    return con.export_text()
+
+
+def cpu_results(**extra) -> dict:
+    """A results file as `mlactl tune --backend torch` writes one on a CPU with no hardware
+    profile: the teaching model at tp 8, fp32 compute and cache, a measured crossover of 16 new
+    tokens at prefix 0. `extra` replaces top-level fields."""
+    from mlactl.model.config import from_name
+
+    data = {
+        "schema": "mlactl.results",
+        "schema_version": 1,
+        "created": "2026-11-30T10:00:00Z",
+        "device": {"name": "cpu", "type": "cpu", "hardware": None},
+        "backend": "torch",
+        "timing": {"method": "wall-clock"},
+        "model": from_name("teaching").with_tp(8).to_dict(),
+        "kv_dtype": "fp32",
+        "dtype": "fp32",
+        "crossovers": [{"batch": 1, "prefix": 0, "measured": 16, "measured_status": "found"}],
+    }
+    data.update(extra)
+    return data
+
+
+def save_calibration(home, name="fit-h200", hardware_name="h200"):
+    """Saves, in $MLACTL_HOME (`home`), a calibration `name` for `hardware_name`: every op one
+    fixed term (5 µs, eta_c 0.6, eta_m 0.8). Returns the name."""
+    from mlactl.decide.calibration import store as cal_store
+
+    fits = [
+        {"op": op, "source": "t", "dtype": "bf16", "terms": ["fixed"]}
+        | {"params": {"t_fixed_s": 5e-6, "eta_c": 0.6, "eta_m": 0.8}}
+        for op in ("kv_expand", "expand_attention", "lse_merge", "q_absorb", "absorb_attention", "out_absorb")
+    ]
+    cal_store.save(
+        {"schema": "mlactl.calibration", "schema_version": 1, "name": name, "hardware": hardware_name} | {"fits": fits}
+    )
+    return name

@@ -1,3 +1,8 @@
+"""The command line: every command's help, analyze's JSON, CSV and output files, crossover, batch,
+list (at 80 columns and piped), one-line errors, paths that do not fit memory, messages that
+read as sentences, each shared option defined once, and --results FILE and --calibration NAME
+bringing their settings to every command."""
+
 import csv
 import inspect
 import io
@@ -7,6 +12,7 @@ import sys
 
 import pytest
 import typer.main
+from conftest import cpu_results, plain, save_calibration
 from typer.testing import CliRunner
 
 from mlactl.cli import app
@@ -298,7 +304,7 @@ def test_analysis_as_a_dataframe():
     assert (frame["expand.time_s"] > 0).all()
 
 
-# -- one definition of each shared option (issue 18, item 3) ----------------------------------------
+# -- one definition of each shared option ----------------------------------------------------------
 
 
 def test_shared_options_are_defined_once_and_read_alike():
@@ -380,3 +386,135 @@ def test_batch_counts_the_layers_it_is_told_as_analyze_does(tmp_path):
     assert every["totals"]["per_request"]["time_s"] == pytest.approx(
         61 * one["totals"]["per_request"]["time_s"], rel=1e-12
     )
+
+
+# -- list: at 80 columns no name cut, piped every value whole; its help and -f csv agree -----------
+
+
+TERMINAL_80 = {"COLUMNS": "80", "LINES": "50", "TTY_COMPATIBLE": "1", "NO_COLOR": "1", "TERM": "xterm"}
+
+
+def test_list_at_80_columns_cuts_no_name():
+    from mlactl.model import config as model
+    from mlactl.model import hardware
+
+    out = runner.invoke(app, ["list"], env=TERMINAL_80)
+    assert out.exit_code == 0, out.output
+    text = plain(out.output)
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    cells = {c.strip() for line in text.splitlines() for c in line.split("│")}
+    for name in model.preset_names() + hardware.names():
+        assert name in cells, name  # whole, in a cell of its own
+    assert "deepseek-v2-lite" in cells and "h100-sxm" in cells
+    assert "not shown at 80 columns" in text  # says what it left out
+
+
+def test_list_piped_prints_full_values():
+    out = runner.invoke(app, ["list"])  # CliRunner is not a terminal
+    assert out.exit_code == 0
+    assert "…" not in out.output and "not shown" not in out.output
+    for value in ("deepseek-v2-lite", "NVIDIA H800 SXM5 80GB", "q_lora_rank", "layers", "SMs"):
+        assert value in out.output
+
+
+def test_list_help_and_list_csv_agree():
+    shown = runner.invoke(app, ["list", "--help"], env={"COLUMNS": "200"})
+    assert "table or json" in shown.output and "csv" not in shown.output
+    refused = runner.invoke(app, ["list", "-f", "csv"])
+    assert refused.exit_code == 2 and refused.output.startswith("Error: mlactl list writes table or json")
+
+
+# -- messages: a suggestion for a hardware name, memory, no crossover ------------------------------
+
+
+def test_hardware_suggestion():
+    out = runner.invoke(app, ["analyze", "--hardware", "h100"])
+    assert out.exit_code == 2 and "did you mean h100-sxm?" in out.output
+
+
+def test_latent_cache_counts_toward_memory():
+    """DeepSeek-V3, bf16 cache: (512 + 64) * 2 = 1152 bytes per token and layer. On an H800's
+    80 GB, 100M tokens need 115.2 GB (absorb does not fit), 50M need 57.6 GB (it fits)."""
+    out = runner.invoke(app, ["analyze", "--new", "50000000,100000000", "--prefix", "0", "-f", "json"])
+    assert out.exit_code == 0, out.output
+    rows = {r["new"]: r for r in json.loads(out.stdout)["rows"]}
+    assert rows[50_000_000]["paths"]["absorb"]["fits_memory"] is True
+    assert rows[100_000_000]["paths"]["absorb"]["fits_memory"] is False
+    assert all(e["time_lost_s"] is None for e in rows[100_000_000]["engines"].values())  # nothing fits
+    table = runner.invoke(app, ["analyze", "--new", "100000000", "--prefix", "0"])
+    assert "latent cache alone" in table.output and "no path fits" in table.output
+
+
+def test_no_crossover_reads_as_a_sentence(tmp_path):
+    config = {
+        "hidden_size": 7168,
+        "num_attention_heads": 128,
+        "kv_lora_rank": 32,  # a latent this small: absorb is cheaper per pair, expand never wins
+        "q_lora_rank": 1536,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "num_hidden_layers": 1,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = runner.invoke(app, ["analyze", "--model", str(path), "--new", "1", "--prefix", "0"])
+    assert out.exit_code == 0, out.output
+    assert "none new tokens" not in out.stdout
+    assert "Crossover (asymptotic, by FLOPs): none (expand never takes fewer FLOPs)" in out.stdout
+
+
+# -- --results FILE and --calibration NAME bring their settings ------------------------------------
+
+
+def test_results_file_sets_model_tp_and_dtypes(tmp_path, home):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(cpu_results()))
+    out = runner.invoke(
+        app, ["analyze", "--policy", "measured", "--results", str(path), "--new", "1,64", "--prefix", "0", "-f", "json"]
+    )
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["model"]["name"] == "teaching" and data["model"]["H"] == 4 and data["model"]["tp"] == 8
+    assert data["kv_dtype"] == "fp32"
+    paths = {row["new"]: row["policy"]["path"] for row in data["rows"]}
+    assert paths == {1: "absorb", 64: "expand"}  # measured crossover 16 at prefix 0
+    shown = runner.invoke(
+        app, ["analyze", "--policy", "measured", "--results", str(path), "--new", "1", "--prefix", "0"]
+    )
+    assert "model teaching, tp 8, dtype fp32, kv fp32" in " ".join(shown.output.split())
+
+
+def test_results_file_conflicts_come_in_one_error(tmp_path, home):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(cpu_results(device={"name": "NVIDIA H200", "type": "cuda", "hardware": "h200"})))
+    args = ["analyze", "--policy", "measured", "--results", str(path), "--model", "kimi-k2", "--tp", "2"]
+    out = runner.invoke(app, args + ["--kv-dtype", "bf16", "--hardware", "h800", "--dtype", "fp32"])
+    assert out.exit_code == 2
+    (line,) = out.output.strip().splitlines()
+    assert line.startswith("Error: ")
+    for part in (
+        "--model kimi-k2 (the file has teaching)",
+        "--tp 2 (the file has 8)",
+        "--kv-dtype bf16",
+        "--hardware h800",
+    ):
+        assert part in line, part
+    assert "--dtype" not in line  # fp32 agrees with the file
+    agree = runner.invoke(app, ["analyze", "--policy", "measured", "--results", str(path), "--tp", "8", "-g", "h200"])
+    assert agree.exit_code == 0, agree.output
+
+
+def test_calibration_name_brings_its_hardware_everywhere(tmp_path, home):
+    name = save_calibration(home)
+    for args in (
+        ["analyze", "-f", "json"],
+        ["crossover", "-f", "json"],
+        ["engines", "--new", "1,64", "--prefix", "0,4K", "-f", "json"],
+    ):
+        out = runner.invoke(app, [*args, "--calibration", name])
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.stdout)["hardware"]["name"] == "h200", args
+    chart = runner.invoke(app, ["plot", "pathmap", "--calibration", name, "-o", str(tmp_path / "p.png")])
+    assert chart.exit_code == 0, chart.output

@@ -1,5 +1,7 @@
 """`mlactl plot`: every chart from the analysis alone and with a results file, checked through the
-data each chart function returns (never pixels); image files by their magic bytes; errors.
+data each chart function returns (never pixels); image files by their magic bytes; errors. The
+table --data writes, points above the roofline flagged, ceiling labels, legends outside the axes,
+--results and --calibration named in the title.
 
 Figures for DeepSeek-V3 (docs/design.md, "The math"): 81,920 FLOPs per (query, key) pair on the expand path's
 attention, 278,528 on absorb's; 33,554,432 FLOPs to expand one cached token, the same for
@@ -12,6 +14,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import cpu_results, save_calibration
 from typer.testing import CliRunner
 
 from mlactl.cli import app
@@ -22,6 +25,7 @@ from mlactl.model import hardware
 from mlactl.model.cost import CostModel, causal_pairs
 from mlactl.model.shapes import grid
 from mlactl.output import plot
+from mlactl.results import store as results
 from mlactl.util.errors import MlactlError
 
 runner = CliRunner()
@@ -393,7 +397,7 @@ def test_cli_charts(tmp_path, results_file, chart, fmt, extra, measured):
         args += ["--results", results_file, "--results", results_file]  # several files are fine
     result = run(*args)
     assert result.exit_code == 0, result.output
-    # with --results, first the line naming where the model, tp and dtypes came from (issue 24)
+    # with --results, first the line naming where the model, tp and dtypes came from
     note = f"settings from {results_file} (measured on cpu): model deepseek-v3, tp 1, dtype bf16, kv bf16\n"
     assert result.output == (note if measured else "") + f"Wrote {out}\n"
     assert MAGIC[fmt] in out.read_bytes()[:400]
@@ -432,7 +436,7 @@ def write_results(tmp_path, name, **overrides):
         ),
         pytest.param(["roofline", "-r", "{tmp}/corrupt.json", "-o", "{tmp}/x.png"], "not valid JSON", id="corrupt"),
         # the first file's settings are taken (as analyze --results takes them); a typed flag
-        # that contradicts them, or a second file measured otherwise, is an error (issue 24)
+        # that contradicts them, or a second file measured otherwise, is an error
         pytest.param(
             ["roofline", "--model", "deepseek-v3", "-r", "{kimi}", "-o", "{tmp}/x.png"],
             "measured with other settings: --model deepseek-v3 (the file has kimi-k2)",
@@ -605,3 +609,158 @@ def test_replay_chart_reads_a_short_trace_in_seconds_and_keeps_lines_apart(tmp_p
     legend = top.get_legend()
     assert legend.get_bbox_to_anchor().y0 >= top.bbox.y1 - 1  # above the panel
     assert min(t.get_fontsize() for t in fig.axes[1].texts) >= 7
+
+
+# -- chart data, points above the roofline, labels, legends and calibrated titles ------------------
+
+
+def test_plot_data_csv_holds_what_was_drawn(tmp_path):
+    import csv
+
+    png, table = tmp_path / "c.png", tmp_path / "c.csv"
+    out = runner.invoke(
+        app, ["plot", "crossover", "--new", "1:64", "--prefix", "0", "-o", str(png), "--data", str(table)]
+    )
+    assert out.exit_code == 0, out.output
+    rows = list(csv.DictReader(table.open()))
+    timed = [r for r in rows if r["kind"] == "predicted time"]
+    assert len(timed) == 3 * 64  # expand, expand_chunked, absorb at new = 1..64
+    assert {r["path"] for r in timed} == {"expand", "expand_chunked", "absorb"}
+    (asym,) = [r for r in rows if r["kind"] == "asymptotic crossover by FLOPs"]
+    assert float(asym["new"]) == pytest.approx(170.67, abs=0.01)  # DeepSeek-V3 (docs/design.md)
+    bad = runner.invoke(app, ["plot", "crossover", "-o", str(png), "--data", str(tmp_path / "c.xml")])
+    assert bad.exit_code == 2 and "--data" in bad.output
+
+
+def test_one_new_value_is_a_clear_error(tmp_path):
+    out = runner.invoke(app, ["plot", "crossover", "--new", "1", "-o", str(tmp_path / "c.png")])
+    assert out.exit_code == 2 and "at least two values" in out.output
+    out = runner.invoke(app, ["plot", "pathmap", "--new", "1", "--prefix", "0", "-o", str(tmp_path / "p.png")])
+    assert out.exit_code == 2 and "plot crossover" in out.output
+
+
+def _teaching_analysis():
+    return analysis.analyze(model.from_name("teaching"), hardware.from_name("teaching"), [1], [64], [0])
+
+
+def test_points_above_the_roofline_are_flagged():
+    result = _teaching_analysis()
+    predicted = float(result.paths["absorb"].time_s[0])
+    data = cpu_results(
+        model=result.cfg.to_dict(),
+        kv_dtype="bf16",
+        dtype="bf16",
+        paths=[
+            {"batch": 1, "new": 64, "prefix": 0, "path": "absorb", "median_s": predicted / 2},  # 200%
+            {"batch": 1, "new": 64, "prefix": 0, "path": "expand", "median_s": 1.0},
+        ],
+    )
+    fig, drawn = plot.roofline(result, [data])
+    by_path = {m["path"]: m for m in drawn["measured"]}
+    assert by_path["absorb"]["fraction"] == pytest.approx(2.0) and by_path["absorb"]["above_ceiling"] is True
+    assert by_path["expand"]["above_ceiling"] is False
+    assert "too low" in drawn["note"]
+    # labelled points get a number beside them; what each is, in the legend below the axes (no text
+    # on the points or curves)
+    assert [t.get_text() for t in fig.axes[0].texts if t.get_text().isdigit()] == ["1", "2"]
+    legend = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "1: b=1 n=64 p=0 absorb, 200% of the roofline (above the roofline!)" in legend
+    assert "measured, joined to predicted" in legend
+
+
+def test_ceiling_labels_read_plainly_and_are_drawn_once():
+    from mlactl.model.hardware import HardwareProfile
+
+    cpu = HardwareProfile(
+        "cpu",
+        "CPU",
+        {"fp32": 0.2},
+        0.02,
+        16,
+        measured={"device": "cpu", "peak_tflops": {"fp32": 0.19}, "bandwidth_tbs": 0.018},
+    )
+    same_run = {"device": {"name": "cpu"}, "ceilings": {"peak_tflops": {"fp32": 0.19}, "bandwidth_tbs": 0.018}}
+    lines = plot.ceilings(cpu, "fp32", [same_run])
+    assert [c["label"] for c in lines] == ["nominal", "measured on cpu"]  # not "measured (cpu)", and once
+
+
+def test_tune_chart_says_when_the_default_is_faster():
+    from pathlib import Path
+
+    docs = Path(__file__).parents[1] / "docs" / "results" / "interpret-teaching-tp8-mla_decode.json"
+    fig, drawn = plot.tune(results.load(docs))
+    # the docs' sweep: best tried 59.7 ms, the launcher's default 30.7 ms (spreads ~5%: not noise)
+    assert drawn["best_median_s"] == pytest.approx(0.0597, abs=1e-4)
+    assert drawn["default_median_s"] == pytest.approx(0.0307, abs=1e-4)
+    assert drawn["default_faster"] is True
+    assert any("best tried: default faster" in t.get_text() for t in fig.axes[0].texts)
+
+
+def test_plot_results_takes_the_files_settings_and_measured_prefixes(tmp_path, home):
+    from mlactl.model.config import from_name
+
+    cfg = from_name("teaching").with_tp(8)
+    rows = [
+        {"batch": 1, "new": n, "prefix": p, "path": path, "median_s": 1e-4 * n + 1e-5}
+        for p in (256, 1024)
+        for n in (1, 8, 64)
+        for path in ("expand", "absorb")
+    ]
+    crossovers = [{"batch": 1, "prefix": p, "measured": 64, "measured_status": "found"} for p in (256, 1024)]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(cpu_results(model=cfg.to_dict(), paths=rows, crossovers=crossovers)))
+    data = tmp_path / "drawn.json"
+    out = runner.invoke(
+        app, ["plot", "crossover", "--results", str(path), "-o", str(tmp_path / "c.png"), "--data", str(data)]
+    )
+    assert out.exit_code == 0, out.output
+    assert "settings from" in out.stdout and "model teaching, tp 8, dtype fp32, kv fp32" in out.stdout
+    drawn = json.loads(data.read_text())
+    # the panels are the prefixes measured (not the default 0,4K,32K), for the file's model and dtypes
+    assert [panel["prefix"] for panel in drawn["panels"]] == [256, 1024]
+    assert "teaching, tp 8" in drawn["title"] and "fp32 compute" in drawn["title"]
+    assert "cpu has no hardware profile" in drawn["title"]  # and against whose roofline
+
+
+def test_calibrated_charts_name_the_calibration(home):
+    from mlactl.decide.calibration import store as cal_store
+
+    cal = cal_store.resolve(save_calibration(home))
+    args = (model.from_name("deepseek-v3"), hardware.from_name("h200"), [1] * 4, [1, 64, 512, 4096], [4096] * 4)
+    roof, calibrated = analysis.analyze(*args), analysis.analyze(*args, calibration=cal)
+    for _, drawn in (plot.crossover(roof, calibrated=calibrated), plot.roofline(roof, calibrated=calibrated)):
+        assert "calibrated times" in drawn["title"] and "fit-h200" in drawn["title"]
+        assert "analytic only" not in drawn["title"]
+    grid = analysis.analyze(*args[:2], [1] * 4, [1, 64, 1, 64], [0, 0, 64, 64], calibration=cal)
+    assert "calibrated times: fit-h200" in plot.pathmap(grid)[1]["title"]
+
+
+def test_legends_sit_outside_the_axes_and_no_label_sits_on_a_curve(home):
+    cfg, hw = model.from_name("deepseek-v3"), hardware.from_name("h800")
+    grid = analysis.analyze(cfg, hw, [1] * 6, [1, 64, 512] * 2, [0] * 3 + [4096] * 3)
+    fig, drawn = plot.crossover(grid)
+    assert all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
+    # the crossover values are in each panel's title, not written over the curves
+    assert all(not ax.texts for ax in fig.axes)
+    assert "crossover (new tokens): predicted" in fig.axes[1].get_title()
+    fig, _ = plot.roofline(analysis.analyze(cfg, hw, [1], [1], [4096]))
+    assert fig.axes[0].get_legend() is None and len(fig.legends) == 1
+
+
+def test_the_path_map_has_no_blank_band_above_prefix_zero(home):
+    from matplotlib.collections import QuadMesh
+
+    news, prefixes = [1, 16, 256], [0, 64, 256, 1024]
+    grid = analysis.analyze(
+        model.from_name("deepseek-v3"),
+        hardware.from_name("h800"),
+        [1] * 12,
+        [n for _ in prefixes for n in news],
+        [p for p in prefixes for _ in news],
+    )
+    fig, _ = plot.pathmap(grid)
+    meshes = [c for c in fig.axes[0].collections if isinstance(c, QuadMesh)]
+    (zero, rows) = sorted(meshes, key=lambda m: m.get_coordinates()[0, 0, 1])
+    zero_top = zero.get_coordinates()[-1, 0, 1]
+    rows_bottom = rows.get_coordinates()[0, 0, 1]
+    assert zero_top == pytest.approx(rows_bottom)  # prefix 0's row touches 64's: no band between

@@ -1,11 +1,21 @@
+"""Path policies (mlactl/decide/policy.py): an engine's judges each point as a batch; the measured
+one takes the nearest measured prefix, finds what tune wrote on a CPU again (in analyze and in
+the kernels' auto policy) and lets the roofline choose outside the prefixes measured, saying so;
+the roofline's is analyze's best; auto's on a profiled GPU."""
+
+import json
+
 import numpy as np
 import pytest
+from conftest import SMALL, cpu_results, runner
 
+from mlactl.cli import app
 from mlactl.decide import analysis
 from mlactl.decide.policy import AutoPolicy, measured_paths, select_paths
 from mlactl.model import config as model
 from mlactl.model import hardware
 from mlactl.model.cost import CostModel
+from mlactl.results import store as results
 from mlactl.util.errors import MlactlError
 
 V3 = model.from_name("deepseek-v3")
@@ -52,3 +62,63 @@ def test_auto_policy_roofline_on_a_profiled_gpu(tmp_path):
 def test_unknown_policy():
     with pytest.raises(MlactlError, match="unknown policy"):
         select_paths(CostModel(V3), None, [1], [0], policy="random")
+
+
+# -- the measured policy on what tune wrote on a CPU -----------------------------------------------
+
+
+@pytest.fixture
+def cpu_run(tmp_path, home):
+    """A real `mlactl tune paths --backend torch` on this CPU (a few seconds)."""
+    config = tmp_path / "small-mla.json"
+    config.write_text(json.dumps(SMALL))
+    args = ["tune", "paths", "--backend", "torch", "--model", str(config), "--new", "1,64", "--prefix", "0"]
+    out = runner.invoke(app, args + ["--budget", "600", "--repeats", "0"])
+    assert out.exit_code == 0, out.output
+    (path,) = (home / "results" / "cpu").glob("*.json")
+    return str(config), path
+
+
+def test_measured_policy_finds_cpu_results(cpu_run):
+    config, path = cpu_run
+    data = results.load(path)
+    assert data["device"]["hardware"] is None and data["kv_dtype"] == "fp32"  # what the lookup used to miss
+    assert data["crossovers"][0]["measured_status"] in ("found", "never")
+    out = runner.invoke(app, ["analyze", "--model", config, "--policy", "measured", "--new", "1,64", "--prefix", "0"])
+    assert out.exit_code == 0, out.output
+    assert str(path) in out.output.replace("\n", "")
+    assert "kv fp32" in out.output  # the file's cache dtype was taken, and it says so
+
+
+def test_auto_policy_finds_cpu_results(cpu_run):
+    from mlactl.kernels import attention
+
+    config, path = cpu_run
+    attention._auto_policy.cache_clear()
+    # what mla_attention(path="auto") asks for fp32 tensors on a CPU
+    policy = attention._auto_policy("cpu", 4, 128, 16, 16, 16, "fp32", "fp32")
+    assert policy.kind == "measured" and str(path) in policy.source
+    attention._auto_policy.cache_clear()
+
+
+def test_measured_policy_outside_what_was_measured_falls_back_and_says_so(tmp_path, home):
+    """A quick CPU tune measured prefix 0 only (crossover 16: expand from 16 new tokens). At 64 new
+    tokens after a 512-token prefix its crossover was applied anyway (expand, losing what absorb
+    would not); it covers prefixes 0 and 1 only now, and elsewhere the roofline chooses, as the
+    roofline policy does, with one note saying so."""
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(cpu_results()))
+    args = ["analyze", "--policy", "measured", "--results", str(path), "--new", "64", "--prefix", "0,1,512,32K"]
+    out = runner.invoke(app, [*args, "-f", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    measured = {row["prefix"]: row["policy"]["path"] for row in data["rows"]}
+    roofline = runner.invoke(app, [*args[:1], "--policy", "roofline", *args[5:], "--model", "teaching", "--tp", "8",
+                                   "--dtype", "fp32", "--kv-dtype", "fp32", "-f", "json"])  # fmt: skip
+    assert roofline.exit_code == 0, roofline.output
+    rl = {row["prefix"]: row["policy"]["path"] for row in json.loads(roofline.stdout)["rows"]}
+    assert measured[0] == measured[1] == "expand"  # measured: 64 >= 16
+    assert measured[512] == rl[512] == "absorb" and measured[32768] == rl[32768]  # was expand
+    assert any(
+        "2 point(s) lie outside the prefixes measured (0): the roofline chooses there" in n for n in data["notes"]
+    )

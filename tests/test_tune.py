@@ -1,5 +1,7 @@
 """mlactl tune on a CPU: the torch backend end to end, the interpreter backend with a failing
-config, resume, corrupt files, concurrent writers, nearest-bucket lookup, and the errors.
+config, resume, corrupt files, concurrent writers, nearest-bucket lookup, and the errors; the
+sweep (mlactl/tune/sweep.py): its time budget and point clock, the order it tries configs, no
+tuned configs from interpreter runs; its tables on stdout, and the hint when torch is missing.
 
 No assertion here depends on a timing: where a result is a measurement, the test checks its
 structure; the logic that turns timings into a crossover is tested on given times."""
@@ -8,6 +10,8 @@ import json
 import math
 import multiprocessing
 import os
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import SMALL  # small enough for a CPU; absorb much costlier per pair than expand
@@ -25,13 +29,6 @@ runner = CliRunner()
 
 # What the interpreter can run quickly: power-of-two dims, two heads.
 TINY = dict(SMALL, model_type="tiny-mla", num_attention_heads=2, kv_lora_rank=32)
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLACTL_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MLACTL_TUNED_DIR", raising=False)
-    return tmp_path / "home"
 
 
 def model_file(tmp_path, fields) -> str:
@@ -609,3 +606,124 @@ def test_a_tiny_budget_stops_the_command_and_keeps_what_it_measured(tmp_path, ho
     assert default["status"] == "ok" and default["median_s"] == entry["default_median_s"] == 1.0
     assert default["repeats"] == default_rounds
     assert default.get("budget_cut", False) is (default_rounds < 5)
+
+
+# -- the sweep: its time budget, its point clock, the order it tries configs, what it writes -------
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_budget_does_not_start_a_point_that_would_overrun(monkeypatch, tmp_path):
+    """Each point takes 10 s on a fake clock; the budget is 25 s. Without a prediction the third
+    point would start at 20 s and end at 30 s (20% over); with it, the sweep stops at 20 s."""
+    import torch
+
+    from mlactl.model.config import from_name
+
+    clock = FakeClock()
+    monkeypatch.setattr(sweep.time, "monotonic", clock)
+    measured = []
+
+    def fake_point(ctx, cost, b, n, p, chunk):
+        measured.append(n)
+        clock.now += 10.0
+        return {"expand": 2.0, "absorb": 1.0}  # absorb wins everywhere
+
+    monkeypatch.setattr(sweep, "_measure_point", fake_point)
+    cfg = from_name("teaching").with_tp(8)
+    header = {
+        "schema": "mlactl.results",
+        "schema_version": 1,
+        "device": {"name": "cpu"},
+        "backend": "torch",
+        "timing": {},
+        "model": cfg.to_dict(),
+        "kv_dtype": "fp32",
+        "dtype": "fp32",
+        "versions": {},
+    }
+    store = store_mod.ResultsStore(tmp_path / "run.json", header)
+    ctx = sweep.Context(cfg, torch.device("cpu"), "torch", "fp32", "fp32", store, None, deadline=25.0)
+    rows = sweep.tune_paths(ctx, [1], [1, 2, 4, 8], [0], 8192, refine=False)
+    assert measured == [1, 2] and clock.now == 20.0
+    assert rows[0]["measured"] is None and rows[0]["measured_status"] == "budget"
+    assert any("time budget" in s for s in ctx.skipped)
+    # given all the time it needs, the same sweep ends in "never"
+    clock.now, measured[:] = 0.0, []
+    ctx.deadline = 1e9
+    store2 = store_mod.ResultsStore(tmp_path / "run2.json", header)
+    ctx.store = store2
+    rows = sweep.tune_paths(ctx, [1], [1, 2, 4, 8], [0], 8192, refine=False)
+    assert measured == [1, 2, 4, 8] and rows[0]["measured_status"] == "never"
+
+
+def test_point_clock_predictions_by_hand():
+    class Cost:  # FLOPs of a point = n (both paths together), to keep the arithmetic plain
+        def ops(self, path, b, n, p):
+            return [type("Op", (), {"flops": n / 2})()]
+
+    clock = sweep._PointClock(Cost())
+    assert clock.predict(1, 4, 0) == 0.0
+    clock.seen = [(4.0, 1.0)]
+    assert clock.predict(1, 16, 0) == pytest.approx(2.0)  # 1 s * sqrt(16 / 4)
+    clock.seen = [(4.0, 1.0), (16.0, 4.0)]
+    assert clock.predict(1, 64, 0) == pytest.approx(16.0)  # the line: 4 + (3 / 12) * 48
+    assert clock.predict(1, 1, 0) == pytest.approx(1.0)  # never below the quickest seen
+
+
+def test_interpreter_runs_write_no_tuned_configs(monkeypatch):
+    import torch
+
+    from mlactl.model.config import from_name
+
+    written = []
+    monkeypatch.setattr(store_mod, "write_tuned_config", lambda *a, **k: written.append(a))
+
+    def fake_bucket(ctx, spec, shape, bucket, cost, smem, override):
+        return {"kernel": spec.name, "bucket": bucket, "best": {"BLOCK_N": 16}, "best_median_s": 1.0}
+
+    monkeypatch.setattr(sweep, "_tune_bucket", fake_bucket)
+
+    class Store:
+        data = {"device": {"name": "cpu"}, "versions": {"triton": "3"}}
+
+    cfg = from_name("teaching").with_tp(8)
+    for backend, expect in (("interpret", 0), ("triton", 1)):
+        written.clear()
+        ctx = sweep.Context(cfg, torch.device("cpu"), backend, "fp32", "fp32", Store(), None, quick=True)
+        sweep.tune_kernels(ctx, ["merge_attn_states"])
+        assert (len(written) > 0) == bool(expect), backend
+
+
+def test_spread_order_covers_the_space_early():
+    assert sweep.spread_order(list(range(10))) == [0, 8, 4, 2, 6, 1, 3, 5, 7, 9]
+    assert sweep.spread_order([]) == [] and sweep.spread_order(["a"]) == ["a"]
+
+
+# -- tables on stdout, and the hint when torch is missing ------------------------------------------
+
+
+@pytest.mark.slow
+def test_tune_prints_its_tables_on_stdout(tmp_path, home):
+    model = tmp_path / "small.json"
+    model.write_text(json.dumps(SMALL))
+    args = ["tune", "paths", "--backend", "torch", "--model", str(model), "--prefix", "0", "--new", "1,8"]
+    out = runner.invoke(app, [*args, "--quick", "--results-file", str(tmp_path / "r.json")])
+    assert out.exit_code == 0, out.output
+    assert "Paths: measured crossover" in out.stdout and "results: " in out.stdout
+    assert "Paths: measured crossover" not in out.stderr
+
+
+def test_missing_torch_hint_gives_the_readme_command(monkeypatch, home):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    out = runner.invoke(app, ["tune", "paths", "--backend", "torch"])
+    assert out.exit_code == 2
+    assert "pip install -e '.[kernels]'" in out.output
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "pip install -e '.[kernels" in readme
