@@ -1,4 +1,4 @@
-"""Property-based fuzzing (issue 10's defences): every command's options and every file reader
+"""Property-based fuzzing of the CLI's defences: every command's options and every file reader
 (results, hardware profiles, model configs, requests CSVs) under Hypothesis.
 
 Whatever the input, each run must:
@@ -453,7 +453,7 @@ def test_fuzz_results_store(path, value, force):
         assert sorted(os.listdir(tmp)) == ["r.json"]  # no lock or temporary file left
 
 
-# == the guards, one boundary at a time (issue 24) =========================================================
+# == the guards, one boundary at a time ====================================================================
 #
 # Each boundary has one guard in mlactl/util (or mlactl/output for sinks), and every command passes
 # through it. The guard itself is tested on arbitrary input first; then the commands that cross the
@@ -998,7 +998,7 @@ def test_fuzz_replay_options(opts, engine_opts, output):
     run("replay", ["replay", "t.jsonl", *opts, *engine_opts, *output], files={"t.jsonl": trace})
 
 
-# -- the trace reader's guard (round three) --------------------------------------------------------------
+# -- the trace reader's guard: exact, bounded, ordered timestamps; compressed files ----------------------
 
 TIMESTAMP = st.one_of(
     st.integers(0, 10**18),
@@ -1043,7 +1043,7 @@ def test_a_compressed_trace_is_named_as_such(magic, kind):
     assert f"is a {kind}-compressed file" in out.stderr and "decompress it first" in out.stderr
 
 
-# -- tables on a terminal and measurements on disk (round three) ------------------------------------------
+# -- tables on a terminal and measurements on disk --------------------------------------------------------
 
 NUMBER_CELL = st.one_of(
     st.integers(0, 10**12).map(lambda n: f"{n:,}"),

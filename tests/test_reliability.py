@@ -1,4 +1,4 @@
-"""Issue 10: no traceback on any input, no lost measurement, no write outside where the user asked.
+"""No traceback on any input, no lost measurement, no write outside where the user asked.
 
 One test per case. Special output targets are made in tmp dirs (os.mknod, os.mkfifo): the real
 /dev/null or /dev/stdout are never touched. Every expected figure is written out by hand.
@@ -201,7 +201,7 @@ def _force(path: str) -> None:
 
 
 def test_concurrent_force_runs_lose_no_measurement(tmp_path):
-    """The issue's case: two `--force` runs at once on a file of 48 measurements."""
+    """Two `--force` runs at once on a file of 48 measurements."""
     out = good_file(tmp_path / "r.json", rows=48)
     ctx = multiprocessing.get_context("fork")
     for _ in range(3):
@@ -493,7 +493,7 @@ def test_plot_resolution_and_points_are_checked(tmp_path):
 def test_model_from_an_endless_device(tmp_path):
     zero = tmp_path / "zero"
     os.mknod(zero, stat.S_IFCHR | 0o444, os.makedev(1, 5))  # /dev/zero's numbers
-    # the one reader refuses anything but a regular file before reading a byte (issue 24)
+    # the one reader refuses anything but a regular file before reading a byte
     one_error(cli("analyze", "--model", zero), f"cannot read model config {zero}: it is a character device")
     one_error(cli("batch", zero), f"cannot read requests {zero}: it is a character device, not a regular file")
 
@@ -618,7 +618,7 @@ def test_dpi_too_small_for_the_labels_is_one_error_line(tmp_path):
     assert not (tmp_path / "r.png").exists()
 
 
-# == issue 24: each boundary guarded once =================================================================
+# == each boundary guarded once: calibrations, links, special files, outputs, names, numbers ==============
 
 
 def _calibration(name="b-h200", hardware_name="h200", ceilings=None) -> dict:
@@ -684,7 +684,7 @@ def _save_one(home: str, t_fixed: float, queue) -> None:
 
 
 def test_concurrent_calibrations_never_both_say_written(home):
-    """The issue's case: two runs of the same name at once both said "written" and one was lost."""
+    """Two runs of the same name at once must not both say "written" while one is lost."""
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_save_one, args=(str(home), t, queue)) for t in (1e-6, 2e-6)]
@@ -929,8 +929,8 @@ def test_the_bounded_crossover_search_finds_what_a_plain_scan_finds(calibrated, 
 
 
 def test_the_crossover_search_is_bounded_whatever_max_new():
-    """The issue's case: a model where expand never wins, searched to 16M (and to 2^31 - 1)
-    new tokens, grew past 8 GB. Counted, not timed: the points evaluated stay in the thousands,
+    """A model where expand never wins, searched to 16M (and to 2^31 - 1) new tokens, must not
+    grow past 8 GB (it did). Counted, not timed: the points evaluated stay in the thousands,
     and no single evaluation is larger than a block."""
     from mlactl.model import roofline
     from mlactl.model.config import MLAConfig
@@ -954,7 +954,7 @@ def test_the_crossover_search_is_bounded_whatever_max_new():
         assert max(sizes) <= roofline.BLOCK and sum(sizes) < 20_000, (max_new, sum(sizes))
 
 
-# -- round three: known defects ----------------------------------------------------------------------
+# -- no path fits, and no output replaces a measurement ----------------------------------------------
 
 
 def test_best_when_no_path_fits_is_marked_so():
@@ -1017,7 +1017,7 @@ def test_no_output_replaces_a_measurement(tmp_path, content, kind):
     assert io.measurement(tmp_path / "missing") is None
 
 
-# -- round three: the environment --------------------------------------------------------------------
+# -- the environment: an unusable home, the C locale, SIGTERM, inputs at their extremes --------------
 
 C_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}
 
