@@ -163,6 +163,30 @@ def test_a_continuation_finds_the_earlier_prompt_and_output(tmp_path, engine, wa
     assert list(zip(s.chunk_new, s.chunk_prefix))[1] == (3000 - want, want)
 
 
+@pytest.mark.parametrize(
+    "engine, want",
+    [
+        # P (1000 in, 100 out) stores 1099 tokens: hash 1 and two blocks of its own (512 + 75).
+        # A (1600) continues P: hash 1, then P's own full block and 75 of its partial one = 1099;
+        # A stores 1699 (its hashes 1, 3, 4 and 163 of its own 4th block). B (2200) continues A:
+        # hash 1; hash 3, which A took from P's own block; hash 4; 163 of A's own = 1699.
+        pytest.param("sglang", (1099, 1699), id="sglang-fa3-page1"),
+        pytest.param("vllm", (1088, 1696), id="vllm-block16"),  # floored to 16
+        pytest.param("sglang-trtllm", (1088, 1664), id="sglang-trtllm-page64"),  # floored to 64
+    ],
+)
+def test_a_third_turn_finds_what_the_second_took_from_the_first(tmp_path, engine, want):
+    trace = mooncake(
+        tmp_path / "t.jsonl",
+        [(0, 1000, 100, [1, 2]), (100_000, 1600, 100, [1, 3, 4, 5]), (200_000, 2200, 10, [1, 3, 4, 6, 7])],
+    )
+    t = read_trace(trace)
+    assert t.parent.tolist() == [-1, 0, 1]
+    s = schedule(trace, engine)
+    # without filing P's block under A's hash 3, B would stop after hash 1 (512)
+    assert list(s.cached) == [0, *want]
+
+
 def test_blocks_are_cached_only_once_their_prefill_ran(tmp_path):
     # both arrive at once: they are admitted into the same step, before either block is computed
     trace = mooncake(tmp_path / "t.jsonl", [(0, 2000, 5, [1, 2, 3, 4]), (0, 3000, 5, [1, 2, 3, 7, 8, 9])])

@@ -44,6 +44,9 @@ class TokenPool:
         self.private = 0
         self.evicted = 0  # segments evicted
         self.version = 0  # moves whenever what a waiting request could match or take may have changed
+        # a block id filed under another's full segment: a continuation's block that its parent
+        # computed (`name`); stale once that segment is evicted
+        self.alias: dict[int, int] = {}
 
     @property
     def used(self) -> int:
@@ -51,6 +54,28 @@ class TokenPool:
 
     def __contains__(self, seg: int) -> bool:
         return seg in self.size
+
+    def resolve(self, seg: int) -> int:
+        """The segment block id `seg` is cached as: itself, or the full segment it was named
+        after (`name`) while that is cached."""
+        to = self.alias.get(seg)
+        if to is None:
+            return seg
+        if to in self.size:
+            return to
+        del self.alias[seg]  # its segment was evicted
+        return seg
+
+    def name(self, ids: list[int], matched: list[int]) -> None:
+        """A request matched `matched` for its blocks `ids`: where it took a full segment under
+        another id (its parent's own block), file that segment under its own block id too, so a
+        later request that continues this one finds it by this one's ids."""
+        if not self.caching:
+            return
+        size, alias = self.size, self.alias
+        for own, seg in zip(ids, matched):
+            if own != seg and size.get(seg) == SEGMENT and own not in size:
+                alias[own] = seg
 
     def match(self, ids: list[int], alt_from: int = 0, alts: list[int] | None = None) -> tuple[list[int], int]:
         """The cached lead of a stream: (the segments matched, their tokens). Block k is
@@ -63,7 +88,10 @@ class TokenPool:
         out: list[int] = []
         tokens = 0
         n_alt = len(alts) if alts else 0
+        alias = self.alias
         for k, seg in enumerate(ids):
+            if seg in alias:
+                seg = self.resolve(seg)
             got = size.get(seg)
             if got is None and alts is not None and 0 <= k - alt_from < n_alt:
                 seg = alts[k - alt_from]

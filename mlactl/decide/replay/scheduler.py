@@ -270,6 +270,10 @@ class Scheduler:
             self.blocked_at = key
             return None
         matched, cached, need = plan
+        if matched:
+            stream = self.streams[i]
+            assert stream is not None
+            self.pool.name(stream[0], matched)
         self.waiting.popleft()
         self.running.append(i)
         self.phase[i] = PREFILL
@@ -612,7 +616,7 @@ class Scheduler:
         self.private[i] -= upto - lo
         pool.private -= upto - lo  # first: the segments take these tokens, so no room is made for them
         for k in range(lo // SEGMENT, -(-upto // SEGMENT)):
-            seg = ids[k]
+            seg = pool.resolve(ids[k])
             if pool.store(seg, min(upto - k * SEGMENT, SEGMENT), seg in held):
                 held[seg] = None
 
