@@ -187,6 +187,24 @@ def test_a_third_turn_finds_what_the_second_took_from_the_first(tmp_path, engine
     assert list(s.cached) == [0, *want]
 
 
+def test_tpot_and_throughput_follow_from_the_decode_steps(tmp_path):
+    # a lone request of 5 output tokens: its first comes with the prefill, then 4 decode steps,
+    # so its TPOT is the mean of those steps' times; a second request of 1 output token, much
+    # later, has no TPOT but adds its token to the throughput over the whole span
+    trace = mooncake(tmp_path / "t.jsonl", [(0, 1000, 5, [1, 2]), (1_000_000, 300, 1, [9])])
+    s = schedule(trace, "vllm")
+    decodes = s.time[s.decode >= 0]
+    assert len(decodes) == 4
+    data = report(trace, "--engines", "vllm", "--hardware", "h200", "--tp", "8")
+    latency = data["engines"][0]["latency_s"]
+    tpot = latency["per_output_token"]
+    assert tpot["p50"] == pytest.approx(decodes.mean(), rel=1e-9)
+    assert tpot["p99"] == pytest.approx(tpot["p50"], rel=1e-12)  # one request has a TPOT
+    # first arrival 0 s, last finish the second request's: 1000 s after its arrival, plus its prefill
+    assert latency["output_tokens_per_s"] == pytest.approx(6 / float(s.finished[1]), rel=1e-9)
+    assert 1000.0 < s.finished[1] < 1001.0
+
+
 def test_blocks_are_cached_only_once_their_prefill_ran(tmp_path):
     # both arrive at once: they are admitted into the same step, before either block is computed
     trace = mooncake(tmp_path / "t.jsonl", [(0, 2000, 5, [1, 2, 3, 4]), (0, 3000, 5, [1, 2, 3, 7, 8, 9])])

@@ -175,10 +175,11 @@ def serving_table(result: Replay) -> Table:
         "the attention as priced and the rest of the forward; preempted: vLLM's preemptions, SGLang's retractions)"
     )
     cols = ("engine", "trace time", "GPU time", "busy", "cache hit", "preempted", "first token p50", "p99")
-    for col in cols + ("end to end p50", "p99"):
+    for col in cols + ("end to end p50", "p99", "TPOT p50", "p99", "output tok/s"):
         t.add_column(col, justify="left" if col == "engine" else "right", no_wrap=True)
     for e in result.engines:
-        ft, ee = e.latency.first_token, e.latency.end_to_end
+        ft, ee, tp = e.latency.first_token, e.latency.end_to_end, e.latency.per_output_token
+        rate = e.latency.output_tokens_per_s
         t.add_row(
             e.engine.label,
             _time(e.end_s - e.start_s),
@@ -186,7 +187,8 @@ def serving_table(result: Replay) -> Table:
             _pct(e.step_time_s, e.end_s - e.start_s),
             f"{100 * e.cache.hit_rate:.1f}%",
             f"{e.cache.preempted:,}",
-            *(_time(v) if v is not None else "—" for v in (ft.p50, ft.p99, ee.p50, ee.p99)),
+            *(_time(v) if v is not None else "—" for v in (ft.p50, ft.p99, ee.p50, ee.p99, tp.p50, tp.p99)),
+            f"{rate:,.0f}" if rate is not None else "—",
         )
     return t
 

@@ -82,11 +82,16 @@ class Percentiles:
 
 @dataclass(frozen=True)
 class Latency:
-    """Seconds from each request's arrival: until admitted, to its first token, to its end."""
+    """Seconds from each request's arrival: until admitted, to its first token, to its end; the
+    seconds per output token after the first (TPOT: end less first token over output - 1, for
+    requests of two or more output tokens); output tokens a second from the first arrival to
+    the last finish."""
 
     queue: Percentiles
     first_token: Percentiles
     end_to_end: Percentiles
+    per_output_token: Percentiles
+    output_tokens_per_s: float | None  # None: no time passed
 
 
 @dataclass(frozen=True)
@@ -582,10 +587,16 @@ def _percentiles(x: np.ndarray) -> Percentiles:
 
 
 def _latency(trace: Trace, sched: Schedule) -> Latency:
+    out = trace.output.astype(np.float64)
+    more = out > 1
+    tpot = (sched.finished[more] - sched.first_token[more]) / (out[more] - 1)
+    span = float(np.max(sched.finished) - np.min(trace.arrival)) if len(out) else 0.0
     return Latency(
         _percentiles(sched.admitted - trace.arrival),
         _percentiles(sched.first_token - trace.arrival),
         _percentiles(sched.finished - trace.arrival),
+        _percentiles(tpot),
+        float(out.sum()) / span if span > 0 else None,
     )
 
 
