@@ -197,6 +197,31 @@ def test_old_module_paths_lead_to_the_new_modules_with_a_warning():
     assert out.stdout.strip() == "ok"
 
 
+# what `mlactl analyze` must not load: the heavy optional modules (pyproject's list), and
+# importlib.abc and importlib.resources (about 17 ms between them, pulled in by a finder built on
+# importlib.abc), which the old-path finder in mlactl/_compat.py does without
+NOT_AT_START = (*HEAVY, "importlib.abc", "importlib.resources")
+
+
+@pytest.mark.parametrize("argv", [["analyze"], ["analyze", "--help"]], ids=["analyze", "analyze-help"])
+def test_analyze_loads_no_heavy_module(argv):
+    code = (
+        "import contextlib, io, sys\n"
+        f"sys.argv = ['mlactl', *{argv!r}]\n"
+        "from mlactl.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main()\n"
+        "    except SystemExit as stop:\n"
+        "        assert stop.code in (0, None), stop.code\n"
+        f"names = {NOT_AT_START!r}\n"
+        "print([m for m in sys.modules if m in names or m.split('.')[0] in names])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_the_old_paths_cost_nothing_until_used():
     # importlib.abc pulls importlib.resources, tempfile and zipfile (about 17 ms) into every start,
     # and a plain np.unique numpy.ma (about 7 ms): the old-path finder and analyze need neither
