@@ -82,6 +82,22 @@ def replay_cmd(
         Optional[str],
         typer.Option("--jobs", help="Engines replayed side by side, in that many processes (default: one per CPU)."),
     ] = None,
+    forward_tables: Annotated[
+        Optional[str],
+        typer.Option(
+            "--forward-tables",
+            metavar="SYS/FW",
+            help="Time the clock's ops outside attention (GEMMs, routed experts, all-reduces) from "
+            "aiconfigurator-core's measured tables of this system and framework, e.g. h200_sxm/sglang "
+            "(SYS/FW/VERSION for a version; default: the roofline). Ops they did not measure stay there.",
+        ),
+    ] = None,
+    tables_dir: Annotated[
+        Optional[str],
+        typer.Option(
+            "--tables-dir", metavar="DIR", help="Read --forward-tables from here (default: the installed ones)."
+        ),
+    ] = None,
 ):
     """Replay a request trace through each engine's scheduler and prefix cache, and say what its
     path rule costs on that traffic: attention time over the trace, the time lost against the
@@ -101,7 +117,8 @@ def replay_cmd(
     clock runs at the roofline time of each step's whole
     forward (attention of every layer by the engine's rule; the MLA projections, dense MLP,
     router, shared and routed experts and LM head, each op at its own roofline; two
-    all-reduces a layer at TP over the profile's NVLink; --step-overhead-ms). Each loss is
+    all-reduces a layer at TP over the profile's NVLink; --step-overhead-ms; with --forward-tables
+    the ops outside attention that aiconfigurator-core measured take its times). Each loss is
     given as a share of attention and of the GPU's time. docs/replay.md has the model and how
     it differs from the engines' own schedulers.
 
@@ -139,6 +156,8 @@ def replay_cmd(
         cache_tokens=None if cache_tokens is None else one_int(cache_tokens, "--cache-tokens"),
         prefix_cache=not no_prefix_cache,
         step_overhead_s=numbers.real(step_overhead_ms, "--step-overhead-ms", 0.0, 1e6) / 1e3,
+        forward_tables=forward_tables,
+        tables_dir=tables_dir,
     )
     with progress.task(f"reading {trace}"):
         requests = read_trace(trace)

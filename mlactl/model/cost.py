@@ -868,6 +868,31 @@ class ForwardCost:
         out.append(ForwardOp("logits_gather", 1, 0.0 * S, 0.0 * S, 0.0 * S, (t - 1) / t * S * w.vocab * a, "bf16"))
         return out
 
+    def gemms(self) -> dict[str, list[tuple[str, int, int, str]]]:
+        """The GEMMs each linear op of `ops` runs, per GPU: {op: [(rows, k, n, weight dtype)]},
+        `rows` "tokens" or "sampled" (the LM head's), an MLP as its gate/up GEMM (k -> 2 width)
+        and its down GEMM (width -> k); SiLU*up between them is elementwise, in no GEMM. The
+        routed experts and the collectives are not GEMMs of one shape: not here. The shapes are
+        those `ops` prices (a test checks each GEMM's 2 rows k n against its FLOPs)."""
+        c, w = self.cfg, self.weights
+        h, H, t, wd = w.hidden, c.H, c.tp, w.dtype
+        q = c.q_lora_rank
+        out: dict[str, list[tuple[str, int, int, str]]] = {
+            "qkv_a_proj": [("tokens", h, (q or 0) + c.r + c.dR, wd)],
+            "q_proj": [("tokens", q if q is not None else h, H * (c.dC + c.dR), wd)],
+            "o_proj": [("tokens", H * c.dV, h, wd)],
+        }
+        if w.dense_layers:
+            width = int(w.intermediate // t)
+            out["dense_mlp"] = [("tokens", h, 2 * width, wd), ("tokens", width, h, wd)]
+        if w.moe_layers:
+            out["router"] = [("tokens", h, w.experts, "bf16")]
+            if w.shared_experts:
+                width = int(w.shared_experts * w.moe_intermediate // t)
+                out["shared_experts"] = [("tokens", h, 2 * width, wd), ("tokens", width, h, wd)]
+        out["lm_head"] = [("sampled", h, int(w.vocab // t), "bf16")]
+        return out
+
     def totals(self, tokens, sampled) -> tuple:
         """(FLOPs, bytes, interconnect bytes) of these ops over the whole forward."""
         ops = self.ops(tokens, sampled)

@@ -7,11 +7,12 @@ not finite (a step where no path fits) is null.
     requests, tokens {prefill_computed, prefill_cached, decode}   the first engine's split
     trace {path, format, requests, first_arrival_s, duration_s}
     model, weights, hardware, kv_dtype, dtype, chunk, time, clock, forward {attention, rest,
-    collectives} (each part's basis), settings, kv_cache_tokens
+    collectives, ops (with --forward-tables: each op's basis)} (each part's basis), settings,
+    kv_cache_tokens
     engines[]: name, engine, version, label, source, backend, decode_backend (SGLang), threshold,
                options, options_set, why (the rule as resolved, as analyze's JSON gives it),
                steps, duration_s, step_time_s, time_s,
-               gpu_time_s (the whole forward: attention as priced, the rest at the roofline),
+               gpu_time_s (the whole forward: attention as priced, the rest on the clock),
                best_time_s, lost_s, lost_pct (of attention), lost_gpu_pct (of the GPU's time),
                best_step_time_s, lost_vs_step_s,
                best_request_time_s, lost_vs_request_s, calibrated: time_interval_s,
@@ -83,8 +84,17 @@ def header(result: Replay) -> str:
         f"kv cache {result.cost.kv_dtype}; trace {safe.markup(t.path)}: {len(t):,} requests over "
         f"{t.duration_s:,.0f} s ({t.format}); {_steps(result)}; "
         f"KV pool {result.capacity_tokens:,} tokens, prefix cache {cache}; "
-        f"{time_kind(result)} attention times, every layer; the rest of the forward at the roofline "
-        f"(collectives: {result.comm_basis})"
+        f"{time_kind(result)} attention times, every layer; {_rest(result)}"
+    )
+
+
+def _rest(result: Replay) -> str:
+    """Where the clock's forward outside attention comes from, in words."""
+    if result.tables is None:
+        return f"the rest of the forward at the roofline (collectives: {result.comm_basis})"
+    roof = sorted(op for op, b in result.tables.basis.items() if b.startswith("roofline"))
+    return f"the rest of the forward from {safe.markup(result.tables.source)}'s tables" + (
+        f" ({', '.join(roof)} at the roofline; collectives: {result.comm_basis})" if roof else ""
     )
 
 
@@ -171,7 +181,8 @@ def types_table(result: Replay) -> Table:
 
 def serving_table(result: Replay) -> Table:
     t = Table(
-        title="The simulated serving (the clock: roofline step times of the whole forward, overhead; GPU time: "
+        title=f"The simulated serving (the clock: {'roofline' if result.tables is None else 'measured and roofline'} "
+        "step times of the whole forward, overhead; GPU time: "
         "the attention as priced and the rest of the forward; preempted: vLLM's preemptions, SGLang's retractions)"
     )
     cols = ("engine", "trace time", "GPU time", "busy", "cache hit", "preempted", "first token p50", "p99")
@@ -324,11 +335,14 @@ def to_json(result: Replay) -> dict:
         "chunk": result.cost.chunk,
         "time": time_kind(result),
         **({} if result.calibration is None else {"calibration": result.calibration.describe()}),
-        "clock": "roofline",
+        "clock": "roofline" if result.tables is None else "roofline attention, measured tables for the rest",
         "forward": {
             "attention": time_kind(result),
-            "rest": "roofline (calibrations hold the attention paths' ops only)",
+            "rest": "roofline (calibrations hold the attention paths' ops only)"
+            if result.tables is None
+            else f"{result.tables.source} tables where they measured the op, else roofline",
             "collectives": result.comm_basis,
+            **({} if result.tables is None else {"ops": dict(result.tables.basis)}),
         },
         "settings": {
             "max_batch_tokens": s.max_batch_tokens,
@@ -338,6 +352,7 @@ def to_json(result: Replay) -> dict:
             "prefix_cache": s.prefix_cache,
             "step_overhead_s": s.step_overhead_s,
             "block": s.block,
+            **({} if s.forward_tables is None else {"forward_tables": s.forward_tables}),
         },
         "kv_cache_tokens": result.capacity_tokens,
         "engines": [engine_json(e) for e in result.engines],

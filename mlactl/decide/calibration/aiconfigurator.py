@@ -162,7 +162,9 @@ def _version_key(v: str):
     return [int(x) if x.isdigit() else -1 for x in re.split(r"[.a-z]+", v) if x] + [v]
 
 
-def read_table(path: Path, kind: str):
+def read_table(path: Path, kind: str, columns: tuple[str, ...] | None = None):
+    """A parquet table as a frame, checked for the columns a `kind` of table needs (COLUMNS[kind],
+    or `columns`)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -171,11 +173,10 @@ def read_table(path: Path, kind: str):
         frame = pq.read_table(path).to_pandas()
     except Exception as exc:  # pyarrow raises several types for a bad file
         raise MlactlError(f"{path}: not a readable parquet table ({exc})") from None
-    missing = [c for c in COLUMNS[kind] if c not in frame.columns]
+    need = COLUMNS[kind] if columns is None else columns
+    missing = [c for c in need if c not in frame.columns]
     if missing:
-        raise MlactlError(
-            f"{path}: missing columns {', '.join(missing)} (a {kind} table needs {', '.join(COLUMNS[kind])})"
-        )
+        raise MlactlError(f"{path}: missing columns {', '.join(missing)} (a {kind} table needs {', '.join(need)})")
     if len(frame) == 0:
         raise MlactlError(f"{path}: the table has no rows")
     return frame

@@ -25,15 +25,19 @@ plain Python floats and the one source of FLOPs and bytes stays cost.py. tests/t
 checks the clock against the exact pricing of the same steps, and against a forward worked out
 by hand.
 
-The clock is always the roofline: a calibrated time (--calibration) changes what replay reports,
-not when steps run (docs/replay.md). The calibrations hold the attention paths' ops only, so a
-calibrated replay's GPU time is its calibrated attention plus this roofline for the rest.
+The clock's attention is always the roofline: a calibrated time (--calibration) changes what
+replay reports, not when steps run (docs/replay.md). The calibrations hold the attention paths'
+ops only, so a calibrated replay's GPU time is its calibrated attention plus the clock's rest.
+With `tables` (--forward-tables: aiconfigurator-core's GEMM, MoE and all-reduce tables,
+mlactl.decide.calibration.forward_tables) the ops outside attention that they measured take
+their measured time, in the clock and so in when steps run; the others stay at the roofline.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,12 +46,24 @@ from mlactl.model.hardware import HardwareProfile
 from mlactl.model.linear import features, linear_ops
 from mlactl.util.errors import MlactlError
 
+if TYPE_CHECKING:
+    from mlactl.decide.calibration.forward_tables import ForwardTables
+
 
 class Clock:
     """Prices a step from sums over its rows, in plain Python floats."""
 
-    def __init__(self, cost: CostModel, hw: HardwareProfile, weights: WeightCost, paths, overhead_s: float = 0.0):
+    def __init__(
+        self,
+        cost: CostModel,
+        hw: HardwareProfile,
+        weights: WeightCost,
+        paths,
+        overhead_s: float = 0.0,
+        tables: ForwardTables | None = None,
+    ):
         self.cost, self.layers, self.overhead = cost, cost.cfg.layers, float(overhead_s)
+        self.tables = tables  # measured times of the ops outside attention, where they have them
         self.peak, self.bandwidth = hw.peak_flops(cost.dtype), hw.bandwidth
         self.weights = weights
         self.forward = ForwardCost(cost.cfg, weights.weights, act_dtype=cost.dtype)
@@ -172,9 +188,13 @@ class Clock:
         """Seconds of each op of the forward outside attention (every layer it runs in) for a
         step of `tokens` tokens of which `sampled` sample; the collectives over the link."""
         x = (float(tokens), float(sampled), self.experts_read(tokens), 1.0 if sampled > 0 else 0.0)
-        bw, link = self.bandwidth, self.link
+        bw, link, tables = self.bandwidth, self.link, self.tables
         out = {}
         for name, count, peak, fl, by, cm in self.forward_terms:
+            measured = None if tables is None else tables.seconds(name, float(tokens), float(sampled))
+            if measured is not None:
+                out[name] = count * measured
+                continue
             f = fl[0] + fl[1] * x[0] + fl[2] * x[1] + fl[3] * x[2] + fl[4] * x[3]
             b = by[0] + by[1] * x[0] + by[2] * x[1] + by[3] * x[2] + by[4] * x[3]
             c = cm[0] + cm[1] * x[0] + cm[2] * x[1] + cm[3] * x[2] + cm[4] * x[3]

@@ -33,7 +33,7 @@ from mlactl.decide.replay.traces import Trace
 from mlactl.decide.sweep import Sweep, pick, tied
 from mlactl.decide.workload import engine_cost
 from mlactl.model.config import MLAConfig
-from mlactl.model.cost import CostModel, WeightCost
+from mlactl.model.cost import CostModel, ForwardCost, WeightCost
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.weights import ModelWeights
 from mlactl.util import safe
@@ -62,6 +62,10 @@ class ReplaySettings:
     # the engines' own scheduler options, per engine name or family (`--engine-option`):
     # {"sglang": {"chunked_prefill_size": 16384}, "vllm@0.33.0": {...}}
     engine_settings: dict = field(default_factory=dict)
+    # the ops outside attention from aiconfigurator-core's tables: "SYSTEM/FRAMEWORK[/VERSION]"
+    # (mlactl.decide.calibration.forward_tables), from `tables_dir` (default: the installed data)
+    forward_tables: str | None = None
+    tables_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,7 @@ class Replay:
     engines: list[EngineReplay]
     calibration: Any = None  # mlactl.decide.calibration.Calibration the times came from
     comm_basis: str = ""  # how the clock priced the collectives (Clock.comm_basis)
+    tables: Any = None  # forward_tables.ForwardTables the clock's other ops came from, or None
 
     @property
     def requests(self) -> int:
@@ -257,13 +262,19 @@ def replay(
                 f"the KV cache's {tokens:,} tokens ({len(over)} request(s) do not); raise --tp, --mem-fraction "
                 "or --cache-tokens"
             )
+    tables = None
+    if s.forward_tables is not None:
+        from mlactl.decide.calibration import forward_tables
+
+        fc = ForwardCost(cfg, weights, act_dtype=dtype)
+        tables = forward_tables.load(fc, hw, s.forward_tables, s.tables_dir)
     # one clock per cost the engines run (a DSA model's dense_expand: the indexer vLLM runs in full)
     found: dict[str, Clock] = {}
     clocks = []
     for e in engines:
         own = engine_cost(cost, e.params)
         if own.dense_indexer not in found:
-            found[own.dense_indexer] = Clock(own, hw, wc, rules.paths(e), s.step_overhead_s)
+            found[own.dense_indexer] = Clock(own, hw, wc, rules.paths(e), s.step_overhead_s, tables)
         clocks.append(found[own.dense_indexer])
     job = _Job(trace, cost, hw, calibration, tuple(clocks), tokens, s, keep_steps, tuple(engines), tuple(schedulers))
     if workers == 1:
@@ -280,7 +291,7 @@ def replay(
             ) from None
         finally:
             _FORKED = None
-    return Replay(trace, cost, wc, hw, s, tokens, out, calibration, clocks[0].comm_basis if clocks else "")
+    return Replay(trace, cost, wc, hw, s, tokens, out, calibration, clocks[0].comm_basis if clocks else "", tables)
 
 
 @dataclass(frozen=True)
