@@ -6,6 +6,7 @@ another project's data and is not committed: point MLACTL_MOONCAKE_TRACE at a co
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -14,26 +15,18 @@ import pytest
 from conftest import run
 
 TRACE = os.environ.get("MLACTL_MOONCAKE_TRACE", "")
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "replay_side_by_side.py"
 
 
 def ideal_block_hit_rate(path: Path) -> float:
-    """Share of prompt tokens in 512-token blocks an earlier request already named.
-
-    Mooncake's hash ids chain (a block's id stands for it and everything before it), so a
-    request's hit is its leading run of ids seen before, each 512 tokens, capped at its prompt.
-    """
-    seen: set[int] = set()
-    hit = total = 0
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        ids, prompt = row["hash_ids"], row["input_length"]
-        lead = 0
-        while lead < len(ids) and ids[lead] in seen:
-            lead += 1
-        hit += min(lead * 512, prompt)
-        total += prompt
-        seen.update(ids)
-    return hit / total
+    """Share of prompt tokens in 512-token blocks an earlier request already named, by the plain
+    count of benchmarks/replay_side_by_side.py (its leading run of ids seen before, capped at
+    its prompt; tests/test_replay_side_by_side.py checks it on a trace worked by hand)."""
+    spec = importlib.util.spec_from_file_location("replay_side_by_side", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ideal_hit_rate(path)["hit_rate"]
 
 
 @pytest.mark.skipif(not TRACE, reason="MLACTL_MOONCAKE_TRACE does not name Mooncake's conversation trace")
