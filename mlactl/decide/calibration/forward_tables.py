@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from mlactl.decide.calibration import aiconfigurator as ac
+from mlactl.decide.calibration.run import SYSTEM_PROFILES
 from mlactl.model.cost import DTYPE_BYTES, ForwardCost
 from mlactl.model.hardware import HardwareProfile
 from mlactl.util.errors import MlactlError
@@ -202,8 +203,6 @@ def load(fc: ForwardCost, hw: HardwareProfile, spec: str, data_dir: str | Path |
     """The tables of SYSTEM/FRAMEWORK[/VERSION] (`spec`; the newest version by default) for
     the forward of `fc` on `hw`. The system must be `hw`'s GPU: a clock from another GPU's
     measurements is not this one's."""
-    from mlactl.decide.calibration.run import SYSTEM_PROFILES
-
     system, framework, version = parse_spec(spec)
     root = ac.default_data_dir() if data_dir is None else Path(data_dir)
     if not (root / system).is_dir():

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from mlactl.decide.calibration import forward_tables
 from mlactl.decide.engines import steps as rules
 from mlactl.decide.loss import RuleLoss
 from mlactl.decide.replay.cache import TokenPool
@@ -264,8 +265,6 @@ def replay(
             )
     tables = None
     if s.forward_tables is not None:
-        from mlactl.decide.calibration import forward_tables
-
         fc = ForwardCost(cfg, weights, act_dtype=dtype)
         tables = forward_tables.load(fc, hw, s.forward_tables, s.tables_dir)
     # one clock per cost the engines run (a DSA model's dense_expand: the indexer vLLM runs in full)
