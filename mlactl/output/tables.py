@@ -17,6 +17,7 @@ When `width` is None (output piped or written to a file) nothing is left out and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from rich.console import Group, JustifyMethod
@@ -108,8 +109,10 @@ class Column:
     justify: JustifyMethod = "right"
     priority: int = KEEP  # >0: may be dropped, the highest first
 
-    @property
+    @cached_property
     def width(self) -> int:
+        """Its widest cell or header, measured once: stacking and dropping ask it for every trial
+        table (set the header and cells before asking)."""
         return max([cell_width(self.header)] + [cell_width(c) for c in self.cells])
 
 
