@@ -83,7 +83,7 @@ def test_loop_mma_macs_and_ratio():
     # 8 warps: 2 warpgroups issue the wgmma, 8 warps the mma.sync: 589824 + 16384 = 606208
     assert stage.issued_over_needed({"wgmma": 294912, "mma": 2048}, 8, 606208) == 1.0
     assert stage.issued_over_needed({"wgmma": 0, "mma": 0}, 8, 100) is None  # FMA dots: no ratio
-    # the issue's figure for the 128-head default before the split score: per 32-key tile each of
+    # a hand count for the 128-head default without the split score: per 32-key tile each of
     # 2 warpgroups issues 72 m64n16k16 (score, K 576) and 2 m64n256k16 (value, K 32); the tile
     # needs 64 x 32 x (576 + 512) = 2228224: (2 x (72 x 16384 + 2 x 262144)) / 2228224 = 1.529
     got = stage.issued_over_needed({"wgmma": 72 * 16384 + 2 * 262144, "mma": 0}, 8, 64 * 32 * 1088)
@@ -155,7 +155,7 @@ def _ttgir(buffers, prologue, where):
 @pytest.mark.parametrize(
     "buffers, prologue, where, want",
     [
-        # the 64-row default before this round: 2 buffers, the copy of tile i + 1 after tile i's value dot
+        # an earlier 64-row default: 2 buffers, the copy of tile i + 1 after tile i's value dot
         pytest.param(2, 1, "LATE", (2, 1, 1, False), id="2buf-copy-after-value-dot"),
         # 3 stages: 3 buffers, tiles i + 1 and i + 2 fetched ahead, tile i + 2 copied after the dot
         pytest.param(3, 2, "LATE", (3, 2, 2, False), id="3buf-two-in-flight"),
@@ -271,7 +271,8 @@ def test_cli_json_schema(tmp_path):
     assert row["dropped"] is None
 
 
-# the defaults the issue lists: DeepSeek-V3 at 128/64/32/16 heads per GPU, Kimi K2 (64), V2-Lite (16)
+# the launch defaults of the shipped models: DeepSeek-V3 at 128/64/32/16 heads per GPU, Kimi K2 (64),
+# V2-Lite (16)
 LISTED = [("deepseek-v3", 1), ("deepseek-v3", 2), ("deepseek-v3", 4), ("deepseek-v3", 8), ("kimi-k2", 1)]
 LISTED += [("deepseek-v2-lite", 1)]
 

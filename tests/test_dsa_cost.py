@@ -174,7 +174,7 @@ def test_sparse_pairs_by_hand():
     assert float(sparse_pairs(3000, 1000, 2048)) == 1_048_000 + 549_676 + 1952 * 2048 == 5_595_372
 
 
-# -- the issue's checks: decode after 32K at 128 heads -------------------------------------------------
+# -- decode after 32K at 128 heads, counted by hand -----------------------------------------------------
 
 
 def test_decode_after_32k_by_hand():
@@ -311,7 +311,7 @@ def test_peak_expanded():
     assert float(cost.peak_expanded_bytes("sparse_absorb", 1, 100, 20_000)) == 0
 
 
-# -- the issue's crossover by FLOPs, and the window per prefix -----------------------------------------
+# -- the crossover by FLOPs, and the window per prefix -------------------------------------------------
 
 
 def total_flops(path: str, n: int, p: int) -> float:
@@ -320,7 +320,8 @@ def total_flops(path: str, n: int, p: int) -> float:
 
 def test_masked_beats_sparse_up_to_12812_new_tokens():
     """With no prefix, masked MHA takes fewer FLOPs than sparse absorb up to 12,812 new tokens and
-    sparse absorb wins from 12,813 (the issue's figure), summing every op of both paths."""
+    sparse absorb wins from 12,813 (docs/design.md's figure; plain_window below finds the same
+    run with a plain integer loop), summing every op of both paths."""
     for n in (1, 2048, 12_812):
         assert total_flops("masked_expand", n, 0) < total_flops("sparse_absorb", n, 0), n
     for n in (12_813, 20_000):

@@ -69,7 +69,7 @@ class SGLangServer:
         else:
             self.graph = not self.disable_piecewise_cuda_graph
             if self.prefill == "trtllm_mla" and model_arch == "DeepseekV3ForCausalLM":
-                self.graph = False  # issue 19's statement
+                self.graph = False  # assumed, not found in server_args.py (rulesets.py, 0.5.23's notes)
         return self
 
 
@@ -301,7 +301,7 @@ SGLANG_CASES = [
         ["expand_chunked"] * 2,
         "handler L142-L145: every extend MHA_CHUNKED_KV",
     ),
-    ("b200-trtllm-small", "0.5.23", "b200", {}, [(16, 100)], ["expand_chunked"], "trtllm: graph off for V3 (issue 19)"),
+    ("b200-trtllm-small", "0.5.23", "b200", {}, [(16, 100)], ["expand_chunked"], "trtllm: graph off for V3 (assumed)"),
     ("b200-decode", "0.5.23", "b200-fp8", {}, [(1, 100)], ["absorb"], "trtllm: decode -> MLA"),
     (
         "trtllm-no-cpc",

@@ -111,7 +111,7 @@ def test_missing_file():
         model.resolve("/nonexistent/config.json")
 
 
-# -- bounds on every dimension (round three) --------------------------------------------------------
+# -- bounds on every dimension ---------------------------------------------------------------------
 
 V32 = {
     "hidden_size": 7168,

@@ -1,4 +1,4 @@
-"""Issue 22: calibrated times that say how far they can be trusted.
+"""Calibrated times that say how far they can be trusted.
 
 Intervals (held-out coverage of the 80% interval, checked on fresh data the fit never saw),
 each op's basis (measured / extrapolated by how many octaves / roofline), steps as claims, the
