@@ -12,7 +12,7 @@ from mlactl.cli.common import choice, cli_errors, emit, one_int, output_format, 
 from mlactl.cli.options import MACHINE, OUTPUT, AllEnginesOpt, EngineOptionOpt, Opts, shared
 from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.replay import ReplaySettings, replay
-from mlactl.decide.replay.shipped import SCHEDULER_OPTIONS
+from mlactl.decide.replay.shipped import SCHEDULER_OPTIONS, WORD_OPTIONS, word_option
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model import weights as model_weights
 from mlactl.output import replay as report
@@ -110,12 +110,13 @@ def replay_cmd(
     --engine-option sglang.enable_mixed_chunk=true), with its own chunk, request cap and page
     for the GPU (settable under its own option names: sglang.chunked_prefill_size,
     sglang.max_running_requests, sglang.page_size, vllm.max_num_batched_tokens,
-    vllm.max_num_seqs, vllm.block_size), its own admission (vLLM: a first chunk's slots, and the
-    newest running request preempted when slots run out; SGLang: prompt and output beside
-    new_token_ratio of the running outputs, and decoders retracted when the next decode does
-    not fit) and an LRU prefix cache that keeps each finished request's prompt and output; the
-    clock runs at the roofline time of each step's whole
-    forward (attention of every layer by the engine's rule; the MLA projections, dense MLP,
+    vllm.max_num_seqs, vllm.block_size), SGLang's queue order (sglang.schedule_policy: fcfs as
+    shipped, or lpm: the longest cached prefix first while at most 128 wait), its own admission
+    (vLLM: a first chunk's slots, and the newest running request preempted when slots run out;
+    SGLang: prompt and output beside new_token_ratio of the running outputs, and decoders
+    retracted when the next decode does not fit) and an LRU prefix cache that keeps each
+    finished request's prompt and output; the clock runs at the roofline time of each step's
+    whole forward (attention of every layer by the engine's rule; the MLA projections, dense MLP,
     router, shared and routed experts and LM head, each op at its own roofline; two
     all-reduces a layer at TP over the profile's NVLink; --step-overhead-ms; with --forward-tables
     the ops outside attention that aiconfigurator-core measured take its times). Each loss is
@@ -190,9 +191,9 @@ def replay_cmd(
 
 def scheduler_options(options: list[str] | None) -> tuple[list[str], dict]:
     """`--engine-option`s that set replay's scheduler under the engine's own name
-    (shipped.SCHEDULER_OPTIONS: SGLang's chunked_prefill_size, max_running_requests, page_size;
-    vLLM's max_num_batched_tokens) apart from the rule's: (the rule's, {engine or family: {key:
-    value}})."""
+    (shipped.SCHEDULER_OPTIONS: SGLang's chunked_prefill_size, max_running_requests, page_size,
+    schedule_policy (a word: shipped.WORD_OPTIONS); vLLM's max_num_batched_tokens) apart from
+    the rule's: (the rule's, {engine or family: {key: value}})."""
     family_of = {k: fam for fam, keys in SCHEDULER_OPTIONS.items() for k in keys}
     rest: list[str] = []
     out: dict[str, dict] = {}
@@ -206,7 +207,11 @@ def scheduler_options(options: list[str] | None) -> tuple[list[str], dict]:
         target = target if dot else fam
         if not (target == fam or target.startswith((fam + "@", fam + "-"))):
             raise MlactlError(f"--engine-option {text!r}: {name.strip()} is an option of {fam}, not of {target}")
-        out.setdefault(target, {})[name.strip()] = one_int(value, f"--engine-option {text!r}")
+        name = name.strip()
+        if name in WORD_OPTIONS:
+            out.setdefault(target, {})[name] = word_option(fam, name, value)
+        else:
+            out.setdefault(target, {})[name] = one_int(value, f"--engine-option {text!r}")
     return rest, out
 
 

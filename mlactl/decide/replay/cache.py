@@ -104,6 +104,16 @@ class TokenPool:
                 break
         return out, tokens
 
+    def touch(self, segments: list[int]) -> None:
+        """A waiting request matched `segments` (SGLang's match_prefix refreshes the matched radix
+        nodes' last access time): those nobody holds become the most recently used, the last of
+        `segments` first, so the lead of a stream is used last and evicted after its tail (as in
+        the radix tree, which evicts leaves). What is held is untouched (it is not evictable)."""
+        lru = self.lru
+        for seg in reversed(segments):
+            if seg in lru:
+                lru.move_to_end(seg)
+
     def _pinned(self, matched: list[int]) -> int:
         lru, size = self.lru, self.size
         return sum(size[s] for s in matched if s in lru)

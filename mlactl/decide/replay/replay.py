@@ -323,7 +323,7 @@ _FORKED: _Job | None = None
 def pool_and_settings(sh: Shipped, pool_tokens: int, prefix_cache: bool = True) -> tuple[TokenPool, Settings]:
     """An engine's KV pool (whole pages of it) and its scheduler's settings."""
     return TokenPool(pool_tokens // sh.page * sh.page, caching=prefix_cache), Settings(
-        sh.max_batch_tokens, sh.max_running, sh.page
+        sh.max_batch_tokens, sh.max_running, sh.page, sh.schedule_policy or "fcfs"
     )
 
 

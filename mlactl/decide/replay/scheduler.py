@@ -63,6 +63,7 @@ class Settings:
     max_batch_tokens: int
     max_running: int
     page: int  # the engine's page (block): hits are whole pages, and so is what a request reserves
+    policy: str = "fcfs"  # SGLang's schedule_policy: "fcfs" (as shipped) or "lpm"
 
 
 class Schedule:
@@ -733,6 +734,9 @@ SGLANG_MIN_RATIO = SGLANG_INIT_RATIO * 0.14
 SGLANG_RATIO_DECAY = (SGLANG_INIT_RATIO - SGLANG_MIN_RATIO) / 600
 SGLANG_RETRACT_STEPS = 20
 SGLANG_CLIP_NEW = 4096
+# SchedulePolicy._determine_active_policy (schedule_policy.py @00550cd1): lpm falls back to fcfs
+# while more than 128 requests wait ("Turn off the expensive prefix matching and sorting").
+SGLANG_LPM_QUEUE_MAX = 128
 
 
 class SglangScheduler(Scheduler):
@@ -752,6 +756,36 @@ class SglangScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.chunked: int | None = None
         self.ratio = SGLANG_INIT_RATIO
+        self._lpm_seen: tuple | None = None  # the pool and queue the last lpm pass left
+
+    def _prioritise(self) -> None:
+        """schedule_policy "lpm" (SchedulePolicy.calc_priority, schedule_policy.py @00550cd1): while
+        at most 128 requests wait, match each waiting request's prefix in queue order (which
+        refreshes the matched nodes in the LRU: TokenPool.touch) and sort the queue by its hit,
+        longest first, stably (`_sort_by_longest_prefix`); the order it leaves stays until the next
+        sort. Skipped when neither the pool nor the queue moved since the last pass (the same
+        matches, the same order, and touching again changes nothing). The in-batch prefix
+        caching that holds back a request sharing an uncached prefix with another waiting one
+        is not modelled (docs/replay.md)."""
+        waiting = self.waiting
+        if self.settings.policy != "lpm" or not waiting or len(waiting) > SGLANG_LPM_QUEUE_MAX:
+            return
+        pool = self.pool
+        seen = (pool.version, pool.evicted, tuple(waiting))
+        if seen == self._lpm_seen:
+            return
+        hits = []
+        for i in waiting:
+            matched, cached = self._peek(i)
+            pool.touch(matched)
+            hits.append(-cached)
+        order = sorted(range(len(hits)), key=hits.__getitem__)
+        if any(k != j for j, k in enumerate(order)):
+            ids = list(waiting)
+            waiting.clear()
+            waiting.extend(ids[k] for k in order)
+            self.blocked_at = None
+        self._lpm_seen = (pool.version, pool.evicted, tuple(waiting))
 
     def chunked_req(self) -> int | None:
         return self.chunked
@@ -835,6 +869,7 @@ class SglangScheduler(Scheduler):
         return now
 
     def _decode_only(self) -> bool:
+        self._prioritise()  # each pass orders the queue first (get_new_batch_prefill: calc_priority)
         if self.chunked is not None or not self.decoders:
             return False
         return not self._can_admit()

@@ -15,6 +15,8 @@ SGLang (sgl-project/sglang):
                    H200), else 16384 (B200, MI300).
   max_running_requests   `ModelRunner._resolve_max_num_reqs`: min(clamp(int(pool tokens /
                    context_len * 512), 2048, 4096), pool tokens // 2).
+  schedule_policy  "fcfs" (server_args.py @001067ff, `ServerArgs.schedule_policy`); replay also
+                   takes "lpm" (SchedulePolicy.calc_priority, schedule_policy.py @00550cd1).
 
 vLLM (vllm-project/vllm), the OpenAI server's usage context (what `vllm serve` runs):
   block_size       16 (vllm/config/cache.py), forced by `CudaPlatform.check_and_update_config`
@@ -36,9 +38,11 @@ from mlactl.util.errors import MlactlError
 GIB = float(1 << 30)
 # The engines' own names for what replay's scheduler takes, per family (`--engine-option`).
 SCHEDULER_OPTIONS = {
-    "sglang": ("chunked_prefill_size", "max_running_requests", "page_size"),
+    "sglang": ("chunked_prefill_size", "max_running_requests", "page_size", "schedule_policy"),
     "vllm": ("max_num_batched_tokens",),  # max_num_seqs and block_size are the rule's own options
 }
+# The scheduler options that take a word, and the words each takes (the first: as shipped)
+WORD_OPTIONS = {"schedule_policy": ("fcfs", "lpm")}
 # The model's context length (config.json max_position_embeddings), which SGLang's request cap
 # reads; a model not listed takes DeepSeek-V3's.
 CONTEXT_LEN = {"deepseek-v3": 163840, "deepseek-v2": 163840, "deepseek-v2-lite": 163840, "kimi-k2": 131072}
@@ -57,14 +61,23 @@ class Shipped:
     max_running: int
     page: int
     why: tuple[str, ...]
+    schedule_policy: str | None = None  # SGLang's order of the waiting queue (None: vLLM's own FCFS)
 
     def to_json(self) -> dict:
-        return {
-            "max_batch_tokens": self.max_batch_tokens,
-            "max_running": self.max_running,
-            "page": self.page,
-            "why": list(self.why),
-        }
+        out: dict = {"max_batch_tokens": self.max_batch_tokens, "max_running": self.max_running, "page": self.page}
+        if self.schedule_policy is not None:
+            out["schedule_policy"] = self.schedule_policy
+        out["why"] = list(self.why)
+        return out
+
+
+def word_option(family: str, key: str, value) -> str:
+    """A word option's value checked against the words it takes: one error line otherwise."""
+    words = WORD_OPTIONS[key]
+    text = str(value).strip().lower()
+    if text not in words:
+        raise MlactlError(f"{family}.{key} takes {' or '.join(words)}, got {value!r}")
+    return text
 
 
 def sglang_chunk(memory_gib: float) -> int:
@@ -123,6 +136,7 @@ def shipped(
     `params`: the engine's resolved rule (mlactl.decide.engines.EngineParams)."""
     gib = memory_gb * 1e9 / GIB
     why = []
+    policy: str | None = None
     if family == "sglang":
         chunk = given.get("chunked_prefill_size") or max_batch_tokens
         why.append("chunked_prefill_size " + ("set" if chunk else f"default for {gib:.0f} GiB"))
@@ -133,6 +147,9 @@ def shipped(
         ctx = CONTEXT_LEN.get(model, DEFAULT_CONTEXT_LEN)
         why.append("max_running_requests " + ("set" if running else f"from the pool and context {ctx:,}"))
         running = running or sglang_max_running(pool_tokens, ctx)
+        given_policy = given.get("schedule_policy")
+        policy = word_option("sglang", "schedule_policy", given_policy or WORD_OPTIONS["schedule_policy"][0])
+        why.append(f"schedule_policy {policy} ({'set' if given_policy else 'default'})")
     else:
         tokens, seqs = vllm_batch(gib, hw_name)
         chunk = given.get("max_num_batched_tokens") or max_batch_tokens
@@ -145,4 +162,4 @@ def shipped(
         running = running or seqs
     if chunk < 1 or running < 1 or page < 1:
         raise MlactlError("the chunk, the running requests and the page must each be at least 1")
-    return Shipped(int(chunk), int(running), int(page), tuple(why))
+    return Shipped(int(chunk), int(running), int(page), tuple(why), policy)
