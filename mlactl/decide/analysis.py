@@ -538,8 +538,10 @@ class BatchAnalysis:
 
     @property
     def best_strategy(self) -> str:
+        """The strategy of least total, the first listed on a tie: what each engine's loss is
+        measured against (analyze_batch builds `losses` from it)."""
         names = self.strategies
-        return min(names, key=lambda s: (self.totals[s], names.index(s)))  # as analyze_batch's losses
+        return min(names, key=lambda s: (self.totals[s], names.index(s)))
 
 
 def batch_time(cost: CostModel, hw: HardwareProfile, new, prefix, count, paths, calibration=None) -> float:
@@ -613,17 +615,13 @@ def analyze_batch(
         own = {p: t * layers for p, t in own.items()}
         totals = {k: t * layers for k, t in totals.items()}
         intervals = {k: None if v is None else (v[0] * layers, v[1] * layers) for k, v in intervals.items()}
-    best = min(cost.strategies, key=lambda s: (totals[s], cost.strategies.index(s)))
-    losses = {
-        e.engine: RuleLoss(
-            totals[e.engine],
-            totals[best],
-            max(0.0, totals[e.engine] - totals[best]),
-            time_span=intervals.get(e.engine),
-        )
+    out = BatchAnalysis(
+        cost, hw, new, prefix, count, own, assignments, totals, engines, calibration, counts,
+        intervals if calibration is not None else None, layers,
+    )  # fmt: skip
+    best = totals[out.best_strategy]
+    out.losses = {
+        e.engine: RuleLoss(totals[e.engine], best, max(0.0, totals[e.engine] - best), time_span=intervals.get(e.engine))
         for e in engines
     }
-    return BatchAnalysis(
-        cost, hw, new, prefix, count, own, assignments, totals, engines, calibration, counts,
-        intervals if calibration is not None else None, layers, losses,
-    )  # fmt: skip
+    return out
