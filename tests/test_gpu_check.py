@@ -96,7 +96,7 @@ def test_smoke_run_succeeds(smoke):
     assert doc["summary"]["rows_ok"] == doc["summary"]["rows"] == len(doc["rows"])
 
 
-def test_smoke_rows_cover_the_issue(smoke):
+def test_smoke_rows_cover_every_kernel_and_path_checked(smoke):
     _, doc = smoke
     ids = [r["id"] for r in doc["rows"]]
     assert ids == [

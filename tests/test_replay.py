@@ -101,7 +101,7 @@ def report(trace, *args):
     return json.loads(run("replay", trace, "-f", "json", *args).stdout)
 
 
-# -- the four cases of the issue ------------------------------------------------------------------
+# -- one request, a long prompt, a shared prefix, a continuation: worked by hand --------------------
 
 
 def test_one_request_three_steps_best_is_analyzes(tmp_path):
