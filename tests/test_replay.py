@@ -29,7 +29,7 @@ from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.pricing import rows_of
-from mlactl.decide.replay.replay import ReplaySettings, _sweep, capacity, replay
+from mlactl.decide.replay.replay import ReplaySettings, _sweep, capacity, replay, retimed
 from mlactl.decide.replay.scheduler import Settings, scheduler_for
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model import hardware
@@ -203,6 +203,51 @@ def test_tpot_and_throughput_follow_from_the_decode_steps(tmp_path):
     # first arrival 0 s, last finish the second request's: 1000 s after its arrival, plus its prefill
     assert latency["output_tokens_per_s"] == pytest.approx(6 / float(s.finished[1]), rel=1e-9)
     assert 1000.0 < s.finished[1] < 1001.0
+
+
+def test_retiming_a_schedule_with_its_own_attention_gives_back_its_clock(tmp_path):
+    # requests that queue (two run at once), one that arrives to an idle engine and prompts
+    # that span chunks: the only waits are for arrivals, so the recurrence gives back every start
+    rows = [(0, 9000, 40, [1]), (0, 3000, 60, [2]), (5, 500, 20, [3]), (10, 7000, 5, [4]), (60_000, 2000, 30, [5])]
+    trace = mooncake(tmp_path / "t.jsonl", rows)
+    arrival = read_trace(trace).arrival
+    for engine in ("vllm", "sglang"):
+        s = schedule(trace, engine, max_batch_tokens=4096, max_running=2)
+        start, end = retimed(s, arrival, s.attention)
+        assert start == pytest.approx(s.start, rel=1e-12, abs=1e-12)
+        assert end[s.finished_step] == pytest.approx(s.finished, rel=1e-12)
+        assert end[s.first_token_step] == pytest.approx(s.first_token, rel=1e-12)
+        assert start[s.admitted_step] == pytest.approx(s.admitted, rel=1e-12)
+        assert start[s.admitted_step[-1]] == pytest.approx(60.0, rel=1e-12)  # it found the engine idle
+
+
+def test_latency_under_the_best_path_by_hand(tmp_path):
+    # A: 10000 in, 3 out, through a 4096-token budget: chunks of 4096, 4096 (after 4096) and 1808
+    # (after 8192), then decodes after 10000 and 10001 tokens. SGLang runs its two later chunks
+    # on MLA (a summed prefix under 8192), which is not their best path; on the best path each
+    # step takes the rest of its forward (the clock's) plus the best path's attention as
+    # `mlactl analyze` gives it. B, 4096 in and 1 out, arrives 100 s later to an idle engine: on
+    # the best path too it waits for its arrival, then takes one prefill.
+    trace = mooncake(tmp_path / "t.jsonl", [(0, 10000, 3, []), (100_000, 4096, 1, [])])
+    s = schedule(trace, "sglang", max_batch_tokens=4096)
+    shapes = ((4096, 0), (4096, 4096), (1808, 8192), (1, 10000), (1, 10001), (4096, 0))
+    assert [step_rows(s, k) for k in range(len(s))] == [[(n, p, n == 1)] for n, p in shapes]
+    best = np.array([analyze_best(n, p)[0] for n, p in shapes])
+    assert s.attention[1] > 2 * best[1] and s.attention[2] > 2 * best[2]  # the rule's chunks are off their best
+    rest = s.time - s.attention
+    args = ("--engines", "sglang", "--hardware", "h200", "--tp", "8", "--no-prefix-cache", "--max-batch-tokens", "4096")
+    data = report(trace, *args)
+    rule, on_best = data["engines"][0]["latency_s"], data["engines"][0]["latency_best_path_s"]
+    ttft = np.array([(rest[:3] + best[:3]).sum(), rest[5] + best[5]])
+    want = np.percentile(ttft, [50, 90, 99])
+    got = [on_best["first_token"][k] for k in ("p50", "p90", "p99")]
+    assert got == pytest.approx(want, rel=1e-9)
+    assert rule["first_token"]["p50"] == pytest.approx(np.mean([s.time[:3].sum(), s.time[5]]), rel=1e-9)
+    tpot = (rest[3] + best[3] + rest[4] + best[4]) / 2  # A's two tokens after its first; B has one token
+    assert on_best["per_output_token"]["p50"] == pytest.approx(tpot, rel=1e-9)
+    assert on_best["queue"]["p99"] == 0.0
+    # 4 output tokens from 0 s to B's first (and only) token, one prefill after 100 s
+    assert on_best["output_tokens_per_s"] == pytest.approx(4 / (100.0 + ttft[1]), rel=1e-9)
 
 
 def test_blocks_are_cached_only_once_their_prefill_ran(tmp_path):

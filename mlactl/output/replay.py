@@ -19,7 +19,8 @@ not finite (a step where no path fits) is null.
                best_time_interval_s, lost_interval_s, lost_vs_step_interval_s,
                lost_vs_request_interval_s (each [lo, hi], the 80% interval), best_threshold, sweep,
                tokens, paths,
-               by_step_type[], timeline, latency_s, cache
+               by_step_type[], timeline, latency_s, latency_best_path_s (the same steps, each
+               step's attention on its best), cache
 """
 
 from __future__ import annotations
@@ -204,6 +205,26 @@ def serving_table(result: Replay) -> Table:
     return t
 
 
+def best_path_table(result: Replay) -> Table:
+    t = Table(
+        title="On the best path (the same steps, each step's attention on its best path, the rest of the "
+        "forward unchanged; a step waits only for its requests' arrivals)"
+    )
+    for col in ("engine", "first token p50", "p99", "end to end p50", "p99", "TPOT p50", "p99", "output tok/s"):
+        t.add_column(col, justify="left" if col == "engine" else "right", no_wrap=True)
+    for e in result.engines:
+        b = e.latency_best
+        if b is None:
+            continue
+        ft, ee, tp = b.first_token, b.end_to_end, b.per_output_token
+        t.add_row(
+            e.engine.label,
+            *(_time(v) if v is not None else "—" for v in (ft.p50, ft.p99, ee.p50, ee.p99, tp.p50, tp.p99)),
+            f"{b.output_tokens_per_s:,.0f}" if b.output_tokens_per_s is not None else "—",
+        )
+    return t
+
+
 def sweep_sentence(result: Replay, e: EngineReplay) -> str:
     s = e.sweep
     if s is None:
@@ -231,6 +252,7 @@ def tables(result: Replay) -> list:
             f"{tk.prefill_cached:,} found cached, {tk.decode:,} decoded"
         )
     out.append(serving_table(result))
+    out.append(best_path_table(result))
     out += engine_lines([e.engine for e in result.engines])
     out.append("Sources: " + "; ".join(sorted({e.engine.citation for e in result.engines})))
     if result.calibration is not None:
@@ -299,6 +321,7 @@ def engine_json(e: EngineReplay) -> dict:
         "by_step_type": [asdict(row) for row in e.by_type],
         "timeline": asdict(e.timeline),
         "latency_s": asdict(e.latency),
+        "latency_best_path_s": None if e.latency_best is None else asdict(e.latency_best),
         "cache": asdict(e.cache),
         "scheduler": None if e.scheduler is None else e.scheduler.to_json(),
     }

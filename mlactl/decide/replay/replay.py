@@ -164,6 +164,9 @@ class EngineReplay:
     # the GPU's time, the whole forward of every step: the attention as priced (loss.time_s) plus
     # the clock's roofline for the rest of the forward, the collectives and the step overhead
     gpu_time_s: float = 0.0
+    # the same steps with each one's attention on the best path (`retimed`): what the rule's
+    # choices cost in latency and throughput; None with no steps
+    latency_best: Latency | None = None
 
     @property
     def lost_gpu_pct(self) -> float:
@@ -502,9 +505,10 @@ def _price(
             acc.bin_best.tolist() if n else [],
             (acc.bin_time - acc.bin_best).tolist() if n else [],
         ),
-        latency=_latency(trace, sched),
+        latency=_latency(trace, sched.admitted, sched.first_token, sched.finished),
         cache=_cache(trace, sched, page),
         per_step=per_step,
+        latency_best=_latency_best(trace, sched, step_engine, step_engine - step_lost),
     )
 
 
@@ -596,18 +600,51 @@ def _percentiles(x: np.ndarray) -> Percentiles:
     return Percentiles(float(p[0]), float(p[1]), float(p[2]))
 
 
-def _latency(trace: Trace, sched: Schedule) -> Latency:
+def _latency(trace: Trace, admitted: np.ndarray, first_token: np.ndarray, finished: np.ndarray) -> Latency:
+    """Each request's latencies from the clock times it was admitted, sampled its first token
+    and finished at."""
     out = trace.output.astype(np.float64)
     more = out > 1
-    tpot = (sched.finished[more] - sched.first_token[more]) / (out[more] - 1)
-    span = float(np.max(sched.finished) - np.min(trace.arrival)) if len(out) else 0.0
+    tpot = (finished[more] - first_token[more]) / (out[more] - 1)
+    span = float(np.max(finished) - np.min(trace.arrival)) if len(out) else 0.0
     return Latency(
-        _percentiles(sched.admitted - trace.arrival),
-        _percentiles(sched.first_token - trace.arrival),
-        _percentiles(sched.finished - trace.arrival),
+        _percentiles(admitted - trace.arrival),
+        _percentiles(first_token - trace.arrival),
+        _percentiles(finished - trace.arrival),
         _percentiles(tpot),
         float(out.sum()) / span if span > 0 else None,
     )
+
+
+def retimed(sched: Schedule, arrival: np.ndarray, attention: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[steps] (start, end) of the schedule's own steps, each taking `attention` in place of the
+    clock's attention (the rest of its forward unchanged): a step starts when the one before it
+    ends or, if later, when the last request it admits arrives (the only waits the schedulers
+    make). With the clock's own attention this gives back the schedule's starts. The steps stay
+    the ones the rule formed: which requests share a step does not change with the times."""
+    n = len(sched)
+    t = sched.time - sched.attention + attention
+    gate = np.full(n, -np.inf)
+    if n:
+        gate[0] = sched.start[0]
+    joined = sched.admitted_step >= 0
+    np.maximum.at(gate, sched.admitted_step[joined], arrival[joined])
+    # end_k = max(end_k-1, gate_k) + t_k, unrolled: cumsum(t)_k + max over j <= k of (gate_j - sum of t before j)
+    done = np.cumsum(t)
+    end = done + np.maximum.accumulate(gate - (done - t))
+    return end - t, end
+
+
+def _latency_best(trace: Trace, sched: Schedule, engine_t: np.ndarray, best: np.ndarray) -> Latency | None:
+    """The latencies of the same steps with each step's attention on its best (the least of the
+    best one path, each request on its own best path and the rule: pricing's `best`). The clock's
+    attention is scaled by best / rule as priced, so a calibrated replay keeps the roofline
+    clock the rule's latencies come from."""
+    if not len(sched):
+        return None
+    scale = np.divide(best, engine_t, out=np.ones_like(best), where=engine_t > 0)
+    start, end = retimed(sched, trace.arrival, sched.attention * scale)
+    return _latency(trace, start[sched.admitted_step], end[sched.first_token_step], end[sched.finished_step])
 
 
 def _cache(trace: Trace, sched: Schedule, page: int) -> CacheUse:

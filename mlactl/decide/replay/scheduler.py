@@ -77,7 +77,9 @@ class Schedule:
     Decode spans [P]: a request decodes in every decode step of D in [span_start, span_end),
     with the prefix span_c0 + D - span_d0 (all it has before that token): one span a request,
     more if it sat a step out (vLLM, when the budget runs out).
-    Requests [N]: cached (tokens its prompt found cached), admitted, first_token, finished (clock).
+    Requests [N]: cached (tokens its prompt found cached), admitted, first_token, finished (clock),
+    and the step each of those three happened in (admitted_step: the step it first joined;
+    first_token_step, finished_step: the step at whose end it happened).
     """
 
     STEP = ("start", "time", "attention")
@@ -113,6 +115,9 @@ class Schedule:
         self.admitted = np.full(requests, np.nan)
         self.first_token = np.full(requests, np.nan)
         self.finished = np.full(requests, np.nan)
+        self.admitted_step = np.full(requests, -1, dtype=np.int64)
+        self.first_token_step = np.full(requests, -1, dtype=np.int64)
+        self.finished_step = np.full(requests, -1, dtype=np.int64)
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -286,6 +291,7 @@ class Scheduler:
         if np.isnan(self.s.admitted[i]):
             self.s.cached[i] = cached
             self.s.admitted[i] = now
+            self.s.admitted_step[i] = len(self.s.start)  # the step being formed
         else:  # back after a preemption: all it computes now it had computed before
             self.s.recomputed += self.inp[i] - cached
         return i, cached
@@ -625,6 +631,7 @@ class Scheduler:
         """Request i's prompt is done: it sampled its first token; it decodes the rest."""
         if np.isnan(self.s.first_token[i]):
             self.s.first_token[i] = now
+            self.s.first_token_step[i] = len(self.s.start) - 1  # the step that just ended
         left = self.out[i] - 1
         if left == 0:
             self._finish(i, now)
@@ -656,6 +663,7 @@ class Scheduler:
         self.phase[i] = DONE
         self.running.remove(i)
         self.s.finished[i] = now
+        self.s.finished_step[i] = len(self.s.start) - 1
         self._store(i, self.inp[i] + self.out[i] - 1)
         self.pool.release(self.held[i], self.private[i])
         self.held[i], self.private[i], self.alloc[i], self.streams[i] = {}, 0, 0, None
