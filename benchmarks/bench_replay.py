@@ -131,7 +131,7 @@ def in_process(trace: Path, model: str = "deepseek-v3", hardware_name: str = "h2
     """Each phase timed once: read, then per engine its scheduler and its pricing."""
     from mlactl.decide.replay import rules
     from mlactl.decide.replay.clock import Clock
-    from mlactl.decide.replay.replay import ReplaySettings, _price, capacity, pool_and_settings, shipped_for
+    from mlactl.decide.replay.replay import ReplaySettings, _price, kv_pool, pool_and_settings, shipped_for
     from mlactl.decide.replay.scheduler import scheduler_for
     from mlactl.decide.replay.traces import read_trace
     from mlactl.decide.workload import engine_cost
@@ -146,11 +146,11 @@ def in_process(trace: Path, model: str = "deepseek-v3", hardware_name: str = "h2
     cfg = from_name(model).with_tp(tp)
     hw = hardware.resolve(hardware_name)
     cost, wc, s = CostModel(cfg), WeightCost(cfg, weights_of(model)), ReplaySettings()
-    tokens = capacity(wc, cost, hw, s)
+    kv = kv_pool(wc, cost, hw, s)
     for e in rules.parse(None, None, cfg, hw, "bf16"):
         clock = Clock(engine_cost(cost, e.params), hw, wc, rules.paths(e))
         start, cpu = time.perf_counter(), time.process_time()
-        pool, settings = pool_and_settings(shipped_for(e, s, hw, tokens, cfg), tokens)
+        pool, settings = pool_and_settings(shipped_for(e, s, hw, kv, cfg))
         sched = scheduler_for(e)(t, e, pool, clock, settings)
         sched = sched.run()
         scheduled, scheduled_cpu = time.perf_counter() - start, time.process_time() - cpu

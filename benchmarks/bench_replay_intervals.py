@@ -47,7 +47,7 @@ def main() -> None:
     from mlactl.decide.calibration import resolve
     from mlactl.decide.replay import intervals, rules
     from mlactl.decide.replay.clock import Clock
-    from mlactl.decide.replay.replay import ReplaySettings, _price, capacity, pool_and_settings, shipped_for
+    from mlactl.decide.replay.replay import ReplaySettings, _price, kv_pool, pool_and_settings, shipped_for
     from mlactl.decide.replay.scheduler import scheduler_for
     from mlactl.decide.replay.traces import read_trace
     from mlactl.decide.workload import engine_cost
@@ -75,10 +75,10 @@ def main() -> None:
         results["trace"] = synthetic_trace(trace_path, args.requests, args.hours)
         trace = read_trace(trace_path)
     print(f"trace: {results['trace']}; calibration {cal.name} on {hw.name}")
-    tokens = capacity(wc, cost, hw, s)
+    kv = kv_pool(wc, cost, hw, s)
     for e in rules.parse(args.engines, None, cfg, hw, "bf16"):
         clock = Clock(engine_cost(cost, e.params), hw, wc, rules.paths(e))
-        pool, settings = pool_and_settings(shipped_for(e, s, hw, tokens, cfg), tokens)
+        pool, settings = pool_and_settings(shipped_for(e, s, hw, kv, cfg))
         sched = scheduler_for(e)(trace, e, pool, clock, settings).run()
         possible = intervals.Drawer.possible
         intervals.Drawer.possible = staticmethod(lambda p: False)  # type: ignore[method-assign]

@@ -828,8 +828,43 @@ def test_kv_pool_is_what_the_weights_leave():
     assert w.total_params == 671_025_397_760
     per_token = (512 + 64) * 2 * 61  # the bf16 latent and RoPE key of every layer
     want = int((141e9 * 0.9 - w.model_bytes) // per_token)
-    assert capacity(w, CostModel(V3), H200, ReplaySettings()) == want
+    assert capacity(w, CostModel(V3), H200, ReplaySettings(), 0.9) == want
     assert 600_000 < want < 620_000
+
+
+def test_each_engine_sizes_its_own_pool_as_it_ships(tmp_path):
+    """SGLang's mem_fraction_static as memory_hook.py (sglang@031ed82d) derives it, by hand in
+    MiB: the reserve is 512 + 1.5 x chunk + 1024 (TP 8) + 2 x 512 (the decode graph's batch at
+    TP >= 4) + 1536 where the prefill graph is on (fa3 in 0.5.23; trtllm_mla on DeepSeek-V3 has it
+    off); vLLM's gpu_memory_utilization is 0.92. The weights and the pool share the fraction."""
+    w = WeightCost(V3, weights_of("deepseek-v3"))
+    per_token = (512 + 64) * 2 * 61
+    trace = mooncake(tmp_path / "t.jsonl", [(0, 3000, 20, [])])
+    for hw, mib, chunk in (("h200", 141e9 / 2**20, 8192), ("b200", 180e9 / 2**20, 16384)):
+        graph_on = round((mib - (512 + 1.5 * chunk + 1024 + 1024 + 1536)) / mib, 3)
+        graph_off = round((mib - (512 + 1.5 * chunk + 1024 + 1024)) / mib, 3)
+        gb = {"h200": 141e9, "b200": 180e9}[hw]
+        data = report(trace, "--hardware", hw)
+        got = {e["label"]: e["scheduler"] for e in data["engines"]}
+        want = {"sglang-trtllm": graph_off, "vllm": 0.92, "sglang-triton": graph_on}
+        want["sglang"] = graph_on if hw == "h200" else graph_off  # trtllm_mla is SGLang's default on a B200
+        for label, frac in want.items():
+            assert got[label]["mem_fraction"] == frac, (hw, label)
+            assert got[label]["kv_cache_tokens"] == int((gb * frac - w.model_bytes) // per_token), (hw, label)
+        assert data["settings"]["mem_fraction"] is None
+        assert data["kv_cache_tokens"] == got["sglang"]["kv_cache_tokens"]
+    # by hand on the H200: (134,468.5 - 16,384) / 134,468.5 = 0.878; on the B200 trtllm_mla (171,661.4
+    # - 27,136) / 171,661.4 = 0.842
+    assert (round((141e9 / 2**20 - 16384) / (141e9 / 2**20), 3), graph_off) == (0.878, 0.842)
+    # set: under the engine's own name, or --mem-fraction for every engine
+    data = report(trace, "--engines", "sglang,vllm", "--engine-option", "sglang.mem_fraction_static=0.8")
+    assert [e["scheduler"]["mem_fraction"] for e in data["engines"]] == [0.8, 0.92]
+    assert (
+        "KV pool" in data["engines"][0]["scheduler"]["why"][-1] and "set" in data["engines"][0]["scheduler"]["why"][-1]
+    )
+    data = report(trace, "--engines", "sglang,vllm", "--mem-fraction", "0.9")
+    assert {e["scheduler"]["kv_cache_tokens"] for e in data["engines"]} == {608_732}
+    assert data["settings"]["mem_fraction"] == 0.9
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -887,7 +922,27 @@ def test_a_trace_too_big_for_the_memory_budget_is_refused(tmp_path, monkeypatch)
         pytest.param(
             ["--hardware", "a100-sxm"], "has no fp8 peak (it has: bf16, fp16, fp32); give --weight-dtype", id="fp8"
         ),
-        pytest.param(["--cache-tokens", "1000"], "does not fit the KV cache's 1,000 tokens", id="pool-too-small"),
+        pytest.param(["--cache-tokens", "1000"], "does not fit sglang's KV cache of 1,000 tokens", id="pool-too-small"),
+        pytest.param(
+            ["--cache-tokens", "100000", "--mem-fraction", "0.9"],
+            "--mem-fraction and --cache-tokens both size the KV pool: give one",
+            id="pool-twice",
+        ),
+        pytest.param(
+            ["--cache-tokens", "100000", "--engine-option", "sglang.mem_fraction_static=0.8"],
+            "sglang.mem_fraction_static and --cache-tokens both size the KV pool: give one",
+            id="pool-twice-engine",
+        ),
+        pytest.param(
+            ["--engine-option", "vllm.gpu_memory_utilization=0"],
+            "'vllm.gpu_memory_utilization=0' must be a number above 0 and at most 1",
+            id="fraction-zero",
+        ),
+        pytest.param(
+            ["--engine-option", "sglang.mem_fraction_static=0.5"],
+            "at a memory fraction of 0.5 leave no room for the KV cache",
+            id="fraction-no-room",
+        ),
     ],
 )
 def test_bad_options_are_one_error_line(tmp_path, args, message):

@@ -271,7 +271,7 @@ def test_kv_pool_holds_the_index_row_and_every_gpu_the_whole_indexer():
     for kv, row in (("bf16", (512 + 64) * 2 + 132), ("fp8", 656 + 132)):  # latent + the fp8 index row
         per_token = row * 61
         want = int((180e9 * 0.9 - w.model_bytes) // per_token)
-        assert capacity(w, CostModel(V32, kv_dtype=kv), B200, ReplaySettings()) == want
+        assert capacity(w, CostModel(V32, kv_dtype=kv), B200, ReplaySettings(), 0.9) == want
 
 
 def test_a_dsa_schedule_decodes_across_topk_with_the_scheduler_alone(tmp_path):

@@ -80,7 +80,7 @@ def test_a_factor_every_draw_shares_scales_every_total_by_it(model, tmp_path, mo
     assert "time_interval_s" not in roof["engines"][0] and "lost_interval_s" not in roof["engines"][0]
     table = run("replay", trace, "--hardware", "h200", "--calibration", name, "--model", model).stdout
     assert "calibrated: (80% interval;" in " ".join(table.split())
-    assert "–" in table.split("sglang ")[1].splitlines()[0]
+    assert "–" in table.split("│ sglang ")[1].splitlines()[0]
 
 
 def schedule_rows(trace, engine: str):

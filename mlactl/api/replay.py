@@ -13,7 +13,7 @@ from mlactl.decide.replay.traces import read_trace
 from mlactl.model import weights as model_weights
 from mlactl.output import replay as replay_out
 from mlactl.util import progress
-from mlactl.util.defaults import DEFAULT_MODEL, REPLAY_HARDWARE, REPLAY_MEM_FRACTION, REPLAY_TP
+from mlactl.util.defaults import DEFAULT_MODEL, REPLAY_HARDWARE, REPLAY_TP
 
 
 def replay(
@@ -31,7 +31,7 @@ def replay(
     scheduler: dict | None = None,
     max_batch_tokens: int | None = None,
     max_running: int | None = None,
-    mem_fraction: float = REPLAY_MEM_FRACTION,
+    mem_fraction: float | None = None,
     cache_tokens: int | None = None,
     prefix_cache: bool = True,
     step_overhead_ms: float = 0.0,
@@ -43,6 +43,7 @@ def replay(
     scheduler and prefix cache, every step priced under the engine's rule and the best paths.
     Unset, the GPU is an H200 and TP 8 (a serving node), as the command's defaults. `scheduler`
     sets the engines' own scheduler options ({"sglang": {"chunked_prefill_size": 16384}});
+    `mem_fraction` None: each engine's own share of the GPU's memory;
     `keep_steps` keeps every step for the CSV. `value` is a Replay."""
     s = _setup(
         model, hardware, tp, kv_dtype, dtype, chunk, calibration,
@@ -54,7 +55,7 @@ def replay(
         max_batch_tokens=None if max_batch_tokens is None else settings.one_int(max_batch_tokens, "--max-batch-tokens"),
         max_running=None if max_running is None else settings.one_int(max_running, "--max-running"),
         engine_settings=dict(scheduler or {}),
-        mem_fraction=float(mem_fraction),
+        mem_fraction=None if mem_fraction is None else float(mem_fraction),
         cache_tokens=None if cache_tokens is None else settings.one_int(cache_tokens, "--cache-tokens"),
         prefix_cache=prefix_cache,
         step_overhead_s=float(step_overhead_ms) / 1e3,

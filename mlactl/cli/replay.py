@@ -12,12 +12,12 @@ from mlactl.cli.common import choice, cli_errors, emit, one_int, output_format, 
 from mlactl.cli.options import MACHINE, OUTPUT, AllEnginesOpt, EngineOptionOpt, Opts, shared
 from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.replay import ReplaySettings, replay
-from mlactl.decide.replay.shipped import SCHEDULER_OPTIONS, WORD_OPTIONS, word_option
+from mlactl.decide.replay.shipped import FRACTION_OPTIONS, SCHEDULER_OPTIONS, WORD_OPTIONS, word_option
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model import weights as model_weights
 from mlactl.output import replay as report
 from mlactl.util import numbers, progress
-from mlactl.util.defaults import REPLAY_HARDWARE, REPLAY_MEM_FRACTION, REPLAY_TP, WEIGHT_DTYPES
+from mlactl.util.defaults import REPLAY_HARDWARE, REPLAY_TP, WEIGHT_DTYPES
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import refuse_input
 
@@ -62,13 +62,19 @@ def replay_cmd(
         ),
     ] = None,
     mem_fraction: Annotated[
-        str,
-        typer.Option("--mem-fraction", help="Share of the GPU's memory for the weights and the KV cache together."),
-    ] = str(REPLAY_MEM_FRACTION),
+        Optional[str],
+        typer.Option(
+            "--mem-fraction",
+            help="Share of the GPU's memory for the weights and the KV cache together, every engine "
+            "(default: each engine's own: SGLang's mem_fraction_static as it derives it, vLLM's "
+            "gpu_memory_utilization 0.92).",
+        ),
+    ] = None,
     cache_tokens: Annotated[
         Optional[str],
         typer.Option(
-            "--cache-tokens", help="KV cache size in tokens, instead of what --mem-fraction leaves after the weights."
+            "--cache-tokens",
+            help="KV cache size in tokens, every engine, instead of what its memory fraction leaves after the weights.",
         ),
     ] = None,
     no_prefix_cache: Annotated[
@@ -153,7 +159,9 @@ def replay_cmd(
         max_batch_tokens=None if max_batch_tokens is None else one_int(max_batch_tokens, "--max-batch-tokens"),
         max_running=None if max_running is None else one_int(max_running, "--max-running"),
         engine_settings=engine_settings,
-        mem_fraction=numbers.real(mem_fraction, "--mem-fraction", 0.0, 1.0, above=True),
+        mem_fraction=(
+            None if mem_fraction is None else numbers.real(mem_fraction, "--mem-fraction", 0.0, 1.0, above=True)
+        ),
         cache_tokens=None if cache_tokens is None else one_int(cache_tokens, "--cache-tokens"),
         prefix_cache=not no_prefix_cache,
         step_overhead_s=numbers.real(step_overhead_ms, "--step-overhead-ms", 0.0, 1e6) / 1e3,
@@ -192,7 +200,8 @@ def replay_cmd(
 def scheduler_options(options: list[str] | None) -> tuple[list[str], dict]:
     """`--engine-option`s that set replay's scheduler under the engine's own name
     (shipped.SCHEDULER_OPTIONS: SGLang's chunked_prefill_size, max_running_requests, page_size,
-    schedule_policy (a word: shipped.WORD_OPTIONS); vLLM's max_num_batched_tokens) apart from
+    schedule_policy (a word: shipped.WORD_OPTIONS), mem_fraction_static (a fraction); vLLM's
+    max_num_batched_tokens, gpu_memory_utilization) apart from
     the rule's: (the rule's, {engine or family: {key: value}})."""
     family_of = {k: fam for fam, keys in SCHEDULER_OPTIONS.items() for k in keys}
     rest: list[str] = []
@@ -210,6 +219,8 @@ def scheduler_options(options: list[str] | None) -> tuple[list[str], dict]:
         name = name.strip()
         if name in WORD_OPTIONS:
             out.setdefault(target, {})[name] = word_option(fam, name, value)
+        elif name == FRACTION_OPTIONS[fam]:
+            out.setdefault(target, {})[name] = numbers.real(value, f"--engine-option {text!r}", 0.0, 1.0, above=True)
         else:
             out.setdefault(target, {})[name] = one_int(value, f"--engine-option {text!r}")
     return rest, out

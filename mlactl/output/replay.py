@@ -7,8 +7,8 @@ not finite (a step where no path fits) is null.
     requests, tokens {prefill_computed, prefill_cached, decode}   the first engine's split
     trace {path, format, requests, first_arrival_s, duration_s}
     model, weights, hardware, kv_dtype, dtype, chunk, time, clock, forward {attention, rest,
-    collectives, ops (with --forward-tables: each op's basis)} (each part's basis), settings,
-    kv_cache_tokens
+    collectives, ops (with --forward-tables: each op's basis)} (each part's basis), settings
+    (mem_fraction null: each engine's own), kv_cache_tokens (the first engine's pool)
     engines[]: name, engine, version, label, source, backend, decode_backend (SGLang), threshold,
                options, options_set, why (the rule as resolved, as analyze's JSON gives it),
                steps, duration_s, step_time_s, time_s,
@@ -20,7 +20,8 @@ not finite (a step where no path fits) is null.
                lost_vs_request_interval_s (each [lo, hi], the 80% interval), best_threshold, sweep,
                tokens, paths,
                by_step_type[], timeline, latency_s, latency_best_path_s (the same steps, each
-               step's attention on its best), cache
+               step's attention on its best), cache, scheduler {max_batch_tokens, max_running,
+               page, schedule_policy (SGLang), mem_fraction, kv_cache_tokens, why[]}
 """
 
 from __future__ import annotations
@@ -78,13 +79,18 @@ def time_kind(result: Replay) -> str:
 def header(result: Replay) -> str:
     cfg, hw, t, s = result.cost.cfg, result.hw, result.trace, result.settings
     w = result.weights.weights
-    cache = "off" if not s.prefix_cache else f"{result.capacity_tokens:,} tokens"
+    pools = {e.engine.label: e.scheduler.kv_tokens for e in result.engines if e.scheduler is not None}
+    if len(set(pools.values())) > 1:
+        kv = "KV pool " + ", ".join(f"{safe.markup(k)} {v:,}" for k, v in pools.items()) + " tokens"
+    else:
+        kv = f"KV pool {result.capacity_tokens:,} tokens"
+    cache = "off" if not s.prefix_cache else "on"
     return (
         f"[bold]{safe.markup(cfg.name)}[/] (tp {cfg.tp}, {w.dtype} weights, "
         f"{result.weights.model_bytes / 1e9:.1f} GB a GPU) on [bold]{safe.markup(hw.display)}[/], "
         f"kv cache {result.cost.kv_dtype}; trace {safe.markup(t.path)}: {len(t):,} requests over "
         f"{t.duration_s:,.0f} s ({t.format}); {_steps(result)}; "
-        f"KV pool {result.capacity_tokens:,} tokens, prefix cache {cache}; "
+        f"{kv}, prefix cache {cache}; "
         f"{time_kind(result)} attention times, every layer; {_rest(result)}"
     )
 

@@ -39,13 +39,9 @@ KV_PAGE = 64
 
 OUTPUT_FORMATS = ("table", "json", "csv")
 
-# `mlactl replay`: the scheduler's budgets and the KV pool, each engine's default where they agree
-# (vLLM max_num_batched_tokens and SGLang chunked_prefill_size on a large GPU: 8192; vLLM
-# gpu_memory_utilization 0.9), the prefix cache's block (the Mooncake traces' 512 tokens), and
+# `mlactl replay` (each engine's scheduler and memory defaults are its own:
+# mlactl.decide.replay.shipped): the prefix cache's block (the Mooncake traces' 512 tokens), and
 # what --format csv and the charts bin the trace into.
-REPLAY_MAX_BATCH_TOKENS = 8192
-REPLAY_MAX_RUNNING = 256
-REPLAY_MEM_FRACTION = 0.9
 REPLAY_BLOCK = 512
 REPLAY_TP = 8
 REPLAY_HARDWARE = "h200"

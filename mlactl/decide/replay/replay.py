@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -41,7 +42,6 @@ from mlactl.util import safe
 from mlactl.util.defaults import (
     DEFAULT_CHUNK,
     REPLAY_BLOCK,
-    REPLAY_MEM_FRACTION,
     REPLAY_TIMELINE_BINS,
 )
 from mlactl.util.errors import MlactlError, warn
@@ -54,7 +54,9 @@ CURVE_POINTS = 200  # thresholds of the sweep's curve kept for JSON and the char
 class ReplaySettings:
     max_batch_tokens: int | None = None  # every engine's; None: each engine's own (shipped.py)
     max_running: int | None = None  # likewise
-    mem_fraction: float = REPLAY_MEM_FRACTION
+    # every engine's share of the GPU's memory for the weights and the KV cache; None: each
+    # engine's own (SGLang's mem_fraction_static as it derives it, vLLM's gpu_memory_utilization)
+    mem_fraction: float | None = None
     cache_tokens: int | None = None  # the KV pool in tokens; None: what the GPU holds after the weights
     prefix_cache: bool = True
     step_overhead_s: float = 0.0
@@ -192,12 +194,15 @@ class Replay:
         return len(self.trace)
 
 
-def capacity(weights: WeightCost, cost: CostModel, hw: HardwareProfile, s: ReplaySettings) -> int:
-    """KV tokens the pool holds: --cache-tokens, or what fits in mem_fraction of the GPU's memory
-    after its share of the weights (model weights / TP; a DSA model's indexer whole), at a cache
-    row's bytes for every layer (the latent; a DSA model's index row too). A --cache-tokens that
-    no GPU of this kind could hold is replayed as asked (the pool is never allocated), with one
-    warning."""
+def kv_pool(
+    weights: WeightCost, cost: CostModel, hw: HardwareProfile, s: ReplaySettings
+) -> Callable[[float | None], int]:
+    """KV tokens the pool holds, as a function of the share of the GPU's memory the engine
+    gives the weights and the KV cache together: --cache-tokens whatever the share, or what the
+    share leaves after the GPU's share of the weights (model weights / TP; a DSA model's indexer
+    whole), at a cache row's bytes for every layer (the latent; a DSA model's index row too). A
+    --cache-tokens that no GPU of this kind could hold is replayed as asked (the pool is never
+    allocated), with one warning."""
     per_token = cost.cache_row_bytes() * cost.cfg.layers
     if s.cache_tokens is not None:
         need = s.cache_tokens * per_token
@@ -207,16 +212,32 @@ def capacity(weights: WeightCost, cost: CostModel, hw: HardwareProfile, s: Repla
                 f"token, every layer), more than {safe.text(hw.name)}'s {hw.memory_gb:g} GB: no such GPU holds it; "
                 "replayed as asked"
             )
-        return int(s.cache_tokens)
-    free = hw.memory_gb * 1e9 * s.mem_fraction - weights.model_bytes
-    tokens = int(free // per_token)
-    if tokens < s.block:
-        raise MlactlError(
-            f"{cost.cfg.name}'s weights take {weights.model_bytes / 1e9:.1f} GB per GPU at tp {cost.cfg.tp} "
-            f"({weights.weights.dtype}): {hw.name}'s {hw.memory_gb:g} GB at --mem-fraction {s.mem_fraction:g} "
-            "leave no room for the KV cache; raise --tp or --mem-fraction, or give --cache-tokens"
-        )
+        fixed = int(s.cache_tokens)
+        return lambda fraction: fixed
+
+    def tokens(fraction: float | None) -> int:
+        assert fraction is not None
+        free = hw.memory_gb * 1e9 * fraction - weights.model_bytes
+        out = int(free // per_token)
+        if out < s.block:
+            raise MlactlError(
+                f"{cost.cfg.name}'s weights take {weights.model_bytes / 1e9:.1f} GB per GPU at tp {cost.cfg.tp} "
+                f"({weights.weights.dtype}): {hw.name}'s {hw.memory_gb:g} GB at a memory fraction of {fraction:g} "
+                "leave no room for the KV cache; raise --tp or --mem-fraction, or give --cache-tokens"
+            )
+        return out
+
     return tokens
+
+
+def capacity(
+    weights: WeightCost, cost: CostModel, hw: HardwareProfile, s: ReplaySettings, fraction: float | None = None
+) -> int:
+    """The KV pool's tokens (kv_pool) at `fraction`, else --mem-fraction, of the GPU's memory."""
+    share = fraction if fraction is not None else s.mem_fraction
+    if share is None and s.cache_tokens is None:
+        raise MlactlError("the KV pool needs a memory fraction or --cache-tokens")
+    return kv_pool(weights, cost, hw, s)(share)
 
 
 def replay(
@@ -253,18 +274,18 @@ def replay(
             f"{cfg.name}'s weights are {weights.dtype} and hardware {hw.name} has no {weights.dtype} peak "
             f"(it has: {have}); give --weight-dtype with one it has (engines there run them dequantised)"
         )
-    tokens = capacity(wc, cost, hw, s)
-    schedulers = [shipped_for(e, s, hw, tokens, cfg) for e in engines]
+    kv = kv_pool(wc, cost, hw, s)
+    schedulers = [shipped_for(e, s, hw, kv, cfg) for e in engines]
     need = trace.input + trace.output - 1
-    for sh in schedulers:
+    for e, sh in zip(engines, schedulers, strict=True):
         pages = -(-need // sh.page) * sh.page
-        over = np.flatnonzero(pages > tokens // sh.page * sh.page)
+        over = np.flatnonzero(pages > sh.kv_tokens // sh.page * sh.page)
         if len(over):
             i = int(over[0])
             raise MlactlError(
                 f"{trace.path}: line {int(trace.line[i])}: a request of {int(need[i]):,} tokens does not fit "
-                f"the KV cache's {tokens:,} tokens ({len(over)} request(s) do not); raise --tp, --mem-fraction "
-                "or --cache-tokens"
+                f"{e.label}'s KV cache of {sh.kv_tokens:,} tokens ({len(over)} request(s) do not); raise --tp, "
+                "--mem-fraction or --cache-tokens"
             )
     tables = None
     if s.forward_tables is not None:
@@ -278,7 +299,7 @@ def replay(
         if own.dense_indexer not in found:
             found[own.dense_indexer] = Clock(own, hw, wc, rules.paths(e), s.step_overhead_s, tables)
         clocks.append(found[own.dense_indexer])
-    job = _Job(trace, cost, hw, calibration, tuple(clocks), tokens, s, keep_steps, tuple(engines), tuple(schedulers))
+    job = _Job(trace, cost, hw, calibration, tuple(clocks), s, keep_steps, tuple(engines), tuple(schedulers))
     if workers == 1:
         out = [job.run(k) for k in range(len(engines))]
     else:
@@ -293,6 +314,7 @@ def replay(
             ) from None
         finally:
             _FORKED = None
+    tokens = schedulers[0].kv_tokens if schedulers else 0
     return Replay(trace, cost, wc, hw, s, tokens, out, calibration, clocks[0].comm_basis if clocks else "", tables)
 
 
@@ -305,7 +327,6 @@ class _Job:
     hw: HardwareProfile
     calibration: Any
     clocks: tuple  # each engine's Clock
-    pool_tokens: int
     settings: ReplaySettings
     keep_steps: bool
     engines: tuple
@@ -313,7 +334,7 @@ class _Job:
 
     def run(self, k: int) -> EngineReplay:
         e, s, sh = self.engines[k], self.settings, self.schedulers[k]
-        pool, settings = pool_and_settings(sh, self.pool_tokens, s.prefix_cache)
+        pool, settings = pool_and_settings(sh, s.prefix_cache)
         sched = scheduler_for(e)(self.trace, e, pool, self.clocks[k], settings).run()
         out = _price(self.trace, self.cost, self.hw, self.calibration, e, sched, s, self.keep_steps, sh.page)
         out.scheduler = sh
@@ -323,9 +344,9 @@ class _Job:
 _FORKED: _Job | None = None
 
 
-def pool_and_settings(sh: Shipped, pool_tokens: int, prefix_cache: bool = True) -> tuple[TokenPool, Settings]:
+def pool_and_settings(sh: Shipped, prefix_cache: bool = True) -> tuple[TokenPool, Settings]:
     """An engine's KV pool (whole pages of it) and its scheduler's settings."""
-    return TokenPool(pool_tokens // sh.page * sh.page, caching=prefix_cache), Settings(
+    return TokenPool(sh.kv_tokens // sh.page * sh.page, caching=prefix_cache), Settings(
         sh.max_batch_tokens, sh.max_running, sh.page, sh.schedule_policy or "fcfs"
     )
 
@@ -335,22 +356,40 @@ def _run_forked(k: int) -> EngineReplay:
     return _FORKED.run(k)
 
 
-def shipped_for(e: rules.Engine, s: ReplaySettings, hw: HardwareProfile, tokens: int, cfg: MLAConfig) -> Shipped:
-    """The engine's scheduler on this GPU: its own options where given (by its name, then its
-    family), the shared --max-batch-tokens and --max-running, else its defaults as it ships."""
+def shipped_for(
+    e: rules.Engine, s: ReplaySettings, hw: HardwareProfile, pool: Callable[[float | None], int], cfg: MLAConfig
+) -> Shipped:
+    """The engine's scheduler and KV pool on this GPU: its own options where given (by its name,
+    then its family), the shared --max-batch-tokens, --max-running and --mem-fraction, else its
+    defaults as it ships. `pool`: kv_pool's tokens for a memory fraction."""
     given = dict(s.engine_settings.get(e.family, {}))
     given.update(s.engine_settings.get(e.name, {}))
     p = e.params
     if e.family == rules.VLLM and "max_num_seqs" in p.given:  # the rule's own option, read here too
         given["max_num_seqs"] = p.values["max_num_seqs"]
-    return shipped(e.family, p, hw.memory_gb, hw.name, tokens, cfg.name, given, s.max_batch_tokens, s.max_running)
+    return shipped(
+        e.family,
+        p,
+        hw.memory_gb,
+        hw.name,
+        pool,
+        cfg.name,
+        given,
+        s.max_batch_tokens,
+        s.max_running,
+        tp=cfg.tp,
+        mem_fraction=s.mem_fraction,
+        fixed_pool=s.cache_tokens is not None,
+    )
 
 
 def _check_settings(s: ReplaySettings) -> None:
     if (s.max_batch_tokens is not None and s.max_batch_tokens < 1) or (s.max_running is not None and s.max_running < 1):
         raise MlactlError("--max-batch-tokens and --max-running must be at least 1")
-    if not 0 < s.mem_fraction <= 1:
+    if s.mem_fraction is not None and not 0 < s.mem_fraction <= 1:
         raise MlactlError(f"--mem-fraction must be above 0 and at most 1, got {s.mem_fraction:g}")
+    if s.mem_fraction is not None and s.cache_tokens is not None:
+        raise MlactlError("--mem-fraction and --cache-tokens both size the KV pool: give one")
     if s.step_overhead_s < 0 or not np.isfinite(s.step_overhead_s):
         raise MlactlError("--step-overhead-ms must be a number of at least 0")
 

@@ -17,6 +17,12 @@ SGLang (sgl-project/sglang):
                    context_len * 512), 2048, 4096), pool tokens // 2).
   schedule_policy  "fcfs" (server_args.py @001067ff, `ServerArgs.schedule_policy`); replay also
                    takes "lpm" (SchedulePolicy.calc_priority, schedule_policy.py @00550cd1).
+  mem_fraction_static   (GPU memory - reserve) / GPU memory, rounded to 3 places, the reserve in
+                   MiB 512 + 1.5 x max(chunk, 2048) + TP x PP / 8 x 1024 + 2 x the decode CUDA
+                   graph's max batch + 1.5 GiB where the prefill (piecewise) graph is on, at least
+                   10 GiB on a GPU above 60 GiB (sgl-project/sglang@031ed82d
+                   python/sglang/srt/arg_groups/memory_hook.py, handle_gpu_memory_settings and
+                   reserve_for_graph_mb). The weights and the KV pool share that fraction.
 
 vLLM (vllm-project/vllm), the OpenAI server's usage context (what `vllm serve` runs):
   block_size       16 (vllm/config/cache.py), forced by `CudaPlatform.check_and_update_config`
@@ -27,10 +33,15 @@ vLLM (vllm-project/vllm), the OpenAI server's usage context (what `vllm serve` r
                    (vllm/engine/arg_utils.py): a GPU of at least 70 GiB that is not an A100 gets
                    8192 tokens and 1024 sequences, any other 2048 and 256; from v0.28.0 a GPU of
                    at least 160 GiB gets 16384 tokens.
+  gpu_memory_utilization   0.92 (vllm-project/vllm@002f10e0 vllm/config/cache.py, CacheConfig);
+                   vLLM's KV cache gets what it leaves after the weights and the profiled
+                   activation peak, which replay does not estimate (the pool is the fraction less
+                   the weights, as SGLang's).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlactl.util.errors import MlactlError
@@ -38,11 +49,16 @@ from mlactl.util.errors import MlactlError
 GIB = float(1 << 30)
 # The engines' own names for what replay's scheduler takes, per family (`--engine-option`).
 SCHEDULER_OPTIONS = {
-    "sglang": ("chunked_prefill_size", "max_running_requests", "page_size", "schedule_policy"),
-    "vllm": ("max_num_batched_tokens",),  # max_num_seqs and block_size are the rule's own options
+    "sglang": ("chunked_prefill_size", "max_running_requests", "page_size", "schedule_policy", "mem_fraction_static"),
+    # max_num_seqs and block_size are the rule's own options
+    "vllm": ("max_num_batched_tokens", "gpu_memory_utilization"),
 }
 # The scheduler options that take a word, and the words each takes (the first: as shipped)
 WORD_OPTIONS = {"schedule_policy": ("fcfs", "lpm")}
+# Each family's share of the GPU's memory for the weights and the KV cache, under its own name
+# (a fraction, above 0 and at most 1)
+FRACTION_OPTIONS = {"sglang": "mem_fraction_static", "vllm": "gpu_memory_utilization"}
+VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py @002f10e0
 # The model's context length (config.json max_position_embeddings), which SGLang's request cap
 # reads; a model not listed takes DeepSeek-V3's.
 CONTEXT_LEN = {"deepseek-v3": 163840, "deepseek-v2": 163840, "deepseek-v2-lite": 163840, "kimi-k2": 131072}
@@ -62,11 +78,15 @@ class Shipped:
     page: int
     why: tuple[str, ...]
     schedule_policy: str | None = None  # SGLang's order of the waiting queue (None: vLLM's own FCFS)
+    kv_tokens: int = 0  # the KV pool's tokens (before whole pages)
+    mem_fraction: float | None = None  # the share of the GPU's memory it came from (None: --cache-tokens)
 
     def to_json(self) -> dict:
         out: dict = {"max_batch_tokens": self.max_batch_tokens, "max_running": self.max_running, "page": self.page}
         if self.schedule_policy is not None:
             out["schedule_policy"] = self.schedule_policy
+        out["mem_fraction"] = self.mem_fraction
+        out["kv_cache_tokens"] = self.kv_tokens
         out["why"] = list(self.why)
         return out
 
@@ -100,6 +120,32 @@ def vllm_batch(memory_gib: float, name: str) -> tuple[int, int]:
     return 2048, 256
 
 
+def sglang_decode_graph_bs(memory_gib: float, tp: int) -> int:
+    """SGLang's default decode CUDA graph max batch (cuda_graph_config[decode].max_bs) on a GPU of
+    this much memory (GiB) at this TP (memory_hook.py @031ed82d)."""
+    if memory_gib < 20:
+        return 8
+    if memory_gib < 35:
+        return 48 if tp < 4 else 160
+    if memory_gib < 60:
+        return 32 if tp < 4 else 160
+    if memory_gib < 160:
+        return 256 if tp < 4 else 512
+    return 512
+
+
+def sglang_mem_fraction(memory_gib: float, chunk: int, tp: int, prefill_graph: bool, pp: int = 1) -> float:
+    """SGLang's default mem_fraction_static (handle_gpu_memory_settings, memory_hook.py
+    @031ed82d): the GPU's memory less a reserve for activations and CUDA graphs, in MiB, as a
+    fraction of it rounded to 3 places."""
+    mib = memory_gib * 1024
+    reserve = 512 + 1.5 * max(chunk, 2048) + tp * pp / 8 * 1024
+    reserve += 2 * sglang_decode_graph_bs(memory_gib, tp) + (1.5 * 1024 if prefill_graph else 0)
+    if mib > 60 * 1024:
+        reserve = max(reserve, 10 * 1024)
+    return round((mib - reserve) / mib, 3)
+
+
 def sglang_max_running(pool_tokens: int, context_len: int) -> int:
     """SGLang's default max_running_requests for a KV pool of this many tokens."""
     estimated = max(min(int(pool_tokens / context_len * 512), 4096), 2048)
@@ -125,24 +171,43 @@ def shipped(
     params,
     memory_gb: float,
     hw_name: str,
-    pool_tokens: int,
+    pool: Callable[[float | None], int],
     model: str,
     given: dict,
     max_batch_tokens: int | None = None,
     max_running: int | None = None,
+    *,
+    tp: int = 1,
+    mem_fraction: float | None = None,
+    fixed_pool: bool = False,
 ) -> Shipped:
     """The scheduler `family`'s engine runs on this GPU: each value as set (`given`, the
-    engine's own option names; then --max-batch-tokens and --max-running), else as it ships.
-    `params`: the engine's resolved rule (mlactl.decide.engines.EngineParams)."""
+    engine's own option names; then --max-batch-tokens, --max-running and --mem-fraction), else
+    as it ships. `params`: the engine's resolved rule (mlactl.decide.engines.EngineParams).
+    `pool(fraction)`: the KV tokens that share of the GPU's memory leaves after the weights; with
+    `fixed_pool` (--cache-tokens) it is called with None and no fraction is derived."""
     gib = memory_gb * 1e9 / GIB
     why = []
     policy: str | None = None
+    frac_key = FRACTION_OPTIONS[family]
+    frac = given.get(frac_key)
+    if frac is not None and fixed_pool:
+        raise MlactlError(f"{family}.{frac_key} and --cache-tokens both size the KV pool: give one")
+    frac_why = f"{frac_key} set" if frac is not None else "--mem-fraction" if mem_fraction is not None else ""
+    frac = frac if frac is not None else mem_fraction
     if family == "sglang":
         chunk = given.get("chunked_prefill_size") or max_batch_tokens
         why.append("chunked_prefill_size " + ("set" if chunk else f"default for {gib:.0f} GiB"))
         chunk = chunk or sglang_chunk(gib)
+        if frac is None and not fixed_pool:
+            graph = bool(getattr(params, "graph_max_tokens", 0))
+            frac = sglang_mem_fraction(gib, chunk, tp, graph)
+            frac_why = f"mem_fraction_static derived for {gib:.0f} GiB, chunk {chunk}, TP {tp}, prefill graph " + (
+                "on" if graph else "off"
+            )
         page = sglang_page(params.backend, params.decode_backend, given.get("page_size"))
         why.append(f"page_size {page} ({'set' if given.get('page_size') else 'as ' + params.backend + ' takes it'})")
+        pool_tokens = pool(frac)
         running = given.get("max_running_requests") or max_running
         ctx = CONTEXT_LEN.get(model, DEFAULT_CONTEXT_LEN)
         why.append("max_running_requests " + ("set" if running else f"from the pool and context {ctx:,}"))
@@ -160,6 +225,11 @@ def shipped(
         running = given.get("max_num_seqs") or max_running
         why.append("max_num_seqs " + ("set" if running else f"default for {gib:.0f} GiB"))
         running = running or seqs
+        if frac is None and not fixed_pool:
+            frac, frac_why = VLLM_GPU_MEMORY_UTILIZATION, "gpu_memory_utilization default"
+        pool_tokens = pool(frac)
+    source = "--cache-tokens" if fixed_pool else f"{frac_why}: {frac:g}"
+    why.append(f"KV pool {pool_tokens:,} tokens ({source})")
     if chunk < 1 or running < 1 or page < 1:
         raise MlactlError("the chunk, the running requests and the page must each be at least 1")
-    return Shipped(int(chunk), int(running), int(page), tuple(why), policy)
+    return Shipped(int(chunk), int(running), int(page), tuple(why), policy, int(pool_tokens), frac)
