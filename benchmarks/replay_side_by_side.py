@@ -9,7 +9,8 @@ project's data, never committed) and each GPU, runs `mlactl replay TRACE --hardw
 -f json` in a child process twice: with the engines' default cache (what fits the GPU) and with an
 unbounded one (`--cache-tokens 1000000000`). Per engine it reports the cache hit rate, the time
 lost against the best path as a share of attention time and of GPU time, TTFT and TPOT p50 and
-p99, output tokens a second and when the replay's last step ends (beside the trace's last
+p99, output tokens a second (under its rule, and TTFT p50, TPOT p50 and output tokens a second on
+the best path: the same steps re-timed), its KV pool, and when the replay's last step ends (beside the trace's last
 arrival: an engine that ends far later has been queueing). Beside them, the trace's ideal hit
 rate by a plain count of its hash ids (`ideal_hit_rate`, not replay's code) and the cache ratio
 Mooncake's paper gives for the trace (FAST'25, "Mooncake: Trading More Storage for Less
@@ -69,9 +70,10 @@ def ideal_hit_rate(path: Path, block: int = BLOCK) -> dict:
 
 def engine_row(engine: dict) -> dict:
     """The figures of one engine in `mlactl replay -f json`'s `engines` list."""
-    lat = engine["latency_s"]
+    lat, best = engine["latency_s"], engine.get("latency_best_path_s") or {}
     return {
         "engine": engine["label"],
+        "kv_cache_tokens": (engine.get("scheduler") or {}).get("kv_cache_tokens"),
         "hit_rate": engine["cache"]["hit_rate"],
         "lost_attention_pct": engine["lost_pct"],
         "lost_gpu_pct": engine["lost_gpu_pct"],
@@ -80,6 +82,9 @@ def engine_row(engine: dict) -> dict:
         "tpot_p50_s": lat["per_output_token"]["p50"],
         "tpot_p99_s": lat["per_output_token"]["p99"],
         "output_tokens_per_s": lat["output_tokens_per_s"],
+        "best_ttft_p50_s": best.get("first_token", {}).get("p50"),
+        "best_tpot_p50_s": best.get("per_output_token", {}).get("p50"),
+        "best_output_tokens_per_s": best.get("output_tokens_per_s"),
         "ends_s": engine["duration_s"],
         "preempted": engine["cache"].get("preempted", 0),
     }
@@ -133,7 +138,9 @@ def save_atomic(path: Path, data: dict) -> None:
         raise
 
 
-def _seconds(s: float) -> str:
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
     return f"{s:.3f}" if s < 1 else f"{s:.2f}" if s < 100 else f"{s:.0f}"
 
 
@@ -142,7 +149,7 @@ def table(results: dict) -> str:
     head = (
         f"{'trace':<13}{'gpu':<5}{'cache':<10}{'engine':<15}{'hit':>6}{'ideal':>6}{'paper':>6}"
         f"{'lost att':>9}{'lost gpu':>9}{'TTFT p50':>9}{'p99':>8}{'TPOT p50':>9}{'p99':>8}"
-        f"{'out tok/s':>10}{'ends s':>7}{'wall s':>7}{'cpu s':>7}"
+        f"{'out tok/s':>10}{'best TTFT':>10}{'TPOT':>8}{'tok/s':>7}{'ends s':>7}{'wall s':>7}{'cpu s':>7}"
     )
     lines = [head]
     for run in results["replays"]:
@@ -155,7 +162,9 @@ def table(results: dict) -> str:
                 f"{row['lost_attention_pct']:>8.1f}%{row['lost_gpu_pct']:>8.1f}%"
                 f"{_seconds(row['ttft_p50_s']):>9}{_seconds(row['ttft_p99_s']):>8}"
                 f"{_seconds(row['tpot_p50_s']):>9}{_seconds(row['tpot_p99_s']):>8}"
-                f"{row['output_tokens_per_s']:>10.0f}{row['ends_s']:>7.0f}"
+                f"{row['output_tokens_per_s']:>10.0f}"
+                f"{_seconds(row.get('best_ttft_p50_s')):>10}{_seconds(row.get('best_tpot_p50_s')):>8}"
+                f"{row.get('best_output_tokens_per_s') or 0:>7.0f}{row['ends_s']:>7.0f}"
                 f"{run['timing']['wall_s']['median']:>7.1f}{run['timing']['cpu_s']['median']:>7.1f}"
             )
     return "\n".join(lines)

@@ -71,6 +71,13 @@ def engine(label: str, hit: float, lost: float, lost_gpu: float) -> dict:
             "per_output_token": {"p50": 0.0667, "p90": 0.08, "p99": 0.2128},
             "output_tokens_per_s": 669.3,
         },
+        "latency_best_path_s": {
+            "queue": {"p50": 0.5, "p90": 1.0, "p99": 2.0},
+            "first_token": {"p50": 1203.4, "p90": 1800.0, "p99": 2200.0},
+            "per_output_token": {"p50": 0.0612, "p90": 0.07, "p99": 0.19},
+            "output_tokens_per_s": 714.9,
+        },
+        "scheduler": {"kv_cache_tokens": 564589},
         "steps": 108056,
     }
 
@@ -91,6 +98,7 @@ def test_rows_take_each_engines_figures(bench):
     assert [r["engine"] for r in rows["engines"]] == ["sglang", "vllm"]
     assert rows["engines"][0] == {
         "engine": "sglang",
+        "kv_cache_tokens": 564589,
         "hit_rate": 0.0656,
         "lost_attention_pct": 15.74,
         "lost_gpu_pct": 7.29,
@@ -99,6 +107,9 @@ def test_rows_take_each_engines_figures(bench):
         "tpot_p50_s": 0.0667,
         "tpot_p99_s": 0.2128,
         "output_tokens_per_s": 669.3,
+        "best_ttft_p50_s": 1203.4,
+        "best_tpot_p50_s": 0.0612,
+        "best_output_tokens_per_s": 714.9,
         "ends_s": 6158.6,
         "preempted": 15,
     }
@@ -119,7 +130,22 @@ def test_table_prints_a_row_per_engine_beside_ideal_and_paper(bench):
     assert "TTFT p50" in lines[0] and "lost gpu" in lines[0]
     sglang = lines[1].split()
     assert sglang[:4] == ["conversation", "h200", "default", "sglang"]
-    assert sglang[4:] == ["6.6%", "37.4%", "40%", "15.7%", "7.3%", "1422", "2584", "0.067", "0.213", "669", "6159"] + [
+    assert sglang[4:] == [
+        "6.6%",
+        "37.4%",
+        "40%",
+        "15.7%",
+        "7.3%",
+        "1422",
+        "2584",
+        "0.067",
+        "0.213",
+        "669",
+        "1203",
+        "0.061",
+        "715",
+        "6159",
+    ] + [
         "14.4",
         "21.7",
     ]
