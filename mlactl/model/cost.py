@@ -298,16 +298,9 @@ class CostModel:
                 lse_merge(merge_rows, dV, a, zero),
             ]
         if path == "absorb":
-            w_uk = zero + H * dC * r * a
-            w_uv = zero + H * r * dV * a
+            q_absorb, out_absorb = self._absorb_projections(nq, zero)
             return [
-                Op(
-                    "q_absorb",
-                    flops=2 * H * dC * r * nq,
-                    # read q_nope, W_UK; write the latent query
-                    bytes=nq * H * dC * a + w_uk + nq * H * r * a,
-                    weight_bytes=w_uk,
-                ),
+                q_absorb,
                 Op(
                     "attention",
                     flops=self.pair_flops(path) * pairs,
@@ -316,13 +309,7 @@ class CostModel:
                     bytes=nk * (r + dR) * kv + nq * H * (r + dR) * a + nq * H * r * a,
                     weight_bytes=zero,
                 ),
-                Op(
-                    "out_absorb",
-                    flops=2 * H * r * dV * nq,
-                    # read the latent output, W_UV; write out
-                    bytes=nq * H * r * a + w_uv + nq * H * dV * a,
-                    weight_bytes=w_uv,
-                ),
+                out_absorb,
             ]
         if path == "mha":
             return [
@@ -395,26 +382,8 @@ class CostModel:
             )
 
         if path == "sparse_absorb":
-            w_uk = zero + H * dC * r * a
-            w_uv = zero + H * r * dV * a
-            return [
-                indexer_proj(),
-                indexer(),
-                topk(),
-                Op(
-                    "q_absorb",
-                    flops=2 * H * dC * r * nq,
-                    bytes=nq * H * dC * a + w_uk + nq * H * r * a,
-                    weight_bytes=w_uk,
-                ),
-                self.sparse_attention(nq, selected),
-                Op(
-                    "out_absorb",
-                    flops=2 * H * r * dV * nq,
-                    bytes=nq * H * r * a + w_uv + nq * H * dV * a,
-                    weight_bytes=w_uv,
-                ),
-            ]
+            q_absorb, out_absorb = self._absorb_projections(nq, zero)
+            return [indexer_proj(), indexer(), topk(), q_absorb, self.sparse_attention(nq, selected), out_absorb]
         if path == "masked_expand":
             m = self.num_partials(p)
             merged = m > 1
@@ -464,6 +433,23 @@ class CostModel:
                 weight_bytes=zero,
             ),
         ]
+
+    def _absorb_projections(self, nq, zero) -> tuple[Op, Op]:
+        """The two projections of the absorbed path for `nq` query tokens: q_absorb (read q_nope
+        and W_UK, write the latent query) and out_absorb (read the latent output and W_UV, write
+        out)."""
+        c, a = self.cfg, DTYPE_BYTES[self.dtype]
+        H, r, dC, dV = c.H, c.r, c.dC, c.dV
+        w_uk, w_uv = zero + H * dC * r * a, zero + H * r * dV * a
+        return (
+            Op("q_absorb", flops=2 * H * dC * r * nq, bytes=nq * H * dC * a + w_uk + nq * H * r * a, weight_bytes=w_uk),
+            Op(
+                "out_absorb",
+                flops=2 * H * r * dV * nq,
+                bytes=nq * H * r * a + w_uv + nq * H * dV * a,
+                weight_bytes=w_uv,
+            ),
+        )
 
     def sparse_attention(self, queries, selected) -> Op:
         """The sparse MQA of `queries` query tokens reading `selected` cache rows in all (a sum

@@ -210,18 +210,24 @@ class Scheduler:
         moves with its estimate of the running requests' outputs, which decays every decode step."""
         return (head, self.pool.version)
 
-    def _can_admit(self) -> bool:
-        """Whether the head of the queue could be admitted now (no change made)."""
+    def _plan_head(self, budget: int, commit: bool = True, offset: float = 0.0):
+        """(the head of the queue, its `_plan`) when it can be admitted now, else None; what
+        blocked it is remembered (`blocked_at`), so it is not tried again until that moves."""
         if not self.waiting or len(self.running) >= self.settings.max_running:
-            return False
+            return None
         head = self.waiting[0]
         key = self._blocked_key(head)
         if self.blocked_at == key:
-            return False
-        ok = self._plan(head, self.settings.max_batch_tokens, commit=False) is not None
-        if not ok:
+            return None
+        plan = self._plan(head, budget, commit=commit, offset=offset)
+        if plan is None:
             self.blocked_at = key
-        return ok
+            return None
+        return head, plan
+
+    def _can_admit(self) -> bool:
+        """Whether the head of the queue could be admitted now (no change made)."""
+        return self._plan_head(self.settings.max_batch_tokens, commit=False) is not None
 
     def _pages(self, tokens: int) -> int:
         page = self.settings.page
@@ -265,17 +271,10 @@ class Scheduler:
 
     def _admit(self, now: float, budget: int, offset: float = 0.0) -> tuple[int, int] | None:
         """Admit the head of the queue: (request, cached tokens), or None when it must wait."""
-        if not self.waiting or len(self.running) >= self.settings.max_running:
+        got = self._plan_head(budget, offset=offset)
+        if got is None:
             return None
-        i = self.waiting[0]
-        key = self._blocked_key(i)
-        if self.blocked_at == key:
-            return None
-        plan = self._plan(i, budget, offset=offset)
-        if plan is None:
-            self.blocked_at = key
-            return None
-        matched, cached, need = plan
+        i, (matched, cached, need) = got
         if matched:
             stream = self.streams[i]
             assert stream is not None
