@@ -226,3 +226,61 @@ def test_topk_gives_each_query_row_a_cta():
     params = {"t_fixed_s": 0.0, "eta_c": 1000.0, "eta_m": 1000.0, "t_iter_s": 1e-7}
     pts = points_for(cost, "topk", [1], [200], [6200], None)
     assert float(predict(params, ("serial",), pts, PEAK, BW, SMS)[0]) == pytest.approx(1e-7 * 2 * 100)
+
+
+def test_topk_walks_only_its_selecting_rows_and_every_row_writes():
+    # `rowsel`, `ctawave`, `rowwave`, by hand. DeepSeek-V3.2 keeps 2,048 keys a query. One request
+    # of 300 new tokens after 1,900 cached: query i (1..300) sees 1,900 + i keys, so queries 1..148
+    # keep all theirs and 152 select, seeing 2,049..2,200 keys, 2,124.5 on average: 2 waves of
+    # selecting CTAs on 132 SMs, ceil(2,124.5 / 64) = 34 key blocks each, and 3 waves of all 300
+    # rows writing their indices
+    from mlactl.decide.calibration.model import predict
+    from mlactl.decide.calibration.sources import points_for
+
+    cost = CostModel(model.from_name("deepseek-v3.2"))
+    params = {
+        "t_fixed_s": 0.0, "eta_c": 1000.0, "eta_m": 1000.0, "t_iter_s": 1e-7, "t_cta_s": 1e-6, "t_rowwave_s": 5e-7,
+    }  # fmt: skip
+    terms = ("serial", "rowsel", "ctawave", "rowwave")
+
+    def t(b, n, p):
+        return float(predict(params, terms, points_for(cost, "topk", [b], [n], [p], None), PEAK, BW, SMS)[0])
+
+    assert t(1, 300, 1900) == pytest.approx(2 * (34 * 1e-7 + 1e-6) + 3 * 5e-7)
+    # nothing selects (100 tokens, no cache): the one wave of rows writing
+    assert t(1, 100, 0) == pytest.approx(5e-7)
+    # one decode token after 4,095 cached: one CTA walking 4,096 keys, 64 blocks
+    assert t(1, 1, 4095) == pytest.approx(64 * 1e-7 + 1e-6 + 5e-7)
+    # without rowsel every row is a CTA walking the whole context (2,200 keys: 35 blocks)
+    plain = predict(params, ("serial",), points_for(cost, "topk", [1], [300], [1900], None), PEAK, BW, SMS)
+    assert float(plain[0]) == pytest.approx(3 * 35 * 1e-7)
+
+
+def test_indexer_ctas_pay_a_setup_a_wave():
+    # `ctawave` on the indexer: 133 requests of 2 tokens are 133 CTAs, two waves of 128 blocks each
+    from mlactl.decide.calibration.model import predict
+    from mlactl.decide.calibration.sources import points_for
+
+    cost = CostModel(model.from_name("deepseek-v3.2"))
+    params = {"t_fixed_s": 0.0, "eta_c": 1000.0, "eta_m": 1000.0, "t_iter_s": 1e-6, "t_cta_s": 3e-6}
+    two = points_for(cost, "indexer", [133], [2], [16382], None)
+    assert float(predict(params, ("serial", "ctawave"), two, PEAK, BW, SMS)[0]) == pytest.approx(2 * (128e-6 + 3e-6))
+
+
+def test_walker_terms_are_tried_on_the_walkers_only():
+    from mlactl.decide.calibration import CANDIDATE_TERMS, op_tries
+    from mlactl.decide.calibration.terms import WALKER_TERMS
+
+    assert set(WALKER_TERMS) == {"rowsel", "ctawave", "rowwave"}
+    walker_sets = [t for t in CANDIDATE_TERMS if set(WALKER_TERMS) & set(t)]
+    assert walker_sets and all(op_tries("topk", t) for t in walker_sets)
+    assert not any(op_tries(op, t) for t in walker_sets for op in ("absorb_attention", "sparse_attention", "kv_expand"))
+
+
+def test_every_parameter_belongs_to_one_term():
+    # two terms naming one parameter would share its starts and bounds (the last one's): a term
+    # added with another's name silently changes the other's fits
+    from mlactl.decide.calibration.terms import BASE_PARAMS, TERM_LIST
+
+    names = [p.name for p in BASE_PARAMS] + [p.name for t in TERM_LIST for p in t.params]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

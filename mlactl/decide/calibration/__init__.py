@@ -21,7 +21,16 @@ from mlactl.decide.calibration.fit import K_FOLDS, fit
 from mlactl.decide.calibration.model import GEMM_OPS
 from mlactl.decide.calibration.paired import fit_paired, paired_groups
 from mlactl.decide.calibration.store import Calibration, check_hardware, load, resolve
-from mlactl.decide.calibration.terms import BASE_TERMS, PROJECTIONS, SPARSE_TERMS, TERMS, Terms, relevant_terms
+from mlactl.decide.calibration.terms import (
+    BASE_TERMS,
+    PROJECTIONS,
+    SPARSE_TERMS,
+    TERMS,
+    WALKER_TERMS,
+    WALKERS,
+    Terms,
+    relevant_terms,
+)
 from mlactl.decide.calibration.uncertainty import members_of
 from mlactl.util import progress
 
@@ -61,6 +70,11 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     ("fixed", "pad", "waves", "serial", "slots", "reuse"),
     ("fixed", "pad", "waves", "serial", "slots"),
     ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split", "qrow", "slots"),
+    # DSA's indexer and top-k as their CTAs walk: a setup a wave of walking CTAs; the top-k's
+    # selecting rows only, and what every row writes (tried for those two only: WALKER_TERMS)
+    ("fixed", "pad", "waves", "serial", "ctawave"),
+    ("fixed", "pad", "waves", "serial", "sum", "ctawave"),
+    ("fixed", "serial", "rowsel", "ctawave", "rowwave"),
     # projections timed over and over on the same tensors: those that fit in L2 read from it
     ("fixed", "l2"),
     ("fixed", "sum", "l2"),
@@ -128,7 +142,8 @@ def op_tries(op: str, terms, machine=None, source: str | None = None) -> bool:
     (elsewhere it would only add its other terms as a set of their own); one with `l2` only where
     the machine's L2 size is known (without it the term does nothing); one with `dgtile` only on
     a DeepGEMM kernel's single GEMM (model.GEMM_OPS) on an SM90 machine, the one its tile
-    heuristic describes."""
+    heuristic describes; one with a walker's own terms (WALKER_TERMS) only on DSA's indexer and
+    top-k."""
     on = Terms.of(terms)
     if on.l2 and machine is not None and not getattr(machine, "l2_bytes", None):
         return False
@@ -136,6 +151,8 @@ def op_tries(op: str, terms, machine=None, source: str | None = None) -> bool:
         deepgemm = source is not None and "deepgemm" in source.lower()
         if not (deepgemm and op in GEMM_OPS and getattr(machine, "sm90", False)):
             return False
+    if on & set(WALKER_TERMS) and op not in WALKERS:
+        return False
     return op == "sparse_attention" or not on & set(SPARSE_TERMS)
 
 

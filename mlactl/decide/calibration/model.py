@@ -71,6 +71,19 @@ pipe    compute and memory overlapped across the tiles each SM runs in turn (a p
         lesser side is exposed, max(C, M) + min(C, M) / waves; one wave is `sum`, many the
         roofline's max. Fitted on SGLang's DeepGEMM rows m <= 1,024 (1-16 waves), it predicts
         the rows above within 12% / 30% (H100) and 11% / 33% (H200), blocked median / p90
+rowsel  DSA's top-k selects only for the query rows that see more keys than it keeps (top-k):
+        a row of at most top-k keys keeps them all (aiconfigurator times a launch of only such
+        rows at 0). The selecting rows are its walking CTAs, each walking its own causal
+        context: FLOPs and logits read are those rows' pairs, the walk their mean context.
+        SGLang's fused top-2048 on an H200 takes 50 us for 4,096 new tokens (2,048 select) and
+        4.0 us for one decode token of 2,048 cached
+ctawave t_cta per wave of walking CTAs (the indexer's, the top-k's), on top of t_iter per key
+        block: a CTA's setup before its walk. Top-k on an H200 at 2,048 cached keys: 5.3, 9.0,
+        17 and 37 us for 256, 512, 1,024 and 2,048 new tokens, ~2 us a wave of 132 rows where
+        the keys they walk need ~0.6
+rowwave t_rowwave per wave of all a top-k's query rows, selecting or not: each row writes its top-k
+        indices (a row that keeps all its keys writes them too). One request of 2,048 new tokens
+        and no cache (nothing selects) takes 11 us on an H200, 16 waves of 132 rows
 fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_splits_heuristic,
         commit 13d0fd9c): none when the CTAs fill 80% of the SMs or there are <= 4 KV blocks;
         else the fewest splits within 85% of the best wave efficiency (ctas*s/SMs over its
@@ -98,6 +111,7 @@ from mlactl.decide.calibration.terms import (  # noqa: F401  (re-exported: the c
     Terms,
     relevant_terms,
 )
+from mlactl.model.cost import LOGIT_BYTES
 from mlactl.model.roofline import roofline_time
 
 TILE_ROWS = 64  # rows of a CTA's query tile in FA3/FlashMLA-style kernels (and our Triton ones)
@@ -154,7 +168,7 @@ class Points:
     attn_flops: np.ndarray | None = None
     attn_bytes: np.ndarray | None = None
     # a sparse attention's index slots per query (the model's top-k), for `slots`, and the keys of
-    # a request's context its queries select from, for `reuse`; else None
+    # a request's context its queries select from, for `reuse`; a top-k's too (`rowsel`); else None
     slots: np.ndarray | None = None
     pool: np.ndarray | None = None
     # the indexer's heads (its rows per query token), for its tile model; else None
@@ -402,11 +416,26 @@ def tile_waves(pts: Points, terms, sm_count: int, smooth: bool = False) -> np.nd
     return _whole(np.where(np.isfinite(ctas), ctas, 1.0) / sm_count, smooth)
 
 
-def walked_keys(pts: Points) -> np.ndarray:
+def topk_rows(pts: Points) -> tuple[np.ndarray, np.ndarray]:
+    """`rowsel`: (rows of a request that select, their mean causal context). Query i of n after p
+    cached ones sees p + i keys; the first m = clip(top-k - p, 0, n) see at most top-k and keep
+    them all, the other n - m select, seeing p + (m + 1 + n) / 2 keys on average."""
+    n = np.asarray(pts.new, dtype=np.float64)
+    p = np.asarray(pts.context, dtype=np.float64) - n
+    k = np.asarray(pts.slots, dtype=np.float64)
+    m = np.clip(k - p, 0.0, n)
+    return n - m, p + (m + 1.0 + n) / 2.0
+
+
+def walked_keys(pts: Points, terms=()) -> np.ndarray:
     """Keys one CTA walks: its requests' context. The indexer's CTA holds INDEXER_TILE_ROWS rows
     of tokens packed across requests, so with fewer tokens a request than it holds it spans
-    ceil(tokens it holds / new) requests (at most the batch) and walks all their keys."""
+    ceil(tokens it holds / new) requests (at most the batch) and walks all their keys. With
+    `rowsel` a top-k row walks its own causal context, the selecting rows' mean (topk_rows)."""
+    terms = Terms.of(terms)
     ctx = np.asarray(pts.context, dtype=np.float64)
+    if pts.op == "topk" and terms.rowsel and pts.slots is not None:
+        return topk_rows(pts)[1]
     if pts.op != "indexer" or pts.index_heads is None:
         return ctx
     per_cta = INDEXER_TILE_ROWS / np.asarray(pts.index_heads, dtype=np.float64)
@@ -593,8 +622,15 @@ def components(
         padded = pts.context if smooth else np.ceil(pts.context / tile) * tile
         with np.errstate(divide="ignore", invalid="ignore"):
             nbytes = nbytes + np.where(pts.context > 0, pts.cache_bytes * (padded / pts.context - 1), 0.0)
+    if terms.rowsel and pts.op == "topk" and pts.slots is not None:  # the selecting rows' pairs only
+        rows, mean = topk_rows(pts)
+        chosen = pts.batch * rows * mean
+        nbytes = nbytes + (chosen - flops) * LOGIT_BYTES  # cost.py: one FLOP and one logit read a pair
+        flops = chosen
     if terms.pad or terms.waves or terms.split or terms.serial:
         pad, ctas = tile_model(pts, terms, sm_count, tile)
+        if terms.rowsel and pts.op == "topk" and pts.slots is not None:  # a CTA a selecting row
+            ctas = pts.batch * topk_rows(pts)[0]
         if terms.pad and not smooth:
             flops = flops * pad
         finite = np.isfinite(ctas) & (ctas > 0)
@@ -609,8 +645,14 @@ def components(
             flops = flops / util
         if sm_count and terms.serial and (attention or pts.op in WALKERS):
             waves = _whole(np.where(finite, ctas, 1.0) * s / sm_count, smooth)
-            iters = _whole(walked_keys(pts) / (s * tile), smooth)
+            if terms.rowsel and pts.op == "topk":  # no selecting row, no wave
+                waves = np.where(ctas > 0, waves, 0.0)
+            iters = _whole(walked_keys(pts, terms) / (s * tile), smooth)
             serial = params["t_iter_s"] * waves * iters
+            if terms.ctawave and pts.op in WALKERS:  # each wave's CTAs set up before they walk
+                serial = serial + params["t_cta_s"] * waves
+            if terms.rowwave and pts.op == "topk":  # every row writes its indices
+                serial = serial + params["t_rowwave_s"] * _whole(pts.batch * pts.new / sm_count, smooth)
     if terms.ops and pts.op.startswith("path:") and pts.attn_flops is not None:
         # the path's ops run one after another: attention at eta_c, the rest (projections,
         # merge) at eta_p, each its own roofline (or sum, with `sum`), added; returned as compute

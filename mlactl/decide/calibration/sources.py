@@ -90,7 +90,8 @@ def points_for(cost: CostModel, op: str, batch, new, prefix, time_s, group=None,
             k: np.broadcast_to(np.asarray(v, dtype=np.float64), shape).copy()
             for k, v in zip(("attn_flops", "attn_bytes"), attn)
         }
-    sparse = op == "sparse_attention"  # the top-k slots each query walks, the keys it selects from
+    # the top-k slots each query walks, the keys it selects from (a sparse attention's, a top-k's)
+    sparse = op in ("sparse_attention", "topk")
     slots = np.full(shape, float(cfg.index().topk)) if sparse else None
     pool = np.broadcast_to(n + p, shape).astype(np.float64) if sparse else None
     flops_a, bytes_a, batch_a, new_a, context_a = full

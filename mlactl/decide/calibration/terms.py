@@ -151,6 +151,11 @@ TERM_LIST = (
          (Param("l2_gain", (1.5, 1.5, 1.5), (1.0, L2_GAIN_MAX)),)),
     Term("pipe", "compute and memory overlapped across the tiles each SM runs in turn", PROJECTIONS),
     Term("dgtile", "the tiles DeepGEMM's SM90 heuristic picks", PROJECTIONS),
+    Term("rowsel", "a top-k selects only for rows that see more keys than it keeps; each walks its own", ("topk",)),
+    Term("ctawave", "t_cta per wave of walking CTAs (a CTA's setup before its walk)", WALKERS,
+         (_seconds("t_cta_s", (1e-6, 3e-7, 3e-6)),), needs="serial"),
+    Term("rowwave", "t_rowwave per wave of all a top-k's query rows (each writes its top-k indices)", ("topk",),
+         (_seconds("t_rowwave_s", (1e-6, 3e-7, 3e-6)),), needs="serial"),
 )  # fmt: skip
 REGISTRY = {t.name: t for t in TERM_LIST}
 TERMS = tuple(REGISTRY)
@@ -165,6 +170,9 @@ def scoped(*classes: str) -> tuple[str, ...]:
 
 # terms that only act on a sparse attention (DSA's): the top-k slots it walks, the rows it reuses
 SPARSE_TERMS = scoped("sparse_attention")
+# terms that only act on the indexer's or the top-k's walk (DSA's): which rows select, what each
+# CTA sets up, what every row writes
+WALKER_TERMS = scoped(*WALKERS)
 
 
 class Terms(frozenset[str]):
