@@ -2,6 +2,10 @@
 name), a missing option is named alone, and its table of fits (mlactl/output/calibrate_tables.py)
 fits 100 columns without folding a name, piped with every column."""
 
+import csv
+import json
+
+import pytest
 from conftest import plain, render, runner
 
 from mlactl.cli import app
@@ -54,3 +58,32 @@ def test_the_calibrate_table_fits_100_columns_without_folding_a_name():
     assert terms_lines(fits)[0] == (
         "terms kept: absorb_attention (flash_attention, decode, bf16): fixed + split + kvpad + serial"
     )
+
+
+def test_a_csv_of_sglangs_fp8_gemm_selects_as_the_aiconfigurator_path_and_extrapolates(tmp_path, home):
+    # SGLang's per-tensor fp8 GEMM (sglang_sgl_kernel_fp8_scaled_mm, aiconfigurator-core's H200
+    # table) written as a CSV: `calibrate --from csv` selects its terms by the blocked split too
+    # (fit m <= 1024, predict above), and keeps what the aiconfigurator path keeps on the same rows
+    pytest.importorskip("aiconfigurator_core")
+    pytest.importorskip("pyarrow")
+    from mlactl.decide.calibration import aiconfigurator as ac
+    from mlactl.decide.calibration import select
+    from mlactl.decide.calibration.run import SYSTEM_PROFILES, machine_for
+    from mlactl.model import hardware
+
+    table = next(t for t in ac.find_tables(ac.default_data_dir(), "h200_sxm", "sglang") if t.name.startswith("gemm"))
+    key, pts = next((k, v) for k, v in ac.table_points(table).items() if k[1] == "sglang_sgl_kernel_fp8_scaled_mm")
+    path = tmp_path / "fp8-gemm.csv"
+    with open(path, "w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(["op", "batch", "new", "prefix", "time_s", "heads", "source", "dtype"])
+        for m, heads, t in zip(pts.context, pts.heads, pts.time_s, strict=True):
+            out.writerow(["kv_expand", 1, int(m), 0, repr(float(t)), int(heads), key[1], "fp8"])
+    result = runner.invoke(app, ["calibrate", "--from", "csv", str(path), "--hardware", "h200", "-f", "json"])
+    assert result.exit_code == 0, result.output
+    (got,) = json.loads(result.stdout)["fits"]
+    assert got["blocked"]["axis"] == "rows" and got["blocked"]["at"] == 1024
+    assert got["blocked"]["median"] <= 0.15 and got["blocked"]["p90"] <= 0.35
+    assert got["held_out"]["median"] <= 0.10 and got["held_out"]["p90"] <= 0.25
+    best, _ = select(*key, pts, machine_for(hardware.from_name(SYSTEM_PROFILES["h200_sxm"])))
+    assert got["terms"] == list(best.terms)
