@@ -862,6 +862,11 @@ def test_each_engine_sizes_its_own_pool_as_it_ships(tmp_path):
     assert (
         "KV pool" in data["engines"][0]["scheduler"]["why"][-1] and "set" in data["engines"][0]["scheduler"]["why"][-1]
     )
+    # SGLang's schedule_conservativeness as shipped (1.0) or set; vLLM has none
+    data = report(trace, "--engines", "sglang,vllm", "--engine-option", "sglang.schedule_conservativeness=0.5")
+    sglang, vllm = (e["scheduler"] for e in data["engines"])
+    assert sglang["schedule_conservativeness"] == 0.5 and "schedule_conservativeness 0.5 (set)" in sglang["why"]
+    assert "schedule_conservativeness" not in vllm
     data = report(trace, "--engines", "sglang,vllm", "--mem-fraction", "0.9")
     assert {e["scheduler"]["kv_cache_tokens"] for e in data["engines"]} == {608_732}
     assert data["settings"]["mem_fraction"] == 0.9
@@ -937,6 +942,11 @@ def test_a_trace_too_big_for_the_memory_budget_is_refused(tmp_path, monkeypatch)
             ["--engine-option", "vllm.gpu_memory_utilization=0"],
             "'vllm.gpu_memory_utilization=0' must be a number above 0 and at most 1",
             id="fraction-zero",
+        ),
+        pytest.param(
+            ["--engine-option", "sglang.schedule_conservativeness=-1"],
+            "'sglang.schedule_conservativeness=-1' must be a number from 0 to 100",
+            id="conservativeness",
         ),
         pytest.param(
             ["--engine-option", "sglang.mem_fraction_static=0.5"],

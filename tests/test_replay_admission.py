@@ -18,18 +18,21 @@ from test_replay import H200, PAGE, V3, mooncake, parse
 from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
-from mlactl.decide.replay.scheduler import SGLANG_MIN_RATIO, SGLANG_RATIO_DECAY, Settings, scheduler_for
+from mlactl.decide.replay.scheduler import Settings, scheduler_for
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model.cost import CostModel, WeightCost
 from mlactl.model.weights import from_name as weights_of
 
 
-def run(trace_path, engine, tokens):
+def scheduler(trace_path, engine, tokens, conservativeness=1.0):
     e = parse(engine)
     clock = Clock(CostModel(V3), H200, WeightCost(V3, weights_of("deepseek-v3")), rules.paths())
-    sched = scheduler_for(e)(
-        read_trace(trace_path), e, TokenPool(tokens, caching=False), clock, Settings(8192, 256, PAGE[e.params.backend])
-    )
+    settings = Settings(8192, 256, PAGE[e.params.backend], conservativeness=conservativeness)
+    return scheduler_for(e)(read_trace(trace_path), e, TokenPool(tokens, caching=False), clock, settings)
+
+
+def run(trace_path, engine, tokens, conservativeness=1.0):
+    sched = scheduler(trace_path, engine, tokens, conservativeness)
     return sched, sched.run()
 
 
@@ -88,12 +91,21 @@ def test_sglang_admits_when_its_output_estimate_has_decayed(tmp_path):
     assert [r[:3] for r in chunks(s)] == [(0, 100, 0), (1, 500, 0)]
     assert chunks(s)[1][3] == 19
     assert s.decode[1:19].tolist() == list(range(18))
-    assert 0.7 - 18 * SGLANG_RATIO_DECAY == pytest.approx(0.681940, abs=1e-6)
+    assert 0.7 - 18 * sched.ratio_decay == pytest.approx(0.681940, abs=1e-6)
     assert s.preempted == 0
+    # schedule_conservativeness 0.5: the ratio starts at 0.35, so at step 1 (no decode yet) 1600 -
+    # 0.35 * 1599 = 1040.35 >= 503 and B is admitted at once
+    sched, s = run(trace, "sglang", 1700, conservativeness=0.5)
+    assert chunks(s)[1][:3] == (1, 500, 0) and chunks(s)[1][3] == 1
 
 
-def test_sglang_ratio_floor():
-    assert SGLANG_MIN_RATIO == pytest.approx(0.098) and SGLANG_RATIO_DECAY == pytest.approx(0.602 / 600)
+def test_sglang_ratio_floor(tmp_path):
+    # init min(0.7 c, 1), floor min(init x 0.14, 1), decay (init - floor) / 600 steps
+    trace = mooncake(tmp_path / "t.jsonl", [(0, 100, 3, [1])])
+    for c, init in ((1.0, 0.7), (0.5, 0.35), (2.0, 1.0)):
+        sched = scheduler(trace, "sglang", 1000, c)
+        assert sched.ratio == pytest.approx(init) and sched.min_ratio == pytest.approx(init * 0.14)
+        assert sched.ratio_decay == pytest.approx(init * 0.86 / 600)
 
 
 def test_sglang_retracts_the_decoder_with_fewest_outputs(tmp_path):

@@ -12,7 +12,7 @@ from mlactl.cli.common import choice, cli_errors, emit, one_int, output_format, 
 from mlactl.cli.options import MACHINE, OUTPUT, AllEnginesOpt, EngineOptionOpt, Opts, shared
 from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.replay import ReplaySettings, replay
-from mlactl.decide.replay.shipped import FRACTION_OPTIONS, SCHEDULER_OPTIONS, WORD_OPTIONS, word_option
+from mlactl.decide.replay.shipped import FRACTION_OPTIONS, REAL_OPTIONS, SCHEDULER_OPTIONS, WORD_OPTIONS, word_option
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model import weights as model_weights
 from mlactl.output import replay as report
@@ -200,7 +200,8 @@ def replay_cmd(
 def scheduler_options(options: list[str] | None) -> tuple[list[str], dict]:
     """`--engine-option`s that set replay's scheduler under the engine's own name
     (shipped.SCHEDULER_OPTIONS: SGLang's chunked_prefill_size, max_running_requests, page_size,
-    schedule_policy (a word: shipped.WORD_OPTIONS), mem_fraction_static (a fraction); vLLM's
+    schedule_policy (a word: shipped.WORD_OPTIONS), mem_fraction_static (a fraction),
+    schedule_conservativeness (a number: shipped.REAL_OPTIONS); vLLM's
     max_num_batched_tokens, gpu_memory_utilization) apart from
     the rule's: (the rule's, {engine or family: {key: value}})."""
     family_of = {k: fam for fam, keys in SCHEDULER_OPTIONS.items() for k in keys}
@@ -219,6 +220,9 @@ def scheduler_options(options: list[str] | None) -> tuple[list[str], dict]:
         name = name.strip()
         if name in WORD_OPTIONS:
             out.setdefault(target, {})[name] = word_option(fam, name, value)
+        elif name in REAL_OPTIONS:
+            lo, hi = REAL_OPTIONS[name]
+            out.setdefault(target, {})[name] = numbers.real(value, f"--engine-option {text!r}", lo, hi)
         elif name == FRACTION_OPTIONS[fam]:
             out.setdefault(target, {})[name] = numbers.real(value, f"--engine-option {text!r}", 0.0, 1.0, above=True)
         else:

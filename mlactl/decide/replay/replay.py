@@ -347,7 +347,11 @@ _FORKED: _Job | None = None
 def pool_and_settings(sh: Shipped, prefix_cache: bool = True) -> tuple[TokenPool, Settings]:
     """An engine's KV pool (whole pages of it) and its scheduler's settings."""
     return TokenPool(sh.kv_tokens // sh.page * sh.page, caching=prefix_cache), Settings(
-        sh.max_batch_tokens, sh.max_running, sh.page, sh.schedule_policy or "fcfs"
+        sh.max_batch_tokens,
+        sh.max_running,
+        sh.page,
+        sh.schedule_policy or "fcfs",
+        1.0 if sh.conservativeness is None else sh.conservativeness,
     )
 
 

@@ -64,6 +64,7 @@ class Settings:
     max_running: int
     page: int  # the engine's page (block): hits are whole pages, and so is what a request reserves
     policy: str = "fcfs"  # SGLang's schedule_policy: "fcfs" (as shipped) or "lpm"
+    conservativeness: float = 1.0  # SGLang's schedule_conservativeness: scales its output estimate
 
 
 class Schedule:
@@ -731,14 +732,15 @@ class VllmScheduler(Scheduler):
 
 
 # SGLang's estimate of the output its running requests will still need (sgl-project/sglang@0003215c
-# python/sglang/srt/environ.py): new_token_ratio starts at SGLANG_INIT_NEW_TOKEN_RATIO (0.7, times
-# schedule_conservativeness 1.0), decays by (0.7 - 0.7 * 0.14) / 600 a decode step down to 0.7 * 0.14
+# python/sglang/srt/environ.py; Scheduler.init_schedule_policy): new_token_ratio starts at
+# min(SGLANG_INIT_NEW_TOKEN_RATIO (0.7) x schedule_conservativeness (1.0 as shipped), 1), decays by
+# (init - min) / 600 a decode step down to min = min(init x 0.14, 1)
 # (SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS), and after a retraction is
 # reset from the survivors with SGLANG_RETRACT_DECODE_STEPS (20) steps of headroom each; a request's
 # own output counts at most SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION (4096).
 SGLANG_INIT_RATIO = 0.7
-SGLANG_MIN_RATIO = SGLANG_INIT_RATIO * 0.14
-SGLANG_RATIO_DECAY = (SGLANG_INIT_RATIO - SGLANG_MIN_RATIO) / 600
+SGLANG_MIN_RATIO_FACTOR = 0.14
+SGLANG_RATIO_DECAY_STEPS = 600
 SGLANG_RETRACT_STEPS = 20
 SGLANG_CLIP_NEW = 4096
 # SchedulePolicy._determine_active_policy (schedule_policy.py @00550cd1): lpm falls back to fcfs
@@ -762,7 +764,10 @@ class SglangScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.chunked: int | None = None
-        self.ratio = SGLANG_INIT_RATIO
+        init = min(SGLANG_INIT_RATIO * self.settings.conservativeness, 1.0)
+        self.min_ratio = min(init * SGLANG_MIN_RATIO_FACTOR, 1.0)
+        self.ratio_decay = (init - self.min_ratio) / SGLANG_RATIO_DECAY_STEPS
+        self.ratio = init
         self._lpm_seen: tuple | None = None  # the pool and queue the last lpm pass left
 
     def _prioritise(self) -> None:
@@ -835,7 +840,7 @@ class SglangScheduler(Scheduler):
         need = self._head_need(head, cached)
         chunk = self._pages(cached + min(self.inp[head] - cached, self.settings.max_batch_tokens)) - cached
         for k in range(1, steps):
-            ratio = max(self.ratio - k * SGLANG_RATIO_DECAY, SGLANG_MIN_RATIO)
+            ratio = max(self.ratio - k * self.ratio_decay, self.min_ratio)
             free = room + ahead - B * k
             if need < free - ratio * (left - B * k) and chunk <= free:
                 return k
@@ -853,7 +858,7 @@ class SglangScheduler(Scheduler):
         return matched, min(tokens, self.inp[i] - 1) // self.settings.page * self.settings.page
 
     def _decayed(self, steps: int) -> None:
-        self.ratio = max(self.ratio - steps * SGLANG_RATIO_DECAY, SGLANG_MIN_RATIO)
+        self.ratio = max(self.ratio - steps * self.ratio_decay, self.min_ratio)
 
     def _retract(self) -> None:
         """check_decode_mem failed: retract decoders (fewest output tokens first, the longest

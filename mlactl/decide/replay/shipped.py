@@ -17,6 +17,8 @@ SGLang (sgl-project/sglang):
                    context_len * 512), 2048, 4096), pool tokens // 2).
   schedule_policy  "fcfs" (server_args.py @001067ff, `ServerArgs.schedule_policy`); replay also
                    takes "lpm" (SchedulePolicy.calc_priority, schedule_policy.py @00550cd1).
+  schedule_conservativeness   1.0: new_token_ratio starts at min(0.7 x it, 1)
+                   (Scheduler.init_schedule_policy, scheduler.py @0003215c).
   mem_fraction_static   (GPU memory - reserve) / GPU memory, rounded to 3 places, the reserve in
                    MiB 512 + 1.5 x max(chunk, 2048) + TP x PP / 8 x 1024 + 2 x the decode CUDA
                    graph's max batch + 1.5 GiB where the prefill (piecewise) graph is on, at least
@@ -49,7 +51,14 @@ from mlactl.util.errors import MlactlError
 GIB = float(1 << 30)
 # The engines' own names for what replay's scheduler takes, per family (`--engine-option`).
 SCHEDULER_OPTIONS = {
-    "sglang": ("chunked_prefill_size", "max_running_requests", "page_size", "schedule_policy", "mem_fraction_static"),
+    "sglang": (
+        "chunked_prefill_size",
+        "max_running_requests",
+        "page_size",
+        "schedule_policy",
+        "mem_fraction_static",
+        "schedule_conservativeness",
+    ),
     # max_num_seqs and block_size are the rule's own options
     "vllm": ("max_num_batched_tokens", "gpu_memory_utilization"),
 }
@@ -59,6 +68,10 @@ WORD_OPTIONS = {"schedule_policy": ("fcfs", "lpm")}
 # (a fraction, above 0 and at most 1)
 FRACTION_OPTIONS = {"sglang": "mem_fraction_static", "vllm": "gpu_memory_utilization"}
 VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py @002f10e0
+# The scheduler options that take a real number, and its range: SGLang's schedule_conservativeness
+# scales its estimate of the running requests' output to come (1.0 as shipped; ServerArgs asserts
+# it is at least 0)
+REAL_OPTIONS = {"schedule_conservativeness": (0.0, 100.0)}
 # The model's context length (config.json max_position_embeddings), which SGLang's request cap
 # reads; a model not listed takes DeepSeek-V3's.
 CONTEXT_LEN = {"deepseek-v3": 163840, "deepseek-v2": 163840, "deepseek-v2-lite": 163840, "kimi-k2": 131072}
@@ -80,11 +93,14 @@ class Shipped:
     schedule_policy: str | None = None  # SGLang's order of the waiting queue (None: vLLM's own FCFS)
     kv_tokens: int = 0  # the KV pool's tokens (before whole pages)
     mem_fraction: float | None = None  # the share of the GPU's memory it came from (None: --cache-tokens)
+    conservativeness: float | None = None  # SGLang's schedule_conservativeness (None: vLLM)
 
     def to_json(self) -> dict:
         out: dict = {"max_batch_tokens": self.max_batch_tokens, "max_running": self.max_running, "page": self.page}
         if self.schedule_policy is not None:
             out["schedule_policy"] = self.schedule_policy
+        if self.conservativeness is not None:
+            out["schedule_conservativeness"] = self.conservativeness
         out["mem_fraction"] = self.mem_fraction
         out["kv_cache_tokens"] = self.kv_tokens
         out["why"] = list(self.why)
@@ -189,6 +205,7 @@ def shipped(
     gib = memory_gb * 1e9 / GIB
     why = []
     policy: str | None = None
+    conservativeness: float | None = None
     frac_key = FRACTION_OPTIONS[family]
     frac = given.get(frac_key)
     if frac is not None and fixed_pool:
@@ -215,6 +232,9 @@ def shipped(
         given_policy = given.get("schedule_policy")
         policy = word_option("sglang", "schedule_policy", given_policy or WORD_OPTIONS["schedule_policy"][0])
         why.append(f"schedule_policy {policy} ({'set' if given_policy else 'default'})")
+        given_c = given.get("schedule_conservativeness")
+        conservativeness = 1.0 if given_c is None else float(given_c)
+        why.append(f"schedule_conservativeness {conservativeness:g} ({'default' if given_c is None else 'set'})")
     else:
         tokens, seqs = vllm_batch(gib, hw_name)
         chunk = given.get("max_num_batched_tokens") or max_batch_tokens
@@ -232,4 +252,4 @@ def shipped(
     why.append(f"KV pool {pool_tokens:,} tokens ({source})")
     if chunk < 1 or running < 1 or page < 1:
         raise MlactlError("the chunk, the running requests and the page must each be at least 1")
-    return Shipped(int(chunk), int(running), int(page), tuple(why), policy, int(pool_tokens), frac)
+    return Shipped(int(chunk), int(running), int(page), tuple(why), policy, int(pool_tokens), frac, conservativeness)
