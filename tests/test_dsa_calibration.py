@@ -271,10 +271,53 @@ def test_walker_terms_are_tried_on_the_walkers_only():
     from mlactl.decide.calibration import CANDIDATE_TERMS, op_tries
     from mlactl.decide.calibration.terms import WALKER_TERMS
 
-    assert set(WALKER_TERMS) == {"rowsel", "ctawave", "rowwave"}
+    assert set(WALKER_TERMS) == {"rowsel", "ctawave", "rowwave", "chunk"}
     walker_sets = [t for t in CANDIDATE_TERMS if set(WALKER_TERMS) & set(t)]
     assert walker_sets and all(op_tries("topk", t) for t in walker_sets)
     assert not any(op_tries(op, t) for t in walker_sets for op in ("absorb_attention", "sparse_attention", "kv_expand"))
+
+
+def test_topk_logits_past_the_workspace_run_in_row_chunks():
+    # `chunk`, worked by hand: 32 requests of 2,048 new tokens after 2,048 cached hold fp32 logits
+    # of 65,536 rows x 131,072 keys (32 x 4,096) = 2^35 bytes. An H200's budget, 0.2 x 141 GB =
+    # 28.2 GB, holds floor(28.2e9 / (131,072 x 4)) = 53,787 rows: two chunks, of 53,787 and 11,749
+    # rows, each row its own sequence: 53,787^2 + 11,749^2 = 3,031,080,370 row-sequence pairs
+    from mlactl.decide.calibration.model import logit_chunks, logits_budget, predict
+    from mlactl.decide.calibration.sources import points_for
+
+    cost = CostModel(model.from_name("deepseek-v3.2"))
+    budget = logits_budget(141e9)
+    assert budget == pytest.approx(28.2e9)
+    big = points_for(cost, "topk", [32], [2048], [2048], None)
+    per, chunks = logit_chunks(big, budget)
+    assert (float(per[0]), float(chunks[0])) == (53787.0, 2.0)
+    params = {"t_fixed_s": 2e-6, "eta_c": 1000.0, "eta_m": 1000.0, "t_seq_s": 1e-10, "logits_budget_bytes": budget}
+    tiny = {**params, "eta_c": 1e6, "eta_m": 1e6}  # the roofline's part out of the way
+    with_chunks = float(predict(tiny, ("fixed", "chunk"), big, PEAK, BW, SMS)[0])
+    without = float(predict(tiny, ("fixed",), big, PEAK, BW, SMS)[0])
+    assert with_chunks - without == pytest.approx(3_031_080_370 * 1e-10 / SMS + 2e-6)
+    # one chunk: 16 requests of 16 new tokens after 2,048 (8.5M logits, 34 MB) keep their 16
+    # sequences: 256 rows x 16; below 8M logits nothing chunks whatever the budget
+    small = points_for(cost, "topk", [16], [16], [2048], None)
+    assert float(logit_chunks(small, budget)[1][0]) == 1.0
+    one = float(predict(tiny, ("fixed", "chunk"), small, PEAK, BW, SMS)[0])
+    assert one - float(predict(tiny, ("fixed",), small, PEAK, BW, SMS)[0]) == pytest.approx(256 * 16 * 1e-10 / SMS)
+    lone = points_for(cost, "topk", [1], [4], [1000], None)
+    assert float(logit_chunks(lone, 1.0)[1][0]) == 1.0
+    # a budget of one byte: every row its own chunk (the shortest chunk still holds a row)
+    assert float(logit_chunks(small, 1.0)[1][0]) == 256.0
+
+
+def test_chunk_budget_is_the_gpus_own():
+    # a fit keeps the budget of the GPU it was fitted on (not fitted), a fifth of its memory
+    from mlactl.decide.calibration.fit import Machine, with_l2
+    from mlactl.decide.calibration.run import machine_for
+
+    machine = machine_for(hardware.from_name("h100-sxm"))
+    assert machine.memory_bytes == 80e9
+    assert with_l2({}, ("fixed", "chunk"), machine)["logits_budget_bytes"] == pytest.approx(16e9)
+    assert "logits_budget_bytes" not in with_l2({}, ("fixed",), machine)
+    assert with_l2({}, ("chunk",), Machine(PEAK, BW, SMS))["logits_budget_bytes"] is None
 
 
 def test_every_parameter_belongs_to_one_term():

@@ -20,6 +20,7 @@ from mlactl.decide.calibration.transfer import bias_factor, kernel_of, scaled, t
 from mlactl.model import hardware
 from mlactl.model.config import from_name
 from mlactl.model.cost import CostModel
+from mlactl.util.errors import MlactlError
 
 
 def error_line_w(result) -> str:
@@ -118,6 +119,21 @@ def test_an_l2_fit_takes_the_target_l2(target):
                                                      "l2_gain": 2.0, "l2_bytes": 60 * 2**20})  # fmt: skip
     moved = carried([fit], target)
     assert moved.fits[0].params["l2_bytes"] == 100 * 2**20 and moved.fits[0].params["l2_gain"] == 2.0
+
+
+def test_a_chunk_fit_takes_the_target_logits_budget(target):
+    # the top-k's `chunk`: t_seq is the kernel's (kept), the workspace a fifth of the GPU's memory
+    fit = {"op": "topk", "source": "sglang-0.5.14:fast_topk_transform_fused", "dtype": "fp32",
+           "terms": ["fixed", "serial", "chunk"],
+           "params": {"t_fixed_s": 2e-6, "eta_c": 0.1, "eta_m": 0.4, "t_iter_s": 1e-8, "t_seq_s": 7e-11,
+                      "logits_budget_bytes": 28.2e9}}  # fmt: skip
+    moved = carried([fit], hardware.from_name("b200"))
+    assert moved.fits[0].params["logits_budget_bytes"] == pytest.approx(0.2 * 180e9)
+    assert moved.fits[0].params["t_seq_s"] == 7e-11
+    # a calibration file whose budget is not a positive number is refused, naming the field
+    bad = dict(fit, params=dict(fit["params"], logits_budget_bytes=-1.0))
+    with pytest.raises(MlactlError, match="logits_budget_bytes"):
+        store.validate(calibration([bad]), "hand")
 
 
 FA3 = {

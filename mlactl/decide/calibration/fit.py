@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from mlactl.decide.calibration.model import PROJECTIONS, Points, near_table, predict, rows_of
+from mlactl.decide.calibration.model import PROJECTIONS, Points, logits_budget, near_table, predict, rows_of
 from mlactl.decide.calibration.terms import (  # noqa: F401  (bounds, ETA_PASS_MIN: re-exported)
     ETA_PASS_MIN,
     STARTS,
@@ -54,6 +54,7 @@ class Machine:
     sm_count: int | None
     eta_max: float = ETA_MAX  # the largest efficiency a fit may reach (fit() sets it per dtype)
     l2_bytes: float | None = None  # the GPU's L2, for `l2` (hardware profile's l2_mib)
+    memory_bytes: float | None = None  # the GPU's memory, for `chunk` (hardware profile's memory_gb)
     sm90: bool = False  # a Hopper GPU (H100/H200/H800): DeepGEMM's SM90 tile heuristic, for `dgtile`
 
 
@@ -115,9 +116,13 @@ def summary(errors: np.ndarray) -> dict:
 
 
 def with_l2(params: dict, terms, machine: Machine) -> dict:
-    """`l2`: the L2 size the fit divides the shapes by, kept in the params (not fitted)."""
-    if Terms.of(terms).l2:
+    """The GPU's sizes a fit's terms divide the shapes by, kept in the params (not fitted): its
+    L2 (`l2`) and its indexer's logits budget (`chunk`)."""
+    on = Terms.of(terms)
+    if on.l2:
         params["l2_bytes"] = machine.l2_bytes
+    if on.chunk:
+        params["logits_budget_bytes"] = logits_budget(machine.memory_bytes)
     return params
 
 

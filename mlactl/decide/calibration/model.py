@@ -84,6 +84,13 @@ ctawave t_cta per wave of walking CTAs (the indexer's, the top-k's), on top of t
 rowwave t_rowwave per wave of all a top-k's query rows, selecting or not: each row writes its top-k
         indices (a row that keeps all its keys writes them too). One request of 2,048 new tokens
         and no cache (nothing selects) takes 11 us on an H200, 16 waves of 132 rows
+chunk   SGLang's indexer holds its fp32 logits, [query rows, every key of the batch], in a workspace
+        of LOGITS_FREE_FRACTION of the GPU's free memory (params["logits_budget_bytes"], from the
+        profile's memory) and runs a larger launch in chunks of rows, each row then its own
+        sequence; aiconfigurator's collector sums the chunks' times. Per chunk, t_seq for each
+        row and sequence of the launch, over the SMs (logit_chunks, chunk_seconds): quadratic
+        in a chunk's rows. H200, 2,048 cached: 32 requests of 1,024 new tokens take 1.59 ms in
+        one launch, of 2,048 (two chunks, 57K and 8K rows) 5.25 ms, twice the rows at 3.3x
 fa3split the split count FA3 picks (flash-attention hopper/heuristics.h, num_splits_heuristic,
         commit 13d0fd9c): none when the CTAs fill 80% of the SMs or there are <= 4 KV blocks;
         else the fewest splits within 85% of the best wave efficiency (ctas*s/SMs over its
@@ -131,6 +138,14 @@ NEAR_RADIUS = 1.0
 # one token each of 4 requests (one CTA spanning the four requests' keys) takes 4x one request's
 # (257 against 65 us at 16K keys); 4 tokens of each of 1 to 64 requests take the same 66-70 us
 INDEXER_TILE_ROWS = 128
+# `chunk`: SGLang's Indexer (0.5.14, layers/attention/dsa, and aiconfigurator's collector at
+# ai-dynamo/aiconfigurator@e23be5a7 collector/sglang/glm5_dsa_sparse_modules.py,
+# _glm5_score_rows_per_chunk) bounds the fp32 logits [query rows, batch keys] by
+# min(free x SGLANG_DSA_MQA_LOGITS_FREE_MEM_FRACTION (0.2), total x 0.3) and never chunks below
+# 8M logits. The datasheet's capacity (decimal GB) stands in for the free memory: the tables
+# split between 17.2 and 8.6 GB on the H100 (16 GB here) and 30.1 and 21.5 GB on the H200 (28.2)
+LOGITS_FREE_FRACTION = 0.2
+LOGITS_UNCHUNKED = 8_000_000
 
 
 def op_class(path: str, op: str) -> str:
@@ -427,6 +442,33 @@ def topk_rows(pts: Points) -> tuple[np.ndarray, np.ndarray]:
     return n - m, p + (m + 1.0 + n) / 2.0
 
 
+def logits_budget(memory_bytes: float | None) -> float | None:
+    """`chunk`: the bytes of fp32 logits SGLang's indexer holds at once on a GPU of this memory."""
+    return None if not memory_bytes else LOGITS_FREE_FRACTION * float(memory_bytes)
+
+
+def logit_chunks(pts: Points, budget: float) -> tuple[np.ndarray, np.ndarray]:
+    """`chunk`: (query rows a chunk, chunks) of a top-k launch whose logits are [batch x new rows,
+    batch x context keys] fp32: one chunk below LOGITS_UNCHUNKED logits or within `budget`."""
+    rows = np.asarray(pts.batch * pts.new, dtype=np.float64)
+    keys = np.asarray(pts.batch * pts.context, dtype=np.float64)
+    per = np.maximum(np.floor(budget / np.maximum(keys * LOGIT_BYTES, 1.0)), 1.0)
+    whole = (rows * keys < LOGITS_UNCHUNKED) | (per >= rows)
+    per = np.where(whole, rows, per)
+    return per, np.where(rows > 0, np.ceil(rows / np.maximum(per, 1.0)), 1.0)
+
+
+def chunk_seconds(params: dict, pts: Points, sm_count: int) -> np.ndarray:
+    """`chunk`: t_seq per row and sequence of each chunk, over the SMs; a launch in one chunk has
+    its requests' sequences, a chunked one makes each row its own (so a chunk of r rows costs
+    t_seq r^2 / SMs); each chunk after the first is a launch with its own t_fixed."""
+    per, chunks = logit_chunks(pts, params["logits_budget_bytes"])
+    rows = np.asarray(pts.batch * pts.new, dtype=np.float64)
+    last = rows - (chunks - 1) * per
+    pairs = np.where(chunks > 1, (chunks - 1) * per * per + last * last, rows * pts.batch)
+    return params["t_seq_s"] * pairs / sm_count + params.get("t_fixed_s", 0.0) * (chunks - 1)
+
+
 def walked_keys(pts: Points, terms=()) -> np.ndarray:
     """Keys one CTA walks: its requests' context. The indexer's CTA holds INDEXER_TILE_ROWS rows
     of tokens packed across requests, so with fewer tokens a request than it holds it spans
@@ -495,6 +537,8 @@ def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: 
         out = out + params["t_row_s"] * pts.batch * pts.new * pts.heads
     if terms.quant and pts.op in PROJECTIONS:
         out = out + quant_seconds(params, pts, bandwidth)
+    if terms.chunk and pts.op == "topk" and sm_count and params.get("logits_budget_bytes"):
+        out = out + chunk_seconds(params, pts, sm_count)
     if terms.align and pts.op in PROJECTIONS:  # rows not a multiple of ALIGN_ROWS: a padded copy
         out = out + params["t_align_s"] * (np.mod(_rows_and_ctas(pts)[0], ALIGN_ROWS) != 0)
     return out

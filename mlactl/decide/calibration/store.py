@@ -31,6 +31,7 @@ from pathlib import Path
 from mlactl.decide.calibration.evidence import check_evidence
 from mlactl.decide.calibration.terms import (  # noqa: F401  (the ranges and eta_limit: re-exported)
     ATTENTION_CLASSES,
+    BUDGET_BYTES_MAX,
     ETA_LOWEST,
     ITER_SECONDS_MAX,
     L2_BYTES_MAX,
@@ -301,6 +302,11 @@ def _params_rule(fit: dict, where: str) -> None:
         expected = None if l2 is None else S.number(1.0, maximum=L2_BYTES_MAX)(l2)
         if expected is not None:
             raise S.Invalid(f"{at}.l2_bytes", expected, params.get("l2_bytes"))
+    if terms.chunk:  # the indexer's logits budget in bytes, or null (no memory size: nothing chunks)
+        budget = params.get("logits_budget_bytes")
+        expected = None if budget is None else S.number(1.0, maximum=BUDGET_BYTES_MAX)(budget)
+        if expected is not None:
+            raise S.Invalid(f"{at}.logits_budget_bytes", expected, budget)
     if terms.near:
         expected = _near(params.get("near"))
         if expected is not None:

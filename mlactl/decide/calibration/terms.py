@@ -61,6 +61,8 @@ ITER_SECONDS_MAX = 1e-3
 # read at roughly 2.5-3.5x their HBM); an L2 is at most 1 GiB
 L2_GAIN_MAX = 4.0
 L2_BYTES_MAX = float(1 << 30)
+# `chunk`: a workspace budget is a share of a GPU's memory, at most 10 TB
+BUDGET_BYTES_MAX = 1e13
 # A pass over the activations (`quant`) cannot beat the bandwidth: eta_q <= 1 in a fit. Its floor,
 # ETA_PASS_MIN, only keeps the fit finite (fit.py tells the figures).
 ETA_PASS_MIN = 0.01
@@ -156,6 +158,8 @@ TERM_LIST = (
          (_seconds("t_cta_s", (1e-6, 3e-7, 3e-6)),), needs="serial"),
     Term("rowwave", "t_rowwave per wave of all a top-k's query rows (each writes its top-k indices)", ("topk",),
          (_seconds("t_rowwave_s", (1e-6, 3e-7, 3e-6)),), needs="serial"),
+    Term("chunk", "a top-k whose fp32 logits pass the indexer's workspace runs in row chunks: t_seq a row and sequence",
+         ("topk",), (_seconds("t_seq_s", (1e-10, 3e-11, 3e-10)),)),
 )  # fmt: skip
 REGISTRY = {t.name: t for t in TERM_LIST}
 TERMS = tuple(REGISTRY)

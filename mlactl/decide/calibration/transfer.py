@@ -44,7 +44,7 @@ from mlactl import __version__
 from mlactl import profiles as shipped_profiles
 from mlactl.decide.calibration import store
 from mlactl.decide.calibration import uncertainty as u
-from mlactl.decide.calibration.model import ATTENTION_CLASSES
+from mlactl.decide.calibration.model import ATTENTION_CLASSES, logits_budget
 from mlactl.decide.calibration.store import Calibration, eta_limit, safe_name, validate
 from mlactl.decide.calibration.terms import PARAMS
 from mlactl.decide.engines import arch_of, context_for, default_params
@@ -146,10 +146,13 @@ def travels(term: str, source_kernel: str, kernel: str, arch: str | None) -> boo
 
 
 def _retarget(model: dict, target: HardwareProfile) -> dict:
-    """A fit's or member's {"terms", "params"} with the target's L2 size (`l2`)."""
+    """A fit's or member's {"terms", "params"} with the target's L2 size (`l2`) and its indexer's
+    logits budget, a share of its memory (`chunk`)."""
     out = copy.deepcopy(model)
     if "l2" in out["terms"]:
         out["params"]["l2_bytes"] = None if target.l2_mib is None else target.l2_mib * 1024 * 1024
+    if "chunk" in out["terms"]:
+        out["params"]["logits_budget_bytes"] = logits_budget(target.memory_gb * 1e9)
     return out
 
 
