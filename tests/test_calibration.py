@@ -937,10 +937,10 @@ def test_l2_term_recovers_a_resident_regime_and_is_bounded():
 def test_l2_sets_are_tried_only_with_an_l2_size():
     from mlactl.decide.calibration import CANDIDATE_TERMS, op_tries
 
-    with_l2 = [t for t in CANDIDATE_TERMS if "l2" in t]
-    assert with_l2
-    assert all(op_tries("kv_expand", t, Machine(PEAK, BW, SMS, l2_bytes=L2)) for t in with_l2)
-    assert not any(op_tries("kv_expand", t, Machine(PEAK, BW, SMS)) for t in with_l2)
+    with_sizes = [t for t in CANDIDATE_TERMS if "l2" in t]
+    assert with_sizes
+    assert all(op_tries("kv_expand", t, Machine(PEAK, BW, SMS, l2_bytes=L2)) for t in with_sizes)
+    assert not any(op_tries("kv_expand", t, Machine(PEAK, BW, SMS)) for t in with_sizes)
 
 
 def test_store_holds_l2_params_to_their_range():

@@ -310,14 +310,14 @@ def test_topk_logits_past_the_workspace_run_in_row_chunks():
 
 def test_chunk_budget_is_the_gpus_own():
     # a fit keeps the budget of the GPU it was fitted on (not fitted), a fifth of its memory
-    from mlactl.decide.calibration.fit import Machine, with_l2
+    from mlactl.decide.calibration.fit import Machine, with_sizes
     from mlactl.decide.calibration.run import machine_for
 
     machine = machine_for(hardware.from_name("h100-sxm"))
     assert machine.memory_bytes == 80e9
-    assert with_l2({}, ("fixed", "chunk"), machine)["logits_budget_bytes"] == pytest.approx(16e9)
-    assert "logits_budget_bytes" not in with_l2({}, ("fixed",), machine)
-    assert with_l2({}, ("chunk",), Machine(PEAK, BW, SMS))["logits_budget_bytes"] is None
+    assert with_sizes({}, ("fixed", "chunk"), machine)["logits_budget_bytes"] == pytest.approx(16e9)
+    assert "logits_budget_bytes" not in with_sizes({}, ("fixed",), machine)
+    assert with_sizes({}, ("chunk",), Machine(PEAK, BW, SMS))["logits_budget_bytes"] is None
 
 
 def test_every_parameter_belongs_to_one_term():

@@ -157,7 +157,7 @@ def _policy_lost(policy: str, chosen: np.ndarray, engines, engine_lost, times: d
 def _cache_note(cost: CostModel, hw: HardwareProfile, batch, new, prefix) -> list[str]:
     """A line when at some point the latent cache alone overflows the GPU: no path runs there."""
     cache = cost.kv_cache_bytes(batch, new, prefix)
-    over = cache > hw.memory_gb * 1e9
+    over = cache > hw.memory_bytes
     if not np.any(over):
         return []
     return [

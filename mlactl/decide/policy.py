@@ -35,7 +35,7 @@ def fitting_times(cost: CostModel, hw: HardwareProfile, times: dict, batch, new,
     """Times with +inf where a path's latent cache and expanded K/V would not fit in the GPU's
     memory, so no choice lands on it (absorb expands nothing, but its cache can be too big too),
     and where the path cannot run at all (a DSA model's dense_expand past topk tokens)."""
-    memory = hw.memory_gb * 1e9
+    memory = hw.memory_bytes
     return {
         p: np.where(
             (cost.resident_bytes(p, batch, new, prefix) <= memory) & cost.applicable(p, batch, new, prefix), t, np.inf

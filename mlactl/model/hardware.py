@@ -87,16 +87,26 @@ class HardwareProfile:
         bandwidth = self.measured.get("bandwidth_tbs", self.bandwidth_tbs)
         return replace(self, peak_tflops=peaks, bandwidth_tbs=bandwidth, using_measured=True)
 
+    @property
+    def memory_bytes(self) -> float:
+        """The GPU's memory in bytes (memory_gb is decimal GB)."""
+        return self.memory_gb * 1e9
+
+    @property
+    def l2_bytes(self) -> float | None:
+        """The GPU's L2 in bytes, or None where the profile gives no l2_mib."""
+        return None if self.l2_mib is None else self.l2_mib * 1024 * 1024
+
     def to_dict(self) -> dict:
         return {
             "name": self.name,
             "display": self.display,
             "peak_flops": {k: v * TERA for k, v in sorted(self.peak_tflops.items())},
             "bandwidth_bytes_per_s": self.bandwidth,
-            "memory_bytes": self.memory_gb * 1e9,
+            "memory_bytes": self.memory_bytes,
             "sm_count": self.sm_count,
             "smem_per_sm_bytes": None if self.smem_per_sm_kib is None else self.smem_per_sm_kib * 1024,
-            "l2_bytes": None if self.l2_mib is None else self.l2_mib * 1024 * 1024,
+            "l2_bytes": self.l2_bytes,
             "measured": self.using_measured,
             "sources": list(self.sources),
         }

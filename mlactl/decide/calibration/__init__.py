@@ -142,11 +142,10 @@ def op_tries(op: str, terms, machine=None, source: str | None = None) -> bool:
     """Whether selection tries this candidate set on op class `op`: a set written for the sparse
     attention's own terms (SPARSE_TERMS) only there, where it differs from the sets without them
     (elsewhere it would only add its other terms as a set of their own); one with `l2` only where
-    the machine's L2 size is known (without it the term does nothing), `chunk` where its memory
-    is; one with `dgtile` only on
-    a DeepGEMM kernel's single GEMM (model.GEMM_OPS) on an SM90 machine, the one its tile
-    heuristic describes; one with a walker's own terms (WALKER_TERMS) only on DSA's indexer and
-    top-k."""
+    the machine's L2 size is known (without it the term does nothing), and `chunk` where its
+    memory is; one with `dgtile` only on a DeepGEMM kernel's single GEMM (model.GEMM_OPS) on an
+    SM90 machine, the one its tile heuristic describes; one with a walker's own terms
+    (WALKER_TERMS) only on DSA's indexer and top-k."""
     on = Terms.of(terms)
     if on.l2 and machine is not None and not getattr(machine, "l2_bytes", None):
         return False

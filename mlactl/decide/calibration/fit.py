@@ -115,7 +115,7 @@ def summary(errors: np.ndarray) -> dict:
     return {"median": float(np.median(errors)), "p90": float(np.percentile(errors, 90))}
 
 
-def with_l2(params: dict, terms, machine: Machine) -> dict:
+def with_sizes(params: dict, terms, machine: Machine) -> dict:
     """The GPU's sizes a fit's terms divide the shapes by, kept in the params (not fitted): its
     L2 (`l2`) and its indexer's logits budget (`chunk`)."""
     on = Terms.of(terms)
@@ -149,7 +149,7 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
         raise MlactlError(f"{pts.op}: measured times must be positive and finite")
 
     def residuals(theta):
-        params = with_l2(unpack(theta, terms), terms, machine)
+        params = with_sizes(unpack(theta, terms), terms, machine)
         return np.log(predict(params, terms, pts, machine.peak, machine.bandwidth, machine.sm_count) / measured)
 
     best = None
@@ -179,7 +179,7 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
         if best is None or sol.cost < best[0]:
             best = (sol.cost, theta)
     assert best is not None, "least_squares ran at least once"
-    return with_l2(unpack(best[1], terms), terms, machine)  # t_fixed 0 without `fixed`
+    return with_sizes(unpack(best[1], terms), terms, machine)  # t_fixed 0 without `fixed`
 
 
 def folds(pts: Points, k: int = K_FOLDS) -> list[np.ndarray]:

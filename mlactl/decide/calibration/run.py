@@ -28,13 +28,12 @@ SM90_PROFILES = ("h100-sxm", "h200", "h800")
 
 
 def machine_for(hw: HardwareProfile, dtype: str = "bf16") -> Machine:
-    l2 = None if hw.l2_mib is None else hw.l2_mib * 1024 * 1024
     return Machine(
         hw.peak_flops(dtype),
         hw.bandwidth,
         hw.sm_count,
-        l2_bytes=l2,
-        memory_bytes=hw.memory_gb * 1e9,
+        l2_bytes=hw.l2_bytes,
+        memory_bytes=hw.memory_bytes,
         sm90=hw.name in SM90_PROFILES,
     )
 

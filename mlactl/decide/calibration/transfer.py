@@ -150,9 +150,9 @@ def _retarget(model: dict, target: HardwareProfile) -> dict:
     logits budget, a share of its memory (`chunk`)."""
     out = copy.deepcopy(model)
     if "l2" in out["terms"]:
-        out["params"]["l2_bytes"] = None if target.l2_mib is None else target.l2_mib * 1024 * 1024
+        out["params"]["l2_bytes"] = target.l2_bytes
     if "chunk" in out["terms"]:
-        out["params"]["logits_budget_bytes"] = logits_budget(target.memory_gb * 1e9)
+        out["params"]["logits_budget_bytes"] = logits_budget(target.memory_bytes)
     return out
 
 

@@ -156,7 +156,7 @@ class Pricer:
         self.limited = [p for p in self.paths if p == "dense_expand"]
         # the cost model the engine's paths run with (vLLM's dense MHA with the whole indexer)
         self.engine_cost = engine_cost(cost, engine.params)
-        self.memory = hw.memory_gb * 1e9
+        self.memory = hw.memory_bytes
         self.decode_table = np.zeros(0, dtype=np.int8)  # own_choice of one token after p, by p
 
     def figures(self, rows: Rows) -> list[PathLaunches]:

@@ -206,7 +206,7 @@ def kv_pool(
     per_token = cost.cache_row_bytes() * cost.cfg.layers
     if s.cache_tokens is not None:
         need = s.cache_tokens * per_token
-        if need > hw.memory_gb * 1e9:
+        if need > hw.memory_bytes:
             warn(
                 f"--cache-tokens {s.cache_tokens:,}: a KV cache of {need / 1e9:,.0f} GB ({per_token:,} bytes a "
                 f"token, every layer), more than {safe.text(hw.name)}'s {hw.memory_gb:g} GB: no such GPU holds it; "
@@ -217,7 +217,7 @@ def kv_pool(
 
     def tokens(fraction: float | None) -> int:
         assert fraction is not None
-        free = hw.memory_gb * 1e9 * fraction - weights.model_bytes
+        free = hw.memory_bytes * fraction - weights.model_bytes
         out = int(free // per_token)
         if out < s.block:
             raise MlactlError(
