@@ -36,6 +36,8 @@ _FRONT_DOOR = {
     "engine_loss": "mlactl.api.engines",
     "replay": "mlactl.api.replay",
     "Result": "mlactl.api.common",
+    "Settings": "mlactl.api.common",
+    "Machine": "mlactl.api.common",
     "MlactlError": "mlactl.util.errors",
 }
 __all__ = sorted(_FRONT_DOOR)

@@ -72,6 +72,14 @@ def test_the_result_is_the_commands_document():
         pytest.param("mlactl.analyze(prefix=[1], context=[2])", "either --prefix or --context", id="both"),
         pytest.param("mlactl.crossover(batch=True)", "--batch", id="bool"),
         pytest.param("mlactl.engine_loss(engines=['tgi'])", "unknown engine 'tgi'", id="engine"),
+        pytest.param(
+            "mlactl.analyze(kv_dtyp='fp8')",
+            "mlactl.analyze() takes no setting 'kv_dtyp' (did you mean kv_dtype?)",
+            id="typo",
+        ),
+        pytest.param(
+            "mlactl.crossover(engines='sglang')", "mlactl.crossover() takes no setting 'engines'", id="no-engines"
+        ),
     ],
 )
 def test_bad_input_raises_the_one_line_error(call, message):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlactl.api.common import Result, _engine_names, _setup
+from mlactl.api.common import Result, Settings, _engines, _setup
 from mlactl.decide import analysis as analysis_mod
 from mlactl.decide import setup as settings
 from mlactl.decide.analysis import BatchAnalysis
@@ -14,27 +15,25 @@ from mlactl.decide.setup import Setup
 from mlactl.output import report
 from mlactl.util import progress
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 
 def batch(
     requests: str | Path,
     model: str | None = None,
     hardware: str | None = None,
     *,
-    tp: int | None = None,
-    kv_dtype: str | None = None,
-    dtype: str | None = None,
-    chunk: int | None = None,
-    engines=None,
-    engine_options=(),
-    calibration: str | Path | None = None,
     layers: int | str = 1,
     fmt: str | None = None,
     setup: Setup | None = None,
+    **given: Unpack[Settings],
 ) -> Result[BatchAnalysis]:
     """`mlactl batch`: a mixed batch from a CSV of requests (new, prefix or context, count): each
-    request's path and the batch total per strategy and engine. `value` is a BatchAnalysis."""
-    s = setup or _setup(model, hardware, tp, kv_dtype, dtype, chunk, calibration)
-    chosen = parse_engines(_engine_names(engines), list(engine_options), context_for(s.cfg, s.hw, s.kv_dtype))
+    request's path and the batch total per strategy and engine, under the `Settings` (tp,
+    kv_dtype, dtype, chunk, calibration, engines, engine_options). `value` is a BatchAnalysis."""
+    s = setup or _setup("batch", model, hardware, given)
+    chosen = parse_engines(*_engines(given), context_for(s.cfg, s.hw, s.kv_dtype))
     with progress.task(f"reading {requests}"):
         new, prefix, count = read_requests(requests, fmt or "csv")
     with progress.task(f"analysing {len(new):,} requests"):

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from pathlib import Path
+from typing import Generic, TypedDict, TypeVar
 
 from mlactl.decide import setup as settings
 from mlactl.decide.setup import Setup
 from mlactl.model.shapes import parse_sizes
 from mlactl.util.errors import MlactlError
+from mlactl.util.suggest import did_you_mean
 
 Sizes = int | str | list | tuple
 
@@ -63,20 +65,51 @@ class Result(Generic[T]):
         return pd.read_csv(io.StringIO(self.to_csv()))
 
 
-def _setup(model, hardware, tp, kv_dtype, dtype, chunk, calibration, **more) -> Setup:
+class Machine(TypedDict, total=False):
+    """The settings that say what runs where, taken by every function of the front door as
+    keywords, by the commands' option names; one left out (or None) resolves exactly as an
+    option the user did not type (mlactl.decide.setup): `tp` (tensor parallelism: heads per GPU),
+    `kv_dtype` (the cache: bf16, fp16, fp8), `dtype` (the math), `chunk` (expand_chunked's
+    chunk), `calibration` (a name from `mlactl calibrate` or a file: calibrated times)."""
+
+    tp: int | None
+    kv_dtype: str | None
+    dtype: str | None
+    chunk: int | None
+    calibration: str | Path | None
+
+
+class Settings(Machine, total=False):
+    """Machine's settings and the engines' rules: `engines` (names or `a,b@VERSION`, default the
+    command's), `engine_options` (`[ENGINE.]KEY=VALUE` each, as --engine-option)."""
+
+    engines: str | list[str] | tuple[str, ...] | None
+    engine_options: list[str] | tuple[str, ...]
+
+
+def _setup(job: str, model, hardware, given: Mapping, allowed: type = Settings, **more) -> Setup:
+    """The Setup of `mlactl.<job>` from its keyword settings `given`; a keyword it does not take
+    is one MlactlError naming the ones it does (not Python's TypeError deep inside)."""
+    unknown = sorted(set(given) - set(allowed.__annotations__))
+    if unknown:
+        known = sorted(allowed.__annotations__)
+        hint = did_you_mean(unknown[0], known)
+        raise MlactlError(f"mlactl.{job}() takes no setting {unknown[0]!r}{hint}; its settings: {', '.join(known)}")
+    calibration = given.get("calibration")
     return settings.setup(
         model=model,
         hardware=hardware,
-        tp=tp,
-        kv_dtype=kv_dtype,
-        dtype=dtype,
-        chunk=chunk,
+        tp=given.get("tp"),
+        kv_dtype=given.get("kv_dtype"),
+        dtype=given.get("dtype"),
+        chunk=given.get("chunk"),
         calibration=None if calibration is None else str(calibration),
         **more,
     )
 
 
-def _engine_names(engines) -> str | None:
-    if engines is None or isinstance(engines, str):
-        return engines
-    return ",".join(engines)
+def _engines(given: Mapping) -> tuple[str | None, list[str]]:
+    """`engines` as the text --engines takes (None: the command's default) and the engine options."""
+    engines = given.get("engines")
+    names = engines if engines is None or isinstance(engines, str) else ",".join(engines)
+    return names, list(given.get("engine_options") or ())

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlactl.api.common import Result, Sizes, _engine_names, _setup, sizes
+from mlactl.api.common import Result, Settings, Sizes, _engines, _setup, sizes
 from mlactl.decide import workload as workload_mod
 from mlactl.decide.engines import context_for, default_selection, parse_engines
 from mlactl.decide.setup import Setup
@@ -13,6 +14,9 @@ from mlactl.model.shapes import grid
 from mlactl.output import engines as engines_out
 from mlactl.util import progress
 from mlactl.util.errors import MlactlError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def engine_loss(
@@ -23,25 +27,19 @@ def engine_loss(
     batch: Sizes = 1,
     new: Sizes = "1,16,64,256,1024,4096",
     prefix: Sizes = "0,1K,4K,8K,16K,32K",
-    tp: int | None = None,
-    kv_dtype: str | None = None,
-    dtype: str | None = None,
-    chunk: int | None = None,
-    engines=None,
-    engine_options=(),
-    calibration: str | Path | None = None,
     fmt: str | None = None,
     setup: Setup | None = None,
+    **given: Unpack[Settings],
 ) -> Result[WorkloadReport]:
     """`mlactl engines`: what each engine's own rule loses against the best path on a workload
     (a CSV of batch, new, prefix, weight; or the grid of `batch`, `new`, `prefix`), where it
-    loses most, and the threshold that would lose least. `value` is a workload report whose
-    `engines` hold each rule's time, loss and their intervals."""
-    s = setup or _setup(model, hardware, tp, kv_dtype, dtype, chunk, calibration)
-    names = _engine_names(engines)
+    loses most, and the threshold that would lose least, under the `Settings`. `value` is a
+    workload report whose `engines` hold each rule's time, loss and their intervals."""
+    s = setup or _setup("engine_loss", model, hardware, given)
+    names, options = _engines(given)
     if names is None:  # the shorthands fix a dense backend: a DSA model's default is the two engines
         names = ",".join(default_selection(s.cfg))
-    chosen = parse_engines(names, list(engine_options), context_for(s.cfg, s.hw, s.kv_dtype))
+    chosen = parse_engines(names, options, context_for(s.cfg, s.hw, s.kv_dtype))
     if workload is not None:
         wl = workload_mod.read_workload(Path(workload))
     else:

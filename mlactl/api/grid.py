@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mlactl.api.common import Result, Sizes, _engine_names, _setup, sizes
+from mlactl.api.common import Machine, Result, Settings, Sizes, _engines, _setup, sizes
 from mlactl.decide import analysis as analysis_mod
 from mlactl.decide import forward as forward_mod
 from mlactl.decide import setup as settings
@@ -21,6 +22,9 @@ from mlactl.output import report
 from mlactl.util import limits, progress
 from mlactl.util.defaults import DEFAULT_MODEL, POLICIES
 from mlactl.util.errors import MlactlError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 SCOPES = ("attention", "model")  # analyze --scope: the attention paths, or the whole forward too
 
@@ -47,23 +51,18 @@ def analyze(
     new: Sizes = (1, 64, 128, 256, 1024, 4096),
     prefix: Sizes | None = None,
     context: Sizes | None = None,
-    tp: int | None = None,
-    kv_dtype: str | None = None,
-    dtype: str | None = None,
-    chunk: int | None = None,
     layers: int | str = 1,
-    engines=None,
-    engine_options=(),
     policy: str | None = None,
     results: str | Path | None = None,
-    calibration: str | Path | None = None,
     scope: str = "attention",
     weight_dtype: str | None = None,
     fmt: str | None = None,
     setup: Setup | None = None,
+    **given: Unpack[Settings],
 ) -> Result[Analysis]:
     """`mlactl analyze`: every path's FLOPs, bytes and time at each (batch, new, prefix), the
-    best path, each engine's path and what it loses, and the crossover. `policy` adds one more
+    best path, each engine's path and what it loses, and the crossover, under the `Settings`
+    (tp, kv_dtype, dtype, chunk, calibration, engines, engine_options). `policy` adds one more
     choice and its loss: roofline, flops, an engine (with the `engine_options` it would take
     among `engines`) or measured (the crossovers of `results`, a `mlactl tune paths` file, or
     the newest one for this model). `scope="model"` adds each row's whole forward pass
@@ -77,10 +76,7 @@ def analyze(
     if setup is None:
         check_policy(policy, results, model or DEFAULT_MODEL, lambda: settings.load_model(model or DEFAULT_MODEL, 1))
         found = [results] if results is not None else ()
-        setup = _setup(
-            model, hardware, tp, kv_dtype, dtype, chunk, calibration, results_files=found,
-            find_results=policy == "measured",
-        )  # fmt: skip
+        setup = _setup("analyze", model, hardware, given, results_files=found, find_results=policy == "measured")
     s = setup
     if prefix is not None and context is not None:
         raise MlactlError("give either --prefix or --context, not both")
@@ -92,8 +88,7 @@ def analyze(
     )
     n_layers = s.cfg.layers if str(layers).strip().lower() == "all" else settings.one_int(layers, "--layers")
     ctx = context_for(s.cfg, s.hw, s.kv_dtype)
-    names = _engine_names(engines)
-    options = list(engine_options or ())
+    names, options = _engines(given)
     chosen = parse_engines(names, options, ctx)
     # an engine policy takes the same engine options it would take among the engines
     rule = parse_policy(policy, names, options, ctx) if policy is not None and is_engine(policy) else policy
@@ -150,16 +145,13 @@ def crossover(
     batch: Sizes = 1,
     prefix: Sizes = "0,1K,4K,8K,16K,32K,64K,128K",
     max_new: int | str = analysis_mod.DEFAULT_MAX_NEW,
-    tp: int | None = None,
-    kv_dtype: str | None = None,
-    dtype: str | None = None,
-    chunk: int | None = None,
-    calibration: str | Path | None = None,
     setup: Setup | None = None,
+    **given: Unpack[Machine],
 ) -> Result[Crossover]:
     """`mlactl crossover`: per (batch, prefix), the new-token count from which expand beats
-    absorb, by FLOPs and by time (a DSA model: its windows). `value` is a Crossover."""
-    s = setup or _setup(model, hardware, tp, kv_dtype, dtype, chunk, calibration)
+    absorb, by FLOPs and by time (a DSA model: its windows), under the `Machine` settings (tp,
+    kv_dtype, dtype, chunk, calibration). `value` is a Crossover."""
+    s = setup or _setup("crossover", model, hardware, given, Machine)
     cost = s.cost()
     s.hw.peak_flops(cost.dtype)
     pairs = [(b, p) for b in sizes(batch, "--batch") for p in sizes(prefix, "--prefix", 0)]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlactl.api.common import Result, _engine_names, _setup
+from mlactl.api.common import Result, Settings, _engines, _setup
 from mlactl.decide import setup as settings
 from mlactl.decide.engines import steps as replay_rules
 from mlactl.decide.replay.replay import Replay, ReplaySettings
@@ -15,19 +16,16 @@ from mlactl.output import replay as replay_out
 from mlactl.util import progress
 from mlactl.util.defaults import DEFAULT_MODEL, REPLAY_HARDWARE, REPLAY_TP
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 
 def replay(
     trace: str | Path,
     model: str | None = None,
     hardware: str | None = None,
     *,
-    tp: int | None = None,
-    kv_dtype: str | None = None,
-    dtype: str | None = None,
-    chunk: int | None = None,
     weight_dtype: str | None = None,
-    engines=None,
-    engine_options=(),
     scheduler: dict | None = None,
     max_batch_tokens: int | None = None,
     max_running: int | None = None,
@@ -35,22 +33,19 @@ def replay(
     cache_tokens: int | None = None,
     prefix_cache: bool = True,
     step_overhead_ms: float = 0.0,
-    calibration: str | Path | None = None,
     keep_steps: bool = False,
     jobs: int | None = None,
+    **given: Unpack[Settings],
 ) -> Result[Replay]:
     """`mlactl replay`: a request trace (Mooncake JSON lines, or a CSV) through each engine's
-    scheduler and prefix cache, every step priced under the engine's rule and the best paths.
-    Unset, the GPU is an H200 and TP 8 (a serving node), as the command's defaults. `scheduler`
+    scheduler and prefix cache, every step priced under the engine's rule and the best paths,
+    under the `Settings`. Unset, the GPU is an H200 and TP 8 (a serving node), as the command's defaults. `scheduler`
     sets the engines' own scheduler options ({"sglang": {"chunked_prefill_size": 16384}});
     `mem_fraction` None: each engine's own share of the GPU's memory;
     `keep_steps` keeps every step for the CSV. `value` is a Replay."""
-    s = _setup(
-        model, hardware, tp, kv_dtype, dtype, chunk, calibration,
-        defaults={"hardware": REPLAY_HARDWARE, "tp": REPLAY_TP},
-    )  # fmt: skip
+    s = _setup("replay", model, hardware, given, defaults={"hardware": REPLAY_HARDWARE, "tp": REPLAY_TP})
     weights = model_weights.resolve(model or DEFAULT_MODEL, weight_dtype)
-    chosen = replay_rules.parse(_engine_names(engines), list(engine_options or ()), s.cfg, s.hw, s.kv_dtype)
+    chosen = replay_rules.parse(*_engines(given), s.cfg, s.hw, s.kv_dtype)
     knobs = ReplaySettings(
         max_batch_tokens=None if max_batch_tokens is None else settings.one_int(max_batch_tokens, "--max-batch-tokens"),
         max_running=None if max_running is None else settings.one_int(max_running, "--max-running"),
