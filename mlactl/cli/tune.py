@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from mlactl.cli.common import choice, cli_errors, console, emit, fit_width, load_model, one_int, output_format
+from mlactl.cli.common import choice, cli_errors, command, console, emit, fit_width, load_model, one_int, output_format
 from mlactl.cli.options import SHARED, FormatOpt, ModelOpt, Option, OutputOpt, TpOpt, shared, whole_number
 from mlactl.kernels.configs import device_slug
 from mlactl.model import hardware
@@ -542,8 +542,7 @@ def tune_paths_cmd(
     run.finish()
 
 
-@tune_app.command("compile")
-@cli_errors
+@command(tune_app, "compile")
 def tune_compile_cmd(
     model: ModelOpt = "deepseek-v3",
     tp: TpOpt = "1",
@@ -572,8 +571,7 @@ def tune_compile_cmd(
     dtype = choice(dtype, "--dtype", ("bf16", "fp16", "fp32"))
     kv_dtype = dtype if kv_dtype == "auto" else choice(kv_dtype, "--kv-dtype", KV_DTYPES)
     cfg = load_model(model, tp)
-    # the sparse decode only for a DSA model, unless named
-    names = [k for k in stage.KERNELS if cfg.is_dsa or k != "mla_sparse_decode"]
+    names = spaces.default_kernels(cfg)
     if kernel:
         names = [k.strip() for k in kernel.split(",")]
         unknown = [k for k in names if k not in stage.KERNELS]
