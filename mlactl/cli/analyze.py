@@ -10,7 +10,7 @@ import typer
 from mlactl.api import grid as api
 from mlactl.cli.common import (
     calibration_line,
-    cli_errors,
+    command,
     emit,
     load_model,
     output_format,
@@ -27,7 +27,6 @@ from mlactl.cli.options import (
     LayersOpt,
     NewOpt,
     Opts,
-    shared,
 )
 from mlactl.model.shapes import check_context
 from mlactl.output import render
@@ -37,9 +36,7 @@ from mlactl.util import safe
 analyze_app = typer.Typer(add_completion=False)
 
 
-@analyze_app.command(name="analyze")
-@cli_errors
-@shared(*MACHINE, end=OUTPUT)
+@command(analyze_app, "analyze", *MACHINE, end=OUTPUT)
 def analyze(
     opts: Opts,
     batch: BatchOpt = "1",

@@ -8,17 +8,15 @@ from typing import Annotated
 import typer
 
 from mlactl.api import batch as api
-from mlactl.cli.common import calibration_line, cli_errors, emit, output_format, resolve
-from mlactl.cli.options import MACHINE, OUTPUT, EngineOptionOpt, EnginesOpt, LayersOpt, Opts, shared
+from mlactl.cli.common import calibration_line, command, emit, output_format, resolve
+from mlactl.cli.options import MACHINE, OUTPUT, EngineOptionOpt, EnginesOpt, LayersOpt, Opts
 from mlactl.model.shapes import check_context
 from mlactl.output import render
 
 batch_app = typer.Typer(add_completion=False)
 
 
-@batch_app.command(name="batch")
-@cli_errors
-@shared(*MACHINE, end=OUTPUT)
+@command(batch_app, "batch", *MACHINE, end=OUTPUT)
 def batch_cmd(
     requests: Annotated[
         Path,

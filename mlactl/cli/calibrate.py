@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 import typer.core
 
-from mlactl.cli.common import choice, cli_errors, emit, load_model, output_format, table_width
-from mlactl.cli.options import Option, Opts, shared
+from mlactl.cli.common import choice, command, emit, load_model, output_format, table_width
+from mlactl.cli.options import SHARED, DataDirOpt, FrameworkOpt, FrameworkVersionOpt, Option, Opts, SystemOpt
 from mlactl.decide.calibration import run, store
 from mlactl.decide.calibration.model import TERMS
 from mlactl.decide.calibration.score import check_measured_on, score
@@ -51,20 +52,73 @@ FilesArg = Annotated[
     Optional[list[Path]], typer.Argument(help="Results files (--from results) or one CSV (--from csv).")
 ]
 SourceOpt = Annotated[str, typer.Option("--from", help="results, aiconfigurator or csv.")]
-SystemOpt = Annotated[
-    Optional[str], typer.Option("--system", help="aiconfigurator system, e.g. h200_sxm, h100_sxm, b200_sxm.")
-]
-FrameworkOpt = Annotated[
-    Optional[str], typer.Option("--framework", help="aiconfigurator framework: sglang, trtllm or vllm.")
-]
-FrameworkVersionOpt = Annotated[
-    Optional[str],
-    typer.Option("--framework-version", help="aiconfigurator framework version (default: the newest of each table)."),
-]
-DataDirOpt = Annotated[
-    Optional[Path],
-    typer.Option("--data-dir", help="A folder laid out as aiconfigurator's (default: the installed package's)."),
-]
+# where the measurements come from: --from and aiconfigurator's table options (fit and score)
+MEASURED = {
+    "source": Option(SourceOpt, "results"),
+    "system": Option(SystemOpt, None),
+    "framework": Option(FrameworkOpt, None),
+    "framework_version": Option(FrameworkVersionOpt, None),
+    "data_dir": Option(DataDirOpt, None),
+}
+
+
+@dataclass(frozen=True)
+class CalibrateOpts(Opts):
+    """The shared options of fit and score, with where their measurements come from."""
+
+    source: str = "results"
+    system: Optional[str] = None
+    framework: Optional[str] = None
+    framework_version: Optional[str] = None
+    data_dir: Optional[Path] = None
+
+    def check_source(self, files) -> None:
+        """The source options agree with each other and with `files` (one `Error:` line where
+        they do not)."""
+        source = choice(self.source, "--from", SOURCES)
+        if source == "aiconfigurator":
+            if files:
+                raise MlactlError("--from aiconfigurator takes no files: give --system and --framework")
+            missing = [
+                f"{o} (e.g. {e})"
+                for o, v, e in (("--system", self.system, "h200_sxm"), ("--framework", self.framework, "sglang"))
+                if not v
+            ]
+            if missing:
+                raise MlactlError(f"--from aiconfigurator needs {' and '.join(missing)}")
+            return
+        if self.system or self.framework or self.framework_version or self.data_dir:
+            raise MlactlError("--system, --framework, --framework-version and --data-dir go with --from aiconfigurator")
+        if not files:
+            raise MlactlError(f"--from {source} needs a file: mlactl calibrate --from {source} FILE")
+        if source == "csv" and len(files) != 1:
+            raise MlactlError("--from csv takes one file")
+
+    def groups(self, files) -> dict:
+        """The measurements to score: {(op class, source, dtype): Points}."""
+        if self.source == "aiconfigurator":
+            assert self.system is not None and self.framework is not None  # check_source said so
+            with progress.task("reading aiconfigurator's tables"):
+                return run.aiconfigurator_groups(self.system, self.framework, self.framework_version, self.data_dir)
+        if self.source == "results":
+            with progress.task(f"reading {len(files)} results file(s)"):
+                return run.results_groups(files)
+        return csv_points(files[0], load_model(self.model, self.tp))
+
+
+def measured_options(values: dict, given: frozenset) -> CalibrateOpts:
+    return CalibrateOpts(**values, given=given)
+
+
+# fit's and score's shared options after their own, and how they arrive (one CalibrateOpts)
+MEASURED_COMMAND: dict[str, Any] = {
+    "end": ("fmt",),
+    "registry": SHARED | MEASURED,
+    "into": measured_options,
+    "fmt": FORMAT,
+}
+
+
 SCORE_HARDWARE = Option(
     Annotated[
         Optional[str],
@@ -86,32 +140,17 @@ HARDWARE = Option(
     ],
     None,
 )
+SCORE_CALIBRATION = Option(
+    Annotated[
+        Optional[str],
+        typer.Option("--calibration", help="The calibration to score: a name from `mlactl calibrate` or a file."),
+    ],
+    None,
+)
 TRANSFER_HARDWARE = Option(
     Annotated[Optional[str], typer.Option("--hardware", "-g", help="The GPU to carry it to: a profile NAME or FILE.")],
     None,
 )
-
-
-def check_source(source: str, files, system, framework, framework_version, data_dir) -> None:
-    """The source options agree with each other (one `Error:` line where they do not)."""
-    choice(source, "--from", SOURCES)
-    if source == "aiconfigurator":
-        if files:
-            raise MlactlError("--from aiconfigurator takes no files: give --system and --framework")
-        missing = [
-            f"{o} (e.g. {e})"
-            for o, v, e in (("--system", system, "h200_sxm"), ("--framework", framework, "sglang"))
-            if not v
-        ]
-        if missing:
-            raise MlactlError(f"--from aiconfigurator needs {' and '.join(missing)}")
-        return
-    if system or framework or framework_version or data_dir:
-        raise MlactlError("--system, --framework, --framework-version and --data-dir go with --from aiconfigurator")
-    if not files:
-        raise MlactlError(f"--from {source} needs a file: mlactl calibrate --from {source} FILE")
-    if source == "csv" and len(files) != 1:
-        raise MlactlError("--from csv takes one file")
 
 
 def parse_terms(text: Optional[str]) -> Optional[tuple[str, ...]]:
@@ -126,28 +165,10 @@ def parse_terms(text: Optional[str]) -> Optional[tuple[str, ...]]:
     return terms
 
 
-def measured_groups(source, files, system, framework, framework_version, data_dir, opts: Opts) -> dict:
-    """The measurements to score: {(op class, source, dtype): Points}."""
-    if source == "aiconfigurator":
-        with progress.task("reading aiconfigurator's tables"):
-            return run.aiconfigurator_groups(system, framework, framework_version, data_dir)
-    if source == "results":
-        with progress.task(f"reading {len(files)} results file(s)"):
-            return run.results_groups(files)
-    return csv_points(files[0], load_model(opts.model, opts.tp))
-
-
-@calibrate_app.command(name="fit")
-@cli_errors
-@shared("hardware", "model", "tp", end=("fmt",), hardware=HARDWARE, fmt=FORMAT)
+@command(calibrate_app, "fit", *MEASURED, "hardware", "model", "tp", hardware=HARDWARE, **MEASURED_COMMAND)
 def calibrate(
     files: FilesArg = None,
-    source: SourceOpt = "results",
-    system: SystemOpt = None,
-    framework: FrameworkOpt = None,
-    framework_version: FrameworkVersionOpt = None,
-    data_dir: DataDirOpt = None,
-    opts: Opts = Opts(),
+    opts: CalibrateOpts = CalibrateOpts(),
     terms: Annotated[
         Optional[str],
         typer.Option(
@@ -191,7 +212,8 @@ def calibrate(
     fmt = output_format(opts.fmt, None)
     if fmt == "csv":
         raise MlactlError("mlactl calibrate writes table or json")
-    check_source(source, files, system, framework, framework_version, data_dir)
+    opts.check_source(files)
+    source, system, framework = opts.source, opts.system, opts.framework
     fixed = parse_terms(terms)
     if test is not None and source == "aiconfigurator":
         raise MlactlError(
@@ -204,7 +226,9 @@ def calibrate(
     if source == "aiconfigurator":
         assert system is not None and framework is not None  # check_source said so
         with progress.task("reading aiconfigurator's tables"):
-            default, hw, desc, groups = run.from_aiconfigurator(system, framework, framework_version, data_dir, hw)
+            default, hw, desc, groups = run.from_aiconfigurator(
+                system, framework, opts.framework_version, opts.data_dir, hw
+            )
     elif source == "results":
         with progress.task(f"reading {len(files or [])} results file(s)"):
             default, hw, desc, groups = run.from_results(files, hw)
@@ -214,7 +238,7 @@ def calibrate(
         default, hw, desc, groups = run.from_csv((files or [])[0], load_model(opts.model, opts.tp), hw)
     test_groups = None
     if test is not None:  # read before fitting: a bad test file costs no fit
-        test_groups = measured_groups(source, [test], None, None, None, None, opts)
+        test_groups = CalibrateOpts(source=source, model=opts.model, tp=opts.tp).groups([test])
     data, fits = run.build(name or default, hw, desc, groups, terms=fixed)
     path, kept = store.save(data, out_dir)
     tested = None if test_groups is None else score(store.load(path), test_groups)
@@ -284,22 +308,19 @@ def measured_hardware(source, files, system, hardware: Optional[str]) -> Optiona
     return None
 
 
-@calibrate_app.command(name="score")
-@cli_errors
-@shared("model", "tp", "hardware", end=("fmt",), fmt=FORMAT, hardware=SCORE_HARDWARE)
-def score_cmd(
-    files: FilesArg = None,
-    calibration: Annotated[
-        Optional[str],
-        typer.Option("--calibration", help="The calibration to score: a name from `mlactl calibrate` or a file."),
-    ] = None,
-    source: SourceOpt = "results",
-    system: SystemOpt = None,
-    framework: FrameworkOpt = None,
-    framework_version: FrameworkVersionOpt = None,
-    data_dir: DataDirOpt = None,
-    opts: Opts = Opts(),
-):
+@command(
+    calibrate_app,
+    "score",
+    "calibration",
+    *MEASURED,
+    "model",
+    "tp",
+    "hardware",
+    calibration=SCORE_CALIBRATION,
+    hardware=SCORE_HARDWARE,
+    **MEASURED_COMMAND,
+)
+def score_cmd(files: FilesArg = None, opts: CalibrateOpts = CalibrateOpts()):
     """Score a calibration on measurements: per op class n, median and p90 of |predicted/measured - 1|,
     bias, and the share of measurements inside their 80% interval.
 
@@ -312,16 +333,17 @@ def score_cmd(
     fmt = output_format(opts.fmt, None)
     if fmt == "csv":
         raise MlactlError("mlactl calibrate score writes table or json")
-    if calibration is None:
+    if opts.calibration is None:
         raise MlactlError("mlactl calibrate score needs --calibration NAME|FILE: the calibration to score")
-    check_source(source, files, system, framework, framework_version, data_dir)
-    cal = store.resolve(calibration)
-    where = f"{system}/{framework}" if source == "aiconfigurator" else ", ".join(str(f) for f in files or [])
+    opts.check_source(files)
+    source, system = opts.source, opts.system
+    cal = store.resolve(opts.calibration)
+    where = f"{system}/{opts.framework}" if source == "aiconfigurator" else ", ".join(str(f) for f in files or [])
     measured_on = measured_hardware(source, files, system, opts.hardware)
     check_measured_on(cal, measured_on, where)  # before reading the tables: a wrong GPU costs nothing
     if measured_on is not None:
         store.check_ceilings(cal, hwmod.resolve(opts.hardware or measured_on))
-    groups = measured_groups(source, files, system, framework, framework_version, data_dir, opts)
+    groups = opts.groups(files)
     scores = score(cal, groups, measured_on, where)
 
     def json_data():
@@ -353,9 +375,7 @@ def written_lines(path, kept, name: str, hardware: str, more: str = "") -> list[
     return [where, use]
 
 
-@calibrate_app.command(name="transfer")
-@cli_errors
-@shared("hardware", end=("fmt",), hardware=TRANSFER_HARDWARE, fmt=FORMAT)
+@command(calibrate_app, "transfer", "hardware", end=("fmt",), hardware=TRANSFER_HARDWARE, fmt=FORMAT)
 def transfer_cmd(
     calibration: Annotated[
         str, typer.Argument(help="The calibration to carry: a name from `mlactl calibrate` or a file.")

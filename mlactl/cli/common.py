@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from mlactl.cli.options import Opts, given_options  # noqa: F401 - given_options: for the commands
+from mlactl.cli.options import Opts, given_options, shared  # noqa: F401 - given_options: for the commands
 from mlactl.decide import setup as settings
 from mlactl.decide.setup import Setup
 from mlactl.output import progress as progress_bar
@@ -63,6 +63,23 @@ def cli_errors(fn):
             raise typer.Exit(2) from None
 
     return wrapper
+
+
+def command(app: typer.Typer, name: str | None, *names: str, end: tuple[str, ...] = (), **override):
+    """Register a function as `app`'s command `name` (None: the function's name), run inside
+    cli_errors, with the shared options `names` and `end` (mlactl.cli.options.shared; `override`
+    replaces a definition). With none, it takes only its own options.
+
+        @command(analyze_app, "analyze", *MACHINE, end=OUTPUT)
+        def analyze(opts: Opts, batch: BatchOpt = "1", ...): ...
+    """
+
+    def register(fn):
+        if names or end or override:
+            fn = shared(*names, end=end, **override)(fn)
+        return app.command(name=name)(cli_errors(fn))
+
+    return register
 
 
 one_int = settings.one_int

@@ -7,16 +7,14 @@ from typing import Annotated
 import typer
 
 from mlactl.api import grid as api
-from mlactl.cli.common import cli_errors, emit, output_format, resolve
-from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, Opts, shared
+from mlactl.cli.common import command, emit, output_format, resolve
+from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, Opts
 from mlactl.output import render
 
 crossover_app = typer.Typer(add_completion=False)
 
 
-@crossover_app.command(name="crossover")
-@cli_errors
-@shared(*MACHINE, end=OUTPUT)
+@command(crossover_app, "crossover", *MACHINE, end=OUTPUT)
 def crossover_cmd(
     opts: Opts,
     batch: BatchOpt = "1",

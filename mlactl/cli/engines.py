@@ -11,8 +11,8 @@ from typing import Annotated, Optional
 import typer
 
 from mlactl.api import engines as api
-from mlactl.cli.common import cli_errors, emit, output_format, resolve
-from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, EngineOptionOpt, Opts, shared
+from mlactl.cli.common import command, emit, output_format, resolve
+from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, EngineOptionOpt, Opts
 from mlactl.decide.engines.catalog import catalog
 from mlactl.output.engines import list_tables, rules_json, tables
 from mlactl.util.errors import MlactlError
@@ -20,9 +20,7 @@ from mlactl.util.errors import MlactlError
 engines_app = typer.Typer(add_completion=False)
 
 
-@engines_app.command(name="engines")
-@cli_errors
-@shared(*MACHINE, end=OUTPUT)
+@command(engines_app, "engines", *MACHINE, end=OUTPUT)
 def engines_cmd(
     workload: Annotated[
         Optional[Path],

@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from mlactl.cli.common import cli_errors, emit, fit_width, output_format
-from mlactl.cli.options import OUTPUT, Option, Opts, shared
+from mlactl.cli.common import command, emit, fit_width, output_format
+from mlactl.cli.options import OUTPUT, Option, Opts
 from mlactl.model import config as model
 from mlactl.model import hardware
 from mlactl.output import render
@@ -25,9 +25,7 @@ FORMAT = Option(
 )
 
 
-@list_app.command(name="list")
-@cli_errors
-@shared(*OUTPUT, fmt=FORMAT)
+@command(list_app, "list", *OUTPUT, fmt=FORMAT)
 def list_cmd(opts: Opts):
     """The models and the hardware profiles mlactl knows.
 

@@ -103,6 +103,21 @@ EngineOptionOpt = Annotated[
         "each version's keys and defaults.",
     ),
 ]
+# aiconfigurator's tables (calibrate --from aiconfigurator, score, plot transfer)
+SystemOpt = Annotated[
+    Optional[str], typer.Option("--system", help="aiconfigurator system, e.g. h200_sxm, h100_sxm, b200_sxm.")
+]
+FrameworkOpt = Annotated[
+    Optional[str], typer.Option("--framework", help="aiconfigurator framework: sglang, trtllm or vllm.")
+]
+FrameworkVersionOpt = Annotated[
+    Optional[str],
+    typer.Option("--framework-version", help="aiconfigurator framework version (default: the newest of each table)."),
+]
+DataDirOpt = Annotated[
+    Optional[Path],
+    typer.Option("--data-dir", help="A folder laid out as aiconfigurator's (default: the installed package's)."),
+]
 FormatOpt = Annotated[
     Optional[str],
     typer.Option("--format", "-f", help="table, json or csv (default: from --output's extension, else table)."),

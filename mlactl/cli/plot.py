@@ -13,15 +13,16 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
-from mlactl.cli.common import Setup, cli_errors, given_options, one_int, resolve
+from mlactl.cli.common import Setup, command, given_options, one_int, resolve
 from mlactl.cli.options import (
     MACHINE,
     BatchOpt,
     ContextOpt,
+    DataDirOpt,
     EngineOptionOpt,
+    FrameworkVersionOpt,
     Opts,
     PrefixOpt,
-    shared,
 )
 from mlactl.decide import analysis
 from mlactl.decide.calibration import run, store
@@ -160,9 +161,7 @@ def check_not_inputs(output: Path, data: Optional[Path] = None) -> None:
         refuse_input(data, "--data")
 
 
-@plot_app.command()
-@cli_errors
-@shared(*MACHINE)
+@command(plot_app, None, *MACHINE)
 def roofline(
     opts: Opts,
     batch: BatchOpt = "1",
@@ -211,9 +210,7 @@ def roofline(
     draw("roofline", setup, (b, n, p), output, dpi, data)
 
 
-@plot_app.command()
-@cli_errors
-@shared(*MACHINE)
+@command(plot_app, None, *MACHINE)
 def crossover(
     opts: Opts,
     batch: Annotated[
@@ -262,9 +259,7 @@ def crossover(
     draw("crossover", setup, (b, n, p), output, dpi, data)
 
 
-@plot_app.command()
-@cli_errors
-@shared(*MACHINE)
+@command(plot_app, None, *MACHINE)
 def pathmap(
     opts: Opts,
     batch: Annotated[str, typer.Option("--batch", "-b", help="Requests per batch (one value).")] = "1",
@@ -327,8 +322,7 @@ def pathmap(
     write("pathmap", drawn, output, dpi, data, setup.notes)
 
 
-@plot_app.command()
-@cli_errors
+@command(plot_app, None)
 def tune(
     results: Annotated[Path, typer.Option("--results", "-r", help="The results file `mlactl tune kernels` wrote.")],
     kernel: Annotated[
@@ -353,8 +347,7 @@ def tune(
     write("tune", plot.tune_data(loaded, kernel=kernel, bucket=bucket), output, dpi, data)
 
 
-@plot_app.command(name="replay")
-@cli_errors
+@command(plot_app, "replay")
 def replay_chart(
     report: Annotated[Path, typer.Argument(help="A report `mlactl replay TRACE -f json -o FILE` wrote.")],
     output: Annotated[Path, output_opt("replay")] = Path("replay.png"),
@@ -383,18 +376,13 @@ def replay_chart(
     write("replay", plot.replay_data(found), output, dpi, data)
 
 
-@plot_app.command(name="transfer")
-@cli_errors
+@command(plot_app, "transfer")
 def transfer_chart(
     calibration: Annotated[str, typer.Option("--calibration", help="The calibration to draw: a name or a file.")],
     system: Annotated[str, typer.Option("--system", help="aiconfigurator system measured, e.g. b300_sxm.")],
     framework: Annotated[str, typer.Option("--framework", help="aiconfigurator framework: sglang, trtllm or vllm.")],
-    framework_version: Annotated[
-        Optional[str], typer.Option("--framework-version", help="Its version (default: the newest of each table).")
-    ] = None,
-    data_dir: Annotated[
-        Optional[Path], typer.Option("--data-dir", help="A folder laid out as aiconfigurator's (default: installed).")
-    ] = None,
+    framework_version: FrameworkVersionOpt = None,
+    data_dir: DataDirOpt = None,
     output: Annotated[Path, output_opt("transfer")] = Path("transfer.png"),
     dpi: DpiOpt = "100",
 ):

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from mlactl.cli.common import choice, cli_errors, emit, one_int, output_format, resolve
-from mlactl.cli.options import MACHINE, OUTPUT, AllEnginesOpt, EngineOptionOpt, Opts, shared
+from mlactl.cli.common import choice, command, emit, one_int, output_format, resolve
+from mlactl.cli.options import MACHINE, OUTPUT, AllEnginesOpt, EngineOptionOpt, Opts
 from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.replay import ReplaySettings, replay
 from mlactl.decide.replay.shipped import FRACTION_OPTIONS, REAL_OPTIONS, SCHEDULER_OPTIONS, WORD_OPTIONS, word_option
@@ -24,9 +24,8 @@ from mlactl.util.io import refuse_input
 replay_app = typer.Typer(add_completion=False)
 
 
-@replay_app.command(name="replay")
-@cli_errors
-@shared(*MACHINE, end=OUTPUT, hardware=REPLAY_HARDWARE, tp=str(REPLAY_TP))  # a serving node's defaults
+# a serving node's defaults
+@command(replay_app, "replay", *MACHINE, end=OUTPUT, hardware=REPLAY_HARDWARE, tp=str(REPLAY_TP))
 def replay_cmd(
     trace: Annotated[
         Path,
