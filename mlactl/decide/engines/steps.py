@@ -17,6 +17,7 @@ reorder: the running decodes first, then the prompt chunks in the scheduler's or
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,19 @@ MEMO_STEPS = 1 << 16  # vLLM steps' answers kept by OneStep (a few MB)
 THRESHOLD_MAX = np.iinfo(np.int64).max  # a threshold no sum reaches
 
 
+class _Resolved:
+    """An Engine's attribute that is its resolved rule's (`params`, at a dotted path)."""
+
+    def __init__(self, path: str):
+        self.path = path.split(".")
+
+    def __get__(self, engine, owner=None) -> Any:
+        value = engine.params
+        for part in self.path:
+            value = getattr(value, part)
+        return value
+
+
 @dataclass(frozen=True)
 class Engine:
     """An engine's rule as resolved for the model, GPU and cache dtype, and how its scheduler
@@ -42,33 +56,14 @@ class Engine:
     params: EngineParams
     sweeps: bool = True
 
-    @property
-    def name(self) -> str:
-        """As selected: `sglang`, `sglang@0.5.14`, `sglang-triton`, `vllm@0.33.0`."""
-        return self.params.engine
-
-    @property
-    def family(self) -> str:
-        """Whose scheduler forms the steps: vLLM's, or SGLang's (sglang, -triton, -trtllm)."""
-        return self.params.family
-
-    @property
-    def version(self) -> str:
-        return self.params.version
-
-    @property
-    def label(self) -> str:
-        """The engine and the options set, e.g. `sglang(enable_mixed_chunk=true)`."""
-        return self.params.label
-
-    @property
-    def citation(self) -> str:
-        return self.params.citation
-
-    @property
-    def why(self) -> tuple[str, ...]:
-        """The resolved backend and what the rule does, one line each (the first names the backend)."""
-        return self.params.why
+    name = _Resolved("engine")  # as selected: sglang, sglang@0.5.14, sglang-triton, vllm@0.33.0
+    family = _Resolved("family")  # whose scheduler forms the steps: vLLM's or SGLang's (-triton, -trtllm)
+    version = _Resolved("version")
+    label = _Resolved("label")  # the engine and the options set, e.g. sglang(enable_mixed_chunk=true)
+    citation = _Resolved("citation")
+    why = _Resolved("why")  # the resolved backend and what the rule does, a line each (backend first)
+    sweep_option = _Resolved("swept.option")
+    compares = _Resolved("swept.compares")
 
     @property
     def mixed_chunk(self) -> bool:
@@ -85,14 +80,6 @@ class Engine:
         """The largest threshold the rule takes (SGLang's dense one on a DSA model: index_topk), or None."""
         most = self.params.swept.maximum
         return None if most is None else int(most)
-
-    @property
-    def sweep_option(self) -> str:
-        return self.params.swept.option
-
-    @property
-    def compares(self) -> str:
-        return self.params.swept.compares
 
     def with_threshold(self, t: int) -> Engine:
         return replace(self, params=self.params.with_threshold(t))
