@@ -387,16 +387,6 @@ def _store_rows(p_o, p_lse, b_o, b_lse, m_row, R: tl.constexpr):
 
 
 @triton.jit
-def _merge_rows(acc, w_sum, m_use):
-    """Finish an LSE-weighted merge: (output acc / w_sum, natural-log LSE m_use + ln w_sum);
-    a row whose parts all saw no key (w_sum 0) gets 0 and -inf."""
-    has_keys = w_sum > 0
-    b_o = acc / tl.where(has_keys, w_sum, 1.0)
-    b_lse = tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
-    return b_o, b_lse
-
-
-@triton.jit
 def merge_splits(p_lse, p_o, num_splits, stride_q_split, stride_p_split, R: tl.constexpr):
     """The LSE-weighted merge of one row's `num_splits` partial outputs (mla_decode's and
     mla_sparse_decode's second stage): p_lse points at its first split's natural-log LSE, p_o at
@@ -412,7 +402,9 @@ def merge_splits(p_lse, p_o, num_splits, stride_q_split, stride_p_split, R: tl.c
         w_k = tl.exp2((tl.load(p_lse + k * stride_q_split) - m_use) * LOG2E)
         w_sum += w_k
         acc += w_k * tl.load(p_o + k * stride_p_split + o_r)  # [R]; an empty split wrote zeros
-    return _merge_rows(acc, w_sum, m_use)
+    has_keys = w_sum > 0  # a row whose splits all saw no key gets 0 and LSE -inf
+    b_o = acc / tl.where(has_keys, w_sum, 1.0)
+    return b_o, tl.where(has_keys, m_use + tl.log(tl.where(has_keys, w_sum, 1.0)), -float("inf"))
 
 
 # ints that change with the batch (block-table width, split count and the strides that follow
@@ -624,19 +616,9 @@ def _mla_decode_planned_merge_kernel(
     pid_b = tl.program_id(1).to(tl.int64)
     n = tl.load(n_splits + pid_b)
     if n > 1:
-        first = tl.load(slots + pid_b).to(tl.int64)
+        i_row = tl.load(slots + pid_b).to(tl.int64) * S_Q * H + pid_row  # its first piece's row
+        b_o, b_lse = merge_splits(lse_part + i_row, o_part + i_row * R, n, S_Q * H, S_Q * H * R, R)
         o_r = tl.arange(0, R)
-        m = tl.full([], -float("inf"), dtype=tl.float32)
-        for k in range(n):
-            m = tl.maximum(m, tl.load(lse_part + (first + k) * S_Q * H + pid_row))
-        m_use = tl.where(m == -float("inf"), 0.0, m)
-        w_sum = tl.zeros([], dtype=tl.float32)
-        acc = tl.zeros([R], dtype=tl.float32)
-        for k in range(n):
-            w_k = tl.exp2((tl.load(lse_part + (first + k) * S_Q * H + pid_row) - m_use) * LOG2E)
-            w_sum += w_k
-            acc += w_k * tl.load(o_part + ((first + k) * S_Q * H + pid_row) * R + o_r)  # [R]
-        b_o, b_lse = _merge_rows(acc, w_sum, m_use)
         i_s = pid_row // H
         i_h = pid_row % H
         tl.store(o + pid_b * stride_ob + i_s * stride_os + i_h * stride_oh + o_r, b_o.to(o.dtype.element_ty))
