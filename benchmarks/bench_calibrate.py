@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from mlactl.decide.calibration import aiconfigurator as ac
-from mlactl.decide.calibration import select
 from mlactl.decide.calibration.fit import rel_errors, summary
 from mlactl.decide.calibration.model import predict
 from mlactl.decide.calibration.run import SYSTEM_PROFILES, machine_for
+from mlactl.decide.calibration.selection import select
 from mlactl.model import hardware
 from mlactl.model.roofline import roofline_time
 

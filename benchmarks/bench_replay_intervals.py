@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
-    from mlactl.decide.calibration import resolve
+    from mlactl.decide.calibration.store import resolve
     from mlactl.decide.replay import intervals, rules
     from mlactl.decide.replay.clock import Clock
     from mlactl.decide.replay.replay import ReplaySettings, _price, kv_pool, pool_and_settings, shipped_for

@@ -67,8 +67,8 @@ def test_a_csv_of_sglangs_fp8_gemm_selects_as_the_aiconfigurator_path_and_extrap
     pytest.importorskip("aiconfigurator_core")
     pytest.importorskip("pyarrow")
     from mlactl.decide.calibration import aiconfigurator as ac
-    from mlactl.decide.calibration import select
     from mlactl.decide.calibration.run import SYSTEM_PROFILES, machine_for
+    from mlactl.decide.calibration.selection import select
     from mlactl.model import hardware
 
     table = next(t for t in ac.find_tables(ac.default_data_dir(), "h200_sxm", "sglang") if t.name.startswith("gemm"))

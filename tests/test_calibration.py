@@ -399,7 +399,7 @@ def test_installed_aiconfigurator_h200_sglang(home):
 
 
 def test_a_term_is_kept_only_where_it_lowers_the_held_out_error():
-    from mlactl.decide.calibration import select
+    from mlactl.decide.calibration.selection import select
 
     best, tried = select("absorb_attention", "synthetic", "bf16", synthetic(), Machine(PEAK, BW, SMS))
     assert len(tried) > 1  # the richer sets were fitted ...
@@ -409,7 +409,7 @@ def test_a_term_is_kept_only_where_it_lowers_the_held_out_error():
 def test_quant_term_recovers_a_pass_over_the_activations():
     # kv_expand of m tokens for H heads: FLOPs 2*m*r*H*(dC+dV); a bf16 pass over the m x r
     # activations at 40% of the bandwidth runs before a GEMM at eta_c 0.7, eta_m 0.9
-    from mlactl.decide.calibration import select
+    from mlactl.decide.calibration.selection import select
 
     m = np.array([1.0, 16, 64, 256, 1024, 4096, 16384, 65536])
     heads = np.array([1.0, 8, 32, 128])
@@ -472,7 +472,7 @@ def test_tile128_term_recovers_128_row_tiles_of_expand_prefill():
     # FLOPs 2H(dC+dR) + 2H dV = 81,920 per (query, key) pair, n(n+1)/2 pairs; bytes per token
     # q H(dC+dR)*2 + k,v H(dC+dV)*2 + RoPE key dR*2 + out H dV*2 = 147,584. The kernel computes
     # whole 128-row query tiles: F * ceil(n/128)*128/n at eta_c 0.2; memory at eta_m 0.8.
-    from mlactl.decide.calibration import select
+    from mlactl.decide.calibration.selection import select
 
     n = np.array([1.0, 16, 100, 150, 200, 300, 400, 520, 650, 777, 1000, 1300, 2100, 4100])
     b = np.array([1.0, 4, 16])
@@ -546,7 +546,7 @@ def test_kvcast_term_recovers_a_pass_over_the_cache():
     # the pass is the same at 16 heads as at 128, where the FLOPs bind and the base model must miss
     from dataclasses import replace
 
-    from mlactl.decide.calibration import select
+    from mlactl.decide.calibration.selection import select
 
     machine = Machine(PEAK, BW, SMS)
     parts = []
@@ -574,7 +574,7 @@ def test_qrow_term_recovers_a_cost_per_query_row():
     # kind, per head count: FLOPs 2h(r+dR) + 2hr per key; bytes ctx(r+dR)*2 + h(r+dR)*2 + h*r*2)
     from dataclasses import replace
 
-    from mlactl.decide.calibration import select
+    from mlactl.decide.calibration.selection import select
     from mlactl.decide.calibration.sources import _concat
 
     parts = []
@@ -674,8 +674,8 @@ def test_near_term_follows_steps_a_smooth_model_cannot():
     # a GEMM library's buckets: 1.5x slower for m in (256, 2048]; measured on a grid of m and
     # heads; `near` must lower the held-out error, and a shape far outside the grid keeps the
     # parametric time
-    from mlactl.decide.calibration import select
     from mlactl.decide.calibration.model import predict
+    from mlactl.decide.calibration.selection import select
 
     m = np.unique(np.round(2 ** np.linspace(0, 13, 60)))
     mm, hh = (a.ravel() for a in np.meshgrid(m, [1.0, 2, 4, 8, 16, 32, 64]))
@@ -758,8 +758,8 @@ def test_an_fp32_run_is_predicted_with_the_peak_it_was_fitted_with(tmp_path):
 def test_ops_and_scores_terms_recover_a_whole_path_by_hand():
     # the absorb path of a small model, timed whole: attention at 10% of peak, the projections at
     # 80%, plus 4 passes over the fp32 scores at 25% of the bandwidth (by hand below)
-    from mlactl.decide.calibration import select
     from mlactl.decide.calibration.model import predict
+    from mlactl.decide.calibration.selection import select
 
     cfg = from_name("teaching").with_tp(8)
     cost = CostModel(cfg, kv_dtype="fp32", dtype="fp32")
@@ -794,8 +794,8 @@ def test_paths_timed_side_by_side_are_fitted_without_their_common_drift():
     # efficiencies; then every shape's two times multiplied by one random factor (0.7-1.4: a shared
     # machine slowing down while that shape was measured). The paired fit must recover the
     # parameters and the crossover the drift-free times have (found below by brute force)
-    from mlactl.decide.calibration import fit_groups
     from mlactl.decide.calibration.model import predict
+    from mlactl.decide.calibration.selection import fit_groups
 
     cfg = from_name("teaching").with_tp(8)
     cost = CostModel(cfg, kv_dtype="fp32", dtype="fp32")
@@ -840,7 +840,7 @@ def test_paths_timed_side_by_side_are_fitted_without_their_common_drift():
         want = brute_force_crossover(exact, prefix)
         assert abs(brute_force_crossover(fitted, prefix) - want) <= max(2, 0.02 * want)
     # fitted one path at a time, the same points give efficiencies off by the drift
-    from mlactl.decide.calibration import select
+    from mlactl.decide.calibration.selection import select
 
     alone = select(
         "path:expand", "synthetic", "fp32", groups[("path:expand", "synthetic", "fp32")], machine, (("fixed",),)
@@ -912,8 +912,8 @@ def test_l2_term_reads_a_resident_launch_at_its_own_efficiency():
 
 
 def test_l2_term_recovers_a_resident_regime_and_is_bounded():
-    from mlactl.decide.calibration import select
     from mlactl.decide.calibration.fit import bounds
+    from mlactl.decide.calibration.selection import select
 
     tokens = np.unique(np.round(np.geomspace(1, 20000, 60)))
     pts = _out_absorb(tokens)
@@ -935,7 +935,7 @@ def test_l2_term_recovers_a_resident_regime_and_is_bounded():
 
 
 def test_l2_sets_are_tried_only_with_an_l2_size():
-    from mlactl.decide.calibration import CANDIDATE_TERMS, op_tries
+    from mlactl.decide.calibration.selection import CANDIDATE_TERMS, op_tries
 
     with_sizes = [t for t in CANDIDATE_TERMS if "l2" in t]
     assert with_sizes
@@ -1064,8 +1064,8 @@ def test_pipe_fitted_below_1024_rows_predicts_above():
 
 
 def test_dgtile_sets_are_tried_only_on_deepgemm_gemms_on_hopper():
-    from mlactl.decide.calibration import CANDIDATE_TERMS, op_tries
     from mlactl.decide.calibration.run import machine_for
+    from mlactl.decide.calibration.selection import CANDIDATE_TERMS, op_tries
     from mlactl.model import hardware
 
     sets = [t for t in CANDIDATE_TERMS if "dgtile" in t]

@@ -184,8 +184,8 @@ def test_reuse_term_reads_a_requests_rows_once():
 
 
 def test_sparse_terms_are_tried_on_sparse_attention_only():
-    from mlactl.decide.calibration import CANDIDATE_TERMS, op_tries
     from mlactl.decide.calibration.model import SPARSE_TERMS, relevant_terms
+    from mlactl.decide.calibration.selection import CANDIDATE_TERMS, op_tries
 
     sparse_sets = [t for t in CANDIDATE_TERMS if set(SPARSE_TERMS) & set(t)]
     assert sparse_sets and all(op_tries("sparse_attention", t) for t in sparse_sets)
@@ -268,7 +268,7 @@ def test_indexer_ctas_pay_a_setup_a_wave():
 
 
 def test_walker_terms_are_tried_on_the_walkers_only():
-    from mlactl.decide.calibration import CANDIDATE_TERMS, op_tries
+    from mlactl.decide.calibration.selection import CANDIDATE_TERMS, op_tries
     from mlactl.decide.calibration.terms import WALKER_TERMS
 
     assert set(WALKER_TERMS) == {"rowsel", "ctawave", "rowwave", "chunk"}

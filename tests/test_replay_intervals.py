@@ -16,10 +16,11 @@ import pytest
 from test_replay import H200, V3, mooncake, parse, run, schedule
 from test_uncertainty import FIXTURE, QUICK_TERMS
 
-from mlactl.decide.calibration import load, store
+from mlactl.decide.calibration import store
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.estimate import estimates
 from mlactl.decide.calibration.model import OP_CLASSES, PROJECTIONS
+from mlactl.decide.calibration.store import load
 from mlactl.decide.loss import RuleLoss
 from mlactl.decide.replay import intervals as I
 from mlactl.decide.replay.pricing import Pricer, rows_of

@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 from conftest import error_line, run
 
-from mlactl.decide.calibration import basis, select, store
+from mlactl.decide.calibration import basis, store
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.fit import ETA_PASS_MIN, FitResult, Machine, blocked_split, fit_params
 from mlactl.decide.calibration.model import predict
+from mlactl.decide.calibration.selection import select
 from mlactl.decide.calibration.sources import points_for
 from mlactl.model.config import from_name
 from mlactl.model.cost import CostModel
@@ -232,7 +233,7 @@ def test_eta_q_stays_within_its_physical_bounds():
 
 
 def test_a_term_that_wins_random_folds_but_loses_the_blocked_split_is_not_kept(monkeypatch):
-    import mlactl.decide.calibration as cal
+    from mlactl.decide.calibration import selection as cal
 
     def fake(terms, random, blocked):
         return FitResult("kv_expand", "s", "bf16", tuple(terms), {"t_fixed_s": 0.0, "eta_c": 1.0, "eta_m": 1.0},
@@ -574,8 +575,8 @@ def test_engine_losses_carry_an_interval(fixture_calibration, tmp_path):
     point value; on a workload of one shape, the loss interval is that shape's weight times the
     interval estimate.loss_interval gives for the point (a second implementation: per point, not
     summed over a workload)."""
-    from mlactl.decide.calibration import load
     from mlactl.decide.calibration.estimate import loss_interval, path_scenarios
+    from mlactl.decide.calibration.store import load
     from mlactl.model import hardware
 
     workload = tmp_path / "w.csv"
@@ -604,8 +605,8 @@ def test_analyze_engine_losses_carry_an_interval(fixture_calibration):
     """analyze --calibration: each row's engine loss with its 80% interval, as
     estimate.loss_interval gives it point by point (widened to hold the point value); the CSV
     has its ends; a roofline analysis has none."""
-    from mlactl.decide.calibration import load
     from mlactl.decide.calibration.estimate import loss_interval, path_scenarios
+    from mlactl.decide.calibration.store import load
     from mlactl.model import hardware
 
     args = ["analyze", "--hardware", "h200", "--new", "1,256", "--prefix", "0,32K", "--engines", "sglang"]
@@ -629,7 +630,7 @@ def test_engine_loss_intervals_on_a_sample_of_a_large_workload(fixture_calibrati
     (Horvitz-Thompson): on 1,500 shapes sampled down to about 300, each end stays within 10% of
     the interval drawn on every shape, and the point values are the full workload's."""
     from mlactl.decide import workload as W
-    from mlactl.decide.calibration import load
+    from mlactl.decide.calibration.store import load
     from mlactl.decide.engines import context_for, parse_engines
     from mlactl.model import hardware
 

@@ -17,7 +17,6 @@ from rich.console import Console
 from mlactl.cli.options import Opts, given_options, shared  # noqa: F401 - given_options: for the commands
 from mlactl.decide import setup as settings
 from mlactl.decide.setup import Setup
-from mlactl.output import progress as progress_bar
 from mlactl.output.render import calibration_line  # noqa: F401 - for the commands
 from mlactl.output.report import calibration_json, dumps  # noqa: F401 - for the commands
 from mlactl.output.tables import fit_any
@@ -42,6 +41,17 @@ def error_line(message) -> str:
     return "\n".join(f"Error: {safe.text(safe.excerpts(part), MAX_ERROR)}" for part in parts)
 
 
+def _progress_display():
+    """Bars on stderr when it is a terminal (rich.progress is imported only then: a command in a
+    pipe or a script starts without it), else None."""
+    console = Console(stderr=True, emoji=False)
+    if not console.is_terminal:
+        return None
+    from mlactl.output import progress as progress_bar
+
+    return progress_bar.display(console)
+
+
 def cli_errors(fn):
     """Run a command inside its guards: the files it reads are remembered (no output may replace
     one), long tasks get a progress bar on stderr when it is a terminal, and a library error
@@ -50,7 +60,7 @@ def cli_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            with files.command_scope(), progress.showing(progress_bar.display()):
+            with files.command_scope(), progress.showing(_progress_display()):
                 return fn(*args, **kwargs)
         except MlactlError as exc:
             typer.echo(error_line(exc), err=True)

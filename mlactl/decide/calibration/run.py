@@ -6,8 +6,8 @@ import datetime as _dt
 
 from mlactl import __version__
 from mlactl.decide.calibration import aiconfigurator as ac
-from mlactl.decide.calibration import fit_groups
 from mlactl.decide.calibration.fit import Machine
+from mlactl.decide.calibration.selection import fit_groups
 from mlactl.decide.calibration.sources import _concat, csv_points, results_points
 from mlactl.decide.calibration.store import SCHEMA, SCHEMA_VERSION, safe_name
 from mlactl.model import hardware
