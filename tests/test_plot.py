@@ -14,7 +14,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import cpu_results, save_calibration
+from conftest import cpu_results, error_line, mooncake, save_calibration
+from conftest import run as mlactl
 from typer.testing import CliRunner
 
 from mlactl.cli import app
@@ -764,3 +765,46 @@ def test_the_path_map_has_no_blank_band_above_prefix_zero(home):
     zero_top = zero.get_coordinates()[-1, 0, 1]
     rows_bottom = rows.get_coordinates()[0, 0, 1]
     assert zero_top == pytest.approx(rows_bottom)  # prefix 0's row touches 64's: no band between
+
+
+# -- mlactl plot replay -----------------------------------------------------------------------------
+
+
+def test_plot_replay_draws_the_report(tmp_path):
+    # two lines of Mooncake's conversation trace, as tests/test_traces.py reads them
+    trace = mooncake(tmp_path / "t.jsonl", [(0, 6758, 500, range(14)), (3000, 915, 355, [0, 462])])
+    rep = tmp_path / "r.json"
+    mlactl("replay", trace, "--engines", "sglang,vllm", "-o", rep)
+    mlactl("plot", "replay", rep, "-o", tmp_path / "r.svg", "--data", tmp_path / "d.json")
+    drawn = json.loads((tmp_path / "d.json").read_text())
+    data = json.loads(rep.read_text())
+    engines = [e["label"] for e in data["engines"]]
+    assert {t["engine"] for t in drawn["timeline"]} == set(engines)
+    for e in data["engines"]:
+        mine = [t for t in drawn["timeline"] if t["engine"] == e["label"]]
+        lost = sum(t["lost_per_s"] * (t["end_s"] - t["start_s"]) for t in mine)
+        assert lost == pytest.approx(e["lost_s"], rel=1e-9, abs=1e-12)
+        for row in e["by_step_type"]:
+            shares = [m["share"] for m in drawn["mix"] if m["engine"] == e["label"] and m["type"] == row["type"]]
+            assert sum(shares) == pytest.approx(1.0)
+    assert (tmp_path / "r.svg").read_text().startswith("<?xml")
+
+
+def test_plot_replay_legend_gives_each_loss_and_its_interval(tmp_path):
+    from mlactl.output.plot.replay import replay as chart
+
+    line = {"label": "e", "timeline": {"edges_s": [0.0, 1.0], "lost_s": [0.5]}, "by_step_type": []}
+    report = {"schema": "mlactl.replay", "schema_version": 1, "engines": [line]}
+    assert chart(report)[1]["legend"] == ["e"]  # a report without totals: the label alone
+    line.update(lost_s=468.07, lost_interval_s=[280.2, 468.07])
+    assert chart(report)[1]["legend"] == ["e: lost 468s (280–468s)"]
+    line.update(lost_s=0.0132, lost_interval_s=None)
+    assert chart(report)[1]["legend"] == ["e: lost 13.2ms"]
+
+
+def test_plot_replay_refuses_other_files(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"schema": "mlactl.analysis"}')
+    assert "is not a replay report" in error_line(mlactl("plot", "replay", bad, ok=False))
+    bad.write_text('{"schema": "mlactl.replay", "schema_version": 1, "engines": [{"label": 3}]}')
+    assert "engines[0].label must be a string" in error_line(mlactl("plot", "replay", bad, ok=False))
