@@ -80,6 +80,11 @@ def test_the_result_is_the_commands_document():
         pytest.param(
             "mlactl.crossover(engines='sglang')", "mlactl.crossover() takes no setting 'engines'", id="no-engines"
         ),
+        pytest.param(  # settings already resolved: a typo beside them is still refused, not ignored
+            "mlactl.engine_loss(setup=mlactl.api.common._setup('t', None, None, {}), tpp=8)",
+            "mlactl.engine_loss() takes no setting 'tpp' (did you mean tp?)",
+            id="typo-with-setup",
+        ),
     ],
 )
 def test_bad_input_raises_the_one_line_error(call, message):

@@ -32,7 +32,7 @@ def batch(
     """`mlactl batch`: a mixed batch from a CSV of requests (new, prefix or context, count): each
     request's path and the batch total per strategy and engine, under the `Settings` (tp,
     kv_dtype, dtype, chunk, calibration, engines, engine_options). `value` is a BatchAnalysis."""
-    s = setup or _setup("batch", model, hardware, given)
+    s = _setup("batch", model, hardware, given, setup=setup)
     chosen = parse_engines(*_engines(given), context_for(s.cfg, s.hw, s.kv_dtype))
     with progress.task(f"reading {requests}"):
         new, prefix, count = read_requests(requests, fmt or "csv")

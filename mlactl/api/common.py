@@ -87,14 +87,19 @@ class Settings(Machine, total=False):
     engine_options: list[str] | tuple[str, ...]
 
 
-def _setup(job: str, model, hardware, given: Mapping, allowed: type = Settings, **more) -> Setup:
-    """The Setup of `mlactl.<job>` from its keyword settings `given`; a keyword it does not take
-    is one MlactlError naming the ones it does (not Python's TypeError deep inside)."""
+def _setup(
+    job: str, model, hardware, given: Mapping, allowed: type = Settings, setup: Setup | None = None, **more
+) -> Setup:
+    """The Setup of `mlactl.<job>` from its keyword settings `given` (`setup`, where the caller
+    resolved one already); a keyword it does not take is one MlactlError naming the ones it does
+    (not Python's TypeError deep inside), with or without `setup`."""
     unknown = sorted(set(given) - set(allowed.__annotations__))
     if unknown:
         known = sorted(allowed.__annotations__)
         hint = did_you_mean(unknown[0], known)
         raise MlactlError(f"mlactl.{job}() takes no setting {unknown[0]!r}{hint}; its settings: {', '.join(known)}")
+    if setup is not None:
+        return setup
     calibration = given.get("calibration")
     return settings.setup(
         model=model,

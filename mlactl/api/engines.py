@@ -35,7 +35,7 @@ def engine_loss(
     (a CSV of batch, new, prefix, weight; or the grid of `batch`, `new`, `prefix`), where it
     loses most, and the threshold that would lose least, under the `Settings`. `value` is a
     workload report whose `engines` hold each rule's time, loss and their intervals."""
-    s = setup or _setup("engine_loss", model, hardware, given)
+    s = _setup("engine_loss", model, hardware, given, setup=setup)
     names, options = _engines(given)
     if names is None:  # the shorthands fix a dense backend: a DSA model's default is the two engines
         names = ",".join(default_selection(s.cfg))

@@ -75,9 +75,8 @@ def analyze(
         raise MlactlError("--weight-dtype goes with --scope model")
     if setup is None:
         check_policy(policy, results, model or DEFAULT_MODEL, lambda: settings.load_model(model or DEFAULT_MODEL, 1))
-        found = [results] if results is not None else ()
-        setup = _setup("analyze", model, hardware, given, results_files=found, find_results=policy == "measured")
-    s = setup
+    found = [results] if results is not None else ()
+    s = _setup("analyze", model, hardware, given, setup=setup, results_files=found, find_results=policy == "measured")
     if prefix is not None and context is not None:
         raise MlactlError("give either --prefix or --context, not both")
     b, n, p = grid(
@@ -151,7 +150,7 @@ def crossover(
     """`mlactl crossover`: per (batch, prefix), the new-token count from which expand beats
     absorb, by FLOPs and by time (a DSA model: its windows), under the `Machine` settings (tp,
     kv_dtype, dtype, chunk, calibration). `value` is a Crossover."""
-    s = setup or _setup("crossover", model, hardware, given, Machine)
+    s = _setup("crossover", model, hardware, given, Machine, setup=setup)
     cost = s.cost()
     s.hw.peak_flops(cost.dtype)
     pairs = [(b, p) for b in sizes(batch, "--batch") for p in sizes(prefix, "--prefix", 0)]
