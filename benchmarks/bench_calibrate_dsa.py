@@ -1,11 +1,12 @@
 """Held-out error of calibrated time on aiconfigurator's DSA kernel tables (DeepSeek Sparse Attention).
 
-For every system with both a DSA kernel table and an mlactl hardware profile (h100_sxm, h200_sxm,
-b200_sxm; b300_sxm, gb200 and gb300 have the tables but no profile), SGLang 0.5.14's three GLM-5
-kernel tables (mlactl/decide/calibration/aiconfigurator.py: glm5_mqa_logits -> indexer,
-glm5_topk -> topk, glm5_dsa_attn -> sparse_attention): n, the roofline's error (no fit), and the
-selected model's held-out error (the term set with the least, 5 folds), each the median and p90 of
-|predicted/measured - 1|, with the fitted efficiencies and the seconds the fit took.
+For the systems with a DSA kernel table that fits may be chosen on (h100_sxm, h200_sxm, b200_sxm,
+gb200; b300_sxm and gb300 are held out for calibrate transfer and never fitted here), SGLang
+0.5.14's three GLM-5 kernel tables (mlactl/decide/calibration/aiconfigurator.py: glm5_mqa_logits
+-> indexer, glm5_topk -> topk, glm5_dsa_attn -> sparse_attention): n, the roofline's error (no
+fit), and the selected model's held-out error (the term set with the least, 5 folds), each the
+median and p90 of |predicted/measured - 1|, with the fitted efficiencies and the seconds the fit
+took.
 
 Prints a table and writes benchmarks/results/calibrate-dsa.json. Never a test.
 
@@ -29,7 +30,7 @@ from mlactl.decide.calibration.selection import select
 from mlactl.model import hardware
 from mlactl.model.roofline import roofline_time
 
-SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm")
+SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm", "gb200")
 OUT = Path(__file__).parent / "results" / "calibrate-dsa.json"
 
 

@@ -183,6 +183,64 @@ def test_reuse_term_reads_a_requests_rows_once():
     assert float(predict(params, ("reuse",), few, PEAK, BW, SMS)[0]) == pytest.approx((100 * 656 + 1000) / BW)
 
 
+def _headed(pt, heads):
+    from dataclasses import replace
+
+    return replace(pt, heads=np.array([float(heads)]))
+
+
+def test_hblock_pads_the_heads_to_the_gpus_head_block():
+    # FlashMLA's sparse prefill on Blackwell computes 128 heads (two CTAs of 64): a 64-head launch
+    # of 8 tokens is 16 CTAs, not 8, doing twice cost.py's 1e9 FLOPs. On 4 SMs at 1e12 FLOP/s,
+    # compute-bound (2,048 slots, nothing else): 16 CTAs are 4 whole waves, 2e9 / 1e12 = 2 ms;
+    # without the term 8 CTAs are 2 whole waves, 1 ms. Hopper's 64-head block changes nothing
+    from mlactl.decide.calibration.model import predict
+
+    terms = ("fixed", "pad", "waves", "slots", "hblock")
+    pt = _sparse_point(1, 8, 2048, pool=2048, row=0.0, other=0.0)
+    blackwell = {"t_fixed_s": 0.0, "eta_c": 1.0, "eta_m": 1.0, "head_block": 128, "key_block": 128}
+    hopper = dict(blackwell, head_block=64, key_block=64)
+    assert float(predict(blackwell, terms, pt, 1e12, 1e18, 4)[0]) == pytest.approx(2e-3)
+    assert float(predict(hopper, terms, pt, 1e12, 1e18, 4)[0]) == pytest.approx(1e-3)
+    assert float(predict(blackwell, terms[:-1], pt, 1e12, 1e18, 4)[0]) == pytest.approx(1e-3)
+    # an unknown GPU's blocks (None): as without the term
+    unknown = dict(blackwell, head_block=None, key_block=None)
+    assert float(predict(unknown, terms, pt, 1e12, 1e18, 4)[0]) == pytest.approx(1e-3)
+    # 128 heads are whole blocks on both: nothing padded
+    assert float(predict(blackwell, terms, _headed(pt, 128), 1e12, 1e18, 4)[0]) == pytest.approx(1e-3)
+
+
+def test_hblock_walks_the_gpus_key_block_a_step():
+    # serial-bound (no FLOPs, no bytes): 8 tokens of 128 heads are 16 CTAs on 4 SMs, 4 waves; 256
+    # slots are 2 steps of 128 keys on Blackwell (8 t_iter), 4 of 64 on Hopper and without the term
+    from mlactl.decide.calibration.model import predict
+
+    terms = ("fixed", "serial", "slots", "hblock")
+    pt = _headed(_sparse_point(1, 8, 256, pool=256, slots=256.0, row=0.0, other=0.0, flops=0.0), 128)
+    blackwell = {"t_fixed_s": 0.0, "eta_c": 1.0, "eta_m": 1.0, "t_iter_s": 1e-6, "head_block": 128, "key_block": 128}
+    assert float(predict(blackwell, terms, pt, 1e12, 1e18, 4)[0]) == pytest.approx(8e-6)
+    hopper = dict(blackwell, head_block=64, key_block=64)
+    assert float(predict(hopper, terms, pt, 1e12, 1e18, 4)[0]) == pytest.approx(16e-6)
+    assert float(predict(blackwell, terms[:-1], pt, 1e12, 1e18, 4)[0]) == pytest.approx(16e-6)
+
+
+def test_hblock_blocks_are_the_gpus_own():
+    # a fit keeps the blocks of the GPU it was fitted on (not fitted); a GPU whose architecture
+    # has no known blocks does not try the term
+    from mlactl.decide.calibration.fit import Machine, with_sizes
+    from mlactl.decide.calibration.run import machine_for
+    from mlactl.decide.calibration.selection import op_tries
+
+    terms = ("fixed", "pad", "waves", "slots", "hblock")
+    h200, b200 = machine_for(hardware.from_name("h200")), machine_for(hardware.from_name("b200"))
+    assert (h200.arch, b200.arch) == ("sm90", "sm100")
+    assert with_sizes({}, terms, h200) == {"head_block": 64, "key_block": 64}
+    assert with_sizes({}, terms, b200) == {"head_block": 128, "key_block": 128}
+    assert "head_block" not in with_sizes({}, ("fixed",), b200)
+    assert op_tries("sparse_attention", terms, b200) and not op_tries("sparse_attention", terms, Machine(PEAK, BW, SMS))
+    assert not op_tries("absorb_attention", terms, b200)
+
+
 def test_sparse_terms_are_tried_on_sparse_attention_only():
     from mlactl.decide.calibration.model import SPARSE_TERMS, relevant_terms
     from mlactl.decide.calibration.selection import CANDIDATE_TERMS, op_tries

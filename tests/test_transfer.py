@@ -136,6 +136,51 @@ def test_a_chunk_fit_takes_the_target_logits_budget(target):
         store.validate(calibration([bad]), "hand")
 
 
+def test_a_sparse_attention_fit_takes_the_target_kernel_blocks(target):
+    # `hblock`: FlashMLA's sparse prefill computes 64 heads by 64 keys a step on Hopper, 128 by 128
+    # over a CTA pair on Blackwell; the fitted efficiencies travel, the blocks are the target's
+    fit = {"op": "sparse_attention", "source": "sglang-0.5.14:flash_mla_sparse_fwd", "dtype": "bf16",
+           "terms": ["fixed", "pad", "waves", "serial", "slots", "reuse", "hblock"],
+           "params": {"t_fixed_s": 0.0, "eta_c": 0.6, "eta_m": 1.0, "t_iter_s": 1e-6,
+                      "head_block": 64, "key_block": 64}}  # fmt: skip
+    moved = carried([fit], hardware.from_name("b200"))
+    params = moved.fits[0].params
+    assert (params["head_block"], params["key_block"]) == (128, 128)
+    assert (params["eta_c"], params["t_iter_s"]) == (0.6, 1e-6)
+    # a GPU whose architecture has no known blocks: none (the term then does nothing)
+    assert carried([fit], target).fits[0].params["head_block"] is None
+    # a block that is not a whole positive number is refused, naming the field
+    for bad in (0, 100.5, 4096):
+        with pytest.raises(MlactlError, match="head_block"):
+            store.validate(calibration([dict(fit, params=dict(fit["params"], head_block=bad))]), "hand")
+
+
+def test_the_indexers_step_follows_the_sms_flop_rate_and_the_top_ks_does_not():
+    # the indexer's t_iter is one 128 x 128 x 128 MMA on an SM: on a B200 (2,250 TFLOP/s, 148 SMs)
+    # it takes (989/132) / (2250/148) = 0.49284 of the H200's (989 TFLOP/s, 132 SMs). The top-k's
+    # step is a walk, not an MMA: its seconds travel as they are
+    walk = {"t_fixed_s": 3e-6, "eta_c": 1.0, "eta_m": 1.2, "t_iter_s": 2.6e-7, "t_cta_s": 1.1e-6}
+    indexer = {
+        "op": "indexer",
+        "source": "sglang-0.5.14:deep_gemm.fp8_mqa_logits",
+        "dtype": "fp8",
+        "terms": ["fixed", "pad", "waves", "serial", "ctawave"],
+        "params": walk,
+        "members": [{"terms": ["fixed", "pad", "waves", "serial"], "params": dict(walk, t_iter_s=3e-7)}],
+    }
+    topk = {"op": "topk", "source": "sglang-0.5.14:fast_topk_transform_fused", "dtype": "fp32",
+            "terms": ["fixed", "serial", "ctawave"], "params": walk}  # fmt: skip
+    moved = carried([indexer, topk], hardware.from_name("b200"))
+    ratio = (989 / 132) / (2250 / 148)
+    assert ratio == pytest.approx(0.49284, abs=1e-5)
+    fit = moved.fits[0]
+    assert fit.params["t_iter_s"] == pytest.approx(2.6e-7 * ratio)
+    assert fit.entry["members"][0]["params"]["t_iter_s"] == pytest.approx(3e-7 * ratio)
+    assert fit.params["t_cta_s"] == 1.1e-6 and fit.params["t_fixed_s"] == 3e-6  # a setup's latency travels
+    assert fit.transfer["step"] == pytest.approx(ratio, abs=1e-6)
+    assert moved.fits[1].params["t_iter_s"] == 2.6e-7 and moved.fits[1].transfer["step"] == 1.0
+
+
 FA3 = {
     "op": "absorb_attention", "source": "sglang-0.5.14:flash_attention:decode", "dtype": "fp8",
     "terms": ["fixed", "split", "kvpad", "serial", "fa3split", "kvcast"],

@@ -13,7 +13,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from mlactl.decide.calibration.model import PROJECTIONS, Points, logits_budget, near_table, predict, rows_of
+from mlactl.decide.calibration.model import (
+    PROJECTIONS,
+    Points,
+    logits_budget,
+    near_table,
+    predict,
+    rows_of,
+    sparse_blocks,
+)
 from mlactl.decide.calibration.terms import (  # noqa: F401  (bounds, ETA_PASS_MIN: re-exported)
     ETA_PASS_MIN,
     STARTS,
@@ -56,6 +64,7 @@ class Machine:
     l2_bytes: float | None = None  # the GPU's L2, for `l2` (hardware profile's l2_mib)
     memory_bytes: float | None = None  # the GPU's memory, for `chunk` (hardware profile's memory_gb)
     sm90: bool = False  # a Hopper GPU (H100/H200/H800): DeepGEMM's SM90 tile heuristic, for `dgtile`
+    arch: str | None = None  # sm90, sm100, ...: the sparse attention kernel's blocks, for `hblock`
 
 
 @dataclass(frozen=True)
@@ -117,12 +126,15 @@ def summary(errors: np.ndarray) -> dict:
 
 def with_sizes(params: dict, terms, machine: Machine) -> dict:
     """The GPU's sizes a fit's terms divide the shapes by, kept in the params (not fitted): its
-    L2 (`l2`) and its indexer's logits budget (`chunk`)."""
+    L2 (`l2`), its indexer's logits budget (`chunk`) and its sparse attention kernel's head and
+    key blocks (`hblock`)."""
     on = Terms.of(terms)
     if on.l2:
         params["l2_bytes"] = machine.l2_bytes
     if on.chunk:
         params["logits_budget_bytes"] = logits_budget(machine.memory_bytes)
+    if on.hblock:
+        params["head_block"], params["key_block"] = sparse_blocks(machine.arch) or (None, None)
     return params
 
 

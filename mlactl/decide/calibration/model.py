@@ -62,6 +62,14 @@ slots   a sparse attention walks all top-k index slots of a query (the ones poin
         too): its FLOPs and KV iterations are top-k keys', not min(top-k, context)'s (walked())
 reuse   a sparse attention's rows selected by several queries of one request are read once: the
         cache bytes are the request's distinct rows, not one read per selection (walked())
+hblock  a sparse attention's kernel on this GPU (SPARSE_BLOCKS): the query heads padded to its
+        head block, a CTA's 64 of them (pad, waves), and its key block of top-k slots a step
+        (serial). FlashMLA's sparse prefill computes 64 heads by 64 keys a CTA on Hopper and 128
+        by 128 over a pair of CTAs on Blackwell, where SGLang and aiconfigurator pad 64 heads to
+        128: the same 64-head launch runs at ~575 TFLOP/s on an H200, a B200 and a GB200 alike
+        (aiconfigurator 0.12, SGLang 0.5.14, 4,096+ query tokens), and one query token of 2,048
+        slots takes 57 us on an H200 (32 steps) and 30 us on a B200 (16). The block sizes are the
+        GPU's, kept in the params (head_block, key_block), not fitted
 dgtile  a single GEMM (kv_expand, DSA's indexer projections) run by DeepGEMM on a Hopper: pad and
         waves count the block_m x block_n tiles DeepGEMM's SM90 heuristic picks for its m x n
         (deepgemm_tile), not 64 x 128 ones. SGLang's fp8_block kv_expand on an H200 at n = 16,384:
@@ -146,6 +154,35 @@ INDEXER_TILE_ROWS = 128
 # split between 17.2 and 8.6 GB on the H100 (16 GB here) and 30.1 and 21.5 GB on the H200 (28.2)
 LOGITS_FREE_FRACTION = 0.2
 LOGITS_UNCHUNKED = 8_000_000
+# `hblock`: FlashMLA's sparse prefill kernel (flash_mla_sparse_fwd) by architecture, (query heads,
+# top-k slots) of one step: deepseek-ai/FlashMLA csrc/sm90/prefill/sparse/fwd.cu at e77c3068,
+# lines 21-22 (B_H = B_TOPK = 64, one CTA per 64 heads of a token) and csrc/sm100/prefill/sparse/
+# fwd.cu at 4cad6fb1, lines 50-51 (B_H = B_TOPK = 128 "for 2 CTAs", 64 heads each). Callers pad q
+# to the head block: SGLang's NSA backend (python/sglang/srt/layers/attention/nsa_backend.py,
+# _forward_flashmla_sparse, at 005e8bf8: "a multiple of 64 (Hopper) or 128 (Blackwell)") and
+# aiconfigurator's collector (ai-dynamo/aiconfigurator@095f58a5,
+# collector/sglang/glm5_dsa_sparse_modules.py, line 485: 128 heads where sm_major >= 10)
+SPARSE_BLOCKS = {"sm90": (64, 64), "sm100": (128, 128)}
+
+
+def sparse_blocks(arch: str | None) -> tuple[int, int] | None:
+    """`hblock`: (head block, key block) of the sparse attention kernel on this architecture, or
+    None where SPARSE_BLOCKS does not know it (the term then does nothing)."""
+    return SPARSE_BLOCKS.get(arch or "")
+
+
+def head_padded(params: dict, terms, pts: Points) -> tuple[Points, int | None]:
+    """`hblock`: a sparse attention's points as its kernel computes them, the heads padded to the
+    GPU's head block (FLOPs with them), and its key block; the points as they are and None
+    without the term or the GPU's blocks."""
+    hb, kb = params.get("head_block"), params.get("key_block")
+    if pts.op != "sparse_attention" or not Terms.of(terms).hblock or not hb or not kb:
+        return pts, None
+    heads = np.asarray(pts.heads, dtype=np.float64)
+    padded = np.ceil(heads / hb) * hb
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.where(heads > 0, padded / heads, 1.0)
+    return replace(pts, heads=padded, flops=np.asarray(pts.flops, dtype=np.float64) * factor), int(kb)
 
 
 def op_class(path: str, op: str) -> str:
@@ -656,7 +693,7 @@ def components(
     `predict` combines, kept apart so a batch of requests in one launch can add them up.
     `smooth`: counts continuous (see `predict`)."""
     terms = Terms.of(terms)
-    pts = walked(pts, terms)
+    pts, key_block = head_padded(params, terms, walked(pts, terms))
     flops = np.asarray(pts.flops, dtype=np.float64)
     nbytes = np.asarray(pts.bytes, dtype=np.float64)
     serial = np.zeros_like(flops)
@@ -691,7 +728,7 @@ def components(
             waves = _whole(np.where(finite, ctas, 1.0) * s / sm_count, smooth)
             if terms.rowsel and pts.op == "topk":  # no selecting row, no wave
                 waves = np.where(ctas > 0, waves, 0.0)
-            iters = _whole(walked_keys(pts, terms) / (s * tile), smooth)
+            iters = _whole(walked_keys(pts, terms) / (s * (key_block or tile)), smooth)
             serial = params["t_iter_s"] * waves * iters
             if terms.ctawave and pts.op in WALKERS:  # each wave's CTAs set up before they walk
                 serial = serial + params["t_cta_s"] * waves

@@ -10,6 +10,7 @@ from mlactl.decide.calibration.fit import Machine
 from mlactl.decide.calibration.selection import fit_groups
 from mlactl.decide.calibration.sources import _concat, csv_points, results_points
 from mlactl.decide.calibration.store import SCHEMA, SCHEMA_VERSION, safe_name
+from mlactl.decide.engines import arch_of
 from mlactl.model import hardware
 from mlactl.model.hardware import HardwareProfile
 from mlactl.results import store as results
@@ -35,6 +36,7 @@ def machine_for(hw: HardwareProfile, dtype: str = "bf16") -> Machine:
         l2_bytes=hw.l2_bytes,
         memory_bytes=hw.memory_bytes,
         sm90=hw.name in SM90_PROFILES,
+        arch=arch_of(hw),
     )
 
 

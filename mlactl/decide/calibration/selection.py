@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from mlactl.decide.calibration.evidence import evidence
 from mlactl.decide.calibration.fit import K_FOLDS, fit
-from mlactl.decide.calibration.model import GEMM_OPS
+from mlactl.decide.calibration.model import GEMM_OPS, sparse_blocks
 from mlactl.decide.calibration.paired import fit_paired, paired_groups
 from mlactl.decide.calibration.terms import (
     BASE_TERMS,
@@ -52,8 +52,13 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     # a cost per query row (token x head) outside the kernel's overlap (TRT-LLM's fp8 decode)
     ("fixed", "split", "kvpad", "serial", "combine", "request", "tile128", "fa3split", "qrow"),
     ("fixed", "pad", "waves", "split", "kvpad", "serial", "combine", "request", "sum", "fa3split", "kvcast", "qrow"),
-    # a sparse attention as its kernel walks it: every top-k slot, and rows shared by a request's
-    # queries read once (tried for sparse_attention only: SPARSE_TERMS)
+    # a sparse attention as its kernel walks it: every top-k slot, rows shared by a request's
+    # queries read once, and the GPU's kernel blocks (the heads padded to its head block, its key
+    # block a step: `hblock`, no parameter of its own, tried first so that it stays where it
+    # predicts the same); tried for sparse_attention only (SPARSE_TERMS)
+    ("fixed", "pad", "waves", "slots", "reuse", "hblock"),
+    ("fixed", "pad", "waves", "serial", "slots", "reuse", "hblock"),
+    ("fixed", "pad", "waves", "serial", "slots", "hblock"),
     ("fixed", "pad", "waves", "slots", "reuse"),
     ("fixed", "pad", "waves", "serial", "slots", "reuse"),
     ("fixed", "pad", "waves", "serial", "slots"),
@@ -130,7 +135,8 @@ def op_tries(op: str, terms, machine=None, source: str | None = None) -> bool:
     (elsewhere it would only add its other terms as a set of their own); one with `l2` only where
     the machine's L2 size is known (without it the term does nothing), and `chunk` where its
     memory is; one with `dgtile` only on a DeepGEMM kernel's single GEMM (model.GEMM_OPS) on an
-    SM90 machine, the one its tile heuristic describes; one with a walker's own terms
+    SM90 machine, the one its tile heuristic describes; one with `hblock` only where the
+    machine's architecture has known sparse kernel blocks; one with a walker's own terms
     (WALKER_TERMS) only on DSA's indexer and top-k."""
     on = Terms.of(terms)
     if on.l2 and machine is not None and not getattr(machine, "l2_bytes", None):
@@ -141,6 +147,8 @@ def op_tries(op: str, terms, machine=None, source: str | None = None) -> bool:
         deepgemm = source is not None and "deepgemm" in source.lower()
         if not (deepgemm and op in GEMM_OPS and getattr(machine, "sm90", False)):
             return False
+    if on.hblock and machine is not None and sparse_blocks(getattr(machine, "arch", None)) is None:
+        return False
     if on & set(WALKER_TERMS) and op not in WALKERS:
         return False
     return op == "sparse_attention" or not on & set(SPARSE_TERMS)

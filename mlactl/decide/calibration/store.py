@@ -31,6 +31,7 @@ from pathlib import Path
 from mlactl.decide.calibration.evidence import check_evidence
 from mlactl.decide.calibration.terms import (  # noqa: F401  (the ranges and eta_limit: re-exported)
     ATTENTION_CLASSES,
+    BLOCK_MAX,
     BUDGET_BYTES_MAX,
     ETA_LOWEST,
     ITER_SECONDS_MAX,
@@ -307,6 +308,14 @@ def _params_rule(fit: dict, where: str) -> None:
         expected = None if budget is None else S.number(1.0, maximum=BUDGET_BYTES_MAX)(budget)
         if expected is not None:
             raise S.Invalid(f"{at}.logits_budget_bytes", expected, budget)
+    if terms.hblock:  # the sparse kernel's head and key blocks, or null (unknown GPU: the term does nothing)
+        for key in ("head_block", "key_block"):
+            value = params.get(key)
+            expected = None if value is None else S.number(1.0, maximum=BLOCK_MAX)(value)
+            if expected is None and value is not None and value != int(value):
+                expected = "a whole number"
+            if expected is not None:
+                raise S.Invalid(f"{at}.{key}", expected, value)
     if terms.near:
         expected = _near(params.get("near"))
         if expected is not None:

@@ -63,6 +63,8 @@ L2_GAIN_MAX = 4.0
 L2_BYTES_MAX = float(1 << 30)
 # `chunk`: a workspace budget is a share of a GPU's memory, at most 10 TB
 BUDGET_BYTES_MAX = 1e13
+# `hblock`: a kernel's head or key block is a whole number of at most 1024 (a CTA's threads)
+BLOCK_MAX = 1024
 # A pass over the activations (`quant`) cannot beat the bandwidth: eta_q <= 1 in a fit. Its floor,
 # ETA_PASS_MIN, only keeps the fit finite (fit.py tells the figures).
 ETA_PASS_MIN = 0.01
@@ -149,6 +151,8 @@ TERM_LIST = (
          (_eta("eta_s", (0.3, 0.3, 0.3)),)),
     Term("slots", "a sparse attention walks all top-k index slots of a query", ("sparse_attention",)),
     Term("reuse", "a sparse attention's rows selected by several queries are read once", ("sparse_attention",)),
+    Term("hblock", "a sparse attention's kernel computes whole head blocks and walks a key block a step, the GPU's",
+         ("sparse_attention",)),
     Term("l2", "a projection's memory at eta_m * l2_gain where the launch fits in L2", PROJECTIONS,
          (Param("l2_gain", (1.5, 1.5, 1.5), (1.0, L2_GAIN_MAX)),)),
     Term("pipe", "compute and memory overlapped across the tiles each SM runs in turn", PROJECTIONS),
@@ -172,7 +176,8 @@ def scoped(*classes: str) -> tuple[str, ...]:
     return tuple(t.name for t in TERM_LIST if set(t.scope) <= set(classes))
 
 
-# terms that only act on a sparse attention (DSA's): the top-k slots it walks, the rows it reuses
+# terms that only act on a sparse attention (DSA's): the top-k slots it walks, the rows it reuses,
+# its kernel's head and key blocks on the GPU
 SPARSE_TERMS = scoped("sparse_attention")
 # terms that only act on the indexer's or the top-k's walk (DSA's): which rows select, what each
 # CTA sets up, what every row writes

@@ -8,9 +8,12 @@ A fit (model.py) already keeps apart what belongs to the kernel and what to the 
                    (fractions of the GPU's ceilings), l2_gain (L2 reads over HBM reads)
     the GPU's      peak FLOP/s, bandwidth, SM count (waves, splits, serial waves) and L2 size
 
-so a transferred fit keeps the kernel's parameters and takes the target profile's ceilings, SMs
-and L2 (`l2_bytes`). A time is then the same kernel at the target's ceilings: per-SM and per-wave
-effects follow the target's SM count, an `l2` fit its L2.
+so a transferred fit keeps the kernel's parameters and takes the target profile's ceilings, SMs,
+L2 (`l2_bytes`) and, for a sparse attention, the kernel's head and key blocks on the target's
+architecture (`hblock`: FlashMLA's sparse prefill pads 64 heads to 128 on Blackwell). A time is
+then the same kernel at the target's ceilings: per-SM and per-wave effects follow the target's
+SM count, an `l2` fit its L2. One exception to "seconds are the kernel's": where a walking CTA's
+step is an MMA (the indexer's: COMPUTE_STEPS), t_iter follows the SM's FLOP rate (`step_scale`).
 
 Terms that describe one kernel (KERNEL_TERMS) travel only where the engine runs that same kernel
 on the target: FA3's split heuristic and SGLang FA3's pass over an fp8 cache are FA3's, on
@@ -44,7 +47,7 @@ from mlactl import __version__
 from mlactl import profiles as shipped_profiles
 from mlactl.decide.calibration import store
 from mlactl.decide.calibration import uncertainty as u
-from mlactl.decide.calibration.model import ATTENTION_CLASSES, logits_budget
+from mlactl.decide.calibration.model import ATTENTION_CLASSES, logits_budget, sparse_blocks
 from mlactl.decide.calibration.store import Calibration, eta_limit, safe_name, validate
 from mlactl.decide.calibration.terms import PARAMS
 from mlactl.decide.engines import arch_of, context_for, default_params
@@ -145,14 +148,38 @@ def travels(term: str, source_kernel: str, kernel: str, arch: str | None) -> boo
     return on is None or arch == on
 
 
-def _retarget(model: dict, target: HardwareProfile) -> dict:
-    """A fit's or member's {"terms", "params"} with the target's L2 size (`l2`) and its indexer's
-    logits budget, a share of its memory (`chunk`)."""
+# op classes whose `serial` step (t_iter: one key block of a walking CTA) is an MMA on the SM,
+# whose time follows the SM's FLOP rate (peak / SMs) rather than a latency: DeepGEMM's
+# fp8_mqa_logits, 128 rows by 128 keys of 128 dims a step, 4.19 MFLOP. Fitted on aiconfigurator's
+# SGLang 0.5.14 tables, t_iter is 0.304, 0.258, 0.164 and 0.126 us on an H100, H200, B200 and
+# GB200, where that MMA at each one's per-SM fp8 peak takes 0.28, 0.28, 0.14 and 0.12 us.
+# Carried in seconds, the H100's and H200's fits were 46-58% off at the p90 on the Blackwells;
+# scaled, 28-32% (benchmarks/bench_transfer.py's pairs)
+COMPUTE_STEPS = ("indexer",)
+
+
+def step_scale(op: str, source: HardwareProfile, target: HardwareProfile, dtype: str) -> float:
+    """What a fit's t_iter is multiplied by on the target: the source's per-SM FLOP rate over the
+    target's for COMPUTE_STEPS, else 1 (a step's latency is the kernel's)."""
+    if op not in COMPUTE_STEPS or not source.sm_count or not target.sm_count:
+        return 1.0
+    return (source.peak_flops(dtype) / source.sm_count) / (target.peak_flops(dtype) / target.sm_count)
+
+
+def _retarget(model: dict, target: HardwareProfile, step: float = 1.0) -> dict:
+    """A fit's or member's {"terms", "params"} with the target's L2 size (`l2`), its indexer's
+    logits budget, a share of its memory (`chunk`), its sparse attention kernel's head and key
+    blocks (`hblock`: none where its architecture has none known), and its t_iter times `step`
+    (`step_scale`)."""
     out = copy.deepcopy(model)
+    if step != 1.0 and "t_iter_s" in out["params"]:
+        out["params"]["t_iter_s"] = out["params"]["t_iter_s"] * step
     if "l2" in out["terms"]:
         out["params"]["l2_bytes"] = target.l2_bytes
     if "chunk" in out["terms"]:
         out["params"]["logits_budget_bytes"] = logits_budget(target.memory_bytes)
+    if "hblock" in out["terms"]:
+        out["params"]["head_block"], out["params"]["key_block"] = sparse_blocks(family(target)) or (None, None)
     return out
 
 
@@ -258,17 +285,20 @@ def transfer_fit(
     errors: dict | None = None,
     near: bool = NEAR_TRAVELS,
     correct: bool = CORRECT,
+    peak_dtype: str = "bf16",
 ) -> dict:
     """One fit carried to `target` (see the module docstring), with its `transfer` record.
     `near`: whether a projection's nearest-shape correction travels (NEAR_TRAVELS); `correct`:
-    whether the transfer model's median error is taken out (CORRECT)."""
+    whether the transfer model's median error is taken out (CORRECT); `peak_dtype`: the peak the
+    calibration divides by (its ceilings' dtype), for `step_scale`."""
     src_kernel = kernel_of(fit)
     kernel, decided = target_kernel(framework, fit, source, target)
     arch = family(target)
     drop = [t for t in fit["terms"] if not travels(t, src_kernel, kernel, arch) or (t == "near" and not near)]
-    out = _retarget(fit, target)
+    step = step_scale(fit["op"], source, target, peak_dtype)
+    out = _retarget(fit, target, step)
     rests_on = SAME if kernel == src_kernel else f"{OTHER} ({src_kernel} measured, {kernel} on {target.name})"
-    members = [_retarget(m, target) for m in fit.get("members", [])]
+    members = [_retarget(m, target, step) for m in fit.get("members", [])]
     fallback = None
     if drop:
         clean = [m for m in members if not set(drop) & set(m["terms"])]
@@ -306,14 +336,15 @@ def transfer_fit(
         "crossing": crossing,
         "error": None if error is None else {"n": error.get("n"), "key": key},
         "factor": round(factor, 6),
+        "step": round(step, 6),
     }
     return out
 
 
-def _carry(fit: dict, fits: list, framework, source, target, errors, near: bool, correct: bool) -> dict:
+def _carry(fit: dict, fits: list, framework, source, target, errors, near: bool, correct: bool, dtype: str) -> dict:
     """`transfer_fit`, and for an fp8-cache attention fit on a kernel the target does not run, the
     same op and phase's bf16 fit in its place (STAND_IN) where the calibration has one."""
-    moved = transfer_fit(fit, framework, source, target, errors, near, correct)
+    moved = transfer_fit(fit, framework, source, target, errors, near, correct, dtype)
     kernel = moved["transfer"]["kernel"]
     if kernel["measured"] == kernel["target"] or fit["op"] not in ATTENTION_CLASSES:
         return moved
@@ -323,7 +354,7 @@ def _carry(fit: dict, fits: list, framework, source, target, errors, near: bool,
     if not twin:
         return moved
     stand_in = dict(copy.deepcopy(twin[0]), dtype=fit["dtype"], source=fit["source"])
-    moved = transfer_fit(stand_in, framework, source, target, errors, near, correct)
+    moved = transfer_fit(stand_in, framework, source, target, errors, near, correct, dtype)
     moved["transfer"]["rests_on"] += f"; {STAND_IN}"
     moved["transfer"]["fallback"] = "bf16 fit"
     return moved
@@ -353,7 +384,7 @@ def transfer(
         raise MlactlError(f"{target.name} has no {dtype} peak, the dtype calibration {cal.name!r} divides by")
     framework = (cal.data.get("source") or {}).get("framework")
     entries = cal.data["fits"]  # the file's entries, carried one by one
-    fits = [_carry(f, entries, framework, source, target, errors, near, correct) for f in entries]
+    fits = [_carry(f, entries, framework, source, target, errors, near, correct, dtype) for f in entries]
     data = copy.deepcopy({k: v for k, v in cal.data.items() if k != "fits"})
     data.update(
         name=safe_name(name or f"{target.name}-from-{cal.name}"),
