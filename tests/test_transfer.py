@@ -147,8 +147,16 @@ def test_a_sparse_attention_fit_takes_the_target_kernel_blocks(target):
     params = moved.fits[0].params
     assert (params["head_block"], params["key_block"]) == (128, 128)
     assert (params["eta_c"], params["t_iter_s"]) == (0.6, 1e-6)
-    # a GPU whose architecture has no known blocks: none (the term then does nothing)
-    assert carried([fit], target).fits[0].params["head_block"] is None
+    # Hopper's kernel reads a request's shared rows once (`reuse`), Blackwell's each selection:
+    # the term is the target architecture's, both ways
+    assert "reuse" not in moved.fits[0].terms
+    blackwell = dict(fit, terms=[t for t in fit["terms"] if t != "reuse"],
+                     params=dict(fit["params"], head_block=128, key_block=128))  # fmt: skip
+    back = carried([blackwell], hardware.from_name("h100-sxm"), source="b200").fits[0]
+    assert "reuse" in back.terms and (back.params["head_block"], back.params["key_block"]) == (64, 64)
+    # a GPU whose architecture has no known blocks: none (the term then does nothing), its terms as fitted
+    other = carried([fit], target).fits[0]
+    assert other.params["head_block"] is None and "reuse" in other.terms
     # a block that is not a whole positive number is refused, naming the field
     for bad in (0, 100.5, 4096):
         with pytest.raises(MlactlError, match="head_block"):
@@ -438,6 +446,13 @@ def test_an_fp8_cache_fit_on_a_kernel_the_target_does_not_run_takes_the_bf16_fit
     fp8 = next(f for f in on_b200["fits"] if f["dtype"] == "fp8")
     assert fp8["terms"] == ["fixed"] and fp8["params"] == {"t_fixed_s": 5e-6, "eta_c": 0.5, "eta_m": 0.8}
     assert fp8["transfer"]["fallback"] == "bf16 fit" and fp8["source"] == FA3["source"]
+    # a bf16 fit with a key-block step walks the fp8 cache's blocks, half the bytes: half the step
+    stepped = dict(bf16, terms=["fixed", "kvpad", "serial"], params=dict(bf16["params"], t_iter_s=2e-6))
+    cal = store.validate(calibration([FA3, stepped]), "hand")
+    on_b200 = transfer(cal, hardware.from_name("h200"), hardware.from_name("b200"), errors={})
+    fp8 = next(f for f in on_b200["fits"] if f["dtype"] == "fp8")
+    assert fp8["params"]["t_iter_s"] == pytest.approx(1e-6)
+    assert next(f for f in on_b200["fits"] if f["dtype"] == "bf16")["params"]["t_iter_s"] == 2e-6
     # on an H100 SGLang runs FA3 too: the fp8 fit itself, every term with it
     on_h100 = transfer(cal, hardware.from_name("h200"), hardware.from_name("h100-sxm"), errors={})
     fp8 = next(f for f in on_h100["fits"] if f["dtype"] == "fp8")

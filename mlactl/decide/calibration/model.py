@@ -69,7 +69,8 @@ hblock  a sparse attention's kernel on this GPU (SPARSE_BLOCKS): the query heads
         128: the same 64-head launch runs at ~575 TFLOP/s on an H200, a B200 and a GB200 alike
         (aiconfigurator 0.12, SGLang 0.5.14, 4,096+ query tokens), and one query token of 2,048
         slots takes 57 us on an H200 (32 steps) and 30 us on a B200 (16). The block sizes are the
-        GPU's, kept in the params (head_block, key_block), not fitted
+        GPU's, kept in the params (head_block, key_block), not fitted; a transfer also sets
+        `reuse` by the target's architecture (SPARSE_REUSE)
 dgtile  a single GEMM (kv_expand, DSA's indexer projections) run by DeepGEMM on a Hopper: pad and
         waves count the block_m x block_n tiles DeepGEMM's SM90 heuristic picks for its m x n
         (deepgemm_tile), not 64 x 128 ones. SGLang's fp8_block kv_expand on an H200 at n = 16,384:
@@ -163,6 +164,13 @@ LOGITS_UNCHUNKED = 8_000_000
 # aiconfigurator's collector (ai-dynamo/aiconfigurator@095f58a5,
 # collector/sglang/glm5_dsa_sparse_modules.py, line 485: 128 heads where sm_major >= 10)
 SPARSE_BLOCKS = {"sm90": (64, 64), "sm100": (128, 128)}
+# and whether that kernel's reads of the rows a request's queries share come once (`reuse`): on
+# Hopper they do (with one read per selection the H100's table would need 4.8 TB/s, over its
+# 3.35); on Blackwell the time follows one read per selection: fitted with `reuse` the B200's and
+# GB200's tables miss the targets (random p90 29-34%, blocked median 24-26%), without it they
+# meet them (15.5-20.1%, 6.2-10.3%). `calibrate transfer` sets the term by the target's
+# architecture for a fit with `hblock`
+SPARSE_REUSE = {"sm90": True, "sm100": False}
 
 
 def sparse_blocks(arch: str | None) -> tuple[int, int] | None:

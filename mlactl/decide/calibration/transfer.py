@@ -10,10 +10,11 @@ A fit (model.py) already keeps apart what belongs to the kernel and what to the 
 
 so a transferred fit keeps the kernel's parameters and takes the target profile's ceilings, SMs,
 L2 (`l2_bytes`) and, for a sparse attention, the kernel's head and key blocks on the target's
-architecture (`hblock`: FlashMLA's sparse prefill pads 64 heads to 128 on Blackwell). A time is
-then the same kernel at the target's ceilings: per-SM and per-wave effects follow the target's
-SM count, an `l2` fit its L2. One exception to "seconds are the kernel's": where a walking CTA's
-step is an MMA (the indexer's: COMPUTE_STEPS), t_iter follows the SM's FLOP rate (`step_scale`).
+architecture (`hblock`: FlashMLA's sparse prefill pads 64 heads to 128 on Blackwell, and reads
+a request's shared rows once on Hopper only: `reuse`). A time is then the same kernel at the
+target's ceilings: per-SM and per-wave effects follow the target's SM count, an `l2` fit its L2.
+One exception to "seconds are the kernel's": where a walking CTA's step is an MMA (the
+indexer's: COMPUTE_STEPS), t_iter follows the SM's FLOP rate (`step_scale`).
 
 Terms that describe one kernel (KERNEL_TERMS) travel only where the engine runs that same kernel
 on the target: FA3's split heuristic and SGLang FA3's pass over an fp8 cache are FA3's, on
@@ -47,7 +48,7 @@ from mlactl import __version__
 from mlactl import profiles as shipped_profiles
 from mlactl.decide.calibration import store
 from mlactl.decide.calibration import uncertainty as u
-from mlactl.decide.calibration.model import ATTENTION_CLASSES, logits_budget, sparse_blocks
+from mlactl.decide.calibration.model import ATTENTION_CLASSES, SPARSE_REUSE, logits_budget, sparse_blocks
 from mlactl.decide.calibration.store import Calibration, eta_limit, safe_name, validate
 from mlactl.decide.calibration.terms import PARAMS
 from mlactl.decide.engines import arch_of, context_for, default_params
@@ -94,7 +95,13 @@ CORRECT = True
 # (FA3 converts the cache first: kvcast) says nothing of the target's, so the same op's bf16 fit,
 # at the fp8 cache's bytes, stands in. H200 SGLang -> B200 (trtllm_mla) fp8 decode: 67.4% / 174%
 # median / p90 with the fp8 fit, 22.8% / 90.8% with the bf16 one (benchmarks/bench_transfer.py)
-STAND_IN = "the same op's bf16 fit at the fp8 cache's bytes"
+STAND_IN = "the same op's bf16 fit at the fp8 cache's bytes and key blocks"
+# and walking the fp8 cache's key blocks, half the bytes a block: its t_iter (one key block's
+# step) times STAND_IN_STEP, an fp8 element's byte over a bf16 one's two. The kernel the target
+# runs shows it: SGLang's trtllm_mla decode steps 0.449 / 0.247 us (B200) and 0.644 / 0.487 us
+# (GB200) a block of a bf16 / fp8 cache. H200 SGLang -> B200 and GB200 fp8 decode, raw p90:
+# 90.8% and 90.1% with the bf16 step, 48.0% and 44.6% with half (benchmarks/bench_transfer.py)
+STAND_IN_STEP = 0.5
 MIN_PAIRS = 2  # a key of the transfer error model is used from this many (source, target) pairs
 SAME, OTHER = "same kernel", "another kernel's fit"
 MEMBER, DROPPED = "its best member without the dropped terms", "the dropped terms left out of its own parameters"
@@ -169,8 +176,9 @@ def step_scale(op: str, source: HardwareProfile, target: HardwareProfile, dtype:
 def _retarget(model: dict, target: HardwareProfile, step: float = 1.0) -> dict:
     """A fit's or member's {"terms", "params"} with the target's L2 size (`l2`), its indexer's
     logits budget, a share of its memory (`chunk`), its sparse attention kernel's head and key
-    blocks (`hblock`: none where its architecture has none known), and its t_iter times `step`
-    (`step_scale`)."""
+    blocks and whether it reads a request's shared rows once (`hblock`, `reuse`: SPARSE_BLOCKS and
+    SPARSE_REUSE of its architecture; no blocks where none are known), and its t_iter times
+    `step` (`step_scale`)."""
     out = copy.deepcopy(model)
     if step != 1.0 and "t_iter_s" in out["params"]:
         out["params"]["t_iter_s"] = out["params"]["t_iter_s"] * step
@@ -179,7 +187,11 @@ def _retarget(model: dict, target: HardwareProfile, step: float = 1.0) -> dict:
     if "chunk" in out["terms"]:
         out["params"]["logits_budget_bytes"] = logits_budget(target.memory_bytes)
     if "hblock" in out["terms"]:
-        out["params"]["head_block"], out["params"]["key_block"] = sparse_blocks(family(target)) or (None, None)
+        arch = family(target)
+        out["params"]["head_block"], out["params"]["key_block"] = sparse_blocks(arch) or (None, None)
+        if arch in SPARSE_REUSE:  # the kernel's reads on the target's architecture
+            terms = [t for t in out["terms"] if t != "reuse"]
+            out["terms"] = terms + ["reuse"] if SPARSE_REUSE[arch] else terms
     return out
 
 
@@ -343,7 +355,8 @@ def transfer_fit(
 
 def _carry(fit: dict, fits: list, framework, source, target, errors, near: bool, correct: bool, dtype: str) -> dict:
     """`transfer_fit`, and for an fp8-cache attention fit on a kernel the target does not run, the
-    same op and phase's bf16 fit in its place (STAND_IN) where the calibration has one."""
+    same op and phase's bf16 fit in its place (STAND_IN), its step over the fp8 blocks
+    (STAND_IN_STEP), where the calibration has one."""
     moved = transfer_fit(fit, framework, source, target, errors, near, correct, dtype)
     kernel = moved["transfer"]["kernel"]
     if kernel["measured"] == kernel["target"] or fit["op"] not in ATTENTION_CLASSES:
@@ -354,6 +367,9 @@ def _carry(fit: dict, fits: list, framework, source, target, errors, near: bool,
     if not twin:
         return moved
     stand_in = dict(copy.deepcopy(twin[0]), dtype=fit["dtype"], source=fit["source"])
+    for model in [stand_in, *stand_in.get("members", [])]:  # the fp8 cache's blocks, a step each
+        if "t_iter_s" in model["params"]:
+            model["params"]["t_iter_s"] = model["params"]["t_iter_s"] * STAND_IN_STEP
     moved = transfer_fit(stand_in, framework, source, target, errors, near, correct, dtype)
     moved["transfer"]["rests_on"] += f"; {STAND_IN}"
     moved["transfer"]["fallback"] = "bf16 fit"
