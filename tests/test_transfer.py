@@ -150,10 +150,12 @@ def test_a_sparse_attention_fit_takes_the_target_kernel_blocks(target):
     # Hopper's kernel reads a request's shared rows once (`reuse`), Blackwell's each selection:
     # the term is the target architecture's, both ways
     assert "reuse" not in moved.fits[0].terms
+    assert moved.fits[0].transfer["adapted"] == ["128 heads x 128 keys a step", "each selection read"]
     blackwell = dict(fit, terms=[t for t in fit["terms"] if t != "reuse"],
                      params=dict(fit["params"], head_block=128, key_block=128))  # fmt: skip
     back = carried([blackwell], hardware.from_name("h100-sxm"), source="b200").fits[0]
     assert "reuse" in back.terms and (back.params["head_block"], back.params["key_block"]) == (64, 64)
+    assert back.transfer["adapted"] == ["64 heads x 64 keys a step", "shared rows read once"]
     # a GPU whose architecture has no known blocks: none (the term then does nothing), its terms as fitted
     other = carried([fit], target).fits[0]
     assert other.params["head_block"] is None and "reuse" in other.terms
@@ -187,6 +189,7 @@ def test_the_indexers_step_follows_the_sms_flop_rate_and_the_top_ks_does_not():
     assert fit.params["t_cta_s"] == 1.1e-6 and fit.params["t_fixed_s"] == 3e-6  # a setup's latency travels
     assert fit.transfer["step"] == pytest.approx(ratio, abs=1e-6)
     assert moved.fits[1].params["t_iter_s"] == 2.6e-7 and moved.fits[1].transfer["step"] == 1.0
+    assert fit.transfer["adapted"] == ["step x0.49"] and moved.fits[1].transfer["adapted"] == []
 
 
 FA3 = {
@@ -452,6 +455,7 @@ def test_an_fp8_cache_fit_on_a_kernel_the_target_does_not_run_takes_the_bf16_fit
     on_b200 = transfer(cal, hardware.from_name("h200"), hardware.from_name("b200"), errors={})
     fp8 = next(f for f in on_b200["fits"] if f["dtype"] == "fp8")
     assert fp8["params"]["t_iter_s"] == pytest.approx(1e-6)
+    assert fp8["transfer"]["adapted"] == ["fp8 cache blocks, step x0.50"]
     assert next(f for f in on_b200["fits"] if f["dtype"] == "bf16")["params"]["t_iter_s"] == 2e-6
     # on an H100 SGLang runs FA3 too: the fp8 fit itself, every term with it
     on_h100 = transfer(cal, hardware.from_name("h200"), hardware.from_name("h100-sxm"), errors={})

@@ -138,7 +138,8 @@ def uncovered_lines(scores) -> list[str]:
 def transfer_table(name: str, source: str, target: str, fits, width: int | None):
     """A transferred calibration's fits: op, kernel measured and kernel the target runs (`same`:
     the measured one), what the fit rests on (that kernel, or another's: its member without the
-    dropped terms, or its own parameters less them), the terms dropped and the transfer error
+    dropped terms, or its own parameters less them), the terms dropped, what was adapted to the
+    target (the sparse kernel's blocks and reads, a step at its FLOP rate) and the transfer error
     its interval was widened by."""
     cols = [
         Col("op", "left", typed=True),
@@ -148,8 +149,9 @@ def transfer_table(name: str, source: str, target: str, fits, width: int | None)
         Col("on target", "left"),
         Col("rests on", "left"),
         Col("dropped", "left", drop=2),
-        Col("transfer p90", drop=3),
-        Col("factor", drop=4),
+        Col("adapted", "left", drop=3),
+        Col("transfer p90", drop=4),
+        Col("factor", drop=5),
     ]
     rows = []
     for f in fits:
@@ -170,6 +172,7 @@ def transfer_table(name: str, source: str, target: str, fits, width: int | None)
                     t.get("fallback") or "", ""
                 ),
                 safe.markup(", ".join(t.get("dropped") or [])) or "—",
+                safe.markup("; ".join(t.get("adapted") or [])) or "—",
                 "—" if p90 is None else f"{100 * (math.exp(p90) - 1):.0f}%",
                 f"{t.get('factor', 1.0):.2f}",
             ]
@@ -178,6 +181,6 @@ def transfer_table(name: str, source: str, target: str, fits, width: int | None)
         f"Calibration {safe.markup(name)}: fitted on {safe.markup(source)}, transferred to {safe.markup(target)}'s "
         "ceilings, SMs and L2; on target: the kernel the engine runs there; transfer p90: the 90th percentile of "
         "the transfer error its interval was widened to; factor: its median taken out of the times "
-        "(leave-one-GPU-out model)"
+        "(leave-one-GPU-out model); adapted: what of the kernel is the target's"
     )
     return table(title, cols, rows, width, elsewhere="a wider terminal or --format json")

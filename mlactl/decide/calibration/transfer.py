@@ -289,6 +289,21 @@ def widen(interval: dict | None, error: dict | None) -> dict | None:
     return out
 
 
+def adaptations(fit: dict, moved: dict, step: float) -> list[str]:
+    """What of the kernel a transfer took from the target, in words: the sparse kernel's blocks
+    and reads (`hblock`, `reuse`) and a step scaled by the SM's FLOP rate (`step_scale`)."""
+    out = []
+    params = moved["params"]
+    if "hblock" in moved["terms"] and params.get("head_block"):
+        out.append(f"{params['head_block']:g} heads x {params['key_block']:g} keys a step")
+    had, has = "reuse" in fit["terms"], "reuse" in moved["terms"]
+    if had != has:
+        out.append("shared rows read once" if has else "each selection read")
+    if step != 1.0:
+        out.append(f"step x{step:.2f}")
+    return out
+
+
 def transfer_fit(
     fit: dict,
     framework: str | None,
@@ -325,6 +340,7 @@ def transfer_fit(
             fallback = "terms dropped"
         members = [dict(m, terms=[t for t in m["terms"] if t not in drop]) for m in members]
     out["members"] = members
+    adapted = adaptations(fit, out, step)
     crossing = error_key(fit["op"], source, target)[1]
     found = transfer_error(fit["op"], crossing, errors, fit.get("dtype"), kernel != src_kernel, kernel)
     key, error = found if found is not None else (None, None)
@@ -349,6 +365,7 @@ def transfer_fit(
         "error": None if error is None else {"n": error.get("n"), "key": key},
         "factor": round(factor, 6),
         "step": round(step, 6),
+        "adapted": adapted,
     }
     return out
 
@@ -373,6 +390,7 @@ def _carry(fit: dict, fits: list, framework, source, target, errors, near: bool,
     moved = transfer_fit(stand_in, framework, source, target, errors, near, correct, dtype)
     moved["transfer"]["rests_on"] += f"; {STAND_IN}"
     moved["transfer"]["fallback"] = "bf16 fit"
+    moved["transfer"]["adapted"].append(f"fp8 cache blocks, step x{STAND_IN_STEP:.2f}")
     return moved
 
 
