@@ -159,6 +159,15 @@ def test_a_sparse_attention_fit_takes_the_target_kernel_blocks(target):
     # a GPU whose architecture has no known blocks: none (the term then does nothing), its terms as fitted
     other = carried([fit], target).fits[0]
     assert other.params["head_block"] is None and "reuse" in other.terms
+    # a Hopper fit made without the term (an older file) takes Hopper's blocks, the same times
+    # there at 64 heads, and the target's on the way
+    old = dict(fit, terms=[t for t in fit["terms"] if t != "hblock"],
+               params={k: v for k, v in fit["params"].items() if k not in ("head_block", "key_block")})  # fmt: skip
+    aged = carried([old], hardware.from_name("b200")).fits[0]
+    assert "hblock" in aged.terms and (aged.params["head_block"], aged.params["key_block"]) == (128, 128)
+    assert aged.transfer["adapted"][-1] == "its source's blocks (fitted without hblock)"
+    # a Blackwell fit without the term: as it is
+    assert "hblock" not in carried([old], hardware.from_name("gb200"), source="b200").fits[0].terms
     # a block that is not a whole positive number is refused, naming the field
     for bad in (0, 100.5, 4096):
         with pytest.raises(MlactlError, match="head_block"):

@@ -48,7 +48,13 @@ from mlactl import __version__
 from mlactl import profiles as shipped_profiles
 from mlactl.decide.calibration import store
 from mlactl.decide.calibration import uncertainty as u
-from mlactl.decide.calibration.model import ATTENTION_CLASSES, SPARSE_REUSE, logits_budget, sparse_blocks
+from mlactl.decide.calibration.model import (
+    ATTENTION_CLASSES,
+    SPARSE_REUSE,
+    TILE_ROWS,
+    logits_budget,
+    sparse_blocks,
+)
 from mlactl.decide.calibration.store import Calibration, eta_limit, safe_name, validate
 from mlactl.decide.calibration.terms import PARAMS
 from mlactl.decide.engines import arch_of, context_for, default_params
@@ -304,6 +310,26 @@ def adaptations(fit: dict, moved: dict, step: float) -> list[str]:
     return out
 
 
+IMPLIED = "its source's blocks (fitted without hblock)"
+
+
+def implied_blocks(fit: dict, source: HardwareProfile) -> dict:
+    """A sparse attention fit made without `hblock` (before the term, or with `--terms`), on a GPU
+    whose kernel blocks are mlactl's own tile (64 heads by 64 keys: Hopper's), with `hblock` and
+    those blocks: at heads a multiple of 64 its times on the source are the same, and a transfer
+    then gives it the target's. Any other fit as it is."""
+    blocks = sparse_blocks(family(source))
+    if fit["op"] != "sparse_attention" or "hblock" in fit["terms"] or "tile128" in fit["terms"]:
+        return fit
+    if blocks != (TILE_ROWS, TILE_ROWS):
+        return fit
+    out = copy.deepcopy(fit)
+    for model in [out, *out.get("members", [])]:
+        model["terms"] = [*model["terms"], "hblock"]
+        model["params"]["head_block"], model["params"]["key_block"] = blocks
+    return out
+
+
 def transfer_fit(
     fit: dict,
     framework: str | None,
@@ -318,6 +344,9 @@ def transfer_fit(
     `near`: whether a projection's nearest-shape correction travels (NEAR_TRAVELS); `correct`:
     whether the transfer model's median error is taken out (CORRECT); `peak_dtype`: the peak the
     calibration divides by (its ceilings' dtype), for `step_scale`."""
+    implied = "hblock" not in fit["terms"]
+    fit = implied_blocks(fit, source)
+    implied = implied and "hblock" in fit["terms"]
     src_kernel = kernel_of(fit)
     kernel, decided = target_kernel(framework, fit, source, target)
     arch = family(target)
@@ -340,7 +369,7 @@ def transfer_fit(
             fallback = "terms dropped"
         members = [dict(m, terms=[t for t in m["terms"] if t not in drop]) for m in members]
     out["members"] = members
-    adapted = adaptations(fit, out, step)
+    adapted = adaptations(fit, out, step) + ([IMPLIED] if implied else [])
     crossing = error_key(fit["op"], source, target)[1]
     found = transfer_error(fit["op"], crossing, errors, fit.get("dtype"), kernel != src_kernel, kernel)
     key, error = found if found is not None else (None, None)
