@@ -1057,7 +1057,7 @@ def test_pipe_fitted_below_1024_rows_predicts_above():
     from dataclasses import replace
 
     pts = replace(pts, time_s=predict(truth, terms, pts, PEAK, BW, SMS))
-    machine = Machine(PEAK, BW, SMS, sm90=True)
+    machine = Machine(PEAK, BW, SMS, arch="sm90")
     got = fit(pts, machine, terms, "synthetic", "fp8_block")
     assert got.blocked["median"] < 0.01 and got.params["eta_c"] == pytest.approx(0.6, rel=0.02)
     assert fit(pts, machine, ("fixed", "pad", "waves", "dgtile", "sum"), "synthetic", "fp8_block").blocked["p90"] > 0.05
@@ -1069,7 +1069,7 @@ def test_dgtile_sets_are_tried_only_on_deepgemm_gemms_on_hopper():
     from mlactl.model import hardware
 
     sets = [t for t in CANDIDATE_TERMS if "dgtile" in t]
-    hopper, blackwell = Machine(PEAK, BW, SMS, sm90=True), Machine(PEAK, BW, 148)
+    hopper, blackwell = Machine(PEAK, BW, SMS, arch="sm90"), Machine(PEAK, BW, 148)
     src = "sglang_deepgemm_gemm_nt_f8f8bf16"
     assert sets and all(op_tries("kv_expand", t, hopper, src) for t in sets)
     assert not any(op_tries("kv_expand", t, blackwell, src) for t in sets)

@@ -63,8 +63,12 @@ class Machine:
     eta_max: float = ETA_MAX  # the largest efficiency a fit may reach (fit() sets it per dtype)
     l2_bytes: float | None = None  # the GPU's L2, for `l2` (hardware profile's l2_mib)
     memory_bytes: float | None = None  # the GPU's memory, for `chunk` (hardware profile's memory_gb)
-    sm90: bool = False  # a Hopper GPU (H100/H200/H800): DeepGEMM's SM90 tile heuristic, for `dgtile`
-    arch: str | None = None  # sm90, sm100, ...: the sparse attention kernel's blocks, for `hblock`
+    arch: str | None = None  # sm90, sm100, ... (engines.arch_of): `dgtile`'s Hopper, `hblock`'s blocks
+
+    @property
+    def sm90(self) -> bool:
+        """A Hopper GPU (H100/H200/H800): DeepGEMM's SM90 tile heuristic, for `dgtile`."""
+        return self.arch == "sm90"
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,6 @@ SYSTEM_PROFILES = {
 }  # fmt: skip
 
 
-# hardware profiles of Hopper (SM90) GPUs: DeepGEMM picks their GEMM tiles by its SM90 heuristic
-SM90_PROFILES = ("h100-sxm", "h200", "h800")
-
-
 def machine_for(hw: HardwareProfile, dtype: str = "bf16") -> Machine:
     return Machine(
         hw.peak_flops(dtype),
@@ -35,7 +31,6 @@ def machine_for(hw: HardwareProfile, dtype: str = "bf16") -> Machine:
         hw.sm_count,
         l2_bytes=hw.l2_bytes,
         memory_bytes=hw.memory_bytes,
-        sm90=hw.name in SM90_PROFILES,
         arch=arch_of(hw),
     )
 
