@@ -7,7 +7,10 @@ Prints medians with min/max and saves JSON (default benchmarks/results/analyze-<
 Targets: `mlactl analyze` (the default model's roofline table), `mlactl analyze --help` and one
 shape within 1.3x of `python -c "import numpy, typer, rich"`; also reported against the floor
 any vectorised analysis printing a rich table pays before a line of mlactl (numpy, typer,
-rich.console, rich.table); a 1,000,000-point grid written as CSV in a few seconds on one core.
+rich.console, rich.table), and against what rich alone takes to draw `mlactl analyze`'s output
+again (its lines and table read back, the same cells in a rich Table): the least the command can
+take while rich draws its table (and `import typer.rich_utils`, which typer loads to draw any
+`--help`, for the help's); a 1,000,000-point grid written as CSV in a few seconds on one core.
 `--startup-only` skips the grid. Each start is timed by wall clock and by the CPU time the child
 used (steadier on a shared machine); the start-up commands run interleaved, so a burst of load
 on a shared machine falls on all of them alike. The children read and write their bytecode in a
@@ -110,6 +113,28 @@ FLOORS = {
     "import_numpy_typer_rich": ["-c", "import numpy, typer, rich"],
     "import_floor": ["-c", "import typer, rich, numpy, rich.console, rich.table"],
 }
+# what rich alone costs to print what `mlactl analyze` prints: its lines and table, read back from
+# its output (TABLE_TEXT) and drawn again with a rich Table of the same cells; no line of mlactl
+# runs. The start-up target cannot be met below this floor while the table is drawn by rich.
+RICH_TABLE = """
+import sys, numpy, typer, rich.console, rich.table
+con = rich.console.Console()
+table, rows = None, []
+for line in open(sys.argv[1], encoding="utf-8").read().splitlines():
+    bar = line[:1] or " "
+    if bar in "\u2503\u2502":  # a header or body row: its cells between the bars
+        cells = [c.strip() for c in line.strip(bar).split(bar)]
+        if bar == "\u2503":
+            table = rich.table.Table(*cells)
+        else:
+            table.add_row(*cells)
+    elif bar not in "\u250f\u2521\u2514":  # not a rule of the box: a line of text
+        if table is not None:
+            con.print(table)
+            table = None
+        con.print(line, highlight=False)
+"""
+TABLE_TEXT = "analyze-output.txt"
 COMMANDS = {
     "analyze_help": ["-m", "mlactl.cli", "analyze", "--help"],
     "analyze_default": ["-m", "mlactl.cli", "analyze"],
@@ -118,6 +143,8 @@ COMMANDS = {
 LABELS = {
     "import_numpy_typer_rich": 'python -c "import numpy, typer, rich"',
     "import_floor": "+ rich.console, rich.table",
+    "rich_table_floor": "+ drawing analyze's output with rich",
+    "rich_help_floor": "+ typer.rich_utils (any --help)",
     "analyze_help": "mlactl analyze --help",
     "analyze_default": "mlactl analyze",
     "analyze_one_shape": "mlactl analyze --new 1 --prefix 4096",
@@ -138,7 +165,12 @@ def child_env(cache: str, bytecode: bool) -> dict[str, str]:
 def startup(results: dict, repeats: int, bytecode: bool, top: int, cache: str) -> None:
     py = sys.executable
     env = child_env(cache, bytecode)
+    text = Path(cache) / TABLE_TEXT
+    with text.open("wb") as fh:
+        subprocess.run([py, *COMMANDS["analyze_default"]], check=True, stdout=fh, env=env)
     cmds = {name: [py, *argv] for name, argv in {**FLOORS, **COMMANDS}.items()}
+    cmds["rich_table_floor"] = [py, "-c", RICH_TABLE, str(text)]
+    cmds["rich_help_floor"] = [py, "-c", "import numpy, typer, typer.rich_utils"]
     for cmd in cmds.values():  # warm the file cache and write the bytecode
         run_once(cmd, env)
     runs = interleaved(cmds, repeats, env)
@@ -162,6 +194,12 @@ def startup(results: dict, repeats: int, bytecode: bool, top: int, cache: str) -
             f"console and table"
         )
     results["ratios"] = ratios
+    least = results["rich_table_floor"]["median_s"] / results["import_numpy_typer_rich"]["median_s"]
+    results["rich_table_floor_ratio"] = least
+    print(f"{LABELS['rich_table_floor']:<44} {least:.2f}x numpy + typer + rich: the least `mlactl analyze` can take")
+    helps = results["rich_help_floor"]["median_s"] / results["import_numpy_typer_rich"]["median_s"]
+    results["rich_help_floor_ratio"] = helps
+    print(f"{LABELS['rich_help_floor']:<44} {helps:.2f}x numpy + typer + rich: what typer loads to draw a --help")
     if top:
         floor = cmds["import_numpy_typer_rich"]
         results["importtime"] = {name: heaviest(cmds[name], floor, env, top) for name in COMMANDS}
