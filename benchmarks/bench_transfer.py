@@ -51,6 +51,7 @@ OUT = Path(__file__).parent / "results" / "transfer.json"
 MODEL_FILE = Path(__file__).parent.parent / "profiles" / "transfer" / "errors.json"
 PER_GROUP = 400  # points of one (pair, group) in the error model at most: a big table does not drown the rest
 CORRECT = [True]  # --no-correct
+POOLED = [False]  # --pooled: every key's quantiles of its residuals as pooled, whatever its targets
 MIN_ROWS = 20  # op classes with fewer rows on a target are not summarised
 
 
@@ -127,9 +128,16 @@ def scored(cal, target: str, framework: str, intervals: bool = True) -> list[dic
 
 
 def error_model(records: list[dict]) -> dict:
-    """{key: {"n", "pairs", "quantiles"}} for every key of transfer.error_keys (op class or every
-    class "*", at the crossing or within one architecture / across two) of the residual records
-    [{"op", "crossing", "pair", "log_residual"}]."""
+    """{key: {"n", "pairs", "quantiles", "shift"}} for every key of transfer.error_keys (op class
+    or every class "*", at the crossing or within one architecture / across two) of the residual
+    records [{"op", "crossing", "pair", "gpus", "log_residual"}].
+
+    `shift` is the median of the key's residuals: what a transfer takes out. A GPU the model has
+    not seen has a median of its own, so where the key's pairs reach two target GPUs or more, its
+    quantiles are those of each target's residuals about the median of the other targets' (the
+    correction a transfer to that target would have made without it), plus `shift`: the interval
+    holds how far one target's median lies from the rest. With one target, the residuals as
+    pooled (POOLED[0]: as pooled always, --pooled)."""
     rng = np.random.default_rng(30)
     pooled: dict = {}
     for r in records:
@@ -137,16 +145,22 @@ def error_model(records: list[dict]) -> dict:
         if len(res) > PER_GROUP:
             res = rng.choice(res, PER_GROUP, replace=False)
         for key in error_keys(r["op"], r["crossing"], r["dtype"], r["other"], r["kernel"]):
-            entry = pooled.setdefault(key, {"res": [], "pairs": set()})
-            entry["res"].append(res)
+            entry = pooled.setdefault(key, {"res": {}, "pairs": set()})
+            entry["res"].setdefault(r["gpus"][1], []).append(res)
             entry["pairs"].add(r["pair"])
     out = {}
     for key, entry in sorted(pooled.items()):
-        res = np.concatenate(entry["res"])
-        q = u.quantiles(res)
+        by_target = {t: np.concatenate(parts) for t, parts in entry["res"].items()}
+        res = np.concatenate(list(by_target.values()))
+        shift = float(np.median(res))
+        if len(by_target) > 1 and not POOLED[0]:
+            rest = {t: np.concatenate([v for o, v in by_target.items() if o != t]) for t in by_target}
+            spread = np.concatenate([v - np.median(rest[t]) for t, v in by_target.items()]) + shift
+        else:
+            spread = res
+        q = u.quantiles(spread)
         if q is not None:
-            shift = round(float(np.median(res)), 6)
-            out[key] = {"n": int(len(res)), "pairs": sorted(entry["pairs"]), "quantiles": q, "shift": shift}
+            out[key] = {"n": int(len(res)), "pairs": sorted(entry["pairs"]), "quantiles": q, "shift": round(shift, 6)}
     return out
 
 
@@ -277,6 +291,7 @@ def main() -> None:
     ap.add_argument("--held-out", action="store_true", help="score HELD_PAIRS with the model of every pair")
     ap.add_argument("--no-near", action="store_true", help="leave `near` behind in every transfer")
     ap.add_argument("--no-correct", action="store_true", help="widen only: keep the transfer's median error")
+    ap.add_argument("--pooled", action="store_true", help="quantiles of the pooled residuals, not about other targets")
     ap.add_argument("--gpus", default=None, help="only these of FIT_GPUS (a quick check of the script)")
     args = ap.parse_args()
     if args.gpus:
@@ -287,6 +302,7 @@ def main() -> None:
     frameworks = args.frameworks.split(",")
     near = not args.no_near
     CORRECT[0] = not args.no_correct
+    POOLED[0] = args.pooled
     start = time.time()
     cals = {}
     for fw in frameworks:
@@ -305,6 +321,7 @@ def main() -> None:
         "frameworks": frameworks,
         "near_travels": near,
         "correct": CORRECT[0],
+        "pooled": POOLED[0],
         "pairs": {"rows": rows, "classes": by_class(rows)},
         "logo": logo(cals, records, frameworks, near),
         "model": model,

@@ -284,6 +284,47 @@ def test_intervals_are_widened_to_the_transfer_error_level_by_level():
     assert widen(iv, None) is iv and widen(None, error) is None
 
 
+@pytest.fixture(scope="module")
+def bench_transfer():
+    """benchmarks/bench_transfer.py, the script that writes the shipped transfer error model."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_transfer.py"
+    spec = importlib.util.spec_from_file_location("bench_transfer", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(target: str, residuals, source: str = "h200_sxm") -> dict:
+    return {"op": "q_absorb", "crossing": "sm90>sm100", "dtype": "bf16", "other": False, "kernel": "k",
+            "pair": f"{source}>{target}:sglang", "gpus": (source, target),
+            "log_residual": np.asarray(residuals, dtype=np.float64)}  # fmt: skip
+
+
+def test_the_error_model_holds_how_far_one_targets_median_lies_from_the_others(bench_transfer, monkeypatch):
+    # 20 errors of 0 on one Blackwell GPU, 20 of 0.4 on the other: the median taken out is 0.2.
+    # Each target about the other's median: -0.4 and +0.4, plus 0.2: -0.2 and 0.6 (by hand), where
+    # the pooled errors (0 and 0.4) would leave a new GPU 0.2 off either way inside the 10-90% range
+    records = [_record("b200_sxm", [0.0] * 20), _record("gb200", [0.4] * 20)]
+    entry = bench_transfer.error_model(records)["q_absorb/sm90>sm100"]
+    q = dict(zip(u.LEVELS, entry["quantiles"]))
+    assert entry["shift"] == pytest.approx(0.2) and entry["n"] == 40
+    assert (q[0.1], q[0.5], q[0.9]) == pytest.approx((-0.2, 0.2, 0.6))
+    monkeypatch.setattr(bench_transfer, "POOLED", [True])  # --pooled: the errors as they are
+    q = dict(zip(u.LEVELS, bench_transfer.error_model(records)["q_absorb/sm90>sm100"]["quantiles"]))
+    assert (q[0.1], q[0.9]) == pytest.approx((0.0, 0.4))
+
+
+def test_an_error_key_with_one_target_keeps_its_errors_as_pooled(bench_transfer):
+    # two sources, one target: nothing to hold the target against, the 40 errors as measured
+    records = [_record("b200_sxm", [0.0] * 20), _record("b200_sxm", [0.4] * 20, source="h100_sxm")]
+    entry = bench_transfer.error_model(records)["q_absorb/sm90>sm100"]
+    q = dict(zip(u.LEVELS, entry["quantiles"]))
+    assert entry["shift"] == pytest.approx(0.2) and len(entry["pairs"]) == 2
+    assert (q[0.1], q[0.9]) == pytest.approx((0.0, 0.4))
+
+
 def test_transfer_refuses_its_own_gpu_and_a_transferred_calibration(target):
     cal = store.validate(calibration([DECODE]), "hand")
     with pytest.raises(Exception, match="fitted on h200 already"):
