@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from mlactl.cli import app
-from mlactl.decide.engines import Context, grid_paths, parse_engines, step_counts, step_paths
+from mlactl.decide.engines import Context, arch_of, context_for, grid_paths, parse_engines, step_counts, step_paths
+from mlactl.model import hardware
 from mlactl.util.errors import MlactlError
 
 NAME = {"MHA_ONE_SHOT": "expand", "MHA": "expand", "MHA_CHUNKED_KV": "expand_chunked", "MLA": "absorb"}
@@ -708,6 +709,27 @@ def test_unknown_architecture_is_said():
     ctx = Context(hardware="teaching", arch=None)
     p = parse_engines("sglang", [], ctx)[0]
     assert p.backend == "fa3" and any("sm90 default is assumed" in w for w in p.why)
+
+
+@pytest.mark.parametrize(
+    "profile, arch, sglang, vllm",
+    [
+        ("h200", "sm90", "fa3", "FLASH_ATTN_MLA"),
+        ("b300", "sm100", "trtllm_mla", "FLASHINFER_MLA"),
+        ("gb300", "sm100", "trtllm_mla", "FLASHINFER_MLA"),
+        ("a100-sxm", "sm80", "triton", "TRITON_MLA"),
+        # Ada and sm120 are neither Hopper nor sm100: server_args.py's MLA default is triton there, and
+        # TRITON_MLA is the one backend of cuda.py's other list that runs on them
+        ("l40s", "sm89", "triton", "TRITON_MLA"),
+        ("rtx-pro-6000", "sm120", "triton", "TRITON_MLA"),
+    ],
+)
+def test_every_shipped_gpu_resolves_by_its_own_architecture(profile, arch, sglang, vllm):
+    ctx = context_for(None, hardware.resolve(profile))
+    assert arch_of(hardware.resolve(profile)) == arch == ctx.arch
+    got = parse_engines("sglang,vllm", [], ctx)
+    assert [p.backend for p in got] == [sglang, vllm]
+    assert not any("default is assumed" in w or "priorities are assumed" in w for p in got for w in p.why)
 
 
 # -- options: names, types, bounds, versions -----------------------------------------------------------

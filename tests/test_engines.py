@@ -275,11 +275,20 @@ def test_engines_list():
     assert v == {
         "sm80-bf16": "TRITON_MLA",
         "sm80-fp8": "TRITON_MLA",
+        "sm89-bf16": "TRITON_MLA",  # Ada (L40S): FLASH_ATTN_MLA needs SM90, FLASHMLA SM90/SM100
+        "sm89-fp8": "TRITON_MLA",
         "sm90-bf16": "FLASH_ATTN_MLA",
         "sm90-fp8": "FLASHMLA",
         "sm100-bf16": "FLASHINFER_MLA",
         "sm100-fp8": "FLASHINFER_MLA",
+        "sm120-bf16": "TRITON_MLA",  # RTX PRO 6000: not capability 10, so the other list, and only Triton runs
+        "sm120-fp8": "TRITON_MLA",
     }
+    sglang = {d["arch"] + "-" + d["kv_dtype"]: d["backend"] for d in data["rule_sets"][1]["defaults"]}
+    # server_args.py: MLA on Hopper fa3, on sm100 trtllm_mla (DeepSeek-V3), else triton
+    assert [sglang[f"{a}-bf16"] for a in ("sm80", "sm89", "sm90", "sm100", "sm120")] == [
+        "triton", "triton", "fa3", "trtllm_mla", "triton"
+    ]  # fmt: skip
     assert data["rule_sets"][0]["source"]["commit"].startswith("0a8dcfa9")
     assert data["rule_sets"][1]["options"]["disable_piecewise_cuda_graph"]["default"] is False
     table = runner.invoke(app, ["engines", "--list"], env={"COLUMNS": "200"}).output

@@ -226,6 +226,10 @@ DEEPGEMM = {
         # on sm100 SGLang runs trtllm_mla: FA3's split and fp8-cache pass stay behind
         pytest.param(FA3, "sglang", "b200", ["fa3split", "kvcast"], "trtllm_mla", id="fa3-to-b200"),
         pytest.param(FA3, "sglang", "b300", ["fa3split", "kvcast"], "trtllm_mla", id="fa3-to-b300"),
+        # neither Hopper nor sm100 (Ada's L40S, sm120's RTX PRO 6000): SGLang's MLA default is triton
+        pytest.param(FA3, "sglang", "l40s", ["fa3split", "kvcast"], "triton", id="fa3-to-l40s"),
+        pytest.param(FA3, "sglang", "rtx-pro-6000", ["fa3split", "kvcast"], "triton", id="fa3-to-rtx-pro-6000"),
+        pytest.param(DEEPGEMM, "sglang", "l40s", ["dgtile"], "sglang_deepgemm_gemm_nt_f8f8bf16", id="dgtile-sm89"),
         # TRT-LLM's decode selected fa3split as its own kernel's split count; no rule names another kernel
         pytest.param(
             dict(FA3, source="trtllm-1.3.0rc20:default:decode"),
@@ -254,7 +258,7 @@ def test_kernel_terms_are_dropped_exactly_where_the_target_runs_another_kernel(
     if fit is FA3 and dropped:
         # the first member that needs neither term, with its own parameters, is what the target gets
         assert moved["terms"] == ["fixed", "split", "kvpad", "serial"] and moved["params"]["t_fixed_s"] == 2e-5
-        assert record["rests_on"].startswith("another kernel's fit (flash_attention measured, trtllm_mla on")
+        assert record["rests_on"].startswith(f"another kernel's fit (flash_attention measured, {kernel} on")
         assert "best member" in record["rests_on"]
 
 

@@ -9,7 +9,7 @@ from mlactl.decide.engines.params import Context, resolve
 from mlactl.decide.engines.rulesets import NEWEST, RULESETS, SHORTHANDS, RuleSet
 from mlactl.util.errors import MlactlError
 
-ARCHS = ("sm80", "sm90", "sm100")
+ARCHS = ("sm80", "sm89", "sm90", "sm100", "sm120")
 CACHES = ("bf16", "fp8")
 # The default of the model mlactl names first (DeepSeek-V3: DeepseekV3ForCausalLM, qk_nope 128)
 MODEL = "deepseek-v3"

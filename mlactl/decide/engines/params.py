@@ -40,7 +40,7 @@ class Context:
     """What a rule sees besides the batch: the GPU, the cache dtype and the model."""
 
     hardware: str = "h800"
-    arch: str | None = "sm90"  # sm80 | sm90 | sm100 | rocm | None (unknown)
+    arch: str | None = "sm90"  # sm80 | sm89 | sm90 | sm100 | sm120 | rocm | None (unknown)
     kv_dtype: str = "bf16"
     model: str = "deepseek-v3"
     model_kind: str = "mla"  # mla (dense) | dsa (DeepSeek-V3.2's sparse attention)

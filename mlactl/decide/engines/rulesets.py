@@ -286,6 +286,8 @@ _SGL_DEFAULTS = tuple(
         ("sm100", "flashinfer", "MLA models on sm100", None),
         ("rocm", "aiter", "MLA models on HIP", None),
         ("sm80", "triton", "MLA models elsewhere", None),
+        ("sm89", "triton", "MLA models elsewhere (not Hopper, not sm100)", None),
+        ("sm120", "triton", "MLA models elsewhere (not Hopper, not sm100)", None),
     )
 )
 
@@ -412,7 +414,7 @@ def _vllm_backends(*, flashinfer_dcp_varlen: bool, sparse_builders: bool) -> dic
         VLLMBackend("FLASHMLA", 128, "uniform", _FP8, ("sm90", "sm100"), 64),
         VLLMBackend("FLASHINFER_MLA", 1, "uniform", _FP8, ("sm100",), 64, dcp_varlen=flashinfer_dcp_varlen),
         VLLMBackend("CUTLASS_MLA", 1, "single", _FP8, ("sm100",), 128),
-        VLLMBackend("TRITON_MLA", 1, "uniform", _FP8, ("sm80", "sm90", "sm100"), 16),
+        VLLMBackend("TRITON_MLA", 1, "uniform", _FP8, ("sm80", "sm89", "sm90", "sm100", "sm120"), 16),
         # sparse MLA (DSA models): FlashMLA sparse takes bf16 and its fp8_ds_mla cache (fp8 is its
         # alias) on SM90/SM100; FlashInfer sparse bf16/fp16/fp8 on SM100; both 64-token blocks
         # (cuda.py forces 64 for a sparse model)
@@ -528,6 +530,8 @@ _VLLM_PRIORITY = {
     "sm90": _NOT_SM100,
     "sm100": ("FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA", "FLASHMLA_SPARSE"),
     "sm80": _NOT_SM100,
+    "sm89": _NOT_SM100,
+    "sm120": _NOT_SM100,
 }
 _VLLM_DEFAULTS_SRC = (
     f"{CUDA} _get_backend_priorities (the first backend that accepts the architecture and cache "
@@ -542,6 +546,8 @@ def _vllm_defaults(confirmed: bool) -> tuple[Default, ...]:
         Default("sm90", "FLASH_ATTN_MLA", "first SM90 priority that takes the cache dtype", _VLLM_DEFAULTS_SRC),
         Default("sm100", "FLASHINFER_MLA", "forced on sm100" + note, _VLLM_DEFAULTS_SRC, confirmed=confirmed),
         Default("sm80", "TRITON_MLA", "the only MLA backend before SM90", _VLLM_DEFAULTS_SRC),
+        Default("sm89", "TRITON_MLA", "the only MLA backend before SM90", _VLLM_DEFAULTS_SRC),
+        Default("sm120", "TRITON_MLA", "the one MLA backend of the priorities that runs on SM120", _VLLM_DEFAULTS_SRC),
     )
 
 
@@ -676,11 +682,15 @@ SHORTHANDS = {
     "sglang-triton": ("sglang", {"attention_backend": "triton"}),
     "sglang-trtllm": ("sglang", {"attention_backend": "trtllm_mla"}),
 }
-# Architectures of the GPUs mlactl has profiles for, by a name or display substring.
+# Architectures of the GPUs mlactl has profiles for, by a name or display substring: sm89 is Ada
+# (L40S), sm120 the Blackwell workstation and server parts (RTX PRO 6000), neither Hopper nor
+# sm100 to the engines' rules
 _GPUS = {
     "sm100": ("B200", "B100", "GB200", "B300"),
     "sm90": ("H100", "H200", "H800", "H20"),
     "sm80": ("A100", "A800"),
+    "sm89": ("L40S", "L40", "RTX 6000 ADA", "RTX 4090"),
+    "sm120": ("RTX PRO 6000", "RTX 5090"),
     "rocm": ("MI300", "MI325", "MI355"),
 }
 ARCH_BY_NAME = tuple((key, arch) for arch, keys in _GPUS.items() for key in keys)
