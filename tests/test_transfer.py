@@ -385,6 +385,9 @@ def test_calibrate_transfer_and_every_consumer_take_it_for_the_target(home, tmp_
     line = error_line_w(run("analyze", "--calibration", moved, "--hardware", "b200", ok=False))
     assert "carried by transfer to hardware 'b300', not 'b200'" in line
     assert "`mlactl calibrate transfer fx --hardware b200`" in line
+    # on the GPU it was fitted on there is nothing to carry: the line names the calibration fitted
+    line = error_line_w(run("analyze", "--calibration", moved, "--hardware", "h200", ok=False))
+    assert line.endswith("or use the one it was carried from, --calibration fx") and "transfer fx" not in line
 
 
 def test_calibrate_transfer_bad_input_is_one_error_line(home):

@@ -484,10 +484,12 @@ def check_hardware(cal: Calibration, hw_name: str) -> None:
     transferred (a `Warning:` line, once per command)."""
     if cal.hardware != hw_name:
         made = "carried by transfer to" if cal.transferred else "made for"
+        there = f"carry it there with `mlactl calibrate transfer {transfer_source(cal)} --hardware {hw_name}`"
+        if cal.transferred and cal.transferred["from"].get("hardware") == hw_name:
+            there = f"use the one it was carried from, --calibration {transfer_source(cal)}"  # fitted there
         raise MlactlError(
             f"calibration {cal.name!r} was {made} hardware {cal.hardware!r}, not {hw_name!r}: "
-            f"pass --hardware {cal.hardware}, or calibrate for {hw_name}, or carry it there with "
-            f"`mlactl calibrate transfer {transfer_source(cal)} --hardware {hw_name}`"
+            f"pass --hardware {cal.hardware}, or calibrate for {hw_name}, or {there}"
         )
     note = cal.transfer_note()
     if note is not None:
