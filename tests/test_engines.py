@@ -293,6 +293,9 @@ def test_engines_list():
     assert data["rule_sets"][1]["options"]["disable_piecewise_cuda_graph"]["default"] is False
     table = runner.invoke(app, ["engines", "--list"], env={"COLUMNS": "200"}).output
     assert "sglang@0.5.23 (newest)" in table and "enable_mixed_chunk" in table
+    # vLLM has no sparse backend off SM90 and SM100: those DSA cells keep their marker however narrow the column
+    vllm_dsa = [line for line in table.splitlines() if line.startswith("│ vllm@0.33.0 ") and "SPAR" in line]
+    assert vllm_dsa and vllm_dsa[0].count("│ *FLASHMLA_SPAR") == 6  # sm80, sm89 and sm120, each cache dtype
 
 
 # -- the analyze table at 80 and 100 columns ------------------------------------------------------------

@@ -32,8 +32,8 @@ def rules_json(data: list[dict]) -> dict:
 def _cell(d: dict) -> str:
     if not d["backend"]:
         return "none"
-    star = "*" if "would not start" in d["why"] else ""
-    return f"{d['backend']}{star} ({d['threshold']})"
+    star = "*" if "would not start" in d["why"] else ""  # in front: a narrow column cuts the name's end
+    return f"{star}{d['backend']} ({d['threshold']})"
 
 
 def list_tables(data) -> list:
