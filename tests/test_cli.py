@@ -418,6 +418,14 @@ def test_list_piped_prints_full_values():
         assert value in out.output
 
 
+def test_list_shows_the_architecture_the_engines_rules_resolve_for():
+    lines = runner.invoke(app, ["list"]).output.splitlines()
+    rows = {line.split("│")[1].strip(): line for line in lines if "│" in line}
+    assert "│ sm89 " in rows["l40s"] and "│ sm120 " in rows["rtx-pro-6000"] and "│ — " in rows["teaching"]
+    data = json.loads(runner.invoke(app, ["list", "-f", "json"]).output)["hardware"]
+    assert (data["b300"]["arch"], data["mi300x"]["arch"], data["teaching"]["arch"]) == ("sm100", "rocm", None)
+
+
 def test_list_help_and_list_csv_agree():
     shown = runner.invoke(app, ["list", "--help"], env={"COLUMNS": "200"})
     assert "table or json" in shown.output and "csv" not in shown.output

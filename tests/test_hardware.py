@@ -1,6 +1,11 @@
+from dataclasses import replace
+
 import pytest
 
+from mlactl.decide.engines import arch_of, context_for, parse_engines
 from mlactl.model import hardware
+from mlactl.model.config import from_name
+from mlactl.tune import ceilings
 from mlactl.util.errors import MlactlError
 
 # name -> (bf16 TFLOP/s, fp8 TFLOP/s or None, TB/s, GB, SMs): the vendors' published figures (dense
@@ -91,6 +96,11 @@ def test_user_folder_overrides_shipped(tmp_path, monkeypatch):
             GOOD.replace("bf16 = 100", "bf16 = -1"), "peak_tflops.bf16 must be a positive number", id="negative-peak"
         ),
         pytest.param(GOOD.replace("[peak_tflops]", "[peak_tflops\n"), r"invalid TOML: .*line 5", id="malformed-toml"),
+        pytest.param(
+            GOOD.replace("[peak_tflops]", 'arch = "sm91"\n[peak_tflops]'),
+            "arch must be one of sm80, sm89, sm90, sm100, sm120, rocm, got 'sm91'",
+            id="unknown-arch",
+        ),
     ],
 )
 def test_bad_profiles(tmp_path, text, message):
@@ -114,3 +124,49 @@ def test_bad_profiles(tmp_path, text, message):
 def test_detect(device, name):
     found = hardware.detect(device)
     assert (found.name if found else None) == name
+
+
+# The architecture of each shipped profile, as the engines' sources tell the parts apart (Hopper,
+# every compute capability 10.x part, the others): typed here from the datasheets, not read back
+ARCHITECTURES = {
+    "a100-sxm": "sm80",
+    "h100-sxm": "sm90",
+    "h800": "sm90",
+    "h200": "sm90",
+    "b200": "sm100",
+    "b300": "sm100",
+    "gb200": "sm100",
+    "gb300": "sm100",
+    "l40s": "sm89",
+    "rtx-pro-6000": "sm120",
+    "mi300x": "rocm",
+    "teaching": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_every_shipped_profile_names_its_architecture_and_its_name_agrees(name):
+    hw = hardware.from_name(name)
+    assert hw.arch == ARCHITECTURES[name]
+    # a profile without `arch` (an older user file) is named by its name and display: the same
+    assert arch_of(replace(hw, arch=None)) == ARCHITECTURES[name]
+
+
+def test_a_profile_of_ones_own_takes_its_arch_where_its_name_says_nothing(tmp_path):
+    path = tmp_path / "lab.toml"
+    path.write_text(GOOD)
+    plain = hardware.resolve(str(path))
+    assert plain.arch is None and arch_of(plain) is None  # the engines then assume an SM90 part, and say so
+    path.write_text(GOOD.replace("[peak_tflops]", 'arch = "sm100"\n[peak_tflops]'))
+    lab = hardware.resolve(str(path))
+    sglang, vllm = parse_engines("sglang,vllm", [], context_for(from_name("deepseek-v3"), lab))
+    assert (sglang.backend, vllm.backend) == ("trtllm_mla", "FLASHINFER_MLA")
+    assert "(sm100)" in sglang.why[0] and not any("assumed" in w for w in vllm.why)
+
+
+def test_a_measured_profile_keeps_its_gpus_architecture(tmp_path):
+    path = ceilings.write_measured_profile(
+        "NVIDIA L40S", {"bandwidth_tbs": 0.8, "peak_tflops": {"bf16": 300}}, tmp_path
+    )
+    hw = hardware.load_profile(path)
+    assert hw.name == "l40s" and hw.arch == "sm89" and hw.measured["bandwidth_tbs"] == 0.8

@@ -10,7 +10,7 @@ from mlactl.cli.common import command, emit, fit_width, output_format
 from mlactl.cli.options import OUTPUT, Option, Opts
 from mlactl.model import config as model
 from mlactl.model import hardware
-from mlactl.output import render
+from mlactl.output import render, report
 from mlactl.util.errors import MlactlError
 
 list_app = typer.Typer(add_completion=False)
@@ -40,9 +40,6 @@ def list_cmd(opts: Opts):
     emit(
         fmt,
         output,
-        json_data=lambda: {
-            "models": {n: c.to_dict() for n, c in models},
-            "hardware": {h.name: h.to_dict() for h in profiles},
-        },
+        json_data=lambda: report.list_json(models, profiles),
         tables=[render.models_table(models, fit_width(output)), render.hardware_table(profiles, fit_width(output))],
     )

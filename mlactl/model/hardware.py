@@ -7,6 +7,7 @@ datasheets' (TFLOP/s, TB/s, GB, KiB, MiB); in code everything is SI: FLOP/s and 
     name = "h200"
     display = "NVIDIA H200 SXM 141GB"
     match = ["H200"]             # substrings of torch.cuda.get_device_name() this profile is for
+    arch = "sm90"                # optional: the architecture the engines' rules resolve for (ARCHES)
     memory_gb = 141
     bandwidth_tbs = 4.8
     sm_count = 132               # optional, like smem_per_sm_kib, l2_mib and nvlink_gbps
@@ -40,6 +41,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 TERA = 1e12
+# The architectures a profile's `arch` may name: what SGLang's and vLLM's rules tell apart (Hopper
+# sm90; sm100, every 10.x part; sm80 Ampere, sm89 Ada and sm120, the parts neither Hopper nor
+# sm100; rocm). A profile without one is named by its name and display (engines.arch_of).
+ARCHES = ("sm80", "sm89", "sm90", "sm100", "sm120", "rocm")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class HardwareProfile:
     smem_per_sm_kib: float | None = None
     l2_mib: float | None = None
     nvlink_gbps: float | None = None  # NVLink per GPU, both directions together (the datasheets' figure)
+    arch: str | None = None  # one of ARCHES, or None: named by its name and display
     match: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     measured: dict | None = None  # the [measured] table as read
@@ -139,6 +145,14 @@ def _string(where: str, key: str, value) -> str:
     return safe.text(value)
 
 
+def _arch(where: str, value) -> str | None:
+    if value is None:
+        return None
+    if value not in ARCHES:
+        raise MlactlError(f"{where}: arch must be one of {', '.join(ARCHES)}, got {safe.text(repr(value), 40)}")
+    return str(value)
+
+
 def _peaks(where: str, table) -> dict[str, float]:
     if not isinstance(table, dict) or not table:
         raise MlactlError(f"{where}: [peak_tflops] must list at least one dtype, e.g. bf16 = 989")
@@ -171,6 +185,7 @@ def parse_profile(data: dict, where: str) -> HardwareProfile:
         smem_per_sm_kib=_positive(where, "smem_per_sm_kib", data.get("smem_per_sm_kib"), optional=True),
         l2_mib=_positive(where, "l2_mib", data.get("l2_mib"), optional=True),
         nvlink_gbps=_positive(where, "nvlink_gbps", data.get("nvlink_gbps"), optional=True),
+        arch=_arch(where, data.get("arch")),
         match=_strings(where, "match", data.get("match", [])),
         sources=_strings(where, "sources", data.get("sources", [])),
         measured=measured,

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlactl.decide.analysis import Analysis, BatchAnalysis, Crossover, Window
+from mlactl.decide.engines import arch_of
 from mlactl.output.tables import KEY, Col, Column, fit, table
 from mlactl.util import safe
 
@@ -374,6 +375,7 @@ def hardware_table(profiles, width: int | None = None) -> Table:
         Col("TB/s"),
         Col("GB"),
         Col("SMs", drop=2),
+        Col("arch", "left", drop=2),
         Col("measured", drop=3),
     ]
     rows = [
@@ -385,6 +387,7 @@ def hardware_table(profiles, width: int | None = None) -> Table:
             f"{hw.bandwidth_tbs:g}",
             f"{hw.memory_gb:g}",
             str(hw.sm_count or "—"),
+            arch_of(hw) or "—",  # the architecture the engines' rules resolve for
             "yes" if hw.measured else "",
         ]
         for hw in profiles

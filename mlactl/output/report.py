@@ -13,6 +13,7 @@ import numpy as np
 
 from mlactl import __version__
 from mlactl.decide.analysis import Analysis, Crossover, Window
+from mlactl.decide.engines import arch_of
 from mlactl.model.cost import OPS
 from mlactl.output.csvout import Labels, write_csv
 from mlactl.util.errors import MlactlError
@@ -307,6 +308,15 @@ def add_spans(row_path: dict, spans, path: str, i: int) -> None:
     for op in row_path["ops"]:
         op["time_interval_s"] = _interval(spans.ops[path][op["name"]], i)
         op.update(spans.op_estimates[path][op["name"]].basis_json(i))
+
+
+def list_json(models, profiles) -> dict:
+    """`mlactl list --format json`: each preset's config and each profile's ceilings, with the
+    architecture the engines' rules resolve for it (None: taken for an SM90 part)."""
+    return {
+        "models": {name: cfg.to_dict() for name, cfg in models},
+        "hardware": {hw.name: dict(hw.to_dict(), arch=arch_of(hw)) for hw in profiles},
+    }
 
 
 def dumps(data: dict) -> str:

@@ -154,7 +154,7 @@ def write_measured_profile(name_of_device: str, measured: dict, folder: Path | N
             "memory_gb": base.memory_gb,
             "bandwidth_tbs": base.bandwidth_tbs,
         }
-        for key in ("sm_count", "smem_per_sm_kib", "l2_mib"):
+        for key in ("arch", "sm_count", "smem_per_sm_kib", "l2_mib"):
             if getattr(base, key) is not None:
                 profile[key] = getattr(base, key)
         profile["sources"] = list(base.sources) + [f"[measured]: mlactl tune ceilings on {name_of_device}, {stamp}"]

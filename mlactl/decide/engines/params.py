@@ -62,7 +62,10 @@ class Context:
 
 
 def arch_of(hw) -> str | None:
-    """The GPU architecture a hardware profile names (by its name or display), or None."""
+    """The GPU architecture of a hardware profile: its `arch`, else the one its name or display
+    names (ARCH_BY_NAME), or None."""
+    if getattr(hw, "arch", None):
+        return hw.arch
     text = f"{getattr(hw, 'name', '')} {getattr(hw, 'display', '')}".upper()
     return next((arch for key, arch in ARCH_BY_NAME if key in text), None)
 

@@ -682,9 +682,10 @@ SHORTHANDS = {
     "sglang-triton": ("sglang", {"attention_backend": "triton"}),
     "sglang-trtllm": ("sglang", {"attention_backend": "trtllm_mla"}),
 }
-# Architectures of the GPUs mlactl has profiles for, by a name or display substring: sm89 is Ada
-# (L40S), sm120 the Blackwell workstation and server parts (RTX PRO 6000), neither Hopper nor
-# sm100 to the engines' rules
+# Architectures of GPUs by a name or display substring, for a profile that names no `arch`
+# (model.hardware.ARCHES; the shipped profiles name theirs, and tests/test_hardware.py checks
+# that the two agree): sm89 is Ada (L40S), sm120 the Blackwell workstation and server parts (RTX
+# PRO 6000), neither Hopper nor sm100 to the engines' rules
 _GPUS = {
     "sm100": ("B200", "B100", "GB200", "B300"),
     "sm90": ("H100", "H200", "H800", "H20"),
