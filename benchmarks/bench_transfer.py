@@ -217,6 +217,30 @@ def by_class(rows: list[dict]) -> dict:
     }
 
 
+def target_shifts(records: list[dict]) -> dict:
+    """{op: {crossing: {target GPU: median log(measured / predicted)}}} of the raw pairs: how far
+    one target GPU's median lies from another's for the same op class and crossing, which is what
+    a GPU the model has not seen may add (error_model keeps it in a key's quantiles)."""
+    pooled: dict = {}
+    for r in records:
+        pooled.setdefault(r["op"], {}).setdefault(r["crossing"], {}).setdefault(r["gpus"][1], []).append(
+            r["log_residual"]
+        )
+
+    def medians(by_target: dict) -> dict:
+        return {t: round(float(np.median(np.concatenate(v))), 4) for t, v in sorted(by_target.items())}
+
+    return {op: {c: medians(by) for c, by in x.items()} for op, x in sorted(pooled.items())}
+
+
+def print_shifts(shifts: dict) -> None:
+    print("\nmedian log(measured / predicted) per target GPU, raw pairs (a target's median against another's)")
+    for op, by_crossing in shifts.items():
+        for crossing, by_target in sorted(by_crossing.items()):
+            cells = "  ".join(f"{t} {100 * (np.exp(v) - 1):+6.1f}%" for t, v in by_target.items())
+            print(f"  {op:18} {crossing:12} {cells}")
+
+
 def print_classes(title: str, classes: dict) -> None:
     print(f"\n{title}")
     head = f"{'op class':18} {'groups':>6} {'rows':>6} {'median (range)':>22} {'p90 (range)':>24}"
@@ -314,6 +338,8 @@ def main() -> None:
     for crossing in sorted({r["crossing"] for r in rows}):
         print_classes(f"pairs {crossing}", by_class([r for r in rows if r["crossing"] == crossing]))
     model = error_model(records)
+    shifts = target_shifts(records)
+    print_shifts(shifts)
     result = {
         "benchmark": "bench_transfer",
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
@@ -323,6 +349,7 @@ def main() -> None:
         "correct": CORRECT[0],
         "pooled": POOLED[0],
         "pairs": {"rows": rows, "classes": by_class(rows)},
+        "target_shifts": shifts,
         "logo": logo(cals, records, frameworks, near),
         "model": model,
     }
