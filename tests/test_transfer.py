@@ -329,6 +329,13 @@ def test_an_error_key_with_one_target_keeps_its_errors_as_pooled(bench_transfer)
     assert (q[0.1], q[0.9]) == pytest.approx((0.0, 0.4))
 
 
+def test_target_shifts_are_each_target_gpus_median_error(bench_transfer):
+    # two pairs into the B200 (errors 0.1 and 0.3: median 0.2 of the 40) and one into the GB200
+    records = [_record("b200_sxm", [0.1] * 20), _record("b200_sxm", [0.3] * 20, source="h100_sxm")]
+    records.append(_record("gb200", [0.5] * 10))
+    assert bench_transfer.target_shifts(records) == {"q_absorb": {"sm90>sm100": {"b200_sxm": 0.2, "gb200": 0.5}}}
+
+
 def test_transfer_refuses_its_own_gpu_and_a_transferred_calibration(target):
     cal = store.validate(calibration([DECODE]), "hand")
     with pytest.raises(Exception, match="fitted on h200 already"):
