@@ -364,6 +364,3 @@ def chunked_path(e: Engine | None = None) -> str:
 
 def path_code(e: Engine | None, name: str) -> int:
     return paths(e).index(name)
-
-
-PATH_CODE = {p: k for k, p in enumerate(MLA_PATHS)}  # an MLA model's codes
