@@ -168,6 +168,54 @@ def test_calibrate_from_aiconfigurator_fixture(home):
     assert "held-out" in table.stdout and "absorb_attention" in table.stdout
 
 
+def _with_eager_fp8_block(root: Path, framework: str) -> Path:
+    """The fixture's tables under `framework`, its GEMM table with 12 fp8_block rows of 80 us
+    beside its bf16 ones (vLLM's collector times fp8_block outside a CUDA graph)."""
+    import shutil
+
+    import pandas as pd
+
+    for kind in ("gemm", "mla", "mla_bmm"):
+        shutil.copytree(
+            FIXTURE / "h200_sxm" / kind / "sglang" / "0.5.14", root / "h200_sxm" / kind / framework / "0.24.0"
+        )
+    table = root / "h200_sxm" / "gemm" / framework / "0.24.0" / "gemm_perf.parquet"
+    frame = pd.read_parquet(table)
+    block = frame.head(12).assign(kernel_source="DeepGemmFp8BlockScaledMMKernel", gemm_dtype="fp8_block", latency=0.080)
+    pd.concat([frame, block.assign(latency=[0.080 + 0.001 * i for i in range(12)])]).to_parquet(table)
+    return root
+
+
+def test_vllms_fp8_block_gemms_timed_outside_a_cuda_graph_are_left_out_and_said(tmp_path, home):
+    root = _with_eager_fp8_block(tmp_path / "data", "vllm")
+    args = ("calibrate", "--from", "aiconfigurator", "--system", "h200_sxm", "--framework", "vllm", "--data-dir", root)
+    args += ("--terms", "fixed")  # no selection: what is left out does not depend on the terms
+    data = json.loads(run(*args, "-f", "json").stdout)
+    assert {f["dtype"] for f in data["fits"] if f["op"] == "kv_expand"} == {"bf16"}
+    (left,) = data["left_out"]
+    assert (left["op"], left["dtype"], left["rows"]) == ("kv_expand", "fp8_block", 12)
+    assert left["source"] == "vllm-0.24.0:DeepGemmFp8BlockScaledMMKernel"
+    assert left["shortest_s"] == pytest.approx(80e-6)
+    assert "outside a CUDA graph" in left["why"] and "collect_gemm.py:247" in left["why"]
+    stored = json.loads((home / "calibrations" / "h200-aiconfigurator-vllm-0.24.0.json").read_text())
+    assert stored["source"]["left_out"] == data["left_out"]
+    text = run(*args, "--name", "again").stdout
+    assert (
+        "left out: kv_expand (vllm-0.24.0:DeepGemmFp8BlockScaledMMKernel, fp8_block), 12 rows, the shortest 80.0µs"
+        in (" ".join(text.split()))
+    )
+
+
+def test_another_frameworks_fp8_block_gemms_are_fitted(tmp_path):
+    from mlactl.decide.calibration import run as calibration_run
+
+    for framework, fitted in (("sglang", True), ("vllm", False)):
+        root = _with_eager_fp8_block(tmp_path / framework, framework)
+        groups, left = calibration_run.table_groups(ac.find_tables(root, "h200_sxm", framework), framework)
+        assert (("kv_expand", f"{framework}-0.24.0:DeepGemmFp8BlockScaledMMKernel", "fp8_block") in groups) is fitted
+        assert len(left) == (0 if fitted else 1)
+
+
 def no_calibrations(home) -> bool:
     folder = home / "calibrations"
     return not folder.exists() or not any(folder.iterdir())

@@ -25,8 +25,8 @@ H200 = hardware.resolve("h200")
 FC = ForwardCost(V3, W)
 
 
-def write(folder, kind, stem, rows):
-    path = folder / "h200_sxm" / kind / "sglang" / "0.5.14"
+def write(folder, kind, stem, rows, framework="sglang", version="0.5.14"):
+    path = folder / "h200_sxm" / kind / framework / version
     path.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(path / f"{stem}.parquet")
 
@@ -95,6 +95,22 @@ def test_hand_made_tables_give_the_times_worked_by_hand(tables):
     # nothing measured qkv_a_proj's shape, the MLPs, the router or the LM head, or the gather
     for op in ("qkv_a_proj", "dense_mlp", "router", "shared_experts", "lm_head", "logits_gather"):
         assert t.seconds(op, 64, 1) is None and t.basis[op].startswith("roofline"), op
+
+
+def test_vllms_fp8_block_rows_timed_outside_a_cuda_graph_are_passed_over(tmp_path):
+    # fp8_block rows at 80 us (the host's launch path) beside per-tensor fp8 rows of 10 and 30 us:
+    # vLLM's fp8 weights take the fp8 rows, 20 us at m = 51; SGLang's the fp8_block ones
+    rows = gemm_rows(1536, 3072, "fp8_block", [(1, 0.080), (101, 0.080)])
+    rows += gemm_rows(1536, 3072, "fp8", [(1, 0.010), (101, 0.030)], kernel="cutlass")
+    for framework in ("vllm", "sglang"):
+        write(tmp_path, "gemm", "gemm_perf", rows, framework, "0.24.0")
+    vllm = ft.load(FC, H200, "h200_sxm/vllm", tmp_path)
+    assert vllm.seconds("q_proj", 51, 1) == pytest.approx(20e-6)
+    assert "cutlass" in vllm.basis["q_proj"]
+    assert "vllm's fp8_block rows passed over (timed outside a CUDA graph)" in vllm.basis["q_proj"]
+    sglang = ft.load(FC, H200, "h200_sxm/sglang", tmp_path)
+    assert sglang.seconds("q_proj", 51, 1) == pytest.approx(80e-6)
+    assert "passed over" not in sglang.basis["q_proj"]
 
 
 def test_the_clock_takes_the_measured_ops_and_keeps_the_roofline_for_the_rest(tables):

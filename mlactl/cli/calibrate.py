@@ -17,7 +17,15 @@ from mlactl.decide.calibration.score import check_measured_on, score
 from mlactl.decide.calibration.sources import csv_points
 from mlactl.decide.calibration.transfer import transfer
 from mlactl.model import hardware as hwmod
-from mlactl.output.calibrate_tables import fits_table, pct, score_table, terms_lines, transfer_table, uncovered_lines
+from mlactl.output.calibrate_tables import (
+    fits_table,
+    left_out_lines,
+    pct,
+    score_table,
+    terms_lines,
+    transfer_table,
+    uncovered_lines,
+)
 from mlactl.results import store as results_store
 from mlactl.util import progress, safe
 from mlactl.util.errors import MlactlError
@@ -251,6 +259,7 @@ def calibrate(
                 "path": str(path),
                 "replaced": None if kept is None else str(kept),  # where the earlier one was kept
             },
+            "left_out": desc.get("left_out", []),
             "fits": [
                 {
                     "op": f.op,
@@ -278,6 +287,7 @@ def calibrate(
 
     def tables():
         out: list = [fits_table(data["name"], hw.name, fits, table_width(None)[0]), *terms_lines(fits)]
+        out += left_out_lines(desc)
         for drift in {id(f.drift): f.drift for f in fits if f.drift}.values():
             out.append(
                 f"{' and '.join(drift['paired_with'])} were timed side by side at {drift['shapes']} shapes and fitted "

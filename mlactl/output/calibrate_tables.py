@@ -125,6 +125,16 @@ def score_table(title: str, scores, width: int | None):
     return table(title, cols, rows, width, elsewhere="a wider terminal or --format json")
 
 
+def left_out_lines(source: dict) -> list[str]:
+    """`left out: kv_expand (vllm-0.24.0:DeepGemmFp8BlockScaledMMKernel, fp8_block), 1,083 rows,
+    the shortest 78.3µs: ...`, one a group of tables whose rows are not kernel times."""
+    return [
+        f"left out: {safe.markup(g['op'])} ({safe.markup(g['source'])}, {safe.markup(g['dtype'])}), "
+        f"{g['rows']:,} rows, the shortest {g['shortest_s'] * 1e6:.1f}µs: {safe.markup(g['why'])}"
+        for g in source.get("left_out") or []
+    ]
+
+
 def uncovered_lines(scores) -> list[str]:
     """`not covered: kv_expand (sglang_flashinfer_cutedsl_nvfp4, nvfp4): no nvfp4 fit of ...`, one a
     group the calibration has no fit of its op class and dtype for."""

@@ -46,6 +46,14 @@ attention -- so, like the MLA module tables, they are not fitted; dsv4_* are Dee
 (compressed keys), another model.
 
 Latencies in the tables are milliseconds.
+
+One table's rows are not kernel times: vLLM's fp8_block GEMMs are timed outside a CUDA graph
+(collector/vllm/collect_gemm.py:247 at 095f58a5, `use_cuda_graph=gemm_type != "fp8_block"`,
+since 4bed48d9), so each call carries the host's launch path: DeepGEMM's shortest kv_expand
+row is 79 us on an H200 and 155 us on a B200, against 2.5-5.6 us for the same GEMM in bf16 or
+per-tensor fp8 timed in a graph, and its rows stay near that up to m = 512. The engines run
+these GEMMs inside CUDA graphs. EAGER names such tables, `eager` says why, and neither
+calibration nor the forward tables use their rows.
 """
 
 from __future__ import annotations
@@ -92,8 +100,21 @@ KV_DTYPES = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8"}
 DSV3 = dict(hidden=7168, q_lora_rank=1536, r=512, dC=128, dR=64, dV=128, layers=1)
 EXPAND_KERNELS = ("trtllm_mla",)  # sglang's Blackwell context kernel (expand); see above
 MS = 1e-3
+# (framework, table folder, dtype) whose collector times each call outside a CUDA graph: where
+EAGER = {("vllm", "gemm", "fp8_block"): "collector/vllm/collect_gemm.py:247 at 095f58a5"}
 # a fit's source ends in its phase, so the time function picks decode's fit for one new token
 PHASES = {"context_mla_perf": ":prefill", "generation_mla_perf": ":decode"}
+
+
+def eager(framework: str, folder: str, dtype: str) -> str | None:
+    """Why a table's rows of `dtype` are not kernel times (timed outside a CUDA graph), or None."""
+    where = EAGER.get((framework, folder, dtype))
+    if where is None:
+        return None
+    return (
+        f"aiconfigurator timed {framework}'s {dtype} {folder} rows outside a CUDA graph (ai-dynamo/aiconfigurator "
+        f"{where}): each carries the host's launch path, which the engines' CUDA graphs leave out"
+    )
 
 
 def default_data_dir() -> Path:

@@ -7,7 +7,8 @@ tables measured the same op on the same GPU, this module times it from them inst
   the linear ops      gemm/<framework>/<version>/gemm_perf.parquet: the op's GEMMs
                       (ForwardCost.gemms: rows x k -> n per GPU, its weights' dtype), each at the
                       table's kernel for that dtype (fp8 weights: the fp8_block rows, else fp8;
-                      bf16: bfloat16). The table is a grid of n and k: an (n, k) between grid
+                      bf16: bfloat16; vLLM's fp8_block rows, timed outside a CUDA graph, are
+                      passed over: see aiconfigurator.EAGER). The table is a grid of n and k: an (n, k) between grid
                       values is interpolated linearly in n and in k from the four around it,
                       each a curve in m. An MLP adds SiLU*up between its two GEMMs at the
                       bandwidth (it reads 2 width and writes width a row).
@@ -173,9 +174,12 @@ def gemm_curve(frame, k: int, n: int) -> tuple[Curve, str] | None:
     return Curve(ms, seconds), how
 
 
-def _gemm(frame, dtype: str, k: int, n: int) -> tuple[str, tuple[Curve, str]] | None:
-    """The first kernel (by the dtype's preference, then by name) whose grid covers k -> n."""
+def _gemm(frame, dtype: str, k: int, n: int, framework: str) -> tuple[str, tuple[Curve, str]] | None:
+    """The first kernel (by the dtype's preference, then by name) whose grid covers k -> n; rows
+    timed outside a CUDA graph (aiconfigurator.eager) are passed over."""
     for gdt in GEMM_DTYPES.get(dtype, (dtype,)):
+        if ac.eager(framework, "gemm", gdt):
+            continue
         rows = frame[frame["gemm_dtype"] == gdt]
         for kernel in sorted(rows["kernel_source"].unique()):
             got = gemm_curve(rows[rows["kernel_source"] == kernel], k, n)
@@ -231,13 +235,15 @@ def load(fc: ForwardCost, hw: HardwareProfile, spec: str, data_dir: str | Path |
     for name, gemms in fc.gemms().items():
         parts, hows, why = [], [], ""
         for rows_var, k, n, dtype in gemms:
-            found = _gemm(frame, dtype, k, n)
+            found = _gemm(frame, dtype, k, n, framework)
             if found is None:
                 why = f"no {dtype} GEMM kernel measured k {k} -> n {n} (or a grid around it)"
                 break
             kernel, (curve, how) = found
             parts.append((rows_var, curve))
             hows.append(f"{kernel} {k}->{n} {how}")
+        passed = {g for _, _, _, dt in gemms for g in GEMM_DTYPES.get(dt, ()) if ac.eager(framework, "gemm", g)}
+        hows += [f"{framework}'s {g} rows passed over (timed outside a CUDA graph)" for g in sorted(passed)]
         if why:
             basis[name] = f"roofline: {why}"
             continue

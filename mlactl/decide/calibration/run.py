@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as _dt
 
+import numpy as np
+
 from mlactl import __version__
 from mlactl.decide.calibration import aiconfigurator as ac
 from mlactl.decide.calibration.fit import Machine
@@ -76,7 +78,7 @@ def from_aiconfigurator(system: str, framework: str, version: str | None, data_d
         if system not in SYSTEM_PROFILES:
             raise MlactlError(f"no hardware profile for system {system!r}: pass --hardware NAME|FILE")
         hw = hardware.from_name(SYSTEM_PROFILES[system])
-    groups = table_groups(tables, framework)
+    groups, left = table_groups(tables, framework)
     versions = sorted({t.version for t in tables})
     source = {
         "kind": "aiconfigurator",
@@ -84,6 +86,7 @@ def from_aiconfigurator(system: str, framework: str, version: str | None, data_d
         "framework": framework,
         "version": "+".join(versions),
         "files": [str(t.path) for t in tables],
+        **({"left_out": left} if left else {}),
     }
     name = f"{hw.name}-aiconfigurator-{framework}-{'+'.join(versions)}"
     return name, hw, source, groups
@@ -117,21 +120,32 @@ def from_results(files, hw: HardwareProfile | None):
     return f"{hw.name}-results-{stem}", hw, source, groups
 
 
-def table_groups(tables, framework: str) -> dict:
-    """{(op, source, dtype): Points} of aiconfigurator tables; a source names the framework's
-    version and kernel, and ends in the table's phase (:decode, :prefill)."""
-    groups = {}
+def table_groups(tables, framework: str) -> tuple[dict, list[dict]]:
+    """({(op, source, dtype): Points} of aiconfigurator tables, the groups left out); a source
+    names the framework's version and kernel, and ends in the table's phase (:decode, :prefill).
+    A group whose rows are not kernel times (ac.eager) is left out, with its rows, its shortest
+    time and why."""
+    groups, left = {}, []
     for t in tables:
-        phase = ac.PHASES.get(t.name.split("/")[1], "")
+        folder, stem = t.name.split("/")
+        phase = ac.PHASES.get(stem, "")
         for (op, src, dtype), pts in ac.table_points(t).items():
-            groups[(op, f"{framework}-{t.version}:{src}{phase}", dtype)] = pts
-    return groups
+            source = f"{framework}-{t.version}:{src}{phase}"
+            why = ac.eager(framework, folder, dtype)
+            if why is None:
+                groups[(op, source, dtype)] = pts
+            else:
+                shortest = float(np.min(np.asarray(pts.time_s, dtype=np.float64)))
+                left.append(
+                    {"op": op, "source": source, "dtype": dtype, "rows": len(pts), "shortest_s": shortest, "why": why}
+                )
+    return groups, left
 
 
 def aiconfigurator_groups(system: str, framework: str, version: str | None, data_dir) -> dict:
     """The groups of `from_aiconfigurator`, for scoring."""
     folder = ac.default_data_dir() if data_dir is None else data_dir
-    return table_groups(ac.find_tables(folder, system, framework, version), framework)
+    return table_groups(ac.find_tables(folder, system, framework, version), framework)[0]
 
 
 def results_groups(files) -> dict:
