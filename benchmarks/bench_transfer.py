@@ -78,7 +78,7 @@ def groups(system: str, framework: str) -> dict:
     key = (system, framework)
     if key not in _GROUPS:
         try:
-            _GROUPS[key] = run.aiconfigurator_groups(system, framework, None, None)
+            _GROUPS[key] = run.aiconfigurator_groups(system, framework, None, None)[0]
         except Exception as exc:  # a GPU without this framework's tables
             print(f"# {system}/{framework}: {exc}")
             _GROUPS[key] = {}

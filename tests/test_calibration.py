@@ -199,11 +199,14 @@ def test_vllms_fp8_block_gemms_timed_outside_a_cuda_graph_are_left_out_and_said(
     assert "outside a CUDA graph" in left["why"] and "collect_gemm.py:247" in left["why"]
     stored = json.loads((home / "calibrations" / "h200-aiconfigurator-vllm-0.24.0.json").read_text())
     assert stored["source"]["left_out"] == data["left_out"]
-    text = run(*args, "--name", "again").stdout
-    assert (
-        "left out: kv_expand (vllm-0.24.0:DeepGemmFp8BlockScaledMMKernel, fp8_block), 12 rows, the shortest 80.0µs"
-        in (" ".join(text.split()))
-    )
+    said = "left out: kv_expand (vllm-0.24.0:DeepGemmFp8BlockScaledMMKernel, fp8_block), 12 rows, the shortest 80.0µs"
+    assert said in " ".join(run(*args, "--name", "again").stdout.split())
+    # scoring on the same tables leaves them out too, and says so
+    scoring = ("calibrate", "score", "--calibration", "again", *args[1:9])
+    scored = json.loads(run(*scoring, "-f", "json").stdout)
+    assert scored["left_out"] == data["left_out"]
+    assert all(s["dtype"] != "fp8_block" for s in scored["scores"])
+    assert said in " ".join(run(*scoring).stdout.split())
 
 
 def test_another_frameworks_fp8_block_gemms_are_fitted(tmp_path):

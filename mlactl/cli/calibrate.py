@@ -102,16 +102,17 @@ class CalibrateOpts(Opts):
         if source == "csv" and len(files) != 1:
             raise MlactlError("--from csv takes one file")
 
-    def groups(self, files) -> dict:
-        """The measurements to score: {(op class, source, dtype): Points}."""
+    def groups(self, files) -> tuple[dict, list[dict]]:
+        """The measurements to score, {(op class, source, dtype): Points}, and the groups of
+        aiconfigurator's tables left out (their rows are not kernel times)."""
         if self.source == "aiconfigurator":
             assert self.system is not None and self.framework is not None  # check_source said so
             with progress.task("reading aiconfigurator's tables"):
                 return run.aiconfigurator_groups(self.system, self.framework, self.framework_version, self.data_dir)
         if self.source == "results":
             with progress.task(f"reading {len(files)} results file(s)"):
-                return run.results_groups(files)
-        return csv_points(files[0], load_model(self.model, self.tp))
+                return run.results_groups(files), []
+        return csv_points(files[0], load_model(self.model, self.tp)), []
 
 
 def measured_options(values: dict, given: frozenset) -> CalibrateOpts:
@@ -246,7 +247,7 @@ def calibrate(
         default, hw, desc, groups = run.from_csv((files or [])[0], load_model(opts.model, opts.tp), hw)
     test_groups = None
     if test is not None:  # read before fitting: a bad test file costs no fit
-        test_groups = CalibrateOpts(source=source, model=opts.model, tp=opts.tp).groups([test])
+        test_groups, _ = CalibrateOpts(source=source, model=opts.model, tp=opts.tp).groups([test])
     data, fits = run.build(name or default, hw, desc, groups, terms=fixed)
     path, kept = store.save(data, out_dir)
     tested = None if test_groups is None else score(store.load(path), test_groups)
@@ -353,7 +354,7 @@ def score_cmd(files: FilesArg = None, opts: CalibrateOpts = CalibrateOpts()):
     check_measured_on(cal, measured_on, where)  # before reading the tables: a wrong GPU costs nothing
     if measured_on is not None:
         store.check_ceilings(cal, hwmod.resolve(opts.hardware or measured_on))
-    groups = opts.groups(files)
+    groups, left = opts.groups(files)
     scores = score(cal, groups, measured_on, where)
 
     def json_data():
@@ -361,12 +362,17 @@ def score_cmd(files: FilesArg = None, opts: CalibrateOpts = CalibrateOpts()):
             "calibration": cal.describe(),
             "measurements": {"from": source, "where": where},
             "scores": [s.to_json() for s in scores],
+            "left_out": left,
         }
 
     title = f"Calibration {safe.markup(cal.name)} scored on {safe.markup(where)}"
     note = cal.transfer_note()
     tables = (
-        [score_table(title, scores, table_width(None)[0]), *uncovered_lines(scores)]
+        [
+            score_table(title, scores, table_width(None)[0]),
+            *uncovered_lines(scores),
+            *left_out_lines({"left_out": left}),
+        ]
         + ([safe.markup(note)] if note else [])
         if fmt == "table"
         else []

@@ -405,7 +405,7 @@ def transfer_chart_data(calibration: str, system: str, framework: str, version: 
     if system not in run.SYSTEM_PROFILES:
         raise MlactlError(f"no hardware profile for system {safe.text(system, 40)!r}")
     check_measured_on(cal, run.SYSTEM_PROFILES[system], where)
-    groups = run.aiconfigurator_groups(system, framework, version, data_dir)
+    groups, _ = run.aiconfigurator_groups(system, framework, version, data_dir)
     moved = cal.transferred
     title = f"calibration {cal.name}, predicted against {where}'s measurements" + (
         f"\ntransferred from {moved['from']['hardware']} to {cal.hardware}'s ceilings" if moved else ""

@@ -142,10 +142,10 @@ def table_groups(tables, framework: str) -> tuple[dict, list[dict]]:
     return groups, left
 
 
-def aiconfigurator_groups(system: str, framework: str, version: str | None, data_dir) -> dict:
-    """The groups of `from_aiconfigurator`, for scoring."""
+def aiconfigurator_groups(system: str, framework: str, version: str | None, data_dir) -> tuple[dict, list[dict]]:
+    """The groups of `from_aiconfigurator` and those it leaves out, for scoring."""
     folder = ac.default_data_dir() if data_dir is None else data_dir
-    return table_groups(ac.find_tables(folder, system, framework, version), framework)[0]
+    return table_groups(ac.find_tables(folder, system, framework, version), framework)
 
 
 def results_groups(files) -> dict:
