@@ -100,7 +100,8 @@ KV_DTYPES = {"bfloat16": "bf16", "float16": "bf16", "fp8": "fp8"}
 DSV3 = dict(hidden=7168, q_lora_rank=1536, r=512, dC=128, dR=64, dV=128, layers=1)
 EXPAND_KERNELS = ("trtllm_mla",)  # sglang's Blackwell context kernel (expand); see above
 MS = 1e-3
-# (framework, table folder, dtype) whose collector times each call outside a CUDA graph: where
+# (framework, table folder, dtype) whose collector times each call outside a CUDA graph, and
+# the line of the collector that says so
 EAGER = {("vllm", "gemm", "fp8_block"): "collector/vllm/collect_gemm.py:247 at 095f58a5"}
 # a fit's source ends in its phase, so the time function picks decode's fit for one new token
 PHASES = {"context_mla_perf": ":prefill", "generation_mla_perf": ":decode"}

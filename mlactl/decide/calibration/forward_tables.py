@@ -8,9 +8,9 @@ tables measured the same op on the same GPU, this module times it from them inst
                       (ForwardCost.gemms: rows x k -> n per GPU, its weights' dtype), each at the
                       table's kernel for that dtype (fp8 weights: the fp8_block rows, else fp8;
                       bf16: bfloat16; vLLM's fp8_block rows, timed outside a CUDA graph, are
-                      passed over: see aiconfigurator.EAGER). The table is a grid of n and k: an (n, k) between grid
-                      values is interpolated linearly in n and in k from the four around it,
-                      each a curve in m. An MLP adds SiLU*up between its two GEMMs at the
+                      passed over: see aiconfigurator.EAGER). The table is a grid of n and k:
+                      an (n, k) between grid values is interpolated linearly in n and in k
+                      from the four around it, each a curve in m. An MLP adds SiLU*up between its two GEMMs at the
                       bandwidth (it reads 2 width and writes width a row).
   the routed experts  moe/<framework>/<version>/moe_perf.parquet: the rows of this model's
                       experts (hidden, inter_size, top-k, experts) at moe_tp_size = TP,
