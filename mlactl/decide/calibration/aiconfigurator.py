@@ -112,10 +112,7 @@ def eager(framework: str, folder: str, dtype: str) -> str | None:
     where = EAGER.get((framework, folder, dtype))
     if where is None:
         return None
-    return (
-        f"aiconfigurator timed {framework}'s {dtype} {folder} rows outside a CUDA graph (ai-dynamo/aiconfigurator "
-        f"{where}): each carries the host's launch path, which the engines' CUDA graphs leave out"
-    )
+    return f"timed outside a CUDA graph (ai-dynamo/aiconfigurator {where}): the host's launch path, not the kernel"
 
 
 def default_data_dir() -> Path:
