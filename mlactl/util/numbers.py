@@ -140,15 +140,6 @@ def check_real(value, what: str, minimum: float, maximum: float, above: bool = F
     return number
 
 
-def check_integer(value, what: str, minimum: int = 0, maximum: int = MAX_SIZE) -> int:
-    """A whole number already parsed (JSON, TOML): an int, not a bool, within the range."""
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        shown = repr(value)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise MlactlError(f"{what} must be a whole number from {minimum:,} to {maximum:,}, got {shown}")
-    return value
-
-
 def real(text: str, what: str, minimum: float, maximum: float, above: bool = False) -> float:
     """ASCII decimal text (`1.5`, `2e-6`, `.5`) from `minimum` (excluded with `above`) to
     `maximum`; never 'inf', 'nan' or digits of another script."""

@@ -7,7 +7,6 @@ it, by the same fits:
     est["absorb"].interval()          # (lo, hi) seconds: the 80% interval of the path's time
     est["absorb"].ops["attention"]    # OpEstimate: its time, interval, basis per point
 
-    path_intervals(...)               # {path: (time, lo, hi)}: the small API for engine losses
     path_scenarios(...)               # {path: [S, ...] seconds}: draw by draw, for derived figures
     loss_interval(scenarios, chosen)  # the interval of what a choice of paths loses
     crossover_intervals(...)          # the interval of each prefix's crossover
@@ -31,7 +30,7 @@ from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.model import OP_CLASSES, PATH_CLASSES, decode_like, op_class
 from mlactl.decide.calibration.sources import points_for
 from mlactl.decide.calibration.store import Fit
-from mlactl.decide.calibration.time import launch_parts, path_times, predict_fit, scaled_ops
+from mlactl.decide.calibration.time import launch_parts, predict_fit, scaled_ops
 from mlactl.model.cost import MLA_PATHS, CostModel
 from mlactl.model.hardware import HardwareProfile
 from mlactl.model.roofline import path_time
@@ -258,21 +257,6 @@ def _broadcast(spread: u.OpSpread, shape) -> u.OpSpread:
         octaves=b(spread.octaves), axis=b(spread.axis),
         alternatives=np.broadcast_to(spread.alternatives, (len(spread.alternatives),) + tuple(shape)),
     )  # fmt: skip
-
-
-def path_intervals(
-    cost: CostModel, hw: HardwareProfile, calibration, batch, new, prefix, paths=MLA_PATHS, layers: int = 1
-) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """{path: (seconds, lo, hi)} at every point: the calibrated time (as `path_times` gives it)
-    and its 80% interval. Without a calibration, lo = hi = the roofline time (no interval)."""
-    if calibration is None:
-        return {p: (t.time_s, t.time_s, t.time_s) for p, t in path_times(cost, hw, None, batch, new, prefix, paths,
-                                                                           layers).items()}  # fmt: skip
-    out = {}
-    for p, est in estimates(cost, hw, calibration, batch, new, prefix, paths, layers).items():
-        iv = est.interval()
-        out[p] = (est.time, est.time, est.time) if iv is None else (est.time, *iv)
-    return out
 
 
 def path_scenarios(
