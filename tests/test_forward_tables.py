@@ -111,6 +111,20 @@ def test_vllms_fp8_block_rows_timed_outside_a_cuda_graph_are_passed_over(tmp_pat
     sglang = ft.load(FC, H200, "h200_sxm/sglang", tmp_path)
     assert sglang.seconds("q_proj", 51, 1) == pytest.approx(80e-6)
     assert "passed over" not in sglang.basis["q_proj"]
+    # o_proj has fp8_block rows only: vLLM's stays at the roofline, and says why
+    write(
+        tmp_path,
+        "gemm",
+        "gemm_perf",
+        rows + gemm_rows(2048, 7168, "fp8_block", [(1, 0.08), (101, 0.08)]),
+        "vllm",
+        "0.24.0",
+    )
+    vllm = ft.load(FC, H200, "h200_sxm/vllm", tmp_path)
+    assert vllm.seconds("o_proj", 51, 1) is None
+    assert vllm.basis["o_proj"].startswith("roofline: no fp8 GEMM kernel measured k 2048 -> n 7168")
+    assert vllm.basis["o_proj"].endswith("vllm's fp8_block rows passed over (timed outside a CUDA graph)")
+    assert "passed over" not in vllm.basis["lm_head"]  # bf16: no fp8_block rows to pass over
 
 
 def test_the_clock_takes_the_measured_ops_and_keeps_the_roofline_for_the_rest(tables):

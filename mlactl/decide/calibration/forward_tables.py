@@ -10,8 +10,8 @@ tables measured the same op on the same GPU, this module times it from them inst
                       bf16: bfloat16; vLLM's fp8_block rows, timed outside a CUDA graph, are
                       passed over: see aiconfigurator.EAGER). The table is a grid of n and k:
                       an (n, k) between grid values is interpolated linearly in n and in k
-                      from the four around it, each a curve in m. An MLP adds SiLU*up between its two GEMMs at the
-                      bandwidth (it reads 2 width and writes width a row).
+                      from the four around it, each a curve in m. An MLP adds SiLU*up between
+                      its two GEMMs at the bandwidth (it reads 2 width and writes width a row).
   the routed experts  moe/<framework>/<version>/moe_perf.parquet: the rows of this model's
                       experts (hidden, inter_size, top-k, experts) at moe_tp_size = TP,
                       moe_ep_size 1, balanced routing, the weights' dtype; a curve in the
@@ -242,11 +242,19 @@ def load(fc: ForwardCost, hw: HardwareProfile, spec: str, data_dir: str | Path |
             kernel, (curve, how) = found
             parts.append((rows_var, curve))
             hows.append(f"{kernel} {k}->{n} {how}")
-        passed = {g for _, _, _, dt in gemms for g in GEMM_DTYPES.get(dt, ()) if ac.eager(framework, "gemm", g)}
-        hows += [f"{framework}'s {g} rows passed over (timed outside a CUDA graph)" for g in sorted(passed)]
+        passed = sorted(
+            {
+                g
+                for _, _, _, dt in gemms
+                for g in GEMM_DTYPES.get(dt, (dt,))
+                if ac.eager(framework, "gemm", g) and (frame["gemm_dtype"] == g).any()
+            }
+        )
+        notes = [f"{framework}'s {g} rows passed over (timed outside a CUDA graph)" for g in passed]
         if why:
-            basis[name] = f"roofline: {why}"
+            basis[name] = "; ".join([f"roofline: {why}", *notes])
             continue
+        hows += notes
         silu = 3.0 * gemms[1][1] * act if len(gemms) == 2 else 0.0  # an MLP: SiLU*up over `width`
         ops[name] = Measured(tuple(parts), f"{source} gemm: " + "; ".join(hows), silu)
         basis[name] = ops[name].basis + (" + SiLU*up at the bandwidth" if silu else "")
