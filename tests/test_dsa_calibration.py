@@ -314,6 +314,38 @@ def test_topk_walks_only_its_selecting_rows_and_every_row_writes():
     assert float(plain[0]) == pytest.approx(3 * 35 * 1e-7)
 
 
+def test_topk_setup_and_index_writes_apart_from_the_walk():
+    # `apart`, by hand: the setup and index writes are added to the larger of the walk and the
+    # memory time, not taken under it. One decode token after 4,095 cached (one CTA, 64 key
+    # blocks): cost.py's top-k reads 4,096 fp32 logits and writes 2,048 int32 indices, 24,576
+    # bytes, so at eta_m = 1 and 1 GB/s its memory time is 24.576 us, over the walk's 6.4 us and
+    # the setup's and writes' 1.5
+    from mlactl.decide.calibration.model import added_seconds, predict, relevant_terms
+    from mlactl.decide.calibration.sources import points_for
+
+    cost = CostModel(model.from_name("deepseek-v3.2"))
+    params = {
+        "t_fixed_s": 0.0, "eta_c": 1000.0, "eta_m": 1.0, "t_iter_s": 1e-7, "t_cta_s": 1e-6, "t_rowwave_s": 5e-7,
+    }  # fmt: skip
+    terms = ("serial", "rowsel", "ctawave", "rowwave")
+    pts = points_for(cost, "topk", [1], [1], [4095], None)
+    memory = 24_576 / 1e9
+    assert float(np.asarray(pts.bytes)[0]) == 24_576
+    under = float(predict(params, terms, pts, PEAK, 1e9, SMS)[0])
+    apart = float(predict(params, (*terms, "apart"), pts, PEAK, 1e9, SMS)[0])
+    assert under == pytest.approx(max(memory, 64 * 1e-7 + 1e-6 + 5e-7))  # hidden under the memory
+    assert apart == pytest.approx(max(memory, 64 * 1e-7) + 1e-6 + 5e-7)
+    # 300 new tokens after 1,900 cached (the test above): 2 waves of selecting CTAs, 3 of rows
+    many = points_for(cost, "topk", [1], [300], [1900], None)
+    added = added_seconds(params, (*terms, "apart"), many, 1e9, SMS)
+    assert float(added[0]) == pytest.approx(2 * 1e-6 + 3 * 5e-7)
+    # at a bandwidth that leaves the walk the bound, apart or not is the same sum
+    fast = [float(predict(params, t, many, PEAK, 1e18, SMS)[0]) for t in (terms, (*terms, "apart"))]
+    assert fast[0] == pytest.approx(fast[1]) == pytest.approx(2 * (34 * 1e-7 + 1e-6) + 3 * 5e-7)
+    # the term needs `serial` (no walk, no setup to keep apart)
+    assert "apart" not in relevant_terms("topk", ("fixed", "apart"))
+
+
 def test_indexer_ctas_pay_a_setup_a_wave():
     # `ctawave` on the indexer: 133 requests of 2 tokens are 133 CTAs, two waves of 128 blocks each
     from mlactl.decide.calibration.model import predict
@@ -329,7 +361,7 @@ def test_walker_terms_are_tried_on_the_walkers_only():
     from mlactl.decide.calibration.selection import CANDIDATE_TERMS, op_tries
     from mlactl.decide.calibration.terms import WALKER_TERMS
 
-    assert set(WALKER_TERMS) == {"rowsel", "ctawave", "rowwave", "chunk"}
+    assert set(WALKER_TERMS) == {"rowsel", "ctawave", "rowwave", "chunk", "apart"}
     walker_sets = [t for t in CANDIDATE_TERMS if set(WALKER_TERMS) & set(t)]
     assert walker_sets and all(op_tries("topk", t) for t in walker_sets)
     assert not any(op_tries(op, t) for t in walker_sets for op in ("absorb_attention", "sparse_attention", "kv_expand"))

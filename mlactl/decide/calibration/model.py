@@ -93,6 +93,12 @@ ctawave t_cta per wave of walking CTAs (the indexer's, the top-k's), on top of t
 rowwave t_rowwave per wave of all a top-k's query rows, selecting or not: each row writes its top-k
         indices (a row that keeps all its keys writes them too). One request of 2,048 new tokens
         and no cache (nothing selects) takes 11 us on an H200, 16 waves of 132 rows
+apart   a top-k CTA's setup (ctawave) and its rows' index writes (rowwave) added to the walk and
+        the memory time, not under their max: SGLang's fused top-k runs one 1,024-thread CTA an
+        SM (128 KB of dynamic shared memory), which clears its histograms, walks its row's logits
+        twice, then writes the row's 2,048 indices, one phase after another. Without it the setup
+        hides under a long walk's memory time; the H200's fit below 8K keys then took the setup
+        for slow memory (eta_m 0.30) and predicted the rows of 131K-203K keys 25-40% fast
 chunk   SGLang's indexer holds its fp32 logits, [query rows, every key of the batch], in a workspace
         of LOGITS_FREE_FRACTION of the GPU's free memory (params["logits_budget_bytes"], from the
         profile's memory) and runs a larger launch in chunks of rows, each row then its own
@@ -360,7 +366,7 @@ def predict(
     without the steps those counts make (`steps are claims`, docs/calibration.md)."""
     t = Terms.of(terms)
     t_fixed, t_compute, t_memory, serial = components(params, t, pts, peak, bandwidth, sm_count, smooth)
-    added = added_seconds(params, t, pts, bandwidth, sm_count)
+    added = added_seconds(params, t, pts, bandwidth, sm_count, smooth)
     waves = tile_waves(pts, t, sm_count, smooth) if t.pipe and pts.op in PROJECTIONS and sm_count else None
     scores = score_seconds(params, pts, bandwidth) if t.scores and pts.op.startswith("path:") else None
     near = pts if near_applies(params, t, pts.op) else None
@@ -564,9 +570,12 @@ def walked(pts: Points, terms) -> Points:
     return replace(pts, flops=flops, bytes=nbytes, context=ctx, slots=None, pool=None)
 
 
-def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: int | None) -> np.ndarray:
+def added_seconds(
+    params: dict, terms, pts: Points, bandwidth: float, sm_count: int | None, smooth: bool = False
+) -> np.ndarray:
     """Seconds each point adds outside the overlapped roofline: per-request setup, the combine
-    launch after a split, a pass over the activations (quant) or over the cache keys (kvcast)."""
+    launch after a split, a pass over the activations (quant) or over the cache keys (kvcast), a
+    top-k's setup and index writes (apart)."""
     terms = Terms.of(terms)
     pts = walked(pts, terms)
     out = np.zeros(np.shape(pts.flops))
@@ -584,6 +593,10 @@ def added_seconds(params: dict, terms, pts: Points, bandwidth: float, sm_count: 
         out = out + quant_seconds(params, pts, bandwidth)
     if terms.chunk and pts.op == "topk" and sm_count and params.get("logits_budget_bytes"):
         out = out + chunk_seconds(params, pts, sm_count)
+    if terms.apart and terms.serial and pts.op == "topk" and sm_count:
+        _, ctas = walking_ctas(pts, terms, sm_count, _tile(pts.op, terms))
+        waves = walking_waves(pts, terms, ctas, 1.0, sm_count, smooth)
+        out = setup_seconds(params, terms, pts, waves, sm_count, smooth, to=out)
     if terms.align and pts.op in PROJECTIONS:  # rows not a multiple of ALIGN_ROWS: a padded copy
         out = out + params["t_align_s"] * (np.mod(_rows_and_ctas(pts)[0], ALIGN_ROWS) != 0)
     return out
@@ -688,6 +701,36 @@ def quant_seconds(params: dict, pts: Points, bandwidth: float) -> np.ndarray:
     return pts.flops / (2 * per_row_out) * 2 / (params["eta_q"] * bandwidth)
 
 
+def walking_ctas(pts: Points, terms, sm_count: int | None, tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """(pad, CTAs) of a launch (tile_model); with `rowsel` a top-k's CTAs are its selecting rows."""
+    pad, ctas = tile_model(pts, terms, sm_count, tile)
+    if Terms.of(terms).rowsel and pts.op == "topk" and pts.slots is not None:  # a CTA a selecting row
+        ctas = pts.batch * topk_rows(pts)[0]
+    return pad, ctas
+
+
+def walking_waves(pts: Points, terms, ctas, splits, sm_count: int, smooth: bool = False) -> np.ndarray:
+    """`serial`: waves of walking CTAs (split pieces included) over the SMs; with `rowsel` a top-k
+    launch in which no row selects walks no wave."""
+    finite = np.isfinite(ctas) & (ctas > 0)
+    waves = _whole(np.where(finite, ctas, 1.0) * splits / sm_count, smooth)
+    if Terms.of(terms).rowsel and pts.op == "topk":
+        waves = np.where(ctas > 0, waves, 0.0)
+    return waves
+
+
+def setup_seconds(params: dict, terms, pts: Points, waves, sm_count: int, smooth: bool = False, to=0.0):
+    """`to` plus `ctawave`'s t_cta a wave of walking CTAs and `rowwave`'s t_rowwave a wave of all
+    a top-k's rows (added in that order: a fit's rounding, and so its path, stays as it was)."""
+    terms = Terms.of(terms)
+    out = to + np.zeros(np.shape(waves))
+    if terms.ctawave and pts.op in WALKERS:  # each wave's CTAs set up before they walk
+        out = out + params["t_cta_s"] * waves
+    if terms.rowwave and pts.op == "topk":  # every row writes its indices
+        out = out + params["t_rowwave_s"] * _whole(pts.batch * pts.new / sm_count, smooth)
+    return out
+
+
 def _whole(x, smooth: bool):
     """ceil(x), or with `smooth` x itself (at least 1): a count of tiles, waves or blocks, or its
     continuous stand-in."""
@@ -717,9 +760,7 @@ def components(
         nbytes = nbytes + (chosen - flops) * LOGIT_BYTES  # cost.py: one FLOP and one logit read a pair
         flops = chosen
     if terms.pad or terms.waves or terms.split or terms.serial:
-        pad, ctas = tile_model(pts, terms, sm_count, tile)
-        if terms.rowsel and pts.op == "topk" and pts.slots is not None:  # a CTA a selecting row
-            ctas = pts.batch * topk_rows(pts)[0]
+        pad, ctas = walking_ctas(pts, terms, sm_count, tile)
         if terms.pad and not smooth:
             flops = flops * pad
         finite = np.isfinite(ctas) & (ctas > 0)
@@ -733,15 +774,11 @@ def components(
             util = np.where(finite, c / (_whole(c / sm_count, smooth) * sm_count), 1.0)
             flops = flops / util
         if sm_count and terms.serial and (attention or pts.op in WALKERS):
-            waves = _whole(np.where(finite, ctas, 1.0) * s / sm_count, smooth)
-            if terms.rowsel and pts.op == "topk":  # no selecting row, no wave
-                waves = np.where(ctas > 0, waves, 0.0)
+            waves = walking_waves(pts, terms, ctas, s, sm_count, smooth)
             iters = _whole(walked_keys(pts, terms) / (s * (key_block or tile)), smooth)
             serial = params["t_iter_s"] * waves * iters
-            if terms.ctawave and pts.op in WALKERS:  # each wave's CTAs set up before they walk
-                serial = serial + params["t_cta_s"] * waves
-            if terms.rowwave and pts.op == "topk":  # every row writes its indices
-                serial = serial + params["t_rowwave_s"] * _whole(pts.batch * pts.new / sm_count, smooth)
+            if not (terms.apart and pts.op == "topk"):  # else added (added_seconds)
+                serial = setup_seconds(params, terms, pts, waves, sm_count, smooth, to=serial)
     if terms.ops and pts.op.startswith("path:") and pts.attn_flops is not None:
         # the path's ops run one after another: attention at eta_c, the rest (projections,
         # merge) at eta_p, each its own roofline (or sum, with `sum`), added; returned as compute

@@ -70,6 +70,9 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     ("fixed", "serial", "rowsel", "ctawave", "rowwave"),
     # and the row chunks SGLang's indexer splits a launch into past its logits workspace
     ("fixed", "serial", "rowsel", "ctawave", "rowwave", "chunk"),
+    # the top-k's setup and index writes apart from its walk, not under the walk's or memory's max
+    ("fixed", "serial", "rowsel", "ctawave", "rowwave", "apart"),
+    ("fixed", "serial", "rowsel", "ctawave", "rowwave", "chunk", "apart"),
     # projections timed over and over on the same tensors: those that fit in L2 read from it
     ("fixed", "l2"),
     ("fixed", "sum", "l2"),

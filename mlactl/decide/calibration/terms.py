@@ -164,6 +164,8 @@ TERM_LIST = (
          (_seconds("t_rowwave_s", (1e-6, 3e-7, 3e-6)),), needs="serial"),
     Term("chunk", "a top-k whose fp32 logits pass the indexer's workspace runs in row chunks: t_seq a row and sequence",
          ("topk",), (_seconds("t_seq_s", (1e-10, 3e-11, 3e-10)),)),
+    Term("apart", "a top-k CTA's setup and its rows' index writes added to its walk, not overlapped with it",
+         ("topk",), needs="serial"),
 )  # fmt: skip
 REGISTRY = {t.name: t for t in TERM_LIST}
 TERMS = tuple(REGISTRY)
@@ -180,7 +182,7 @@ def scoped(*classes: str) -> tuple[str, ...]:
 # its kernel's head and key blocks on the GPU
 SPARSE_TERMS = scoped("sparse_attention")
 # terms that only act on the indexer's or the top-k's walk (DSA's): which rows select, what each
-# CTA sets up, what every row writes
+# CTA sets up, what every row writes, and whether those two overlap the walk
 WALKER_TERMS = scoped(*WALKERS)
 
 
