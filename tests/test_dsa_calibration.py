@@ -98,6 +98,13 @@ def test_calibrate_and_use_on_deepseek_v32(home):
                               "h200-aiconfigurator-sglang-0.5.14", "-f", "json"])  # fmt: skip
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["time"] == "calibrated"
+    # past top-k keys dense MHA does not run: its cell is n/a, with no interval beside it
+    out = runner.invoke(app, ["analyze", "-m", "deepseek-v3.2", "-g", "h200", "--calibration",
+                              "h200-aiconfigurator-sglang-0.5.14", "--new", "1", "--prefix", "65536"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    row = next(line for line in out.stdout.splitlines() if "65536" in line)
+    dense = row.split("│")[6].strip()
+    assert dense == "n/a", row
 
 
 def test_calibrated_windows_carry_their_ends_intervals(home, monkeypatch):

@@ -131,8 +131,8 @@ def analysis_table(analysis: Analysis, max_rows: int = 200, width: int | None = 
             )
             for i in shown
         ]
-        if analysis.spans is not None:
-            cells = [_with_span(c, analysis.spans, p, i) for c, i in zip(cells, shown)]
+        if analysis.spans is not None:  # a path that does not run at a point has no interval there
+            cells = [_with_span(c, analysis.spans, p, i) if analysis.runs[p][i] else c for c, i in zip(cells, shown)]
         columns.append(Column(SHORT[p] + ("*" if p == "mha" else ""), cells, priority=2 if p == "mha" else 0))
     fits = analysis.best_fits
     best = [SHORT[analysis.best[i]] + ("" if fits is None or fits[i] else " ✗") for i in shown]
