@@ -201,6 +201,37 @@ def test_the_indexers_step_follows_the_sms_flop_rate_and_the_top_ks_does_not():
     assert fit.transfer["adapted"] == ["step x0.49"] and moved.fits[1].transfer["adapted"] == []
 
 
+def test_the_top_ks_memory_keeps_its_rate_a_sm_toward_less_bandwidth_a_sm():
+    # SGLang's top-k reads its logits in a loop of one CTA an SM: its memory rate follows the SMs,
+    # not the HBM, where the target has less bandwidth a SM. H200 -> H100 (4.8 -> 3.35 TB/s, 132
+    # SMs each): eta_m x 4.8 / 3.35 = 1.43284, the memory side at 0.5 x 4.8 TB/s on both. Toward
+    # more bandwidth a SM (H200 -> B200: 36.4 -> 54.1 GB/s a SM) eta_m stays a fraction of the
+    # target's bandwidth, and so does the indexer's everywhere
+    params = {"t_fixed_s": 3e-6, "eta_c": 1.0, "eta_m": 0.5, "t_iter_s": 2.6e-8, "t_cta_s": 1.1e-6}
+    topk = {"op": "topk", "source": "sglang-0.5.14:fast_topk_transform_fused", "dtype": "fp32",
+            "terms": ["fixed", "serial", "ctawave"], "params": params,
+            "members": [{"terms": ["fixed", "serial"], "params": dict(params, eta_m=0.4)}]}  # fmt: skip
+    indexer = {"op": "indexer", "source": "sglang-0.5.14:deep_gemm.fp8_mqa_logits", "dtype": "fp8",
+               "terms": ["fixed", "serial"], "params": params}  # fmt: skip
+    moved = carried([topk, indexer], hardware.from_name("h100-sxm"))
+    scale = 4.8 / 3.35
+    assert scale == pytest.approx(1.43284, abs=1e-5)
+    fit = moved.fits[0]
+    assert fit.params["eta_m"] == pytest.approx(0.5 * scale)
+    assert fit.entry["members"][0]["params"]["eta_m"] == pytest.approx(0.4 * scale)
+    assert fit.params["eta_m"] * 3.35e12 == pytest.approx(0.5 * 4.8e12)
+    assert fit.transfer["memory"] == pytest.approx(scale, abs=1e-6)
+    assert fit.transfer["adapted"] == ["eta_m x1.43 (the memory rate a SM)"]
+    assert moved.fits[1].params["eta_m"] == 0.5 and moved.fits[1].transfer["memory"] == 1.0
+    wider = carried([topk], hardware.from_name("b200")).fits[0]
+    assert wider.params["eta_m"] == 0.5 and wider.transfer["memory"] == 1.0
+    # B200 -> H100: (8.0 / 148) / (3.35 / 132) = 2.1299, which would take 1.0 past fp32's 1.2
+    fast = dict(topk, params=dict(params, eta_m=1.0), members=[])
+    back = carried([fast], hardware.from_name("h100-sxm"), source="b200").fits[0]
+    assert (8.0 / 148) / (3.35 / 132) == pytest.approx(2.1299, abs=1e-4)
+    assert back.params["eta_m"] == pytest.approx(1.2)
+
+
 FA3 = {
     "op": "absorb_attention", "source": "sglang-0.5.14:flash_attention:decode", "dtype": "fp8",
     "terms": ["fixed", "split", "kvpad", "serial", "fa3split", "kvcast"],

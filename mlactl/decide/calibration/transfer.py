@@ -14,7 +14,10 @@ architecture (`hblock`: FlashMLA's sparse prefill pads 64 heads to 128 on Blackw
 a request's shared rows once on Hopper only: `reuse`). A time is then the same kernel at the
 target's ceilings: per-SM and per-wave effects follow the target's SM count, an `l2` fit its L2.
 One exception to "seconds are the kernel's": where a walking CTA's step is an MMA (the
-indexer's: COMPUTE_STEPS), t_iter follows the SM's FLOP rate (`step_scale`).
+indexer's: COMPUTE_STEPS), t_iter follows the SM's FLOP rate (`step_scale`). And one to
+"efficiencies are fractions of the ceilings": where the memory side is its CTAs' loads rather
+than the HBM's (the top-k's: SM_LOADS), eta_m keeps the memory rate a SM on a GPU with less
+bandwidth a SM (`memory_scale`).
 
 Terms that describe one kernel (KERNEL_TERMS) travel only where the engine runs that same kernel
 on the target: FA3's split heuristic and SGLang FA3's pass over an fp8 cache are FA3's, on
@@ -179,15 +182,41 @@ def step_scale(op: str, source: HardwareProfile, target: HardwareProfile, dtype:
     return (source.peak_flops(dtype) / source.sm_count) / (target.peak_flops(dtype) / target.sm_count)
 
 
-def _retarget(model: dict, target: HardwareProfile, step: float = 1.0) -> dict:
+# op classes whose memory time is bound by their CTAs' loads, one CTA an SM, rather than by the
+# HBM: SGLang's fused top-k reads each row's fp32 logits twice in a 1,024-thread loop, one CTA an
+# SM (sgl-kernel/csrc/elementwise/topk.cu, sgl-project/sglang @ 06c48ca8). In aiconfigurator's
+# SGLang 0.5.14 tables the H100 (132 SMs, 3.35 TB/s) takes 1.01, 1.02, 1.06 and 1.09 times the
+# H200's time (132 SMs, 4.8 TB/s), the median over the shapes whose logits are up to 50 MB,
+# 50-200 MB, 200 MB-1 GB and 1-10 GB, where the bandwidths' ratio is 1.43 (past 10 GB, chunked
+# launches, 1.38). So toward a GPU with less bandwidth a SM a fit keeps its memory rate a SM;
+# toward one with more, its fraction of the bandwidth as fitted: a fit whose memory side never
+# bound (the H100's top-k holds eta_m at its limit) would otherwise bind there. Chosen on the
+# leave-one-GPU-out pairs (benchmarks/bench_transfer.py): the top-k carried to the H100 from the
+# other three GPUs, 18.1% -> 9.5% median and 48.4% -> 34.6% p90; kept a SM both ways, the H100's
+# fit carried to the others went from 7.5-11.7% to 11.9-21.4% median
+SM_LOADS = ("topk",)
+
+
+def memory_scale(op: str, source: HardwareProfile, target: HardwareProfile) -> float:
+    """What a fit's eta_m is multiplied by on the target: for SM_LOADS toward less bandwidth a SM,
+    the source's bandwidth a SM over the target's (its memory rate a SM kept), else 1 (a fraction
+    of the target's bandwidth)."""
+    if op not in SM_LOADS or not source.sm_count or not target.sm_count:
+        return 1.0
+    return max(1.0, (source.bandwidth / source.sm_count) / (target.bandwidth / target.sm_count))
+
+
+def _retarget(model: dict, target: HardwareProfile, step: float = 1.0, memory: float = 1.0, dtype=None) -> dict:
     """A fit's or member's {"terms", "params"} with the target's L2 size (`l2`), its indexer's
     logits budget, a share of its memory (`chunk`), its sparse attention kernel's head and key
     blocks and whether it reads a request's shared rows once (`hblock`, `reuse`: SPARSE_BLOCKS and
-    SPARSE_REUSE of its architecture; no blocks where none are known), and its t_iter times
-    `step` (`step_scale`)."""
+    SPARSE_REUSE of its architecture; no blocks where none are known), its t_iter times `step`
+    (`step_scale`) and its eta_m times `memory` (`memory_scale`; held at the dtype's limit)."""
     out = copy.deepcopy(model)
     if step != 1.0 and "t_iter_s" in out["params"]:
         out["params"]["t_iter_s"] = out["params"]["t_iter_s"] * step
+    if memory != 1.0 and "eta_m" in out["params"]:
+        out["params"]["eta_m"] = min(out["params"]["eta_m"] * memory, eta_limit(dtype))
     if "l2" in out["terms"]:
         out["params"]["l2_bytes"] = target.l2_bytes
     if "chunk" in out["terms"]:
@@ -295,9 +324,10 @@ def widen(interval: dict | None, error: dict | None) -> dict | None:
     return out
 
 
-def adaptations(fit: dict, moved: dict, step: float) -> list[str]:
+def adaptations(fit: dict, moved: dict, step: float, memory: float = 1.0) -> list[str]:
     """What of the kernel a transfer took from the target, in words: the sparse kernel's blocks
-    and reads (`hblock`, `reuse`) and a step scaled by the SM's FLOP rate (`step_scale`)."""
+    and reads (`hblock`, `reuse`), a step scaled by the SM's FLOP rate (`step_scale`) and a
+    memory efficiency that keeps the rate per SM (`memory_scale`)."""
     out = []
     params = moved["params"]
     if "hblock" in moved["terms"] and params.get("head_block"):
@@ -307,6 +337,8 @@ def adaptations(fit: dict, moved: dict, step: float) -> list[str]:
         out.append("shared rows read once" if has else "each selection read")
     if step != 1.0:
         out.append(f"step x{step:.2f}")
+    if memory != 1.0:
+        out.append(f"eta_m x{memory:.2f} (the memory rate a SM)")
     return out
 
 
@@ -352,9 +384,10 @@ def transfer_fit(
     arch = family(target)
     drop = [t for t in fit["terms"] if not travels(t, src_kernel, kernel, arch) or (t == "near" and not near)]
     step = step_scale(fit["op"], source, target, peak_dtype)
-    out = _retarget(fit, target, step)
+    memory = memory_scale(fit["op"], source, target)
+    out = _retarget(fit, target, step, memory, fit.get("dtype"))
     rests_on = SAME if kernel == src_kernel else f"{OTHER} ({src_kernel} measured, {kernel} on {target.name})"
-    members = [_retarget(m, target, step) for m in fit.get("members", [])]
+    members = [_retarget(m, target, step, memory, fit.get("dtype")) for m in fit.get("members", [])]
     fallback = None
     if drop:
         clean = [m for m in members if not set(drop) & set(m["terms"])]
@@ -369,7 +402,7 @@ def transfer_fit(
             fallback = "terms dropped"
         members = [dict(m, terms=[t for t in m["terms"] if t not in drop]) for m in members]
     out["members"] = members
-    adapted = adaptations(fit, out, step) + ([IMPLIED] if implied else [])
+    adapted = adaptations(fit, out, step, memory) + ([IMPLIED] if implied else [])
     crossing = error_key(fit["op"], source, target)[1]
     found = transfer_error(fit["op"], crossing, errors, fit.get("dtype"), kernel != src_kernel, kernel)
     key, error = found if found is not None else (None, None)
@@ -394,6 +427,7 @@ def transfer_fit(
         "error": None if error is None else {"n": error.get("n"), "key": key},
         "factor": round(factor, 6),
         "step": round(step, 6),
+        "memory": round(memory, 6),
         "adapted": adapted,
     }
     return out
