@@ -458,6 +458,13 @@ def test_score_refuses_the_wrong_ceilings_and_scores_a_transferred_calibration_a
         run("calibrate", "score", "--calibration", "hand", "--from", "csv", csv, "-g", "b200", ok=False)
     )
     assert "calibrate transfer hand --hardware b200" in line
+    # transferred, and scored on the GPU it was carried from: the calibration to score is its source
+    run("calibrate", "transfer", "hand", "--hardware", "b200")
+    args = ("calibrate", "score", "--calibration", "b200-from-hand", "--from", "aiconfigurator", "--system",
+            "h200_sxm", "--framework", "sglang", "--data-dir", FIXTURE)  # fmt: skip
+    line = error_line_w(run(*args, ok=False))
+    assert "was carried to b200, and h200_sxm/sglang was measured on h200" in line
+    assert line.endswith("Score the calibration it was carried from instead: hand")
     # transferred to the B200, it scores there at the B200's ceilings: measured = 1.1 x the fit's time
     # at 2.25 PFLOP/s and 8 TB/s (5 us + 9.1268e9 / (0.5 * 2.25e15) = 13.112 us): error 1 - 1/1.1
     run("calibrate", "transfer", "hand", "--hardware", "b200")

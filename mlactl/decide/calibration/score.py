@@ -75,11 +75,17 @@ def check_measured_on(calibration, hardware: str | None, where: str) -> None:
     for (its ceilings would be the wrong GPU's): one line naming the transfer command."""
     if hardware is None or hardware == calibration.hardware:
         return
-    made = "carried to" if calibration.transferred else "fitted on"
-    raise MlactlError(
+    t = calibration.transferred
+    made = "carried to" if t else "fitted on"
+    head = (
         f"calibration {calibration.name!r} was {made} {calibration.hardware}, and {safe.text(where, 80)} was measured "
-        f"on {hardware}: it would be scored at {calibration.hardware}'s ceilings. Carry it there first: "
-        f"`mlactl calibrate transfer {transfer_source(calibration)} --hardware {hardware}`, then score the new one"
+        f"on {hardware}: it would be scored at {calibration.hardware}'s ceilings. "
+    )
+    if t and t["from"]["hardware"] == hardware:  # measured on the GPU the transfer started from
+        raise MlactlError(head + f"Score the calibration it was carried from instead: {transfer_source(calibration)}")
+    raise MlactlError(
+        head + f"Carry it there first: `mlactl calibrate transfer {transfer_source(calibration)} --hardware "
+        f"{hardware}`, then score the new one"
     )
 
 
