@@ -227,3 +227,21 @@ def test_a_sampled_loss_never_goes_below_zero():
     # -0.2, 0.1, 0.2, 0.3 are not held: -0.2 + 0.3 x 0.3 = -0.11
     assert spans.lost_span is not None and spans.time_span is not None
     assert spans.lost_span[0] == pytest.approx(0.03) and spans.time_span[0] == pytest.approx(-0.11)
+
+
+def test_a_priced_gpu_time_past_the_roofline_clocks_trace_time_is_said(tmp_path, monkeypatch):
+    # every op at a thousandth of the ceilings: the priced attention takes far longer than the
+    # roofline clock that served the trace, and the table says so in one line; at the ceilings'
+    # own efficiencies it does not
+    monkeypatch.setenv("MLACTL_HOME", str(tmp_path / "home"))
+    trace = mooncake(tmp_path / "t.jsonl", SMALL)
+    for eta, said in ((1e-3, True), (1.0, False)):
+        params = {"t_fixed_s": 0.0, "eta_c": eta, "eta_m": eta}
+        fits = [{"op": c, "source": "t", "dtype": "bf16", "terms": ["fixed"], "params": params} for c in OP_CLASSES]
+        store.write({"schema": "mlactl.calibration", "schema_version": 1, "name": "slow", "hardware": "h200",
+                     "fits": fits})  # fmt: skip
+        data = replay_json(trace, "--calibration", "slow")
+        over = [e for e in data["engines"] if e["gpu_time_s"] > e["duration_s"]]
+        assert bool(over) is said
+        table = " ".join(run("replay", trace, "--hardware", "h200", "--calibration", "slow").stdout.split())
+        assert ("GPU time as priced passes the trace time" in table) is said

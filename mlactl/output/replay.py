@@ -266,6 +266,15 @@ def tables(result: Replay) -> list:
             f"times: calibrated with {result.calibration.name} ({result.calibration.path}); ops it lacks keep "
             "roofline time; the clock that orders the steps stays the roofline"
         )
+        over = [e for e in result.engines if e.gpu_time_s > e.end_s - e.start_s > 0]
+        if over:
+            shown = ", ".join(
+                f"{e.engine.label} {_time(e.gpu_time_s)} against {_time(e.end_s - e.start_s)}" for e in over
+            )
+            out.append(
+                f"GPU time as priced passes the trace time ({shown}): the calibrated attention is slower than the "
+                "roofline clock that served the trace, so its latencies and busy share are the roofline's"
+            )
     return out
 
 
