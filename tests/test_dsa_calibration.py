@@ -293,6 +293,14 @@ def test_topk_gives_each_query_row_a_cta():
     assert float(predict(params, ("serial",), pts, PEAK, BW, SMS)[0]) == pytest.approx(1e-7 * 2 * 100)
 
 
+def _topk_setup(eta_m: float):
+    """DeepSeek-V3.2's cost model and a top-k fit: 0.1 us a key block, 1 us a wave's setup, 0.5 us
+    a wave of rows writing, compute free, memory at eta_m."""
+    params = {"t_fixed_s": 0.0, "eta_c": 1000.0, "eta_m": eta_m, "t_iter_s": 1e-7, "t_cta_s": 1e-6,
+              "t_rowwave_s": 5e-7}  # fmt: skip
+    return CostModel(model.from_name("deepseek-v3.2")), params
+
+
 def test_topk_walks_only_its_selecting_rows_and_every_row_writes():
     # `rowsel`, `ctawave`, `rowwave`, by hand. DeepSeek-V3.2 keeps 2,048 keys a query. One request
     # of 300 new tokens after 1,900 cached: query i (1..300) sees 1,900 + i keys, so queries 1..148
@@ -302,10 +310,7 @@ def test_topk_walks_only_its_selecting_rows_and_every_row_writes():
     from mlactl.decide.calibration.model import predict
     from mlactl.decide.calibration.sources import points_for
 
-    cost = CostModel(model.from_name("deepseek-v3.2"))
-    params = {
-        "t_fixed_s": 0.0, "eta_c": 1000.0, "eta_m": 1000.0, "t_iter_s": 1e-7, "t_cta_s": 1e-6, "t_rowwave_s": 5e-7,
-    }  # fmt: skip
+    cost, params = _topk_setup(eta_m=1000.0)
     terms = ("serial", "rowsel", "ctawave", "rowwave")
 
     def t(b, n, p):
@@ -330,10 +335,7 @@ def test_topk_setup_and_index_writes_apart_from_the_walk():
     from mlactl.decide.calibration.model import added_seconds, predict, relevant_terms
     from mlactl.decide.calibration.sources import points_for
 
-    cost = CostModel(model.from_name("deepseek-v3.2"))
-    params = {
-        "t_fixed_s": 0.0, "eta_c": 1000.0, "eta_m": 1.0, "t_iter_s": 1e-7, "t_cta_s": 1e-6, "t_rowwave_s": 5e-7,
-    }  # fmt: skip
+    cost, params = _topk_setup(eta_m=1.0)
     terms = ("serial", "rowsel", "ctawave", "rowwave")
     pts = points_for(cost, "topk", [1], [1], [4095], None)
     memory = 24_576 / 1e9
