@@ -24,6 +24,7 @@ by page: an approximation of both engines' LRU, whose unit is the page (vLLM) or
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 SEGMENT = 512  # tokens of a trace block: the unit the pool caches and evicts in
 
@@ -114,13 +115,16 @@ class TokenPool:
             if seg in lru:
                 lru.move_to_end(seg)
 
-    def _pinned(self, matched: list[int]) -> int:
+    def room(self, matched: Sequence[int] = ()) -> int:
+        """Tokens a request that holds `matched` could take: what is free and what nobody holds,
+        less the matched segments (holding them makes them unevictable)."""
         lru, size = self.lru, self.size
-        return sum(size[s] for s in matched if s in lru)
+        pinned = sum(size[s] for s in matched if s in lru)
+        return self.capacity - self.used + self.evictable - pinned
 
     def fits(self, matched: list[int], need: int) -> bool:
         """Whether `admit(matched, need)` would succeed (nothing changed)."""
-        return need <= self.capacity - self.used + self.evictable - self._pinned(matched)
+        return need <= self.room(matched)
 
     def admit(self, matched: list[int], need: int) -> bool:
         """Hold the `matched` segments and `need` tokens, evicting the least recently used

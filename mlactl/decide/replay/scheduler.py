@@ -124,6 +124,14 @@ class Schedule:
     def __len__(self) -> int:
         return len(self.start)
 
+    def add_step(self, start: float, time: float, attention: float, tokens: int, sampled: int, decode: int) -> None:
+        self.start.append(start)
+        self.time.append(time)
+        self.attention.append(attention)
+        self.tokens.append(tokens)
+        self.sampled.append(sampled)
+        self.decode.append(decode)
+
     def finish(self) -> Schedule:
         for name in self.STEP:
             setattr(self, name, np.frombuffer(getattr(self, name), dtype=np.float64).copy())
@@ -169,6 +177,7 @@ class Scheduler:
         self.next_arrival = 0
         self.blocked_at: tuple[int, int] | None = None  # (head, finishes) when the head could not be admitted
         self.finishes = 0
+        self.chunked: int | None = None  # SGLang's one chunked request (vLLM keeps none)
         self.rule = rules.OneStep(engine)
         self.decode_path = self.rule.decode
         self._own_chunk: dict[int, int | None] = {}
@@ -247,24 +256,25 @@ class Scheduler:
         step by step as it computes (vLLM's allocate_slots for the tokens scheduled; SGLang's
         alloc for the extend, then a slot a decode); the engine's own admission test comes on
         top (`_admissible`)."""
-        stream = self.streams[i]
-        if stream is None:
-            stream = self.streams[i] = self.trace.stream(i)
-        inp, page = self.inp[i], self.settings.page
-        given = self.given_cached[i]
-        matched: list[int] = []
-        if given >= 0:
-            cached = given
-        else:
-            matched, tokens = self.pool.match(*stream)
-            cached = min(tokens, inp - 1) // page * page
-        chunk = min(inp - cached, budget)
+        matched, cached = self._hit(i)
+        chunk = min(self.inp[i] - cached, budget)
         need = self._pages(cached + chunk) - cached
         if not self._admissible(i, matched, cached, need, offset):
             return None
         if not (self.pool.admit(matched, need) if commit else self.pool.fits(matched, need)):
             return None
         return matched, cached, need
+
+    def _hit(self, i: int) -> tuple[list[int], int]:
+        """(matched segments, cached tokens) of request i's hit now (as `_plan` takes it)."""
+        stream = self.streams[i]
+        if stream is None:
+            stream = self.streams[i] = self.trace.stream(i)
+        given = self.given_cached[i]
+        if given >= 0:
+            return [], given
+        matched, tokens = self.pool.match(*stream)
+        return matched, min(tokens, self.inp[i] - 1) // self.settings.page * self.settings.page
 
     def _admissible(self, i: int, matched: list[int], cached: int, need: int, offset: float) -> bool:
         """The engine's own test before it reserves a new request's first chunk (vLLM: none)."""
@@ -316,47 +326,35 @@ class Scheduler:
         what it finds cached."""
         if self.phase[i] == DECODE:
             generated = self._prefix(i) - self.inp[i] + 1  # its KV covers all but the newest token
-            del self.decoders[i]
-            self.sum_c0_d0 -= self.c0[i] - self.d0[i]
-            self.sum_end -= self.end[i]
-            self._close_span(i, self.D)
+            self._stop_decoding(i, self.D)
             self.inp[i] += generated
             self.out[i] -= generated
-        self.running.remove(i)
-        if self.chunked_req() == i:
-            self._clear_chunked()
-        self.pool.release(self.held[i], self.private[i])
-        self.phase[i] = WAITING
-        self.held[i], self.private[i], self.alloc[i], self.streams[i] = {}, 0, 0, None
+        if self.chunked == i:
+            self.chunked = None
+        self._let_go(i, WAITING)
         self.computed[i] = self.stored[i] = 0
         self.waiting.appendleft(i)
         self.s.preempted += 1
         self.blocked_at = None
 
-    def chunked_req(self) -> int | None:
-        return None
-
-    def _clear_chunked(self) -> None:
-        pass
+    def _decode_slots(self, k: int, ids=None) -> list[tuple[int, int]]:
+        """(decoder, tokens) for each decoder (or each of `ids`) that lacks slots to decode `k`
+        more steps: the whole pages it lacks (a request's slots are always whole pages)."""
+        D, c0, d0, alloc, page = self.D, self.c0, self.d0, self.alloc, self.settings.page
+        out = []
+        for i in self.decoders if ids is None else ids:
+            extra = -(-(c0[i] + D - d0[i] + k) // page) * page - alloc[i]
+            if extra > 0:
+                out.append((i, extra))
+        return out
 
     def _decode_room(self, k: int, ids=None) -> int:
         """Tokens of the pool the decoders (or `ids`) lack to decode `k` more steps."""
-        D, page = self.D, self.settings.page
-        need = 0
-        for i in self.decoders if ids is None else ids:
-            upto = self.c0[i] + D - self.d0[i] + k
-            extra = -(-upto // page) * page - self.alloc[i]
-            if extra > 0:
-                need += extra
-        return need
-
-    def _room(self) -> int:
-        pool = self.pool
-        return pool.capacity - pool.used + pool.evictable
+        return sum(extra for _, extra in self._decode_slots(k, ids))
 
     def _steps_that_fit(self, steps: int) -> int:
         """The most decode steps (up to `steps`) whose slots the pool holds for every decoder."""
-        room = self._room()
+        room = self.pool.room()
         B = len(self.decoders)
         # every decoder holds the slots of what it has computed, so k steps need at most
         # k + page - 1 more each
@@ -373,22 +371,15 @@ class Scheduler:
 
     def _reserve_decodes(self, k: int) -> None:
         """Every decoder takes the slots of its next `k` decodes (they fit: _steps_that_fit)."""
-        D, alloc, c0, d0, private, page = self.D, self.alloc, self.c0, self.d0, self.private, self.settings.page
-        grown = []
-        total = 0
-        for i in self.decoders:
-            upto = c0[i] + D - d0[i] + k
-            if upto > alloc[i]:
-                extra = -(-upto // page) * page - alloc[i]
-                grown.append((i, extra))
-                total += extra
+        grown = self._decode_slots(k)
+        total = sum(extra for _, extra in grown)
         if not total:
             return
         ok = self.pool.admit([], total)  # one reservation for all: the same evictions, in the same order
         assert ok, "internal error: decode slots that were counted do not fit"
         for i, extra in grown:
-            alloc[i] += extra
-            private[i] += extra
+            self.alloc[i] += extra
+            self.private[i] += extra
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -412,23 +403,17 @@ class Scheduler:
         B = len(self.decoders) - len(skipped) if decoding else 0
         skip = set(skipped)
         dec_ids = [i for i in self.decoders if i not in skip] if decoding and skipped else None
-        attention, tokens, sampled = self._price(chunks, B, dec_ids, step)
+        attention, tokens, sampled = self._price(chunks, B, dec_ids)
         t = attention + self.clock.other(tokens, sampled)
         s = self.s
-        s.start.append(now)
-        s.time.append(t)
-        s.attention.append(attention)
-        s.tokens.append(tokens)
-        s.sampled.append(sampled)
-        s.decode.append(self.D if decoding and B else -1)
+        s.add_step(now, t, attention, tokens, sampled, self.D if decoding and B else -1)
         end = now + t
         for i, new, prefix in chunks:
-            last = prefix + new == self.inp[i]
             s.chunk_step.append(step)
             s.chunk_req.append(i)
             s.chunk_new.append(new)
             s.chunk_prefix.append(prefix)
-            s.chunk_last.append(last)
+            s.chunk_last.append(prefix + new == self.inp[i])
             self._computed(i, prefix + new)
         if decoding and B:
             self.D += 1
@@ -438,19 +423,24 @@ class Scheduler:
                 self._prefilled(i, end)
         return end
 
-    def _price(self, chunks, B: int, dec_ids, step: int) -> tuple[float, int, int]:
-        """The clock's attention seconds, tokens and sampled rows of a step."""
+    def _price(self, chunks, B: int, dec_ids) -> tuple[float, int, int]:
+        """The clock's attention seconds, tokens and sampled rows of a step: B decodes (the
+        decoders, or `dec_ids`), then the chunks."""
         clock = self.clock
+        decoders = self.decoders if dec_ids is None else dec_ids
         rows_new = [new for _, new, _ in chunks]
         rows_prefix = [prefix for _, _, prefix in chunks]
         sum_prefix = 0
         if B:
             sum_prefix = self.sum_c0_d0 + B * self.D if dec_ids is None else sum(self._prefix(i) for i in dec_ids)
-        dsa = clock.dsa
         decode_prefixes = None
-        if B and dsa:  # a DSA step reads its decodes' top-k and (SGLang, mixed) their longest prefix
-            decode_prefixes = [self._prefix(i) for i in (dec_ids if dec_ids is not None else self.decoders)]
-        paths = self._paths(chunks, B, sum_prefix, max(decode_prefixes) if decode_prefixes else 0)
+        if B and clock.dsa:  # a DSA step reads its decodes' top-k and (SGLang, mixed) their longest prefix
+            decode_prefixes = [self._prefix(i) for i in decoders]
+        # the engine's rule over the step's rows: the decodes (their prefixes summing to
+        # sum_prefix), then the chunks
+        longest = max(decode_prefixes) if decode_prefixes else 0
+        dec, rest = self.rule.paths(B, sum_prefix, rows_new, rows_prefix, longest)
+        paths = [dec] * B + rest
         launches: dict[str, list] = {}
         own = self.own_path
         with_context = sum(1 for p in paths[:B] if p == own)  # a decode has a prefix
@@ -462,7 +452,7 @@ class Scheduler:
             path = paths[0]
             if any(p != path for p in paths[1:B]) or path in clock.partial_paths:
                 partial = clock.partial_paths
-                for i, p in zip(dec_ids or list(self.decoders), paths[:B]):
+                for i, p in zip(decoders, paths[:B]):
                     pre = self._prefix(i)
                     self._add(launches, p, clock.features(1, pre, chunk_size, p in partial), pre, chunk_size)
             else:
@@ -485,13 +475,6 @@ class Scheduler:
         else:
             got[0] = [a + b for a, b in zip(got[0], features)]
             got[1] = max(got[1], m)
-
-    def _paths(self, chunks, B: int, decode_prefix_sum: int, decode_prefix_max: int = 0) -> list[str]:
-        """The engine's rule over the step's rows: B decodes (their prefixes summing to
-        decode_prefix_sum, the longest decode_prefix_max), then the chunks."""
-        new, prefix = [n for _, n, _ in chunks], [p for _, _, p in chunks]
-        dec, rest = self.rule.paths(B, decode_prefix_sum, new, prefix, decode_prefix_max)
-        return [dec] * B + rest
 
     def _decode_run(self, now: float) -> float:
         """Decode steps, every decoder in each, until one finishes or an arrival may change the
@@ -517,26 +500,18 @@ class Scheduler:
             chosen = selected(self.D + k) if selected is not None else 0.0
             attention = clock.launch(path, clock.decode_features(B, sum_prefix, chosen), 1.0)
             t = attention + other
-            s.start.append(now)
-            s.time.append(t)
-            s.attention.append(attention)
-            s.tokens.append(B)
-            s.sampled.append(B)
-            s.decode.append(self.D + k)
+            s.add_step(now, t, attention, B, B, self.D + k)
             now += t
             sum_prefix += B
             k += 1
         self.D += k
         self._decayed(k)
-        self._take_decode_slots()
+        # every decoder now takes the slots of what it has computed: the stretch's steps fit the
+        # pool (_steps_that_fit), nothing else took slots meanwhile, so taking them at its end
+        # leaves the pool as taking each in its step would have
+        self._reserve_decodes(0)
         self._finish_decodes(now)
         return now
-
-    def _take_decode_slots(self) -> None:
-        """After a stretch every decoder holds the slots of what it has computed: the stretch's
-        steps fit the pool (_steps_that_fit), nothing else took slots meanwhile, so taking them
-        at its end leaves the pool as taking each in its step would have."""
-        self._reserve_decodes(0)
 
     def _short_of_decode_slots(self, now: float) -> float:
         """A decode-only step the pool cannot hold: each engine's own way out (a step formed
@@ -650,24 +625,33 @@ class Scheduler:
             e, i = heapq.heappop(heap)
             if end[i] != e or self.phase[i] != DECODE:
                 continue  # moved on since (it sat out a step)
-            del self.decoders[i]
-            self.sum_c0_d0 -= self.c0[i] - self.d0[i]
-            self.sum_end -= e
-            self._close_span(i, e)
+            self._stop_decoding(i, e)
             self._finish(i, now)
+
+    def _stop_decoding(self, i: int, end: int) -> None:
+        """Decoder i leaves the decoders at decode count `end`, its span closed there."""
+        del self.decoders[i]
+        self.sum_c0_d0 -= self.c0[i] - self.d0[i]
+        self.sum_end -= self.end[i]
+        self._close_span(i, end)
 
     def _finish(self, i: int, now: float) -> None:
         """Request i is done: its prompt and output, less the last token (whose KV is never
         computed), join the cache (SGLang's release_kv_cache caches kv_committed_len tokens of
         origin_input_ids + output_ids; vLLM caches every full block it filled), and it lets go."""
-        self.phase[i] = DONE
-        self.running.remove(i)
         self.s.finished[i] = now
         self.s.finished_step[i] = len(self.s.start) - 1
         self._store(i, self.inp[i] + self.out[i] - 1)
+        self._let_go(i, DONE)
+        self.finishes += 1
+
+    def _let_go(self, i: int, phase: int) -> None:
+        """Request i leaves the running ones (finished or sent back to wait): its segments stay
+        cached, its private slots are freed."""
+        self.phase[i] = phase
+        self.running.remove(i)
         self.pool.release(self.held[i], self.private[i])
         self.held[i], self.private[i], self.alloc[i], self.streams[i] = {}, 0, 0, None
-        self.finishes += 1
 
 
 class VllmScheduler(Scheduler):
@@ -763,7 +747,6 @@ class SglangScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.chunked: int | None = None
         init = min(SGLANG_INIT_RATIO * self.settings.conservativeness, 1.0)
         self.min_ratio = min(init * SGLANG_MIN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (init - self.min_ratio) / SGLANG_RATIO_DECAY_STEPS
@@ -788,7 +771,7 @@ class SglangScheduler(Scheduler):
             return
         hits = []
         for i in waiting:
-            matched, cached = self._peek(i)
+            matched, cached = self._hit(i)
             pool.touch(matched)
             hits.append(-cached)
         order = sorted(range(len(hits)), key=hits.__getitem__)
@@ -798,12 +781,6 @@ class SglangScheduler(Scheduler):
             waiting.extend(ids[k] for k in order)
             self.blocked_at = None
         self._lpm_seen = (pool.version, pool.evicted, tuple(waiting))
-
-    def chunked_req(self) -> int | None:
-        return self.chunked
-
-    def _clear_chunked(self) -> None:
-        self.chunked = None
 
     def _blocked_key(self, head: int) -> tuple:
         return (head, self.pool.version, self.D, self.ratio)
@@ -819,7 +796,7 @@ class SglangScheduler(Scheduler):
     def _admissible(self, i: int, matched: list[int], cached: int, need: int, offset: float) -> bool:
         if not self.running:  # alone it always fits (replay checks every request fits the pool)
             return True
-        room = self._room() - self.pool._pinned(matched)
+        room = self.pool.room(matched)
         return self._head_need(i, cached) < room - self._reserved_outputs() - offset
 
     def _admits_after(self, steps: int) -> int:
@@ -829,12 +806,9 @@ class SglangScheduler(Scheduler):
         if not self.waiting or len(self.running) >= self.settings.max_running:
             return -1
         head = self.waiting[0]
-        plan = self._peek(head)
-        if plan is None:
-            return -1
-        matched, cached = plan
+        matched, cached = self._hit(head)
         B = len(self.decoders)
-        room = self._room() - self.pool._pinned(matched)  # before the stretch takes its slots
+        room = self.pool.room(matched)  # before the stretch takes its slots
         ahead = 0
         left = self.sum_end - B * self.D
         need = self._head_need(head, cached)
@@ -845,17 +819,6 @@ class SglangScheduler(Scheduler):
             if need < free - ratio * (left - B * k) and chunk <= free:
                 return k
         return -1
-
-    def _peek(self, i: int):
-        """(matched segments, cached tokens) of request i's hit now."""
-        stream = self.streams[i]
-        if stream is None:
-            stream = self.streams[i] = self.trace.stream(i)
-        given = self.given_cached[i]
-        if given >= 0:
-            return [], given
-        matched, tokens = self.pool.match(*stream)
-        return matched, min(tokens, self.inp[i] - 1) // self.settings.page * self.settings.page
 
     def _decayed(self, steps: int) -> None:
         self.ratio = max(self.ratio - steps * self.ratio_decay, self.min_ratio)
@@ -868,7 +831,7 @@ class SglangScheduler(Scheduler):
             self.decoders, key=lambda i: (self._prefix(i) - self.inp_orig[i], -self.inp_orig[i]), reverse=True
         )
         first = True
-        while len(order) > 1 and (first or self._decode_room(1, order) > self._room()):
+        while len(order) > 1 and (first or self._decode_room(1, order) > self.pool.room()):
             first = False
             self._evict_request(order.pop())
         if order:
@@ -919,14 +882,12 @@ class SglangScheduler(Scheduler):
                 offset += min(self.out[i], SGLANG_CLIP_NEW)
         decoding = bool(self.decoders) and (mixed or not chunks)
         if decoding:  # check_decode_mem, then a slot for every decoder's next token
-            room = self._room()
+            room = self.pool.room()
             if room < len(self.decoders) * self.settings.page and self._decode_room(1) > room:
                 self._retract()
             self._reserve_decodes(1)
             if not chunks:
                 self._decayed(1)
-        if not chunks:
-            return [], decoding, []
         return chunks, decoding, []
 
 
