@@ -30,7 +30,8 @@ from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.pricing import rows_of
 from mlactl.decide.replay.replay import ReplaySettings, _sweep, capacity, replay, retimed
-from mlactl.decide.replay.scheduler import Settings, scheduler_for
+from mlactl.decide.replay.scheduler import scheduler_for
+from mlactl.decide.replay.shipped import Shipped
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model import hardware
 from mlactl.model.config import from_name
@@ -65,7 +66,7 @@ def schedule(
     tokens = blocks * 512
     if page is None:
         page = PAGE[e.params.backend]
-    s = scheduler_for(e)(t, e, TokenPool(tokens, caching), clock, Settings(max_batch_tokens, max_running, page))
+    s = scheduler_for(e)(t, e, TokenPool(tokens, caching), clock, Shipped(max_batch_tokens, max_running, page))
     return s.run()
 
 

@@ -18,7 +18,8 @@ from test_replay import H200, PAGE, V3, mooncake, parse
 from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
-from mlactl.decide.replay.scheduler import Settings, scheduler_for
+from mlactl.decide.replay.scheduler import scheduler_for
+from mlactl.decide.replay.shipped import Shipped
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model.cost import CostModel, WeightCost
 from mlactl.model.weights import from_name as weights_of
@@ -27,7 +28,7 @@ from mlactl.model.weights import from_name as weights_of
 def scheduler(trace_path, engine, tokens, conservativeness=1.0):
     e = parse(engine)
     clock = Clock(CostModel(V3), H200, WeightCost(V3, weights_of("deepseek-v3")), rules.paths())
-    settings = Settings(8192, 256, PAGE[e.params.backend], conservativeness=conservativeness)
+    settings = Shipped(8192, 256, PAGE[e.params.backend], conservativeness=conservativeness)
     return scheduler_for(e)(read_trace(trace_path), e, TokenPool(tokens, caching=False), clock, settings)
 
 

@@ -28,7 +28,8 @@ from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.replay import ReplaySettings, capacity, replay
-from mlactl.decide.replay.scheduler import Settings, scheduler_for
+from mlactl.decide.replay.scheduler import scheduler_for
+from mlactl.decide.replay.shipped import Shipped
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model import hardware
 from mlactl.model.config import from_name
@@ -280,7 +281,7 @@ def test_a_dsa_schedule_decodes_across_topk_with_the_scheduler_alone(tmp_path):
     cost = CostModel(V32)
     clock = Clock(cost, B200, WeightCost(V32, weights_of("deepseek-v3.2")), rules.paths(parse("vllm")))
     e = parse("vllm")
-    s = scheduler_for(e)(read_trace(trace), e, TokenPool(51_200_000, True), clock, Settings(8192, 256, 64)).run()
+    s = scheduler_for(e)(read_trace(trace), e, TokenPool(51_200_000, True), clock, Shipped(8192, 256, 64)).run()
     assert len(s) == 20
     for k in range(1, 20):  # decode k after 2040 + k - 1 tokens: min(2040 + k, 2048) keys selected
         p = 2040 + k - 1

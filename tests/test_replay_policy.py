@@ -20,7 +20,8 @@ from test_replay import H200, V3, parse
 from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
-from mlactl.decide.replay.scheduler import Settings, scheduler_for
+from mlactl.decide.replay.scheduler import scheduler_for
+from mlactl.decide.replay.shipped import Shipped
 from mlactl.decide.replay.traces import read_trace
 from mlactl.model.cost import CostModel, WeightCost
 from mlactl.model.weights import from_name as weights_of
@@ -31,7 +32,7 @@ def schedule(trace_path, policy, tokens=100_000):
     e = parse("sglang")
     clock = Clock(CostModel(V3), H200, WeightCost(V3, weights_of("deepseek-v3")), rules.paths())
     pool = TokenPool(tokens)
-    sched = scheduler_for(e)(read_trace(trace_path), e, pool, clock, Settings(8192, 1, 1, policy))
+    sched = scheduler_for(e)(read_trace(trace_path), e, pool, clock, Shipped(8192, 1, 1, schedule_policy=policy))
     return sched.run()
 
 

@@ -29,7 +29,7 @@ from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.intervals import Drawer, sample_size, step_weights
 from mlactl.decide.replay.pricing import STEP_TYPES, Pricer, blocks, rows_of, step_types
-from mlactl.decide.replay.scheduler import Schedule, Settings, scheduler_for
+from mlactl.decide.replay.scheduler import Schedule, scheduler_for
 from mlactl.decide.replay.shipped import Shipped, shipped
 from mlactl.decide.replay.traces import Trace
 from mlactl.decide.sweep import Sweep, pick, tied
@@ -279,7 +279,7 @@ def replay(
     need = trace.input + trace.output - 1
     for e, sh in zip(engines, schedulers, strict=True):
         pages = -(-need // sh.page) * sh.page
-        over = np.flatnonzero(pages > sh.kv_tokens // sh.page * sh.page)
+        over = np.flatnonzero(pages > sh.pool_tokens)
         if len(over):
             i = int(over[0])
             raise MlactlError(
@@ -334,25 +334,14 @@ class _Job:
 
     def run(self, k: int) -> EngineReplay:
         e, s, sh = self.engines[k], self.settings, self.schedulers[k]
-        pool, settings = pool_and_settings(sh, s.prefix_cache)
-        sched = scheduler_for(e)(self.trace, e, pool, self.clocks[k], settings).run()
+        pool = TokenPool(sh.pool_tokens, caching=s.prefix_cache)
+        sched = scheduler_for(e)(self.trace, e, pool, self.clocks[k], sh).run()
         out = _price(self.trace, self.cost, self.hw, self.calibration, e, sched, s, self.keep_steps, sh.page)
         out.scheduler = sh
         return out
 
 
 _FORKED: _Job | None = None
-
-
-def pool_and_settings(sh: Shipped, prefix_cache: bool = True) -> tuple[TokenPool, Settings]:
-    """An engine's KV pool (whole pages of it) and its scheduler's settings."""
-    return TokenPool(sh.kv_tokens // sh.page * sh.page, caching=prefix_cache), Settings(
-        sh.max_batch_tokens,
-        sh.max_running,
-        sh.page,
-        sh.schedule_policy or "fcfs",
-        1.0 if sh.conservativeness is None else sh.conservativeness,
-    )
 
 
 def _run_forked(k: int) -> EngineReplay:

@@ -44,7 +44,6 @@ import bisect
 import heapq
 from array import array
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,19 +51,11 @@ import numpy as np
 from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import SEGMENT, TokenPool
 from mlactl.decide.replay.clock import Clock
+from mlactl.decide.replay.shipped import Shipped
 from mlactl.decide.replay.traces import Trace
 from mlactl.util.errors import MlactlError
 
 WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
-
-
-@dataclass(frozen=True)
-class Settings:
-    max_batch_tokens: int
-    max_running: int
-    page: int  # the engine's page (block): hits are whole pages, and so is what a request reserves
-    policy: str = "fcfs"  # SGLang's schedule_policy: "fcfs" (as shipped) or "lpm"
-    conservativeness: float = 1.0  # SGLang's schedule_conservativeness: scales its output estimate
 
 
 class Schedule:
@@ -147,7 +138,7 @@ class Schedule:
 class Scheduler:
     """Runs one engine's scheduler over a trace (`run`); subclasses form the steps."""
 
-    def __init__(self, trace: Trace, engine: rules.Engine, pool: TokenPool, clock: Clock, settings: Settings):
+    def __init__(self, trace: Trace, engine: rules.Engine, pool: TokenPool, clock: Clock, settings: Shipped):
         self.trace, self.engine, self.pool, self.clock, self.settings = trace, engine, pool, clock, settings
         n = len(trace)
         self.inp = trace.input.tolist()
@@ -747,7 +738,8 @@ class SglangScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        init = min(SGLANG_INIT_RATIO * self.settings.conservativeness, 1.0)
+        given = self.settings.conservativeness  # scales its output estimate (1.0 as shipped)
+        init = min(SGLANG_INIT_RATIO * (1.0 if given is None else given), 1.0)
         self.min_ratio = min(init * SGLANG_MIN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (init - self.min_ratio) / SGLANG_RATIO_DECAY_STEPS
         self.ratio = init
@@ -763,7 +755,7 @@ class SglangScheduler(Scheduler):
         caching that holds back a request sharing an uncached prefix with another waiting one
         is not modelled (docs/replay.md)."""
         waiting = self.waiting
-        if self.settings.policy != "lpm" or not waiting or len(waiting) > SGLANG_LPM_QUEUE_MAX:
+        if self.settings.schedule_policy != "lpm" or not waiting or len(waiting) > SGLANG_LPM_QUEUE_MAX:
             return
         pool = self.pool
         seen = (pool.version, pool.evicted, tuple(waiting))

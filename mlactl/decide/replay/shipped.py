@@ -88,12 +88,17 @@ class Shipped:
 
     max_batch_tokens: int
     max_running: int
-    page: int
-    why: tuple[str, ...]
+    page: int  # hits are whole pages, and so is what a request reserves
+    why: tuple[str, ...] = ()
     schedule_policy: str | None = None  # SGLang's order of the waiting queue (None: vLLM's own FCFS)
     kv_tokens: int = 0  # the KV pool's tokens (before whole pages)
     mem_fraction: float | None = None  # the share of the GPU's memory it came from (None: --cache-tokens)
     conservativeness: float | None = None  # SGLang's schedule_conservativeness (None: vLLM)
+
+    @property
+    def pool_tokens(self) -> int:
+        """The KV pool in whole pages."""
+        return self.kv_tokens // self.page * self.page
 
     def to_json(self) -> dict:
         out: dict = {"max_batch_tokens": self.max_batch_tokens, "max_running": self.max_running, "page": self.page}
