@@ -271,8 +271,9 @@ class Scheduler:
         """The engine's own test before it reserves a new request's first chunk (vLLM: none)."""
         return True
 
-    def _admit(self, now: float, budget: int, offset: float = 0.0) -> tuple[int, int] | None:
-        """Admit the head of the queue: (request, cached tokens), or None when it must wait."""
+    def _admit(self, now: float, budget: int, offset: float = 0.0) -> tuple[int, int, int] | None:
+        """Admit the head of the queue: its first chunk's row (request, new, prefix = its cached
+        tokens), at most `budget` new tokens, or None when it must wait."""
         got = self._plan_head(budget, offset=offset)
         if got is None:
             return None
@@ -295,7 +296,7 @@ class Scheduler:
             self.s.admitted_step[i] = len(self.s.start)  # the step being formed
         else:  # back after a preemption: all it computes now it had computed before
             self.s.recomputed += self.inp[i] - cached
-        return i, cached
+        return i, min(self.inp[i] - cached, budget), cached
 
     def _grow(self, i: int, upto: int) -> bool:
         """Request i needs slots for its first `upto` tokens: the pages it lacks, from the pool
@@ -696,13 +697,11 @@ class VllmScheduler(Scheduler):
             budget -= c
             k += 1
         while budget > 0 and not preempted:
-            got = self._admit(now, budget)
-            if got is None:
+            row = self._admit(now, budget)
+            if row is None:
                 break
-            i, cached = got
-            c = min(self.inp[i] - cached, budget)
-            chunks.append((i, c, cached))
-            budget -= c
+            chunks.append(row)
+            budget -= row[1]
         return chunks, decoded > 0, skipped
 
 
@@ -859,16 +858,14 @@ class SglangScheduler(Scheduler):
             else:
                 budget = 0
         while budget > 0 and self.chunked is None:
-            got = self._admit(now, budget, offset)
-            if got is None:
+            row = self._admit(now, budget, offset)
+            if row is None:
                 break
-            i, cached = got
-            rest = self.inp[i] - cached
-            c = min(rest, budget)
-            chunks.append((i, c, cached))
+            chunks.append(row)
+            i, c, cached = row
             budget -= c
             offset += self._pages(c)
-            if c < rest:
+            if cached + c < self.inp[i]:
                 self.chunked = i
             else:
                 offset += min(self.out[i], SGLANG_CLIP_NEW)
