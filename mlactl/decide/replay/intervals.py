@@ -183,10 +183,9 @@ def step_weights(size: np.ndarray, target: int | None = None, seed: int = SAMPLE
 
 def sub_rows(rows: Rows, steps: np.ndarray) -> Rows:
     """The rows of some of a block's steps (in order) as a block of their own."""
-    counts = np.diff(rows.starts, append=len(rows.step))[steps]
+    at, step = rows.gather(steps)
+    counts = rows.counts[steps]
     starts = np.cumsum(counts) - counts
-    at = np.repeat(rows.starts[steps], counts) + (np.arange(counts.sum()) - np.repeat(starts, counts))
-    step = np.repeat(np.arange(len(steps)), counts)
     return Rows(rows.first, len(steps), step, starts, rows.new[at], rows.prefix[at], rows.decode[at])
 
 
@@ -214,7 +213,7 @@ class Drawer:
     def add(self, rows: Rows) -> None:
         weights = self.w[rows.first : rows.first + rows.steps]
         drawn = np.flatnonzero(weights > 0)
-        counts = np.diff(rows.starts, append=len(rows.step))
+        counts = rows.counts
         start = 0
         while start < len(drawn):
             # whole steps, at most ROWS_PER_CHUNK rows (one step at least)

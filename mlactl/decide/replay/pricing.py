@@ -49,6 +49,27 @@ class Rows:
     prefix: np.ndarray
     decode: np.ndarray
 
+    @property
+    def counts(self) -> np.ndarray:
+        """[steps] rows in each step."""
+        return np.diff(self.starts, append=len(self.step))
+
+    def gather(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, group): the rows of `steps` (the block's steps, in that order, a step named
+        twice gathered twice), and for each row its step's place in `steps`."""
+        n = self.counts[steps]
+        return ranges(self.starts[steps], n), np.repeat(np.arange(len(steps)), n)
+
+
+def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """arange(start, start + count) for each (start, count), one after the other."""
+    return np.repeat(starts, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+
+
+def _bincounts(x: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray:
+    """[F, groups]: each row of x [F, n] summed by `group` [n]."""
+    return np.stack([np.bincount(group, weights=f, minlength=groups) for f in x])
+
 
 def _decoders(s: Schedule) -> np.ndarray:
     """[decode counts]: how many requests decode at each decode count D."""
@@ -95,7 +116,7 @@ def rows_of(s: Schedule, first: int, last: int) -> Rows:
         count = b - a
         total = int(count.sum())
         span = np.repeat(np.arange(len(sp)), count)
-        d = np.repeat(a, count) + (np.arange(total) - np.repeat(np.cumsum(count) - count, count))
+        d = ranges(a, count)
         d_prefix = s.span_c0[sp][span] + d - s.span_d0[sp][span]
         d_step = step_of[d - lo_d]
         # grouped by step (a radix sort where the block's steps fit 16 bits); within a step the
@@ -158,6 +179,7 @@ class Pricer:
         self.engine_cost = engine_cost(cost, engine.params)
         self.memory = hw.memory_bytes
         self.decode_table = np.zeros(0, dtype=np.int8)  # own_choice of one token after p, by p
+        self.chunked_code = self.paths.index(self.chunked) if self.chunked in self.paths else -1
 
     def figures(self, rows: Rows) -> list[PathLaunches]:
         """Each path's launches of the block's rows (the model's paths, the references'); the
@@ -208,7 +230,7 @@ class Pricer:
         others' rows are gathered."""
         cost = self.cost if cost is None else cost
         k_paths = len(self.paths)
-        chunked = self.paths.index(self.chunked) if self.chunked in self.paths else -1
+        chunked = self.chunked_code
         if self.cal is not None:
             parts = self.class_launches(figs, rows, codes, sel, group, groups, own_chunk, cost)
             return sum((c.sum(axis=0) for c in parts if c is not None), np.zeros(groups))
@@ -227,11 +249,12 @@ class Pricer:
             else:
                 x = self.x[:, rows_k]
             g = group[idx]
-            add = np.stack([np.bincount(g, weights=x[f], minlength=groups) for f in range(len(x) - 1)])
+            add = _bincounts(x[:-1], g, groups)
             most = np.zeros(groups)
             np.maximum.at(most, g, x[-1])
             t += figs[k].seconds_of(add, most[None])
-            add_dom -= self.x_sums_of(rows_k, g, groups) if k == chunked and own_chunk is not None else add
+            # the group's total holds these rows' shared (mlactl --chunk) parts
+            add_dom -= _bincounts(self.x[:-1, rows_k], g, groups) if k == chunked and own_chunk is not None else add
         if dom >= 0 and counts[dom]:
             most = np.zeros((1, groups))
             if figs[dom].lin.uses_partials:
@@ -244,7 +267,7 @@ class Pricer:
         """Calibrated, per path: [classes, groups] each op class's launch seconds of the rows on
         it (as `launches`), or None where no row takes the path."""
         cost = self.cost if cost is None else cost
-        chunked = self.paths.index(self.chunked) if self.chunked in self.paths else -1
+        chunked = self.chunked_code
         starts = np.searchsorted(group, np.arange(groups))
         out: list = []
         for k, p in enumerate(self.paths):
@@ -262,10 +285,6 @@ class Pricer:
             else:
                 out.append(figs[k].class_seconds(starts, rows=sel, mask=on))
         return out
-
-    def x_sums_of(self, rows_k, g, groups) -> np.ndarray:
-        """[F, groups]: the shared (mlactl --chunk) parts of rows rows_k summed per group g."""
-        return np.stack([np.bincount(g, weights=self.x[f, rows_k], minlength=groups) for f in range(len(self.x) - 1)])
 
     def references(self, figs, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """([steps] best one path per step, [steps] each request on its own best path, [rows] that
@@ -338,12 +357,7 @@ class Pricer:
             return steps, values, np.zeros(0)
         order = np.argsort(steps, kind="stable")  # each step's regimes together
         steps, values = steps[order], values[order]
-        counts = np.diff(rows.starts, append=len(rows.step))
-        n = counts[steps]
-        sel = np.repeat(rows.starts[steps], n) + (np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n))
-        group = np.repeat(np.arange(len(steps)), n)
-        codes = rules.step_codes(
-            e, rows.new[sel], rows.prefix[sel], group, rows.decode[sel], len(steps), np.repeat(values, n)
-        )
+        sel, group = rows.gather(steps)
+        codes = rules.step_codes(e, rows.new[sel], rows.prefix[sel], group, rows.decode[sel], len(steps), values[group])
         seconds = self.engine_seconds(e, figs, rows, codes, sel=sel, group=group, groups=len(steps), of=steps)
         return steps, values, seconds

@@ -477,8 +477,7 @@ def _price(
             acc.sweep_base += engine_t[~varying].sum()
             sweep_parts.append((st + first, val, sec))
         if keep_steps:
-            rows_in = np.diff(rows.starts, append=len(rows.step))
-            kept.append((engine_t, step_best, request_best, best, kind, rows_in, tokens))
+            kept.append((engine_t, step_best, request_best, best, kind, rows.counts, tokens))
         step_engine[first:last], step_lost[first:last] = engine_t, engine_t - best
     drawer = None
     if Drawer.possible(pricer):  # the drawn steps priced again, draw by draw
