@@ -204,14 +204,14 @@ class Pricer:
     def engine_codes(self, rows: Rows) -> np.ndarray:
         return rules.step_codes(self.engine, rows.new, rows.prefix, rows.step, rows.decode, rows.steps)
 
-    def engine_seconds(self, e: rules.Engine, figs, rows: Rows, codes, sel=None, group=None, groups=None, of=None):
-        """[groups]: the engine's time per group of rows: the block's steps (sel None), or
-        `groups` groups of the gathered rows `sel` ([k] row indices, contiguous by `group`; every
-        group all the rows of the step `of` names)."""
+    def engine_seconds(self, rows: Rows, codes, sel=None, group=None, groups=None, of=None):
+        """[groups]: the engine's time per group of rows, after `figures(rows)`: the block's steps
+        (sel None), or `groups` groups of the gathered rows `sel` ([k] row indices, contiguous by
+        `group`; every group all the rows of the step `of` names)."""
         if sel is None:
             sel = np.arange(len(rows.new))
             group, groups, of = rows.step, rows.steps, np.arange(rows.steps)
-        chunk = rules.own_chunk(e, codes, rows.prefix[sel], group, groups)
+        chunk = rules.own_chunk(self.engine, codes, rows.prefix[sel], group, groups)
         own = self.engine_figs  # the engine's paths as it runs them (figures() made them with figs)
         return self.launches(own, rows, codes, sel, group, groups, of, own_chunk=chunk, cost=self.engine_cost)
 
@@ -286,9 +286,8 @@ class Pricer:
                 out.append(figs[k].class_seconds(starts, rows=sel, mask=on))
         return out
 
-    def references(self, figs, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """([steps] best one path per step, [steps] each request on its own best path, [rows] that
-        path's code)."""
+    def references(self, figs, rows: Rows) -> tuple[np.ndarray, np.ndarray]:
+        """([steps] best one path per step, [steps] each request on its own best path)."""
         step_best = np.full(rows.steps, np.inf)
         for k, ok in enumerate(self.step_fits(rows)):
             t = figs[k].seconds_of(*self.every) if self.cal is None else figs[k].seconds(rows.starts)
@@ -296,7 +295,7 @@ class Pricer:
         choice = self.own_choice(rows)
         every_row = np.arange(len(rows.new))
         request_best = self.launches(figs, rows, choice, every_row, rows.step, rows.steps, np.arange(rows.steps))
-        return step_best, request_best, choice
+        return step_best, request_best
 
     def step_fits(self, rows: Rows) -> np.ndarray:
         """[paths, steps]: whether each path can run the whole step: its latent cache and the
@@ -344,7 +343,7 @@ class Pricer:
         ]
         return np.stack([np.where(f, t, np.inf) for f, t in zip(fits, own)]).argmin(axis=0).astype(np.int8)
 
-    def sweep(self, figs, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def sweep(self, rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The engine's rule at each threshold that changes a step's paths: (step [k], threshold
         [k], seconds [k]), threshold 1 for every step that has other values (the rest run the
         same at any threshold)."""
@@ -359,5 +358,5 @@ class Pricer:
         steps, values = steps[order], values[order]
         sel, group = rows.gather(steps)
         codes = rules.step_codes(e, rows.new[sel], rows.prefix[sel], group, rows.decode[sel], len(steps), values[group])
-        seconds = self.engine_seconds(e, figs, rows, codes, sel=sel, group=group, groups=len(steps), of=steps)
+        seconds = self.engine_seconds(rows, codes, sel=sel, group=group, groups=len(steps), of=steps)
         return steps, values, seconds

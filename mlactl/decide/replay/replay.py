@@ -444,8 +444,8 @@ def _price(
         rows = rows_of(sched, first, last)
         figs = pricer.figures(rows)
         codes = pricer.engine_codes(rows)
-        engine_t = pricer.engine_seconds(e, figs, rows, codes)
-        step_best, request_best, _ = pricer.references(figs, rows)
+        engine_t = pricer.engine_seconds(rows, codes)
+        step_best, request_best = pricer.references(figs, rows)
         best = np.minimum(np.minimum(step_best, request_best), engine_t)
         kind = step_types(rows)
         tokens = np.stack(
@@ -471,7 +471,7 @@ def _price(
         acc.bin_time += np.bincount(where, weights=engine_t, minlength=s.bins)
         acc.bin_best += np.bincount(where, weights=best, minlength=s.bins)
         if e.threshold is not None:
-            st, val, sec = pricer.sweep(figs, rows)
+            st, val, sec = pricer.sweep(rows)
             varying = np.zeros(rows.steps, dtype=bool)
             varying[st] = True
             acc.sweep_base += engine_t[~varying].sum()
