@@ -166,7 +166,7 @@ class Scheduler:
         self.waiting: deque[int] = deque()
         self.running: list[int] = []  # admitted and not finished, in admission order
         self.next_arrival = 0
-        self.blocked_at: tuple[int, int] | None = None  # (head, finishes) when the head could not be admitted
+        self.blocked_at: tuple | None = None  # the head's `_blocked_key` when it could not be admitted
         self.finishes = 0
         self.chunked: int | None = None  # SGLang's one chunked request (vLLM keeps none)
         self.rule = rules.OneStep(engine)
@@ -212,32 +212,10 @@ class Scheduler:
         return (head, self.pool.version)
 
     def _plan_head(self, budget: int, commit: bool = True, offset: float = 0.0):
-        """(the head of the queue, its `_plan`) when it can be admitted now, else None; what
-        blocked it is remembered (`blocked_at`), so it is not tried again until that moves."""
-        if not self.waiting or len(self.running) >= self.settings.max_running:
-            return None
-        head = self.waiting[0]
-        key = self._blocked_key(head)
-        if self.blocked_at == key:
-            return None
-        plan = self._plan(head, budget, commit=commit, offset=offset)
-        if plan is None:
-            self.blocked_at = key
-            return None
-        return head, plan
-
-    def _can_admit(self) -> bool:
-        """Whether the head of the queue could be admitted now (no change made)."""
-        return self._plan_head(self.settings.max_batch_tokens, commit=False) is not None
-
-    def _pages(self, tokens: int) -> int:
-        page = self.settings.page
-        return -(-tokens // page) * page
-
-    def _plan(self, i: int, budget: int, commit: bool = True, offset: float = 0.0):
-        """(matched segments, cached tokens, tokens to reserve) for admitting request i with
-        `budget` new tokens left in the step (taking them from the pool with `commit`), or None
-        when it cannot be admitted now.
+        """(the head of the queue, matched segments, cached tokens, tokens to reserve) for
+        admitting it with `budget` new tokens left in the step (taking them from the pool with
+        `commit`), or None when it cannot be admitted now; what blocked it is remembered
+        (`blocked_at`), so it is not tried again until that moves.
 
         The hit is the stream's cached lead, capped at input - 1 (one token is always computed:
         vLLM's `max_cache_hit_length = request.num_tokens - 1` in KVCacheManager.get_computed_blocks,
@@ -247,17 +225,31 @@ class Scheduler:
         step by step as it computes (vLLM's allocate_slots for the tokens scheduled; SGLang's
         alloc for the extend, then a slot a decode); the engine's own admission test comes on
         top (`_admissible`)."""
+        if not self.waiting or len(self.running) >= self.settings.max_running:
+            return None
+        i = self.waiting[0]
+        key = self._blocked_key(i)
+        if self.blocked_at == key:
+            return None
         matched, cached = self._hit(i)
-        chunk = min(self.inp[i] - cached, budget)
-        need = self._pages(cached + chunk) - cached
-        if not self._admissible(i, matched, cached, need, offset):
+        need = self._pages(cached + min(self.inp[i] - cached, budget)) - cached
+        ok = self._admissible(i, matched, cached, offset)
+        ok = ok and (self.pool.admit(matched, need) if commit else self.pool.fits(matched, need))
+        if not ok:
+            self.blocked_at = key
             return None
-        if not (self.pool.admit(matched, need) if commit else self.pool.fits(matched, need)):
-            return None
-        return matched, cached, need
+        return i, matched, cached, need
+
+    def _can_admit(self) -> bool:
+        """Whether the head of the queue could be admitted now (no change made)."""
+        return self._plan_head(self.settings.max_batch_tokens, commit=False) is not None
+
+    def _pages(self, tokens: int) -> int:
+        page = self.settings.page
+        return -(-tokens // page) * page
 
     def _hit(self, i: int) -> tuple[list[int], int]:
-        """(matched segments, cached tokens) of request i's hit now (as `_plan` takes it)."""
+        """(matched segments, cached tokens) of request i's hit now (as `_plan_head` takes it)."""
         stream = self.streams[i]
         if stream is None:
             stream = self.streams[i] = self.trace.stream(i)
@@ -267,7 +259,7 @@ class Scheduler:
         matched, tokens = self.pool.match(*stream)
         return matched, min(tokens, self.inp[i] - 1) // self.settings.page * self.settings.page
 
-    def _admissible(self, i: int, matched: list[int], cached: int, need: int, offset: float) -> bool:
+    def _admissible(self, i: int, matched: list[int], cached: int, offset: float) -> bool:
         """The engine's own test before it reserves a new request's first chunk (vLLM: none)."""
         return True
 
@@ -277,7 +269,7 @@ class Scheduler:
         got = self._plan_head(budget, offset=offset)
         if got is None:
             return None
-        i, (matched, cached, need) = got
+        i, matched, cached, need = got
         if matched:
             stream = self.streams[i]
             assert stream is not None
@@ -784,7 +776,7 @@ class SglangScheduler(Scheduler):
     def _head_need(self, i: int, cached: int) -> int:
         return self.inp[i] - cached + min(self.out[i], SGLANG_CLIP_NEW) + self.settings.page
 
-    def _admissible(self, i: int, matched: list[int], cached: int, need: int, offset: float) -> bool:
+    def _admissible(self, i: int, matched: list[int], cached: int, offset: float) -> bool:
         if not self.running:  # alone it always fits (replay checks every request fits the pool)
             return True
         room = self.pool.room(matched)
