@@ -792,13 +792,12 @@ class SglangScheduler(Scheduler):
         matched, cached = self._hit(head)
         B = len(self.decoders)
         room = self.pool.room(matched)  # before the stretch takes its slots
-        ahead = 0
         left = self.sum_end - B * self.D
         need = self._head_need(head, cached)
         chunk = self._pages(cached + min(self.inp[head] - cached, self.settings.max_batch_tokens)) - cached
         for k in range(1, steps):
             ratio = max(self.ratio - k * self.ratio_decay, self.min_ratio)
-            free = room + ahead - B * k
+            free = room - B * k
             if need < free - ratio * (left - B * k) and chunk <= free:
                 return k
         return -1

@@ -208,7 +208,15 @@ def shipped(
     `pool(fraction)`: the KV tokens that share of the GPU's memory leaves after the weights; with
     `fixed_pool` (--cache-tokens) it is called with None and no fraction is derived."""
     gib = memory_gb * 1e9 / GIB
+    by_memory = f"default for {gib:.0f} GiB"
     why = []
+
+    def option(name: str, shared: int | None, default: int, source: str) -> int:
+        """An option as set under the engine's own name, else by the shared flag, else `default`."""
+        value = given.get(name) or shared
+        why.append(f"{name} " + ("set" if value else source))
+        return value or default
+
     policy: str | None = None
     conservativeness: float | None = None
     frac_key = FRACTION_OPTIONS[family]
@@ -218,9 +226,7 @@ def shipped(
     frac_why = f"{frac_key} set" if frac is not None else "--mem-fraction" if mem_fraction is not None else ""
     frac = frac if frac is not None else mem_fraction
     if family == "sglang":
-        chunk = given.get("chunked_prefill_size") or max_batch_tokens
-        why.append("chunked_prefill_size " + ("set" if chunk else f"default for {gib:.0f} GiB"))
-        chunk = chunk or sglang_chunk(gib)
+        chunk = option("chunked_prefill_size", max_batch_tokens, sglang_chunk(gib), by_memory)
         if frac is None and not fixed_pool:
             graph = bool(getattr(params, "graph_max_tokens", 0))
             frac = sglang_mem_fraction(gib, chunk, tp, graph)
@@ -230,10 +236,9 @@ def shipped(
         page = sglang_page(params.backend, params.decode_backend, given.get("page_size"))
         why.append(f"page_size {page} ({'set' if given.get('page_size') else 'as ' + params.backend + ' takes it'})")
         pool_tokens = pool(frac)
-        running = given.get("max_running_requests") or max_running
         ctx = CONTEXT_LEN.get(model, DEFAULT_CONTEXT_LEN)
-        why.append("max_running_requests " + ("set" if running else f"from the pool and context {ctx:,}"))
-        running = running or sglang_max_running(pool_tokens, ctx)
+        derived = sglang_max_running(pool_tokens, ctx)
+        running = option("max_running_requests", max_running, derived, f"from the pool and context {ctx:,}")
         given_policy = given.get("schedule_policy")
         policy = word_option("sglang", "schedule_policy", given_policy or WORD_OPTIONS["schedule_policy"][0])
         why.append(f"schedule_policy {policy} ({'set' if given_policy else 'default'})")
@@ -242,14 +247,10 @@ def shipped(
         why.append(f"schedule_conservativeness {conservativeness:g} ({'default' if given_c is None else 'set'})")
     else:
         tokens, seqs = vllm_batch(gib, hw_name)
-        chunk = given.get("max_num_batched_tokens") or max_batch_tokens
-        why.append("max_num_batched_tokens " + ("set" if chunk else f"default for {gib:.0f} GiB"))
-        chunk = chunk or tokens
+        chunk = option("max_num_batched_tokens", max_batch_tokens, tokens, by_memory)
         page = int(params.block) or 16
         why.append(f"block_size {page} ({params.backend})")
-        running = given.get("max_num_seqs") or max_running
-        why.append("max_num_seqs " + ("set" if running else f"default for {gib:.0f} GiB"))
-        running = running or seqs
+        running = option("max_num_seqs", max_running, seqs, by_memory)
         if frac is None and not fixed_pool:
             frac, frac_why = VLLM_GPU_MEMORY_UTILIZATION, "gpu_memory_utilization default"
         pool_tokens = pool(frac)
