@@ -29,7 +29,7 @@ from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.pricing import rows_of
-from mlactl.decide.replay.replay import ReplaySettings, _sweep, capacity, replay, retimed
+from mlactl.decide.replay.replay import ReplaySettings, _sweep, kv_pool, replay, retimed
 from mlactl.decide.replay.scheduler import scheduler_for
 from mlactl.decide.replay.shipped import Shipped
 from mlactl.decide.replay.traces import read_trace
@@ -829,7 +829,7 @@ def test_kv_pool_is_what_the_weights_leave():
     assert w.total_params == 671_025_397_760
     per_token = (512 + 64) * 2 * 61  # the bf16 latent and RoPE key of every layer
     want = int((141e9 * 0.9 - w.model_bytes) // per_token)
-    assert capacity(w, CostModel(V3), H200, ReplaySettings(), 0.9) == want
+    assert kv_pool(w, CostModel(V3), H200, ReplaySettings())(0.9) == want
     assert 600_000 < want < 620_000
 
 

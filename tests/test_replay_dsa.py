@@ -27,7 +27,7 @@ from mlactl.decide.calibration.steps import PathLaunches
 from mlactl.decide.engines import steps as rules
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
-from mlactl.decide.replay.replay import ReplaySettings, capacity, replay
+from mlactl.decide.replay.replay import ReplaySettings, kv_pool, replay
 from mlactl.decide.replay.scheduler import scheduler_for
 from mlactl.decide.replay.shipped import Shipped
 from mlactl.decide.replay.traces import read_trace
@@ -272,7 +272,7 @@ def test_kv_pool_holds_the_index_row_and_every_gpu_the_whole_indexer():
     for kv, row in (("bf16", (512 + 64) * 2 + 132), ("fp8", 656 + 132)):  # latent + the fp8 index row
         per_token = row * 61
         want = int((180e9 * 0.9 - w.model_bytes) // per_token)
-        assert capacity(w, CostModel(V32, kv_dtype=kv), B200, ReplaySettings(), 0.9) == want
+        assert kv_pool(w, CostModel(V32, kv_dtype=kv), B200, ReplaySettings())(0.9) == want
 
 
 def test_a_dsa_schedule_decodes_across_topk_with_the_scheduler_alone(tmp_path):

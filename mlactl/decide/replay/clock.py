@@ -92,8 +92,7 @@ class Clock:
         if not partials:
             out = [float(new), float(new + prefix), pairs, 0.0, 0.0]
         else:
-            c = self.cost if chunk is None else self._with_chunk(chunk)
-            m = float(c.num_partials(prefix))
+            m = self.partials(prefix, chunk)
             merged = 1.0 if m > 1 else 0.0
             out = [float(new), float(new + prefix), pairs, merged * new, merged * m * new]
         if self.dsa:  # cost.sparse_pairs, one request: min(p + i, topk) summed over its queries

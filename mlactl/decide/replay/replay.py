@@ -230,16 +230,6 @@ def kv_pool(
     return tokens
 
 
-def capacity(
-    weights: WeightCost, cost: CostModel, hw: HardwareProfile, s: ReplaySettings, fraction: float | None = None
-) -> int:
-    """The KV pool's tokens (kv_pool) at `fraction`, else --mem-fraction, of the GPU's memory."""
-    share = fraction if fraction is not None else s.mem_fraction
-    if share is None and s.cache_tokens is None:
-        raise MlactlError("the KV pool needs a memory fraction or --cache-tokens")
-    return kv_pool(weights, cost, hw, s)(share)
-
-
 def replay(
     trace: Trace,
     cfg: MLAConfig,

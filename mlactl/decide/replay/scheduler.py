@@ -398,7 +398,10 @@ class Scheduler:
             s.chunk_new.append(new)
             s.chunk_prefix.append(prefix)
             s.chunk_last.append(prefix + new == self.inp[i])
-            self._computed(i, prefix + new)
+            # its prompt is computed up to there: those tokens join the cache (the prefill that
+            # computes tokens caches them)
+            self.computed[i] = prefix + new
+            self._store(i, prefix + new)
         if decoding and B:
             self.D += 1
             self._finish_decodes(end)
@@ -559,12 +562,6 @@ class Scheduler:
             s.span_end.append(end)
             s.span_c0.append(self.c0[i])
             s.span_d0.append(self.d0[i])
-
-    def _computed(self, i: int, computed: int) -> None:
-        """Request i's prompt is computed up to `computed` tokens: they join the cache (the
-        prefill that computes tokens caches them)."""
-        self.computed[i] = computed
-        self._store(i, computed)
 
     def _store(self, i: int, upto: int) -> None:
         """Request i's stream is computed up to `upto` tokens: the segments that covers grow to
