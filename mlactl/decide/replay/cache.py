@@ -166,15 +166,14 @@ class TokenPool:
             self.size[seg] = hi
             self.cached += hi
             self.refs[seg] = 1
-            self._make_room(0)
-            return True
-        if hi > got:
-            self.size[seg] = hi
-            self.cached += hi - got
-            if seg in self.lru:
-                self.evictable += hi - got
-        if not held:
-            self._hold(seg)
+        else:
+            if hi > got:
+                self.size[seg] = hi
+                self.cached += hi - got
+                if seg in self.lru:
+                    self.evictable += hi - got
+            if not held:
+                self._hold(seg)
         self._make_room(0)
         return True
 

@@ -563,13 +563,8 @@ def _sweep(e: rules.Engine, constant: float, parts) -> Sweep:
     """The trace's attention time at every threshold, from each varying step's time at each of
     its own thresholds (a step runs at t what it runs at its largest value not above t), and
     `constant`, the time of the steps that run the same at any threshold."""
-    if parts:
-        steps = np.concatenate([p[0] for p in parts])
-        values = np.concatenate([p[1] for p in parts])
-        seconds = np.concatenate([p[2] for p in parts])
-    else:
-        steps = values = np.zeros(0, dtype=np.int64)
-        seconds = np.zeros(0)
+    parts = parts or [(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0))]
+    steps, values, seconds = (np.concatenate(p) for p in zip(*parts))
     base = constant + float(seconds[values == 1].sum())
     order = np.lexsort((values, steps))
     steps, values, seconds = steps[order], values[order], seconds[order]
@@ -577,9 +572,8 @@ def _sweep(e: rules.Engine, constant: float, parts) -> Sweep:
     same_step[1:] = steps[1:] == steps[:-1]
     delta = np.zeros(len(steps))
     delta[1:] = seconds[1:] - seconds[:-1]  # at each value above 1 (same_step)
-    at = same_step
-    thresholds, where = np.unique(values[at], return_inverse=True)
-    jumps = np.bincount(where, weights=delta[at], minlength=len(thresholds))
+    thresholds, where = np.unique(values[same_step], return_inverse=True)
+    jumps = np.bincount(where, weights=delta[same_step], minlength=len(thresholds))
     candidates = np.concatenate([[1], thresholds]).astype(np.int64)
     totals = base + np.concatenate([[0.0], np.cumsum(jumps)])
     current = int(e.threshold or 1)

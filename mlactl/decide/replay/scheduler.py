@@ -185,8 +185,7 @@ class Scheduler:
     def run(self) -> Schedule:
         n = len(self.inp)
         now = self.arrival[0] if n else 0.0
-        done = 0
-        while done < n:
+        while self.finishes < n:
             self._arrive(now)
             if not self.running and not self.waiting:
                 now = max(now, self.arrival[self.next_arrival])
@@ -195,7 +194,6 @@ class Scheduler:
                 now = self._decode_run(now)
             else:
                 now = self._step(now)
-            done = self.finishes
         self.s.evicted = self.pool.evicted
         return self.s.finish()
 
