@@ -35,7 +35,7 @@ from rich.table import Table
 from mlactl import __version__
 from mlactl.decide.loss import Span
 from mlactl.decide.replay.pricing import STEP_TYPES
-from mlactl.decide.replay.replay import EngineReplay, Replay
+from mlactl.decide.replay.replay import EngineReplay, Latency, Replay
 from mlactl.output.csvout import Labels
 from mlactl.output.csvout import write_csv as write
 from mlactl.output.render import SHORT, engine_lines, seconds, seconds_span
@@ -192,12 +192,9 @@ def serving_table(result: Replay) -> Table:
         "step times of the whole forward, overhead; GPU time: "
         "the attention as priced and the rest of the forward; preempted: vLLM's preemptions, SGLang's retractions)"
     )
-    cols = ("engine", "trace time", "GPU time", "busy", "cache hit", "preempted", "first token p50", "p99")
-    for col in cols + ("end to end p50", "p99", "TPOT p50", "p99", "output tok/s"):
+    for col in ("engine", "trace time", "GPU time", "busy", "cache hit", "preempted") + LATENCY_COLUMNS:
         t.add_column(col, justify="left" if col == "engine" else "right", no_wrap=True)
     for e in result.engines:
-        ft, ee, tp = e.latency.first_token, e.latency.end_to_end, e.latency.per_output_token
-        rate = e.latency.output_tokens_per_s
         t.add_row(
             e.engine.label,
             _time(e.end_s - e.start_s),
@@ -205,10 +202,20 @@ def serving_table(result: Replay) -> Table:
             _pct(e.step_time_s, e.end_s - e.start_s),
             f"{100 * e.cache.hit_rate:.1f}%",
             f"{e.cache.preempted:,}",
-            *(_time(v) if v is not None else "—" for v in (ft.p50, ft.p99, ee.p50, ee.p99, tp.p50, tp.p99)),
-            f"{rate:,.0f}" if rate is not None else "—",
+            *_latency_cells(e.latency),
         )
     return t
+
+
+LATENCY_COLUMNS = ("first token p50", "p99", "end to end p50", "p99", "TPOT p50", "p99", "output tok/s")
+
+
+def _latency_cells(lat: Latency) -> list[str]:
+    """The cells under LATENCY_COLUMNS: first token, end to end and TPOT (p50, p99), tokens a second."""
+    ft, ee, tp = lat.first_token, lat.end_to_end, lat.per_output_token
+    cells = [_time(v) if v is not None else "—" for v in (ft.p50, ft.p99, ee.p50, ee.p99, tp.p50, tp.p99)]
+    rate = lat.output_tokens_per_s
+    return cells + [f"{rate:,.0f}" if rate is not None else "—"]
 
 
 def best_path_table(result: Replay) -> Table:
@@ -216,18 +223,11 @@ def best_path_table(result: Replay) -> Table:
         title="On the best path (the same steps, each step's attention on its best path, the rest of the "
         "forward unchanged; a step waits only for its requests' arrivals)"
     )
-    for col in ("engine", "first token p50", "p99", "end to end p50", "p99", "TPOT p50", "p99", "output tok/s"):
+    for col in ("engine",) + LATENCY_COLUMNS:
         t.add_column(col, justify="left" if col == "engine" else "right", no_wrap=True)
     for e in result.engines:
-        b = e.latency_best
-        if b is None:
-            continue
-        ft, ee, tp = b.first_token, b.end_to_end, b.per_output_token
-        t.add_row(
-            e.engine.label,
-            *(_time(v) if v is not None else "—" for v in (ft.p50, ft.p99, ee.p50, ee.p99, tp.p50, tp.p99)),
-            f"{b.output_tokens_per_s:,.0f}" if b.output_tokens_per_s is not None else "—",
-        )
+        if e.latency_best is not None:
+            t.add_row(e.engine.label, *_latency_cells(e.latency_best))
     return t
 
 
