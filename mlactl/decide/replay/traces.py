@@ -417,11 +417,11 @@ def _read_csv(lines, first: tuple[int, str], path: Path, errors: _Errors) -> Tra
             continue
         try:
             arrival = out.arrives(_clock(_exact(row[col["arrival_s"]], "arrival_s"), "arrival_s"))
-            inp = _whole(_integer(row[col["input_tokens"]], "input_tokens"), "input_tokens", 1)
-            output = _whole(_integer(row[col["output_tokens"]], "output_tokens"), "output_tokens", 1)
+            inp = _count(row[col["input_tokens"]], "input_tokens", 1)
+            output = _count(row[col["output_tokens"]], "output_tokens", 1)
             cached = -1
             if "cached_tokens" in col and row[col["cached_tokens"]].strip():
-                cached = _whole(_integer(row[col["cached_tokens"]], "cached_tokens"), "cached_tokens", 0)
+                cached = _count(row[col["cached_tokens"]], "cached_tokens", 0)
                 if cached > inp:
                     raise ValueError(f"cached_tokens {cached} is more than input_tokens {inp}")
                 cached = min(cached, inp - 1)  # at least one token is always computed
@@ -446,24 +446,21 @@ def _read_csv(lines, first: tuple[int, str], path: Path, errors: _Errors) -> Tra
     return out.build()
 
 
-def _number(cell: str, what: str) -> float:
-    # ASCII decimal only (mlactl.util.numbers.FLOAT): float() would also take 'inf', 'nan' or '٣'
-    if not numbers.FLOAT.fullmatch(cell.strip()):
-        raise ValueError(f"{what} {cell.strip()[:40]!r} is not a number")
-    return float(cell.strip())
-
-
 def _exact(cell: str, what: str) -> Decimal:
-    """A CSV number read exactly (ASCII decimal only, as _number)."""
-    _number(cell, what)
-    return Decimal(cell.strip())
+    """A CSV number read exactly."""
+    text = cell.strip()
+    # ASCII decimal only (mlactl.util.numbers.FLOAT): Decimal() would also take 'inf', 'nan' or '٣'
+    if not numbers.FLOAT.fullmatch(text):
+        raise ValueError(f"{what} {text[:40]!r} is not a number")
+    return Decimal(text)
 
 
-def _integer(cell: str, what: str) -> int:
+def _count(cell: str, what: str, minimum: int) -> int:
+    """A CSV cell that is a whole count, at least `minimum` (as _whole)."""
     text = cell.strip()
     if not (text.isascii() and text.isdigit()):  # str.isdigit alone takes '²' and '٣'
         raise ValueError(f"{what} {text[:40]!r} is not a whole number")
-    return int(text)
+    return _whole(int(text), what, minimum)
 
 
 def read_trace(path: str | Path) -> Trace:
