@@ -157,7 +157,7 @@ class Clock:
         probe = (37.0, 5.0, 11.0, 1.0)  # ForwardCost must be linear in these four: checked at a sixth point
         for (name, _, _, fl, by, cm), op in zip(self.forward_terms, fc.ops(*probe)):
             for terms, got in ((fl, op.flops), (by, op.bytes), (cm, op.comm_bytes)):
-                want = terms[0] + sum(c * x for c, x in zip(terms[1:], probe))
+                want = _at(terms, probe)
                 if abs(want - float(got)) > 1e-9 * max(abs(float(got)), 1.0):
                     raise MlactlError(f"cost.ForwardCost's {name} is not linear in tokens, sampled and experts read")
         w = self.weights.weights
@@ -194,10 +194,7 @@ class Clock:
             if measured is not None:
                 out[name] = count * measured
                 continue
-            f = fl[0] + fl[1] * x[0] + fl[2] * x[1] + fl[3] * x[2] + fl[4] * x[3]
-            b = by[0] + by[1] * x[0] + by[2] * x[1] + by[3] * x[2] + by[4] * x[3]
-            c = cm[0] + cm[1] * x[0] + cm[2] * x[1] + cm[3] * x[2] + cm[4] * x[3]
-            out[name] = count * (max(f / peak, b / bw) + c / link)
+            out[name] = count * (max(_at(fl, x) / peak, _at(by, x) / bw) + _at(cm, x) / link)
         return out
 
     def other(self, tokens: int, sampled: int) -> float:
@@ -208,3 +205,9 @@ class Clock:
         if got is None:
             got = self._other[key] = sum(self.forward_parts(tokens, sampled).values()) + self.overhead
         return got
+
+
+def _at(terms: list[float], x) -> float:
+    """A forward term list (constant, then the coefficients of tokens, sampled, experts read and
+    LM-head reads) at the point x of those four."""
+    return terms[0] + terms[1] * x[0] + terms[2] * x[1] + terms[3] * x[2] + terms[4] * x[3]
