@@ -229,13 +229,13 @@ class Pricer:
         the path most rows take is priced from the group's total less the others', and only the
         others' rows are gathered."""
         cost = self.cost if cost is None else cost
-        k_paths = len(self.paths)
-        chunked = self.chunked_code
         if self.cal is not None:
             parts = self.class_launches(figs, rows, codes, sel, group, groups, own_chunk, cost)
             return sum((c.sum(axis=0) for c in parts if c is not None), np.zeros(groups))
+        k_paths = len(self.paths)
+        own_code = self.chunked_code if own_chunk is not None else -1  # the path priced at own_chunk
         counts = np.bincount(codes, minlength=k_paths)
-        free = [k for k in range(k_paths) if not (k == chunked and own_chunk is not None)]
+        free = [k for k in range(k_paths) if k != own_code]
         dom = max(free, key=lambda k: counts[k]) if free else -1
         add_dom = self.every[0][:, of].copy()
         t = np.zeros(groups)
@@ -244,7 +244,7 @@ class Pricer:
                 continue
             idx = np.flatnonzero(codes == k)
             rows_k = sel[idx]
-            if k == chunked and own_chunk is not None:
+            if k == own_code:
                 x = row_features(cost, rows.new[rows_k], rows.prefix[rows_k], own_chunk[idx])
             else:
                 x = self.x[:, rows_k]
@@ -254,7 +254,7 @@ class Pricer:
             np.maximum.at(most, g, x[-1])
             t += figs[k].seconds_of(add, most[None])
             # the group's total holds these rows' shared (mlactl --chunk) parts
-            add_dom -= _bincounts(self.x[:-1, rows_k], g, groups) if k == chunked and own_chunk is not None else add
+            add_dom -= _bincounts(self.x[:-1, rows_k], g, groups) if k == own_code else add
         if dom >= 0 and counts[dom]:
             most = np.zeros((1, groups))
             if figs[dom].lin.uses_partials:
@@ -267,14 +267,14 @@ class Pricer:
         """Calibrated, per path: [classes, groups] each op class's launch seconds of the rows on
         it (as `launches`), or None where no row takes the path."""
         cost = self.cost if cost is None else cost
-        chunked = self.chunked_code
+        own_code = self.chunked_code if own_chunk is not None else -1
         starts = np.searchsorted(group, np.arange(groups))
         out: list = []
         for k, p in enumerate(self.paths):
             on = codes == k
             if not on.any():
                 out.append(None)
-            elif k == chunked and own_chunk is not None:
+            elif k == own_code:
                 sub = np.flatnonzero(on)
                 n_, p_ = rows.new[sel[sub]], rows.prefix[sel[sub]]
                 own = PathLaunches(cost, self.hw, self.cal, p, n_, p_, self.layers, chunk=own_chunk[sub])
