@@ -129,9 +129,10 @@ def show(name: str, s: dict, extra: str = "") -> None:
 
 def in_process(trace: Path, model: str = "deepseek-v3", hardware_name: str = "h200", tp: int = 8) -> dict:
     """Each phase timed once: read, then per engine its scheduler and its pricing."""
-    from mlactl.decide.replay import rules
+    from mlactl.decide.engines import steps as rules
+    from mlactl.decide.replay.cache import TokenPool
     from mlactl.decide.replay.clock import Clock
-    from mlactl.decide.replay.replay import ReplaySettings, _price, kv_pool, pool_and_settings, shipped_for
+    from mlactl.decide.replay.replay import ReplaySettings, _price, kv_pool, shipped_for
     from mlactl.decide.replay.scheduler import scheduler_for
     from mlactl.decide.replay.traces import read_trace
     from mlactl.decide.workload import engine_cost
@@ -150,12 +151,13 @@ def in_process(trace: Path, model: str = "deepseek-v3", hardware_name: str = "h2
     for e in rules.parse(None, None, cfg, hw, "bf16"):
         clock = Clock(engine_cost(cost, e.params), hw, wc, rules.paths(e))
         start, cpu = time.perf_counter(), time.process_time()
-        pool, settings = pool_and_settings(shipped_for(e, s, hw, kv, cfg))
+        settings = shipped_for(e, s, hw, kv, cfg)
+        pool = TokenPool(settings.pool_tokens)
         sched = scheduler_for(e)(t, e, pool, clock, settings)
         sched = sched.run()
         scheduled, scheduled_cpu = time.perf_counter() - start, time.process_time() - cpu
         start, cpu = time.perf_counter(), time.process_time()
-        _price(t, cost, hw, None, e, sched, s)
+        _price(t, cost, hw, None, e, sched, s, False, settings.page)
         priced, priced_cpu = time.perf_counter() - start, time.process_time() - cpu
         phases["engines"][e.label] = {
             "steps": len(sched),

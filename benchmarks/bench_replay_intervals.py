@@ -45,9 +45,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from mlactl.decide.calibration.store import resolve
-    from mlactl.decide.replay import intervals, rules
+    from mlactl.decide.engines import steps as rules
+    from mlactl.decide.replay import intervals
+    from mlactl.decide.replay.cache import TokenPool
     from mlactl.decide.replay.clock import Clock
-    from mlactl.decide.replay.replay import ReplaySettings, _price, kv_pool, pool_and_settings, shipped_for
+    from mlactl.decide.replay.replay import ReplaySettings, _price, kv_pool, shipped_for
     from mlactl.decide.replay.scheduler import scheduler_for
     from mlactl.decide.replay.traces import read_trace
     from mlactl.decide.workload import engine_cost
@@ -78,17 +80,19 @@ def main() -> None:
     kv = kv_pool(wc, cost, hw, s)
     for e in rules.parse(args.engines, None, cfg, hw, "bf16"):
         clock = Clock(engine_cost(cost, e.params), hw, wc, rules.paths(e))
-        pool, settings = pool_and_settings(shipped_for(e, s, hw, kv, cfg))
+        settings = shipped_for(e, s, hw, kv, cfg)
+        pool = TokenPool(settings.pool_tokens)
         sched = scheduler_for(e)(trace, e, pool, clock, settings).run()
         possible = intervals.Drawer.possible
         intervals.Drawer.possible = staticmethod(lambda p: False)  # type: ignore[method-assign]
-        _price(trace, cost, hw, cal, e, sched, s)  # warm: the calibration's caches fill on the first pricing
-        _, plain_s, plain_cpu = timed(_price, trace, cost, hw, cal, e, sched, s)
+        # warm: the calibration's caches fill on the first pricing
+        _price(trace, cost, hw, cal, e, sched, s, False, settings.page)
+        _, plain_s, plain_cpu = timed(_price, trace, cost, hw, cal, e, sched, s, False, settings.page)
         intervals.Drawer.possible = possible  # type: ignore[method-assign]
-        sampled, sampled_s, sampled_cpu = timed(_price, trace, cost, hw, cal, e, sched, s)
+        sampled, sampled_s, sampled_cpu = timed(_price, trace, cost, hw, cal, e, sched, s, False, settings.page)
         keep = intervals.INTERVAL_STEPS
         intervals.INTERVAL_STEPS = len(sched) + 1
-        every, every_s, every_cpu = timed(_price, trace, cost, hw, cal, e, sched, s)
+        every, every_s, every_cpu = timed(_price, trace, cost, hw, cal, e, sched, s, False, settings.page)
         intervals.INTERVAL_STEPS = keep
         rows = {}
         for name in intervals.TOTALS:
