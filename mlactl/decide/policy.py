@@ -164,8 +164,10 @@ class AutoPolicy:
 
     def __call__(self, new, prefix) -> np.ndarray:
         if self.kind == "calibrated":
-            paths = timed(self.cost, self.hw, self.calibration, 1, new, prefix, paths=self.cost.choices)
+            hw = self.hw
+            assert hw is not None  # a calibration is looked up only for a known hardware profile
+            paths = timed(self.cost, hw, self.calibration, 1, new, prefix, paths=self.cost.choices)
             times = {p: t.time_s for p, t in paths.items()}
-            fitting = fitting_times(self.cost, self.hw, times, 1, np.asarray(new), np.asarray(prefix))
+            fitting = fitting_times(self.cost, hw, times, 1, np.asarray(new), np.asarray(prefix))
             return argmin_path(fitting, self.cost.choices)
         return select_paths(self.cost, self.hw, new, prefix, batch=1, policy=self.kind, crossovers=self.crossovers)
