@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from mlactl.decide.loss import RuleLoss, widened
+from mlactl.decide.loss import RuleLoss, lost_against, widened
 
 
 def test_lost_pct_is_the_loss_over_the_rules_time():
@@ -31,3 +31,13 @@ def test_with_spans_sets_each_total_and_leaves_replays_references_unset_where_ab
     assert loss.lost_step_s is None and loss.lost_step_span is None
     replayed = RuleLoss(10.0, 8.0, 2.0, 1.5, 0.5).with_spans(lost_step=(1.0, 1.2), lost_request=(0.6, 0.9))
     assert replayed.lost_step_span == (1.0, 1.5) and replayed.lost_request_span == (0.5, 0.9)
+
+
+def test_a_loss_against_a_reference_is_never_nan_nor_below_zero():
+    inf = float("inf")
+    rule = [3.0, 1.0, 2.0, inf, inf, inf]
+    reference = [1.0, 3.0, inf, 1.0, inf, float("nan")]
+    # 3-1; never below 0; the reference does not fit: nothing lost to it; the rule does not
+    # fit: +inf whatever the reference (inf - inf is NaN in plain subtraction)
+    assert lost_against(rule, reference).tolist() == [2.0, 0.0, 0.0, inf, inf, inf]
+    assert float(lost_against(inf, inf)) == inf

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 Span = tuple[float, float]
 
 
@@ -61,3 +63,14 @@ def widened(span: Span | None, point: float) -> Span | None:
     if span is None or point != point or point in (float("inf"), float("-inf")):
         return None
     return (min(span[0], point), max(span[1], point))
+
+
+def lost_against(rule, reference) -> np.ndarray:
+    """What the rule's times lose against a reference's, element by element: never below 0;
+    +inf where the rule's path does not fit (its time is +inf), whatever the reference; 0 where
+    only the reference does not fit (no path of that kind runs the step, so the rule loses
+    nothing to it). Never NaN."""
+    rule, reference = np.asarray(rule, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        gap = np.where(np.isfinite(reference), np.maximum(rule - reference, 0.0), 0.0)
+    return np.where(np.isposinf(rule), np.inf, gap)

@@ -44,7 +44,7 @@ from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.estimate import estimates, has_evidence
 from mlactl.decide.calibration.model import PROJECTIONS
 from mlactl.decide.calibration.steps import group_sums
-from mlactl.decide.loss import RuleLoss, Span
+from mlactl.decide.loss import RuleLoss, Span, lost_against
 from mlactl.decide.replay.pricing import Pricer, Rows
 
 CELLS_PER_OCTAVE = 8
@@ -246,8 +246,8 @@ class Drawer:
                 "time": engine,
                 "best": best,
                 "lost": engine - best,
-                "lost_step": np.where(np.isfinite(step), np.maximum(engine - step, 0.0), 0.0),
-                "lost_request": np.maximum(engine - request, 0.0),
+                "lost_step": lost_against(engine, step),
+                "lost_request": lost_against(engine, request),
             }
             for name, t in totals.items():  # each step's draws less its point value (the last column)
                 dev = t[:, :-1] - t[:, -1:]

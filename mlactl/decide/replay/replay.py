@@ -24,7 +24,7 @@ import numpy as np
 
 from mlactl.decide.calibration import forward_tables
 from mlactl.decide.engines import steps as rules
-from mlactl.decide.loss import RuleLoss
+from mlactl.decide.loss import RuleLoss, lost_against
 from mlactl.decide.replay.cache import TokenPool
 from mlactl.decide.replay.clock import Clock
 from mlactl.decide.replay.intervals import Drawer, sample_size, step_weights
@@ -448,8 +448,8 @@ def _price(
         acc.step += step_best.sum()
         acc.request += request_best.sum()
         acc.best += best.sum()
-        acc.lost_step += np.maximum(engine_t - step_best, 0.0).sum()
-        acc.lost_request += np.maximum(engine_t - request_best, 0.0).sum()
+        acc.lost_step += lost_against(engine_t, step_best).sum()
+        acc.lost_request += lost_against(engine_t, request_best).sum()
         acc.path_steps += (tokens > 0).sum(axis=1)
         acc.path_tokens += tokens.sum(axis=1)
         acc.type_steps += np.bincount(kind, minlength=types)
@@ -478,7 +478,7 @@ def _price(
     loss = RuleLoss(
         float(acc.time),
         float(acc.best),
-        float(acc.time - acc.best),
+        float(lost_against(acc.time, acc.best)),
         float(acc.lost_step),
         float(acc.lost_request),
     )
