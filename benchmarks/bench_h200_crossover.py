@@ -16,6 +16,7 @@ crossover table. docs/calibration.md ("H200, SGLang 0.5.14: the crossover") quot
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
@@ -45,6 +46,7 @@ def run(args: list[str]) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # takes no options; --help says so
     with tempfile.TemporaryDirectory() as home:
         os.environ["MLACTL_HOME"] = home
         fits, crossover, analysis = (run(args) for args in COMMANDS)

@@ -9,8 +9,8 @@ of |predicted / measured - 1| over its groups, and the roofline's). Reads; write
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -59,8 +59,13 @@ def pair_table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "results" / "transfer.json"
-    data = json.loads(path.read_text())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="?", type=Path, default=HERE / "results" / "transfer.json")
+    path = parser.parse_args().results
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"Error: cannot read {path}: {e}") from None
     for gpu, result in data["logo"].items():
         print(f"**{NAMES.get(gpu, gpu)} held out** (the other three GPUs' calibrations carried to it, the error model "
               "fitted on the pairs among those three):\n")  # fmt: skip
