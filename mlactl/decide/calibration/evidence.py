@@ -23,7 +23,7 @@ import numpy as np
 
 from mlactl.decide.calibration import basis
 from mlactl.decide.calibration import uncertainty as u
-from mlactl.decide.calibration.model import Points, predict
+from mlactl.decide.calibration.model import Points
 from mlactl.util.errors import MlactlError
 
 
@@ -66,7 +66,7 @@ def held_out_coverage(best, members: list, pts: Points, machine) -> tuple[float 
         sub, train = pts.take(test), pts.take(rest)
         t = ev.held_out_pred[test]
         alts = np.stack([t] + [m.evidence.held_out_pred[test] for m in members])
-        smooth = predict(params, best.terms, sub, machine.peak, machine.bandwidth, machine.sm_count, smooth=True)
+        smooth = machine.predict(params, best.terms, sub, smooth=True)
         code, octaves, axis = basis.basis(basis.measured_range(train), sub)
         spread = u.OpSpread(
             t, alts, smooth, _smooth_spread(t, smooth, sub, basis.measured_shapes(train)), code, octaves,

@@ -70,6 +70,10 @@ class Machine:
         """A Hopper GPU (H100/H200/H800): DeepGEMM's SM90 tile heuristic, for `dgtile`."""
         return self.arch == "sm90"
 
+    def predict(self, params: dict, terms, pts: Points, smooth: bool = False) -> np.ndarray:
+        """model.predict at these ceilings: the seconds of `pts` by a fit's params and terms."""
+        return predict(params, terms, pts, self.peak, self.bandwidth, self.sm_count, smooth)
+
 
 @dataclass(frozen=True)
 class Evidence:
@@ -166,7 +170,7 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
 
     def residuals(theta):
         params = with_sizes(unpack(theta, terms), terms, machine)
-        return np.log(predict(params, terms, pts, machine.peak, machine.bandwidth, machine.sm_count) / measured)
+        return np.log(machine.predict(params, terms, pts) / measured)
 
     best = None
     fixed = Terms.of(terms).fixed
@@ -209,10 +213,6 @@ def folds(pts: Points, k: int = K_FOLDS) -> list[np.ndarray]:
     return [np.flatnonzero(fold == i) for i in range(k) if np.any(fold == i)]
 
 
-def _predict(params: dict, terms, pts: Points, machine: Machine, smooth: bool = False) -> np.ndarray:
-    return predict(params, terms, pts, machine.peak, machine.bandwidth, machine.sm_count, smooth)
-
-
 def held_out_predictions(pts: Points, machine: Machine, terms, k: int = K_FOLDS) -> tuple[np.ndarray, list]:
     """Each point predicted by a fit on the other folds, and [(test indices, that fit's params)]."""
     pred = np.full(len(pts), np.nan)
@@ -220,7 +220,7 @@ def held_out_predictions(pts: Points, machine: Machine, terms, k: int = K_FOLDS)
     for test in folds(pts, k):
         train = np.setdiff1d(np.arange(len(pts)), test)
         params = fit_params(pts.take(train), machine, terms)
-        pred[test] = _predict(params, terms, pts.take(test), machine)
+        pred[test] = machine.predict(params, terms, pts.take(test))
         fitted.append((test, params))
     return pred, fitted
 
@@ -268,7 +268,7 @@ def blocked_split(pts: Points, terms=("fixed",)) -> Split | None:
 def blocked_predictions(pts: Points, machine: Machine, terms, split: Split) -> tuple[np.ndarray, dict]:
     """The upper part's points predicted by a fit on the lower part; and that fit's params."""
     params = fit_params(pts.take(split.train), machine, terms)
-    return _predict(params, terms, pts.take(split.test), machine), params
+    return machine.predict(params, terms, pts.take(split.test)), params
 
 
 def fit(
@@ -280,7 +280,7 @@ def fit(
     assert measured is not None, "fitted points are measured"
     machine = replace(machine, eta_max=eta_limit(dtype))
     params = fit_params(pts, machine, terms)
-    pred = _predict(params, terms, pts, machine)
+    pred = machine.predict(params, terms, pts)
     if len(pts) >= 2 * k:
         held, fitted = held_out_predictions(pts, machine, terms, k)
     else:
