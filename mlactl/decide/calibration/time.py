@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlactl.decide.calibration.model import decode_like, op_class, predict
+from mlactl.decide.calibration.model import by_phase, decode_like, op_class, predict
 from mlactl.decide.calibration.sources import points_for
 from mlactl.decide.calibration.steps import PathLaunches
 from mlactl.decide.calibration.store import Fit, Model, fit_dtype  # noqa: F401  (fit_dtype: re-exported)
@@ -60,12 +60,10 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     fits = calibration.class_fits(cost, cls)
     if fits is None:
         return None
-    decode, prefill = fits
-    t_prefill = calibrated_seconds(cost, hw, calibration.peak(hw), prefill, cls, batch, new, prefix, path)
-    if decode is prefill:
-        return t_prefill
-    t_decode = calibrated_seconds(cost, hw, calibration.peak(hw), decode, cls, batch, new, prefix, path)
-    return np.where(decode_like(new, prefix), t_decode, t_prefill)
+    peak = calibration.peak(hw)
+    return by_phase(
+        decode_like(new, prefix), fits, lambda f: calibrated_seconds(cost, hw, peak, f, cls, batch, new, prefix, path)
+    )
 
 
 def missing_ops(calibration, paths=MLA_PATHS) -> list[str]:
