@@ -148,19 +148,16 @@ def batch_time(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, c
     for path in cost.choices:
         rows = np.asarray(paths) == path
         if rows.any():
-            launch = _one_launch(cost, hw, calibration, path, count[rows], new[rows], prefix[rows])
+            launch = PathLaunches(cost, hw, calibration, path, new[rows], prefix[rows], count=count[rows])
             total += float(launch.seconds([0])[0])
     return total
-
-
-def _one_launch(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> PathLaunches:
-    return PathLaunches(cost, hw, calibration, path, new, prefix, count=count)
 
 
 def launch_parts(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> list[float]:
     """Calibrated seconds of one launch per op over request rows (`count` requests each), op by
     op in cost.ops's order (one entry for a whole-path fit): steps.PathLaunches over one group."""
-    return _one_launch(cost, hw, calibration, path, count, new, prefix).class_seconds([0])[:, 0].tolist()
+    launch = PathLaunches(cost, hw, calibration, path, new, prefix, count=count)
+    return launch.class_seconds([0])[:, 0].tolist()
 
 
 def own_times(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count) -> dict[str, np.ndarray]:
