@@ -24,6 +24,7 @@ from mlactl.decide.calibration.model import (
 )
 from mlactl.decide.calibration.terms import (  # noqa: F401  (bounds, ETA_PASS_MIN: re-exported)
     ETA_PASS_MIN,
+    SIZES,
     STARTS,
     Terms,
     bounds,
@@ -132,17 +133,20 @@ def summary(errors: np.ndarray) -> dict:
     return {"median": float(np.median(errors)), "p90": float(np.percentile(errors, 90))}
 
 
+def gpu_sizes(terms, l2_bytes: float | None, memory_bytes: float | None, arch: str | None) -> dict:
+    """{name: value} of the GPU's sizes (terms.SIZES) these terms use, from its L2, memory and
+    architecture: its L2 (`l2`), its indexer's logits budget (`chunk`) and its sparse attention
+    kernel's head and key blocks (`hblock`); None where not known."""
+    head, key = sparse_blocks(arch) or (None, None)
+    every = dict(l2_bytes=l2_bytes, logits_budget_bytes=logits_budget(memory_bytes), head_block=head, key_block=key)
+    return {size.name: every[size.name] for size in SIZES if size.term in terms}
+
+
 def with_sizes(params: dict, terms, machine: Machine) -> dict:
     """The GPU's sizes a fit's terms divide the shapes by, kept in the params (not fitted): its
     L2 (`l2`), its indexer's logits budget (`chunk`) and its sparse attention kernel's head and
     key blocks (`hblock`)."""
-    on = Terms.of(terms)
-    if on.l2:
-        params["l2_bytes"] = machine.l2_bytes
-    if on.chunk:
-        params["logits_budget_bytes"] = logits_budget(machine.memory_bytes)
-    if on.hblock:
-        params["head_block"], params["key_block"] = sparse_blocks(machine.arch) or (None, None)
+    params.update(gpu_sizes(terms, machine.l2_bytes, machine.memory_bytes, machine.arch))
     return params
 
 
