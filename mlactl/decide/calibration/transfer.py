@@ -49,7 +49,7 @@ from pathlib import Path
 
 from mlactl import __version__
 from mlactl import profiles as shipped_profiles
-from mlactl.decide.calibration import store
+from mlactl.decide.calibration import run, store
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.fit import gpu_sizes
 from mlactl.decide.calibration.model import (
@@ -481,12 +481,7 @@ def transfer(
     data.update(
         name=safe_name(name or f"{target.name}-from-{cal.name}"),
         hardware=target.name,
-        ceilings={
-            "peak_flops": target.peak_flops(dtype),
-            "bandwidth_bytes_per_s": target.bandwidth,
-            "sm_count": target.sm_count,
-            "dtype": dtype,
-        },
+        ceilings=run.ceilings(target, dtype),
         created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         mlactl_version=__version__,
         fits=fits,
