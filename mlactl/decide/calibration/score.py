@@ -141,8 +141,8 @@ def predicted(calibration, key: tuple[str, str, str], pts: Points, intervals: bo
         t[rows] = spread.time
         inside[rows] = spread.basis == basis_mod.MEASURED
         if spread.has_interval and intervals:  # widened to hold the point value, as printed intervals are
-            a, b = u.percentiles(spread.scenarios(u.draws(0, len(spread.alternatives))))
-            lo[rows], hi[rows] = np.minimum(a, spread.time), np.maximum(b, spread.time)
+            d = u.draws(0, len(spread.alternatives))
+            lo[rows], hi[rows] = u.interval_around(spread.scenarios(d), spread.time)
         else:
             lo[rows], hi[rows] = np.nan, np.nan
     return Predicted(t, lo, hi, inside, tuple(dict.fromkeys(used)))
