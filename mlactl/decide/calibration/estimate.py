@@ -73,8 +73,7 @@ class OpEstimate:
         point value is its lowest possible time)."""
         if not self.has_interval:
             return None
-        lo, hi = u.percentiles(self.scenarios())
-        return np.minimum(lo, self.time), np.maximum(hi, self.time)
+        return u.interval_around(self.scenarios(), self.time)
 
     def basis_json(self, i: int) -> dict:
         """{"basis", ["octaves", "axis"]} of point i, as the JSON outputs write it."""
@@ -108,8 +107,7 @@ class PathEstimate:
         """The 80% interval of the path's time, widened to hold its point value."""
         if not self.has_interval:
             return None
-        lo, hi = u.percentiles(self.scenarios())
-        return np.minimum(lo, self.time), np.maximum(hi, self.time)
+        return u.interval_around(self.scenarios(), self.time)
 
     def basis(self) -> np.ndarray:
         """Per point, the weakest basis of its ops: roofline, then extrapolated, then measured."""

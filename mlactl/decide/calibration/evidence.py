@@ -23,7 +23,7 @@ import numpy as np
 
 from mlactl.decide.calibration import basis
 from mlactl.decide.calibration import uncertainty as u
-from mlactl.decide.calibration.model import Points, predict
+from mlactl.decide.calibration.model import Points
 from mlactl.util.errors import MlactlError
 
 
@@ -42,19 +42,16 @@ def _blocked_octaves(pts: Points, split) -> float | None:
     return round(float(np.median(octaves)), 4)
 
 
-def held_out_coverage(best, members: list, pts: Points, machine) -> tuple[float | None, int, float]:
+def held_out_coverage(best, members: list, pts: Points, machine, q_blocked, b_oct) -> tuple[float | None, int, float]:
     """(share of measurements inside their held-out 80% interval, points checked, the residual
     factor of uncertainty.calibrated_scale); see the module docstring. The factor a fold's points
-    are checked with is calibrated on the other folds' points only."""
+    are checked with is calibrated on the other folds' points only. `q_blocked`, `b_oct`: the
+    blocked split's residual quantiles and median octaves (`evidence` works them out)."""
     ev = best.evidence
     if ev is None or not ev.folds:
         return None, 0, 1.0
     y = np.asarray(pts.time_s, dtype=np.float64)
     log_res = np.log(y / ev.held_out_pred)
-    q_blocked = None
-    if ev.split is not None and ev.blocked_pred is not None:
-        q_blocked = u.quantiles(np.log(y[ev.split.test] / ev.blocked_pred))
-    b_oct = _blocked_octaves(pts, ev.split)
     d = u.draws(0, len(members) + 1)
     base = np.full((len(d.level), len(pts)), np.nan)
     resid = np.zeros_like(base)
@@ -66,7 +63,7 @@ def held_out_coverage(best, members: list, pts: Points, machine) -> tuple[float 
         sub, train = pts.take(test), pts.take(rest)
         t = ev.held_out_pred[test]
         alts = np.stack([t] + [m.evidence.held_out_pred[test] for m in members])
-        smooth = predict(params, best.terms, sub, machine.peak, machine.bandwidth, machine.sm_count, smooth=True)
+        smooth = machine.predict(params, best.terms, sub, smooth=True)
         code, octaves, axis = basis.basis(basis.measured_range(train), sub)
         spread = u.OpSpread(
             t, alts, smooth, _smooth_spread(t, smooth, sub, basis.measured_shapes(train)), code, octaves,
@@ -93,12 +90,13 @@ def evidence(best, members: list, pts: Points, machine) -> dict:
         q_blocked = None
         if ev.split is not None and ev.blocked_pred is not None:
             q_blocked = u.quantiles(np.log(y[ev.split.test] / ev.blocked_pred))
-        coverage, n, scale = held_out_coverage(best, members, pts, machine)
+        b_oct = _blocked_octaves(pts, ev.split)
+        coverage, n, scale = held_out_coverage(best, members, pts, machine, q_blocked, b_oct)
         out["interval"] = {
             "levels": list(u.LEVELS),
             "random": q_random,
             "blocked": q_blocked,
-            "blocked_octaves": _blocked_octaves(pts, ev.split),
+            "blocked_octaves": b_oct,
             "scale": scale,
             "coverage": {"nominal": u.COVERAGE, "held_out": coverage, "n": n},
         }

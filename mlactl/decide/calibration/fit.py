@@ -24,6 +24,7 @@ from mlactl.decide.calibration.model import (
 )
 from mlactl.decide.calibration.terms import (  # noqa: F401  (bounds, ETA_PASS_MIN: re-exported)
     ETA_PASS_MIN,
+    SIZES,
     STARTS,
     Terms,
     bounds,
@@ -69,6 +70,10 @@ class Machine:
     def sm90(self) -> bool:
         """A Hopper GPU (H100/H200/H800): DeepGEMM's SM90 tile heuristic, for `dgtile`."""
         return self.arch == "sm90"
+
+    def predict(self, params: dict, terms, pts: Points, smooth: bool = False) -> np.ndarray:
+        """model.predict at these ceilings: the seconds of `pts` by a fit's params and terms."""
+        return predict(params, terms, pts, self.peak, self.bandwidth, self.sm_count, smooth)
 
 
 @dataclass(frozen=True)
@@ -128,17 +133,20 @@ def summary(errors: np.ndarray) -> dict:
     return {"median": float(np.median(errors)), "p90": float(np.percentile(errors, 90))}
 
 
+def gpu_sizes(terms, l2_bytes: float | None, memory_bytes: float | None, arch: str | None) -> dict:
+    """{name: value} of the GPU's sizes (terms.SIZES) these terms use, from its L2, memory and
+    architecture: its L2 (`l2`), its indexer's logits budget (`chunk`) and its sparse attention
+    kernel's head and key blocks (`hblock`); None where not known."""
+    head, key = sparse_blocks(arch) or (None, None)
+    every = dict(l2_bytes=l2_bytes, logits_budget_bytes=logits_budget(memory_bytes), head_block=head, key_block=key)
+    return {size.name: every[size.name] for size in SIZES if size.term in terms}
+
+
 def with_sizes(params: dict, terms, machine: Machine) -> dict:
     """The GPU's sizes a fit's terms divide the shapes by, kept in the params (not fitted): its
     L2 (`l2`), its indexer's logits budget (`chunk`) and its sparse attention kernel's head and
     key blocks (`hblock`)."""
-    on = Terms.of(terms)
-    if on.l2:
-        params["l2_bytes"] = machine.l2_bytes
-    if on.chunk:
-        params["logits_budget_bytes"] = logits_budget(machine.memory_bytes)
-    if on.hblock:
-        params["head_block"], params["key_block"] = sparse_blocks(machine.arch) or (None, None)
+    params.update(gpu_sizes(terms, machine.l2_bytes, machine.memory_bytes, machine.arch))
     return params
 
 
@@ -166,7 +174,7 @@ def fit_params(pts: Points, machine: Machine, terms) -> dict:
 
     def residuals(theta):
         params = with_sizes(unpack(theta, terms), terms, machine)
-        return np.log(predict(params, terms, pts, machine.peak, machine.bandwidth, machine.sm_count) / measured)
+        return np.log(machine.predict(params, terms, pts) / measured)
 
     best = None
     fixed = Terms.of(terms).fixed
@@ -209,10 +217,6 @@ def folds(pts: Points, k: int = K_FOLDS) -> list[np.ndarray]:
     return [np.flatnonzero(fold == i) for i in range(k) if np.any(fold == i)]
 
 
-def _predict(params: dict, terms, pts: Points, machine: Machine, smooth: bool = False) -> np.ndarray:
-    return predict(params, terms, pts, machine.peak, machine.bandwidth, machine.sm_count, smooth)
-
-
 def held_out_predictions(pts: Points, machine: Machine, terms, k: int = K_FOLDS) -> tuple[np.ndarray, list]:
     """Each point predicted by a fit on the other folds, and [(test indices, that fit's params)]."""
     pred = np.full(len(pts), np.nan)
@@ -220,7 +224,7 @@ def held_out_predictions(pts: Points, machine: Machine, terms, k: int = K_FOLDS)
     for test in folds(pts, k):
         train = np.setdiff1d(np.arange(len(pts)), test)
         params = fit_params(pts.take(train), machine, terms)
-        pred[test] = _predict(params, terms, pts.take(test), machine)
+        pred[test] = machine.predict(params, terms, pts.take(test))
         fitted.append((test, params))
     return pred, fitted
 
@@ -268,7 +272,7 @@ def blocked_split(pts: Points, terms=("fixed",)) -> Split | None:
 def blocked_predictions(pts: Points, machine: Machine, terms, split: Split) -> tuple[np.ndarray, dict]:
     """The upper part's points predicted by a fit on the lower part; and that fit's params."""
     params = fit_params(pts.take(split.train), machine, terms)
-    return _predict(params, terms, pts.take(split.test), machine), params
+    return machine.predict(params, terms, pts.take(split.test)), params
 
 
 def fit(
@@ -280,7 +284,7 @@ def fit(
     assert measured is not None, "fitted points are measured"
     machine = replace(machine, eta_max=eta_limit(dtype))
     params = fit_params(pts, machine, terms)
-    pred = _predict(params, terms, pts, machine)
+    pred = machine.predict(params, terms, pts)
     if len(pts) >= 2 * k:
         held, fitted = held_out_predictions(pts, machine, terms, k)
     else:

@@ -258,6 +258,17 @@ def decode_like(new, prefix) -> np.ndarray:
     return (np.asarray(prefix) > 0) & (np.asarray(new) <= DECODE_MAX_NEW)
 
 
+def by_phase(on_decode, fits, seconds):
+    """`seconds(fit)` of a class's (decode, prefill) fits: decode's where `on_decode`, prefill's
+    elsewhere (one call where both are one fit). time.op_seconds (per point) and
+    steps.PathLaunches (a launch whose rows are all decode-like) choose by it."""
+    decode, prefill = fits
+    t_prefill = seconds(prefill)
+    if decode is prefill:
+        return t_prefill
+    return np.where(on_decode, seconds(decode), t_prefill)
+
+
 def _tile(op: str, terms) -> int:
     """Query rows (and keys) of one attention tile under these terms."""
     if op == "indexer":

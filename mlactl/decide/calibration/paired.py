@@ -25,8 +25,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from mlactl.decide.calibration.model import predict
-
 ITERATIONS = 4
 
 
@@ -69,7 +67,7 @@ def fit_paired(groups: dict, keys: list, machine, select_one) -> tuple[list, dic
             pts = replace(groups[k], time_s=raw[k] / np.exp(drift[rows]))
             results[k] = select_one(k, pts)
             r = results[k]
-            fitted = predict(r.params, r.terms, groups[k], machine.peak, machine.bandwidth, machine.sm_count)
+            fitted = machine.predict(r.params, r.terms, groups[k])
             for i, v in zip(rows, np.log(raw[k] / fitted)):
                 logs[i].append(v)
         # a shape measured on one path only has no pair to tell drift from misfit: left alone

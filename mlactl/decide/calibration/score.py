@@ -34,6 +34,7 @@ import numpy as np
 from mlactl.decide.calibration import basis as basis_mod
 from mlactl.decide.calibration import uncertainty as u
 from mlactl.decide.calibration.estimate import spread_of
+from mlactl.decide.calibration.fit import rel_errors, summary
 from mlactl.decide.calibration.model import Points, decode_like
 from mlactl.decide.calibration.store import kernel_of, phase_of, transfer_source
 from mlactl.util import safe
@@ -140,8 +141,8 @@ def predicted(calibration, key: tuple[str, str, str], pts: Points, intervals: bo
         t[rows] = spread.time
         inside[rows] = spread.basis == basis_mod.MEASURED
         if spread.has_interval and intervals:  # widened to hold the point value, as printed intervals are
-            a, b = u.percentiles(spread.scenarios(u.draws(0, len(spread.alternatives))))
-            lo[rows], hi[rows] = np.minimum(a, spread.time), np.maximum(b, spread.time)
+            d = u.draws(0, len(spread.alternatives))
+            lo[rows], hi[rows] = u.interval_around(spread.scenarios(d), spread.time)
         else:
             lo[rows], hi[rows] = np.nan, np.nan
     return Predicted(t, lo, hi, inside, tuple(dict.fromkeys(used)))
@@ -154,15 +155,15 @@ def score_group(calibration, key: tuple[str, str, str], pts: Points) -> Score:
         return Score(op, source, dtype, len(pts), note=uncovered(calibration, op, dtype))
     y = np.asarray(pts.time_s, dtype=np.float64)
     ratio = p.time / y - 1.0
-    err = np.abs(ratio)
+    err = summary(np.abs(ratio))
     covered = np.isfinite(p.lo)
     return Score(
         op,
         source,
         dtype,
         len(pts),
-        float(np.median(err)),
-        float(np.percentile(err, 90)),
+        err["median"],
+        err["p90"],
         float(np.median(ratio)),
         float(np.mean((p.lo <= y) & (y <= p.hi))) if covered.all() else None,
         float(np.mean(p.inside)),
@@ -199,7 +200,7 @@ def panels(calibration, groups: dict) -> list[dict]:
         roof = np.concatenate([r for _, _, r in parts])
         lo = np.concatenate([p.lo for _, p, _ in parts])
         hi = np.concatenate([p.hi for _, p, _ in parts])
-        err, roof_err = np.abs(t / y - 1), np.abs(roof / y - 1)
+        err, roof_err = summary(rel_errors(t, y)), summary(rel_errors(roof, y))
         inside = (lo <= y) & (y <= hi)
         out.append(
             {
@@ -210,9 +211,9 @@ def panels(calibration, groups: dict) -> list[dict]:
                 "lo_s": lo.tolist(),
                 "hi_s": hi.tolist(),
                 "roofline_s": roof.tolist(),
-                "median": float(np.median(err)),
-                "p90": float(np.percentile(err, 90)),
-                "roofline_median": float(np.median(roof_err)),
+                "median": err["median"],
+                "p90": err["p90"],
+                "roofline_median": roof_err["median"],
                 "coverage": float(np.mean(inside)) if np.isfinite(lo).all() else None,
             }
         )

@@ -191,15 +191,15 @@ def select(
     gathered (mlactl.decide.calibration.uncertainty). Returns (best FitResult, every FitResult
     tried, the first candidate first)."""
 
-    tried, scored, best = [], [], None
+    tried: list = []
+    best = None
 
     def consider(terms):
         nonlocal best
         result = fit(pts, machine, terms, source, dtype, k or K_FOLDS)
         tried.append(result)
-        scored.append((selection_score(result), result))
-        if best is None or better(result, best[1]):
-            best = (selection_score(result), result)
+        if best is None or better(result, best):
+            best = result
 
     tries = [t for t in candidates if op_tries(op, t, machine, source)] or list(candidates)  # `--terms`: as given
     for terms in dict.fromkeys(relevant_terms(op, t) for t in tries):
@@ -209,9 +209,8 @@ def select(
             for extra in PROJECTION_EXTRAS:
                 consider(base + extra)
     assert best is not None  # `tries` is never empty
-    chosen = best[1]
-    members = members_of(scored, chosen)
-    return replace(chosen, extra=evidence(chosen, members, pts, machine)), tried
+    members = members_of([(selection_score(r), r) for r in tried], best)
+    return replace(best, extra=evidence(best, members, pts, machine)), tried
 
 
 def fit_groups(groups: dict, machine, *, select_terms: bool = True, k: int | None = None, terms=None) -> list:

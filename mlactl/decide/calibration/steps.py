@@ -32,6 +32,7 @@ import numpy as np
 from mlactl.decide.calibration.model import (
     PROJECTIONS,
     added_seconds,
+    by_phase,
     combined,
     components,
     decode_like,
@@ -251,11 +252,9 @@ class PathLaunches:
                 f = add[self.roof_at + c.k]
                 b = add[self.roof_at + k_ops + c.k] + most[self.roof_most + c.k]
                 launch = roofline_time(f, b, self.cal_peak, self.bandwidth)
-            elif c.decode is c.prefill:
-                launch = self._launch(c.name, c.prefill, add, most)
             else:
-                launch = np.where(
-                    all_decode, self._launch(c.name, c.decode, add, most), self._launch(c.name, c.prefill, add, most)
+                launch = by_phase(
+                    all_decode, (c.decode, c.prefill), lambda p, cls=c.name: self._launch(cls, p, add, most)
                 )
             total[c.k] = np.where(any_row, launch, 0.0)
         return total

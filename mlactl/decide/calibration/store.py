@@ -41,6 +41,7 @@ from mlactl.decide.calibration.terms import (  # noqa: F401  (the ranges and eta
     PARAMS,
     PATH_CLASSES,
     SECONDS_MAX,
+    SIZES,
     TERMS,
     Terms,
     eta_limit,
@@ -298,24 +299,15 @@ def _params_rule(fit: dict, where: str) -> None:
         expected = S.number(lo, maximum=hi)(value)
         if expected is not None:
             raise S.Invalid(f"{at}.{key}", expected, value)
-    if terms.l2:  # the GPU's L2 in bytes, or null (no L2 size: the term does nothing)
-        l2 = params.get("l2_bytes")
-        expected = None if l2 is None else S.number(1.0, maximum=L2_BYTES_MAX)(l2)
+    for size in SIZES:  # the GPU's sizes the terms use, each a number or null (not known: the term does nothing)
+        value = params.get(size.name)
+        if size.term not in terms or value is None:
+            continue
+        expected = S.number(1.0, maximum=size.maximum)(value)
+        if expected is None and size.whole and value != int(value):
+            expected = "a whole number"
         if expected is not None:
-            raise S.Invalid(f"{at}.l2_bytes", expected, params.get("l2_bytes"))
-    if terms.chunk:  # the indexer's logits budget in bytes, or null (no memory size: nothing chunks)
-        budget = params.get("logits_budget_bytes")
-        expected = None if budget is None else S.number(1.0, maximum=BUDGET_BYTES_MAX)(budget)
-        if expected is not None:
-            raise S.Invalid(f"{at}.logits_budget_bytes", expected, budget)
-    if terms.hblock:  # the sparse kernel's head and key blocks, or null (unknown GPU: the term does nothing)
-        for key in ("head_block", "key_block"):
-            value = params.get(key)
-            expected = None if value is None else S.number(1.0, maximum=BLOCK_MAX)(value)
-            if expected is None and value is not None and value != int(value):
-                expected = "a whole number"
-            if expected is not None:
-                raise S.Invalid(f"{at}.{key}", expected, value)
+            raise S.Invalid(f"{at}.{size.name}", expected, value)
     if terms.near:
         expected = _near(params.get("near"))
         if expected is not None:

@@ -173,6 +173,27 @@ PARAMS = {p.name: p for p in BASE_PARAMS + tuple(p for t in TERM_LIST for p in t
 BASE_TERMS = ("fixed",)
 
 
+@dataclass(frozen=True)
+class Size:
+    """A size of the GPU a term divides the shapes by, kept in a fit's params under `name` (not
+    fitted): null where not known (the term does nothing), else in [1, maximum], whole where `whole`."""
+
+    term: str
+    name: str
+    maximum: float
+    whole: bool = False
+
+
+# every such size, in the order a fit's params keep them: the GPU's L2 in bytes, its indexer's
+# logits budget in bytes, its sparse attention kernel's head and key blocks
+SIZES = (
+    Size("l2", "l2_bytes", L2_BYTES_MAX),
+    Size("chunk", "logits_budget_bytes", BUDGET_BYTES_MAX),
+    Size("hblock", "head_block", BLOCK_MAX, whole=True),
+    Size("hblock", "key_block", BLOCK_MAX, whole=True),
+)
+
+
 def scoped(*classes: str) -> tuple[str, ...]:
     """The terms that act on these op classes only (on no other)."""
     return tuple(t.name for t in TERM_LIST if set(t.scope) <= set(classes))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlactl.decide.calibration.model import decode_like, op_class, predict
+from mlactl.decide.calibration.model import by_phase, decode_like, op_class, predict
 from mlactl.decide.calibration.sources import points_for
 from mlactl.decide.calibration.steps import PathLaunches
 from mlactl.decide.calibration.store import Fit, Model, fit_dtype  # noqa: F401  (fit_dtype: re-exported)
@@ -60,12 +60,10 @@ def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batc
     fits = calibration.class_fits(cost, cls)
     if fits is None:
         return None
-    decode, prefill = fits
-    t_prefill = calibrated_seconds(cost, hw, calibration.peak(hw), prefill, cls, batch, new, prefix, path)
-    if decode is prefill:
-        return t_prefill
-    t_decode = calibrated_seconds(cost, hw, calibration.peak(hw), decode, cls, batch, new, prefix, path)
-    return np.where(decode_like(new, prefix), t_decode, t_prefill)
+    peak = calibration.peak(hw)
+    return by_phase(
+        decode_like(new, prefix), fits, lambda f: calibrated_seconds(cost, hw, peak, f, cls, batch, new, prefix, path)
+    )
 
 
 def missing_ops(calibration, paths=MLA_PATHS) -> list[str]:
@@ -150,19 +148,16 @@ def batch_time(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, c
     for path in cost.choices:
         rows = np.asarray(paths) == path
         if rows.any():
-            launch = _one_launch(cost, hw, calibration, path, count[rows], new[rows], prefix[rows])
+            launch = PathLaunches(cost, hw, calibration, path, new[rows], prefix[rows], count=count[rows])
             total += float(launch.seconds([0])[0])
     return total
-
-
-def _one_launch(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> PathLaunches:
-    return PathLaunches(cost, hw, calibration, path, new, prefix, count=count)
 
 
 def launch_parts(cost: CostModel, hw: HardwareProfile, calibration, path: str, count, new, prefix) -> list[float]:
     """Calibrated seconds of one launch per op over request rows (`count` requests each), op by
     op in cost.ops's order (one entry for a whole-path fit): steps.PathLaunches over one group."""
-    return _one_launch(cost, hw, calibration, path, count, new, prefix).class_seconds([0])[:, 0].tolist()
+    launch = PathLaunches(cost, hw, calibration, path, new, prefix, count=count)
+    return launch.class_seconds([0])[:, 0].tolist()
 
 
 def own_times(cost: CostModel, hw: HardwareProfile, calibration, new, prefix, count) -> dict[str, np.ndarray]:

@@ -49,13 +49,13 @@ from pathlib import Path
 
 from mlactl import __version__
 from mlactl import profiles as shipped_profiles
-from mlactl.decide.calibration import store
+from mlactl.decide.calibration import run, store
 from mlactl.decide.calibration import uncertainty as u
+from mlactl.decide.calibration.fit import gpu_sizes
 from mlactl.decide.calibration.model import (
     ATTENTION_CLASSES,
     SPARSE_REUSE,
     TILE_ROWS,
-    logits_budget,
     sparse_blocks,
 )
 from mlactl.decide.calibration.store import Calibration, eta_limit, safe_name, validate
@@ -217,16 +217,11 @@ def _retarget(model: dict, target: HardwareProfile, step: float = 1.0, memory: f
         out["params"]["t_iter_s"] = out["params"]["t_iter_s"] * step
     if memory != 1.0 and "eta_m" in out["params"]:
         out["params"]["eta_m"] = min(out["params"]["eta_m"] * memory, eta_limit(dtype))
-    if "l2" in out["terms"]:
-        out["params"]["l2_bytes"] = target.l2_bytes
-    if "chunk" in out["terms"]:
-        out["params"]["logits_budget_bytes"] = logits_budget(target.memory_bytes)
-    if "hblock" in out["terms"]:
-        arch = family(target)
-        out["params"]["head_block"], out["params"]["key_block"] = sparse_blocks(arch) or (None, None)
-        if arch in SPARSE_REUSE:  # the kernel's reads on the target's architecture
-            terms = [t for t in out["terms"] if t != "reuse"]
-            out["terms"] = terms + ["reuse"] if SPARSE_REUSE[arch] else terms
+    arch = family(target)
+    out["params"].update(gpu_sizes(out["terms"], target.l2_bytes, target.memory_bytes, arch))
+    if "hblock" in out["terms"] and arch in SPARSE_REUSE:  # the kernel's reads on the target's architecture
+        terms = [t for t in out["terms"] if t != "reuse"]
+        out["terms"] = terms + ["reuse"] if SPARSE_REUSE[arch] else terms
     return out
 
 
@@ -486,12 +481,7 @@ def transfer(
     data.update(
         name=safe_name(name or f"{target.name}-from-{cal.name}"),
         hardware=target.name,
-        ceilings={
-            "peak_flops": target.peak_flops(dtype),
-            "bandwidth_bytes_per_s": target.bandwidth,
-            "sm_count": target.sm_count,
-            "dtype": dtype,
-        },
+        ceilings=run.ceilings(target, dtype),
         created=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         mlactl_version=__version__,
         fits=fits,

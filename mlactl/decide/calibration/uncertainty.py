@@ -180,6 +180,12 @@ def percentiles(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
+def interval_around(samples: np.ndarray, time) -> tuple[np.ndarray, np.ndarray]:
+    """The interval over the draws (`percentiles`) widened to hold the point value `time`, as mlactl prints it."""
+    lo, hi = percentiles(samples)
+    return np.minimum(lo, time), np.maximum(hi, time)
+
+
 def interval(spread: OpSpread, key: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
     """An op's own 80% interval; None where it has none (too few points to have held out any)."""
     if not spread.has_interval:
