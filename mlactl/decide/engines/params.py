@@ -246,7 +246,7 @@ class EngineParams:
         raise NotImplementedError
 
     def step_counts(self, new, prefix, count, step, decode) -> np.ndarray:
-        """[R, 3]: how many of each row's `count` requests run each of `paths`."""
+        """[R, 3]: how many of each row's `count` requests run each of `paths` (rows as_rows gives)."""
         raise NotImplementedError
 
     def chunk_sizes(self, prefills_with_context) -> np.ndarray | None:
@@ -258,6 +258,17 @@ class EngineParams:
 def is_decode(new, prefix) -> np.ndarray:
     """One new token after a cached prefix: mlactl's convention for a decode."""
     return (np.asarray(new) == 1) & (np.asarray(prefix) > 0)
+
+
+def as_rows(new, prefix, count=None, step=None, decode=None) -> tuple[np.ndarray, ...]:
+    """Rows of many steps as arrays: new and cached tokens, the alike requests each row stands
+    for (default 1), its step (default: all one step), whether it is a decode (default:
+    is_decode; vLLM: done prefilling)."""
+    new, prefix = np.asarray(new, dtype=np.int64), np.asarray(prefix, dtype=np.int64)
+    count = np.ones(len(new), dtype=np.int64) if count is None else np.asarray(count, dtype=np.int64)
+    step = np.zeros(len(new), dtype=np.int64) if step is None else np.asarray(step, dtype=np.int64)
+    decode = is_decode(new, prefix) if decode is None else np.asarray(decode, dtype=bool)
+    return new, prefix, count, step, decode
 
 
 def _show(value) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlactl.decide.engines.params import EngineParams, is_decode
+from mlactl.decide.engines.params import EngineParams, as_rows, is_decode
 
 __all__ = ["is_decode"]  # mlactl's convention for a decode, beside the path functions
 
@@ -30,9 +30,7 @@ def step_counts(p: EngineParams, new, prefix, count=None, step=None, decode=None
     expand_chunked; for a DSA model sparse_absorb, dense_expand, masked_expand), for rows of many
     steps (`step`: the step of each row; `decode`: SGLang's decode rows, vLLM's requests done
     prefilling; default one new token after a prefix)."""
-    new = np.asarray(new, dtype=np.int64)
-    count = np.ones(len(new), dtype=np.int64) if count is None else np.asarray(count, dtype=np.int64)
-    return p.step_counts(new, prefix, count, step, decode)
+    return p.step_counts(*as_rows(new, prefix, count, step, decode))
 
 
 def step_paths(p: EngineParams, new, prefix, count=None, step=None, decode=None) -> np.ndarray:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from mlactl.decide.engines.params import DSA_PATH_NAMES, Context, EngineParams, Swept, is_decode
+from mlactl.decide.engines.params import DSA_PATH_NAMES, Context, EngineParams, Swept, as_rows, is_decode
 from mlactl.decide.engines.rulesets import Default, RuleSet, SGLangBackend, SGLangDSA
 from mlactl.util.errors import MlactlError
 
@@ -184,11 +184,8 @@ class SGLangParams(EngineParams, family="sglang"):
         Returns:
             [R] path names.
         """
-        new, prefix = np.asarray(new, dtype=np.int64), np.asarray(prefix, dtype=np.int64)
+        new, prefix, count, step, decode = as_rows(new, prefix, count, step, decode)
         n = len(new)
-        count = np.ones(n, dtype=np.int64) if count is None else np.asarray(count, dtype=np.int64)
-        step = np.zeros(n, dtype=np.int64) if step is None else np.asarray(step, dtype=np.int64)
-        decode = is_decode(new, prefix) if decode is None else np.asarray(decode, dtype=bool)
         out = np.full(n, self.decode_path, dtype=object)
         if n == 0:
             return out.astype(str)

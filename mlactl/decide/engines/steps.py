@@ -237,11 +237,7 @@ def step_codes(e: Engine, new, prefix, step, decode, nsteps: int, threshold=None
     if len(step) > 1 and (np.diff(step) < 0).any():
         raise MlactlError("internal error: replay's rows are not grouped by step")
     out = np.full(len(step), path_code(e, decode_path(e)) if len(step) and not all_steps else 0, dtype=np.int8)
-    if all_steps:
-        ask = np.ones(len(step), dtype=bool)
-    else:
-        chunky = np.bincount(step, weights=~decode, minlength=nsteps) > 0
-        ask = chunky[step]
+    ask = np.ones(len(step), dtype=bool) if all_steps else _in_chunk_steps(step, decode, nsteps)
     where = np.flatnonzero(ask)
     t = None if threshold is None else np.asarray(threshold)
     lo = 0
@@ -309,22 +305,11 @@ def breakpoints(e: Engine, new, prefix, step, decode, nsteps: int) -> tuple[np.n
         at = new > 1
         pairs = np.unique(np.stack([step[at], new[at]], axis=1), axis=0) if at.any() else np.zeros((0, 2), np.int64)
         return pairs[:, 0], pairs[:, 1]
-    extend = ~decode
-    if e.mixed_chunk:
-        has_chunk = np.bincount(step, weights=~decode, minlength=nsteps) > 0
-        extend = has_chunk[step]
+    extend = _extend_rows(e, step, decode, nsteps)
     sums = np.bincount(step, weights=np.where(extend, prefix, 0), minlength=nsteps).astype(np.int64)
     has = np.bincount(step, weights=extend, minlength=nsteps) > 0
-    steps = np.flatnonzero(has & (sums > 0))
-    if len(steps):  # only where the rule reads it: not inside the prefill graph, for one
-        ask = np.isin(step, steps)
-        low, high = (
-            step_codes(e, new[ask], prefix[ask], step[ask], decode[ask], nsteps, np.full(int(ask.sum()), t))
-            for t in (1, THRESHOLD_MAX)
-        )
-        moved = np.zeros(nsteps, dtype=bool)
-        moved[step[ask][low != high]] = True
-        steps = steps[moved[steps]]
+    # only where the rule reads it: not inside the prefill graph, for one
+    steps = _moved(e, new, prefix, step, decode, nsteps, np.flatnonzero(has & (sums > 0)), THRESHOLD_MAX)
     return steps, sums[steps] + 1
 
 
@@ -332,23 +317,36 @@ def _dense_breakpoints(e: Engine, new, prefix, step, decode, nsteps: int) -> tup
     """SGLang's dense threshold on a DSA model: an extend batch runs dense MHA from t = its
     longest sequence S (S <= t), where its other conditions hold: a change at S, for the steps
     whose paths differ between 1 and index_topk (the most the threshold takes)."""
-    extend = ~decode
-    if e.mixed_chunk:
-        has_chunk = np.bincount(step, weights=~decode, minlength=nsteps) > 0
-        extend = has_chunk[step]
+    extend = _extend_rows(e, step, decode, nsteps)
     longest = np.zeros(nsteps, dtype=np.int64)
     np.maximum.at(longest, step[extend], (prefix + new)[extend])
-    steps = np.flatnonzero(longest > 1)
-    if len(steps):
-        ask = np.isin(step, steps)
-        low, high = (
-            step_codes(e, new[ask], prefix[ask], step[ask], decode[ask], nsteps, np.full(int(ask.sum()), t))
-            for t in (1, e.threshold_max)
-        )
-        moved = np.zeros(nsteps, dtype=bool)
-        moved[step[ask][low != high]] = True
-        steps = steps[moved[steps]]
+    steps = _moved(e, new, prefix, step, decode, nsteps, np.flatnonzero(longest > 1), e.threshold_max)
     return steps, longest[steps]
+
+
+def _in_chunk_steps(step, decode, nsteps: int) -> np.ndarray:
+    """[rows]: whether the row's step has a prompt chunk."""
+    return (np.bincount(step, weights=~decode, minlength=nsteps) > 0)[step]
+
+
+def _extend_rows(e: Engine, step, decode, nsteps: int) -> np.ndarray:
+    """[rows]: the rows of each step's extend batch (SGLang): its prompt chunks, and with
+    enable_mixed_chunk every row of a step that has one."""
+    return _in_chunk_steps(step, decode, nsteps) if e.mixed_chunk else ~decode
+
+
+def _moved(e: Engine, new, prefix, step, decode, nsteps: int, steps: np.ndarray, top) -> np.ndarray:
+    """Those of `steps` whose paths differ between the thresholds 1 and `top`."""
+    if not len(steps):
+        return steps
+    ask = np.isin(step, steps)
+    low, high = (
+        step_codes(e, new[ask], prefix[ask], step[ask], decode[ask], nsteps, np.full(int(ask.sum()), t))
+        for t in (1, top)
+    )
+    moved = np.zeros(nsteps, dtype=bool)
+    moved[step[ask][low != high]] = True
+    return steps[moved[steps]]
 
 
 def paths(e: Engine | None = None) -> tuple[str, ...]:

@@ -45,6 +45,14 @@ class _Shapes:
     def __len__(self) -> int:
         return len(self.new)
 
+    def paths(self, p: EngineParams) -> np.ndarray:
+        """The path rule `p` gives each shape."""
+        return grid_paths(p, self.batch, self.new, self.prefix)
+
+    def cost(self, paths, times: dict[str, np.ndarray]) -> np.ndarray:
+        """Each shape's time on `paths` (one per shape, or one path for all), times its weight."""
+        return time_of(np.full(len(self), paths) if isinstance(paths, str) else paths, times) * self.weight
+
 
 def _split_sums(keys: np.ndarray, below: np.ndarray, above: np.ndarray, at: np.ndarray) -> np.ndarray:
     """For each threshold in `at`: the sum of `below` over keys < it plus the sum of `above` over
@@ -56,6 +64,12 @@ def _split_sums(keys: np.ndarray, below: np.ndarray, above: np.ndarray, at: np.n
     tail = np.concatenate([np.cumsum(above[order][::-1])[::-1], [0.0]])  # tail[i] = sum of above[i:]
     i = np.searchsorted(k, at, side="left")
     return head[i] + tail[i]
+
+
+def _totals(keys, below, above, candidates, current, fixed: float = 0.0) -> tuple[np.ndarray, float]:
+    """`fixed` plus `_split_sums` at each of the candidate thresholds, and at the one in force."""
+    sums = fixed + _split_sums(keys, below, above, np.append(candidates, current))
+    return sums[:-1], float(sums[-1])
 
 
 def _swept(p: EngineParams, option: str, current: int, now: float, candidates, totals, lows, highs) -> Sweep:
@@ -73,20 +87,16 @@ def sweep_sglang(p: SGLangParams, wl: _Shapes, times: dict[str, np.ndarray]) -> 
     None where the threshold moves no shape (its backend ignores it, the chunked prefix cache is
     off, or every shape is a decode, has no prefix, or runs inside the prefill graph)."""
     s = wl.batch * wl.prefix
-    low, high = replace(p, threshold=1), replace(p, threshold=np.iinfo(np.int64).max)
-    mha = time_of(grid_paths(low, wl.batch, wl.new, wl.prefix), times) * wl.weight
-    mla = time_of(grid_paths(high, wl.batch, wl.new, wl.prefix), times) * wl.weight
-    movable = (grid_paths(low, wl.batch, wl.new, wl.prefix) != grid_paths(high, wl.batch, wl.new, wl.prefix)) & (s > 0)
+    mha, mla = wl.paths(replace(p, threshold=1)), wl.paths(replace(p, threshold=np.iinfo(np.int64).max))
+    movable = (mha != mla) & (s > 0)
     if not movable.any():  # its backend ignores the threshold, or no shape has a prefix it can move
         return None
-    fixed = float(
-        np.sum(np.where(movable, 0.0, time_of(grid_paths(p, wl.batch, wl.new, wl.prefix), times) * wl.weight))
-    )
+    fixed = float(np.sum(np.where(movable, 0.0, wl.cost(wl.paths(p), times))))
     sm = s[movable]
     values = np.unique(sm)
     candidates = np.append(values, values[-1] + 1 if len(values) else max(p.threshold, 1))
-    totals = fixed + _split_sums(sm, mla[movable], mha[movable], candidates)
-    now = float(fixed + _split_sums(sm, mla[movable], mha[movable], np.array([p.threshold]))[0])
+    below, above = wl.cost(mla, times)[movable], wl.cost(mha, times)[movable]
+    totals, now = _totals(sm, below, above, candidates, p.threshold, fixed)
     lows = np.append([1], values + 1)[: len(candidates)]
     highs: list = [int(v) for v in values] + [None]
     return _swept(p, p.swept.option, p.threshold, now, candidates, totals, lows, highs)
@@ -97,15 +107,13 @@ def sweep_vllm(p: VLLMParams, wl: _Shapes, times: dict[str, np.ndarray]) -> Swee
     t in [n_k, n_(k+1)) gives the same paths, so t = 1 and each distinct query length are all the
     choices there are. None for a DSA rule where decodes and prefills run the same path."""
     decode_path = p.paths[0]  # absorb; a DSA model's sparse_absorb
-    as_prefill = grid_paths(replace(p, threshold=0), wl.batch, wl.new, wl.prefix)
+    as_prefill = wl.paths(replace(p, threshold=0))
     if p.is_dsa and not (as_prefill != decode_path).any():
         return None
-    absorb = time_of(np.full(len(wl), decode_path), times) * wl.weight
-    prefill = time_of(as_prefill, times) * wl.weight
     candidates = np.unique(np.append(wl.new, 1))
     # total(t) = absorb over n <= t (n < t + 1) + prefill over n > t
-    totals = _split_sums(wl.new, absorb, prefill, candidates + 1)
-    now = float(_split_sums(wl.new, absorb, prefill, np.array([p.threshold + 1]))[0])
+    absorb, prefill = wl.cost(decode_path, times), wl.cost(as_prefill, times)
+    totals, now = _totals(wl.new, absorb, prefill, candidates + 1, p.threshold + 1)
     lows = candidates
     highs: list = [int(x) - 1 for x in candidates[1:]] + [None]
     return _swept(p, p.swept.option, p.threshold, now, candidates, totals, lows, highs)
@@ -117,19 +125,16 @@ def sweep_sglang_dsa(p: SGLangParams, wl: _Shapes, times: dict[str, np.ndarray])
     gives the same paths, so t = 0 and each distinct S are all the choices there are, up to the
     model's index_topk. None where no shape can run dense."""
     seq = wl.prefix + wl.new
-    movable = grid_paths(replace(p, dense_threshold=p.topk), wl.batch, wl.new, wl.prefix) == "dense_expand"
+    movable = wl.paths(replace(p, dense_threshold=p.topk)) == "dense_expand"
     if not movable.any():
         return None
-    current = grid_paths(p, wl.batch, wl.new, wl.prefix)
-    fixed = float(np.sum(np.where(movable, 0.0, time_of(current, times) * wl.weight)))
-    dense = time_of(np.full(len(wl), "dense_expand"), times)[movable] * wl.weight[movable]
-    sparse = time_of(np.full(len(wl), "sparse_absorb"), times)[movable] * wl.weight[movable]
+    fixed = float(np.sum(np.where(movable, 0.0, wl.cost(wl.paths(p), times))))
+    dense, sparse = wl.cost("dense_expand", times)[movable], wl.cost("sparse_absorb", times)[movable]
     sm = seq[movable]
     values = np.unique(sm)
     candidates = np.concatenate([[0], values])
     # total(t) = dense over S <= t (S < t + 1) + sparse over S > t
-    totals = fixed + _split_sums(sm, dense, sparse, candidates + 1)
-    now = float(fixed + _split_sums(sm, dense, sparse, np.array([p.dense_threshold + 1]))[0])
+    totals, now = _totals(sm, dense, sparse, candidates + 1, p.dense_threshold + 1, fixed)
     lows = candidates
     highs: list = [int(v) - 1 for v in values] + [p.topk]
     return _swept(p, p.swept.option, p.dense_threshold, now, candidates, totals, lows, highs)
@@ -147,10 +152,9 @@ def sweep_vllm_masked(p: VLLMParams, wl: _Shapes, times: dict[str, np.ndarray]) 
     seq = wl.prefix + wl.new
     prefill = wl.new > p.threshold
     fits = mask_fits(p, wl.batch, wl.new, np.minimum(wl.prefix, dsa_chunk(p)))
-    current = grid_paths(p, wl.batch, wl.new, wl.prefix)
-    masked_t = time_of(np.full(len(wl), "masked_expand"), times) * wl.weight
-    sparse_t = time_of(np.full(len(wl), "sparse_absorb"), times) * wl.weight
-    all_t = time_of(current, times) * wl.weight
+    masked_t = wl.cost("masked_expand", times)
+    sparse_t = wl.cost("sparse_absorb", times)
+    all_t = wl.cost(wl.paths(p), times)
     out = []
     low = 0
     for entry, high in zip(p.masked_row, buckets):
@@ -164,10 +168,9 @@ def sweep_vllm_masked(p: VLLMParams, wl: _Shapes, times: dict[str, np.ndarray]) 
         values = np.unique(q)
         off = int(values[-1]) + 1
         candidates = np.append(values, off)
-        # total(m) = sparse over Q < m + masked over Q >= m
-        totals = fixed + _split_sums(q, sparse_t[in_bucket], masked_t[in_bucket], candidates)
         cur = off if entry is None else int(entry)
-        now = float(fixed + _split_sums(q, sparse_t[in_bucket], masked_t[in_bucket], np.array([cur]))[0])
+        # total(m) = sparse over Q < m + masked over Q >= m
+        totals, now = _totals(q, sparse_t[in_bucket], masked_t[in_bucket], candidates, cur, fixed)
         lows = np.append(np.concatenate([[1], values[:-1] + 1]), off)
         highs: list = [int(v) for v in values] + [None]
         i = pick(candidates, totals, cur, lows, highs)

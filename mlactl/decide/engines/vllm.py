@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlactl.decide.engines.params import DSA_PATH_NAMES, Context, EngineParams, Swept
+from mlactl.decide.engines.params import DSA_PATH_NAMES, Context, EngineParams, Swept, as_rows
 from mlactl.decide.engines.rulesets import VLLMDSA, RuleSet, VLLMBackend
 from mlactl.util.errors import MlactlError
 
@@ -143,13 +143,9 @@ class VLLMParams(EngineParams, family="vllm"):
         """Per row of many steps: a [R, 3] count of the row's requests on each of self.paths (a row
         of alike requests can straddle the end of the decodes); `decode` marks the requests done
         prefilling."""
-        new, prefix = np.asarray(new, dtype=np.int64), np.asarray(prefix, dtype=np.int64)
         rows = len(new)
-        count = np.ones(rows, dtype=np.int64) if count is None else np.asarray(count, dtype=np.int64)
-        step = np.zeros(rows, dtype=np.int64) if step is None else np.asarray(step, dtype=np.int64)
         from_row = _expand_rows(count)
-        done_rows = None if decode is None else np.asarray(decode, dtype=bool)[from_row]
-        paths = request_paths(self, new[from_row], prefix[from_row], step[from_row], done_rows)
+        paths = request_paths(self, new[from_row], prefix[from_row], step[from_row], decode[from_row])
         out = np.zeros((rows, 3), dtype=np.int64)
         for j, name in enumerate(self.paths):
             out[:, j] = np.bincount(from_row, weights=paths == name, minlength=rows).astype(np.int64)
@@ -333,12 +329,10 @@ def request_paths(p: VLLMParams, new, prefix, step=None, done=None) -> np.ndarra
     """The path of each request of many steps (arrays of one entry per request, in the order
     the scheduler lists them; `step`: [N] int, the step of each, default all one; `done`: [N]
     bool, requests done prefilling, default one new token after a prefix)."""
-    q, ctx = np.asarray(new, dtype=np.int64), np.asarray(prefix, dtype=np.int64)
+    q, ctx, _, step, done = as_rows(new, prefix, None, step, done)
     n = len(q)
     if n == 0:
         return np.array([], dtype=str)
-    step = np.zeros(n, dtype=np.int64) if step is None else np.asarray(step, dtype=np.int64)
-    done = (q == 1) & (ctx > 0) if done is None else np.asarray(done, dtype=bool)
     t = p.threshold
     # keep each step's requests in their listed order, steps one after another
     order = np.lexsort((np.arange(n), step))
