@@ -39,7 +39,7 @@ from mlactl.decide.engines.params import DSA_PATH_NAMES, Context, EngineParams, 
 from mlactl.decide.engines.rulesets import VLLMDSA, RuleSet, VLLMBackend
 from mlactl.util.errors import MlactlError
 
-ABSORB, EXPAND, CHUNKED = "absorb", "expand", "expand_chunked"
+EXPAND, CHUNKED = "expand", "expand_chunked"
 SPARSE, DENSE, MASKED = "sparse_absorb", "dense_expand", "masked_expand"
 # Requests of one call expanded from their counts at most (a row of `count` alike requests is
 # that many requests, and the reorder moves each one): 8M requests is ~0.5 GB of int64 arrays.
@@ -157,8 +157,9 @@ class VLLMParams(EngineParams, family="vllm"):
         batch, new, prefix = np.broadcast_arrays(*(np.asarray(a, dtype=np.int64) for a in (batch, new, prefix)))
         if self.is_dsa:
             prefill = dsa_step_paths(self, batch, new, prefix + new, np.minimum(prefix, dsa_chunk(self)))
-            return np.where(new <= self.threshold, SPARSE, prefill)
-        return np.where(new <= self.threshold, ABSORB, np.where(prefix > 0, CHUNKED, EXPAND))
+        else:
+            prefill = np.where(prefix > 0, CHUNKED, EXPAND)
+        return np.where(new <= self.threshold, self.decode_path, prefill)
 
     def chunk_sizes(self, prefills_with_context) -> np.ndarray:
         return context_chunk(self, np.maximum(np.asarray(prefills_with_context, dtype=np.int64), 1))
@@ -274,8 +275,8 @@ def _dsa_rule(rs: RuleSet, d: VLLMDSA, values, ctx: Context, arch, b: VLLMBacken
     mha = d.mha and not force
     row = d.masked.get(b.name, {}).get(ctx.tp)
     dims = (ctx.heads * ctx.tp, ctx.kv_lora_rank, ctx.qk_nope_head_dim, ctx.qk_rope_head_dim, ctx.v_head_dim)
-    available = arch in d.masked_archs and kv in d.masked_kv_dtypes and dims == d.masked_dims
-    masked_ok = mha and available and dcp <= 1 and row is not None
+    off = _masked_off(d, arch, kv, dims, dcp, row, b.name, ctx.tp)
+    masked_ok = mha and off is None
     fields = dict(
         paths=DSA_PATH_NAMES,
         mha=mha,
@@ -303,8 +304,8 @@ def _dsa_rule(rs: RuleSet, d: VLLMDSA, values, ctx: Context, arch, b: VLLMBacken
         + (masked if masked_ok else "")
         + "else every token of the step runs the sparse MQA"
     )
-    if not masked_ok:
-        lines.append("no masked MHA: " + _masked_off(d, arch, kv, dims, dcp, row, b.name, ctx))
+    if off is not None:
+        lines.append("no masked MHA: " + off)
     lines.append(
         f"context expands in chunks of the {workspace:,}-token workspace (the sparse builder's), "
         f"rounded down to the {block}-token block; the indexer runs in full on every path"
@@ -312,8 +313,9 @@ def _dsa_rule(rs: RuleSet, d: VLLMDSA, values, ctx: Context, arch, b: VLLMBacken
     return lines, fields
 
 
-def _masked_off(d: VLLMDSA, arch, kv, dims, dcp, row, backend, ctx: Context) -> str:
-    """Why masked MHA never fires here (the first unmet condition of forward_impl's use_masked_mha)."""
+def _masked_off(d: VLLMDSA, arch, kv, dims, dcp, row, backend, tp: int) -> str | None:
+    """Why masked MHA never fires here (the first unmet condition of forward_impl's
+    use_masked_mha), or None where it may."""
     if arch not in d.masked_archs:
         return f"it needs SM100 and FlashAttention 4 (_is_masked_mha_available), not {arch}"
     if kv not in d.masked_kv_dtypes:
@@ -322,7 +324,9 @@ def _masked_off(d: VLLMDSA, arch, kv, dims, dcp, row, backend, ctx: Context) -> 
         return "it needs DeepSeek-V3.2's dims (128 heads over all GPUs, 512/128/64/128)"
     if dcp > 1:
         return "decode context parallelism is on"
-    return f"_DSV32_MASKED_MHA_THRESHOLDS has no row for {backend} at TP {ctx.tp}"
+    if row is None:
+        return f"_DSV32_MASKED_MHA_THRESHOLDS has no row for {backend} at TP {tp}"
+    return None
 
 
 def request_paths(p: VLLMParams, new, prefix, step=None, done=None) -> np.ndarray:
@@ -374,9 +378,10 @@ def request_paths(p: VLLMParams, new, prefix, step=None, done=None) -> np.ndarra
     all_decode = (qmax <= t) & (not uniform or t <= 1) & short_as_decodes
     decode = np.where(all_decode, True, np.where(q0 > t, False, decode))
     if p.is_dsa:
-        paths = dsa_prefill_paths(p, q, ctx, decode, sid, heads)
+        prefill = dsa_prefill_paths(p, q, ctx, decode, sid, heads)
     else:
-        paths = np.where(decode, ABSORB, np.where(ctx > 0, CHUNKED, EXPAND))
+        prefill = np.where(ctx > 0, CHUNKED, EXPAND)
+    paths = np.where(decode, p.decode_path, prefill)
     out = np.empty(n, dtype=paths.dtype)
     out[order[perm]] = paths
     return out
@@ -421,21 +426,21 @@ def dsa_chunk(p: VLLMParams) -> int:
 
 
 def dsa_prefill_paths(p: VLLMParams, q, ctx, decode, sid, heads) -> np.ndarray:
-    """Requests in step order after the reorder: decodes sparse, each step's prefills as one."""
+    """Requests in step order after the reorder: each step's prefills take one path, the path
+    of the step (a decode's entry is its step's too; request_paths sends decodes to decode_path)."""
     prefill = ~decode
     chunk = dsa_chunk(p)  # a context chunk's longest run of keys
 
     def per_step(values, reduce=np.maximum):
         return reduce.reduceat(np.where(prefill, values, 0), heads)[sid]
 
-    step = dsa_step_paths(
+    return dsa_step_paths(
         p,
         per_step(np.ones_like(q), np.add),
         per_step(q),
         per_step(q + ctx),
         per_step(np.minimum(ctx, chunk)),
     )
-    return np.where(decode, SPARSE, step)
 
 
 def _expand_rows(count: np.ndarray) -> np.ndarray:
