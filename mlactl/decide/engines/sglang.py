@@ -74,14 +74,19 @@ class SGLangParams(EngineParams, family="sglang"):
     def build(cls, name: str, rs: RuleSet, values: dict, given: tuple[str, ...], ctx: Context, fixed: dict):
         dsa: SGLangDSA | None = rs.dsa if ctx.model_kind == "dsa" else None  # type: ignore[assignment]
         why: list[str] = []
-        for key in BACKEND_KEYS if dsa else ():  # a DSA model runs only on the dsa backend
+        for key in BACKEND_KEYS:  # a DSA model runs only on the dsa backend, a dense one never
             used = values[key]
-            if used is not None and rs.backends[used].handler != "dsa":
+            if used is None or (rs.backends[used].handler == "dsa") == (dsa is not None):
+                continue
+            if dsa:
                 how = f"{name} fixes {key}={used}" if key in fixed else f"{key}={used}"
                 raise MlactlError(
                     f"{rs.name}: {ctx.model} is a DSA model, which SGLang runs on its dsa backend (nsa before the "
                     f"rename); {how} has no sparse attention (select {rs.engine} and leave the backend to the rule)"
                 )
+            raise MlactlError(
+                f"{rs.name}: {used} is the backend of DSA models (DeepSeek-V3.2); {ctx.model} is a dense MLA model"
+            )
         backend = values["attention_backend"]
         if backend is not None:
             head = f"{backend} (set)"
@@ -97,11 +102,6 @@ class SGLangParams(EngineParams, family="sglang"):
                 why.append(f"default {backend} not confirmed in the source (docs/engines.md)")
         prefill = values["prefill_attention_backend"] or backend
         decode = values["decode_attention_backend"] or backend
-        for used in () if dsa else (prefill, decode):
-            if rs.backends[used].handler == "dsa":
-                raise MlactlError(
-                    f"{rs.name}: {used} is the backend of DSA models (DeepSeek-V3.2); {ctx.model} is a dense MLA model"
-                )
         arch = ctx.arch
         if dsa and arch is None:
             why.append("architecture unknown: taken as sm90 (SGLang checks the device's SM)")
@@ -305,12 +305,20 @@ def _dsa_rule(rs: RuleSet, values, given, ctx: Context, arch, prefill, decode, f
     )
     if values[d.threshold_option] is None:
         lines.append(f"dense threshold {thr:,}: the model's index_topk ({d.threshold_option} not set)")
-    if arch not in d.archs:
-        lines.append(f"dense MHA runs only on SM90 and SM100: every batch sparse on {arch}")
-    if ctx.kv_dtype not in d.kv_dtypes:
-        lines.append(f"dense MHA needs a bf16 or fp8_e4m3 cache: every batch sparse with {ctx.kv_dtype}")
-    if cp:
-        lines.append(f"{d.cp_option}: every extend runs the sparse MQA")
+    # what keeps dense MHA off, whatever the batch (dense_ok: none of it)
+    off = [
+        why
+        for on, why in (
+            (arch in d.archs, f"dense MHA runs only on SM90 and SM100: every batch sparse on {arch}"),
+            (
+                ctx.kv_dtype in d.kv_dtypes,
+                f"dense MHA needs a bf16 or fp8_e4m3 cache: every batch sparse with {ctx.kv_dtype}",
+            ),
+            (not cp, f"{d.cp_option}: every extend runs the sparse MQA"),
+        )
+        if not on
+    ]
+    lines += off
     if max_tokens:
         lines.append(
             f"piecewise CUDA graph on: extend batches of <= {max_tokens} new tokens run sparse (MHA off in a graph)"
@@ -322,7 +330,6 @@ def _dsa_rule(rs: RuleSet, values, given, ctx: Context, arch, prefill, decode, f
     ignored = [k for k in MLA_ONLY if k in given]
     if ignored:
         lines.append(f"not read by the DSA rule: {', '.join(ignored)}")
-    dense_ok = arch in d.archs and ctx.kv_dtype in d.kv_dtypes and not cp
     return lines, dict(
         threshold=thr,
         capacity=cap,
@@ -330,7 +337,7 @@ def _dsa_rule(rs: RuleSet, values, given, ctx: Context, arch, prefill, decode, f
         graph_max_tokens=max_tokens,
         paths=DSA_PATH_NAMES,
         dense_threshold=thr,
-        dense_ok=dense_ok,
+        dense_ok=not off,
         topk=topk,
         dense_indexer=d.dense_indexer,
     )
