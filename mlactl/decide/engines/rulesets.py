@@ -211,10 +211,8 @@ def _sgl_options(backends, graph_flag: str, dsa: SGLangDSA) -> dict[str, Option]
         _server("flashinfer_mla_disable_ragged", "flashinfer and flashmla run every extend as MLA"),
         _server("enable_deterministic_inference", "fa3 and triton run every batch as MLA"),
         _server("enable_mixed_chunk", "decodes join the step's extend batch (their prefixes count in its sum)"),
-        Option(
+        _switch(
             "enable_prefill_context_parallel",
-            bool,
-            False,
             "prefill context parallelism: extends on fa3/flashinfer/flashmla run MLA",
             "python/sglang/srt/layers/utils/cp_utils.py mla_use_prefill_cp",
         ),
@@ -241,6 +239,11 @@ def _sgl_options(backends, graph_flag: str, dsa: SGLangDSA) -> dict[str, Option]
         ),
     ]
     return {o.name: o for o in opts}
+
+
+def _switch(name: str, help: str, source: str) -> Option:
+    """A setting that is off unless turned on."""
+    return Option(name, bool, False, help, source)
 
 
 def _server(name: str, help: str, kind: type = bool, default=False, note: str = "", **kw) -> Option:
@@ -461,10 +464,8 @@ def _vllm_options(backends, *, pcp: bool, force_mqa: bool) -> dict[str, Option]:
             f"{BACKEND} _init_reorder_batch_threshold (speculative_config)",
             maximum=1024,
         ),
-        Option(
+        _switch(
             "parallel_drafting",
-            bool,
-            False,
             "parallel drafting doubles k in the threshold: max(t, 1 + 2k)",
             f"{BACKEND} _init_reorder_batch_threshold",
         ),
@@ -491,10 +492,8 @@ def _vllm_options(backends, *, pcp: bool, force_mqa: bool) -> dict[str, Option]:
     ]
     if force_mqa:
         opts.append(
-            Option(
+            _switch(
                 "sparse_mla_force_mqa",
-                bool,
-                False,
                 "DSA: every token of a sparse MLA backend runs the sparse MQA (no dense or masked MHA)",
                 f"{MLA_ATTN} MLAAttention.forward_impl (attention_config.sparse_mla_force_mqa)",
             )
