@@ -1074,6 +1074,11 @@ def test_dgtile_pads_and_waves_with_deepgemm_tiles():
     assert plain == pytest.approx(2 * 512 * 1088 * 2048 * 396 / 272 / (0.5 * PEAK))
     assert tile_waves(pts, ("dgtile",), SMS)[0] == 1
     assert tile_waves(_kv(4096, 64), ("dgtile",), SMS)[0] == 16
+    # no rows, no CTAs: one wave, so `pipe` adds 0 / 1 of its lesser side (no FLOPs), not 0 / 0;
+    # what is left is reading the 512 x 2048 bf16 weight
+    assert tile_waves(_kv(0, 8), ("dgtile",), SMS)[0] == 1
+    zero = predict(params, ("pad", "waves", "pipe"), _kv(0, 8), PEAK, BW, SMS)[0]
+    assert zero == pytest.approx(512 * 2048 * 2 / (1e9 * BW))
     # not a DeepGEMM GEMM: a per-head BMM keeps the 64 x 128 tiles
     bmm = _out_absorb([1025])
     assert predict(params, ("pad", "waves", "dgtile"), bmm, PEAK, BW, SMS) == pytest.approx(

@@ -488,9 +488,10 @@ def tile_model(pts: Points, terms, sm_count: int | None, tile: int = TILE_ROWS) 
 
 
 def tile_waves(pts: Points, terms, sm_count: int, smooth: bool = False) -> np.ndarray:
-    """`pipe`: the tiles each SM runs one after another (waves of CTAs over the SMs)."""
+    """`pipe`: the tiles each SM runs one after another (waves of CTAs over the SMs), at least
+    one: a launch of no rows (0 CTAs) is one wave, not a division of its 0 seconds by 0."""
     ctas = tile_model(pts, terms, sm_count)[1]
-    return _whole(np.where(np.isfinite(ctas), ctas, 1.0) / sm_count, smooth)
+    return np.maximum(_whole(np.where(np.isfinite(ctas), ctas, 1.0) / sm_count, smooth), 1.0)
 
 
 def topk_rows(pts: Points) -> tuple[np.ndarray, np.ndarray]:

@@ -237,7 +237,7 @@ class PathLaunches:
             whole = points_for(self.cost, cls, 1, add[NEW], add[PREFIX], None, path=self.path)
         waves = None
         if terms.pipe and whole is not None and self.sm_count:
-            waves = np.maximum(np.reshape(tile_waves(whole, terms, self.sm_count), -1), 1.0)
+            waves = np.reshape(tile_waves(whole, terms, self.sm_count), -1)
         return combined(params, terms, p.fixed, added, t_c, memory, serial, waves,
                         scores if terms.scores else None, whole if near else None)  # fmt: skip
 
