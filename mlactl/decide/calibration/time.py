@@ -43,14 +43,13 @@ def calibrated_seconds(
     new,
     prefix,
     path: str | None = None,
-    smooth: bool = False,
 ) -> np.ndarray:
     """One op class's calibrated seconds (one layer) at the given points, as `path` runs it;
     `peak` is the one the fit divided by (Calibration.peak). `fit` is a fit of the calibration
-    file or one of its members; `smooth`: without its counts' steps."""
+    file or one of its members."""
 
     pts = points_for(cost, cls, batch, new, prefix, None, path=path)
-    return predict_fit(fit, cls, pts, peak, hw.bandwidth, hw.sm_count, smooth)
+    return predict_fit(fit, cls, pts, peak, hw.bandwidth, hw.sm_count)
 
 
 def op_seconds(cost: CostModel, hw: HardwareProfile, calibration, cls: str, batch, new, prefix, path=None):
