@@ -240,14 +240,8 @@ def _interval_sample(wl: Workload, times: dict[str, np.ndarray], rules: list) ->
         slowest = np.maximum(slowest, np.where(np.isfinite(t), t, 0.0))
     positive = slowest[slowest > 0]
     size = wl.weight * np.where(slowest > 0, slowest, positive.min() if len(positive) else 1.0)
-    prob = np.minimum(1.0, INTERVAL_SHAPES * size / size.sum())
-    for _ in range(8):  # the capped shapes' share goes to the rest
-        capped = prob >= 1.0
-        rest = size[~capped].sum()
-        if rest <= 0:
-            break
-        prob = np.where(capped, 1.0, np.minimum(1.0, (INTERVAL_SHAPES - capped.sum()) * size / rest))
-    keep = np.flatnonzero(np.random.default_rng(SAMPLE_SEED).random(n) < prob)
+    drawn, prob = uncertainty.poisson_sample(size, INTERVAL_SHAPES, SAMPLE_SEED)
+    keep = np.flatnonzero(drawn)
     return keep, wl.weight[keep] / prob[keep]
 
 

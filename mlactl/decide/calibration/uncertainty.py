@@ -193,6 +193,21 @@ def interval(spread: OpSpread, key: int = 0) -> tuple[np.ndarray, np.ndarray] | 
     return percentiles(spread.scenarios(draws(key, len(spread.alternatives))))
 
 
+def poisson_sample(size: np.ndarray, target: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(drawn, probability) of a seeded Poisson sample of about `target` of the items, each with
+    a probability proportional to its `size` (positive), capped at 1, the capped items' share
+    going to the rest. Weighting a drawn item by 1 / probability estimates a total without bias
+    (Horvitz-Thompson)."""
+    prob = np.minimum(1.0, target * size / size.sum())
+    for _ in range(8):
+        capped = prob >= 1.0
+        rest = size[~capped].sum()
+        if rest <= 0:
+            break
+        prob = np.where(capped, 1.0, np.minimum(1.0, (target - capped.sum()) * size / rest))
+    return np.random.default_rng(seed).random(len(size)) < prob, prob
+
+
 def calibrated_scale(base: np.ndarray, resid: np.ndarray, y: np.ndarray) -> float:
     """The factor on the residuals at which the draws' 80% interval holds 80% of `y` (the
     conformal step): with members and step choices in the draws as well as residuals, the

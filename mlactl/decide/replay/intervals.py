@@ -169,15 +169,7 @@ def step_weights(size: np.ndarray, target: int | None = None, seed: int = SAMPLE
         return np.ones(n)
     size = np.where(np.isfinite(size) & (size > 0), size, 0.0)
     floor = size[size > 0].min() if (size > 0).any() else 1.0
-    size = np.maximum(size, floor)
-    prob = np.minimum(1.0, target * size / size.sum())
-    for _ in range(8):
-        capped = prob >= 1.0
-        rest = size[~capped].sum()
-        if rest <= 0:
-            break
-        prob = np.where(capped, 1.0, np.minimum(1.0, (target - capped.sum()) * size / rest))
-    drawn = np.random.default_rng(seed).random(n) < prob
+    drawn, prob = u.poisson_sample(np.maximum(size, floor), target, seed)
     return np.where(drawn, 1.0 / prob, 0.0)
 
 
