@@ -154,6 +154,8 @@ class RuleSet:
     reorder_regions: int = 3
     # vLLM: the workspace rounded up to the block (align_mla_chunked_context_workspace_size)
     workspace_round_up: bool = False
+    # vLLM: its own cuda.py read (else its sm100 default, check_and_update_config's, is taken from a later one)
+    defaults_confirmed: bool = True
 
     @property
     def name(self) -> str:
@@ -532,22 +534,6 @@ _VLLM_PRIORITY = {
     "sm89": _NOT_SM100,
     "sm120": _NOT_SM100,
 }
-_VLLM_DEFAULTS_SRC = (
-    f"{CUDA} _get_backend_priorities (the first backend that accepts the architecture and cache "
-    "dtype) and check_and_update_config (sm100: FLASHINFER_MLA when qk_nope_head_dim is 128 and "
-    "DCP is off, else CUTLASS_MLA)"
-)
-
-
-def _vllm_defaults(confirmed: bool) -> tuple[Default, ...]:
-    note = "" if confirmed else " (read in a later cuda.py, 002db495; not read at this commit)"
-    return (
-        Default("sm90", "FLASH_ATTN_MLA", "first SM90 priority that takes the cache dtype", _VLLM_DEFAULTS_SRC),
-        Default("sm100", "FLASHINFER_MLA", "forced on sm100" + note, _VLLM_DEFAULTS_SRC, confirmed=confirmed),
-        Default("sm80", "TRITON_MLA", "the only MLA backend before SM90", _VLLM_DEFAULTS_SRC),
-        Default("sm89", "TRITON_MLA", "the only MLA backend before SM90", _VLLM_DEFAULTS_SRC),
-        Default("sm120", "TRITON_MLA", "the one MLA backend of the priorities that runs on SM120", _VLLM_DEFAULTS_SRC),
-    )
 
 
 def _vllm(
@@ -565,14 +551,13 @@ def _vllm(
     priorities every release has."""
     backends = _vllm_backends(flashinfer_dcp_varlen=flashinfer_dcp_varlen, sparse_builders=sparse_builders)
     options = _vllm_options(backends, pcp=pcp, force_mqa=force_mqa)
-    defaults = _vllm_defaults(kw.pop("defaults_confirmed"))
     return RuleSet(
         "vllm",
         version,
         source,
         options,
         backends,
-        defaults,
+        (),  # vLLM's default is worked out from the priorities (vllm.py _default), not listed
         aliases=VLLM_ALIASES,
         priorities=_VLLM_PRIORITY,
         model_kinds=("mla", "dsa"),

@@ -201,7 +201,7 @@ def _default(rs: RuleSet, ctx: Context, arch: str, dcp: int, sparse: bool, why: 
             name, reason = "FLASHINFER_MLA", "forced on sm100 (qk_nope_head_dim 128, DCP off)"
         else:
             name, reason = "CUTLASS_MLA", "sm100 with DCP or qk_nope_head_dim != 128"
-        if not next(d for d in rs.defaults if d.arch == "sm100").confirmed:
+        if not rs.defaults_confirmed:
             why.append(f"sm100 default {name} not confirmed at this commit (docs/engines.md)")
         return rs.backends[name], reason
     kind = [c for c in (rs.backends[n] for n in rs.priorities[arch]) if c.sparse == sparse]
