@@ -1,12 +1,13 @@
 """`mlactl calibrate`: its help offers what it has (and its old --version points to the new
 name), a missing option is named alone, and its table of fits (mlactl/output/calibrate_tables.py)
-fits 100 columns without folding a name, piped with every column."""
+fits 100 columns without folding a name, piped with every column; `calibrate list` says what
+each stored calibration is, and why one cannot be used."""
 
 import csv
 import json
 
 import pytest
-from conftest import plain, render, runner
+from conftest import error_line, plain, render, run, runner
 
 from mlactl.cli import app
 
@@ -87,3 +88,61 @@ def test_a_csv_of_sglangs_fp8_gemm_selects_as_the_aiconfigurator_path_and_extrap
     assert got["held_out"]["median"] <= 0.10 and got["held_out"]["p90"] <= 0.25
     best, _ = select(*key, pts, machine_for(hardware.from_name(SYSTEM_PROFILES["h200_sxm"])))
     assert got["terms"] == list(best.terms)
+
+
+def _stored(home, name, hardware_name, source=None):
+    """A calibration `name` for `hardware_name` saved in `home`, fitted (it says) on `source`."""
+    from mlactl.decide.calibration import store as cal_store
+
+    fit = {"op": "q_absorb", "source": "t", "dtype": "bf16", "terms": ["fixed"]}
+    data = {"schema": "mlactl.calibration", "schema_version": 1, "name": name, "hardware": hardware_name}
+    data |= {
+        "created": "2026-12-01T10:00:00Z",
+        "fits": [fit | {"params": {"t_fixed_s": 5e-6, "eta_c": 0.6, "eta_m": 0.8}}],
+    }
+    return cal_store.save(data | ({"source": source} if source else {}), home / "calibrations")
+
+
+def test_calibrate_list_says_what_each_calibration_is_and_why_one_cannot_be_used(home):
+    tables = {"kind": "aiconfigurator", "system": "h200_sxm", "framework": "sglang", "version": "0.5.14"}
+    _stored(home, "h200-sgl", "h200", tables | {"files": ["/x/mla_perf.parquet"]})
+    _stored(home, "mine", "h100-sxm", {"kind": "csv", "files": ["/data/my-h100.csv"], "model": "deepseek-v3"})
+    _, kept = _stored(home, "mine", "h100-sxm", {"kind": "results", "files": ["a.json", "b.json", "c.json"]})
+    run("calibrate", "transfer", "h200-sgl", "--hardware", "b300")
+    (home / "calibrations" / "broken.json").write_text("{}")
+
+    out = plain(run("calibrate", "list").stdout)
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]] for line in out.splitlines()
+            if line.startswith("│")}  # fmt: skip
+    assert rows["h200-sgl"][:3] == ["h200", "aiconfigurator h200_sxm sglang 0.5.14", "1"]
+    assert rows["b300-from-h200-sgl"][0] == "b300"  # its made-from cell folds (below, from the JSON)
+    assert rows["mine"][:2] == ["h100-sxm", "tune results a.json and 2 more"]  # the newest "mine"
+    assert rows[kept.stem][:2] == ["h100-sxm", "csv my-h100.csv"]  # the one it kept aside, by its own name
+    assert rows["mine"][3] == "2026-12-01T10:00:00Z"
+    assert "broken" not in rows
+    said = " ".join(out.split())  # the line below the table, however it folds
+    assert "cannot use broken: " in said and 'broken.json is not an mlactl calibration file (no "schema"' in said
+
+    doc = json.loads(run("calibrate", "list", "--format", "json").stdout)
+    assert doc["schema"] == "mlactl.calibrations" and doc["folder"] == str(home / "calibrations")
+    by_name = {e["name"]: e for e in doc["calibrations"]}
+    assert sorted(by_name) == sorted(["b300-from-h200-sgl", "broken", "h200-sgl", kept.stem, "mine"])
+    assert by_name["broken"]["calibration"] is None and "not an mlactl calibration" in by_name["broken"]["problem"]
+    moved = by_name["b300-from-h200-sgl"]
+    assert moved["made_from"] == "aiconfigurator h200_sxm sglang 0.5.14; transferred from h200 (h200-sgl)"
+    assert moved["calibration"]["transferred"] == {"from": "h200", "calibration": "h200-sgl", "to": "b300"}
+    assert moved["problem"] is None and moved["fits"] == 1 and moved["op_classes"] == ["q_absorb"]
+    # every name it lists is one --calibration takes
+    assert run("analyze", "--calibration", kept.stem, "--hardware", "h100-sxm").exit_code == 0
+
+
+def test_calibrate_list_of_an_empty_or_missing_folder(home, tmp_path):
+    def said(*args):
+        return " ".join(run("calibrate", "list", *args).stdout.split())  # as one line, however it folds
+
+    assert said() == f"no calibrations in {home / 'calibrations'} yet: `mlactl calibrate` writes them there"
+    assert said("--dir", tmp_path) == f"no calibrations in {tmp_path}"
+    assert error_line(run("calibrate", "list", "--dir", tmp_path / "none", ok=False)).endswith(": no such folder")
+    (tmp_path / "f.json").write_text("{}")
+    assert error_line(run("calibrate", "list", "--dir", tmp_path / "f.json", ok=False)).endswith(": not a folder")
+    assert "writes table or json" in error_line(run("calibrate", "list", "-f", "csv", ok=False))

@@ -10,7 +10,16 @@ import typer
 import typer.core
 
 from mlactl.cli.common import choice, command, emit, load_model, output_format, table_width
-from mlactl.cli.options import SHARED, DataDirOpt, FrameworkOpt, FrameworkVersionOpt, Option, Opts, SystemOpt
+from mlactl.cli.options import (
+    OUTPUT,
+    SHARED,
+    DataDirOpt,
+    FrameworkOpt,
+    FrameworkVersionOpt,
+    Option,
+    Opts,
+    SystemOpt,
+)
 from mlactl.decide.calibration import run, store
 from mlactl.decide.calibration.model import TERMS
 from mlactl.decide.calibration.score import check_measured_on, score
@@ -22,9 +31,11 @@ from mlactl.output.calibrate_tables import (
     left_out_lines,
     pct,
     score_table,
+    stored_table,
     terms_lines,
     transfer_table,
     uncovered_lines,
+    unusable_lines,
 )
 from mlactl.results import store as results_store
 from mlactl.util import progress, safe
@@ -33,7 +44,8 @@ from mlactl.util.errors import MlactlError
 
 class CalibrateGroup(typer.core.TyperGroup):
     """`mlactl calibrate [fit] ...` fits (the default command, so the name may be left out, and
-    `mlactl calibrate --help` is fit's help, which names score); `mlactl calibrate score ...` scores."""
+    `mlactl calibrate --help` is fit's help, which names the others); `mlactl calibrate score ...`
+    scores, `transfer` carries a calibration to another GPU, `list` lists them."""
 
     def parse_args(self, ctx, args):
         if not args or args[0] not in self.commands:
@@ -47,7 +59,8 @@ calibrate_app = typer.Typer(
     "or score a calibration on your own measurements.\n\n"
     "`mlactl calibrate ...` fits (the `fit` command: its name may be left out); "
     "`mlactl calibrate score --calibration NAME ...` scores; "
-    "`mlactl calibrate transfer NAME --hardware GPU` carries a calibration to another GPU.\n\n"
+    "`mlactl calibrate transfer NAME --hardware GPU` carries a calibration to another GPU; "
+    "`mlactl calibrate list` lists the calibrations you have.\n\n"
     "Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang",
     no_args_is_help=False,
 )
@@ -454,3 +467,45 @@ def transfer_cmd(
         return out
 
     emit(fmt, None, json_data=json_data, tables=tables() if fmt == "table" else ())
+
+
+LIST_FORMAT = Option(
+    Annotated[
+        Optional[str],
+        typer.Option("--format", "-f", help="table or json (default: from --output's extension, else table)."),
+    ],
+    None,
+)
+
+
+@command(calibrate_app, "list", end=OUTPUT, fmt=LIST_FORMAT)
+def list_cmd(
+    opts: Opts = Opts(),
+    folder: Annotated[
+        Optional[Path], typer.Option("--dir", help="List this folder (default: $MLACTL_HOME/calibrations/).")
+    ] = None,
+):
+    """The calibrations you have: the name --calibration takes, the GPU each is for, what it was fitted on
+    (a transferred one: from which GPU), its fits and when it was made.
+
+    A file there that cannot be used is listed with why. Earlier calibrations kept aside by a later one of the
+    same name (NAME.YYYYMMDD-HHMMSS) are listed too: --calibration takes their names as well.
+
+    Example: mlactl calibrate list --format json
+    """
+
+    fmt = output_format(opts.fmt, opts.output)
+    if fmt == "csv":
+        raise MlactlError("mlactl calibrate list writes table or json")
+    if folder is not None and not folder.is_dir():
+        raise MlactlError(f"--dir {safe.text(folder)}: {'not a folder' if folder.exists() else 'no such folder'}")
+    where = folder if folder is not None else store.calibrations_dir()
+    entries = store.stored(where)
+    if not any(e.calibration is not None for e in entries):
+        tables = [
+            f"no calibrations in {safe.markup(where)}"
+            + ("" if folder is not None else " yet: `mlactl calibrate` writes them there")
+        ]
+    else:
+        tables = [stored_table(where, entries, table_width(opts.output)[0])]
+    emit(fmt, opts.output, json_data=lambda: store.stored_json(where, entries), tables=tables + unusable_lines(entries))

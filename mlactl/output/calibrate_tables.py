@@ -194,3 +194,32 @@ def transfer_table(name: str, source: str, target: str, fits, width: int | None)
         "(leave-one-GPU-out model); adapted: what of the kernel is the target's"
     )
     return table(title, cols, rows, width, elsewhere="a wider terminal or --format json")
+
+
+def stored_table(folder, entries, width: int | None):
+    """The calibrations of a folder that can be used: the name --calibration takes, the GPU it is
+    for, what it was fitted on, its fits and when it was made."""
+    cols = [
+        Col("name", "left", typed=True),
+        Col("hardware", "left", typed=True),
+        Col("made from", "left", fold=30),
+        Col("fits", drop=2),
+        Col("created", "left", drop=1),
+    ]
+    rows = [
+        [
+            safe.markup(e.name),
+            safe.markup(e.calibration.hardware),
+            safe.markup(e.calibration.made_from()),
+            str(len(e.calibration.fits)),
+            safe.markup(str(e.calibration.data.get("created") or "—")),
+        ]
+        for e in entries
+        if e.calibration is not None
+    ]
+    return table(f"Calibrations in {safe.markup(folder)} (use: --calibration NAME)", cols, rows, width)
+
+
+def unusable_lines(entries) -> list[str]:
+    """`cannot use NAME: why`, one a file of the folder that does not validate."""
+    return [f"cannot use {safe.markup(e.name)}: {safe.markup(e.problem)}" for e in entries if e.problem is not None]

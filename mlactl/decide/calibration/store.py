@@ -230,6 +230,27 @@ class Calibration:
             + (f"; {other} of {len(rests)} fits rest on a kernel the target does not run" if other else "")
         )
 
+    def made_from(self) -> str:
+        """What it was fitted on, in a few words: aiconfigurator's tables (system, framework,
+        version), a CSV, tune results files; a transferred one says from which GPU."""
+        src = self.data.get("source") or {}
+        files = [safe.text(Path(str(f)).name, 60) for f in src.get("files") or ()]
+        kind = src.get("kind")
+        if kind == "aiconfigurator":
+            what = " ".join(safe.text(src.get(k) or "?", 40) for k in ("system", "framework", "version"))
+            out = f"aiconfigurator {what}"
+        elif kind == "csv":
+            out = f"csv {files[0] if files else '?'}"
+        elif kind == "results":
+            more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+            out = f"tune results {files[0]}{more}" if files else "tune results"
+        else:
+            out = safe.text(kind or "not recorded", 40)
+        t = self.transferred
+        if t is None:
+            return out
+        return f"{out}; transferred from {safe.text(t['from']['hardware'], 40)} ({transfer_source(self)})"
+
     def describe(self) -> dict:
         """What JSON outputs record about the calibration used (a transferred one: from where)."""
         out = {"name": self.name, "hardware": self.hardware, "path": self.path, "source": self.data.get("source")}
@@ -421,6 +442,54 @@ def validate(data, where: str) -> Calibration:
 def load(path: str | Path) -> Calibration:
     """Read (through the one reader: regular files only) and validate a calibration file."""
     return validate(read_json(path, "calibration file"), str(path))
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One file of a calibrations folder: the name --calibration takes (its stem), and the
+    calibration read from it, or why it cannot be used (`problem`: validate's line)."""
+
+    name: str
+    path: Path
+    calibration: Calibration | None = None
+    problem: str | None = None
+
+    def to_json(self) -> dict:
+        cal = self.calibration
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "calibration": None if cal is None else cal.describe(),
+            "made_from": None if cal is None else cal.made_from(),
+            "created": None if cal is None else cal.data.get("created"),
+            "fits": None if cal is None else len(cal.fits),
+            "op_classes": None if cal is None else sorted(cal.classes),
+            "problem": self.problem,
+        }
+
+
+def stored(folder: str | Path | None = None) -> list[Stored]:
+    """Every calibration file of `folder` (default $MLACTL_HOME/calibrations/), by name, the ones
+    kept aside by a later one of the same name (NAME.YYYYMMDD-HHMMSS) included; a file that does
+    not validate is listed with its problem, not passed over. A folder that is not there has
+    none."""
+    out = []
+    for path in store_files(Path(folder) if folder is not None else calibrations_dir(), "*.json"):
+        try:
+            out.append(Stored(path.stem, path, load(path)))
+        except MlactlError as exc:
+            out.append(Stored(path.stem, path, problem=str(exc)))
+    return out
+
+
+def stored_json(folder: str | Path, entries: list[Stored]) -> dict:
+    """`mlactl calibrate list --format json`: the folder and each of its calibration files."""
+    return {
+        "schema": "mlactl.calibrations",
+        "schema_version": 1,
+        "folder": str(folder),
+        "calibrations": [e.to_json() for e in entries],
+    }
 
 
 def names() -> list[str]:
