@@ -1,7 +1,8 @@
 """`mlactl calibrate`: its help offers what it has (and its old --version points to the new
 name), a missing option is named alone, and its table of fits (mlactl/output/calibrate_tables.py)
 fits 100 columns without folding a name, piped with every column; `calibrate list` says what
-each stored calibration is, and why one cannot be used."""
+each stored calibration is, and why one cannot be used; `calibrate show` prints one as it was
+fitted."""
 
 import csv
 import json
@@ -146,3 +147,52 @@ def test_calibrate_list_of_an_empty_or_missing_folder(home, tmp_path):
     (tmp_path / "f.json").write_text("{}")
     assert error_line(run("calibrate", "list", "--dir", tmp_path / "f.json", ok=False)).endswith(": not a folder")
     assert "writes table or json" in error_line(run("calibrate", "list", "-f", "csv", ok=False))
+
+
+def test_calibrate_show_prints_a_stored_fit_as_it_was_fitted(home):
+    from mlactl.decide.calibration import store as cal_store
+
+    fit = {"op": "q_absorb", "source": "sglang-0.5.14:bmm:decode", "dtype": "bf16", "terms": ["fixed", "sum"], "n": 400}
+    fit |= {"params": {"t_fixed_s": 5e-6, "eta_c": 0.6, "eta_m": 0.8}, "in_sample": {"median": 0.1, "p90": 0.2}}
+    fit |= {"held_out": {"median": 0.11, "p90": 0.25}, "members": [{"terms": ["fixed"], "params": fit["params"]}]}
+    fit |= {"blocked": {"axis": "rows", "at": 1024, "n_train": 300, "n_test": 100, "median": 0.08, "p90": 0.16}}
+    data = {"schema": "mlactl.calibration", "schema_version": 1, "name": "h200-sgl", "hardware": "h200"}
+    source = {"kind": "aiconfigurator", "system": "h200_sxm", "framework": "sglang", "version": "0.5.14"}
+    cal_store.save(data | {"source": source, "fits": [fit]})
+
+    out = plain(run("calibrate", "show", "h200-sgl").stdout)
+    row = next(line for line in out.splitlines() if line.startswith("│ q_absorb"))
+    # op, kernel, phase, dtype, n, held-out median and p90, blocked median and p90, in 80%, in-sample
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells == [
+        "q_absorb",
+        "bmm",
+        "decode",
+        "bf16",
+        "400",
+        "11.0%",
+        "25.0%",
+        "8.0%",
+        "16.0%",
+        "—",
+        "10.0%",
+        "20.0%",
+    ]
+    assert "terms kept: q_absorb (bmm, decode, bf16): fixed + sum" in out
+    assert "made from aiconfigurator h200_sxm sglang 0.5.14" in " ".join(out.split())
+
+    doc = json.loads(run("calibrate", "show", "h200-sgl", "-f", "json").stdout)
+    assert doc["made_from"] == "aiconfigurator h200_sxm sglang 0.5.14"
+    (got,) = doc["fits"]
+    assert got["terms"] == ["fixed", "sum"] and got["members"] == [["fixed"]] and got["transfer"] is None
+    assert got["held_out"] == {"median": 0.11, "p90": 0.25} and got["blocked"]["at"] == 1024
+
+    run("calibrate", "transfer", "h200-sgl", "--hardware", "b300")
+    moved = " ".join(plain(run("calibrate", "show", "b300-from-h200-sgl").stdout).split())
+    assert "Calibration b300-from-h200-sgl: fitted on h200, transferred to b300's ceilings" in moved
+    assert "times of calibration b300-from-h200-sgl are transferred: fitted on h200 (h200-sgl)" in moved
+    assert json.loads(run("calibrate", "show", "b300-from-h200-sgl", "-f", "json").stdout)["fits"][0]["transfer"]
+
+    line = error_line(run("calibrate", "show", "nope", ok=False))
+    assert "no calibration named 'nope'" in line and "known: b300-from-h200-sgl, h200-sgl" in line
+    assert "`mlactl calibrate list`" in line

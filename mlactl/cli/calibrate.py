@@ -21,6 +21,7 @@ from mlactl.cli.options import (
     SystemOpt,
 )
 from mlactl.decide.calibration import run, store
+from mlactl.decide.calibration.fit import FitResult
 from mlactl.decide.calibration.model import TERMS
 from mlactl.decide.calibration.score import check_measured_on, score
 from mlactl.decide.calibration.sources import csv_points
@@ -45,7 +46,7 @@ from mlactl.util.errors import MlactlError
 class CalibrateGroup(typer.core.TyperGroup):
     """`mlactl calibrate [fit] ...` fits (the default command, so the name may be left out, and
     `mlactl calibrate --help` is fit's help, which names the others); `mlactl calibrate score ...`
-    scores, `transfer` carries a calibration to another GPU, `list` lists them."""
+    scores, `transfer` carries a calibration to another GPU, `list` lists them, `show` shows one."""
 
     def parse_args(self, ctx, args):
         if not args or args[0] not in self.commands:
@@ -60,7 +61,7 @@ calibrate_app = typer.Typer(
     "`mlactl calibrate ...` fits (the `fit` command: its name may be left out); "
     "`mlactl calibrate score --calibration NAME ...` scores; "
     "`mlactl calibrate transfer NAME --hardware GPU` carries a calibration to another GPU; "
-    "`mlactl calibrate list` lists the calibrations you have.\n\n"
+    "`mlactl calibrate list` lists the calibrations you have, `mlactl calibrate show NAME` what one holds.\n\n"
     "Example: mlactl calibrate --from aiconfigurator --system h200_sxm --framework sglang",
     no_args_is_help=False,
 )
@@ -274,47 +275,34 @@ def calibrate(
                 "replaced": None if kept is None else str(kept),  # where the earlier one was kept
             },
             "left_out": desc.get("left_out", []),
-            "fits": [
-                {
-                    "op": f.op,
-                    "source": f.source,
-                    "dtype": f.dtype,
-                    "terms": list(f.terms),
-                    "n": f.n,
-                    # `near`'s residual table stays in the file: here, how many points it holds
-                    "params": {
-                        k: ({"points": len(v["log_residual"])} if k == "near" else v) for k, v in f.params.items()
-                    },
-                    "in_sample": f.in_sample,
-                    "held_out": f.held_out,
-                    "blocked": f.blocked,
-                    "interval_coverage": ((f.extra.get("interval") or {}).get("coverage") or {}).get("held_out"),
-                    "members": [m["terms"] for m in f.extra.get("members", [])],
-                    **({"drift": f.drift} if f.drift else {}),
-                }
-                for f in fits
-            ],
+            "fits": [f.summary_json() for f in fits],
         }
         if tested is not None:
             out["test"] = {"file": str(test), "scores": [s.to_json() for s in tested]}
         return out
 
     def tables():
-        out: list = [fits_table(data["name"], hw.name, fits, table_width(None)[0]), *terms_lines(fits)]
-        out += left_out_lines(desc)
-        for drift in {id(f.drift): f.drift for f in fits if f.drift}.values():
-            out.append(
-                f"{' and '.join(drift['paired_with'])} were timed side by side at {drift['shapes']} shapes and fitted "
-                f"together: each shape's common drift (median {pct(drift['median_abs'])}, largest "
-                f"{pct(drift['max_abs'])}) was taken out first; the errors are against the drift-free times"
-            )
-        out += written_lines(path, kept, data["name"], hw.name)
+        out = fit_tables(data["name"], hw.name, fits, desc) + written_lines(path, kept, data["name"], hw.name)
         if tested is not None:
             title = f"Scored on {safe.markup(test)} (measurements the fit never saw)"
             out.append(score_table(title, tested, table_width(None)[0]))
         return out
 
     emit(fmt, None, json_data=json_data, tables=tables() if fmt == "table" else ())
+
+
+def fit_tables(name: str, hardware: str, fits, source: dict) -> list:
+    """A fitted calibration as `mlactl calibrate` prints it: its fits, the terms each kept, the
+    tables left out, and how whole paths timed side by side were fitted together."""
+    out: list = [fits_table(name, hardware, fits, table_width(None)[0]), *terms_lines(fits)]
+    out += left_out_lines(source)
+    for drift in {id(f.drift): f.drift for f in fits if f.drift}.values():
+        out.append(
+            f"{' and '.join(drift['paired_with'])} were timed side by side at {drift['shapes']} shapes and fitted "
+            f"together: each shape's common drift (median {pct(drift['median_abs'])}, largest "
+            f"{pct(drift['max_abs'])}) was taken out first; the errors are against the drift-free times"
+        )
+    return out
 
 
 def measured_hardware(source, files, system, hardware: Optional[str]) -> Optional[str]:
@@ -509,3 +497,42 @@ def list_cmd(
     else:
         tables = [stored_table(where, entries, table_width(opts.output)[0])]
     emit(fmt, opts.output, json_data=lambda: store.stored_json(where, entries), tables=tables + unusable_lines(entries))
+
+
+@command(calibrate_app, "show", end=("fmt",), fmt=FORMAT)
+def show_cmd(
+    calibration: Annotated[str, typer.Argument(help="A name from `mlactl calibrate list`, or a calibration file.")],
+    opts: Opts = Opts(),
+):
+    """What a stored calibration holds, as `mlactl calibrate` printed it when it was fitted: each fit's op class,
+    kernel, terms and held-out error, and the share inside its 80% interval; a transferred one, what each fit rests
+    on at the target and the transfer error its interval was widened by. Nothing is fitted.
+
+    Example: mlactl calibrate show h200-aiconfigurator-sglang-0.5.14
+    """
+
+    fmt = output_format(opts.fmt, None)
+    if fmt == "csv":
+        raise MlactlError("mlactl calibrate show writes table or json")
+    cal = store.resolve(calibration)
+    fits = [FitResult.of(entry) for entry in cal.data["fits"]]
+    source = cal.data.get("source") or {}
+
+    def json_data():
+        return {
+            "calibration": cal.describe(),
+            "made_from": cal.made_from(),
+            "created": cal.data.get("created"),
+            "left_out": source.get("left_out", []),
+            "fits": [f.summary_json() | {"transfer": f.extra.get("transfer")} for f in fits],
+        }
+
+    t = cal.transferred
+    if t is None:
+        tables = fit_tables(cal.name, cal.hardware, fits, source)
+    else:
+        frm = t["from"]["hardware"]
+        tables = [transfer_table(cal.name, frm, cal.hardware, cal.data["fits"], table_width(None)[0])]
+        tables += [safe.markup(cal.transfer_note() or "")]
+    tables.append(f"file: {safe.markup(cal.path)}; made from {safe.markup(cal.made_from())}")
+    emit(fmt, None, json_data=json_data, tables=tables if fmt == "table" else ())

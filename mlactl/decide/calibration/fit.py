@@ -104,6 +104,36 @@ class FitResult:
     extra: dict = field(default_factory=dict)
     evidence: Evidence | None = field(default=None, compare=False, repr=False)
 
+    @classmethod
+    def of(cls, entry: dict) -> FitResult:
+        """A calibration file's fit as it was fitted (`to_json` read back); a file written by hand
+        may lack the counts and errors: 0 points, errors not known (None)."""
+        unknown = {"median": None, "p90": None}
+        own = ("op", "source", "dtype", "terms", "params", "n", "in_sample", "held_out", "drift", "blocked")
+        return cls(
+            entry["op"], entry.get("source") or "", entry.get("dtype") or "", tuple(entry["terms"]), entry["params"],
+            int(entry.get("n") or 0), entry.get("in_sample") or unknown, entry.get("held_out") or unknown,
+            entry.get("drift"), entry.get("blocked"), {k: v for k, v in entry.items() if k not in own},
+        )  # fmt: skip
+
+    def summary_json(self) -> dict:
+        """What `mlactl calibrate -f json` (and `calibrate show`) say of a fit: the file's entry
+        without the evidence behind its intervals; `near`'s residual table as its count."""
+        return {
+            "op": self.op,
+            "source": self.source,
+            "dtype": self.dtype,
+            "terms": list(self.terms),
+            "n": self.n,
+            "params": {k: ({"points": len(v["log_residual"])} if k == "near" else v) for k, v in self.params.items()},
+            "in_sample": self.in_sample,
+            "held_out": self.held_out,
+            "blocked": self.blocked,
+            "interval_coverage": ((self.extra.get("interval") or {}).get("coverage") or {}).get("held_out"),
+            "members": [m["terms"] for m in self.extra.get("members", [])],
+            **({"drift": self.drift} if self.drift else {}),
+        }
+
     def to_json(self) -> dict:
         out = {
             "op": self.op,

@@ -507,7 +507,11 @@ def resolve(spec: str) -> Calibration:
         have = names()
         raise MlactlError(
             f"no calibration named {spec!r} in {calibrations_dir()}; "
-            + (f"known: {', '.join(have)}" if have else "run `mlactl calibrate` first")
+            + (
+                f"known: {', '.join(have)} (`mlactl calibrate list` says what each is)"
+                if have
+                else "run `mlactl calibrate` first"
+            )
         )
     return load(path)
 
