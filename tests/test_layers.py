@@ -30,6 +30,13 @@ LAYERS = ("cli", "api", "output", "tune", "kernels", "decide", "results", "model
 # command needs, kept off every start
 DEFERRED = {
     "mlactl.cli.common": {"mlactl.output.progress": "rich.progress, for bars on a terminal's stderr only"},
+    # what the names to complete are read from, when the shell asks for them (never on a start)
+    "mlactl.cli.complete": {
+        "mlactl.model.config": "the model presets",
+        "mlactl.model.hardware": "the hardware profiles",
+        "mlactl.decide.calibration.store": "the stored calibrations",
+        "mlactl.decide.engines": "the engine rules",
+    },
 }
 # modules that may import by name at run time (importlib.import_module), and why
 BY_NAME = {

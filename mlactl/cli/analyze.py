@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from mlactl.api import grid as api
+from mlactl.cli import complete
 from mlactl.cli.common import (
     calibration_line,
     command,
@@ -79,6 +80,7 @@ def analyze(
             "--policy",
             help="Also show this policy's choice and what it loses: roofline, flops, measured, or an engine "
             "(sglang, sglang-triton, sglang-trtllm, vllm, or ENGINE@VERSION such as sglang@0.5.14).",
+            shell_complete=complete.policies,
         ),
     ] = None,
     results: Annotated[

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 import typer.core
 
+from mlactl.cli import complete
 from mlactl.cli.common import choice, command, emit, load_model, output_format, table_width
 from mlactl.cli.options import (
     OUTPUT,
@@ -150,6 +151,7 @@ SCORE_HARDWARE = Option(
             "-g",
             help="Profile the measurements were taken on (default: the system's, the results file's, or for a CSV "
             "the calibration's). A calibration of another GPU is refused: transfer it first.",
+            shell_complete=complete.hardware,
         ),
     ],
     None,
@@ -158,7 +160,10 @@ HARDWARE = Option(
     Annotated[
         Optional[str],
         typer.Option(
-            "--hardware", "-g", help="Profile the fit divides by (default: from the system or the results file)."
+            "--hardware",
+            "-g",
+            help="Profile the fit divides by (default: from the system or the results file).",
+            shell_complete=complete.hardware,
         ),
     ],
     None,
@@ -166,12 +171,21 @@ HARDWARE = Option(
 SCORE_CALIBRATION = Option(
     Annotated[
         Optional[str],
-        typer.Option("--calibration", help="The calibration to score: a name from `mlactl calibrate` or a file."),
+        typer.Option(
+            "--calibration",
+            help="The calibration to score: a name from `mlactl calibrate` or a file.",
+            shell_complete=complete.calibrations,
+        ),
     ],
     None,
 )
 TRANSFER_HARDWARE = Option(
-    Annotated[Optional[str], typer.Option("--hardware", "-g", help="The GPU to carry it to: a profile NAME or FILE.")],
+    Annotated[
+        Optional[str],
+        typer.Option(
+            "--hardware", "-g", help="The GPU to carry it to: a profile NAME or FILE.", shell_complete=complete.hardware
+        ),
+    ],
     None,
 )
 
@@ -395,7 +409,11 @@ def written_lines(path, kept, name: str, hardware: str, more: str = "") -> list[
 @command(calibrate_app, "transfer", "hardware", end=("fmt",), hardware=TRANSFER_HARDWARE, fmt=FORMAT)
 def transfer_cmd(
     calibration: Annotated[
-        str, typer.Argument(help="The calibration to carry: a name from `mlactl calibrate` or a file.")
+        str,
+        typer.Argument(
+            help="The calibration to carry: a name from `mlactl calibrate` or a file.",
+            shell_complete=complete.calibrations,
+        ),
     ],
     opts: Opts = Opts(),
     name: Annotated[
@@ -501,7 +519,12 @@ def list_cmd(
 
 @command(calibrate_app, "show", end=("fmt",), fmt=FORMAT)
 def show_cmd(
-    calibration: Annotated[str, typer.Argument(help="A name from `mlactl calibrate list`, or a calibration file.")],
+    calibration: Annotated[
+        str,
+        typer.Argument(
+            help="A name from `mlactl calibrate list`, or a calibration file.", shell_complete=complete.calibrations
+        ),
+    ],
     opts: Opts = Opts(),
 ):
     """What a stored calibration holds, as `mlactl calibrate` printed it when it was fitted: each fit's op class,

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from mlactl.api import engines as api
+from mlactl.cli import complete
 from mlactl.cli.common import command, emit, output_format, resolve
 from mlactl.cli.options import MACHINE, OUTPUT, BatchOpt, EngineOptionOpt, Opts
 from mlactl.decide.engines.catalog import catalog
@@ -44,6 +45,7 @@ def engines_cmd(
             help="Engine rules to judge, comma-separated: ENGINE or ENGINE@VERSION (see --list; "
             "default: sglang, sglang-triton, sglang-trtllm, vllm, the newest of each; for a DSA model "
             "sglang and vllm).",
+            shell_complete=complete.engines,
         ),
     ] = None,
     list_rules: Annotated[

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Optional, TypeVar
 import typer
 
 from mlactl import __version__
+from mlactl.cli import complete
 from mlactl.util import numbers
 from mlactl.util.defaults import DEFAULT_CHUNK, DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_TP
 from mlactl.util.errors import MlactlError
@@ -43,10 +44,22 @@ def whole_number(option: str, minimum: int = 0, maximum: int = 1 << 20):
 
 
 ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="Preset name (see `mlactl list`) or path to a Hugging Face config.json.")
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Preset name (see `mlactl list`) or path to a Hugging Face config.json.",
+        shell_complete=complete.models,
+    ),
 ]
 HardwareOpt = Annotated[
-    str, typer.Option("--hardware", "-g", help="Hardware profile name (see `mlactl list`) or path to a .toml profile.")
+    str,
+    typer.Option(
+        "--hardware",
+        "-g",
+        help="Hardware profile name (see `mlactl list`) or path to a .toml profile.",
+        shell_complete=complete.hardware,
+    ),
 ]
 MeasuredOpt = Annotated[
     bool,
@@ -70,10 +83,20 @@ ContextOpt = Annotated[
     Optional[str], typer.Option("--context", "-c", help="Instead of --prefix: total context including the new tokens.")
 ]
 KvDtypeOpt = Annotated[
-    str, typer.Option("--kv-dtype", help="Cache dtype: bf16, fp16, fp8 (half the bytes of bf16) or fp32.")
+    str,
+    typer.Option(
+        "--kv-dtype",
+        help="Cache dtype: bf16, fp16, fp8 (half the bytes of bf16) or fp32.",
+        shell_complete=complete.KV_DTYPE,
+    ),
 ]
 DtypeOpt = Annotated[
-    str, typer.Option("--dtype", help="Activation, weight and compute dtype: bf16, fp16 or fp32 (CPU measurements).")
+    str,
+    typer.Option(
+        "--dtype",
+        help="Activation, weight and compute dtype: bf16, fp16 or fp32 (CPU measurements).",
+        shell_complete=complete.DTYPE,
+    ),
 ]
 ChunkOpt = Annotated[str, typer.Option("--chunk", help="Prefix tokens per chunk of the expand_chunked path.")]
 LayersOpt = Annotated[str, typer.Option("--layers", help="Layers to count: a number, or 'all' for the model's.")]
@@ -83,13 +106,18 @@ _ENGINES_HELP = (
     "engines --list` shows every rule set; docs/engines.md cites each rule."
 )
 EnginesOpt = Annotated[
-    Optional[str], typer.Option("--engines", help=_ENGINES_HELP.format(verb="show", default="sglang, vllm"))
+    Optional[str],
+    typer.Option(
+        "--engines", help=_ENGINES_HELP.format(verb="show", default="sglang, vllm"), shell_complete=complete.engines
+    ),
 ]
 # the same, for a command that judges all four by default (replay)
 AllEnginesOpt = Annotated[
     Optional[str],
     typer.Option(
-        "--engines", help=_ENGINES_HELP.format(verb="judge", default="sglang, sglang-triton, sglang-trtllm, vllm")
+        "--engines",
+        help=_ENGINES_HELP.format(verb="judge", default="sglang, sglang-triton, sglang-trtllm, vllm"),
+        shell_complete=complete.engines,
     ),
 ]
 EngineOptionOpt = Annotated[
@@ -108,7 +136,10 @@ SystemOpt = Annotated[
     Optional[str], typer.Option("--system", help="aiconfigurator system, e.g. h200_sxm, h100_sxm, b200_sxm.")
 ]
 FrameworkOpt = Annotated[
-    Optional[str], typer.Option("--framework", help="aiconfigurator framework: sglang, trtllm or vllm.")
+    Optional[str],
+    typer.Option(
+        "--framework", help="aiconfigurator framework: sglang, trtllm or vllm.", shell_complete=complete.FRAMEWORKS
+    ),
 ]
 FrameworkVersionOpt = Annotated[
     Optional[str],
@@ -120,7 +151,12 @@ DataDirOpt = Annotated[
 ]
 FormatOpt = Annotated[
     Optional[str],
-    typer.Option("--format", "-f", help="table, json or csv (default: from --output's extension, else table)."),
+    typer.Option(
+        "--format",
+        "-f",
+        help="table, json or csv (default: from --output's extension, else table).",
+        shell_complete=complete.FORMAT,
+    ),
 ]
 OutputOpt = Annotated[
     Optional[Path], typer.Option("--output", "-o", help="Write to this file (atomically) instead of stdout.")
@@ -143,6 +179,7 @@ CalibrationOpt = Annotated[
     typer.Option(
         "--calibration",
         help="Calibrated time instead of the roofline: a name from `mlactl calibrate` or a calibration file.",
+        shell_complete=complete.calibrations,
     ),
 ]
 

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
+from mlactl.cli import complete
 from mlactl.cli.common import Setup, command, given_options, one_int, resolve
 from mlactl.cli.options import (
     MACHINE,
@@ -281,6 +282,7 @@ def pathmap(
             "--policy",
             help="Shade what this engine's rule loses against the best path instead: sglang, sglang-triton, "
             "sglang-trtllm, vllm or ENGINE@VERSION (see `mlactl engines --list` and docs/engines.md).",
+            shell_complete=complete.policies,
         ),
     ] = None,
     engine_option: EngineOptionOpt = None,
@@ -378,7 +380,12 @@ def replay_chart(
 
 @command(plot_app, "transfer")
 def transfer_chart(
-    calibration: Annotated[str, typer.Option("--calibration", help="The calibration to draw: a name or a file.")],
+    calibration: Annotated[
+        str,
+        typer.Option(
+            "--calibration", help="The calibration to draw: a name or a file.", shell_complete=complete.calibrations
+        ),
+    ],
     system: Annotated[str, typer.Option("--system", help="aiconfigurator system measured, e.g. b300_sxm.")],
     framework: Annotated[str, typer.Option("--framework", help="aiconfigurator framework: sglang, trtllm or vllm.")],
     framework_version: FrameworkVersionOpt = None,

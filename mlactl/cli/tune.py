@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from mlactl.cli import complete
 from mlactl.cli.common import choice, cli_errors, command, console, emit, fit_width, load_model, one_int, output_format
 from mlactl.cli.options import SHARED, FormatOpt, ModelOpt, Option, OutputOpt, TpOpt, shared, whole_number
 from mlactl.kernels.configs import device_slug
@@ -70,8 +71,22 @@ DeviceOpt = Annotated[
         "--device", help="cuda or cpu (default: cuda for triton, cpu for interpret, cuda if present for torch)."
     ),
 ]
-TuneKvOpt = Annotated[str, typer.Option("--kv-dtype", help="Cache dtype: bf16, fp16, fp8, fp32; auto = --dtype.")]
-TuneDtypeOpt = Annotated[str, typer.Option("--dtype", help="bf16, fp16, fp32; auto = bf16 on a GPU, fp32 on a CPU.")]
+TuneKvOpt = Annotated[
+    str,
+    typer.Option(
+        "--kv-dtype",
+        help="Cache dtype: bf16, fp16, fp8, fp32; auto = --dtype.",
+        shell_complete=complete.one_of(("auto", *KV_DTYPES)),
+    ),
+]
+TuneDtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--dtype",
+        help="bf16, fp16, fp32; auto = bf16 on a GPU, fp32 on a CPU.",
+        shell_complete=complete.one_of(("auto", *ACT_DTYPES)),
+    ),
+]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Fewer shapes and configs (about a minute on an H200).")]
 BudgetOpt = Annotated[
     Optional[str],
