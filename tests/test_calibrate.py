@@ -119,7 +119,7 @@ def test_calibrate_list_says_what_each_calibration_is_and_why_one_cannot_be_used
     assert rows["b300-from-h200-sgl"][0] == "b300"  # its made-from cell folds (below, from the JSON)
     assert rows["mine"][:2] == ["h100-sxm", "tune results a.json and 2 more"]  # the newest "mine"
     assert rows[kept.stem][:2] == ["h100-sxm", "csv my-h100.csv"]  # the one it kept aside, by its own name
-    assert rows["mine"][3] == "2026-12-01T10:00:00Z"
+    assert rows["mine"][3] == "2026-12-01 10:00"
     assert "broken" not in rows
     said = " ".join(out.split())  # the line below the table, however it folds
     assert "cannot use broken: " in said and 'broken.json is not an mlactl calibration file (no "schema"' in said

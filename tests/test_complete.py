@@ -1,6 +1,7 @@
 """Shell completion of option values (mlactl/cli/complete.py): the names each option takes, the
-last item of a comma list, a file where the value may be a path; and through the shell's own
-protocol (bash's COMP_WORDS), so `mlactl analyze --hardware b<TAB>` offers what `mlactl list` has."""
+last item of a comma list, nothing for a path (the shell completes a file); and through the
+shell's own protocol (bash's COMP_WORDS), so `mlactl analyze --hardware b<TAB>` offers what
+`mlactl list` has."""
 
 from conftest import runner
 
@@ -8,26 +9,19 @@ from mlactl.cli import app
 from mlactl.cli.complete import listed, offered
 
 
-def _values(items):
-    return [(i.value, i.type) for i in items]
-
-
-def test_offered_names_and_files():
+def test_offered_names_and_nothing_for_a_path():
     names = ["h100-sxm", "h200", "h800", "b200"]
-    assert _values(offered(names, "h")) == [("h100-sxm", "plain"), ("h200", "plain"), ("h800", "plain")]
-    assert _values(offered(names, "x")) == []
-    # an option that also takes a path: a file where none matches or it looks like one
-    assert _values(offered(names, "x", files=True)) == [("x", "file")]
-    assert _values(offered(names, "./h", files=True)) == [("./h", "file")]
-    assert _values(offered(names, "~/p", files=True)) == [("~/p", "file")]
-    assert _values(offered(names, "b", files=True)) == [("b200", "plain")]
+    assert offered(names, "h") == ["h100-sxm", "h200", "h800"]
+    assert offered(names, "b") == ["b200"]
+    # a path (or any value no name starts with): nothing, so the shell completes a file name
+    assert offered(names, "./h") == [] and offered(names, "x") == []
 
 
 def test_listed_completes_the_last_item_and_offers_no_name_twice():
     names = ["sglang", "sglang-triton", "vllm", "vllm@0.33.0"]
-    assert _values(listed(names, "v")) == [("vllm", "plain"), ("vllm@0.33.0", "plain")]
-    assert _values(listed(names, "sglang,v")) == [("sglang,vllm", "plain"), ("sglang,vllm@0.33.0", "plain")]
-    assert _values(listed(names, "sglang,s")) == [("sglang,sglang-triton", "plain")]
+    assert listed(names, "v") == ["vllm", "vllm@0.33.0"]
+    assert listed(names, "sglang,v") == ["sglang,vllm", "sglang,vllm@0.33.0"]
+    assert listed(names, "sglang,s") == ["sglang,sglang-triton"]
 
 
 def _complete(words: str, home) -> list[str]:

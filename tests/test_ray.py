@@ -184,6 +184,8 @@ def test_ray_bad_input(home, args, message):
         pytest.param(["--ray"], ["--ray", "local"], id="alone-last"),
         pytest.param(["--ray", "--workers", "2"], ["--ray", "local", "--workers", "2"], id="before-option"),
         pytest.param(["--ray", "paths"], ["--ray", "local", "paths"], id="before-subcommand"),
+        pytest.param(["--ray", "list"], ["--ray", "local", "list"], id="before-list"),
+        pytest.param(["--ray", "compile"], ["--ray", "local", "compile"], id="before-compile"),
         pytest.param(["--ray", "auto"], ["--ray", "auto"], id="auto"),
         pytest.param(["--ray", "10.0.0.1:6379"], ["--ray", "10.0.0.1:6379"], id="address"),
     ],

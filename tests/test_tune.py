@@ -727,3 +727,42 @@ def test_missing_torch_hint_gives_the_readme_command(monkeypatch, home):
     assert "pip install -e '.[kernels]'" in out.output
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     assert "pip install -e '.[kernels" in readme
+
+
+def test_tune_list_says_what_each_results_file_measured_and_why_one_cannot_be_read(tmp_path, monkeypatch):
+    from conftest import cpu_results, error_line, plain, run
+
+    monkeypatch.setenv("MLACTL_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "home" / "results"
+    (folder / "cpu").mkdir(parents=True)
+    older = cpu_results(run_id="20261130-100000-cpu-teaching")  # one measured crossover, one path point
+    older["paths"] = [{"batch": 1, "new": 1, "prefix": 0, "path": "absorb", "median_s": 1e-4}]
+    older["crossovers"].append({"batch": 1, "prefix": 512, "measured": None, "measured_status": "budget"})
+    newer = cpu_results(created="2026-12-01T10:00:00Z", ceilings={"peak_tflops": {"fp32": 1.0}, "bandwidth_tbs": 0.01})
+    newer.pop("crossovers")
+    (folder / "cpu" / "a.json").write_text(json.dumps(older))
+    (folder / "cpu" / "b.json").write_text(json.dumps(newer))
+    (folder / "bad.json").write_text('{"schema": "mlactl.results"}')
+
+    out = plain(CliRunner().invoke(app, ["tune", "list"], env={"COLUMNS": "200"}).stdout)  # no cell folds
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│ cpu/")]
+    # newest first: file, created, device, hardware, backend, model, dtypes, kernels, paths, crossovers, ceilings
+    assert rows[0] == ["cpu/b.json", "2026-12-01 10:00", "cpu", "—", "torch", "teaching tp8", "fp32 / fp32"] + [
+        "0", "0", "0", "yes"
+    ]  # fmt: skip
+    assert rows[1][0] == "cpu/a.json" and rows[1][7:] == ["0", "1", "1 of 2", ""]
+    said = " ".join(out.split())
+    assert f"cannot read {folder / 'bad.json'}: " in said and "schema version None" in said
+
+    doc = json.loads(run("tune", "list", "-f", "json").stdout)
+    assert doc["schema"] == "mlactl.results-list" and doc["folder"] == str(folder)
+    assert [Path(r["path"]).name for r in doc["results"]] == ["b.json", "a.json", "bad.json"]
+    first = doc["results"][1]
+    assert first["run_id"] == "20261130-100000-cpu-teaching" and first["crossovers_measured"] == 1
+    assert first["crossovers"] == 2 and first["ceilings"] is False and first["problem"] is None
+    assert doc["results"][2]["problem"].endswith("(re-run `mlactl tune`, or use the mlactl that wrote it)")
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert " ".join(run("tune", "list", "--dir", empty).stdout.split()) == f"no results in {empty}"
+    assert error_line(run("tune", "list", "--dir", tmp_path / "nope", ok=False)).endswith(": no such folder")

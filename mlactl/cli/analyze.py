@@ -80,7 +80,7 @@ def analyze(
             "--policy",
             help="Also show this policy's choice and what it loses: roofline, flops, measured, or an engine "
             "(sglang, sglang-triton, sglang-trtllm, vllm, or ENGINE@VERSION such as sglang@0.5.14).",
-            shell_complete=complete.policies,
+            autocompletion=complete.policies,
         ),
     ] = None,
     results: Annotated[

@@ -151,7 +151,7 @@ SCORE_HARDWARE = Option(
             "-g",
             help="Profile the measurements were taken on (default: the system's, the results file's, or for a CSV "
             "the calibration's). A calibration of another GPU is refused: transfer it first.",
-            shell_complete=complete.hardware,
+            autocompletion=complete.hardware,
         ),
     ],
     None,
@@ -163,7 +163,7 @@ HARDWARE = Option(
             "--hardware",
             "-g",
             help="Profile the fit divides by (default: from the system or the results file).",
-            shell_complete=complete.hardware,
+            autocompletion=complete.hardware,
         ),
     ],
     None,
@@ -174,7 +174,7 @@ SCORE_CALIBRATION = Option(
         typer.Option(
             "--calibration",
             help="The calibration to score: a name from `mlactl calibrate` or a file.",
-            shell_complete=complete.calibrations,
+            autocompletion=complete.calibrations,
         ),
     ],
     None,
@@ -183,7 +183,7 @@ TRANSFER_HARDWARE = Option(
     Annotated[
         Optional[str],
         typer.Option(
-            "--hardware", "-g", help="The GPU to carry it to: a profile NAME or FILE.", shell_complete=complete.hardware
+            "--hardware", "-g", help="The GPU to carry it to: a profile NAME or FILE.", autocompletion=complete.hardware
         ),
     ],
     None,
@@ -412,7 +412,7 @@ def transfer_cmd(
         str,
         typer.Argument(
             help="The calibration to carry: a name from `mlactl calibrate` or a file.",
-            shell_complete=complete.calibrations,
+            autocompletion=complete.calibrations,
         ),
     ],
     opts: Opts = Opts(),
@@ -522,7 +522,7 @@ def show_cmd(
     calibration: Annotated[
         str,
         typer.Argument(
-            help="A name from `mlactl calibrate list`, or a calibration file.", shell_complete=complete.calibrations
+            help="A name from `mlactl calibrate list`, or a calibration file.", autocompletion=complete.calibrations
         ),
     ],
     opts: Opts = Opts(),

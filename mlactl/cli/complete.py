@@ -1,9 +1,9 @@
 """Shell completion of option values (`mlactl --install-completion`): the names mlactl knows, so
 `mlactl analyze --hardware b<TAB>` offers b200, b300. Model presets, hardware profiles, stored
 calibrations, engine rules and policies, dtypes and formats. Each list is read when the shell
-asks, never on a start of mlactl; where a value may also be a file (a config.json, a .toml
-profile, a calibration file) and no name starts with what was typed, or it looks like a path,
-the shell completes a file instead."""
+asks, never on a start of mlactl. Where no name starts with what was typed (a path to a
+config.json, a .toml profile, a calibration file), nothing is offered and the shell completes a
+file name instead (typer's bash script installs with `complete -o default`)."""
 
 from __future__ import annotations
 
@@ -11,67 +11,55 @@ from collections.abc import Callable, Iterable
 
 from mlactl.util.defaults import ACT_DTYPES, KV_DTYPES, OUTPUT_FORMATS, POLICIES
 
-try:  # typer >= 0.24 carries its own click
-    from typer._click.shell_completion import CompletionItem
-except ImportError:  # pragma: no cover
-    from click.shell_completion import CompletionItem  # type: ignore[assignment]
+
+def offered(names: Iterable[str], incomplete: str) -> list[str]:
+    """The names that start with `incomplete`."""
+    return [n for n in names if n.startswith(incomplete)]
 
 
-def _path_like(text: str) -> bool:
-    return "/" in text or text.startswith((".", "~"))
-
-
-def offered(names: Iterable[str], incomplete: str, files: bool = False) -> list[CompletionItem]:
-    """The names that start with `incomplete`; with `files`, a file where it looks like a path or
-    no name matches (the option also takes a path)."""
-    if files and _path_like(incomplete):
-        return [CompletionItem(incomplete, type="file")]
-    out = [CompletionItem(n) for n in names if n.startswith(incomplete)]
-    return out or ([CompletionItem(incomplete, type="file")] if files else [])
-
-
-def listed(names: Iterable[str], incomplete: str) -> list[CompletionItem]:
-    """Completion of a comma-separated list (`--engines sglang,v<TAB>`): the last item's."""
+def listed(names: Iterable[str], incomplete: str) -> list[str]:
+    """Completion of a comma-separated list (`--engines sglang,v<TAB>`): the last item's, each
+    name once."""
     head, comma, last = incomplete.rpartition(",")
     taken = set(head.split(",")) if comma else set()
-    return [CompletionItem(head + comma + n) for n in names if n.startswith(last) and n not in taken]
+    return [head + comma + n for n in names if n.startswith(last) and n not in taken]
 
 
-def models(ctx, param, incomplete: str) -> list[CompletionItem]:
+def models(incomplete: str) -> list[str]:
     from mlactl.model import config
 
-    return offered(config.preset_names(), incomplete, files=True)
+    return offered(config.preset_names(), incomplete)
 
 
-def hardware(ctx, param, incomplete: str) -> list[CompletionItem]:
+def hardware(incomplete: str) -> list[str]:
     from mlactl.model import hardware as profiles
 
-    return offered(profiles.names(), incomplete, files=True)
+    return offered(profiles.names(), incomplete)
 
 
-def calibrations(ctx, param, incomplete: str) -> list[CompletionItem]:
+def calibrations(incomplete: str) -> list[str]:
     from mlactl.decide.calibration import store
 
-    return offered(store.names(), incomplete, files=True)
+    return offered(store.names(), incomplete)
 
 
-def engines(ctx, param, incomplete: str) -> list[CompletionItem]:
+def engines(incomplete: str) -> list[str]:
     from mlactl.decide.engines import known_names
 
     return listed(known_names(), incomplete)
 
 
-def policies(ctx, param, incomplete: str) -> list[CompletionItem]:
+def policies(incomplete: str) -> list[str]:
     from mlactl.decide.engines import known_names
 
     return offered(dict.fromkeys([*POLICIES, *known_names()]), incomplete)
 
 
-def one_of(values: Iterable[str]) -> Callable:
+def one_of(values: Iterable[str]) -> Callable[[str], list[str]]:
     """A completion of fixed values (dtypes, formats, frameworks)."""
     names = tuple(values)
 
-    def complete(ctx, param, incomplete: str) -> list[CompletionItem]:
+    def complete(incomplete: str) -> list[str]:
         return offered(names, incomplete)
 
     return complete

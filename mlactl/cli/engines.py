@@ -45,7 +45,7 @@ def engines_cmd(
             help="Engine rules to judge, comma-separated: ENGINE or ENGINE@VERSION (see --list; "
             "default: sglang, sglang-triton, sglang-trtllm, vllm, the newest of each; for a DSA model "
             "sglang and vllm).",
-            shell_complete=complete.engines,
+            autocompletion=complete.engines,
         ),
     ] = None,
     list_rules: Annotated[

@@ -49,7 +49,7 @@ ModelOpt = Annotated[
         "--model",
         "-m",
         help="Preset name (see `mlactl list`) or path to a Hugging Face config.json.",
-        shell_complete=complete.models,
+        autocompletion=complete.models,
     ),
 ]
 HardwareOpt = Annotated[
@@ -58,7 +58,7 @@ HardwareOpt = Annotated[
         "--hardware",
         "-g",
         help="Hardware profile name (see `mlactl list`) or path to a .toml profile.",
-        shell_complete=complete.hardware,
+        autocompletion=complete.hardware,
     ),
 ]
 MeasuredOpt = Annotated[
@@ -87,7 +87,7 @@ KvDtypeOpt = Annotated[
     typer.Option(
         "--kv-dtype",
         help="Cache dtype: bf16, fp16, fp8 (half the bytes of bf16) or fp32.",
-        shell_complete=complete.KV_DTYPE,
+        autocompletion=complete.KV_DTYPE,
     ),
 ]
 DtypeOpt = Annotated[
@@ -95,7 +95,7 @@ DtypeOpt = Annotated[
     typer.Option(
         "--dtype",
         help="Activation, weight and compute dtype: bf16, fp16 or fp32 (CPU measurements).",
-        shell_complete=complete.DTYPE,
+        autocompletion=complete.DTYPE,
     ),
 ]
 ChunkOpt = Annotated[str, typer.Option("--chunk", help="Prefix tokens per chunk of the expand_chunked path.")]
@@ -108,7 +108,7 @@ _ENGINES_HELP = (
 EnginesOpt = Annotated[
     Optional[str],
     typer.Option(
-        "--engines", help=_ENGINES_HELP.format(verb="show", default="sglang, vllm"), shell_complete=complete.engines
+        "--engines", help=_ENGINES_HELP.format(verb="show", default="sglang, vllm"), autocompletion=complete.engines
     ),
 ]
 # the same, for a command that judges all four by default (replay)
@@ -117,7 +117,7 @@ AllEnginesOpt = Annotated[
     typer.Option(
         "--engines",
         help=_ENGINES_HELP.format(verb="judge", default="sglang, sglang-triton, sglang-trtllm, vllm"),
-        shell_complete=complete.engines,
+        autocompletion=complete.engines,
     ),
 ]
 EngineOptionOpt = Annotated[
@@ -138,7 +138,7 @@ SystemOpt = Annotated[
 FrameworkOpt = Annotated[
     Optional[str],
     typer.Option(
-        "--framework", help="aiconfigurator framework: sglang, trtllm or vllm.", shell_complete=complete.FRAMEWORKS
+        "--framework", help="aiconfigurator framework: sglang, trtllm or vllm.", autocompletion=complete.FRAMEWORKS
     ),
 ]
 FrameworkVersionOpt = Annotated[
@@ -155,7 +155,7 @@ FormatOpt = Annotated[
         "--format",
         "-f",
         help="table, json or csv (default: from --output's extension, else table).",
-        shell_complete=complete.FORMAT,
+        autocompletion=complete.FORMAT,
     ),
 ]
 OutputOpt = Annotated[
@@ -179,7 +179,7 @@ CalibrationOpt = Annotated[
     typer.Option(
         "--calibration",
         help="Calibrated time instead of the roofline: a name from `mlactl calibrate` or a calibration file.",
-        shell_complete=complete.calibrations,
+        autocompletion=complete.calibrations,
     ),
 ]
 

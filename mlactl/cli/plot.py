@@ -282,7 +282,7 @@ def pathmap(
             "--policy",
             help="Shade what this engine's rule loses against the best path instead: sglang, sglang-triton, "
             "sglang-trtllm, vllm or ENGINE@VERSION (see `mlactl engines --list` and docs/engines.md).",
-            shell_complete=complete.policies,
+            autocompletion=complete.policies,
         ),
     ] = None,
     engine_option: EngineOptionOpt = None,
@@ -383,7 +383,7 @@ def transfer_chart(
     calibration: Annotated[
         str,
         typer.Option(
-            "--calibration", help="The calibration to draw: a name or a file.", shell_complete=complete.calibrations
+            "--calibration", help="The calibration to draw: a name or a file.", autocompletion=complete.calibrations
         ),
     ],
     system: Annotated[str, typer.Option("--system", help="aiconfigurator system measured, e.g. b300_sxm.")],

@@ -21,12 +21,13 @@ from mlactl.model.shapes import parse_sizes
 from mlactl.output import tune_tables
 from mlactl.output import tune_tables as report
 from mlactl.output.progress import columns_for
+from mlactl.results import measured
 from mlactl.results import store as results_store
 from mlactl.tune import compile as stage
 from mlactl.tune import ray_runner, store, sweep
 from mlactl.tune import space as spaces
 from mlactl.tune.ray_runner import import_ray
-from mlactl.util import safe
+from mlactl.util import dirs, safe
 from mlactl.util.defaults import ACT_DTYPES, DEFAULT_CHUNK, KV_DTYPES, TUNE_BACKENDS
 from mlactl.util.errors import MlactlError
 from mlactl.util.io import MAX_CONFIG_BYTES, read_json
@@ -40,9 +41,12 @@ def _ray_address_optional(args: list[str]) -> list[str]:
         out.append(arg)
         if arg == "--ray":
             following = args[i + 1] if i + 1 < len(args) else None
-            if following is None or following.startswith("-") or following in ("kernels", "paths", "ceilings"):
+            if following is None or following.startswith("-") or following in SUBCOMMANDS:
                 out.append("local")
     return out
+
+
+SUBCOMMANDS = ("kernels", "paths", "ceilings", "compile", "list")
 
 
 class _TuneGroup(typer.core.TyperGroup):
@@ -76,7 +80,7 @@ TuneKvOpt = Annotated[
     typer.Option(
         "--kv-dtype",
         help="Cache dtype: bf16, fp16, fp8, fp32; auto = --dtype.",
-        shell_complete=complete.one_of(("auto", *KV_DTYPES)),
+        autocompletion=complete.one_of(("auto", *KV_DTYPES)),
     ),
 ]
 TuneDtypeOpt = Annotated[
@@ -84,7 +88,7 @@ TuneDtypeOpt = Annotated[
     typer.Option(
         "--dtype",
         help="bf16, fp16, fp32; auto = bf16 on a GPU, fp32 on a CPU.",
-        shell_complete=complete.one_of(("auto", *ACT_DTYPES)),
+        autocompletion=complete.one_of(("auto", *ACT_DTYPES)),
     ),
 ]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Fewer shapes and configs (about a minute on an H200).")]
@@ -605,4 +609,50 @@ def tune_compile_cmd(
         output,
         json_data=lambda: results,
         tables=[tune_tables.compile_table(results, width)] if fmt == "table" else (),
+    )
+
+
+ListFormatOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--format", "-f", help="table or json (default: from --output's extension, else table).",
+        autocompletion=complete.one_of(("table", "json")),
+    ),
+]  # fmt: skip
+
+
+@command(tune_app, "list")
+def tune_list_cmd(
+    folder: Annotated[
+        Optional[Path],
+        typer.Option("--dir", help="List this folder and those below it (default: $MLACTL_HOME/results/)."),
+    ] = None,
+    fmt: ListFormatOpt = None,
+    output: OutputOpt = None,
+):
+    """The results files `mlactl tune` left, newest first: when, on what device and hardware profile, with which
+    backend, model and dtypes, and how much each measured (kernel buckets, path points, crossovers, ceilings).
+
+    A file that cannot be read is listed with why. `mlactl calibrate --from results FILE`, `plot` and
+    `analyze --policy measured --results FILE` take these files.
+
+    Example: mlactl tune list --format json
+    """
+
+    fmt = output_format(fmt, output)
+    if fmt == "csv":
+        raise MlactlError("mlactl tune list writes table or json")
+    if folder is not None and not folder.is_dir():
+        raise MlactlError(f"--dir {safe.text(folder)}: {'not a folder' if folder.exists() else 'no such folder'}")
+    where = folder if folder is not None else dirs.results_dir()
+    found = measured.runs(where)
+    if not any(r.data is not None for r in found):
+        tables: list = [
+            f"no results in {safe.markup(where)}"
+            + ("" if folder is not None else " yet: `mlactl tune` writes them there")
+        ]
+    else:
+        tables = [report.runs_table(where, found, fit_width(output))]
+    emit(
+        fmt, output, json_data=lambda: measured.runs_json(where, found), tables=tables + report.unreadable_lines(found)
     )

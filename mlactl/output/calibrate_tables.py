@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from mlactl.output.tables import Col, table
+from mlactl.output.tables import Col, stamp, table
 from mlactl.util import safe
 
 PHASES = ("decode", "prefill")
@@ -212,7 +212,7 @@ def stored_table(folder, entries, width: int | None):
             safe.markup(e.calibration.hardware),
             safe.markup(e.calibration.made_from()),
             str(len(e.calibration.fits)),
-            safe.markup(str(e.calibration.data.get("created") or "—")),
+            safe.markup(stamp(e.calibration.data.get("created"))),
         ]
         for e in entries
         if e.calibration is not None

@@ -31,6 +31,12 @@ def cell_width(cell) -> int:
     return max((Text(line).cell_len for line in text.plain.splitlines()), default=0)
 
 
+def stamp(created) -> str:
+    """A file's `created` (2026-11-30T12:00:00Z) as a table shows it, to the minute: 2026-11-30 12:00."""
+    text = str(created or "")
+    return text[:16].replace("T", " ") if len(text) >= 16 and text[10:11] == "T" else text or "—"
+
+
 def table_width(widths: list[int]) -> int:
     """Rich's default box: one space of padding each side and a rule between and around columns."""
     return sum(widths) + 3 * len(widths) + 1

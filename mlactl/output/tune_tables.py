@@ -7,7 +7,7 @@ import math
 from rich.table import Table
 
 from mlactl.output.render import seconds
-from mlactl.output.tables import Col, table
+from mlactl.output.tables import Col, stamp, table
 from mlactl.tune import noise
 from mlactl.util import safe
 
@@ -243,3 +243,60 @@ def compile_table(results: list[dict], width: int | None = None):
         "mma x: tensor-core work issued / needed)"
     )
     return table(title, cols, rows, width, elsewhere="-f json")
+
+
+def runs_table(folder, found, width: int | None = None) -> Table:
+    """The results files `mlactl tune` left: when, on what device and profile, with which backend,
+    model and dtypes, and how much of each section (kernel buckets, path points, measured
+    crossovers of those swept, ceilings)."""
+    cols = [
+        Col("file", "left", typed=True),
+        Col("created", "left", drop=3),
+        Col("device", "left", fold=20),
+        Col("hardware", "left", typed=True, drop=2),
+        Col("backend", "left", drop=4),
+        Col("model", "left", typed=True),
+        Col("kv / dtype", "left", drop=5),
+        Col("kernels", drop=1),
+        Col("paths", drop=1),
+        Col("crossovers"),
+        Col("ceilings", drop=6),
+    ]
+    rows = []
+    for r in found:
+        s = r.summary()
+        if r.data is None:
+            continue
+        model = f"{s['model']}" + (f" tp{s['tp']}" if s["tp"] != 1 else "")
+        rows.append(
+            [
+                safe.markup(_relative(r.path, folder)),
+                safe.markup(stamp(s["created"])),
+                safe.markup(str(s["device"] or "—")),
+                safe.markup(str(s["hardware"] or "—")),
+                safe.markup(str(s["backend"] or "—")),
+                safe.markup(model),
+                safe.markup(f"{s['kv_dtype']} / {s['dtype']}"),
+                str(s["kernels"]),
+                str(s["paths"]),
+                f"{s['crossovers_measured']} of {s['crossovers']}" if s["crossovers"] else "0",
+                "yes" if s["ceilings"] else "",
+            ]
+        )
+    title = (
+        f"Results in {safe.markup(folder)}, newest first (kernels: shape buckets tuned; paths: points timed; "
+        "crossovers: measured of those swept)"
+    )
+    return table(title, cols, rows, width)
+
+
+def _relative(path, folder) -> str:
+    try:
+        return str(path.relative_to(folder))
+    except ValueError:
+        return str(path)
+
+
+def unreadable_lines(found) -> list[str]:
+    """`cannot read PATH: why`, one a results file that fails the schema."""
+    return [f"cannot read {safe.markup(r.path)}: {safe.markup(r.problem)}" for r in found if r.data is None]

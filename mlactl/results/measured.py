@@ -175,3 +175,63 @@ def find_crossovers(device_name: str, dims: dict, kv_dtype: str, folder: Path | 
     if data is None:
         return None, None
     return store.measured_crossovers(data, batch), path
+
+
+@dataclass(frozen=True)
+class Run:
+    """One results file of the store (`mlactl tune list`): its path, and the run read from it,
+    or why it cannot be read (`problem`: the schema's line)."""
+
+    path: Path
+    data: dict | None = None
+    problem: str | None = None
+
+    def summary(self) -> dict:
+        """What was measured where: the run, its device and profile, backend, model and dtypes,
+        and how much of each section (kernel buckets, path points, crossovers with a measured
+        count, ceilings or not)."""
+        d = self.data
+        if d is None:
+            return {"path": str(self.path), "problem": self.problem}
+        model, device = d.get("model") or {}, d.get("device") or {}
+        crossovers = d.get("crossovers") or []
+        return {
+            "path": str(self.path),
+            "run_id": d.get("run_id"),
+            "created": d.get("created"),
+            "device": device.get("name"),
+            "hardware": file_hardware(d),
+            "backend": d.get("backend"),
+            "model": model.get("name"),
+            "tp": int(model.get("tp", 1) or 1),
+            "kv_dtype": d.get("kv_dtype"),
+            "dtype": d.get("dtype"),
+            "kernels": len(d.get("kernels") or []),
+            "paths": len(d.get("paths") or []),
+            "crossovers": len(crossovers),
+            "crossovers_measured": sum(1 for r in crossovers if r.get("measured") is not None),
+            "ceilings": bool(d.get("ceilings")),
+            "problem": None,
+        }
+
+
+def runs(folder: Path | None = None) -> list[Run]:
+    """Every results file under `folder` (default $MLACTL_HOME/results/, every device's folder),
+    newest first; one that fails the schema is listed with its problem, not passed over."""
+    found = []
+    for path in store_files(folder or dirs.results_dir(), "*.json", recursive=True):
+        try:
+            found.append(Run(path, store.load(path)))
+        except MlactlError as exc:
+            found.append(Run(path, problem=str(exc)))
+    return sorted(found, key=lambda r: str((r.data or {}).get("created", "")), reverse=True)
+
+
+def runs_json(folder: Path, found: list[Run]) -> dict:
+    """`mlactl tune list --format json`: the folder and each results file's summary."""
+    return {
+        "schema": "mlactl.results-list",
+        "schema_version": 1,
+        "folder": str(folder),
+        "results": [r.summary() for r in found],
+    }
