@@ -70,7 +70,15 @@ calibrate_app = typer.Typer(
 
 SOURCES = ("results", "aiconfigurator", "csv")
 # calibrate prints a table or JSON on stdout (the calibration itself is a file in --dir)
-FORMAT = Option(Annotated[Optional[str], typer.Option("--format", "-f", help="table or json (default: table).")], None)
+FORMAT = Option(
+    Annotated[
+        Optional[str],
+        typer.Option(
+            "--format", "-f", help="table or json (default: table).", autocompletion=complete.one_of(("table", "json"))
+        ),
+    ],
+    None,
+)
 FilesArg = Annotated[
     Optional[list[Path]], typer.Argument(help="Results files (--from results) or one CSV (--from csv).")
 ]
@@ -478,7 +486,12 @@ def transfer_cmd(
 LIST_FORMAT = Option(
     Annotated[
         Optional[str],
-        typer.Option("--format", "-f", help="table or json (default: from --output's extension, else table)."),
+        typer.Option(
+            "--format",
+            "-f",
+            help="table or json (default: from --output's extension, else table).",
+            autocompletion=complete.one_of(("table", "json")),
+        ),
     ],
     None,
 )

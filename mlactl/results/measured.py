@@ -178,7 +178,7 @@ def find_crossovers(device_name: str, dims: dict, kv_dtype: str, folder: Path | 
 
 
 @dataclass(frozen=True)
-class Run:
+class ResultsFile:
     """One results file of the store (`mlactl tune list`): its path, and the run read from it,
     or why it cannot be read (`problem`: the schema's line)."""
 
@@ -215,19 +215,19 @@ class Run:
         }
 
 
-def runs(folder: Path | None = None) -> list[Run]:
+def runs(folder: Path | None = None) -> list[ResultsFile]:
     """Every results file under `folder` (default $MLACTL_HOME/results/, every device's folder),
     newest first; one that fails the schema is listed with its problem, not passed over."""
     found = []
     for path in store_files(folder or dirs.results_dir(), "*.json", recursive=True):
         try:
-            found.append(Run(path, store.load(path)))
+            found.append(ResultsFile(path, store.load(path)))
         except MlactlError as exc:
-            found.append(Run(path, problem=str(exc)))
+            found.append(ResultsFile(path, problem=str(exc)))
     return sorted(found, key=lambda r: str((r.data or {}).get("created", "")), reverse=True)
 
 
-def runs_json(folder: Path, found: list[Run]) -> dict:
+def runs_json(folder: Path, found: list[ResultsFile]) -> dict:
     """`mlactl tune list --format json`: the folder and each results file's summary."""
     return {
         "schema": "mlactl.results-list",
