@@ -328,7 +328,10 @@ def test_shared_options_are_defined_once_and_read_alike():
         ("tune", "dtype"),  # auto: bf16 on a GPU, fp32 on a CPU
     }
     overridden_defaults = {("replay", "hardware"), ("replay", "tp")}  # the same option; a serving node's h200, tp 8
-    overridden_sub = {("plot", "transfer", "calibration")}  # the calibration carried to another GPU
+    overridden_sub = {
+        ("plot", "transfer", "calibration"),  # the calibration carried to another GPU
+        ("tune", "list", "fmt"),  # a listing: table or json
+    }
     seen = set()
     root = typer.main.get_command(app)
     for name in LazyGroup.LAZY:

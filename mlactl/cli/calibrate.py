@@ -10,7 +10,7 @@ import typer
 import typer.core
 
 from mlactl.cli import complete
-from mlactl.cli.common import choice, command, emit, load_model, output_format, table_width
+from mlactl.cli.common import choice, command, emit, load_model, output_format, store_listing, table_width
 from mlactl.cli.options import (
     OUTPUT,
     SHARED,
@@ -513,20 +513,18 @@ def list_cmd(
     Example: mlactl calibrate list --format json
     """
 
-    fmt = output_format(opts.fmt, opts.output)
-    if fmt == "csv":
-        raise MlactlError("mlactl calibrate list writes table or json")
-    if folder is not None and not folder.is_dir():
-        raise MlactlError(f"--dir {safe.text(folder)}: {'not a folder' if folder.exists() else 'no such folder'}")
-    where = folder if folder is not None else store.calibrations_dir()
+    fmt, where, none = store_listing(
+        "mlactl calibrate list",
+        opts.fmt,
+        opts.output,
+        folder,
+        store.calibrations_dir(),
+        "calibrations",
+        "mlactl calibrate",
+    )
     entries = store.stored(where)
-    if not any(e.calibration is not None for e in entries):
-        tables = [
-            f"no calibrations in {safe.markup(where)}"
-            + ("" if folder is not None else " yet: `mlactl calibrate` writes them there")
-        ]
-    else:
-        tables = [stored_table(where, entries, table_width(opts.output)[0])]
+    usable = any(e.calibration is not None for e in entries)
+    tables = [stored_table(where, entries, table_width(opts.output)[0]) if usable else none]
     emit(fmt, opts.output, json_data=lambda: store.stored_json(where, entries), tables=tables + unusable_lines(entries))
 
 

@@ -110,6 +110,19 @@ def output_format(fmt: Optional[str], output: Optional[Path]) -> str:
     return choice(fmt, "--format", FORMATS)
 
 
+def store_listing(command: str, fmt, output, folder: Optional[Path], default: Path, what: str, writer: str):
+    """What `calibrate list` and `tune list` share: (the format, table or json; the folder, --dir
+    checked or else `default`; the line to print where it holds none of `what`)."""
+    fmt = output_format(fmt, output)
+    if fmt == "csv":
+        raise MlactlError(f"{command} writes table or json")
+    if folder is not None and not folder.is_dir():
+        raise MlactlError(f"--dir {safe.text(folder)}: {'not a folder' if folder.exists() else 'no such folder'}")
+    where = folder if folder is not None else default
+    none = f"no {what} in {safe.markup(where)}" + ("" if folder is not None else f" yet: `{writer}` writes them there")
+    return fmt, where, none
+
+
 def load_model(model: str, tp: str):
     return settings.load_model(model, tp)
 

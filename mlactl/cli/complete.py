@@ -67,5 +67,7 @@ def one_of(values: Iterable[str]) -> Callable[[str], list[str]]:
 
 KV_DTYPE = one_of(KV_DTYPES)
 DTYPE = one_of(ACT_DTYPES)
+KV_AUTO = one_of(("auto", *KV_DTYPES))  # tune's: `auto` follows --dtype
+AUTO = one_of(("auto", *ACT_DTYPES))
 FORMAT = one_of(OUTPUT_FORMATS)
 FRAMEWORKS = one_of(("sglang", "trtllm", "vllm"))

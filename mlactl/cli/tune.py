@@ -13,7 +13,18 @@ from rich.console import Console
 from rich.progress import Progress
 
 from mlactl.cli import complete
-from mlactl.cli.common import choice, cli_errors, command, console, emit, fit_width, load_model, one_int, output_format
+from mlactl.cli.common import (
+    choice,
+    cli_errors,
+    command,
+    console,
+    emit,
+    fit_width,
+    load_model,
+    one_int,
+    output_format,
+    store_listing,
+)
 from mlactl.cli.options import SHARED, FormatOpt, ModelOpt, Option, OutputOpt, TpOpt, shared, whole_number
 from mlactl.kernels.configs import device_slug
 from mlactl.model import hardware
@@ -75,20 +86,17 @@ DeviceOpt = Annotated[
         "--device", help="cuda or cpu (default: cuda for triton, cpu for interpret, cuda if present for torch)."
     ),
 ]
+# (dtypes or `auto`, completed as such)
 TuneKvOpt = Annotated[
     str,
     typer.Option(
-        "--kv-dtype",
-        help="Cache dtype: bf16, fp16, fp8, fp32; auto = --dtype.",
-        autocompletion=complete.one_of(("auto", *KV_DTYPES)),
+        "--kv-dtype", help="Cache dtype: bf16, fp16, fp8, fp32; auto = --dtype.", autocompletion=complete.KV_AUTO
     ),
 ]
 TuneDtypeOpt = Annotated[
     str,
     typer.Option(
-        "--dtype",
-        help="bf16, fp16, fp32; auto = bf16 on a GPU, fp32 on a CPU.",
-        autocompletion=complete.one_of(("auto", *ACT_DTYPES)),
+        "--dtype", help="bf16, fp16, fp32; auto = bf16 on a GPU, fp32 on a CPU.", autocompletion=complete.AUTO
     ),
 ]
 QuickOpt = Annotated[bool, typer.Option("--quick", help="Fewer shapes and configs (about a minute on an H200).")]
@@ -639,20 +647,11 @@ def tune_list_cmd(
     Example: mlactl tune list --format json
     """
 
-    fmt = output_format(fmt, output)
-    if fmt == "csv":
-        raise MlactlError("mlactl tune list writes table or json")
-    if folder is not None and not folder.is_dir():
-        raise MlactlError(f"--dir {safe.text(folder)}: {'not a folder' if folder.exists() else 'no such folder'}")
-    where = folder if folder is not None else dirs.results_dir()
+    fmt, where, none = store_listing(
+        "mlactl tune list", fmt, output, folder, dirs.results_dir(), "results", "mlactl tune"
+    )
     found = measured.runs(where)
-    if not any(r.data is not None for r in found):
-        tables: list = [
-            f"no results in {safe.markup(where)}"
-            + ("" if folder is not None else " yet: `mlactl tune` writes them there")
-        ]
-    else:
-        tables = [report.runs_table(where, found, fit_width(output))]
+    tables = [report.runs_table(where, found, fit_width(output)) if any(r.data is not None for r in found) else none]
     emit(
         fmt, output, json_data=lambda: measured.runs_json(where, found), tables=tables + report.unreadable_lines(found)
     )
