@@ -105,8 +105,8 @@ apart   a top-k CTA's setup (ctawave) and its rows' index writes (rowwave) added
 reread  a top-k CTA reads its row's logits twice (a coarse histogram, then the threshold pass),
         the second time from its SM's L1 where the row fits in the 92 KB the kernel's shared
         memory leaves (TOPK_L1_BYTES: 23,552 keys), else from memory again: the logit bytes
-        counted twice past it (topk_passes). An H100's waves of selecting CTAs take 0.17-0.23 ns
-        a key up to 24.5K keys and 0.35-0.40 from 33K on (two reads at 2.8 TB/s)
+        counted twice past it (topk_passes). An H100's wave of selecting CTAs takes 0.17-0.23 ns
+        longer for each key more up to 24.5K keys, 0.35-0.44 ns from 33K on (two reads, 2.8 TB/s)
 chunk   SGLang's indexer holds its fp32 logits, [query rows, every key of the batch], in a workspace
         of LOGITS_FREE_FRACTION of the GPU's free memory (params["logits_budget_bytes"], from the
         profile's memory) and runs a larger launch in chunks of rows, each row then its own
