@@ -60,7 +60,8 @@ l2      a projection's memory at eta_m * l2_gain (1-4) where the launch's bytes 
         tensors (B200 torch.bmm out_absorb: 6.4-8.0 TB/s up to ~92 MB, 4.8-5.9 from 126 MB).
         On a top-k the walk and the memory at l2_gain where one chunk's bytes fit (the collector
         replays each chunk on its logits; topk_l2_gain): an H100 walks a wave of selecting CTAs
-        at 10K keys in 3.1-3.2 us where the logits are at most 21 MB, 3.6-3.9 us from 160 MB
+        at 10K keys in 3.1-3.5 us where the logits are at most 21 MB, 3.6-3.9 us from 160 MB
+        (but 4.2-4.4 us at 41-42 MB, inside its 50 MB: less of the L2 holds them)
 slots   a sparse attention walks all top-k index slots of a query (the ones pointing at no key
         too): its FLOPs and KV iterations are top-k keys', not min(top-k, context)'s (walked())
 reuse   a sparse attention's rows selected by several queries of one request are read once: the
