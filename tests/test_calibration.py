@@ -987,11 +987,18 @@ def test_l2_term_recovers_a_resident_regime_and_is_bounded():
 
 def test_l2_sets_are_tried_only_with_an_l2_size():
     from mlactl.decide.calibration.selection import CANDIDATE_TERMS, op_tries
+    from mlactl.decide.calibration.terms import WALKER_TERMS
 
     with_sizes = [t for t in CANDIDATE_TERMS if "l2" in t]
-    assert with_sizes
-    assert all(op_tries("kv_expand", t, Machine(PEAK, BW, SMS, l2_bytes=L2)) for t in with_sizes)
+    gemm = [t for t in with_sizes if not set(WALKER_TERMS) & set(t)]
+    walker = [t for t in with_sizes if t not in gemm]  # a top-k's (`l2` with `reread`)
+    assert gemm and walker
+    assert all(op_tries("kv_expand", t, Machine(PEAK, BW, SMS, l2_bytes=L2)) for t in gemm)
+    assert not any(op_tries("kv_expand", t, Machine(PEAK, BW, SMS, l2_bytes=L2)) for t in walker)
     assert not any(op_tries("kv_expand", t, Machine(PEAK, BW, SMS)) for t in with_sizes)
+    sized = Machine(PEAK, BW, SMS, l2_bytes=L2, memory_bytes=80e9)
+    assert all(op_tries("topk", t, sized) for t in walker)
+    assert not any(op_tries("topk", t, Machine(PEAK, BW, SMS, memory_bytes=80e9)) for t in walker)
 
 
 def test_store_holds_l2_params_to_their_range():

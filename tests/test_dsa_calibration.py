@@ -355,6 +355,67 @@ def test_topk_setup_and_index_writes_apart_from_the_walk():
     assert "apart" not in relevant_terms("topk", ("fixed", "apart"))
 
 
+def test_topk_rows_past_the_l1_are_read_from_memory_twice():
+    # `reread`, by hand: a top-k CTA reads its row's fp32 logits twice, the second time from its
+    # SM's L1 where the row fits in the 92 KiB (94,208 bytes) the kernel's shared memory leaves:
+    # 23,552 keys. One decode token after 23,551 cached sees 23,552 keys (94,208 bytes: one pass);
+    # after 23,552 cached, 23,553 (94,212 bytes: two). cost.py's bytes are the logits once and
+    # 2,048 int32 indices (8,192 bytes); at eta_m = 1 and 1 GB/s the second pass adds 94.212 us
+    from mlactl.decide.calibration.model import predict, topk_passes
+    from mlactl.decide.calibration.sources import points_for
+
+    cost, params = _topk_setup(eta_m=1.0)
+    fits = points_for(cost, "topk", [1], [1], [23_551], None)
+    past = points_for(cost, "topk", [1], [1], [23_552], None)
+    assert float(topk_passes(fits)[0]) == 1.0 and float(topk_passes(past)[0]) == 2.0
+    assert float(np.asarray(past.bytes)[0]) == 94_212 + 8_192
+
+    def t(pts, terms):
+        return float(predict(params, terms, pts, 1e18, 1e9, SMS)[0])  # compute free: memory the bound
+
+    assert t(fits, ("reread",)) == pytest.approx(t(fits, ())) == pytest.approx(102_400 / 1e9)
+    assert t(past, ("reread",)) == pytest.approx((2 * 94_212 + 8_192) / 1e9)
+    # with `rowsel` the row is the selecting rows' mean: 2,048 new tokens after 22,528 cached see
+    # 22,529..24,576 keys, 23,552.5 on average (past the L1); after 22,527, 23,551.5 (within it)
+    assert float(topk_passes(points_for(cost, "topk", [1], [2048], [22_528], None), ("rowsel",))[0]) == 2.0
+    assert float(topk_passes(points_for(cost, "topk", [1], [2048], [22_527], None), ("rowsel",))[0]) == 1.0
+
+
+def test_topk_logits_resident_in_l2_are_walked_and_read_faster():
+    # `l2` on a top-k, by hand: aiconfigurator replays each launch on the same logits, so a launch
+    # whose logits fit in the GPU's L2 walks them and reads them at l2_gain. One decode token
+    # after 6,399 cached: one CTA walks 6,400 keys (100 blocks of 0.1 us, 10 us); its logits and
+    # indices are 25,600 + 8,192 = 33,792 bytes
+    from mlactl.decide.calibration.model import logits_budget, predict, topk_l2_gain
+    from mlactl.decide.calibration.sources import points_for
+
+    cost, params = _topk_setup(eta_m=1000.0)
+    pts = points_for(cost, "topk", [1], [1], [6399], None)
+    assert float(np.asarray(pts.bytes)[0]) == 33_792
+
+    def t(l2_bytes, terms=("serial", "l2"), bw=BW):
+        p = {**params, "l2_gain": 2.0, "l2_bytes": l2_bytes}
+        return float(predict(p, terms, pts, PEAK, bw, SMS)[0])
+
+    assert t(33_792) == pytest.approx(100 * 1e-7 / 2)  # resident: the walk at twice the speed
+    assert t(33_791) == pytest.approx(100 * 1e-7)  # one byte over: from memory
+    assert t(33_792, ("serial",)) == pytest.approx(100 * 1e-7)  # without the term
+    # the memory side too: at eta_m = 1000 and 1 kB/s (1 MB/s) the 33,792 bytes take 33.792 ms,
+    # 16.896 ms resident
+    assert t(33_792, ("l2",), 1e3) == pytest.approx(16.896e-3)
+    # a chunked launch is replayed chunk by chunk, so one chunk's bytes are what must fit: 32
+    # requests of 2,048 new tokens after 2,048 cached (two chunks on an H200: the `chunk` test
+    # below) read 32 x (2,048 x 2,048 + 2,048 x 2,049 / 2) = 201,359,360 logits (805,437,440
+    # bytes) and write 32 x 2,048 x 2,048 indices (536,870,912 bytes): 671,154,176 bytes a chunk
+    big = points_for(cost, "topk", [32], [2048], [2048], None)
+    budget = {"l2_gain": 2.0, "logits_budget_bytes": logits_budget(141e9)}
+    gain = [
+        float(topk_l2_gain({**budget, "l2_bytes": b}, ("l2", "chunk"), big, big.bytes)[0])
+        for b in (671_154_176, 671_154_175)
+    ]
+    assert gain == [2.0, 1.0]
+
+
 def test_indexer_ctas_pay_a_setup_a_wave():
     # `ctawave` on the indexer: 133 requests of 2 tokens are 133 CTAs, two waves of 128 blocks each
     from mlactl.decide.calibration.model import predict
@@ -370,7 +431,7 @@ def test_walker_terms_are_tried_on_the_walkers_only():
     from mlactl.decide.calibration.selection import CANDIDATE_TERMS, op_tries
     from mlactl.decide.calibration.terms import WALKER_TERMS
 
-    assert set(WALKER_TERMS) == {"rowsel", "ctawave", "rowwave", "chunk", "apart"}
+    assert set(WALKER_TERMS) == {"rowsel", "ctawave", "rowwave", "chunk", "reread", "apart"}
     walker_sets = [t for t in CANDIDATE_TERMS if set(WALKER_TERMS) & set(t)]
     assert walker_sets and all(op_tries("topk", t) for t in walker_sets)
     assert not any(op_tries(op, t) for t in walker_sets for op in ("absorb_attention", "sparse_attention", "kv_expand"))

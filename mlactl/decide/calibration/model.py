@@ -57,7 +57,11 @@ scores  a whole path's unfused attention (torch twins) writing and re-reading it
         4 passes over batch x new x keys x heads values at eta_s of the bandwidth, not overlapped
 l2      a projection's memory at eta_m * l2_gain (1-4) where the launch's bytes fit in the GPU's L2
         (params["l2_bytes"], the profile's l2_mib): aiconfigurator repeats each call on the same
-        tensors (B200 torch.bmm out_absorb: 6.4-8.0 TB/s up to ~92 MB, 4.8-5.9 from 126 MB)
+        tensors (B200 torch.bmm out_absorb: 6.4-8.0 TB/s up to ~92 MB, 4.8-5.9 from 126 MB).
+        On a top-k the walk and the memory at l2_gain where one chunk's bytes fit (the collector
+        replays each chunk on its logits; topk_l2_gain): an H100 walks a wave of selecting CTAs
+        at 10K keys in 3.1-3.5 us where the logits are at most 21 MB, 3.6-3.9 us from 160 MB
+        (but 4.2-4.4 us at 41-42 MB, inside its 50 MB: less of the L2 holds them)
 slots   a sparse attention walks all top-k index slots of a query (the ones pointing at no key
         too): its FLOPs and KV iterations are top-k keys', not min(top-k, context)'s (walked())
 reuse   a sparse attention's rows selected by several queries of one request are read once: the
@@ -99,6 +103,11 @@ apart   a top-k CTA's setup (ctawave) and its rows' index writes (rowwave) added
         twice, then writes the row's 2,048 indices, one phase after another. Without it the setup
         hides under a long walk's memory time; the H200's fit below 8K keys then took the setup
         for slow memory (eta_m 0.30) and predicted the rows of 131K-203K keys 25-40% fast
+reread  a top-k CTA reads its row's logits twice (a coarse histogram, then the threshold pass),
+        the second time from its SM's L1 where the row fits in the 92 KB the kernel's shared
+        memory leaves (TOPK_L1_BYTES: 23,552 keys), else from memory again: the logit bytes
+        counted twice past it (topk_passes). An H100's wave of selecting CTAs takes 0.17-0.23 ns
+        longer for each key more up to 24.5K keys, 0.35-0.44 ns from 33K on (two reads, 2.8 TB/s)
 chunk   SGLang's indexer holds its fp32 logits, [query rows, every key of the batch], in a workspace
         of LOGITS_FREE_FRACTION of the GPU's free memory (params["logits_budget_bytes"], from the
         profile's memory) and runs a larger launch in chunks of rows, each row then its own
@@ -161,6 +170,13 @@ INDEXER_TILE_ROWS = 128
 # split between 17.2 and 8.6 GB on the H100 (16 GB here) and 30.1 and 21.5 GB on the H200 (28.2)
 LOGITS_FREE_FRACTION = 0.2
 LOGITS_UNCHUNKED = 8_000_000
+# `reread`: SGLang's fused top-k (sgl-kernel csrc/elementwise/topk.cu, sgl-project/sglang @
+# 06c48ca8) gives its one CTA an SM 128 KB of dynamic shared memory (kSmem) and about 11 KB of
+# static (two 384-bin histograms, the row's 2,048 indices); of a Hopper or Blackwell SM's 256 KB
+# of L1 and shared memory the carve-out that holds 139 KB is 164 KB, which leaves 92 KB of L1:
+# a row of up to 23,552 fp32 logits, read by the histogram pass, is still there for the
+# threshold pass
+TOPK_L1_BYTES = 92 * 1024
 # `hblock`: FlashMLA's sparse prefill kernel (flash_mla_sparse_fwd) by architecture, (query heads,
 # top-k slots) of one step: deepseek-ai/FlashMLA csrc/sm90/prefill/sparse/fwd.cu at e77c3068,
 # lines 21-22 (B_H = B_TOPK = 64, one CTA per 64 heads of a token) and csrc/sm100/prefill/sparse/
@@ -505,6 +521,29 @@ def topk_rows(pts: Points) -> tuple[np.ndarray, np.ndarray]:
     return n - m, p + (m + 1.0 + n) / 2.0
 
 
+def topk_passes(pts: Points, terms=()) -> np.ndarray:
+    """`reread`: the passes a top-k CTA makes over memory for its row's logits: it reads them
+    twice (a coarse histogram, then the threshold pass), the second time from its SM's L1 where
+    the row (its walked keys' fp32 logits) fits in the L1 the kernel's shared memory leaves
+    (TOPK_L1_BYTES), else from memory again."""
+    keys = np.asarray(walked_keys(pts, terms), dtype=np.float64)
+    return np.where(keys * LOGIT_BYTES > TOPK_L1_BYTES, 2.0, 1.0)
+
+
+def topk_l2_gain(params: dict, terms, pts: Points, once) -> np.ndarray:
+    """`l2` on a top-k: params["l2_gain"] where the logits one chunk of the launch reads (`once`,
+    the launch's bytes read once, over its chunks) fit in the GPU's L2 (params["l2_bytes"]),
+    else 1. aiconfigurator times each chunk by replaying it on the same logits, so a chunk
+    that fits finds them in L2."""
+    once = np.asarray(once, dtype=np.float64)
+    if not Terms.of(terms).l2 or pts.op != "topk" or not params.get("l2_bytes"):
+        return np.ones(once.shape)
+    chunks = np.ones(once.shape)
+    if Terms.of(terms).chunk and params.get("logits_budget_bytes"):
+        chunks = logit_chunks(pts, params["logits_budget_bytes"])[1]
+    return np.where(once / chunks <= params["l2_bytes"], params["l2_gain"], 1.0)
+
+
 def logits_budget(memory_bytes: float | None) -> float | None:
     """`chunk`: the bytes of fp32 logits SGLang's indexer holds at once on a GPU of this memory."""
     return None if not memory_bytes else LOGITS_FREE_FRACTION * float(memory_bytes)
@@ -771,6 +810,9 @@ def components(
         chosen = pts.batch * rows * mean
         nbytes = nbytes + (chosen - flops) * LOGIT_BYTES  # cost.py: one FLOP and one logit read a pair
         flops = chosen
+    gain = topk_l2_gain(params, terms, pts, nbytes)  # 1 without `l2` (and for any other op class)
+    if terms.reread and pts.op == "topk":  # the threshold pass reads a row that passes the L1 again
+        nbytes = nbytes + (topk_passes(pts, terms) - 1.0) * flops * LOGIT_BYTES
     if terms.pad or terms.waves or terms.split or terms.serial:
         pad, ctas = walking_ctas(pts, terms, sm_count, tile)
         if terms.pad and not smooth:
@@ -788,7 +830,7 @@ def components(
         if sm_count and terms.serial and (attention or pts.op in WALKERS):
             waves = walking_waves(pts, terms, ctas, s, sm_count, smooth)
             iters = _whole(walked_keys(pts, terms) / (s * (key_block or tile)), smooth)
-            serial = params["t_iter_s"] * waves * iters
+            serial = params["t_iter_s"] * waves * iters / gain  # the walk reads the logits
             if not (terms.apart and pts.op == "topk"):  # else added (added_seconds)
                 serial = setup_seconds(params, terms, pts, waves, sm_count, smooth, to=serial)
     if terms.ops and pts.op.startswith("path:") and pts.attn_flops is not None:
@@ -806,4 +848,6 @@ def components(
     t_memory = roofline_time(0.0, nbytes, 1.0, params["eta_m"] * bandwidth)
     if terms.l2 and pts.op in PROJECTIONS:
         t_memory = nbytes / (memory_eta(params, terms, pts.op, pts.bytes) * bandwidth)
+    if terms.l2 and pts.op == "topk":
+        t_memory = t_memory / gain
     return params.get("t_fixed_s", 0.0), t_compute, t_memory, serial

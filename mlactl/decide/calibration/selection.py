@@ -73,6 +73,9 @@ CANDIDATE_TERMS: tuple[tuple[str, ...], ...] = (
     # the top-k's setup and index writes apart from its walk, not under the walk's or memory's max
     ("fixed", "serial", "rowsel", "ctawave", "rowwave", "apart"),
     ("fixed", "serial", "rowsel", "ctawave", "rowwave", "chunk", "apart"),
+    # and its logits as the walk meets them: a row past the SM's L1 read from memory twice, a
+    # chunk's logits that fit in L2 read from it (aiconfigurator replays each chunk)
+    ("fixed", "serial", "rowsel", "ctawave", "rowwave", "chunk", "apart", "l2", "reread"),
     # projections timed over and over on the same tensors: those that fit in L2 read from it
     ("fixed", "l2"),
     ("fixed", "sum", "l2"),

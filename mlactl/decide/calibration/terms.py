@@ -153,7 +153,8 @@ TERM_LIST = (
     Term("reuse", "a sparse attention's rows selected by several queries are read once", ("sparse_attention",)),
     Term("hblock", "a sparse attention's kernel computes whole head blocks and walks a key block a step, the GPU's",
          ("sparse_attention",)),
-    Term("l2", "a projection's memory at eta_m * l2_gain where the launch fits in L2", PROJECTIONS,
+    Term("l2", "a projection's memory (a top-k's walk and memory) at l2_gain where the launch fits in L2",
+         PROJECTIONS + ("topk",),
          (Param("l2_gain", (1.5, 1.5, 1.5), (1.0, L2_GAIN_MAX)),)),
     Term("pipe", "compute and memory overlapped across the tiles each SM runs in turn", PROJECTIONS),
     Term("dgtile", "the tiles DeepGEMM's SM90 heuristic picks", PROJECTIONS),
@@ -164,6 +165,8 @@ TERM_LIST = (
          (_seconds("t_rowwave_s", (1e-6, 3e-7, 3e-6)),), needs="serial"),
     Term("chunk", "a top-k whose fp32 logits pass the indexer's workspace runs in row chunks: t_seq a row and sequence",
          ("topk",), (_seconds("t_seq_s", (1e-10, 3e-11, 3e-10)),)),
+    Term("reread", "a top-k row that passes the SM's L1 is read from memory twice (histogram and threshold passes)",
+         ("topk",)),
     Term("apart", "a top-k CTA's setup and its rows' index writes added to its walk, not overlapped with it",
          ("topk",), needs="serial"),
 )  # fmt: skip
