@@ -264,9 +264,9 @@ def runs_table(folder, found, width: int | None = None) -> Table:
     ]
     rows = []
     for r in found:
-        s = r.summary()
-        if r.data is None:
+        if r.data is None:  # listed below the table (unreadable_lines)
             continue
+        s = r.summary()
         model = f"{s['model']}" + (f" tp{s['tp']}" if s["tp"] != 1 else "")
         rows.append(
             [
